@@ -1,0 +1,346 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/term"
+
+	"github.com/sluice-dev/sluice/internal/node"
+	"github.com/sluice-dev/sluice/services/admission"
+	"github.com/sluice-dev/sluice/pkg/client"
+	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/sim"
+)
+
+const demoModel = "gpt-4o-mini"
+
+func runDemo(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("demo", stderr)
+	rpm := fs.Int("rpm", 300, "the simulated provider's requests-per-minute limit")
+	tpm := fs.Int("tpm", 40000, "the simulated provider's tokens-per-minute limit")
+	load := fs.Float64("load", 1.3, "offered tokens as a multiple of one minute's TPM")
+	timeout := fs.Duration("timeout", 3*time.Minute, "give up after this long")
+	seed := fs.Uint64("seed", 42, "workload seed")
+	if help, err := parseFlags(fs, args); help || err != nil {
+		return err
+	}
+	if *rpm < 10 || *tpm < 5000 || *load <= 0 || *load > 5 {
+		return errors.New("want --rpm >= 10, --tpm >= 5000 and 0 < --load <= 5")
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+
+	// The provider: a simulator with limits that bind.
+	simSrv, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: demoModel, RPM: *rpm, TPM: *tpm}},
+		TTFT: 150 * time.Millisecond, PerToken: time.Millisecond})
+	if err != nil {
+		return err
+	}
+	simURL, stopSim, err := serveLoopback(simSrv)
+	if err != nil {
+		return err
+	}
+	defer stopSim()
+
+	// The mesh: embedded NATS on a free port, a fresh store, every service.
+	dir, err := os.MkdirTemp("", "sluice-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	cfg, err := config.Parse([]byte(fmt.Sprintf(`
+admission:
+  burst_fraction: 0.025
+providers:
+  - name: sim
+    base_url: %s/v1
+    models:
+      - {name: %s, rpm: %d, tpm: %d, max_concurrency: 64}
+tenants:
+  - {name: acme}
+  - {name: globex}
+  - {name: initech}
+`, simURL, demoModel, *rpm, *tpm)))
+	if err != nil {
+		return err
+	}
+	ready := make(chan node.Info, 1)
+	nodeErr := make(chan error, 1)
+	nodeCtx, stopNode := context.WithCancel(context.Background())
+	go func() {
+		nodeErr <- node.Run(nodeCtx, node.Options{Config: cfg, NATSListen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Data: dir,
+			OnReady: func(i node.Info) { ready <- i }})
+	}()
+	defer func() {
+		stopNode()
+		<-nodeErr
+	}()
+	var info node.Info
+	select {
+	case info = <-ready:
+	case err := <-nodeErr:
+		return fmt.Errorf("start mesh: %w", err)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+
+	nc, err := nats.Connect(info.NATSURL)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	cl, err := client.New(nc)
+	if err != nil {
+		return err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	var (
+		mu       sync.Mutex
+		statuses = map[job.Status]int{}
+		codes    = map[string]int{}
+		done     atomic.Int64
+	)
+	sub, err := nc.Subscribe(job.ResultPrefix+">", func(m *nats.Msg) {
+		var r job.Result
+		if json.Unmarshal(m.Data, &r) != nil {
+			return
+		}
+		mu.Lock()
+		statuses[r.Status]++
+		if r.Error != nil {
+			codes[r.Error.Code]++
+		}
+		mu.Unlock()
+		done.Add(1)
+	})
+	if err != nil {
+		return err
+	}
+	defer sub.Unsubscribe()
+
+	jobs := demoWorkload(*seed, int(float64(*tpm)**load))
+	fmt.Fprintf(stdout, "Sluice demo: %d jobs from 3 tenants (%d tokens reserved in all, %.1fx the minute's limit)\n",
+		len(jobs), totalCost(jobs), *load)
+	fmt.Fprintf(stdout, "provider simulator: %s limited to %d RPM / %d TPM, answering 429 beyond that\n", demoModel, *rpm, *tpm)
+	fmt.Fprintf(stdout, "acme calls POST /v1/chat/completions (OpenAI API), globex publishes to NATS, initech uses POST /v1/jobs\n\n")
+
+	start := time.Now()
+	base := "http://" + info.HTTPAddr
+	var refused atomic.Int64
+	var wg sync.WaitGroup
+	for _, dj := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := submitDemoJob(ctx, cl, base, dj); err != nil {
+				refused.Add(1)
+			}
+		}()
+	}
+	// Two malformed jobs show what bad input gets: a clear error, no provider call.
+	for _, bad := range []string{
+		`{"model":"gpt-4o-mini","max_tokens":-5,"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"no-such-model","messages":[{"role":"user","content":"hi"}]}`,
+	} {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(bad))
+		req.Header.Set("X-Sluice-Tenant", "acme")
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			var e struct {
+				Error struct{ Code, Message string }
+			}
+			_ = json.NewDecoder(resp.Body).Decode(&e)
+			resp.Body.Close()
+			fmt.Fprintf(stdout, "bad input → HTTP %d %s: %s\n", resp.StatusCode, e.Error.Code, e.Error.Message)
+		}
+	}
+	fmt.Fprintln(stdout)
+
+	tty := false
+	if f, ok := stdout.(*os.File); ok {
+		tty = term.IsTerminal(int(f.Fd()))
+	}
+	total := int64(len(jobs))
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	finished := func() bool { return done.Load()+refused.Load() >= total }
+	for !finished() {
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(stdout)
+			return fmt.Errorf("demo did not finish within %s", *timeout)
+		case <-tick.C:
+		}
+		st := simSrv.Stats().Models[demoModel]
+		line := fmt.Sprintf("[%3.0fs] done %d/%d  queue %d  tokens in last 60s %s / %s (%3.0f%%)  provider 429s %d",
+			time.Since(start).Seconds(), done.Load(), total, queueDepth(ctx, js), comma(trailing(st.Timeline, 60)), comma(int64(*tpm)),
+			100*float64(trailing(st.Timeline, 60))/float64(*tpm), st.RateLimited)
+		if tty {
+			fmt.Fprintf(stdout, "\r%s\x1b[K", line)
+		} else if int(time.Since(start).Seconds())%5 == 0 {
+			fmt.Fprintln(stdout, line)
+		}
+	}
+	wg.Wait()
+	if tty {
+		fmt.Fprintln(stdout)
+	}
+	elapsed := time.Since(start)
+	st := simSrv.Stats()
+	ms := st.Models[demoModel]
+	mu.Lock()
+	defer mu.Unlock()
+	fmt.Fprintf(stdout, "\nSummary after %.0fs (provider figures from the simulator's own ledger)\n", elapsed.Seconds())
+	fmt.Fprintf(stdout, "  jobs           %d submitted: %d succeeded, %d failed, %d expired, %d refused at submission\n",
+		total, statuses[job.StatusSucceeded], statuses[job.StatusFailed], statuses[job.StatusExpired], refused.Load())
+	fmt.Fprintf(stdout, "  provider saw   %d requests: %d answered 200, %d answered 429\n", ms.Admitted+ms.RateLimited, ms.Requests[200], ms.Requests[429])
+	fmt.Fprintf(stdout, "  busiest 60 s   %s tokens (limit %s), %d requests (limit %d)\n", comma(int64(ms.MaxTokensIn60s)), comma(int64(*tpm)), ms.MaxRequestsIn60s, *rpm)
+	fmt.Fprintf(stdout, "  busiest 1 s    %s tokens (cap %s)\n", comma(int64(ms.MaxTokensIn1s)), comma(int64(ms.BurstTokens)))
+	fmt.Fprintf(stdout, "  paid twice     %d operations\n", st.DuplicateCompletions)
+	fmt.Fprintf(stdout, "  tokens used    %s (prompt + completion, as the provider reported) in %.0fs\n", comma(ms.SuccessTokens), elapsed.Seconds())
+	if ms.MaxTokensIn60s > *tpm || ms.MaxRequestsIn60s > *rpm || ms.RateLimited > 0 {
+		return errors.New("the provider's limits were exceeded")
+	}
+	fmt.Fprintln(stdout, "\nEvery job got exactly one result; the provider never saw more than its limits.")
+	return nil
+}
+
+type demoJob struct {
+	tenant   string
+	priority job.Priority
+	body     []byte
+	cost     int
+}
+
+func demoWorkload(seed uint64, budget int) []demoJob {
+	rnd := rand.New(rand.NewPCG(seed, seed^0x5eed))
+	words := strings.Fields("the quick brown fox jumps over a lazy dog while rate limits bind and tokens flow through queues fairly")
+	var out []demoJob
+	sum := 0
+	for i := 0; sum < budget; i++ {
+		n := 20 + rnd.IntN(220)
+		var b strings.Builder
+		for w := 0; w < n; w++ {
+			b.WriteString(words[rnd.IntN(len(words))])
+			b.WriteByte(' ')
+		}
+		maxTok := 64 + rnd.IntN(192)
+		body, _ := json.Marshal(map[string]any{"model": demoModel, "max_tokens": maxTok,
+			"messages": []map[string]string{{"role": "user", "content": b.String()}}})
+		tenant := []string{"acme", "globex", "initech"}[i%3]
+		prio := []job.Priority{job.Interactive, job.Batch, job.Standard}[i%3]
+		cost := n + 10 + maxTok // close to the real estimate: about a token per word
+		sum += cost
+		out = append(out, demoJob{tenant: tenant, priority: prio, body: body, cost: cost})
+	}
+	return out
+}
+
+func totalCost(js []demoJob) int {
+	n := 0
+	for _, j := range js {
+		n += j.cost
+	}
+	return n
+}
+
+func submitDemoJob(ctx context.Context, cl *client.Client, base string, dj demoJob) error {
+	switch dj.tenant {
+	case "acme": // the OpenAI-compatible endpoint, waiting for the answer
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(dj.body))
+		req.Header.Set("X-Sluice-Tenant", dj.tenant)
+		req.Header.Set("X-Sluice-Priority", string(dj.priority))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	case "globex": // NATS
+		_, err := cl.Submit(ctx, &job.Job{Tenant: dj.tenant, Priority: dj.priority, Request: dj.body})
+		return err
+	default: // the jobs API
+		env, _ := json.Marshal(job.Job{Tenant: dj.tenant, Priority: dj.priority, Request: dj.body})
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/jobs", bytes.NewReader(env))
+		req.Header.Set("X-Sluice-Tenant", dj.tenant)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusAccepted {
+			return fmt.Errorf("HTTP %d", resp.StatusCode)
+		}
+		return nil
+	}
+}
+
+func queueDepth(ctx context.Context, js jetstream.JetStream) int {
+	d, err := admission.QueueDepth(ctx, js)
+	if err != nil {
+		return -1
+	}
+	n := 0
+	for _, v := range d {
+		n += v
+	}
+	return n
+}
+
+func trailing(tl []sim.Second, n int) int64 {
+	var sum int64
+	for i := max(0, len(tl)-n); i < len(tl); i++ {
+		sum += tl[i].ChargedTokens
+	}
+	return sum
+}
+
+func comma(n int64) string {
+	s := fmt.Sprint(n)
+	if n < 0 {
+		return s
+	}
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+// serveLoopback serves h on a free loopback port.
+func serveLoopback(h http.Handler) (url string, stop func(), err error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return "http://" + ln.Addr().String(), func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
+}

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/sluice-dev/sluice/internal/node"
+	"github.com/sluice-dev/sluice/pkg/config"
+)
+
+// upFlags are the settings of `sluice up`; each also comes from the config
+// file's server section and from a SLUICE_* variable (flag > variable > file
+// > default).
+type upFlags struct {
+	config, natsURL, natsListen, http, data, services, logLevel string
+	replicas                                                     int
+}
+
+func runUp(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("up", stderr)
+	var f upFlags
+	fs.StringVar(&f.config, "config", getenv("SLUICE_CONFIG"), "YAML configuration file (SLUICE_CONFIG)")
+	fs.StringVar(&f.natsURL, "nats-url", "", "join this NATS server; empty embeds one (SLUICE_NATS_URL)")
+	fs.StringVar(&f.natsListen, "nats-listen", "", "the embedded NATS server's address (SLUICE_NATS_LISTEN, default 127.0.0.1:4222)")
+	fs.StringVar(&f.http, "http", "", "HTTP API, /healthz, /readyz and /metrics address (SLUICE_HTTP, default 127.0.0.1:8080); 'off' disables")
+	fs.StringVar(&f.data, "data", "", "data directory for the embedded JetStream store (SLUICE_DATA, default ./data)")
+	fs.StringVar(&f.services, "services", "", "services to run: all, or some of ingest,admission,executor,result (SLUICE_SERVICES)")
+	fs.StringVar(&f.logLevel, "log-level", "", "debug, info, warn or error (SLUICE_LOG_LEVEL, default info)")
+	fs.IntVar(&f.replicas, "replicas", 0, "stream and bucket replicas when joining a cluster (SLUICE_REPLICAS, default 1)")
+	if help, err := parseFlags(fs, args); help || err != nil {
+		return err
+	}
+	cfg, err := config.Load(f.config)
+	if err != nil {
+		return err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	s := &cfg.Server
+	pick := func(name, env string, flagVal string, file *string, def string) {
+		switch {
+		case set[name]:
+			*file = flagVal
+		case getenv(env) != "":
+			*file = getenv(env)
+		case *file == "":
+			*file = def
+		}
+	}
+	pick("nats-url", "SLUICE_NATS_URL", f.natsURL, &s.NATSURL, "")
+	pick("nats-listen", "SLUICE_NATS_LISTEN", f.natsListen, &s.NATSListen, "127.0.0.1:4222")
+	pick("http", "SLUICE_HTTP", f.http, &s.HTTP, "127.0.0.1:8080")
+	pick("data", "SLUICE_DATA", f.data, &s.Data, "./data")
+	pick("services", "SLUICE_SERVICES", f.services, &s.Services, "all")
+	pick("log-level", "SLUICE_LOG_LEVEL", f.logLevel, &s.LogLevel, "info")
+	switch {
+	case set["replicas"]:
+		s.Replicas = f.replicas
+	case getenv("SLUICE_REPLICAS") != "":
+		n, err := strconv.Atoi(getenv("SLUICE_REPLICAS"))
+		if err != nil || n < 1 || n > 5 {
+			return fmt.Errorf("SLUICE_REPLICAS: want 1 to 5, got %q", getenv("SLUICE_REPLICAS"))
+		}
+		s.Replicas = n
+	}
+	if s.Replicas < 0 || s.Replicas > 5 {
+		return fmt.Errorf("--replicas: want 1 to 5, got %d", s.Replicas)
+	}
+	services, err := node.ParseServices(s.Services)
+	if err != nil {
+		return fmt.Errorf("--services: %w", err)
+	}
+	log, err := newLogger(stderr, s.LogLevel)
+	if err != nil {
+		return err
+	}
+	if len(cfg.Providers) == 0 {
+		log.Warn("no providers configured: jobs will be refused with unknown_model (see README: Configuration)")
+	}
+	httpAddr := s.HTTP
+	if httpAddr == "off" {
+		httpAddr = ""
+	}
+	return node.Run(ctx, node.Options{
+		Config: cfg, NATSURL: s.NATSURL, NATSListen: s.NATSListen, HTTP: httpAddr, Data: s.Data,
+		Services: services, Getenv: getenv, Log: log,
+		OnReady: func(i node.Info) {
+			fmt.Fprintf(stdout, "sluice up: nats %s, http %s, services %v\n", i.NATSURL, orNone(i.HTTPAddr), services)
+		},
+	})
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "off"
+	}
+	return s
+}

@@ -1,0 +1,257 @@
+// Package mesh holds what several services share: the JetStream handles,
+// result publication, job records and idempotency records.
+package mesh
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/streams"
+)
+
+// Mesh bundles the JetStream objects a service uses.
+type Mesh struct {
+	JS          jetstream.JetStream
+	Results     jetstream.KeyValue // job id -> Record
+	Idempotency jetstream.KeyValue // <tenant>.<hash> -> OpRecord
+	Budgets     jetstream.KeyValue
+}
+
+// Open binds the buckets (they must exist: streams.Ensure made them).
+func Open(ctx context.Context, js jetstream.JetStream) (*Mesh, error) {
+	m := &Mesh{JS: js}
+	var err error
+	if m.Results, err = js.KeyValue(ctx, streams.BucketResults); err != nil {
+		return nil, fmt.Errorf("bind bucket %s: %w", streams.BucketResults, err)
+	}
+	if m.Idempotency, err = js.KeyValue(ctx, streams.BucketIdempotency); err != nil {
+		return nil, fmt.Errorf("bind bucket %s: %w", streams.BucketIdempotency, err)
+	}
+	if m.Budgets, err = js.KeyValue(ctx, streams.BucketBudgets); err != nil {
+		return nil, fmt.Errorf("bind bucket %s: %w", streams.BucketBudgets, err)
+	}
+	return m, nil
+}
+
+// Record is what the results bucket holds per job.
+type Record struct {
+	JobID       string      `json:"job_id"`
+	Tenant      string      `json:"tenant"`
+	Status      job.Status  `json:"status"`
+	SubmittedAt time.Time   `json:"submitted_at"`
+	Result      *job.Result `json:"result,omitempty"`
+}
+
+// PublishResult stores the one terminal result of a job in RESULTS. A
+// second result for the same job is refused by the stream; that is not an
+// error here (the first one stands).
+//
+// opKey names the job's idempotency record (mesh.OpKey), so the result
+// service can settle it; "" when the job never had one.
+func (m *Mesh) PublishResult(ctx context.Context, r *job.Result, opKey string) error {
+	if r.CompletedAt.IsZero() {
+		r.CompletedAt = time.Now().UTC()
+	}
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	msg := nats.NewMsg(job.StoreSubject(r.Tenant, r.JobID))
+	msg.Data = data
+	msg.Header.Set(jetstream.MsgIDHeader, "result:"+r.JobID)
+	if opKey != "" {
+		msg.Header.Set(OpKeyHeader, opKey)
+	}
+	_, err = m.JS.PublishMsg(ctx, msg)
+	if err != nil && IsPerSubjectLimit(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("publish result %s: %w", r.JobID, err)
+	}
+	return nil
+}
+
+// OpKeyHeader carries a result's idempotency record key.
+const OpKeyHeader = "Sluice-Op-Key"
+
+// IsPerSubjectLimit reports the stream refusing a second message on a subject.
+func IsPerSubjectLimit(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeStoreFailed {
+		return strings.Contains(apiErr.Description, "maximum messages per subject")
+	}
+	return err != nil && strings.Contains(err.Error(), "maximum messages per subject exceeded")
+}
+
+// IsStreamFull reports a DiscardNew stream refusing a message for lack of
+// room (error code 10077 and its per-subject relatives).
+func IsStreamFull(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		if apiErr.ErrorCode == errCodeStoreFailed {
+			return true
+		}
+	}
+	if err == nil {
+		return false
+	}
+	s := err.Error()
+	return strings.Contains(s, "maximum messages exceeded") || strings.Contains(s, "maximum bytes exceeded") ||
+		strings.Contains(s, "maximum messages per subject exceeded") || strings.Contains(s, "insufficient resources")
+}
+
+// Lookup returns a job's record.
+func (m *Mesh) Lookup(ctx context.Context, jobID string) (*Record, uint64, error) {
+	e, err := m.Results.Get(ctx, jobID)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, 0, job.ErrNotFound
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	var r Record
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		return nil, 0, fmt.Errorf("record %s: %w", jobID, err)
+	}
+	return &r, e.Revision(), nil
+}
+
+// Enqueue publishes a job to QUEUE. msgID dedupes a repeat within the
+// stream's duplicate window (a crash between publish and ack).
+func (m *Mesh) Enqueue(ctx context.Context, j *job.Job, msgID string) error {
+	data, err := json.Marshal(j)
+	if err != nil {
+		return err
+	}
+	msg := nats.NewMsg(job.QueueSubject(j.Priority, j.Tenant))
+	msg.Data = data
+	msg.Header.Set(jetstream.MsgIDHeader, msgID)
+	if _, err := m.JS.PublishMsg(ctx, msg); err != nil {
+		return fmt.Errorf("enqueue %s: %w", j.ID, err)
+	}
+	return nil
+}
+
+// OpState is the state of one logical operation.
+type OpState string
+
+const (
+	OpQueued    OpState = "queued"
+	OpInFlight  OpState = "in_flight"
+	OpCompleted OpState = "completed"
+	OpFailed    OpState = "failed"
+)
+
+// OpRecord is the idempotency record of one operation.
+type OpRecord struct {
+	Key       string     `json:"key"` // the idempotency key as given (or derived)
+	JobID     string     `json:"job_id"`
+	Tenant    string     `json:"tenant"`
+	State     OpState    `json:"state"`
+	Provider  string     `json:"provider,omitempty"`
+	Model     string     `json:"model,omitempty"`
+	Attempt   int        `json:"attempt,omitempty"`
+	Usage     *job.Usage `json:"usage,omitempty"`
+	ResultRef string     `json:"result_ref,omitempty"` // subject of the stored result
+	Joiners   []string   `json:"joiners,omitempty"`    // later jobs that share this operation
+	UpdatedAt time.Time  `json:"updated_at"`
+}
+
+// OpKey derives the idempotency bucket key for a tenant and idempotency key.
+// Without a caller key, the job id is the operation: a redelivery of the
+// same job joins it, while two different jobs with equal prompts do not.
+func OpKey(tenant, idemKey, jobID string) (bucketKey, key string) {
+	key = idemKey
+	if key == "" {
+		key = "job:" + jobID
+	}
+	sum := sha256.Sum256([]byte(key))
+	return tenant + "." + hex.EncodeToString(sum[:16]), key
+}
+
+// GetOp reads an operation record.
+func (m *Mesh) GetOp(ctx context.Context, bucketKey string) (*OpRecord, uint64, error) {
+	e, err := m.Idempotency.Get(ctx, bucketKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, 0, job.ErrNotFound
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	var r OpRecord
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		return nil, 0, fmt.Errorf("op record %s: %w", bucketKey, err)
+	}
+	return &r, e.Revision(), nil
+}
+
+// UpdateOp applies fn to the record by compare-and-set, retrying on
+// conflict. fn returns false to leave the record unchanged.
+func (m *Mesh) UpdateOp(ctx context.Context, bucketKey string, fn func(r *OpRecord) bool) (*OpRecord, error) {
+	for attempt := 0; attempt < 20; attempt++ {
+		r, rev, err := m.GetOp(ctx, bucketKey)
+		if err != nil {
+			return nil, err
+		}
+		if !fn(r) {
+			return r, nil
+		}
+		r.UpdatedAt = time.Now().UTC()
+		data, _ := json.Marshal(r)
+		_, err = m.Idempotency.Update(ctx, bucketKey, data, rev)
+		if err == nil {
+			return r, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return nil, fmt.Errorf("update op %s: %w", bucketKey, err)
+		}
+	}
+	return nil, fmt.Errorf("update op %s: too many conflicts", bucketKey)
+}
+
+// Wait returns the job's terminal result, waiting until ctx ends. It
+// subscribes to the job's result subject before looking the record up, so a
+// result written in between is not missed.
+func (m *Mesh) Wait(ctx context.Context, tenant, jobID string) (*job.Result, error) {
+	ch := make(chan *nats.Msg, 1)
+	sub, err := m.JS.Conn().ChanSubscribe(job.ResultSubject(tenant, jobID), ch)
+	if err != nil {
+		return nil, fmt.Errorf("subscribe result: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	rec, _, err := m.Lookup(ctx, jobID)
+	if err != nil {
+		return nil, err
+	}
+	if rec.Tenant != tenant {
+		return nil, job.ErrNotFound
+	}
+	if rec.Result != nil {
+		return rec.Result, nil
+	}
+	select {
+	case msg := <-ch:
+		var r job.Result
+		if err := json.Unmarshal(msg.Data, &r); err != nil {
+			return nil, fmt.Errorf("result %s: %w", jobID, err)
+		}
+		return &r, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// errCodeStoreFailed is JetStream's "stream store failed" (10077): a
+// DiscardNew stream refusing a message for lack of room.
+const errCodeStoreFailed jetstream.ErrorCode = 10077

@@ -1,0 +1,67 @@
+// Package metrics defines every Prometheus metric Sluice exports. One Set is
+// made per process in run and shared by the services it runs, so a metric is
+// registered once whichever services run together. Label values are bounded:
+// providers, models, tenants and priorities come from configuration, never
+// from raw input.
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Set is all of Sluice's metrics.
+type Set struct {
+	JobsAccepted   *prometheus.CounterVec // tenant, via
+	JobsRejected   *prometheus.CounterVec // via, code
+	Results        *prometheus.CounterVec // tenant, status
+	Requests       *prometheus.CounterVec // provider, model, status
+	TokensReserved *prometheus.CounterVec // provider, model
+	TokensUsed     *prometheus.CounterVec // provider, model
+	Retries        *prometheus.CounterVec // provider, model, error_type
+	RateLimitHits  *prometheus.CounterVec // provider, model, limit_type
+	Fallbacks      *prometheus.CounterVec // from_provider, to_provider, reason
+	DupSuppressed  *prometheus.CounterVec // task_type
+	QueueDepth     *prometheus.GaugeVec   // priority, task_type
+	QueueWait      *prometheus.HistogramVec
+	AdmissionWaits *prometheus.CounterVec // provider, model, reason
+	BudgetWrites   prometheus.Counter
+	BudgetConflict prometheus.Counter
+	BudgetErrors   prometheus.Counter
+	ReservationsExpired *prometheus.CounterVec // provider, model
+	TenantRequests *prometheus.CounterVec // tenant
+	TenantTokens   *prometheus.CounterVec // tenant, kind (input, output, cached)
+	InFlight       *prometheus.GaugeVec   // provider, model
+	ProviderLatency *prometheus.HistogramVec // provider, model
+}
+
+// New makes and registers the metrics on reg.
+func New(reg prometheus.Registerer) *Set {
+	s := &Set{
+		JobsAccepted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_jobs_accepted_total", Help: "Jobs accepted by ingest."}, []string{"tenant", "via"}),
+		JobsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_jobs_rejected_total", Help: "Jobs refused by ingest, by error code."}, []string{"via", "code"}),
+		Results:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_results_total", Help: "Terminal results written, by status."}, []string{"tenant", "status"}),
+		Requests:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llm_requests_total", Help: "Provider calls by outcome (HTTP status, or transport error class)."}, []string{"provider", "model", "status"}),
+		TokensReserved: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llm_tokens_reserved_total", Help: "Tokens reserved at admission (prompt estimate + max output)."}, []string{"provider", "model"}),
+		TokensUsed:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llm_tokens_used_total", Help: "Tokens the provider reported using (prompt + completion)."}, []string{"provider", "model"}),
+		Retries:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llm_retries_total", Help: "Provider attempts that were retried, by error class."}, []string{"provider", "model", "error_type"}),
+		RateLimitHits:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llm_rate_limit_hits_total", Help: "429 rate-limit answers from providers, by limit type."}, []string{"provider", "model", "limit_type"}),
+		Fallbacks:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llm_fallbacks_total", Help: "Jobs routed to a fallback provider."}, []string{"from_provider", "to_provider", "reason"}),
+		DupSuppressed:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llm_duplicate_suppressed_total", Help: "Provider calls avoided because the operation was already done or in progress."}, []string{"task_type"}),
+		QueueDepth:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "llm_queue_depth", Help: "Jobs waiting in QUEUE."}, []string{"priority", "task_type"}),
+		QueueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "llm_queue_wait_seconds", Help: "Time from acceptance to dispatch.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}}, []string{"priority", "task_type"}),
+		AdmissionWaits:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_admission_deferrals_total", Help: "Jobs sent back to wait by admission, by reason (rpm, tpm, burst, not_before)."}, []string{"provider", "model", "reason"}),
+		BudgetWrites:        prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_budget_writes_total", Help: "Successful writes to the budgets bucket."}),
+		BudgetConflict:      prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_budget_conflicts_total", Help: "Compare-and-set conflicts on the budgets bucket."}),
+		BudgetErrors:        prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_budget_errors_total", Help: "Failures to reach the budgets bucket (no dispatch happens without budget)."}),
+		ReservationsExpired: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_reservations_expired_total", Help: "Jobs whose reservation lapsed before an executor could start them; re-admitted."}, []string{"provider", "model"}),
+		TenantRequests:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_tenant_requests_total", Help: "Provider requests made for each tenant."}, []string{"tenant"}),
+		TenantTokens:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_tenant_tokens_total", Help: "Tokens used for each tenant by kind (input, output, cached)."}, []string{"tenant", "kind"}),
+		InFlight:            prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_inflight_calls", Help: "Provider calls in progress in this process."}, []string{"provider", "model"}),
+		ProviderLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "llm_provider_latency_seconds", Help: "Provider call duration.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"provider", "model"}),
+	}
+	reg.MustRegister(s.JobsAccepted, s.JobsRejected, s.Results, s.Requests, s.TokensReserved, s.TokensUsed,
+		s.Retries, s.RateLimitHits, s.Fallbacks, s.DupSuppressed, s.QueueDepth, s.QueueWait, s.AdmissionWaits,
+		s.BudgetWrites, s.BudgetConflict, s.BudgetErrors, s.ReservationsExpired, s.TenantRequests, s.TenantTokens,
+		s.InFlight, s.ProviderLatency)
+	return s
+}

@@ -1,0 +1,378 @@
+// Package config loads and checks Sluice's YAML configuration.
+//
+// The keys documented in the README are a contract: they keep their names so
+// users' files and tools keep working. Unknown keys are an error (a typo must
+// not silently fall back to a default).
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluice-dev/sluice/pkg/job"
+)
+
+// Config is the whole file.
+type Config struct {
+	// Server holds what flags and SLUICE_* variables may also set.
+	Server    Server            `yaml:"server"`
+	Limits    Limits            `yaml:"limits"`
+	Admission Admission         `yaml:"admission"`
+	Providers []Provider        `yaml:"providers"`
+	Tenants   []Tenant          `yaml:"tenants"`
+	Retry     map[string]Policy `yaml:"retry"`
+}
+
+// Server settings; flags and SLUICE_* variables override them.
+type Server struct {
+	NATSURL    string `yaml:"nats_url"`
+	NATSListen string `yaml:"nats_listen"`
+	HTTP       string `yaml:"http"`
+	Data       string `yaml:"data"`
+	Services   string `yaml:"services"`
+	LogLevel   string `yaml:"log_level"`
+	Replicas   int    `yaml:"replicas"`
+}
+
+// Limits bound what ingest accepts.
+type Limits struct {
+	MaxBodyBytes     int      `yaml:"max_body_bytes"`
+	MaxTokens        int      `yaml:"max_tokens"`
+	DefaultMaxTokens int      `yaml:"default_max_tokens"`
+	ResultRetention  Duration `yaml:"result_retention"`
+}
+
+// Admission tunes how budgets are taken.
+type Admission struct {
+	// Slice is the granularity of the shared rate windows.
+	Slice Duration `yaml:"slice"`
+	// DispatchGrace is how long after its reservation a job may still start
+	// its provider call; the window is widened by this much so the provider
+	// never sees more than the limit in any 60 s.
+	DispatchGrace Duration `yaml:"dispatch_grace"`
+	// BurstFraction caps what one slice may take, as a fraction of the
+	// per-minute limit per second.
+	BurstFraction float64 `yaml:"burst_fraction"`
+	Batch         int     `yaml:"batch"`
+}
+
+// Provider is one upstream API.
+type Provider struct {
+	Name      string   `yaml:"name"`
+	Kind      string   `yaml:"kind"` // openai (default) or anthropic
+	BaseURL   string   `yaml:"base_url"`
+	APIKeyEnv string   `yaml:"api_key_env"`
+	Timeout   Duration `yaml:"timeout"`
+	Models    []Model  `yaml:"models"`
+}
+
+// Model is one model of a provider with its limits.
+type Model struct {
+	Name           string `yaml:"name"`
+	RPM            int    `yaml:"rpm"`
+	TPM            int    `yaml:"tpm"`
+	MaxConcurrency int    `yaml:"max_concurrency"`
+}
+
+// Tenant is one caller of Sluice.
+type Tenant struct {
+	Name      string `yaml:"name"`
+	APIKeyEnv string `yaml:"api_key_env"`
+	Weight    int    `yaml:"weight"`
+}
+
+// Policy is a retry policy class.
+type Policy struct {
+	MaxAttempts int      `yaml:"max_attempts"`
+	MaxElapsed  Duration `yaml:"max_elapsed"`
+	BaseDelay   Duration `yaml:"base_delay"`
+	MaxDelay    Duration `yaml:"max_delay"`
+}
+
+// Duration is a time.Duration written as "1.5s" in YAML.
+type Duration time.Duration
+
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("%q is not a duration (like 500ms, 8s, 5m)", n.Value)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// D returns the value as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// Parse decodes and checks a YAML document, filling defaults.
+func Parse(data []byte) (*Config, error) {
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	c.withDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// Load reads a file; an empty path gives the defaults (no providers: only
+// useful with the demo, which supplies its own).
+func Load(path string) (*Config, error) {
+	if path == "" {
+		return Parse(nil)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// DefaultPolicies are the retry classes every config has unless it overrides them.
+var DefaultPolicies = map[string]Policy{
+	"interactive": {MaxAttempts: 3, MaxElapsed: Duration(8 * time.Second), BaseDelay: Duration(250 * time.Millisecond), MaxDelay: Duration(2 * time.Second)},
+	"standard":    {MaxAttempts: 5, MaxElapsed: Duration(60 * time.Second), BaseDelay: Duration(500 * time.Millisecond), MaxDelay: Duration(10 * time.Second)},
+	"batch":       {MaxAttempts: 8, MaxElapsed: Duration(300 * time.Second), BaseDelay: Duration(time.Second), MaxDelay: Duration(60 * time.Second)},
+}
+
+func (c *Config) withDefaults() {
+	if c.Limits.MaxBodyBytes == 0 {
+		c.Limits.MaxBodyBytes = job.DefaultLimits.MaxBodyBytes
+	}
+	if c.Limits.MaxTokens == 0 {
+		c.Limits.MaxTokens = job.DefaultLimits.MaxTokens
+	}
+	if c.Limits.DefaultMaxTokens == 0 {
+		c.Limits.DefaultMaxTokens = 1024
+	}
+	if c.Limits.ResultRetention == 0 {
+		c.Limits.ResultRetention = Duration(24 * time.Hour)
+	}
+	if c.Admission.Slice == 0 {
+		c.Admission.Slice = Duration(250 * time.Millisecond)
+	}
+	if c.Admission.DispatchGrace == 0 {
+		c.Admission.DispatchGrace = Duration(time.Second)
+	}
+	if c.Admission.BurstFraction == 0 {
+		c.Admission.BurstFraction = 0.05
+	}
+	if c.Admission.Batch == 0 {
+		c.Admission.Batch = 256
+	}
+	for i := range c.Providers {
+		p := &c.Providers[i]
+		if p.Kind == "" {
+			p.Kind = "openai"
+		}
+		if p.Timeout == 0 {
+			p.Timeout = Duration(120 * time.Second)
+		}
+		for j := range p.Models {
+			if p.Models[j].MaxConcurrency == 0 {
+				p.Models[j].MaxConcurrency = 64
+			}
+		}
+	}
+	for i := range c.Tenants {
+		if c.Tenants[i].Weight == 0 {
+			c.Tenants[i].Weight = 1
+		}
+	}
+	if c.Retry == nil {
+		c.Retry = map[string]Policy{}
+	}
+	for k, v := range DefaultPolicies {
+		if _, ok := c.Retry[k]; !ok {
+			c.Retry[k] = v
+		}
+	}
+}
+
+// Validate reports the first problem, naming the key.
+func (c *Config) Validate() error {
+	fail := func(key, format string, args ...any) error {
+		return fmt.Errorf("config: %s: %s", key, fmt.Sprintf(format, args...))
+	}
+	if c.Limits.MaxBodyBytes < 1024 {
+		return fail("limits.max_body_bytes", "must be at least 1024, got %d", c.Limits.MaxBodyBytes)
+	}
+	if c.Limits.DefaultMaxTokens > c.Limits.MaxTokens {
+		return fail("limits.default_max_tokens", "is %d, above limits.max_tokens %d", c.Limits.DefaultMaxTokens, c.Limits.MaxTokens)
+	}
+	if s := c.Admission.Slice.D(); s < 10*time.Millisecond || s > 5*time.Second {
+		return fail("admission.slice", "must be between 10ms and 5s, got %s", s)
+	}
+	if g := c.Admission.DispatchGrace.D(); g < 0 || g > 30*time.Second {
+		return fail("admission.dispatch_grace", "must be between 0 and 30s, got %s", g)
+	}
+	if f := c.Admission.BurstFraction; f <= 0 || f > 1 {
+		return fail("admission.burst_fraction", "must be in (0, 1], got %g", f)
+	}
+	seenP := map[string]bool{}
+	models := map[string]string{}
+	for i, p := range c.Providers {
+		key := fmt.Sprintf("providers[%d]", i)
+		if !job.ValidName(p.Name) {
+			return fail(key+".name", "%q must be 1-64 letters, digits, '-' or '_'", p.Name)
+		}
+		if seenP[p.Name] {
+			return fail(key+".name", "%q appears twice", p.Name)
+		}
+		seenP[p.Name] = true
+		if p.Kind != "openai" && p.Kind != "anthropic" {
+			return fail(key+".kind", "must be openai or anthropic, got %q", p.Kind)
+		}
+		u, err := url.Parse(p.BaseURL)
+		if p.BaseURL == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fail(key+".base_url", "must be an http(s) URL, got %q", p.BaseURL)
+		}
+		if p.APIKeyEnv != "" && !envName(p.APIKeyEnv) {
+			return fail(key+".api_key_env", "must name an environment variable (the key itself never sits in the file), got %q", clip(p.APIKeyEnv))
+		}
+		if len(p.Models) == 0 {
+			return fail(key+".models", "must list at least one model")
+		}
+		tokens := map[string]string{}
+		for j, m := range p.Models {
+			mk := fmt.Sprintf("%s.models[%d]", key, j)
+			if m.Name == "" {
+				return fail(mk+".name", "is required")
+			}
+			if other, ok := models[m.Name]; ok {
+				return fail(mk+".name", "%q is already served by provider %q; route it with one provider", m.Name, other)
+			}
+			models[m.Name] = p.Name
+			tok := job.ModelToken(m.Name)
+			if other, ok := tokens[tok]; ok {
+				return fail(mk+".name", "%q and %q map to the same subject token %q", m.Name, other, tok)
+			}
+			tokens[tok] = m.Name
+			if m.RPM < 0 {
+				return fail(mk+".rpm", "must be >= 0 (0 = no limit), got %d", m.RPM)
+			}
+			if m.TPM < 0 {
+				return fail(mk+".tpm", "must be >= 0 (0 = no limit), got %d", m.TPM)
+			}
+			if m.MaxConcurrency < 0 {
+				return fail(mk+".max_concurrency", "must be > 0, got %d", m.MaxConcurrency)
+			}
+		}
+	}
+	seenT := map[string]bool{}
+	for i, t := range c.Tenants {
+		key := fmt.Sprintf("tenants[%d]", i)
+		if !job.ValidName(t.Name) {
+			return fail(key+".name", "%q must be 1-64 letters, digits, '-' or '_'", t.Name)
+		}
+		if seenT[t.Name] {
+			return fail(key+".name", "%q appears twice", t.Name)
+		}
+		seenT[t.Name] = true
+		if t.APIKeyEnv != "" && !envName(t.APIKeyEnv) {
+			return fail(key+".api_key_env", "must name an environment variable, got %q", clip(t.APIKeyEnv))
+		}
+		if t.Weight < 1 || t.Weight > 1000 {
+			return fail(key+".weight", "must be between 1 and 1000, got %d", t.Weight)
+		}
+	}
+	for name, p := range c.Retry {
+		key := "retry." + name
+		if !job.Priority(name).Valid() {
+			return fail(key, "unknown policy class; use interactive, standard or batch")
+		}
+		if p.MaxAttempts < 1 || p.MaxAttempts > 100 {
+			return fail(key+".max_attempts", "must be between 1 and 100, got %d", p.MaxAttempts)
+		}
+		if p.MaxElapsed <= 0 {
+			return fail(key+".max_elapsed", "must be positive")
+		}
+		if p.BaseDelay <= 0 || p.MaxDelay < p.BaseDelay {
+			return fail(key+".base_delay", "must be positive and at most max_delay")
+		}
+	}
+	return nil
+}
+
+func envName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i, r := range s {
+		ok := r == '_' || (r >= 'A' && r <= 'Z') || (r >= 'a' && r <= 'z') || (i > 0 && r >= '0' && r <= '9')
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+func clip(s string) string {
+	if len(s) > 12 {
+		return s[:4] + "…"
+	}
+	return s
+}
+
+// ModelRef finds a model by the name callers send.
+func (c *Config) ModelRef(model string) (*Provider, *Model, bool) {
+	for i := range c.Providers {
+		p := &c.Providers[i]
+		for j := range p.Models {
+			if p.Models[j].Name == model {
+				return p, &p.Models[j], true
+			}
+		}
+	}
+	return nil, nil, false
+}
+
+// Tenant finds a tenant by name.
+func (c *Config) Tenant(name string) (*Tenant, bool) {
+	for i := range c.Tenants {
+		if c.Tenants[i].Name == name {
+			return &c.Tenants[i], true
+		}
+	}
+	return nil, false
+}
+
+// Policy returns the retry policy for a priority class.
+func (c *Config) Policy(p job.Priority) Policy {
+	if pol, ok := c.Retry[string(p)]; ok {
+		return pol
+	}
+	return DefaultPolicies[string(job.Standard)]
+}
+
+// TenantKeys resolves tenants' bearer keys from the environment: key → tenant.
+func (c *Config) TenantKeys(getenv func(string) string) map[string]string {
+	out := map[string]string{}
+	for _, t := range c.Tenants {
+		if t.APIKeyEnv == "" {
+			continue
+		}
+		if k := strings.TrimSpace(getenv(t.APIKeyEnv)); k != "" {
+			out[k] = t.Name
+		}
+	}
+	return out
+}

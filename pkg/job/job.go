@@ -1,0 +1,327 @@
+// Package job defines Sluice's wire formats: the job envelope producers submit,
+// the result envelope callers receive, and the NATS subjects they travel on.
+// It does no I/O.
+package job
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Priority is a job's scheduling class.
+type Priority string
+
+const (
+	Interactive Priority = "interactive"
+	Standard    Priority = "standard"
+	Batch       Priority = "batch"
+)
+
+// Priorities lists every class, highest first.
+var Priorities = []Priority{Interactive, Standard, Batch}
+
+// Valid reports whether p is a known class.
+func (p Priority) Valid() bool {
+	return p == Interactive || p == Standard || p == Batch
+}
+
+// Status is a job's state. Only the terminal statuses appear in results.
+type Status string
+
+const (
+	StatusQueued       Status = "queued"
+	StatusSucceeded    Status = "succeeded"
+	StatusFailed       Status = "failed"
+	StatusExpired      Status = "expired"
+	StatusDeadLettered Status = "dead_lettered"
+)
+
+// Terminal reports whether s ends a job.
+func (s Status) Terminal() bool {
+	return s == StatusSucceeded || s == StatusFailed || s == StatusExpired || s == StatusDeadLettered
+}
+
+// Job is the envelope a producer publishes to sluice.intake.<tenant> (or POSTs
+// to /v1/jobs). Fields after Request are filled in by Sluice as the job moves.
+type Job struct {
+	ID             string          `json:"id,omitempty"`
+	Tenant         string          `json:"tenant"`
+	Priority       Priority        `json:"priority,omitempty"`
+	IdempotencyKey string          `json:"idempotency_key,omitempty"`
+	Deadline       *time.Time      `json:"deadline,omitempty"`
+	Request        json.RawMessage `json:"request"`
+
+	// Set by Sluice.
+	SubmittedAt time.Time    `json:"submitted_at,omitzero"`
+	Provider    string       `json:"provider,omitempty"`
+	Model       string       `json:"model,omitempty"`
+	Estimate    *Estimate    `json:"estimate,omitempty"`
+	NotBefore   *time.Time   `json:"not_before,omitempty"`
+	Attempts    []Attempt    `json:"attempts,omitempty"`
+	Reservation *Reservation `json:"reservation,omitempty"`
+}
+
+// Estimate is the token cost ingest computed for a job.
+type Estimate struct {
+	PromptTokens int `json:"prompt_tokens"`
+	MaxTokens    int `json:"max_tokens"`
+}
+
+// Cost is what a provider charges against TPM at arrival: prompt plus max output.
+func (e Estimate) Cost() int { return e.PromptTokens + e.MaxTokens }
+
+// Reservation is the budget admission reserved for one dispatch.
+type Reservation struct {
+	ID         string    `json:"id"`
+	Requests   int       `json:"requests"`
+	Tokens     int       `json:"tokens"`
+	ReservedAt time.Time `json:"reserved_at"`
+	// ValidUntil is the latest moment the provider call may start; an executor
+	// that picks the job up later sends it back for a new reservation.
+	ValidUntil time.Time `json:"valid_until"`
+}
+
+// Attempt records one provider call.
+type Attempt struct {
+	N          int       `json:"n"`
+	Provider   string    `json:"provider"`
+	Model      string    `json:"model"`
+	StartedAt  time.Time `json:"started_at"`
+	DurationMS int64     `json:"duration_ms"`
+	Status     int       `json:"status,omitempty"`
+	Outcome    string    `json:"outcome"`
+	Error      *Error    `json:"error,omitempty"`
+}
+
+// Usage is what the provider reported.
+type Usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+	CachedTokens     int `json:"cached_tokens,omitempty"`
+}
+
+// Error is a machine-readable failure.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	// RetryAfterMS, when set, hints how long a producer should wait.
+	RetryAfterMS int64 `json:"retry_after_ms,omitempty"`
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// Error codes Sluice itself produces.
+const (
+	CodeInvalidRequest  = "invalid_request"
+	CodeUnknownTenant   = "unknown_tenant"
+	CodeUnknownModel    = "unknown_model"
+	CodeTooLarge        = "request_too_large"
+	CodeUnsupported     = "unsupported"
+	CodeQueueFull       = "queue_full"
+	CodeDeadlineExpired = "deadline_expired"
+	CodeProviderError   = "provider_error"
+	CodeRetriesExceeded = "retries_exhausted"
+)
+
+// Result is the one terminal outcome of a job, published on
+// sluice.result.<tenant>.<job_id>.
+type Result struct {
+	JobID       string          `json:"job_id"`
+	Tenant      string          `json:"tenant"`
+	Status      Status          `json:"status"`
+	Response    json.RawMessage `json:"response,omitempty"`
+	Error       *Error          `json:"error,omitempty"`
+	Usage       *Usage          `json:"usage,omitempty"`
+	Attempts    int             `json:"attempts"`
+	Provider    string          `json:"provider,omitempty"`
+	Model       string          `json:"model,omitempty"`
+	SubmittedAt time.Time       `json:"submitted_at,omitzero"`
+	CompletedAt time.Time       `json:"completed_at"`
+	// DuplicateOf is set when this job joined an earlier one with the same
+	// idempotency key and shares its outcome.
+	DuplicateOf string `json:"duplicate_of,omitempty"`
+}
+
+// NewID returns a fresh job id (UUIDv7: time-ordered).
+func NewID() string {
+	return uuid.Must(uuid.NewV7()).String()
+}
+
+// Limits bound what ingest accepts.
+type Limits struct {
+	MaxBodyBytes int // whole envelope
+	MaxTokens    int // largest max_tokens accepted
+}
+
+// DefaultLimits are used when none are configured.
+var DefaultLimits = Limits{MaxBodyBytes: 1 << 20, MaxTokens: 128_000}
+
+// ChatRequest is the part of an OpenAI chat-completions body Sluice reads.
+// The full body is forwarded to the provider untouched.
+type ChatRequest struct {
+	Model               string          `json:"model"`
+	Messages            []ChatMessage   `json:"messages"`
+	MaxTokens           *int            `json:"max_tokens,omitempty"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens,omitempty"`
+	Stream              bool            `json:"stream,omitempty"`
+	N                   *int            `json:"n,omitempty"`
+	Tools               json.RawMessage `json:"tools,omitempty"`
+}
+
+// ChatMessage is one message; content may be a string or an array of parts.
+type ChatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+	Name    string          `json:"name,omitempty"`
+}
+
+// Text returns the message's text content (string content, or the text parts).
+func (m ChatMessage) Text() string {
+	if len(m.Content) == 0 || string(m.Content) == "null" {
+		return ""
+	}
+	var s string
+	if err := json.Unmarshal(m.Content, &s); err == nil {
+		return s
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(m.Content, &parts); err == nil {
+		var b strings.Builder
+		for _, p := range parts {
+			b.WriteString(p.Text)
+		}
+		return b.String()
+	}
+	return string(m.Content)
+}
+
+// OutputLimit returns the max output tokens the request asks for, or def when
+// it names none.
+func (r ChatRequest) OutputLimit(def int) int {
+	if r.MaxCompletionTokens != nil {
+		return *r.MaxCompletionTokens
+	}
+	if r.MaxTokens != nil {
+		return *r.MaxTokens
+	}
+	return def
+}
+
+// ValidationError is a problem with a job that no retry can fix.
+type ValidationError struct {
+	Code    string
+	Field   string
+	Message string
+}
+
+func (e *ValidationError) Error() string {
+	if e.Field != "" {
+		return fmt.Sprintf("%s: %s", e.Field, e.Message)
+	}
+	return e.Message
+}
+
+// AsError converts the validation error into a result error.
+func (e *ValidationError) AsError() *Error {
+	return &Error{Code: e.Code, Message: e.Error()}
+}
+
+func invalid(field, format string, args ...any) *ValidationError {
+	return &ValidationError{Code: CodeInvalidRequest, Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+// Decode parses and checks a job envelope. It checks only what needs no
+// configuration: shape, id, priority, request body. Tenant and model are
+// checked against the configuration by ingest.
+func Decode(data []byte, lim Limits) (*Job, error) {
+	if lim.MaxBodyBytes > 0 && len(data) > lim.MaxBodyBytes {
+		return nil, &ValidationError{Code: CodeTooLarge, Message: fmt.Sprintf("job is %d bytes; the limit is %d", len(data), lim.MaxBodyBytes)}
+	}
+	var j Job
+	if err := json.Unmarshal(data, &j); err != nil {
+		return nil, invalid("", "malformed job JSON: %v", err)
+	}
+	if err := j.Check(lim); err != nil {
+		return &j, err
+	}
+	return &j, nil
+}
+
+// Check validates a job already decoded, filling defaults (priority).
+func (j *Job) Check(lim Limits) error {
+	if j.ID != "" {
+		if _, err := uuid.Parse(j.ID); err != nil {
+			return invalid("id", "must be a UUID, got %q", clip(j.ID))
+		}
+	}
+	if j.Priority == "" {
+		j.Priority = Standard
+	}
+	if !j.Priority.Valid() {
+		return invalid("priority", "must be interactive, standard or batch, got %q", clip(string(j.Priority)))
+	}
+	if len(j.IdempotencyKey) > 256 {
+		return invalid("idempotency_key", "is %d bytes; at most 256", len(j.IdempotencyKey))
+	}
+	if len(j.Request) == 0 || string(j.Request) == "null" {
+		return invalid("request", "is required (an OpenAI chat-completions body)")
+	}
+	_, err := ParseRequest(j.Request, lim)
+	return err
+}
+
+// ParseRequest parses and checks a chat-completions body.
+func ParseRequest(body []byte, lim Limits) (*ChatRequest, error) {
+	var r ChatRequest
+	if err := json.Unmarshal(body, &r); err != nil {
+		return nil, invalid("request", "malformed chat-completions body: %v", err)
+	}
+	if r.Model == "" {
+		return nil, invalid("request.model", "is required")
+	}
+	if len(r.Messages) == 0 {
+		return nil, invalid("request.messages", "must hold at least one message")
+	}
+	for i, m := range r.Messages {
+		if m.Role == "" {
+			return nil, invalid(fmt.Sprintf("request.messages[%d].role", i), "is required")
+		}
+	}
+	for name, v := range map[string]*int{"request.max_tokens": r.MaxTokens, "request.max_completion_tokens": r.MaxCompletionTokens} {
+		if v == nil {
+			continue
+		}
+		if *v <= 0 {
+			return nil, invalid(name, "must be positive, got %d", *v)
+		}
+		if lim.MaxTokens > 0 && *v > lim.MaxTokens {
+			return nil, invalid(name, "is %d; at most %d", *v, lim.MaxTokens)
+		}
+	}
+	if r.N != nil && *r.N != 1 {
+		return nil, &ValidationError{Code: CodeUnsupported, Field: "request.n", Message: "only n=1 is supported"}
+	}
+	if r.Stream {
+		return nil, &ValidationError{Code: CodeUnsupported, Field: "request.stream", Message: "streaming is not supported yet; send stream=false"}
+	}
+	return &r, nil
+}
+
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
+
+// ErrNotFound is returned when a job or result does not exist.
+var ErrNotFound = errors.New("not found")

@@ -1,0 +1,89 @@
+// Package natstest starts an embedded NATS server with JetStream, for tests
+// (like net/http/httptest) and for `sluice up`'s single-binary default.
+package natstest
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// Options for Start.
+type Options struct {
+	Listen   string // host:port; port 0 or -1 picks a free one
+	StoreDir string // JetStream file store
+}
+
+// Start runs an embedded server and waits until it accepts connections.
+func Start(o Options) (*server.Server, error) {
+	host, port := "127.0.0.1", -1
+	if o.Listen != "" {
+		h, p, err := net.SplitHostPort(o.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("nats listen address %q: %w", o.Listen, err)
+		}
+		n, err := strconv.Atoi(p)
+		if err != nil {
+			return nil, fmt.Errorf("nats listen port %q: %w", p, err)
+		}
+		if h != "" {
+			host = h
+		}
+		port = n
+		if port == 0 {
+			port = -1
+		}
+	}
+	opts := &server.Options{
+		ServerName: "sluice-embedded",
+		Host:       host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   o.StoreDir,
+		NoSigs:     true,
+		NoLog:      true,
+		MaxPayload: 8 << 20,
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(15 * time.Second) {
+		s.Shutdown()
+		return nil, errors.New("embedded nats: not ready after 15s (is the port in use?)")
+	}
+	return s, nil
+}
+
+// Server starts a fresh embedded JetStream server on a random loopback port
+// with a temporary store, and shuts it down when the test ends.
+func Server(t testing.TB) *server.Server {
+	t.Helper()
+	s, err := Start(Options{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	return s
+}
+
+// Conn connects to s and closes the connection when the test ends.
+func Conn(t testing.TB, s *server.Server) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}

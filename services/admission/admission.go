@@ -1,0 +1,368 @@
+// Package admission is Sluice's rate-aware dispatcher. It takes jobs from
+// QUEUE in batches, ends expired ones, sends jobs whose not_before is in the
+// future back to wait (JetStream redelivery delay, never a sleeping
+// goroutine), reserves the rest against the shared per-model budgets with one
+// compare-and-set per model per batch, and publishes what it reserved to
+// DISPATCH. Jobs that do not fit wait by redelivery delay until their
+// estimated turn.
+package admission
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/metrics"
+	"github.com/sluice-dev/sluice/pkg/budget"
+	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/streams"
+)
+
+// Config is what admission needs.
+type Config struct {
+	App *config.Config
+	Now func() time.Time
+	// Order ranks the candidates of one model before they are reserved, best
+	// first. nil means priority, then submission time (FIFO). Fair
+	// multi-tenant scheduling plugs in here.
+	Order func(c []*Candidate)
+}
+
+// Candidate is a job ready for a reservation.
+type Candidate struct {
+	Job  *job.Job
+	Msg  jetstream.Msg
+	Cost budget.Cost
+}
+
+// Service is the admission service.
+type Service struct {
+	cfg    Config
+	mesh   *mesh.Mesh
+	store  *budget.Store
+	log    *slog.Logger
+	m      *metrics.Set
+	now    func() time.Time
+	cursor map[string]time.Time // per budget key: estimated turn of the last deferred job
+	budgetErr atomic.Value     // last budget store error (string), "" when healthy
+}
+
+// New builds the service; it does no I/O.
+func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service, error) {
+	if cfg.App == nil {
+		return nil, errors.New("admission: no configuration")
+	}
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	if cfg.Order == nil {
+		cfg.Order = fifo
+	}
+	a := cfg.App.Admission
+	st := budget.NewStore(m.Budgets, budget.Params{Slice: a.Slice.D(), DispatchGrace: a.DispatchGrace.D(), BurstFraction: a.BurstFraction}, now)
+	st.Writes = ms.BudgetWrites.Inc
+	st.Conflicts = ms.BudgetConflict.Inc
+	s := &Service{cfg: cfg, mesh: m, store: st, log: log.With("service", "admission"), m: ms, now: now, cursor: map[string]time.Time{}}
+	s.budgetErr.Store("")
+	return s, nil
+}
+
+// Ready reports whether admission can reach the budget store.
+func (s *Service) Ready() error {
+	if e := s.budgetErr.Load().(string); e != "" {
+		return fmt.Errorf("budget store: %s", e)
+	}
+	return nil
+}
+
+func fifo(c []*Candidate) {
+	rank := map[job.Priority]int{job.Interactive: 0, job.Standard: 1, job.Batch: 2}
+	sort.SliceStable(c, func(i, k int) bool {
+		a, b := c[i].Job, c[k].Job
+		if rank[a.Priority] != rank[b.Priority] {
+			return rank[a.Priority] < rank[b.Priority]
+		}
+		return a.SubmittedAt.Before(b.SubmittedAt)
+	})
+}
+
+// Run consumes QUEUE until ctx ends.
+func (s *Service) Run(ctx context.Context) error {
+	cons, err := streams.EnsureConsumer(ctx, s.mesh.JS, streams.Queue, "admission", "", "")
+	if err != nil {
+		return err
+	}
+	batch := s.cfg.App.Admission.Batch
+	in := make(chan jetstream.Msg, batch)
+	cc, err := cons.Consume(func(msg jetstream.Msg) {
+		select {
+		case in <- msg:
+		case <-ctx.Done():
+		}
+	}, jetstream.PullMaxMessages(batch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
+			s.log.Debug("queue consume", "err", err)
+		}
+	}))
+	if err != nil {
+		return fmt.Errorf("consume queue: %w", err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.watchDepth(ctx)
+	}()
+	defer func() {
+		cc.Stop()
+		wg.Wait()
+	}()
+	msgs := make([]jetstream.Msg, 0, batch)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case m := <-in:
+			msgs = append(msgs[:0], m)
+		}
+	drain:
+		for len(msgs) < batch {
+			select {
+			case m := <-in:
+				msgs = append(msgs, m)
+			default:
+				break drain
+			}
+		}
+		s.admit(ctx, msgs)
+	}
+}
+
+// admit handles one batch.
+func (s *Service) admit(ctx context.Context, msgs []jetstream.Msg) {
+	now := s.now()
+	groups := map[string][]*Candidate{}
+	for _, msg := range msgs {
+		var j job.Job
+		if err := json.Unmarshal(msg.Data(), &j); err != nil || j.ID == "" || j.Estimate == nil {
+			s.log.Error("queue: undecodable job dropped", "subject", msg.Subject(), "err", err)
+			_ = msg.Term()
+			continue
+		}
+		if j.Deadline != nil && !j.Deadline.After(now) {
+			s.expire(ctx, msg, &j, "deadline passed while queued")
+			continue
+		}
+		if j.NotBefore != nil && j.NotBefore.After(now) {
+			s.m.AdmissionWaits.WithLabelValues(j.Provider, j.Model, "not_before").Inc()
+			_ = msg.NakWithDelay(j.NotBefore.Sub(now))
+			continue
+		}
+		key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
+		groups[key] = append(groups[key], &Candidate{Job: &j, Msg: msg, Cost: budget.Cost{Requests: 1, Tokens: j.Estimate.Cost()}})
+	}
+	var pending []*pub
+	for key, cands := range groups {
+		pending = append(pending, s.reserve(ctx, key, cands)...)
+	}
+	for _, p := range pending {
+		select {
+		case <-p.fut.Ok():
+			_ = p.msg.Ack()
+		case err := <-p.fut.Err():
+			// The reservation is spent either way; the job waits and tries again.
+			s.log.Warn("dispatch publish failed", "job_id", p.id, "err", err)
+			_ = p.msg.NakWithDelay(time.Second)
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+type pub struct {
+	id  string
+	msg jetstream.Msg
+	fut jetstream.PubAckFuture
+}
+
+func (s *Service) reserve(ctx context.Context, key string, cands []*Candidate) []*pub {
+	s.cfg.Order(cands)
+	j0 := cands[0].Job
+	_, model, ok := s.cfg.App.ModelRef(j0.Model)
+	if !ok {
+		for _, c := range cands {
+			s.fail(ctx, c, &job.Error{Code: job.CodeUnknownModel, Message: fmt.Sprintf("model %q is no longer configured", j0.Model)})
+		}
+		return nil
+	}
+	lim := budget.Limits{RPM: model.RPM, TPM: model.TPM}
+	costs := make([]budget.Cost, len(cands))
+	for i, c := range cands {
+		costs[i] = c.Cost
+	}
+	g, err := s.store.Take(ctx, key, lim, costs)
+	if err != nil {
+		// Fail closed: no budget, no dispatch.
+		s.m.BudgetErrors.Inc()
+		s.budgetErr.Store(err.Error())
+		s.log.Warn("budget store unavailable; holding jobs", "key", key, "err", err)
+		for _, c := range cands {
+			_ = c.Msg.NakWithDelay(time.Second + jitter(500*time.Millisecond))
+		}
+		return nil
+	}
+	s.budgetErr.Store("")
+	now := s.now()
+	var out []*pub
+	for i, c := range cands[:g.N] {
+		j := c.Job
+		j.Reservation = &job.Reservation{
+			ID: fmt.Sprintf("%d-%d", g.Slice, i), Requests: c.Cost.Requests, Tokens: c.Cost.Tokens,
+			ReservedAt: now.UTC(), ValidUntil: g.ValidUntil.UTC(),
+		}
+		s.m.TokensReserved.WithLabelValues(j.Provider, j.Model).Add(float64(c.Cost.Tokens))
+		if len(j.Attempts) == 0 {
+			s.m.QueueWait.WithLabelValues(string(j.Priority), "chat").Observe(now.Sub(j.SubmittedAt).Seconds())
+		}
+		data, _ := json.Marshal(j)
+		msg := nats.NewMsg(job.DispatchSubject(j.Provider, j.Model))
+		msg.Data = data
+		msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("dispatch:%s:%d", j.ID, len(j.Attempts)))
+		fut, err := s.mesh.JS.PublishMsgAsync(msg)
+		if err != nil {
+			s.log.Warn("dispatch publish failed", "job_id", j.ID, "err", err)
+			_ = c.Msg.NakWithDelay(time.Second)
+			continue
+		}
+		out = append(out, &pub{id: j.ID, msg: c.Msg, fut: fut})
+	}
+	if g.N < len(cands) {
+		s.defer_(key, lim, g, cands[g.N:], now)
+	}
+	return out
+}
+
+// defer_ sends jobs that did not fit back to wait until their estimated
+// turn: the first one until the budget frees, each later one after the
+// budget its predecessors need, so they do not all wake at once.
+func (s *Service) defer_(key string, lim budget.Limits, g budget.Grant, rest []*Candidate, now time.Time) {
+	at := g.RetryAt
+	if at.Before(now) {
+		at = now
+	}
+	cur := s.cursor[key]
+	if cur.Before(at) {
+		cur = at
+	}
+	for _, c := range rest {
+		s.m.AdmissionWaits.WithLabelValues(c.Job.Provider, c.Job.Model, g.Reason).Inc()
+		turn := at
+		if md, err := c.Msg.Metadata(); err == nil && md.NumDelivered <= 1 {
+			// A new arrival queues behind the ones already waiting.
+			turn = cur
+			cur = cur.Add(spacing(lim, c.Cost))
+		}
+		d := turn.Sub(now) + jitter(s.store.Params().Slice)
+		d = min(max(d, 10*time.Millisecond), time.Minute)
+		_ = c.Msg.NakWithDelay(d)
+	}
+	if cur.After(now.Add(10 * time.Minute)) {
+		cur = now.Add(10 * time.Minute)
+	}
+	s.cursor[key] = cur
+}
+
+// spacing is how long the limits take to refill one job's cost.
+func spacing(lim budget.Limits, c budget.Cost) time.Duration {
+	var d time.Duration
+	if lim.RPM > 0 {
+		d = max(d, time.Duration(float64(time.Minute)*float64(c.Requests)/float64(lim.RPM)))
+	}
+	if lim.TPM > 0 {
+		d = max(d, time.Duration(float64(time.Minute)*float64(c.Tokens)/float64(lim.TPM)))
+	}
+	return d
+}
+
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return rand.N(d)
+}
+
+func (s *Service) expire(ctx context.Context, msg jetstream.Msg, j *job.Job, why string) {
+	res := &job.Result{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusExpired, Attempts: len(j.Attempts),
+		Error: &job.Error{Code: job.CodeDeadlineExpired, Message: why}, SubmittedAt: j.SubmittedAt, Provider: j.Provider, Model: j.Model}
+	opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
+	if err := s.mesh.PublishResult(ctx, res, opKey); err != nil {
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	_ = msg.Ack()
+}
+
+func (s *Service) fail(ctx context.Context, c *Candidate, e *job.Error) {
+	j := c.Job
+	res := &job.Result{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusFailed, Attempts: len(j.Attempts), Error: e, SubmittedAt: j.SubmittedAt}
+	opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
+	if err := s.mesh.PublishResult(ctx, res, opKey); err != nil {
+		_ = c.Msg.NakWithDelay(time.Second)
+		return
+	}
+	_ = c.Msg.Ack()
+}
+
+// watchDepth publishes QUEUE depth per priority as a metric.
+func (s *Service) watchDepth(ctx context.Context) {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		depth, err := QueueDepth(ctx, s.mesh.JS)
+		if err != nil {
+			continue
+		}
+		for _, p := range job.Priorities {
+			s.m.QueueDepth.WithLabelValues(string(p), "chat").Set(float64(depth[p]))
+		}
+	}
+}
+
+// QueueDepth counts the jobs waiting in QUEUE per priority.
+func QueueDepth(ctx context.Context, js jetstream.JetStream) (map[job.Priority]int, error) {
+	st, err := js.Stream(ctx, streams.Queue)
+	if err != nil {
+		return nil, err
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(job.QueuePrefix+">"))
+	if err != nil {
+		return nil, err
+	}
+	out := map[job.Priority]int{}
+	for subj, n := range info.State.Subjects {
+		parts := strings.Split(subj, ".")
+		if len(parts) >= 3 {
+			out[job.Priority(parts[2])] += int(n)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,326 @@
+// Package executor calls providers. It takes reserved jobs from DISPATCH
+// (one durable consumer per provider/model), takes a concurrency slot only
+// right before the network call, calls the provider (no retries below it),
+// classifies the outcome, and then either publishes the terminal result or
+// sends the job back to QUEUE with a not_before at least Retry-After away.
+// The job's idempotency record is marked in_flight before the call, so a
+// redelivery after a crash never pays twice: the same Idempotency-Key is sent
+// again and a provider that honours it answers from its own record.
+package executor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/metrics"
+	"github.com/sluice-dev/sluice/pkg/budget"
+	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/provider"
+	"github.com/sluice-dev/sluice/streams"
+)
+
+// Config is what the executor needs.
+type Config struct {
+	App    *config.Config
+	Getenv func(string) string // resolves providers' api_key_env
+	Now    func() time.Time
+	// Clients overrides the provider clients by provider name (tests).
+	Clients map[string]provider.Client
+	// Transport, when set, is used by every provider client (tests).
+	Transport http.RoundTripper
+}
+
+// Service is the executor service.
+type Service struct {
+	cfg     Config
+	mesh    *mesh.Mesh
+	store   *budget.Store
+	log     *slog.Logger
+	m       *metrics.Set
+	now     func() time.Time
+	clients map[string]provider.Client
+	rndMu   sync.Mutex
+	rnd     *rand.Rand
+}
+
+// New builds the service; it does no I/O.
+func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service, error) {
+	if cfg.App == nil {
+		return nil, errors.New("executor: no configuration")
+	}
+	if cfg.Getenv == nil {
+		cfg.Getenv = func(string) string { return "" }
+	}
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	a := cfg.App.Admission
+	st := budget.NewStore(m.Budgets, budget.Params{Slice: a.Slice.D(), DispatchGrace: a.DispatchGrace.D(), BurstFraction: a.BurstFraction}, now)
+	st.Writes = ms.BudgetWrites.Inc
+	s := &Service{cfg: cfg, mesh: m, store: st, log: log.With("service", "executor"), m: ms, now: now,
+		clients: map[string]provider.Client{}, rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))}
+	for _, p := range cfg.App.Providers {
+		if c, ok := cfg.Clients[p.Name]; ok {
+			s.clients[p.Name] = c
+			continue
+		}
+		key := ""
+		if p.APIKeyEnv != "" {
+			key = cfg.Getenv(p.APIKeyEnv)
+		}
+		switch p.Kind {
+		case "anthropic":
+			s.clients[p.Name] = provider.NewAnthropic(provider.AnthropicConfig{BaseURL: p.BaseURL, APIKey: key, Transport: cfg.Transport})
+		default:
+			s.clients[p.Name] = provider.NewOpenAI(provider.OpenAIConfig{BaseURL: p.BaseURL, APIKey: key, Transport: cfg.Transport})
+		}
+	}
+	return s, nil
+}
+
+// Run consumes every model's DISPATCH subject until ctx ends, then lets
+// calls in progress finish (bounded by their own timeouts).
+func (s *Service) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	var ccs []jetstream.ConsumeContext
+	for _, p := range s.cfg.App.Providers {
+		for _, m := range p.Models {
+			name := "executor-" + p.Name + "-" + job.ModelToken(m.Name)
+			cons, err := streams.EnsureConsumer(ctx, s.mesh.JS, streams.Dispatch, "executor", name, job.DispatchSubject(p.Name, m.Name))
+			if err != nil {
+				return err
+			}
+			slots := make(chan struct{}, m.MaxConcurrency)
+			// Calls outlive ctx by a grace period so a shutdown does not cut
+			// responses the provider is already billing for.
+			callCtx := context.WithoutCancel(ctx)
+			cc, err := cons.Consume(func(msg jetstream.Msg) {
+				// Wait here for a slot: the consumer buffers at most
+				// max_concurrency jobs, so a slow provider backs up DISPATCH,
+				// not this process's memory.
+				select {
+				case slots <- struct{}{}:
+				case <-ctx.Done():
+					_ = msg.NakWithDelay(time.Second)
+					return
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					defer func() { <-slots }()
+					s.handle(callCtx, msg)
+				}()
+			}, jetstream.PullMaxMessages(max(2, m.MaxConcurrency)), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+				if !errors.Is(err, jetstream.ErrNoHeartbeat) {
+					s.log.Debug("dispatch consume", "err", err)
+				}
+			}))
+			if err != nil {
+				return fmt.Errorf("consume %s: %w", name, err)
+			}
+			ccs = append(ccs, cc)
+		}
+	}
+	<-ctx.Done()
+	for _, cc := range ccs {
+		cc.Stop()
+	}
+	wg.Wait()
+	return nil
+}
+
+func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
+	var j job.Job
+	if err := json.Unmarshal(msg.Data(), &j); err != nil || j.ID == "" {
+		s.log.Error("dispatch: undecodable job dropped", "subject", msg.Subject(), "err", err)
+		_ = msg.Term()
+		return
+	}
+	if err := s.execute(ctx, msg, &j); err != nil {
+		s.log.Warn("dispatch: will retry", "job_id", j.ID, "err", err)
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	_ = msg.Ack()
+}
+
+// execute runs one attempt. It returns an error only when the job should be
+// redelivered as it is (the mesh could not record what happened).
+func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) error {
+	now := s.now()
+	opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
+	if j.Deadline != nil && !j.Deadline.After(now) {
+		return s.finish(ctx, j, opKey, &job.Result{Status: job.StatusExpired, Error: &job.Error{Code: job.CodeDeadlineExpired, Message: "deadline passed before the provider call"}})
+	}
+	if j.Reservation == nil || now.After(j.Reservation.ValidUntil) {
+		// The reservation lapsed while the job waited for a slot; calling now
+		// could exceed the limit the provider sees. Re-admit it.
+		s.m.ReservationsExpired.WithLabelValues(j.Provider, j.Model).Inc()
+		j.Reservation = nil
+		return s.mesh.Enqueue(ctx, j, fmt.Sprintf("readmit:%s:%d:%d", j.ID, len(j.Attempts), now.UnixNano()))
+	}
+	attempt := len(j.Attempts) + 1
+	op, err := s.mesh.UpdateOp(ctx, opKey, func(r *mesh.OpRecord) bool {
+		if r.State == mesh.OpCompleted || r.State == mesh.OpFailed {
+			return false
+		}
+		r.State, r.Provider, r.Model, r.Attempt = mesh.OpInFlight, j.Provider, j.Model, attempt
+		return true
+	})
+	if errors.Is(err, job.ErrNotFound) {
+		op, err = &mesh.OpRecord{State: mesh.OpInFlight}, nil // records expire; the job still runs
+	}
+	if err != nil {
+		return fmt.Errorf("mark in flight: %w", err)
+	}
+	if op.State == mesh.OpCompleted || op.State == mesh.OpFailed {
+		// Done before (a redelivery after a crash): its result is stored.
+		s.m.DupSuppressed.WithLabelValues(string(j.Priority)).Inc()
+		return nil
+	}
+
+	prov, _, ok := s.cfg.App.ModelRef(j.Model)
+	client := s.clients[j.Provider]
+	if !ok || client == nil {
+		return s.finish(ctx, j, opKey, &job.Result{Status: job.StatusFailed, Error: &job.Error{Code: job.CodeUnknownModel, Message: fmt.Sprintf("model %q is not configured here", j.Model)}})
+	}
+	until := now.Add(prov.Timeout.D())
+	if j.Deadline != nil && j.Deadline.Before(until) {
+		until = *j.Deadline
+	}
+	callCtx, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
+	stop := keepAlive(callCtx, msg)
+	labels := []string{j.Provider, j.Model}
+	s.m.InFlight.WithLabelValues(labels...).Inc()
+	start := s.now()
+	resp, cerr := client.Do(callCtx, provider.Call{Provider: j.Provider, Model: j.Model, Body: j.Request, IdempotencyKey: opKey, JobID: j.ID})
+	elapsed := s.now().Sub(start)
+	s.m.InFlight.WithLabelValues(labels...).Dec()
+	stop()
+	s.m.ProviderLatency.WithLabelValues(labels...).Observe(elapsed.Seconds())
+
+	out := provider.Classify(resp, cerr, s.now())
+	status := out.Code
+	if out.HTTPStatus != 0 {
+		status = fmt.Sprint(out.HTTPStatus)
+	}
+	s.m.Requests.WithLabelValues(j.Provider, j.Model, status).Inc()
+	s.m.TenantRequests.WithLabelValues(j.Tenant).Inc()
+	if out.HTTPStatus == http.StatusTooManyRequests && out.Class == provider.Retry {
+		lt := out.LimitType
+		if lt == "" {
+			lt = "unknown"
+		}
+		s.m.RateLimitHits.WithLabelValues(j.Provider, j.Model, lt).Inc()
+	}
+	j.Attempts = append(j.Attempts, job.Attempt{N: attempt, Provider: j.Provider, Model: j.Model, StartedAt: start.UTC(),
+		DurationMS: elapsed.Milliseconds(), Status: out.HTTPStatus, Outcome: out.Class.String(), Error: out.JobError()})
+
+	if out.Class == provider.Success {
+		s.settle(ctx, j, resp.Usage)
+		return s.finish(ctx, j, opKey, &job.Result{Status: job.StatusSucceeded, Response: resp.Body, Usage: &resp.Usage})
+	}
+
+	pol := s.cfg.App.Policy(j.Priority)
+	policy := provider.Policy{MaxAttempts: pol.MaxAttempts, MaxElapsed: pol.MaxElapsed.D(), BaseDelay: pol.BaseDelay.D(), MaxDelay: pol.MaxDelay.D()}
+	first := j.Attempts[0].StartedAt
+	s.rndMu.Lock()
+	d := provider.Plan(policy, out, attempt, first, s.now(), j.Deadline, s.rnd)
+	s.rndMu.Unlock()
+	if out.OutcomeUnknown && !d.Retry && d.Reason == provider.ReasonOutcomeUnknown && attempt < policy.MaxAttempts {
+		// The provider may have done the work. The retry carries the same
+		// Idempotency-Key, so a provider that honours it answers from its
+		// record instead of charging twice.
+		s.rndMu.Lock()
+		d = provider.Plan(policy, provider.Outcome{Class: provider.Overloaded, Code: out.Code}, attempt, first, s.now(), j.Deadline, s.rnd)
+		s.rndMu.Unlock()
+	}
+	if d.Retry {
+		s.m.Retries.WithLabelValues(j.Provider, j.Model, out.Class.String()).Inc()
+		nb := s.now().Add(d.Delay).UTC()
+		j.NotBefore, j.Reservation = &nb, nil
+		if _, err := s.mesh.UpdateOp(ctx, opKey, func(r *mesh.OpRecord) bool {
+			if r.State != mesh.OpInFlight || out.OutcomeUnknown || out.WorkDone {
+				return false // an unknown outcome stays in_flight: the retry reuses the key
+			}
+			r.State = mesh.OpQueued
+			return true
+		}); err != nil && !errors.Is(err, job.ErrNotFound) {
+			s.log.Debug("requeue: op record", "job_id", j.ID, "err", err)
+		}
+		return s.mesh.Enqueue(ctx, j, fmt.Sprintf("retry:%s:%d", j.ID, attempt))
+	}
+	e := out.JobError()
+	if d.Reason != provider.ReasonNotRetryable && d.Reason != "" {
+		e = &job.Error{Code: job.CodeRetriesExceeded, Message: fmt.Sprintf("%s after %d attempts; last error %s: %s", d.Reason, attempt, e.Code, e.Message), RetryAfterMS: e.RetryAfterMS}
+	}
+	if out.Class == provider.OperatorAction || out.Class == provider.AuthBroken {
+		s.log.Error("provider needs operator action", "provider", j.Provider, "model", j.Model, "code", out.Code, "status", out.HTTPStatus)
+	}
+	return s.finish(ctx, j, opKey, &job.Result{Status: job.StatusFailed, Error: e})
+}
+
+// settle records usage and charges the budget for prompt tokens the
+// estimate missed.
+func (s *Service) settle(ctx context.Context, j *job.Job, u job.Usage) {
+	s.m.TokensUsed.WithLabelValues(j.Provider, j.Model).Add(float64(u.PromptTokens + u.CompletionTokens))
+	s.m.TenantTokens.WithLabelValues(j.Tenant, "input").Add(float64(u.PromptTokens))
+	s.m.TenantTokens.WithLabelValues(j.Tenant, "output").Add(float64(u.CompletionTokens))
+	s.m.TenantTokens.WithLabelValues(j.Tenant, "cached").Add(float64(u.CachedTokens))
+	if j.Estimate == nil || j.Reservation == nil {
+		return
+	}
+	extra := u.PromptTokens - j.Estimate.PromptTokens
+	if extra <= 0 {
+		return
+	}
+	var slice int64
+	if _, err := fmt.Sscanf(j.Reservation.ID, "%d-", &slice); err != nil {
+		return
+	}
+	key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
+	if err := s.store.Settle(ctx, key, slice, budget.Cost{Tokens: extra}); err != nil {
+		s.log.Warn("settle: budget store", "job_id", j.ID, "err", err)
+	}
+}
+
+func (s *Service) finish(ctx context.Context, j *job.Job, opKey string, r *job.Result) error {
+	r.JobID, r.Tenant, r.Attempts = j.ID, j.Tenant, len(j.Attempts)
+	r.Provider, r.Model, r.SubmittedAt = j.Provider, j.Model, j.SubmittedAt
+	return s.mesh.PublishResult(ctx, r, opKey)
+}
+
+// keepAlive tells JetStream the job is still being worked on while a call
+// runs, so a long call is not redelivered to another executor.
+func keepAlive(ctx context.Context, msg jetstream.Msg) (stop func()) {
+	done := make(chan struct{})
+	var once sync.Once
+	go func() {
+		t := time.NewTicker(15 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				_ = msg.InProgress()
+			}
+		}
+	}()
+	return func() { once.Do(func() { close(done) }) }
+}

@@ -1,0 +1,195 @@
+package ingest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluice-dev/sluice/internal/api"
+	"github.com/sluice-dev/sluice/pkg/job"
+)
+
+// Routes registers ingest's HTTP API on mux.
+func (s *Service) Routes(mux *http.ServeMux, auth api.Auth) {
+	mux.HandleFunc("POST /v1/jobs", func(w http.ResponseWriter, r *http.Request) { s.postJob(w, r, auth) })
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.chat(w, r, auth) })
+}
+
+// DefaultWait bounds how long /v1/chat/completions waits for a result when
+// the caller sets no X-Sluice-Wait-Timeout.
+const DefaultWait = 10 * time.Minute
+
+func (s *Service) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.lim.MaxBodyBytes)))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, &job.ValidationError{Code: job.CodeTooLarge, Message: fmt.Sprintf("body is over the %d-byte limit", s.lim.MaxBodyBytes)}
+		}
+		return nil, &job.ValidationError{Code: job.CodeInvalidRequest, Message: "could not read body"}
+	}
+	return body, nil
+}
+
+// POST /v1/jobs: the body is a job envelope; 202 with the job id.
+func (s *Service) postJob(w http.ResponseWriter, r *http.Request, auth api.Auth) {
+	tenant, err := auth.Tenant(r)
+	if err != nil {
+		s.fail(w, "http", err)
+		return
+	}
+	body, err := s.readBody(w, r)
+	if err != nil {
+		s.fail(w, "http", err)
+		return
+	}
+	j, err := job.Decode(body, s.lim)
+	if err != nil {
+		s.fail(w, "http", err)
+		return
+	}
+	if j.Tenant == "" {
+		j.Tenant = tenant
+	}
+	if j.Tenant != tenant {
+		s.fail(w, "http", &job.ValidationError{Code: job.CodeUnknownTenant, Field: "tenant", Message: "does not match the API key's tenant"})
+		return
+	}
+	if k := r.Header.Get("Idempotency-Key"); k != "" && j.IdempotencyKey == "" {
+		j.IdempotencyKey = k
+	}
+	acc, err := s.Accept(r.Context(), j)
+	if err != nil {
+		s.fail(w, "http", err)
+		return
+	}
+	s.m.JobsAccepted.WithLabelValues(tenant, "http").Inc()
+	w.Header().Set("Location", "/v1/jobs/"+acc.JobID)
+	api.JSON(w, http.StatusAccepted, map[string]any{"id": acc.JobID, "tenant": acc.Tenant, "status": job.StatusQueued, "joined": acc.Joined})
+}
+
+// POST /v1/chat/completions: OpenAI-compatible; waits for the result.
+func (s *Service) chat(w http.ResponseWriter, r *http.Request, auth api.Auth) {
+	tenant, err := auth.Tenant(r)
+	if err != nil {
+		s.fail(w, "openai", err)
+		return
+	}
+	body, err := s.readBody(w, r)
+	if err != nil {
+		s.fail(w, "openai", err)
+		return
+	}
+	if !json.Valid(body) {
+		s.fail(w, "openai", &job.ValidationError{Code: job.CodeInvalidRequest, Message: "body is not valid JSON"})
+		return
+	}
+	j := &job.Job{Tenant: tenant, Request: body, IdempotencyKey: r.Header.Get("Idempotency-Key")}
+	if p := r.Header.Get("X-Sluice-Priority"); p != "" {
+		j.Priority = job.Priority(strings.ToLower(p))
+	}
+	wait := DefaultWait
+	if v := r.Header.Get("X-Sluice-Wait-Timeout"); v != "" {
+		d, err := parseWait(v)
+		if err != nil {
+			s.fail(w, "openai", &job.ValidationError{Code: job.CodeInvalidRequest, Field: "X-Sluice-Wait-Timeout", Message: err.Error()})
+			return
+		}
+		wait = d
+	}
+	if v := r.Header.Get("X-Sluice-Deadline"); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			s.fail(w, "openai", &job.ValidationError{Code: job.CodeInvalidRequest, Field: "X-Sluice-Deadline", Message: "must be an RFC 3339 time"})
+			return
+		}
+		j.Deadline = &t
+	}
+	acc, err := s.Accept(r.Context(), j)
+	if err != nil {
+		s.fail(w, "openai", err)
+		return
+	}
+	s.m.JobsAccepted.WithLabelValues(tenant, "openai").Inc()
+	w.Header().Set("X-Sluice-Job-Id", acc.JobID)
+	ctx, cancel := context.WithTimeout(r.Context(), wait)
+	defer cancel()
+	res, err := s.mesh.Wait(ctx, tenant, acc.JobID)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			api.Error(w, http.StatusGatewayTimeout, "sluice_error", "wait_timeout",
+				fmt.Sprintf("no result within %s; the job goes on: GET /v1/jobs/%s", wait, acc.JobID))
+			return
+		}
+		if r.Context().Err() != nil {
+			return // the caller left; the job goes on
+		}
+		api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not wait for the result; the job goes on")
+		return
+	}
+	WriteOpenAIResult(w, res)
+}
+
+// WriteOpenAIResult answers in OpenAI's shape: the provider's body on
+// success, an OpenAI error otherwise.
+func WriteOpenAIResult(w http.ResponseWriter, res *job.Result) {
+	if res.Status == job.StatusSucceeded && len(res.Response) > 0 {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(res.Response)
+		return
+	}
+	code, msg := string(res.Status), "the job did not succeed"
+	if res.Error != nil {
+		code, msg = res.Error.Code, res.Error.Message
+	}
+	status := http.StatusBadGateway
+	switch {
+	case res.Status == job.StatusExpired:
+		status = http.StatusGatewayTimeout
+	case code == "insufficient_quota":
+		status = http.StatusTooManyRequests
+	case res.Status == job.StatusFailed:
+		status = api.StatusFor(code)
+		if status == http.StatusBadRequest && !strings.HasPrefix(code, "invalid") && code != job.CodeUnsupported && code != "context_length_exceeded" {
+			status = http.StatusBadGateway
+		}
+	}
+	api.Error(w, status, "sluice_"+string(res.Status), code, msg)
+}
+
+func (s *Service) fail(w http.ResponseWriter, via string, err error) {
+	var ve *job.ValidationError
+	switch {
+	case errors.Is(err, api.ErrUnauthorized):
+		s.m.JobsRejected.WithLabelValues(via, "unauthorized").Inc()
+		api.Error(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", err.Error())
+	case errors.As(err, &ve):
+		s.m.JobsRejected.WithLabelValues(via, ve.Code).Inc()
+		api.Error(w, api.StatusFor(ve.Code), "invalid_request_error", ve.Code, ve.Error())
+	case errors.Is(err, ErrQueueFull):
+		s.m.JobsRejected.WithLabelValues(via, job.CodeQueueFull).Inc()
+		api.RetryAfter(w, 2*time.Second)
+		api.Error(w, http.StatusTooManyRequests, "sluice_error", job.CodeQueueFull, "Sluice's queue is full; retry after the Retry-After delay")
+	default:
+		s.log.Warn("http submit failed", "err", err)
+		api.RetryAfter(w, time.Second)
+		api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not accept the job now; retry")
+	}
+}
+
+func parseWait(v string) (time.Duration, error) {
+	if d, err := time.ParseDuration(v); err == nil && d > 0 {
+		return d, nil
+	}
+	if n, err := strconv.ParseFloat(v, 64); err == nil && n > 0 {
+		return time.Duration(n * float64(time.Second)), nil
+	}
+	return 0, errors.New("must be a positive duration such as 30s, or seconds")
+}

@@ -1,0 +1,321 @@
+// Package ingest is Sluice's front door. It takes jobs from the INTAKE stream
+// (producers publish to sluice.intake.<tenant>) and over HTTP (a jobs API and
+// an OpenAI-compatible chat-completions endpoint), validates them, estimates
+// their token cost, records their idempotency key and enqueues them on QUEUE.
+// Bad input gets a clear error result and is never retried; a second
+// submission of the same operation joins the first.
+package ingest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/metrics"
+	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/tokens"
+	"github.com/sluice-dev/sluice/streams"
+)
+
+// Config is what ingest needs.
+type Config struct {
+	App        *config.Config
+	TenantKeys map[string]string // bearer key -> tenant
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Service is the ingest service.
+type Service struct {
+	cfg  Config
+	lim  job.Limits
+	mesh *mesh.Mesh
+	log  *slog.Logger
+	m    *metrics.Set
+	now  func() time.Time
+}
+
+// New builds the service; it does no I/O.
+func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service, error) {
+	if cfg.App == nil {
+		return nil, errors.New("ingest: no configuration")
+	}
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	return &Service{
+		cfg:  cfg,
+		lim:  job.Limits{MaxBodyBytes: cfg.App.Limits.MaxBodyBytes, MaxTokens: cfg.App.Limits.MaxTokens},
+		mesh: m,
+		log:  log.With("service", "ingest"),
+		m:    ms,
+		now:  now,
+	}, nil
+}
+
+// Accepted is the outcome of a successful submission.
+type Accepted struct {
+	JobID  string
+	Tenant string
+	// Joined is set when the submission joined an earlier job with the same
+	// idempotency key; JobID is then the earlier job's id.
+	Joined bool
+}
+
+// transientError marks a failure worth retrying (the store is unreachable,
+// a stream is full); anything else from accept is the job's own fault.
+type transientError struct{ err error }
+
+func (e *transientError) Error() string { return e.err.Error() }
+func (e *transientError) Unwrap() error { return e.err }
+
+// ErrQueueFull is returned when QUEUE refuses new jobs.
+var ErrQueueFull = errors.New("queue full")
+
+// Accept validates a decoded job and enqueues it. A *job.ValidationError
+// means the job is refused; ErrQueueFull means try later.
+func (s *Service) Accept(ctx context.Context, j *job.Job) (Accepted, error) {
+	if err := j.Check(s.lim); err != nil {
+		return Accepted{}, err
+	}
+	if _, ok := s.cfg.App.Tenant(j.Tenant); !ok {
+		return Accepted{}, &job.ValidationError{Code: job.CodeUnknownTenant, Field: "tenant", Message: fmt.Sprintf("unknown tenant %q", clip(j.Tenant))}
+	}
+	req, err := job.ParseRequest(j.Request, s.lim)
+	if err != nil {
+		return Accepted{}, err
+	}
+	prov, model, ok := s.cfg.App.ModelRef(req.Model)
+	if !ok {
+		return Accepted{}, &job.ValidationError{Code: job.CodeUnknownModel, Field: "request.model", Message: fmt.Sprintf("model %q is not configured", clip(req.Model))}
+	}
+	est := job.Estimate{PromptTokens: tokens.Prompt(req), MaxTokens: req.OutputLimit(s.cfg.App.Limits.DefaultMaxTokens)}
+	if model.TPM > 0 && est.Cost() > model.TPM {
+		return Accepted{}, &job.ValidationError{Code: job.CodeTooLarge, Field: "request",
+			Message: fmt.Sprintf("needs %d tokens (%d prompt + %d max output), above the model's limit of %d tokens per minute", est.Cost(), est.PromptTokens, est.MaxTokens, model.TPM)}
+	}
+	now := s.now().UTC()
+	if j.Deadline != nil && !j.Deadline.After(now) {
+		return Accepted{}, &job.ValidationError{Code: job.CodeDeadlineExpired, Field: "deadline", Message: "is already past"}
+	}
+	if j.ID == "" {
+		j.ID = job.NewID()
+	}
+	if j.SubmittedAt.IsZero() {
+		j.SubmittedAt = now
+	}
+	j.Provider, j.Model, j.Estimate = prov.Name, model.Name, &est
+	j.Attempts, j.Reservation, j.NotBefore = nil, nil, nil
+
+	// The job record: created once; a repeat of the same job id (a redelivered
+	// intake message, a client retrying its POST) continues where it stopped.
+	rec := mesh.Record{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusQueued, SubmittedAt: j.SubmittedAt}
+	data, _ := json.Marshal(rec)
+	if _, err := s.mesh.Results.Create(ctx, j.ID, data); err != nil {
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return Accepted{}, &transientError{fmt.Errorf("record job: %w", err)}
+		}
+		old, _, lerr := s.mesh.Lookup(ctx, j.ID)
+		if lerr != nil {
+			return Accepted{}, &transientError{lerr}
+		}
+		if old.Tenant != j.Tenant {
+			return Accepted{}, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "id", Message: "is already used"}
+		}
+		if old.Status.Terminal() {
+			return Accepted{JobID: j.ID, Tenant: j.Tenant, Joined: true}, nil
+		}
+	}
+
+	// The operation record: a different job with the same idempotency key joins.
+	opKey, key := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
+	op := mesh.OpRecord{Key: key, JobID: j.ID, Tenant: j.Tenant, State: mesh.OpQueued, Provider: prov.Name, Model: model.Name, UpdatedAt: now}
+	data, _ = json.Marshal(op)
+	if _, err := s.mesh.Idempotency.Create(ctx, opKey, data); err != nil {
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return Accepted{}, &transientError{fmt.Errorf("record operation: %w", err)}
+		}
+		joined, err := s.join(ctx, opKey, j)
+		if err != nil {
+			return Accepted{}, err
+		}
+		if joined != "" {
+			s.m.DupSuppressed.WithLabelValues(string(j.Priority)).Inc()
+			return Accepted{JobID: joined, Tenant: j.Tenant, Joined: true}, nil
+		}
+	}
+
+	if err := s.mesh.Enqueue(ctx, j, "job:"+j.ID); err != nil {
+		if mesh.IsStreamFull(err) {
+			return Accepted{}, ErrQueueFull
+		}
+		return Accepted{}, &transientError{err}
+	}
+	return Accepted{JobID: j.ID, Tenant: j.Tenant}, nil
+}
+
+// join attaches j to the operation already recorded under opKey. It returns
+// the job id j joined, or "" when the record is j's own (a repeat of the
+// same job, which then continues to enqueue).
+func (s *Service) join(ctx context.Context, opKey string, j *job.Job) (string, error) {
+	var done bool
+	rec, err := s.mesh.UpdateOp(ctx, opKey, func(r *mesh.OpRecord) bool {
+		if r.JobID == j.ID {
+			return false
+		}
+		switch r.State {
+		case mesh.OpCompleted, mesh.OpFailed:
+			done = true
+			return false
+		}
+		for _, id := range r.Joiners {
+			if id == j.ID {
+				return false
+			}
+		}
+		r.Joiners = append(r.Joiners, j.ID)
+		return true
+	})
+	if err != nil {
+		return "", &transientError{err}
+	}
+	if rec.JobID == j.ID {
+		return "", nil
+	}
+	if done {
+		// The operation already ended: answer this job from the stored result.
+		orig, _, err := s.mesh.Lookup(ctx, rec.JobID)
+		if err != nil {
+			return "", &transientError{err}
+		}
+		if orig.Result != nil {
+			res := *orig.Result
+			res.JobID, res.DuplicateOf, res.SubmittedAt = j.ID, rec.JobID, j.SubmittedAt
+			if err := s.mesh.PublishResult(ctx, &res, ""); err != nil {
+				return "", &transientError{err}
+			}
+		}
+	}
+	return rec.JobID, nil
+}
+
+// Run consumes INTAKE until ctx ends.
+func (s *Service) Run(ctx context.Context) error {
+	cons, err := streams.EnsureConsumer(ctx, s.mesh.JS, streams.Intake, "ingest", "", "")
+	if err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	cc, err := cons.Consume(func(msg jetstream.Msg) {
+		wg.Add(1)
+		defer wg.Done()
+		s.handle(ctx, msg)
+	}, jetstream.PullMaxMessages(512), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
+			s.log.Debug("intake consume", "err", err)
+		}
+	}))
+	if err != nil {
+		return fmt.Errorf("consume intake: %w", err)
+	}
+	<-ctx.Done()
+	cc.Drain()
+	select {
+	case <-cc.Closed():
+	case <-time.After(10 * time.Second):
+	}
+	wg.Wait()
+	return nil
+}
+
+func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
+	tenant, _ := job.TenantFromIntake(msg.Subject())
+	j, derr := job.Decode(msg.Data(), s.lim)
+	if j == nil {
+		j = &job.Job{}
+	}
+	if j.Tenant == "" {
+		j.Tenant = tenant
+	}
+	var err error
+	var acc Accepted
+	switch {
+	case derr != nil:
+		err = derr
+	case j.Tenant != tenant:
+		err = &job.ValidationError{Code: job.CodeInvalidRequest, Field: "tenant", Message: fmt.Sprintf("%q does not match the subject's tenant %q", clip(j.Tenant), tenant)}
+	default:
+		acc, err = s.Accept(ctx, j)
+	}
+	var te *transientError
+	switch {
+	case err == nil:
+		s.m.JobsAccepted.WithLabelValues(j.Tenant, "nats").Inc()
+		_ = msg.Ack()
+	case errors.Is(err, ErrQueueFull):
+		// INTAKE keeps the job; as it fills, producers get the stream's refusal.
+		_ = msg.NakWithDelay(time.Second)
+	case errors.As(err, &te):
+		s.log.Warn("intake: will retry", "err", err)
+		_ = msg.NakWithDelay(2 * time.Second)
+	default:
+		s.refuse(ctx, msg, j, tenant, err)
+	}
+	_ = acc
+}
+
+// refuse answers an invalid job with a failed result and drops it.
+func (s *Service) refuse(ctx context.Context, msg jetstream.Msg, j *job.Job, tenant string, err error) {
+	var ve *job.ValidationError
+	jerr := &job.Error{Code: job.CodeInvalidRequest, Message: err.Error()}
+	if errors.As(err, &ve) {
+		jerr = ve.AsError()
+	}
+	s.m.JobsRejected.WithLabelValues("nats", jerr.Code).Inc()
+	if tenant == "" || !job.ValidName(tenant) {
+		s.log.Warn("intake: dropped job on an invalid subject", "code", jerr.Code)
+		_ = msg.Term()
+		return
+	}
+	if _, ok := s.cfg.App.Tenant(tenant); !ok {
+		// No result subject we may write for an unknown tenant: the
+		// stream keeps no trace, the log says why.
+		s.log.Warn("intake: refused job for unknown tenant", "code", jerr.Code)
+		_ = msg.Term()
+		return
+	}
+	id := j.ID
+	if id == "" || !validUUID(id) {
+		id = job.NewID()
+	}
+	res := &job.Result{JobID: id, Tenant: tenant, Status: job.StatusFailed, Error: jerr, SubmittedAt: s.now().UTC()}
+	if perr := s.mesh.PublishResult(ctx, res, ""); perr != nil {
+		s.log.Warn("intake: could not publish refusal, will retry", "err", perr)
+		_ = msg.NakWithDelay(2 * time.Second)
+		return
+	}
+	s.log.Info("job refused", "job_id", id, "tenant", tenant, "code", jerr.Code)
+	_ = msg.Ack()
+}
+
+func validUUID(s string) bool {
+	_, err := uuid.Parse(s)
+	return err == nil
+}
+
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}

@@ -1,0 +1,235 @@
+// Package result turns terminal outcomes into what callers read. It consumes
+// RESULTS (where each job has at most one result: the stream refuses a
+// second, and stored results are republished to sluice.result.<tenant>.<job>
+// for subscribers), writes each job's record in the results bucket, settles
+// the job's idempotency record, answers jobs that joined the same operation,
+// and serves results over HTTP (poll and long-poll).
+package result
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/internal/api"
+	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/metrics"
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/streams"
+)
+
+// Config is what the result service needs.
+type Config struct {
+	// MaxWait bounds a long-poll.
+	MaxWait time.Duration
+}
+
+// Service is the result service.
+type Service struct {
+	cfg  Config
+	mesh *mesh.Mesh
+	log  *slog.Logger
+	m    *metrics.Set
+}
+
+// New builds the service; it does no I/O.
+func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service, error) {
+	if cfg.MaxWait == 0 {
+		cfg.MaxWait = 5 * time.Minute
+	}
+	return &Service{cfg: cfg, mesh: m, log: log.With("service", "result"), m: ms}, nil
+}
+
+// Run consumes RESULTS until ctx ends.
+func (s *Service) Run(ctx context.Context) error {
+	cons, err := streams.EnsureConsumer(ctx, s.mesh.JS, streams.Results, "result", "", "")
+	if err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 32)
+	cc, err := cons.Consume(func(msg jetstream.Msg) {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := s.handle(ctx, msg); err != nil {
+				s.log.Warn("result: will retry", "subject", msg.Subject(), "err", err)
+				_ = msg.NakWithDelay(time.Second)
+				return
+			}
+			_ = msg.Ack()
+		}()
+	}, jetstream.PullMaxMessages(256), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
+			s.log.Debug("results consume", "err", err)
+		}
+	}))
+	if err != nil {
+		return fmt.Errorf("consume results: %w", err)
+	}
+	<-ctx.Done()
+	cc.Drain()
+	select {
+	case <-cc.Closed():
+	case <-time.After(10 * time.Second):
+	}
+	wg.Wait()
+	return nil
+}
+
+func (s *Service) handle(ctx context.Context, msg jetstream.Msg) error {
+	var r job.Result
+	if err := json.Unmarshal(msg.Data(), &r); err != nil || r.JobID == "" {
+		s.log.Error("result: undecodable result skipped", "subject", msg.Subject(), "err", err)
+		return nil
+	}
+	first, err := s.record(ctx, &r)
+	if err != nil {
+		return err
+	}
+	if opKey := msg.Headers().Get(mesh.OpKeyHeader); opKey != "" {
+		if err := s.settleOp(ctx, opKey, &r); err != nil {
+			return err
+		}
+	}
+	if first {
+		s.m.Results.WithLabelValues(r.Tenant, string(r.Status)).Inc()
+		attrs := []any{"job_id", r.JobID, "tenant", r.Tenant, "status", r.Status, "attempts", r.Attempts}
+		if r.Error != nil {
+			attrs = append(attrs, "code", r.Error.Code)
+		}
+		if r.DuplicateOf != "" {
+			attrs = append(attrs, "duplicate_of", r.DuplicateOf)
+		}
+		s.log.Info("job finished", attrs...)
+	}
+	return nil
+}
+
+// record writes the job's terminal record once; it reports whether this
+// call wrote it.
+func (s *Service) record(ctx context.Context, r *job.Result) (bool, error) {
+	for attempt := 0; attempt < 20; attempt++ {
+		rec, rev, err := s.mesh.Lookup(ctx, r.JobID)
+		if errors.Is(err, job.ErrNotFound) {
+			rec = &mesh.Record{JobID: r.JobID, Tenant: r.Tenant, SubmittedAt: r.SubmittedAt}
+		} else if err != nil {
+			return false, err
+		}
+		if rec.Result != nil {
+			return false, nil
+		}
+		rec.Status, rec.Result = r.Status, r
+		data, _ := json.Marshal(rec)
+		if rev == 0 {
+			_, err = s.mesh.Results.Create(ctx, r.JobID, data)
+		} else {
+			_, err = s.mesh.Results.Update(ctx, r.JobID, data, rev)
+		}
+		if err == nil {
+			return true, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists) {
+			return false, fmt.Errorf("record result %s: %w", r.JobID, err)
+		}
+	}
+	return false, fmt.Errorf("record result %s: too many conflicts", r.JobID)
+}
+
+// settleOp marks the operation done and answers the jobs that joined it.
+func (s *Service) settleOp(ctx context.Context, opKey string, r *job.Result) error {
+	var joiners []string
+	op, err := s.mesh.UpdateOp(ctx, opKey, func(o *mesh.OpRecord) bool {
+		if o.JobID != r.JobID {
+			return false
+		}
+		joiners = o.Joiners
+		if o.State == mesh.OpCompleted || o.State == mesh.OpFailed {
+			return false
+		}
+		o.State = mesh.OpFailed
+		if r.Status == job.StatusSucceeded {
+			o.State = mesh.OpCompleted
+		}
+		o.Usage = r.Usage
+		o.ResultRef = job.StoreSubject(r.Tenant, r.JobID)
+		return true
+	})
+	if errors.Is(err, job.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if op.JobID != r.JobID {
+		return nil
+	}
+	for _, id := range joiners {
+		dup := *r
+		dup.JobID, dup.DuplicateOf = id, r.JobID
+		if err := s.mesh.PublishResult(ctx, &dup, ""); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Routes registers the result API on mux.
+func (s *Service) Routes(mux *http.ServeMux, auth api.Auth) {
+	mux.HandleFunc("GET /v1/jobs/{id}", func(w http.ResponseWriter, r *http.Request) { s.get(w, r, auth) })
+}
+
+// GET /v1/jobs/{id}[?wait=30s]: the job's status and, once terminal, its
+// result. With wait, blocks until the result or the wait ends.
+func (s *Service) get(w http.ResponseWriter, r *http.Request, auth api.Auth) {
+	tenant, err := auth.Tenant(r)
+	if err != nil {
+		api.Error(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", err.Error())
+		return
+	}
+	id := r.PathValue("id")
+	var wait time.Duration
+	if v := r.URL.Query().Get("wait"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			n, nerr := strconv.ParseFloat(v, 64)
+			if nerr != nil || n < 0 {
+				api.Error(w, http.StatusBadRequest, "invalid_request_error", job.CodeInvalidRequest, "wait must be a duration such as 30s, or seconds")
+				return
+			}
+			d = time.Duration(n * float64(time.Second))
+		}
+		wait = min(d, s.cfg.MaxWait)
+	}
+	rec, _, err := s.mesh.Lookup(r.Context(), id)
+	if errors.Is(err, job.ErrNotFound) || (err == nil && rec.Tenant != tenant) {
+		api.Error(w, http.StatusNotFound, "invalid_request_error", "job_not_found", "no such job")
+		return
+	}
+	if err != nil {
+		api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not read the job")
+		return
+	}
+	if rec.Result == nil && wait > 0 {
+		ctx, cancel := context.WithTimeout(r.Context(), wait)
+		defer cancel()
+		if res, err := s.mesh.Wait(ctx, tenant, id); err == nil {
+			rec.Result, rec.Status = res, res.Status
+		}
+	}
+	body := map[string]any{"id": rec.JobID, "tenant": rec.Tenant, "status": rec.Status, "submitted_at": rec.SubmittedAt}
+	if rec.Result != nil {
+		body["result"] = rec.Result
+	}
+	api.JSON(w, http.StatusOK, body)
+}
