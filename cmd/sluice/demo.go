@@ -21,11 +21,11 @@ import (
 	"golang.org/x/term"
 
 	"github.com/sluice-dev/sluice/internal/node"
-	"github.com/sluice-dev/sluice/services/admission"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/config"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
+	"github.com/sluice-dev/sluice/services/admission"
 )
 
 const demoModel = "gpt-4o-mini"

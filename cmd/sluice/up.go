@@ -16,7 +16,7 @@ import (
 // > default).
 type upFlags struct {
 	config, natsURL, natsListen, http, data, services, logLevel string
-	replicas                                                     int
+	replicas                                                    int
 }
 
 func runUp(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {

@@ -240,7 +240,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	s.rndMu.Lock()
 	d := provider.Plan(policy, out, attempt, first, s.now(), j.Deadline, s.rnd)
 	s.rndMu.Unlock()
-	if out.OutcomeUnknown && !d.Retry && d.Reason == provider.ReasonOutcomeUnknown && attempt < policy.MaxAttempts {
+	if (out.OutcomeUnknown || out.WorkDone) && !d.Retry && attempt < policy.MaxAttempts {
 		// The provider may have done the work. The retry carries the same
 		// Idempotency-Key, so a provider that honours it answers from its
 		// record instead of charging twice.
@@ -309,7 +309,7 @@ func keepAlive(ctx context.Context, msg jetstream.Msg) (stop func()) {
 	done := make(chan struct{})
 	var once sync.Once
 	go func() {
-		t := time.NewTicker(15 * time.Second)
+		t := time.NewTicker(10 * time.Second)
 		defer t.Stop()
 		for {
 			select {

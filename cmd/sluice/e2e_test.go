@@ -1,0 +1,310 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/sim"
+)
+
+// TestEndToEnd submits 1,050 jobs from three tenants, over NATS and over
+// HTTP (the jobs API and the OpenAI-compatible endpoint), against a provider
+// whose TPM limit binds: every job must reach exactly one terminal result and
+// the provider must never see more than its limits in any 60 s.
+func TestEndToEnd(t *testing.T) {
+	t.Parallel()
+	const (
+		model     = "gpt-4o-mini"
+		rpm       = 5000
+		tpm       = 80000 // the offered ~105k tokens need more than one minute's budget
+		perTenant = 350
+	)
+	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: rpm, TPM: tpm}},
+		TTFT: 20 * time.Millisecond, APIKeys: []string{"sim-secret"}})
+	n := startUp(t, simConfig(simURL, model, rpm, tpm, ""), testEnv)
+	nc, cl := natsClient(t, n.NATS)
+
+	var mu sync.Mutex
+	results := map[string]int{}
+	statuses := map[job.Status]int{}
+	sub, err := nc.Subscribe(job.ResultPrefix+">", func(m *nats.Msg) {
+		var r job.Result
+		if err := json.Unmarshal(m.Data, &r); err != nil {
+			t.Errorf("bad result: %v", err)
+			return
+		}
+		mu.Lock()
+		results[r.JobID]++
+		statuses[r.Status]++
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	var ids sync.Map
+	var wg sync.WaitGroup
+	submitErr := make(chan error, 3*perTenant)
+	for i := range perTenant {
+		body := chatBody(model, 20+i%40, 60)
+		// acme and globex publish over NATS.
+		for _, tenant := range []string{"acme", "globex"} {
+			id, err := cl.Submit(ctx, &job.Job{Tenant: tenant, Priority: []job.Priority{job.Interactive, job.Standard, job.Batch}[i%3], Request: body})
+			if err != nil {
+				t.Fatalf("submit %s #%d: %v", tenant, i, err)
+			}
+			ids.Store(id, tenant)
+		}
+		// initech uses HTTP: mostly the jobs API, every tenth call the
+		// OpenAI-compatible endpoint, which waits for the answer.
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id, err := httpSubmit(ctx, n.HTTP, "initech-key", body, i%10 == 0)
+			if err != nil {
+				submitErr <- err
+				return
+			}
+			ids.Store(id, "initech")
+		}()
+	}
+	wg.Wait()
+	close(submitErr)
+	for err := range submitErr {
+		t.Fatalf("http submit: %v", err)
+	}
+	want := 0
+	ids.Range(func(_, _ any) bool { want++; return true })
+	if want != 3*perTenant {
+		t.Fatalf("accepted %d distinct jobs, want %d", want, 3*perTenant)
+	}
+
+	for {
+		mu.Lock()
+		got := len(results)
+		mu.Unlock()
+		if got >= want {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("only %d of %d jobs finished", got, want)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // let any duplicate show up
+	mu.Lock()
+	defer mu.Unlock()
+	ids.Range(func(k, _ any) bool {
+		if c := results[k.(string)]; c != 1 {
+			t.Errorf("job %s has %d results, want exactly 1", k, c)
+		}
+		return true
+	})
+	if len(results) != want {
+		t.Errorf("%d jobs have results, want %d (results for jobs never submitted?)", len(results), want)
+	}
+	if statuses[job.StatusSucceeded] != want {
+		t.Errorf("statuses %v, want all %d succeeded", statuses, want)
+	}
+	st := simSrv.Stats()
+	ms := st.Models[model]
+	t.Logf("simulator: %d requests, max 60-s window %d tokens (limit %d) %d requests (limit %d), 429s %d, max 1-s %d tokens",
+		ms.Admitted+ms.RateLimited, ms.MaxTokensIn60s, tpm, ms.MaxRequestsIn60s, rpm, ms.RateLimited, ms.MaxTokensIn1s)
+	if ms.MaxTokensIn60s > tpm {
+		t.Errorf("provider saw %d tokens in a 60-s window, limit %d", ms.MaxTokensIn60s, tpm)
+	}
+	if ms.MaxRequestsIn60s > rpm {
+		t.Errorf("provider saw %d requests in a 60-s window, limit %d", ms.MaxRequestsIn60s, rpm)
+	}
+	if ms.RateLimited != 0 {
+		t.Errorf("provider answered %d requests with 429", ms.RateLimited)
+	}
+	if st.DuplicateCompletions != 0 {
+		t.Errorf("provider completed %d operations twice", st.DuplicateCompletions)
+	}
+	if st.Completed != int64(want) {
+		t.Errorf("provider completed %d calls, want %d", st.Completed, want)
+	}
+	if ms.ChargedTokens <= int64(tpm) {
+		t.Errorf("the workload charged %d tokens; it must exceed one minute's limit %d to bind", ms.ChargedTokens, tpm)
+	}
+}
+
+// httpSubmit posts a job over HTTP and returns its id.
+func httpSubmit(ctx context.Context, base, key string, body []byte, openAI bool) (string, error) {
+	url := base + "/v1/jobs"
+	payload := body
+	if !openAI {
+		payload, _ = json.Marshal(map[string]any{"request": json.RawMessage(body), "priority": "standard"})
+	} else {
+		url = base + "/v1/chat/completions"
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if openAI {
+		if resp.StatusCode != http.StatusOK {
+			return "", fmt.Errorf("chat completions: HTTP %d", resp.StatusCode)
+		}
+		return resp.Header.Get("X-Sluice-Job-Id"), nil
+	}
+	var out struct{ ID string }
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusAccepted {
+		return "", fmt.Errorf("jobs API: HTTP %d", resp.StatusCode)
+	}
+	return out.ID, nil
+}
+
+// TestOpenAISDK points the official OpenAI Go SDK at Sluice.
+func TestOpenAISDK(t *testing.T) {
+	t.Parallel()
+	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 100, TPM: 100000}}, APIKeys: []string{"sim-secret"}})
+	n := startUp(t, simConfig(simURL, "gpt-4o-mini", 100, 100000, ""), testEnv)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	c := openai.NewClient(option.WithBaseURL(n.HTTP+"/v1"), option.WithAPIKey("acme-key"), option.WithMaxRetries(0))
+	resp, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+		Model:     "gpt-4o-mini",
+		Messages:  []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("Be brief."), openai.UserMessage("Say hello.")},
+		MaxTokens: openai.Int(32),
+	})
+	if err != nil {
+		t.Fatalf("chat completion through Sluice: %v", err)
+	}
+	if len(resp.Choices) != 1 || resp.Choices[0].Message.Content == "" {
+		t.Fatalf("got choices %+v, want one with content", resp.Choices)
+	}
+	if resp.Usage.PromptTokens == 0 || resp.Usage.TotalTokens != resp.Usage.PromptTokens+resp.Usage.CompletionTokens {
+		t.Errorf("usage %+v is not consistent", resp.Usage)
+	}
+
+	// The same Idempotency-Key twice: one provider call, the same answer.
+	again := func() *openai.ChatCompletion {
+		r, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+			Model: "gpt-4o-mini", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("once")},
+		}, option.WithHeader("Idempotency-Key", "order-42"))
+		if err != nil {
+			t.Fatalf("idempotent call: %v", err)
+		}
+		return r
+	}
+	a, b := again(), again()
+	if a.ID != b.ID {
+		t.Errorf("same Idempotency-Key gave completions %q and %q, want the same one", a.ID, b.ID)
+	}
+	if got := simSrv.Stats().Completed; got != 2 {
+		t.Errorf("provider completed %d calls, want 2 (one plain, one idempotent)", got)
+	}
+
+	// A wrong key is refused before anything reaches the provider.
+	bad := openai.NewClient(option.WithBaseURL(n.HTTP+"/v1"), option.WithAPIKey("wrong"), option.WithMaxRetries(0))
+	_, err = bad.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "gpt-4o-mini", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
+	var apiErr *openai.Error
+	if !asErr(err, &apiErr) || apiErr.StatusCode != http.StatusUnauthorized {
+		t.Errorf("wrong key: got %v, want a 401 API error", err)
+	}
+}
+
+// TestBadInput sends malformed jobs over HTTP and NATS: each gets a clear
+// error, nothing reaches the provider, and a good job still goes through.
+func TestBadInput(t *testing.T) {
+	t.Parallel()
+	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 100, TPM: 100000}}, APIKeys: []string{"sim-secret"}})
+	n := startUp(t, simConfig(simURL, "gpt-4o-mini", 100, 100000, "limits:\n  max_body_bytes: 65536\n"), testEnv)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	huge := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"` + strings.Repeat("x", 70000) + `"}]}`
+	cases := []struct {
+		name, path, key, body string
+		status                int
+		code                  string
+	}{
+		{"malformed JSON", "/v1/chat/completions", "acme-key", `{"model":`, 400, "invalid_request"},
+		{"missing model", "/v1/chat/completions", "acme-key", `{"messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request"},
+		{"unknown model", "/v1/chat/completions", "acme-key", `{"model":"gpt-9","messages":[{"role":"user","content":"hi"}]}`, 404, "unknown_model"},
+		{"negative max_tokens", "/v1/chat/completions", "acme-key", `{"model":"gpt-4o-mini","max_tokens":-1,"messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request"},
+		{"absurd max_tokens", "/v1/chat/completions", "acme-key", `{"model":"gpt-4o-mini","max_tokens":100000000,"messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request"},
+		{"max_tokens above the model's TPM", "/v1/jobs", "acme-key", `{"request":{"model":"gpt-4o-mini","max_tokens":120000,"messages":[{"role":"user","content":"hi"}]}}`, 413, "request_too_large"},
+		{"unknown tenant key", "/v1/chat/completions", "nobody-key", `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`, 401, "invalid_api_key"},
+		{"body over the size limit", "/v1/chat/completions", "acme-key", huge, 413, "request_too_large"},
+		{"job for another tenant", "/v1/jobs", "acme-key", `{"tenant":"globex","request":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}}`, 403, "unknown_tenant"},
+		{"streaming not yet", "/v1/chat/completions", "acme-key", `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hi"}]}`, 400, "unsupported"},
+	}
+	for _, tc := range cases {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, n.HTTP+tc.path, strings.NewReader(tc.body))
+		req.Header.Set("Authorization", "Bearer "+tc.key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		var e struct {
+			Error struct{ Code, Message string }
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || e.Error.Code != tc.code || e.Error.Message == "" {
+			t.Errorf("%s: got %d %q %q, want %d %q with a message", tc.name, resp.StatusCode, e.Error.Code, e.Error.Message, tc.status, tc.code)
+		}
+	}
+
+	// Over NATS, a bad job gets a failed result with the reason.
+	nc, cl := natsClient(t, n.NATS)
+	for _, tc := range []struct{ name, data, code string }{
+		{"malformed", `{"tenant":"acme","request":{"model":`, "invalid_request"},
+		{"negative max_tokens", `{"id":"` + job.NewID() + `","request":{"model":"gpt-4o-mini","max_tokens":-3,"messages":[{"role":"user","content":"hi"}]}}`, "invalid_request"},
+		{"unknown model", `{"id":"` + job.NewID() + `","request":{"model":"gpt-9","messages":[{"role":"user","content":"hi"}]}}`, "unknown_model"},
+	} {
+		sub, err := nc.SubscribeSync(job.ResultPrefix + "acme.>")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := nc.Request(job.IntakeSubject("acme"), []byte(tc.data), 5*time.Second); err != nil {
+			t.Fatalf("%s: publish: %v", tc.name, err)
+		}
+		m, err := sub.NextMsg(10 * time.Second)
+		if err != nil {
+			t.Fatalf("%s: no error result: %v", tc.name, err)
+		}
+		var r job.Result
+		_ = json.Unmarshal(m.Data, &r)
+		if r.Status != job.StatusFailed || r.Error == nil || r.Error.Code != tc.code {
+			t.Errorf("%s: got result %+v, want failed with %q", tc.name, r, tc.code)
+		}
+		_ = sub.Unsubscribe()
+	}
+
+	// A good job still goes through, and it is the only provider call.
+	res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: chatBody("gpt-4o-mini", 5, 16)})
+	if err != nil || res.Status != job.StatusSucceeded {
+		t.Fatalf("good job after bad ones: %v %+v", err, res)
+	}
+	if st := simSrv.Stats(); st.Completed != 1 || st.Models["gpt-4o-mini"].Admitted != 1 {
+		t.Errorf("provider saw %d admitted calls, %d completed; want exactly the 1 good one", st.Models["gpt-4o-mini"].Admitted, st.Completed)
+	}
+}

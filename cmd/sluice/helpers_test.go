@@ -1,0 +1,155 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/sluice-dev/sluice/pkg/client"
+	"github.com/sluice-dev/sluice/pkg/sim"
+)
+
+// startSim serves a provider simulator on a loopback port for the test.
+func startSim(t *testing.T, cfg sim.Config) (*sim.Server, string) {
+	t.Helper()
+	s, err := sim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(s)
+	t.Cleanup(ts.Close)
+	return s, ts.URL
+}
+
+// upNode is a running `sluice up`, in-process (run) or a child process.
+type upNode struct {
+	HTTP string // base URL
+	NATS string
+}
+
+var upLine = regexp.MustCompile(`sluice up: nats (\S+), http (\S+),`)
+
+// waitUp reads a `sluice up` stdout stream until its ready line.
+func waitUp(t *testing.T, r io.Reader) upNode {
+	t.Helper()
+	found := make(chan upNode, 1)
+	go func() {
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			if m := upLine.FindStringSubmatch(sc.Text()); m != nil {
+				found <- upNode{NATS: m[1], HTTP: "http://" + m[2]}
+				break
+			}
+		}
+		_, _ = io.Copy(io.Discard, r)
+	}()
+	select {
+	case n := <-found:
+		return n
+	case <-time.After(60 * time.Second):
+		t.Fatal("sluice up did not become ready in 60s")
+	}
+	return upNode{}
+}
+
+// startUp calls run("up") in-process with a config file, a temp data
+// directory and free ports; the node stops when the test ends.
+func startUp(t *testing.T, yaml string, env map[string]string) upNode {
+	t.Helper()
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "sluice.yaml")
+	if err := os.WriteFile(cfgPath, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	getenv := func(k string) string { return env[k] }
+	go func() {
+		done <- run(ctx, []string{"up", "--config", cfgPath, "--data", filepath.Join(dir, "data"),
+			"--nats-listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--log-level", "warn"}, getenv, pw, io.Discard)
+		pw.Close()
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("sluice up returned %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("sluice up did not stop within 30s")
+		}
+	})
+	n := waitUp(t, pr)
+	waitReady(t, n.HTTP)
+	return n
+}
+
+func waitReady(t *testing.T, base string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(base + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s/readyz not ready in 30s", base)
+}
+
+func natsClient(t *testing.T, url string) (*nats.Conn, *client.Client) {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	c, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, c
+}
+
+// chatBody is a chat-completions body with a prompt of about words tokens.
+func chatBody(model string, words, maxTokens int) []byte {
+	return []byte(fmt.Sprintf(`{"model":%q,"max_tokens":%d,"messages":[{"role":"user","content":%q}]}`,
+		model, maxTokens, strings.TrimSpace(strings.Repeat("lorem ", words))))
+}
+
+// simConfig writes a Sluice config for one simulated provider.
+func simConfig(simURL, model string, rpm, tpm int, extra string) string {
+	return fmt.Sprintf(`
+providers:
+  - name: sim
+    base_url: %s/v1
+    api_key_env: SIM_KEY
+    models:
+      - {name: %s, rpm: %d, tpm: %d, max_concurrency: 128}
+tenants:
+  - {name: acme, api_key_env: ACME_KEY}
+  - {name: globex, api_key_env: GLOBEX_KEY}
+  - {name: initech, api_key_env: INITECH_KEY, weight: 2}
+%s`, simURL, model, rpm, tpm, extra)
+}
+
+var testEnv = map[string]string{"SIM_KEY": "sim-secret", "ACME_KEY": "acme-key", "GLOBEX_KEY": "globex-key", "INITECH_KEY": "initech-key"}
+
+func asErr[T error](err error, target *T) bool { return errors.As(err, target) }

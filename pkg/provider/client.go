@@ -1,0 +1,362 @@
+package provider
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/sluice-dev/sluice/pkg/job"
+)
+
+// MaxBodyBytes caps how much of a provider response body is read. A larger
+// body is a PhaseBody transport error (code "body_too_large").
+const MaxBodyBytes = 16 << 20
+
+// DefaultConnectTimeout bounds dialing plus the TLS handshake when a config
+// leaves ConnectTimeout zero.
+const DefaultConnectTimeout = 10 * time.Second
+
+// Call is one provider request.
+type Call struct {
+	Provider string // configured provider name, for labels
+	Model    string // the Anthropic adapter uses it as the model when set; the OpenAI client forwards Body untouched
+	// Body is an OpenAI chat-completions JSON body. The OpenAI client forwards
+	// it as-is; the Anthropic client converts it to a Messages API body.
+	Body []byte
+	// IdempotencyKey is sent as the Idempotency-Key header when non-empty.
+	IdempotencyKey string
+	// JobID is sent as the X-Sluice-Job-Id header when non-empty.
+	JobID string
+}
+
+// Response is a provider's HTTP response, whatever its status.
+type Response struct {
+	Status int
+	Header http.Header
+	// Body is the provider body. The Anthropic client converts successful
+	// bodies to the OpenAI chat.completion shape and error bodies to the
+	// OpenAI error shape, so callers always see OpenAI shapes; a body it
+	// cannot parse (say, a proxy's HTML error page) is passed through as-is.
+	Body      []byte
+	Usage     job.Usage
+	RateLimit RateLimit
+}
+
+// Client sends one call to one provider. Do returns an error only when no
+// HTTP response could be obtained in full; the error is always a
+// *TransportError. An HTTP error status is a Response, not an error: pass both
+// to Classify. Do never retries.
+type Client interface {
+	Do(ctx context.Context, c Call) (*Response, error)
+}
+
+// Phase says how far a call got before it failed, which decides whether the
+// provider may have done (and billed) the work.
+type Phase string
+
+const (
+	// PhaseBuild: the request could not be built (bad base URL, a body the
+	// Anthropic adapter cannot convert). Nothing was sent; retrying cannot help.
+	PhaseBuild Phase = "build"
+	// PhaseConnect: dialing, the TLS handshake or the connect timeout failed,
+	// or the connection broke before a single byte of the request was written.
+	// The request never left: safe to retry.
+	PhaseConnect Phase = "connect"
+	// PhaseAwaitHeaders: the request was (at least partly) sent and no
+	// response headers arrived: header timeout, reset or EOF. The provider may
+	// or may not have processed it: the outcome is UNKNOWN.
+	PhaseAwaitHeaders Phase = "await_headers"
+	// PhaseBody: headers arrived and the body was cut (or was too large). The
+	// provider almost surely did the work.
+	PhaseBody Phase = "body"
+)
+
+// TransportError is the only kind of error a Client returns. Err never holds
+// the prompt or the API key. When the caller's context ended the call,
+// errors.Is(err, context.Canceled) (or DeadlineExceeded) holds.
+type TransportError struct {
+	Phase Phase
+	Err   error
+}
+
+func (e *TransportError) Error() string { return "provider " + string(e.Phase) + ": " + e.Err.Error() }
+func (e *TransportError) Unwrap() error { return e.Err }
+
+// ErrBodyTooLarge is wrapped by a PhaseBody error when the response body
+// exceeds MaxBodyBytes.
+var ErrBodyTooLarge = errors.New("response body exceeds the size cap")
+
+// newTransport builds the transport both clients use. HTTP/1.1 only (a custom
+// DialContext disables Go's automatic HTTP/2), which keeps one request per
+// connection, so the per-connection write counter of countingConn tells
+// whether this request put any byte on the wire.
+func newTransport(connectTimeout, headerTimeout time.Duration) *builtinTransport {
+	if connectTimeout <= 0 {
+		connectTimeout = DefaultConnectTimeout
+	}
+	d := &net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second}
+	return &builtinTransport{http.Transport{
+		Proxy: http.ProxyFromEnvironment,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &countingConn{Conn: c}, nil
+		},
+		TLSHandshakeTimeout: connectTimeout,
+		// For non-streaming chat completions the headers arrive only when
+		// generation is done, so this is effectively a generation timeout.
+		ResponseHeaderTimeout: headerTimeout,
+		MaxIdleConns:          256,
+		MaxIdleConnsPerHost:   64,
+		// Shorter than most servers' keep-alive timeouts: a request written on
+		// a connection the server is just closing is an UNKNOWN outcome, so we
+		// would rather dial afresh.
+		IdleConnTimeout: 30 * time.Second,
+	}}
+}
+
+// builtinTransport marks the transport newTransport built, whose connections
+// are all countingConns.
+type builtinTransport struct{ http.Transport }
+
+// countingConn counts Write calls so a failed round trip can tell whether any
+// request byte may have left. Calls are counted before the write happens: a
+// write that fails half way still counts as "may have left". The count errs
+// only toward caution: over TLS, a close_notify written while the failed
+// connection is torn down also counts, turning a PhaseConnect into a
+// PhaseAwaitHeaders, never the reverse.
+type countingConn struct {
+	net.Conn
+	writes atomic.Int64
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+// tracker follows one round trip through httptrace to decide its Phase.
+type tracker struct {
+	ours      bool // the built-in transport: every connection is a countingConn
+	mu        sync.Mutex
+	getConn   bool // the transport began looking for a connection
+	gotConn   bool
+	conn      *countingConn
+	writes0   int64
+	wroteHdrs bool
+}
+
+func (t *tracker) trace() *httptrace.ClientTrace {
+	return &httptrace.ClientTrace{
+		GetConn: func(string) { t.mu.Lock(); t.getConn = true; t.mu.Unlock() },
+		GotConn: func(info httptrace.GotConnInfo) {
+			t.mu.Lock()
+			defer t.mu.Unlock()
+			t.gotConn = true
+			c := info.Conn
+			if tc, ok := c.(*tls.Conn); ok {
+				c = tc.NetConn()
+			}
+			if cc, ok := c.(*countingConn); ok {
+				t.conn = cc
+				t.writes0 = cc.writes.Load()
+			}
+		},
+		WroteHeaders: func() { t.mu.Lock(); t.wroteHdrs = true; t.mu.Unlock() },
+	}
+}
+
+// failedPhase decides the phase of a failed RoundTrip. http.Transport waits
+// for its write loop to finish before returning an error, so the counters are
+// final here.
+func (t *tracker) failedPhase() Phase {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case t.conn != nil:
+		if t.conn.writes.Load() == t.writes0 {
+			return PhaseConnect
+		}
+		return PhaseAwaitHeaders
+	case t.ours:
+		// No connection was handed to this request (dial or TLS failed, or
+		// the context ended first): nothing was sent.
+		return PhaseConnect
+	case t.gotConn:
+		// A transport we did not build: no byte counter. Headers are buffered
+		// before WroteHeaders fires, so before it nothing reached the wire.
+		if !t.wroteHdrs {
+			return PhaseConnect
+		}
+		return PhaseAwaitHeaders
+	case t.getConn:
+		return PhaseConnect
+	default:
+		// An opaque RoundTripper that reports nothing: assume the worst.
+		return PhaseAwaitHeaders
+	}
+}
+
+// transportErr builds a TransportError, making sure a context error of the
+// caller stays visible through errors.Is.
+func transportErr(ctx context.Context, phase Phase, err error) *TransportError {
+	if cerr := ctx.Err(); cerr != nil {
+		err = &ctxError{ctx: cerr, err: err}
+	}
+	return &TransportError{Phase: phase, Err: err}
+}
+
+// buildErr reports a request that could not be built. msg must not contain
+// request content.
+func buildErr(format string, args ...any) *TransportError {
+	return &TransportError{Phase: PhaseBuild, Err: fmt.Errorf(format, args...)}
+}
+
+// endpoint joins a base URL and a path, checking the base.
+func endpoint(base, path string) (string, error) {
+	u, err := url.Parse(strings.TrimRight(base, "/"))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", errors.New("invalid base URL")
+	}
+	return u.String() + path, nil
+}
+
+// send performs one POST and reads the response body in full. It never
+// retries.
+func send(ctx context.Context, rt http.RoundTripper, target string, body []byte, hdr http.Header) (status int, h http.Header, respBody []byte, err error) {
+	_, ours := rt.(*builtinTransport)
+	tr := &tracker{ours: ours}
+	ctx = httptrace.WithClientTrace(ctx, tr.trace())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, nil)
+	if err != nil {
+		return 0, nil, nil, buildErr("building request: invalid URL")
+	}
+	req.Header = hdr
+	// The body is set by hand, without GetBody. http.Transport silently
+	// replays a request on a reused keep-alive connection that died under it
+	// when the request is "replayable": it has no body or a GetBody to rewind
+	// it, and an idempotent method or an Idempotency-Key header — which we
+	// send. A replay is a second provider call (and bill) the executor never
+	// hears of, so the request must not be replayable: GetBody stays nil and
+	// the body is never http.NoBody (even when empty), so the transport cannot
+	// rewind it. Retrying is the executor's decision, made with Classify and
+	// Plan.
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	req.ContentLength = int64(len(body))
+	req.GetBody = nil
+
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		return 0, nil, nil, transportErr(ctx, tr.failedPhase(), err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, MaxBodyBytes+1))
+	if err != nil {
+		return resp.StatusCode, resp.Header, nil, transportErr(ctx, PhaseBody, err)
+	}
+	if len(b) > MaxBodyBytes {
+		return resp.StatusCode, resp.Header, nil, &TransportError{Phase: PhaseBody, Err: ErrBodyTooLarge}
+	}
+	return resp.StatusCode, resp.Header, b, nil
+}
+
+func baseHeader(c Call) http.Header {
+	h := http.Header{}
+	h.Set("Content-Type", "application/json")
+	h.Set("Accept", "application/json")
+	h.Set("User-Agent", "sluice")
+	if c.IdempotencyKey != "" {
+		h.Set("Idempotency-Key", c.IdempotencyKey)
+	}
+	if c.JobID != "" {
+		h.Set("X-Sluice-Job-Id", c.JobID)
+	}
+	return h
+}
+
+// OpenAIConfig configures an OpenAI-compatible chat-completions endpoint.
+type OpenAIConfig struct {
+	BaseURL string // e.g. "https://api.openai.com/v1"; the client POSTs to BaseURL+"/chat/completions"
+	APIKey  string // sent as "Authorization: Bearer"; omitted when empty
+	// ConnectTimeout bounds dial plus TLS handshake (default 10s).
+	ConnectTimeout time.Duration
+	// HeaderTimeout bounds the wait for response headers after the request
+	// is written. Non-streaming completions send headers only when generation
+	// ends, so set it to the longest generation you accept; 0 = no limit (the
+	// context governs).
+	HeaderTimeout time.Duration
+	// Transport replaces the built-in transport (tests). Phase detection is
+	// exact only with the built-in one; see TransportError.
+	Transport http.RoundTripper
+}
+
+// OpenAI is a Client for OpenAI-compatible chat-completions APIs.
+type OpenAI struct {
+	baseURL string
+	apiKey  string
+	rt      http.RoundTripper
+}
+
+// NewOpenAI returns a client. An invalid BaseURL surfaces as a PhaseBuild
+// error from Do.
+func NewOpenAI(cfg OpenAIConfig) *OpenAI {
+	rt := cfg.Transport
+	if rt == nil {
+		rt = newTransport(cfg.ConnectTimeout, cfg.HeaderTimeout)
+	}
+	return &OpenAI{baseURL: cfg.BaseURL, apiKey: cfg.APIKey, rt: rt}
+}
+
+// Do POSTs c.Body, untouched, to {BaseURL}/chat/completions.
+func (o *OpenAI) Do(ctx context.Context, c Call) (*Response, error) {
+	target, err := endpoint(o.baseURL, "/chat/completions")
+	if err != nil {
+		return nil, buildErr("%v", err)
+	}
+	h := baseHeader(c)
+	if o.apiKey != "" {
+		h.Set("Authorization", "Bearer "+o.apiKey)
+	}
+	status, hdr, body, err := send(ctx, o.rt, target, c.Body, h)
+	if err != nil {
+		return nil, err
+	}
+	r := &Response{Status: status, Header: hdr, Body: body, RateLimit: ParseRateLimit(hdr, time.Now())}
+	if status >= 200 && status < 300 {
+		r.Usage = ParseUsage(body)
+	}
+	return r, nil
+}
+
+// isTimeout reports a net timeout.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// isRefused reports a refused connection.
+func isRefused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
+
+// closeIdle closes the idle connections of rt when it can.
+func closeIdle(rt http.RoundTripper) {
+	if c, ok := rt.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// CloseIdleConnections closes kept-alive connections (for shutdown).
+func (o *OpenAI) CloseIdleConnections() { closeIdle(o.rt) }

@@ -1,0 +1,84 @@
+package provider
+
+import (
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+	"unicode/utf8"
+)
+
+func FuzzClassify(f *testing.F) {
+	for _, tc := range classCases {
+		f.Add(tc.status, []byte(tc.body), tc.header.Get("Retry-After"), tc.header.Get("Retry-After-Ms"), tc.header.Get("X-Ratelimit-Remaining-Tokens"), tc.header.Get("X-Should-Retry"))
+	}
+	f.Add(429, []byte(`[`), "Wed, 21 Oct 2015 07:28:00 GMT", "1e400", "-1", "TRUE")
+	f.Add(-1, []byte(`{"error":{"error":{"error":null}}}`), "\x00", "NaN", "9999999999999999999", "")
+	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	f.Fuzz(func(t *testing.T, status int, body []byte, ra, raMS, remaining, should string) {
+		h := http.Header{}
+		h.Set("Retry-After", ra)
+		h.Set("Retry-After-Ms", raMS)
+		h.Set("X-Ratelimit-Remaining-Tokens", remaining)
+		h.Set("X-Ratelimit-Reset-Tokens", ra)
+		h.Set("Anthropic-Ratelimit-Tokens-Reset", ra)
+		h.Set("X-Should-Retry", should)
+		o := Classify(&Response{Status: status, Header: h, Body: body}, nil, now)
+		if (o.Class == Success) != (status >= 200 && status <= 299) {
+			t.Fatalf("status %d classified %v", status, o.Class)
+		}
+		if o.Class.String() == "" || o.Class < Unknown || o.Class > ConnectFailed {
+			t.Fatalf("bad class %d", o.Class)
+		}
+		if utf8.RuneCountInString(o.Message) > maxMessage+1 || !utf8.ValidString(o.Message) {
+			t.Fatalf("message not clipped or not UTF-8: %q", o.Message)
+		}
+		if o.RetryAfter < 0 || o.RetryAfter > maxHint {
+			t.Fatalf("retry after %v", o.RetryAfter)
+		}
+		rl := ParseRateLimit(h, now)
+		if rl.ResetTokens < 0 || rl.ResetTokens > maxHint || rl.RemainingTokens < -1 {
+			t.Fatalf("ratelimit %+v", rl)
+		}
+		_ = ParseUsage(body)
+	})
+}
+
+func FuzzParseRetryAfter(f *testing.F) {
+	for _, s := range []string{"", "3", "1.5", "-5", "garbage", "Wed, 21 Oct 2015 07:28:00 GMT", "1e300", "NaN", "0x10", "+Inf", " 7 "} {
+		f.Add(s, s)
+	}
+	f.Add("2", "250")
+	now := time.Date(2015, 10, 21, 7, 0, 0, 0, time.UTC)
+	f.Fuzz(func(t *testing.T, ra, raMS string) {
+		h := http.Header{}
+		h.Set("Retry-After", ra)
+		h.Set("Retry-After-Ms", raMS)
+		if d := ParseRetryAfter(h, now); d < 0 || d > maxHint {
+			t.Fatalf("ParseRetryAfter(%q, %q) = %v", ra, raMS, d)
+		}
+		if d, ok := parseResetDuration(ra); ok && (d < 0 || d > maxHint) {
+			t.Fatalf("parseResetDuration(%q) = %v", ra, d)
+		}
+	})
+}
+
+func FuzzAnthropicConversion(f *testing.F) {
+	f.Add([]byte(chatBody))
+	f.Add([]byte(anthropicMessage))
+	f.Add([]byte(antErr("rate_limit_error", "slow")))
+	f.Add([]byte(`{"model":"m","messages":[{"role":"assistant","tool_calls":[{"function":{"arguments":"{}"}}]},{"role":"tool","content":[{"type":"text","text":"x"}]}],"tool_choice":{"type":"function","function":{"name":"f"}},"parallel_tool_calls":false,"tools":[{"function":{"name":"f","parameters":null}}]}`))
+	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:;base64,"}}]}]}`))
+	now := time.Unix(0, 0)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if out, err := toAnthropic(body, ""); err == nil && !json.Valid(out) {
+			t.Fatalf("invalid request JSON: %s", out)
+		}
+		if out, _, err := fromAnthropic(body, now); err == nil && !json.Valid(out) {
+			t.Fatalf("invalid response JSON: %s", out)
+		}
+		if out, ok := anthropicErrorToOpenAI(body); ok && !json.Valid(out) {
+			t.Fatalf("invalid error JSON: %s", out)
+		}
+	})
+}

@@ -1,0 +1,184 @@
+package provider
+
+import (
+	"encoding/json"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluice-dev/sluice/pkg/job"
+)
+
+// maxHint caps any wait a provider asks for, so absurd header values cannot
+// overflow a time.Duration. A day is far past every deadline Sluice handles.
+const maxHint = 24 * time.Hour
+
+// ParseRetryAfter reads how long the provider asks us to wait.
+// "retry-after-ms" (float milliseconds) wins; then "Retry-After" as seconds
+// (integer or float) or an HTTP-date. Absent, garbage, negative or past
+// values give 0. Values are capped at 24h.
+func ParseRetryAfter(h http.Header, now time.Time) time.Duration {
+	if h == nil {
+		return 0
+	}
+	if v := strings.TrimSpace(h.Get("Retry-After-Ms")); v != "" {
+		if ms, ok := parseFloat(v); ok && ms > 0 {
+			return clampHint(ms * float64(time.Millisecond))
+		}
+	}
+	v := strings.TrimSpace(h.Get("Retry-After"))
+	if v == "" {
+		return 0
+	}
+	if s, ok := parseFloat(v); ok {
+		if s <= 0 {
+			return 0
+		}
+		return clampHint(s * float64(time.Second))
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		if d := t.Sub(now); d > 0 {
+			return min(d, maxHint)
+		}
+	}
+	return 0
+}
+
+// parseFloat parses a finite decimal number.
+func parseFloat(s string) (float64, bool) {
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return 0, false
+	}
+	return f, true
+}
+
+// clampHint converts nanoseconds to a Duration in [0, maxHint].
+func clampHint(ns float64) time.Duration {
+	if ns <= 0 {
+		return 0
+	}
+	if ns >= float64(maxHint) {
+		return maxHint
+	}
+	return time.Duration(ns)
+}
+
+// RateLimit is what the provider's rate-limit headers said. Counts are -1
+// and resets 0 when absent.
+type RateLimit struct {
+	LimitRequests, LimitTokens, RemainingRequests, RemainingTokens int
+	ResetRequests, ResetTokens                                     time.Duration
+}
+
+// ParseRateLimit reads OpenAI-style x-ratelimit-* headers (resets like "1s",
+// "6m0s", "120ms", "1m30.5s", also bare seconds and a leading "Nd") and
+// Anthropic anthropic-ratelimit-* headers (resets are RFC 3339 times,
+// converted to a duration from now). For Anthropic tokens the combined
+// "tokens" headers are used, falling back to "input-tokens".
+func ParseRateLimit(h http.Header, now time.Time) RateLimit {
+	rl := RateLimit{LimitRequests: -1, LimitTokens: -1, RemainingRequests: -1, RemainingTokens: -1}
+	if h == nil {
+		return rl
+	}
+	count := func(names ...string) int {
+		for _, n := range names {
+			if v := strings.TrimSpace(h.Get(n)); v != "" {
+				if i, err := strconv.Atoi(v); err == nil && i >= 0 {
+					return i
+				}
+				if f, ok := parseFloat(v); ok && f >= 0 && f < math.MaxInt32 {
+					return int(f)
+				}
+			}
+		}
+		return -1
+	}
+	reset := func(openai string, anthropic ...string) time.Duration {
+		if v := strings.TrimSpace(h.Get(openai)); v != "" {
+			if d, ok := parseResetDuration(v); ok {
+				return d
+			}
+		}
+		for _, n := range anthropic {
+			if v := strings.TrimSpace(h.Get(n)); v != "" {
+				if t, err := time.Parse(time.RFC3339, v); err == nil {
+					return max(0, min(t.Sub(now), maxHint))
+				}
+			}
+		}
+		return 0
+	}
+	rl.LimitRequests = count("X-Ratelimit-Limit-Requests", "Anthropic-Ratelimit-Requests-Limit")
+	rl.LimitTokens = count("X-Ratelimit-Limit-Tokens", "Anthropic-Ratelimit-Tokens-Limit", "Anthropic-Ratelimit-Input-Tokens-Limit")
+	rl.RemainingRequests = count("X-Ratelimit-Remaining-Requests", "Anthropic-Ratelimit-Requests-Remaining")
+	rl.RemainingTokens = count("X-Ratelimit-Remaining-Tokens", "Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Ratelimit-Input-Tokens-Remaining")
+	rl.ResetRequests = reset("X-Ratelimit-Reset-Requests", "Anthropic-Ratelimit-Requests-Reset")
+	rl.ResetTokens = reset("X-Ratelimit-Reset-Tokens", "Anthropic-Ratelimit-Tokens-Reset", "Anthropic-Ratelimit-Input-Tokens-Reset")
+	return rl
+}
+
+// parseResetDuration parses OpenAI reset values: Go-style durations ("6m0s",
+// "1m30.5s", "120ms"), an optional leading day count ("1d2h"), or bare
+// seconds ("0.5").
+func parseResetDuration(v string) (time.Duration, bool) {
+	if s, ok := parseFloat(v); ok {
+		if s < 0 {
+			return 0, false
+		}
+		return clampHint(s * float64(time.Second)), true
+	}
+	if i := strings.IndexByte(v, 'd'); i > 0 {
+		n, err := strconv.Atoi(v[:i])
+		if err != nil || n < 0 {
+			return 0, false
+		}
+		rest := v[i+1:]
+		if rest != "" {
+			if _, err := time.ParseDuration(rest); err != nil {
+				return 0, false
+			}
+		}
+		if n > 0 {
+			return maxHint, true // a day or more: at the cap
+		}
+		if rest == "" {
+			return 0, true
+		}
+		v = rest
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return 0, false
+	}
+	return min(d, maxHint), true
+}
+
+// ParseUsage reads token usage from a chat.completion body (OpenAI shape,
+// which is also what the Anthropic client returns). A body without usage
+// gives zeros. TotalTokens is computed when the provider omits it.
+func ParseUsage(body []byte) job.Usage {
+	var v struct {
+		Usage *struct {
+			PromptTokens        int `json:"prompt_tokens"`
+			CompletionTokens    int `json:"completion_tokens"`
+			TotalTokens         int `json:"total_tokens"`
+			PromptTokensDetails *struct {
+				CachedTokens int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	if json.Unmarshal(body, &v) != nil || v.Usage == nil {
+		return job.Usage{}
+	}
+	u := job.Usage{PromptTokens: v.Usage.PromptTokens, CompletionTokens: v.Usage.CompletionTokens, TotalTokens: v.Usage.TotalTokens}
+	if v.Usage.PromptTokensDetails != nil {
+		u.CachedTokens = v.Usage.PromptTokensDetails.CachedTokens
+	}
+	if u.TotalTokens == 0 {
+		u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	}
+	return u
+}
