@@ -1,0 +1,401 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/tokens"
+)
+
+// maxBodyBytes bounds a chat-completions body.
+const maxBodyBytes = 32 << 20
+
+// Server is a simulated provider. It is an http.Handler; all methods are
+// safe for concurrent use.
+type Server struct {
+	cfg         Config
+	keys        map[string]bool
+	quotaModels map[string]bool
+	quotaKeys   map[string]bool
+	filler      filler
+	gen         atomic.Pointer[generation]
+}
+
+// New validates cfg, fills in its defaults and returns a simulator.
+func New(cfg Config) (*Server, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	s := &Server{
+		cfg:         cfg,
+		keys:        set(cfg.APIKeys),
+		quotaModels: set(cfg.Faults.QuotaModels),
+		quotaKeys:   set(cfg.Faults.QuotaKeys),
+		filler:      newFiller(),
+	}
+	s.Reset()
+	return s, nil
+}
+
+func set(items []string) map[string]bool {
+	m := make(map[string]bool, len(items))
+	for _, it := range items {
+		m[it] = true
+	}
+	return m
+}
+
+// Handler returns s as an http.Handler.
+func (s *Server) Handler() http.Handler { return s }
+
+// Stats returns a snapshot of the counters and windows.
+func (s *Server) Stats() Stats {
+	return s.gen.Load().snapshot(s.cfg.Now())
+}
+
+// Reset clears every counter, window, timeline and the idempotency ledger,
+// and restarts the fault sequence. Requests in flight finish against the
+// state they started with and do not show in the new one.
+func (s *Server) Reset() {
+	s.gen.Store(newGeneration(s.cfg.Now(), s.cfg.Models, s.cfg.BurstFraction))
+}
+
+// ServeHTTP routes:
+//
+//	POST /v1/chat/completions, /chat/completions  chat completions
+//	GET  /v1/models, /models                      the configured models
+//	GET  /stats                                   Stats as JSON (?summary=1: no per-key maps or timelines)
+//	POST /reset                                   Reset
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/v1/chat/completions", "/chat/completions":
+		if s.allow(w, r, http.MethodPost) {
+			s.chat(w, r)
+		}
+	case "/v1/models", "/models":
+		if s.allow(w, r, http.MethodGet) {
+			s.listModels(w, r)
+		}
+	case "/stats":
+		if s.allow(w, r, http.MethodGet) {
+			s.serveStats(w, r)
+		}
+	case "/reset":
+		if s.allow(w, r, http.MethodPost) {
+			s.Reset()
+			w.WriteHeader(http.StatusNoContent)
+		}
+	default:
+		s.fail(w, s.gen.Load(), nil, http.StatusNotFound, apiError{
+			Message: fmt.Sprintf("Unknown request URL: %s %s.", r.Method, r.URL.Path),
+			Type:    "invalid_request_error",
+			Code:    "unknown_url",
+		})
+	}
+}
+
+func (s *Server) allow(w http.ResponseWriter, r *http.Request, method string) bool {
+	if r.Method == method {
+		return true
+	}
+	w.Header().Set("Allow", method)
+	s.fail(w, s.gen.Load(), nil, http.StatusMethodNotAllowed, apiError{
+		Message: fmt.Sprintf("Method %s is not allowed on %s; use %s.", r.Method, r.URL.Path, method),
+		Type:    "invalid_request_error",
+	})
+	return false
+}
+
+// call is one parsed chat-completions request.
+type call struct {
+	model  string
+	body   []byte
+	prompt int
+	maxOut int
+	cost   int64
+	key    string // Idempotency-Key
+	jobID  string // X-Sluice-Job-Id
+}
+
+func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
+	g := s.gen.Load()
+	apiKey, ok := s.authorize(w, r, g)
+	if !ok {
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err != nil {
+		s.failRead(w, g, err)
+		return
+	}
+	req, err := job.ParseRequest(body, job.Limits{})
+	if err != nil {
+		s.fail(w, g, nil, http.StatusBadRequest, invalidRequest(err))
+		return
+	}
+	m := g.models[req.Model]
+	if m == nil {
+		s.fail(w, g, nil, http.StatusNotFound, apiError{
+			Message: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", req.Model),
+			Type:    "invalid_request_error",
+			Code:    "model_not_found",
+		})
+		return
+	}
+	if s.quotaModels[req.Model] || s.quotaKeys[apiKey] {
+		m.peek(s.now()).set(w.Header())
+		s.fail(w, g, m, http.StatusTooManyRequests, apiError{
+			Message: "You exceeded your current quota, please check your plan and billing details.",
+			Type:    "insufficient_quota",
+			Code:    "insufficient_quota",
+		})
+		return
+	}
+	c := s.newCall(req, body, r.Header)
+	if c.key == "" {
+		s.execute(w, r, g, m, c, nil)
+		return
+	}
+	s.idempotent(w, r, g, m, c)
+}
+
+func (s *Server) newCall(req *job.ChatRequest, body []byte, h http.Header) *call {
+	c := &call{
+		model:  req.Model,
+		body:   body,
+		prompt: tokens.Prompt(req),
+		maxOut: req.OutputLimit(s.cfg.DefaultMaxTokens),
+		key:    h.Get("Idempotency-Key"),
+		jobID:  h.Get("X-Sluice-Job-Id"),
+	}
+	c.cost = int64(c.prompt) + int64(c.maxOut)
+	return c
+}
+
+// idempotent runs c once per Idempotency-Key: the first request with the
+// key runs it, later ones wait for that and replay its response. If the
+// running one fails, a waiter takes the key over and runs it itself.
+func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, g *generation, m *modelState, c *call) {
+	for {
+		e, owner := g.claim(c.key)
+		if owner {
+			s.execute(w, r, g, m, c, e)
+			return
+		}
+		select {
+		case <-e.done:
+		case <-r.Context().Done():
+			return
+		}
+		if e.resp != nil {
+			s.replay(w, g, m, e.resp)
+			return
+		}
+	}
+}
+
+// execute charges c and, if admitted and not faulted, completes it. e is
+// the ledger entry c owns, if it has an Idempotency-Key.
+func (s *Server) execute(w http.ResponseWriter, r *http.Request, g *generation, m *modelState, c *call, e *entry) {
+	d := m.admit(s.now(), c.cost)
+	d.rate.set(w.Header())
+	if !d.admitted {
+		g.release(c.key, e)
+		if !d.tooLarge {
+			setRetryAfter(w.Header(), d.retry)
+		}
+		s.fail(w, g, m, http.StatusTooManyRequests, rateLimitError(c.model, d))
+		return
+	}
+	if f := s.fault(g); f != noFault {
+		g.release(c.key, e)
+		s.inject(w, r, g, m, f)
+		return
+	}
+	s.complete(w, r, g, m, c, e, d.at)
+}
+
+// complete does an admitted call's work: waits out its latency, records the
+// completion (even if the client has gone: the provider did the work) and
+// answers.
+func (s *Server) complete(w http.ResponseWriter, r *http.Request, g *generation, m *modelState, c *call, e *entry, arrival int64) {
+	completion := min(max(s.cfg.OutputTokens(c.maxOut, c.body), 0), c.maxOut)
+	body, err := json.Marshal(s.newCompletion(c, completion, s.cfg.Now()))
+	if err != nil { // only our own types are encoded
+		panic(fmt.Sprintf("sim: encoding completion: %v", err))
+	}
+	delivered := sleep(r.Context(), s.cfg.TTFT+time.Duration(completion)*s.cfg.PerToken)
+	m.succeeded(arrival, c.cost, int64(c.prompt+completion))
+	g.complete(c.key, c.jobID, e, body)
+	if !delivered {
+		g.clientGone.Add(1)
+		return
+	}
+	w.Header().Set("x-request-id", "req_"+randomID(24))
+	s.count(g, m, http.StatusOK)
+	writeBody(w, http.StatusOK, body)
+}
+
+// sleep waits d or until ctx ends, and reports whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+	}
+	return ctx.Err() == nil
+}
+
+// fault rolls the fault of the next admitted request.
+func (s *Server) fault(g *generation) fault {
+	if !s.cfg.Faults.any() {
+		return noFault
+	}
+	return s.cfg.Faults.roll(g.faultSeq.Add(1))
+}
+
+// inject answers an admitted request with fault f.
+func (s *Server) inject(w http.ResponseWriter, r *http.Request, g *generation, m *modelState, f fault) {
+	switch f {
+	case faultReset:
+		g.connResets.Add(1)
+		dropConnection(w)
+	case faultHang:
+		g.hangs.Add(1)
+		hang(r.Context(), w, s.cfg.Faults.HangFor)
+	default:
+		status, body := f.serverError()
+		s.fail(w, g, m, status, body)
+	}
+}
+
+// replay answers with a stored response without charging anything.
+func (s *Server) replay(w http.ResponseWriter, g *generation, m *modelState, body []byte) {
+	h := w.Header()
+	m.peek(s.now()).set(h)
+	h.Set("Idempotent-Replayed", "true")
+	g.replayed.Add(1)
+	s.count(g, m, http.StatusOK)
+	writeBody(w, http.StatusOK, body)
+}
+
+// authorize checks the bearer key, answering 401 itself when it fails, and
+// returns the key.
+func (s *Server) authorize(w http.ResponseWriter, r *http.Request, g *generation) (string, bool) {
+	key, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	key = strings.TrimSpace(key)
+	if len(s.keys) == 0 || s.keys[key] {
+		return key, true
+	}
+	msg := "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+	if key != "" {
+		msg = "Incorrect API key provided: " + redact(key) + "."
+	}
+	s.fail(w, g, nil, http.StatusUnauthorized, apiError{Message: msg, Type: "invalid_request_error", Code: "invalid_api_key"})
+	return "", false
+}
+
+func redact(key string) string {
+	if len(key) < 12 {
+		return "****"
+	}
+	return key[:3] + "*****" + key[len(key)-4:]
+}
+
+func (s *Server) failRead(w http.ResponseWriter, g *generation, err error) {
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		s.fail(w, g, nil, http.StatusRequestEntityTooLarge, apiError{
+			Message: fmt.Sprintf("Request body is larger than %d bytes.", tooBig.Limit),
+			Type:    "invalid_request_error",
+		})
+		return
+	}
+	s.fail(w, g, nil, http.StatusBadRequest, apiError{Message: "Could not read the request body.", Type: "invalid_request_error"})
+}
+
+// invalidRequest converts a job.ParseRequest error into OpenAI's shape.
+func invalidRequest(err error) apiError {
+	e := apiError{Message: err.Error(), Type: "invalid_request_error"}
+	var ve *job.ValidationError
+	if !errors.As(err, &ve) {
+		return e
+	}
+	e.Param = strings.TrimPrefix(strings.TrimPrefix(ve.Field, "request"), ".")
+	e.Message = ve.Message
+	if e.Param != "" {
+		e.Message = e.Param + ": " + ve.Message
+	}
+	if ve.Code == job.CodeUnsupported {
+		e.Code = "unsupported_value"
+	}
+	return e
+}
+
+// fail writes an error response and counts it.
+func (s *Server) fail(w http.ResponseWriter, g *generation, m *modelState, status int, e apiError) {
+	s.count(g, m, status)
+	writeJSON(w, status, e)
+}
+
+func (s *Server) count(g *generation, m *modelState, status int) {
+	g.status.add(status)
+	if m != nil {
+		m.status.add(status)
+	}
+}
+
+// now is the arrival instant in unix nanoseconds, truncated to the
+// millisecond: charges within one millisecond share a log entry, which bounds
+// a model's log to 60 000 entries whatever the load. Waits computed from
+// whole-millisecond instants are whole milliseconds, so retry-after-ms stays
+// exact.
+func (s *Server) now() int64 {
+	return s.cfg.Now().UnixNano() / int64(time.Millisecond) * int64(time.Millisecond)
+}
+
+// modelList is OpenAI's list of models.
+type modelList struct {
+	Object string        `json:"object"`
+	Data   []modelObject `json:"data"`
+}
+
+type modelObject struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+func (s *Server) listModels(w http.ResponseWriter, r *http.Request) {
+	g := s.gen.Load()
+	if _, ok := s.authorize(w, r, g); !ok {
+		return
+	}
+	list := modelList{Object: "list", Data: make([]modelObject, 0, len(s.cfg.Models))}
+	for _, m := range s.cfg.Models {
+		list.Data = append(list.Data, modelObject{ID: m.Name, Object: "model", Created: g.started.Unix(), OwnedBy: "sluice-sim"})
+	}
+	s.count(g, nil, http.StatusOK)
+	writeJSON(w, http.StatusOK, list)
+}
+
+func (s *Server) serveStats(w http.ResponseWriter, r *http.Request) {
+	st := s.Stats()
+	if v := r.URL.Query().Get("summary"); v != "" && v != "0" && v != "false" {
+		st = st.Summary()
+	}
+	writeJSON(w, http.StatusOK, st)
+}
