@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"sort"
 	"strings"
 	"time"
 
@@ -103,10 +104,57 @@ type Duration time.Duration
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	v, err := time.ParseDuration(n.Value)
 	if err != nil {
-		return fmt.Errorf("%q is not a duration (like 500ms, 8s, 5m)", n.Value)
+		return &durationError{line: n.Line, column: n.Column, value: n.Value}
 	}
 	*d = Duration(v)
 	return nil
+}
+
+// durationError remembers where the bad value sits so Parse can name its key
+// (the YAML decoder passes an Unmarshaler's error through without position).
+type durationError struct {
+	line, column int
+	value        string
+}
+
+func (e *durationError) Error() string {
+	return fmt.Sprintf("%q is not a duration (like 500ms, 8s, 5m)", e.value)
+}
+
+// keyPath returns the key path ("providers[0].timeout") of the value at
+// line:column, or "" when there is none.
+func keyPath(n *yaml.Node, line, column int, path string) string {
+	at := func(v *yaml.Node, p string) string {
+		if v.Line == line && v.Column == column && v.Kind == yaml.ScalarNode {
+			return p
+		}
+		return keyPath(v, line, column, p)
+	}
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			if p := keyPath(c, line, column, path); p != "" {
+				return p
+			}
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			p := n.Content[i].Value
+			if path != "" {
+				p = path + "." + p
+			}
+			if r := at(n.Content[i+1], p); r != "" {
+				return r
+			}
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			if r := at(c, fmt.Sprintf("%s[%d]", path, i)); r != "" {
+				return r
+			}
+		}
+	}
+	return ""
 }
 
 func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
@@ -120,6 +168,13 @@ func Parse(data []byte) (*Config, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		var de *durationError
+		var root yaml.Node
+		if errors.As(err, &de) && yaml.Unmarshal(data, &root) == nil {
+			if key := keyPath(&root, de.line, de.column, ""); key != "" {
+				return nil, fmt.Errorf("config: %s: %w", key, err)
+			}
+		}
 		return nil, fmt.Errorf("config: %w", err)
 	}
 	c.withDefaults()
@@ -173,7 +228,7 @@ func (c *Config) withDefaults() {
 		c.Admission.DispatchGrace = Duration(time.Second)
 	}
 	if c.Admission.BurstFraction == 0 {
-		c.Admission.BurstFraction = 0.05
+		c.Admission.BurstFraction = 0.04
 	}
 	if c.Admission.Batch == 0 {
 		c.Admission.Batch = 256
@@ -215,6 +270,15 @@ func (c *Config) Validate() error {
 	if c.Limits.MaxBodyBytes < 1024 {
 		return fail("limits.max_body_bytes", "must be at least 1024, got %d", c.Limits.MaxBodyBytes)
 	}
+	if c.Limits.MaxTokens < 1 {
+		return fail("limits.max_tokens", "must be positive, got %d", c.Limits.MaxTokens)
+	}
+	if c.Limits.DefaultMaxTokens < 1 {
+		return fail("limits.default_max_tokens", "must be positive, got %d", c.Limits.DefaultMaxTokens)
+	}
+	if c.Limits.ResultRetention <= 0 {
+		return fail("limits.result_retention", "must be positive, got %s", c.Limits.ResultRetention.D())
+	}
 	if c.Limits.DefaultMaxTokens > c.Limits.MaxTokens {
 		return fail("limits.default_max_tokens", "is %d, above limits.max_tokens %d", c.Limits.DefaultMaxTokens, c.Limits.MaxTokens)
 	}
@@ -226,6 +290,9 @@ func (c *Config) Validate() error {
 	}
 	if f := c.Admission.BurstFraction; f <= 0 || f > 1 {
 		return fail("admission.burst_fraction", "must be in (0, 1], got %g", f)
+	}
+	if c.Admission.Batch < 1 {
+		return fail("admission.batch", "must be positive, got %d", c.Admission.Batch)
 	}
 	seenP := map[string]bool{}
 	models := map[string]string{}
@@ -244,6 +311,9 @@ func (c *Config) Validate() error {
 		u, err := url.Parse(p.BaseURL)
 		if p.BaseURL == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return fail(key+".base_url", "must be an http(s) URL, got %q", p.BaseURL)
+		}
+		if p.Timeout <= 0 {
+			return fail(key+".timeout", "must be positive, got %s", p.Timeout.D())
 		}
 		if p.APIKeyEnv != "" && !envName(p.APIKeyEnv) {
 			return fail(key+".api_key_env", "must name an environment variable (the key itself never sits in the file), got %q", clip(p.APIKeyEnv))
@@ -294,8 +364,13 @@ func (c *Config) Validate() error {
 			return fail(key+".weight", "must be between 1 and 1000, got %d", t.Weight)
 		}
 	}
-	for name, p := range c.Retry {
-		key := "retry." + name
+	names := make([]string, 0, len(c.Retry))
+	for name := range c.Retry {
+		names = append(names, name)
+	}
+	sort.Strings(names) // report the same problem first every time
+	for _, name := range names {
+		p, key := c.Retry[name], "retry."+name
 		if !job.Priority(name).Valid() {
 			return fail(key, "unknown policy class; use interactive, standard or batch")
 		}
@@ -325,8 +400,10 @@ func envName(s string) bool {
 	return true
 }
 
+// clip shortens a value that failed to be an environment variable name: it
+// may be the secret itself, so no more than its first 4 bytes are shown.
 func clip(s string) string {
-	if len(s) > 12 {
+	if len(s) > 4 {
 		return s[:4] + "…"
 	}
 	return s

@@ -296,7 +296,13 @@ func ParseRequest(body []byte, lim Limits) (*ChatRequest, error) {
 			return nil, invalid(fmt.Sprintf("request.messages[%d].role", i), "is required")
 		}
 	}
-	for name, v := range map[string]*int{"request.max_tokens": r.MaxTokens, "request.max_completion_tokens": r.MaxCompletionTokens} {
+	// A slice, not a map: with both fields wrong the error must name the same
+	// one every time.
+	for _, f := range []struct {
+		name string
+		v    *int
+	}{{"request.max_tokens", r.MaxTokens}, {"request.max_completion_tokens", r.MaxCompletionTokens}} {
+		name, v := f.name, f.v
 		if v == nil {
 			continue
 		}

@@ -241,7 +241,10 @@ func (s *Service) reserve(ctx context.Context, key string, cands []*Candidate) [
 		data, _ := json.Marshal(j)
 		msg := nats.NewMsg(job.DispatchSubject(j.Provider, j.Model))
 		msg.Data = data
-		msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("dispatch:%s:%d", j.ID, len(j.Attempts)))
+		// One dispatch per QUEUE message: a redelivery of the same message
+		// (a crash between publish and ack) is dropped by DISPATCH's
+		// duplicate window, while a job re-admitted later is a new message.
+		msg.Header.Set(jetstream.MsgIDHeader, "dispatch:"+j.ID+":"+seqOf(c.Msg))
 		fut, err := s.mesh.JS.PublishMsgAsync(msg)
 		if err != nil {
 			s.log.Warn("dispatch publish failed", "job_id", j.ID, "err", err)
@@ -365,4 +368,14 @@ func QueueDepth(ctx context.Context, js jetstream.JetStream) (map[job.Priority]i
 		}
 	}
 	return out, nil
+}
+
+// seqOf returns a message's stream sequence, for message ids that must be
+// the same on redelivery and different for a new message.
+func seqOf(msg jetstream.Msg) string {
+	md, err := msg.Metadata()
+	if err != nil {
+		return job.NewID()
+	}
+	return fmt.Sprint(md.Sequence.Stream)
 }

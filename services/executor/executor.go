@@ -169,7 +169,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		// could exceed the limit the provider sees. Re-admit it.
 		s.m.ReservationsExpired.WithLabelValues(j.Provider, j.Model).Inc()
 		j.Reservation = nil
-		return s.mesh.Enqueue(ctx, j, fmt.Sprintf("readmit:%s:%d:%d", j.ID, len(j.Attempts), now.UnixNano()))
+		return s.mesh.Enqueue(ctx, j, "readmit:"+j.ID+":"+dispatchSeq(msg))
 	}
 	attempt := len(j.Attempts) + 1
 	op, err := s.mesh.UpdateOp(ctx, opKey, func(r *mesh.OpRecord) bool {
@@ -323,4 +323,14 @@ func keepAlive(ctx context.Context, msg jetstream.Msg) (stop func()) {
 		}
 	}()
 	return func() { once.Do(func() { close(done) }) }
+}
+
+// dispatchSeq is the DISPATCH stream sequence of msg: the same on a
+// redelivery, so what the executor publishes for it is deduplicated.
+func dispatchSeq(msg jetstream.Msg) string {
+	md, err := msg.Metadata()
+	if err != nil {
+		return job.NewID()
+	}
+	return fmt.Sprint(md.Sequence.Stream)
 }

@@ -1,0 +1,203 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/sim"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// sluiceBinary builds the sluice binary once per test run.
+func sluiceBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "sluice-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "sluice")
+		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", binPath, ".")
+		cmd.Stderr = os.Stderr
+		buildErr = cmd.Run()
+	})
+	if buildErr != nil {
+		t.Fatalf("build sluice: %v", buildErr)
+	}
+	return binPath
+}
+
+// child is a `sluice up` OS process.
+type child struct {
+	cmd *exec.Cmd
+	upNode
+}
+
+func startChild(t *testing.T, bin string, args []string, env map[string]string) *child {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"up"}, args...)...)
+	cmd.Env = os.Environ()
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logf, err := os.CreateTemp(t.TempDir(), "sluice-*.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = logf
+	t.Cleanup(func() {
+		if t.Failed() {
+			data, _ := os.ReadFile(logf.Name())
+			if len(data) > 20000 {
+				data = data[len(data)-20000:]
+			}
+			t.Logf("%s:\n%s", logf.Name(), data)
+		}
+	})
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	n := waitUp(t, out)
+	waitReady(t, n.HTTP)
+	return &child{cmd: cmd, upNode: n}
+}
+
+// TestCrashRecovery kills a `sluice up` process with SIGKILL while jobs are
+// in flight, restarts it on the same data directory, and checks that every
+// job accepted before the kill completes exactly once: one result each, and
+// the provider's ledger shows no operation completed twice.
+func TestCrashRecovery(t *testing.T) {
+	t.Parallel()
+	bin := sluiceBinary(t)
+	const model, jobs = "gpt-4o-mini", 400
+	// Slow enough that calls are in flight at the kill.
+	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 100000, TPM: 10000000}},
+		TTFT: 300 * time.Millisecond, PerToken: time.Millisecond, APIKeys: []string{"sim-secret"}})
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte(simConfig(simURL, model, 100000, 10000000, "")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--config", cfg, "--data", filepath.Join(dir, "data"), "--nats-listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--log-level", "debug"}
+
+	first := startChild(t, bin, args, testEnv)
+	_, cl := natsClient(t, first.NATS)
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+	defer cancel()
+	ids := make([]string, 0, jobs)
+	for i := range jobs {
+		id, err := cl.Submit(ctx, &job.Job{Tenant: []string{"acme", "globex", "initech"}[i%3], Request: chatBody(model, 10+i%50, 100)})
+		if err != nil {
+			t.Fatalf("submit #%d: %v", i, err)
+		}
+		ids = append(ids, id)
+	}
+	// Kill it mid-run: some calls done, others in flight or queued.
+	for simSrv.Stats().Completed < jobs/4 {
+		if ctx.Err() != nil {
+			t.Fatal("no progress before the kill")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.cmd.Wait()
+	atKill := simSrv.Stats().Completed
+	t.Logf("killed after %d of %d provider completions", atKill, jobs)
+	if atKill >= jobs {
+		t.Fatal("every job finished before the kill; the test proves nothing")
+	}
+
+	second := startChild(t, bin, args, testEnv)
+	_, cl2 := natsClient(t, second.NATS)
+	for _, id := range ids {
+		for {
+			r, err := cl2.Lookup(ctx, id)
+			if err == nil && r != nil {
+				if r.Status != job.StatusSucceeded {
+					t.Errorf("job %s ended %s (%+v)", id, r.Status, r.Error)
+				}
+				break
+			}
+			if ctx.Err() != nil {
+				out, _ := exec.Command("curl", "-s", second.HTTP+"/metrics").Output()
+				t.Logf("metrics: %s", grepLines(string(out), "sluice_", "llm_"))
+				dumpStreams(t, second.NATS)
+				out, _ = exec.Command("curl", "-s", second.HTTP+"/v1/jobs/"+id, "-H", "Authorization: Bearer acme-key").Output()
+				t.Logf("job: %s", out)
+				t.Fatalf("job %s has no result after restart", id)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	st := simSrv.Stats()
+	t.Logf("provider: %d completed, %d replayed from its idempotency ledger, %d duplicate completions", st.Completed, st.Replayed, st.DuplicateCompletions)
+	if st.DuplicateCompletions != 0 {
+		t.Errorf("provider completed %d operations twice", st.DuplicateCompletions)
+	}
+	for _, id := range ids {
+		if n := st.JobCompletions[id]; n != 1 {
+			t.Errorf("job %s completed %d times at the provider, want 1", id, n)
+		}
+	}
+}
+
+func grepLines(s string, prefixes ...string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(s, "\n") {
+		for _, p := range prefixes {
+			if strings.HasPrefix(l, p) {
+				b.WriteString(l + "\n")
+			}
+		}
+	}
+	return b.String()
+}
+
+func dumpStreams(t *testing.T, url string) {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	for _, name := range []string{"INTAKE", "QUEUE", "DISPATCH", "RESULTS"} {
+		st, err := js.Stream(ctx, name)
+		if err != nil {
+			continue
+		}
+		info, _ := st.Info(ctx)
+		t.Logf("stream %s: msgs=%d first=%d last=%d", name, info.State.Msgs, info.State.FirstSeq, info.State.LastSeq)
+		for ci := range st.ListConsumers(ctx).Info() {
+			t.Logf("  consumer %s: delivered=%d ackfloor=%d pending=%d ackpending=%d redelivered=%d waiting=%d", ci.Name, ci.Delivered.Stream, ci.AckFloor.Stream, ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting)
+		}
+	}
+}
