@@ -60,3 +60,20 @@ func TestEnsureIsIdempotentAndResultsAreWriteOnce(t *testing.T) {
 		t.Errorf("second result reached subscribers: %v", err)
 	}
 }
+
+// A per-tenant bound must refuse the new job, never drop an old one.
+func TestBoundedStreamsRefuseNewPerSubject(t *testing.T) {
+	t.Parallel()
+	ss, err := streams.Streams()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range ss {
+		if c.Retention == jetstream.WorkQueuePolicy && c.Discard != jetstream.DiscardNew {
+			t.Errorf("%s: a work queue must discard new (refuse), not old (lose jobs)", c.Name)
+		}
+		if c.Discard == jetstream.DiscardNew && c.MaxMsgsPerSubject > 0 && !c.DiscardNewPerSubject {
+			t.Errorf("%s: max_msgs_per_subject without discard_new_per_subject drops the oldest message of a full subject", c.Name)
+		}
+	}
+}

@@ -1,0 +1,39 @@
+package client_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/sluice-dev/sluice/pkg/client"
+	"github.com/sluice-dev/sluice/pkg/job"
+)
+
+// Submit a chat completion over NATS and wait for its one result.
+func Example() {
+	nc, err := nats.Connect("nats://127.0.0.1:4222") // a running `sluice up`
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer nc.Close()
+	c, err := client.New(nc)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := c.Do(ctx, &job.Job{
+		Tenant:   "acme",
+		Priority: job.Interactive,
+		Request:  []byte(`{"model":"gpt-4o-mini","max_tokens":64,"messages":[{"role":"user","content":"hello"}]}`),
+	})
+	if err != nil {
+		fmt.Println(err) // errors.Is(err, client.ErrQueueFull): back off and retry
+		return
+	}
+	fmt.Println(res.Status, string(res.Response))
+}
