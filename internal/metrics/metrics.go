@@ -9,36 +9,36 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // Set is all of Sluice's metrics.
 type Set struct {
-	JobsAccepted   *prometheus.CounterVec // tenant, via
-	JobsRejected   *prometheus.CounterVec // via, code
-	Results        *prometheus.CounterVec // tenant, status
-	Requests       *prometheus.CounterVec // provider, model, status
-	TokensReserved *prometheus.CounterVec // provider, model
-	TokensUsed     *prometheus.CounterVec // provider, model
-	Retries        *prometheus.CounterVec // provider, model, error_type
-	RateLimitHits  *prometheus.CounterVec // provider, model, limit_type
-	Fallbacks      *prometheus.CounterVec // from_provider, to_provider, reason
-	DupSuppressed  *prometheus.CounterVec // task_type
-	QueueDepth     *prometheus.GaugeVec   // priority, task_type
-	QueueWait      *prometheus.HistogramVec
-	AdmissionWaits *prometheus.CounterVec // provider, model, reason
-	BudgetWrites   prometheus.Counter
-	BudgetConflict prometheus.Counter
-	BudgetErrors   prometheus.Counter
-	ReservationsExpired *prometheus.CounterVec // provider, model
-	TenantRequests *prometheus.CounterVec // tenant
-	TenantTokens   *prometheus.CounterVec // tenant, kind (input, output, cached)
-	InFlight       *prometheus.GaugeVec   // provider, model
-	ProviderLatency *prometheus.HistogramVec // provider, model
+	JobsAccepted        *prometheus.CounterVec // tenant, via
+	JobsRejected        *prometheus.CounterVec // via, code
+	Results             *prometheus.CounterVec // tenant, status
+	Requests            *prometheus.CounterVec // provider, model, status
+	TokensReserved      *prometheus.CounterVec // provider, model
+	TokensUsed          *prometheus.CounterVec // provider, model
+	Retries             *prometheus.CounterVec // provider, model, error_type
+	RateLimitHits       *prometheus.CounterVec // provider, model, limit_type
+	Fallbacks           *prometheus.CounterVec // from_provider, to_provider, reason
+	DupSuppressed       *prometheus.CounterVec // task_type
+	QueueDepth          *prometheus.GaugeVec   // priority, task_type
+	QueueWait           *prometheus.HistogramVec
+	AdmissionWaits      *prometheus.CounterVec // provider, model, reason
+	BudgetWrites        prometheus.Counter
+	BudgetConflict      prometheus.Counter
+	BudgetErrors        prometheus.Counter
+	ReservationsExpired *prometheus.CounterVec   // provider, model
+	TenantRequests      *prometheus.CounterVec   // tenant
+	TenantTokens        *prometheus.CounterVec   // tenant, kind (input, output, cached)
+	InFlight            *prometheus.GaugeVec     // provider, model
+	ProviderLatency     *prometheus.HistogramVec // provider, model
 }
 
 // New makes and registers the metrics on reg.
 func New(reg prometheus.Registerer) *Set {
 	s := &Set{
-		JobsAccepted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_jobs_accepted_total", Help: "Jobs accepted by ingest."}, []string{"tenant", "via"}),
-		JobsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_jobs_rejected_total", Help: "Jobs refused by ingest, by error code."}, []string{"via", "code"}),
-		Results:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_results_total", Help: "Terminal results written, by status."}, []string{"tenant", "status"}),
-		Requests:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llm_requests_total", Help: "Provider calls by outcome (HTTP status, or transport error class)."}, []string{"provider", "model", "status"}),
+		JobsAccepted:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_jobs_accepted_total", Help: "Jobs accepted by ingest."}, []string{"tenant", "via"}),
+		JobsRejected:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_jobs_rejected_total", Help: "Jobs refused by ingest, by error code."}, []string{"via", "code"}),
+		Results:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_results_total", Help: "Terminal results written, by status."}, []string{"tenant", "status"}),
+		Requests:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llm_requests_total", Help: "Provider calls by outcome (HTTP status, or transport error class)."}, []string{"provider", "model", "status"}),
 		TokensReserved: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llm_tokens_reserved_total", Help: "Tokens reserved at admission (prompt estimate + max output)."}, []string{"provider", "model"}),
 		TokensUsed:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llm_tokens_used_total", Help: "Tokens the provider reported using (prompt + completion)."}, []string{"provider", "model"}),
 		Retries:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llm_retries_total", Help: "Provider attempts that were retried, by error class."}, []string{"provider", "model", "error_type"}),

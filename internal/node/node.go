@@ -80,7 +80,9 @@ func ParseServices(s string) ([]string, error) {
 	return out, nil
 }
 
-type runner interface{ Run(ctx context.Context) error }
+type runner interface {
+	Run(ctx context.Context) error
+}
 
 // Run starts the node and blocks until ctx ends or a part fails. It returns
 // nil on a requested shutdown.

@@ -50,14 +50,14 @@ type Candidate struct {
 
 // Service is the admission service.
 type Service struct {
-	cfg    Config
-	mesh   *mesh.Mesh
-	store  *budget.Store
-	log    *slog.Logger
-	m      *metrics.Set
-	now    func() time.Time
-	cursor map[string]time.Time // per budget key: estimated turn of the last deferred job
-	budgetErr atomic.Value     // last budget store error (string), "" when healthy
+	cfg       Config
+	mesh      *mesh.Mesh
+	store     *budget.Store
+	log       *slog.Logger
+	m         *metrics.Set
+	now       func() time.Time
+	cursor    map[string]time.Time // per budget key: estimated turn of the last deferred job
+	budgetErr atomic.Value         // last budget store error (string), "" when healthy
 }
 
 // New builds the service; it does no I/O.
