@@ -25,6 +25,7 @@ type Mesh struct {
 	Results     jetstream.KeyValue // job id -> Record
 	Idempotency jetstream.KeyValue // <tenant>.<hash> -> OpRecord
 	Budgets     jetstream.KeyValue
+	results     jetstream.Stream // bound lazily by StoredResult
 }
 
 // Open binds the buckets (they must exist: streams.Ensure made them).
@@ -240,6 +241,12 @@ func (m *Mesh) Wait(ctx context.Context, tenant, jobID string) (*job.Result, err
 	if rec.Result != nil {
 		return rec.Result, nil
 	}
+	// RESULTS stores a result before republishing it and before the result
+	// service records it, so read the stream too: a result published before
+	// we subscribed is there.
+	if r, err := m.StoredResult(ctx, tenant, jobID); err == nil {
+		return r, nil
+	}
 	select {
 	case msg := <-ch:
 		var r job.Result
@@ -255,3 +262,26 @@ func (m *Mesh) Wait(ctx context.Context, tenant, jobID string) (*job.Result, err
 // errCodeStoreFailed is JetStream's "stream store failed" (10077): a
 // DiscardNew stream refusing a message for lack of room.
 const errCodeStoreFailed jetstream.ErrorCode = 10077
+
+// StoredResult reads a job's result straight from the RESULTS stream.
+func (m *Mesh) StoredResult(ctx context.Context, tenant, jobID string) (*job.Result, error) {
+	if m.results == nil {
+		st, err := m.JS.Stream(ctx, streams.Results)
+		if err != nil {
+			return nil, err
+		}
+		m.results = st
+	}
+	msg, err := m.results.GetLastMsgForSubject(ctx, job.StoreSubject(tenant, jobID))
+	if err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil, job.ErrNotFound
+		}
+		return nil, err
+	}
+	var r job.Result
+	if err := json.Unmarshal(msg.Data, &r); err != nil {
+		return nil, fmt.Errorf("result %s: %w", jobID, err)
+	}
+	return &r, nil
+}

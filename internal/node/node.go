@@ -142,6 +142,13 @@ func Run(ctx context.Context, o Options) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ms := metrics.New(reg)
+	for _, p := range o.Config.Providers {
+		for _, m := range p.Models {
+			ms.ModelLimit.WithLabelValues(p.Name, m.Name, "rpm").Set(float64(m.RPM))
+			ms.ModelLimit.WithLabelValues(p.Name, m.Name, "tpm").Set(float64(m.TPM))
+			ms.ModelLimit.WithLabelValues(p.Name, m.Name, "concurrency").Set(float64(m.MaxConcurrency))
+		}
+	}
 	var tenants []string
 	for _, t := range o.Config.Tenants {
 		tenants = append(tenants, t.Name)

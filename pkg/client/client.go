@@ -96,7 +96,16 @@ func (c *Client) Await(ctx context.Context, tenant, id string) (*job.Result, err
 		return nil, err
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	// The result may have been stored before we subscribed.
+	// The result may have been stored before we subscribed: RESULTS holds it
+	// from the moment it was published.
+	if st, err := c.js.Stream(ctx, "RESULTS"); err == nil {
+		if m, err := st.GetLastMsgForSubject(ctx, job.StoreSubject(tenant, id)); err == nil {
+			var r job.Result
+			if err := json.Unmarshal(m.Data, &r); err == nil {
+				return &r, nil
+			}
+		}
+	}
 	if r, err := c.Lookup(ctx, id); err == nil && r != nil {
 		return r, nil
 	}

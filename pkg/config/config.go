@@ -384,6 +384,13 @@ func (c *Config) Validate() error {
 			return fail(key+".base_delay", "must be positive and at most max_delay")
 		}
 	}
+	hasModel := func(provider, model string) bool {
+		p, _, ok := c.ModelRef(model)
+		return ok && p.Name == provider
+	}
+	if err := ValidateRoutes(c.Routes, hasModel); err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
 	return nil
 }
 

@@ -109,8 +109,8 @@ func ValidateRoutes(routes []Route, hasModel func(provider, model string) bool) 
 		}
 		return nil
 	}
-	tasks := map[string]int{}       // task → route index
-	defaults := map[Target]int{}    // primary of a default route → route index
+	tasks := map[string]int{}    // task → route index
+	defaults := map[string]int{} // primary model of a default route → route index
 	for i, r := range routes {
 		key := fmt.Sprintf("routes[%d]", i)
 		if !r.IsDefault() {
@@ -126,10 +126,10 @@ func ValidateRoutes(routes []Route, hasModel func(provider, model string) bool) 
 			return err
 		}
 		if r.IsDefault() {
-			if j, ok := defaults[r.Primary]; ok {
-				return fail(key+".primary", "routes[%d] is already the default route for %q; give one of them a task", j, r.Primary.String())
+			if j, ok := defaults[r.Primary.Model]; ok {
+				return fail(key+".primary", "routes[%d] is already the default route for model %q; give one of them a task", j, r.Primary.Model)
 			}
-			defaults[r.Primary] = i
+			defaults[r.Primary.Model] = i
 		}
 		for j, f := range r.Fallbacks {
 			fk := fmt.Sprintf("%s.fallbacks[%d]", key, j)

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -52,6 +53,7 @@ type Service struct {
 	clients map[string]provider.Client
 	rndMu   sync.Mutex
 	rnd     *rand.Rand
+	holder  string // this process's name in concurrency leases
 }
 
 // New builds the service; it does no I/O.
@@ -70,7 +72,8 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	st := budget.NewStore(m.Budgets, budget.Params{Slice: a.Slice.D(), DispatchGrace: a.DispatchGrace.D(), BurstFraction: a.BurstFraction}, now)
 	st.Writes = ms.BudgetWrites.Inc
 	s := &Service{cfg: cfg, mesh: m, store: st, log: log.With("service", "executor"), m: ms, now: now,
-		clients: map[string]provider.Client{}, rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))}
+		clients: map[string]provider.Client{}, rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7)),
+		holder: holderName()}
 	for _, p := range cfg.App.Providers {
 		if c, ok := cfg.Clients[p.Name]; ok {
 			s.clients[p.Name] = c
@@ -93,8 +96,11 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 // Run consumes every model's DISPATCH subject until ctx ends, then lets
 // calls in progress finish (bounded by their own timeouts).
 func (s *Service) Run(ctx context.Context) error {
-	var wg sync.WaitGroup
+	var wg, calls sync.WaitGroup
 	var ccs []jetstream.ConsumeContext
+	// Leases are returned after the calls in flight end.
+	leaseCtx, stopLeases := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopLeases()
 	for _, p := range s.cfg.App.Providers {
 		for _, m := range p.Models {
 			name := "executor-" + p.Name + "-" + job.ModelToken(m.Name)
@@ -102,7 +108,18 @@ func (s *Service) Run(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			slots := make(chan struct{}, m.MaxConcurrency)
+			// Slots come from a lease on the fleet-wide limit (pkg/budget
+			// Pool): taken just before the call, given back when it ends.
+			pool := budget.NewPool(s.mesh.Budgets, budget.ConcKey(p.Name, job.ModelToken(m.Name)), s.holder, m.MaxConcurrency, 10*time.Second, s.now)
+			labels := []string{p.Name, m.Name}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				pool.Run(leaseCtx, func(err error) {
+					s.m.BudgetErrors.Inc()
+					s.log.Warn("concurrency lease", "provider", labels[0], "model", labels[1], "err", err)
+				})
+			}()
 			// Calls outlive ctx by a grace period so a shutdown does not cut
 			// responses the provider is already billing for.
 			callCtx := context.WithoutCancel(ctx)
@@ -110,16 +127,16 @@ func (s *Service) Run(ctx context.Context) error {
 				// Wait here for a slot: the consumer buffers at most
 				// max_concurrency jobs, so a slow provider backs up DISPATCH,
 				// not this process's memory.
-				select {
-				case slots <- struct{}{}:
-				case <-ctx.Done():
+				if err := pool.Acquire(ctx); err != nil {
 					_ = msg.NakWithDelay(time.Second)
 					return
 				}
-				wg.Add(1)
+				held, _ := pool.Held()
+				s.m.ConcLeased.WithLabelValues(labels...).Set(float64(held))
+				calls.Add(1)
 				go func() {
-					defer wg.Done()
-					defer func() { <-slots }()
+					defer calls.Done()
+					defer pool.Release()
 					s.handle(callCtx, msg)
 				}()
 			}, jetstream.PullMaxMessages(max(2, m.MaxConcurrency)), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
@@ -137,6 +154,8 @@ func (s *Service) Run(ctx context.Context) error {
 	for _, cc := range ccs {
 		cc.Stop()
 	}
+	calls.Wait()
+	stopLeases()
 	wg.Wait()
 	return nil
 }
@@ -333,4 +352,10 @@ func dispatchSeq(msg jetstream.Msg) string {
 		return job.NewID()
 	}
 	return fmt.Sprint(md.Sequence.Stream)
+}
+
+// holderName identifies this process in concurrency leases.
+func holderName() string {
+	h, _ := os.Hostname()
+	return fmt.Sprintf("%s-%d-%s", h, os.Getpid(), job.NewID()[24:])
 }
