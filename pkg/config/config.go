@@ -30,6 +30,7 @@ type Config struct {
 	Providers []Provider        `yaml:"providers"`
 	Tenants   []Tenant          `yaml:"tenants"`
 	Retry     map[string]Policy `yaml:"retry"`
+	Routes    []Route           `yaml:"routes"`
 }
 
 // Server settings; flags and SLUICE_* variables override them.
