@@ -49,12 +49,14 @@ func (s Status) Terminal() bool {
 // Job is the envelope a producer publishes to sluice.intake.<tenant> (or POSTs
 // to /v1/jobs). Fields after Request are filled in by Sluice as the job moves.
 type Job struct {
-	ID             string          `json:"id,omitempty"`
-	Tenant         string          `json:"tenant"`
-	Priority       Priority        `json:"priority,omitempty"`
-	IdempotencyKey string          `json:"idempotency_key,omitempty"`
-	Deadline       *time.Time      `json:"deadline,omitempty"`
-	Request        json.RawMessage `json:"request"`
+	ID             string     `json:"id,omitempty"`
+	Tenant         string     `json:"tenant"`
+	Priority       Priority   `json:"priority,omitempty"`
+	IdempotencyKey string     `json:"idempotency_key,omitempty"`
+	Deadline       *time.Time `json:"deadline,omitempty"`
+	// Task names a route (config routes[].task) for fallbacks; optional.
+	Task    string          `json:"task,omitempty"`
+	Request json.RawMessage `json:"request"`
 
 	// Set by Sluice.
 	SubmittedAt time.Time    `json:"submitted_at,omitzero"`
@@ -268,6 +270,9 @@ func (j *Job) Check(lim Limits) error {
 	}
 	if !j.Priority.Valid() {
 		return invalid("priority", "must be interactive, standard or batch, got %q", clip(string(j.Priority)))
+	}
+	if j.Task != "" && !ValidName(j.Task) {
+		return invalid("task", "must be 1-64 letters, digits, '-' or '_', got %q", clip(j.Task))
 	}
 	if len(j.IdempotencyKey) > 256 {
 		return invalid("idempotency_key", "is %d bytes; at most 256", len(j.IdempotencyKey))

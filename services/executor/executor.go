@@ -22,12 +22,16 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/dlq"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
+	"github.com/sluice-dev/sluice/pkg/breaker"
 	"github.com/sluice-dev/sluice/pkg/budget"
 	"github.com/sluice-dev/sluice/pkg/config"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/provider"
+	"github.com/sluice-dev/sluice/pkg/route"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 	"github.com/sluice-dev/sluice/streams"
 )
 
@@ -54,6 +58,11 @@ type Service struct {
 	rndMu   sync.Mutex
 	rnd     *rand.Rand
 	holder  string // this process's name in concurrency leases
+
+	router   *route.Router
+	breakers *breaker.Set
+	brokenMu sync.Mutex
+	broken   map[string]time.Time // provider -> credential refused until
 }
 
 // New builds the service; it does no I/O.
@@ -73,7 +82,8 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	st.Writes = ms.BudgetWrites.Inc
 	s := &Service{cfg: cfg, mesh: m, store: st, log: log.With("service", "executor"), m: ms, now: now,
 		clients: map[string]provider.Client{}, rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7)),
-		holder: holderName()}
+		holder: holderName(), router: route.New(cfg.App.Routes), broken: map[string]time.Time{},
+		breakers: breaker.NewSet(breaker.Config{Now: now})}
 	for _, p := range cfg.App.Providers {
 		if c, ok := cfg.Clients[p.Name]; ok {
 			s.clients[p.Name] = c
@@ -168,6 +178,14 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	if err := s.execute(ctx, msg, &j); err != nil {
+		if md, merr := msg.Metadata(); merr == nil && md.NumDelivered >= MaxDeliveries {
+			opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
+			e := &job.Error{Code: "max_deliveries", Message: fmt.Sprintf("gave up after %d deliveries; last error: %v", md.NumDelivered, err)}
+			if terr := s.terminal(ctx, &j, opKey, job.StatusDeadLettered, "max_deliveries", e); terr == nil {
+				_ = msg.Ack()
+				return
+			}
+		}
 		s.log.Warn("dispatch: will retry", "job_id", j.ID, "err", err)
 		_ = msg.NakWithDelay(time.Second)
 		return
@@ -215,6 +233,20 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	if !ok || client == nil {
 		return s.finish(ctx, j, opKey, &job.Result{Status: job.StatusFailed, Error: &job.Error{Code: job.CodeUnknownModel, Message: fmt.Sprintf("model %q is not configured here", j.Model)}})
 	}
+	target := config.Target{Provider: j.Provider, Model: j.Model}
+	br := s.breakers.Get(target.String())
+	allowed, probe, openUntil := br.Allow()
+	if !allowed {
+		// The provider is failing: do not call it. Fall back if a route says
+		// so, otherwise wait (by redelivery delay) until the breaker probes.
+		if fb, ok := s.fallback(j, route.Situation{Current: target, Priority: string(j.Priority)}); ok {
+			return s.reroute(ctx, msg, j, opKey, fb)
+		}
+		nb := openUntil.UTC()
+		j.NotBefore, j.Reservation = &nb, nil
+		s.m.AdmissionWaits.WithLabelValues(j.Provider, j.Model, "breaker_open").Inc()
+		return s.mesh.Enqueue(ctx, j, "breaker:"+j.ID+":"+dispatchSeq(msg))
+	}
 	until := now.Add(prov.Timeout.D())
 	if j.Deadline != nil && j.Deadline.Before(until) {
 		until = *j.Deadline
@@ -235,6 +267,17 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	status := out.Code
 	if out.HTTPStatus != 0 {
 		status = fmt.Sprint(out.HTTPStatus)
+	}
+	switch out.Class {
+	case provider.Success:
+		br.Record(true, probe)
+	case provider.Overloaded, provider.ConnectFailed, provider.Unknown:
+		br.Record(false, probe)
+	default:
+		br.Release(probe) // 429s and request errors say nothing about the provider's health
+	}
+	if out.Class == provider.AuthBroken {
+		s.markBroken(target)
 	}
 	s.m.Requests.WithLabelValues(j.Provider, j.Model, status).Inc()
 	s.m.TenantRequests.WithLabelValues(j.Tenant).Inc()
@@ -259,20 +302,30 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	s.rndMu.Lock()
 	d := provider.Plan(policy, out, attempt, first, s.now(), j.Deadline, s.rnd)
 	s.rndMu.Unlock()
-	if (out.OutcomeUnknown || out.WorkDone) && !d.Retry && attempt < policy.MaxAttempts {
-		// The provider may have done the work. The retry carries the same
-		// Idempotency-Key, so a provider that honours it answers from its
-		// record instead of charging twice.
-		s.rndMu.Lock()
-		d = provider.Plan(policy, provider.Outcome{Class: provider.Overloaded, Code: out.Code}, attempt, first, s.now(), j.Deadline, s.rnd)
-		s.rndMu.Unlock()
+	unknown := out.OutcomeUnknown || out.WorkDone
+	if unknown {
+		// The provider may have done (and billed) the work. Interactive
+		// callers are told so at once instead of silently paying twice;
+		// other classes wait ReconcileDelay and retry with the same
+		// Idempotency-Key, which a provider that honours it answers from
+		// its record.
+		if j.Priority == job.Interactive {
+			s.m.Retries.WithLabelValues(j.Provider, j.Model, "outcome_unknown").Add(0)
+			return s.terminal(ctx, j, opKey, job.StatusFailed, "outcome_unknown", &job.Error{Code: "outcome_unknown",
+				Message: fmt.Sprintf("status unknown: the provider may have completed this request (%s); retry with the same Idempotency-Key to get its result without paying twice", out.Code)})
+		}
+		if attempt < policy.MaxAttempts {
+			s.rndMu.Lock()
+			d = provider.Plan(policy, provider.Outcome{Class: provider.Overloaded, Code: out.Code, RetryAfter: ReconcileDelay}, attempt, first, s.now(), j.Deadline, s.rnd)
+			s.rndMu.Unlock()
+		}
 	}
 	if d.Retry {
 		s.m.Retries.WithLabelValues(j.Provider, j.Model, out.Class.String()).Inc()
 		nb := s.now().Add(d.Delay).UTC()
 		j.NotBefore, j.Reservation = &nb, nil
 		if _, err := s.mesh.UpdateOp(ctx, opKey, func(r *mesh.OpRecord) bool {
-			if r.State != mesh.OpInFlight || out.OutcomeUnknown || out.WorkDone {
+			if r.State != mesh.OpInFlight || unknown {
 				return false // an unknown outcome stays in_flight: the retry reuses the key
 			}
 			r.State = mesh.OpQueued
@@ -282,15 +335,130 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		}
 		return s.mesh.Enqueue(ctx, j, fmt.Sprintf("retry:%s:%d", j.ID, attempt))
 	}
+	// No retry on this target. A route may name another.
+	if !unknown {
+		sit := route.Situation{Current: target, Priority: string(j.Priority), LastClass: out.Class,
+			RetryBudgetExhausted: d.Reason != provider.ReasonNotRetryable}
+		if fb, ok := s.fallback(j, sit); ok {
+			return s.reroute(ctx, msg, j, opKey, fb)
+		}
+	}
 	e := out.JobError()
+	final, reason := job.StatusFailed, out.Class.String()
 	if d.Reason != provider.ReasonNotRetryable && d.Reason != "" {
+		final, reason = job.StatusDeadLettered, d.Reason
 		e = &job.Error{Code: job.CodeRetriesExceeded, Message: fmt.Sprintf("%s after %d attempts; last error %s: %s", d.Reason, attempt, e.Code, e.Message), RetryAfterMS: e.RetryAfterMS}
 	}
 	if out.Class == provider.OperatorAction || out.Class == provider.AuthBroken {
 		s.log.Error("provider needs operator action", "provider", j.Provider, "model", j.Model, "code", out.Code, "status", out.HTTPStatus)
 	}
-	return s.finish(ctx, j, opKey, &job.Result{Status: job.StatusFailed, Error: e})
+	return s.terminal(ctx, j, opKey, final, reason, e)
 }
+
+// MaxDeliveries is how many times a dispatch is tried when the mesh itself
+// fails (the job cannot be recorded or re-queued) before it is dead-lettered.
+const MaxDeliveries = 10
+
+// ReconcileDelay is how long a non-interactive job whose last outcome is
+// unknown waits before it retries with the same Idempotency-Key.
+const ReconcileDelay = 5 * time.Second
+
+// terminal ends a job that a provider call failed: the dead-letter entry
+// (reason, last error, attempt history) first, then the result.
+func (s *Service) terminal(ctx context.Context, j *job.Job, opKey string, status job.Status, reason string, e *job.Error) error {
+	if err := dlq.Publish(ctx, s.mesh.JS, &dlq.Entry{Job: *j, Reason: reason, LastError: e, DeadAt: s.now().UTC()}); err != nil {
+		return fmt.Errorf("dead-letter %s: %w", j.ID, err)
+	}
+	return s.finish(ctx, j, opKey, &job.Result{Status: status, Error: e})
+}
+
+// fallback asks the job's route for another target.
+func (s *Service) fallback(j *job.Job, sit route.Situation) (route.Decision, bool) {
+	rt, ok := s.router.RouteFor(j.Task, j.Model)
+	if !ok {
+		if len(j.Attempts) == 0 {
+			return route.Decision{}, false
+		}
+		// A job already moved to a fallback keeps its original route.
+		first := j.Attempts[0]
+		if rt, ok = s.router.RouteFor(j.Task, first.Model); !ok {
+			return route.Decision{}, false
+		}
+	}
+	sit.BreakerOpen = func(t config.Target) bool {
+		return s.breakers.Get(t.String()).State() == breaker.Open
+	}
+	sit.CredentialBroken = s.isBroken
+	seen := map[config.Target]bool{}
+	for _, a := range j.Attempts {
+		t := config.Target{Provider: a.Provider, Model: a.Model}
+		if !seen[t] {
+			seen[t] = true
+			sit.Tried = append(sit.Tried, t)
+		}
+	}
+	if !seen[sit.Current] {
+		sit.Tried = append(sit.Tried, sit.Current)
+	}
+	return s.router.Next(rt, sit)
+}
+
+// reroute sends the job to a fallback target: the request names the new
+// model, the estimate is redone for it, and admission reserves its budget.
+func (s *Service) reroute(ctx context.Context, msg jetstream.Msg, j *job.Job, opKey string, d route.Decision) error {
+	body, err := withModel(j.Request, d.Target.Model)
+	if err != nil {
+		return s.terminal(ctx, j, opKey, job.StatusFailed, "invalid", &job.Error{Code: job.CodeInvalidRequest, Message: "cannot rewrite the request for the fallback model"})
+	}
+	req, err := job.ParseRequest(body, job.Limits{})
+	if err != nil {
+		return s.terminal(ctx, j, opKey, job.StatusFailed, "invalid", &job.Error{Code: job.CodeInvalidRequest, Message: err.Error()})
+	}
+	s.m.Fallbacks.WithLabelValues(j.Provider, d.Target.Provider, d.Reason).Inc()
+	s.log.Info("fallback", "job_id", j.ID, "from", j.Provider+"/"+j.Model, "to", d.Target.String(), "reason", d.Reason)
+	est := job.Estimate{PromptTokens: tokens.Prompt(req), MaxTokens: req.OutputLimit(s.cfg.App.Limits.DefaultMaxTokens)}
+	j.Request, j.Provider, j.Model, j.Estimate = body, d.Target.Provider, d.Target.Model, &est
+	j.Reservation, j.NotBefore = nil, nil
+	if _, err := s.mesh.UpdateOp(ctx, opKey, func(r *mesh.OpRecord) bool {
+		if r.State != mesh.OpInFlight {
+			return false
+		}
+		r.State = mesh.OpQueued
+		return true
+	}); err != nil && !errors.Is(err, job.ErrNotFound) {
+		s.log.Debug("reroute: op record", "job_id", j.ID, "err", err)
+	}
+	return s.mesh.Enqueue(ctx, j, "fallback:"+j.ID+":"+dispatchSeq(msg))
+}
+
+// withModel returns body with its "model" replaced.
+func withModel(body []byte, model string) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, err
+	}
+	name, _ := json.Marshal(model)
+	m["model"] = name
+	return json.Marshal(m)
+}
+
+// markBroken records that a provider answered 401/403: its credential is
+// treated as broken (primary_unavailable) for CredentialQuarantine.
+func (s *Service) markBroken(t config.Target) {
+	s.brokenMu.Lock()
+	defer s.brokenMu.Unlock()
+	s.broken[t.Provider] = s.now().Add(CredentialQuarantine)
+}
+
+func (s *Service) isBroken(t config.Target) bool {
+	s.brokenMu.Lock()
+	defer s.brokenMu.Unlock()
+	return s.now().Before(s.broken[t.Provider])
+}
+
+// CredentialQuarantine is how long a provider whose credential was refused
+// is treated as unavailable before it is tried again.
+const CredentialQuarantine = time.Minute
 
 // settle records usage and charges the budget for prompt tokens the
 // estimate missed.
