@@ -20,6 +20,7 @@ Commands:
   up       run Sluice (embedded NATS by default; --nats-url joins a cluster)
   sim      run the OpenAI-compatible provider simulator
   submit   send one job over NATS and print its result
+  dlq      list, show and replay dead-lettered jobs
   version  print the version
 
 Run 'sluice <command> -h' for a command's flags.
@@ -44,6 +45,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runDemo(ctx, rest, getenv, stdout, stderr)
 	case "submit":
 		return runSubmit(ctx, rest, getenv, stdout, stderr)
+	case "dlq":
+		return runDLQ(ctx, rest, getenv, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "sluice", version)
 		return nil

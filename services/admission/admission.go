@@ -168,6 +168,10 @@ func (s *Service) admit(ctx context.Context, msgs []jetstream.Msg) {
 			continue
 		}
 		if j.NotBefore != nil && j.NotBefore.After(now) {
+			if j.Deadline != nil && j.NotBefore.After(*j.Deadline) {
+				s.expire(ctx, msg, &j, "the next attempt would start after the deadline")
+				continue
+			}
 			s.m.AdmissionWaits.WithLabelValues(j.Provider, j.Model, "not_before").Inc()
 			_ = msg.NakWithDelay(j.NotBefore.Sub(now))
 			continue
@@ -278,6 +282,12 @@ func (s *Service) defer_(key string, lim budget.Limits, g budget.Grant, rest []*
 			// A new arrival queues behind the ones already waiting.
 			turn = cur
 			cur = cur.Add(spacing(lim, c.Cost))
+		}
+		if dl := c.Job.Deadline; dl != nil && turn.After(*dl) {
+			// Its turn comes after its deadline: end it now, honestly,
+			// rather than let it wait in vain.
+			s.expire(context.Background(), c.Msg, c.Job, fmt.Sprintf("estimated wait %s for %s budget exceeds the deadline", turn.Sub(now).Round(time.Millisecond), g.Reason))
+			continue
 		}
 		d := turn.Sub(now) + jitter(s.store.Params().Slice)
 		d = min(max(d, 10*time.Millisecond), time.Minute)

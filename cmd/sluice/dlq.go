@@ -1,0 +1,319 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/schollz/progressbar/v3"
+
+	"github.com/sluice-dev/sluice/internal/dlq"
+)
+
+const dlqUsage = `Usage: sluice dlq <command> [flags]
+
+Commands:
+  list     list dead-lettered jobs, newest last
+  show     print one dead-lettered job as JSON
+  replay   submit dead-lettered jobs again, as new jobs, and remove them from the DLQ
+
+Run 'sluice dlq <command> -h' for a command's flags.
+`
+
+// dlqReplayBarMin is the number of jobs above which replay shows a progress bar.
+const dlqReplayBarMin = 20
+
+func runDLQ(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, dlqUsage)
+		return errors.New("dlq: no command given")
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "list":
+		return runDLQList(ctx, rest, getenv, stdout, stderr)
+	case "show":
+		return runDLQShow(ctx, rest, getenv, stdout, stderr)
+	case "replay":
+		return runDLQReplay(ctx, rest, getenv, stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, dlqUsage)
+		return nil
+	}
+	fmt.Fprint(stderr, dlqUsage)
+	return fmt.Errorf("dlq: unknown command %q", cmd)
+}
+
+func runDLQList(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("dlq list", stderr)
+	natsURL := dlqNATSFlag(fs, getenv)
+	tenant := fs.String("tenant", "", "only this tenant's jobs")
+	limit := fs.Int("limit", 100, "show the newest N jobs (0: all)")
+	asJSON := fs.Bool("json", false, "print JSON (request bodies left out)")
+	if help, err := parseFlags(fs, args); help || err != nil {
+		return err
+	}
+	if *limit < 0 {
+		return fmt.Errorf("--limit: want 0 (all) or more, got %d", *limit)
+	}
+	js, closeConn, err := dlqConnect(natsURL())
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	ls, err := dlq.List(ctx, js, dlq.Filter{Tenant: *tenant, Limit: *limit})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		views := make([]dlqEntryView, 0, len(ls))
+		for _, l := range ls {
+			views = append(views, dlqView(l, false))
+		}
+		return dlqWriteJSON(stdout, views)
+	}
+	if len(ls) == 0 {
+		fmt.Fprintln(stdout, "no dead-lettered jobs")
+		return nil
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "JOB ID\tTENANT\tREASON\tLAST ERROR\tATTEMPTS\tDEAD-LETTERED AT")
+	for _, l := range ls {
+		code := "-"
+		if l.LastError != nil && l.LastError.Code != "" {
+			code = l.LastError.Code
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", l.Job.ID, l.Job.Tenant, l.Reason, code,
+			len(l.Job.Attempts), l.DeadAt.UTC().Format(time.RFC3339))
+	}
+	return tw.Flush()
+}
+
+func runDLQShow(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("dlq show", stderr)
+	natsURL := dlqNATSFlag(fs, getenv)
+	withRequest := fs.Bool("with-request", false, "include the request body (prompts); by default only its size is shown")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "Usage: sluice dlq show [flags] JOB_ID")
+		fs.PrintDefaults()
+	}
+	ids, help, err := dlqParseArgs(fs, args)
+	if help || err != nil {
+		return err
+	}
+	if len(ids) != 1 {
+		return fmt.Errorf("dlq show: want one job id, got %d", len(ids))
+	}
+	js, closeConn, err := dlqConnect(natsURL())
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	l, err := dlq.Get(ctx, js, ids[0])
+	if err != nil {
+		return err
+	}
+	return dlqWriteJSON(stdout, dlqView(*l, *withRequest))
+}
+
+func runDLQReplay(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("dlq replay", stderr)
+	natsURL := dlqNATSFlag(fs, getenv)
+	tenant := fs.String("tenant", "", "replay this tenant's jobs (with ids: check that they are this tenant's)")
+	all := fs.Bool("all", false, "replay every dead-lettered job of every tenant")
+	asJSON := fs.Bool("json", false, "print the original and new id of every job as JSON")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "Usage: sluice dlq replay [flags] [JOB_ID...]")
+		fmt.Fprintln(fs.Output(), "Each job is submitted again as a new job (new id, no deadline, no idempotency key) and removed from the DLQ.")
+		fs.PrintDefaults()
+	}
+	ids, help, err := dlqParseArgs(fs, args)
+	if help || err != nil {
+		return err
+	}
+	switch {
+	case *all && (len(ids) > 0 || *tenant != ""):
+		return errors.New("dlq replay: --all replays everything; give it without job ids or --tenant")
+	case !*all && len(ids) == 0 && *tenant == "":
+		return errors.New("dlq replay: give job ids, --tenant T, or --all to replay every dead-lettered job")
+	}
+	js, closeConn, err := dlqConnect(natsURL())
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+
+	var bar *progressbar.ProgressBar
+	progress := func(done, total int) {
+		if total <= dlqReplayBarMin {
+			return
+		}
+		if bar == nil {
+			bar = progressbar.NewOptions(total,
+				progressbar.OptionSetWriter(stderr),
+				progressbar.OptionSetDescription("replaying"),
+				progressbar.OptionSetWidth(30),
+				progressbar.OptionShowCount(),
+				progressbar.OptionThrottle(100*time.Millisecond))
+		}
+		_ = bar.Set(done)
+	}
+	rep, err := dlq.Replay(ctx, js, ids, *tenant, progress)
+	if bar != nil {
+		fmt.Fprintln(stderr) // end the bar's line
+	}
+	if err != nil && len(rep.Replayed)+len(rep.Failed) == 0 {
+		return err // nothing was tried: an unknown id, a bad tenant, no DLQ
+	}
+	if *asJSON {
+		if jerr := dlqWriteJSON(stdout, rep); jerr != nil {
+			return jerr
+		}
+	} else {
+		fmt.Fprintln(stdout, dlqReplaySummary(rep))
+		for _, p := range rep.Failed {
+			fmt.Fprintf(stderr, "not replayed: %s\n", p.Error)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("dlq replay: %w", err)
+	}
+	return nil
+}
+
+// dlqSummaryIDs bounds the new ids the summary line names; --json lists all.
+const dlqSummaryIDs = 20
+
+func dlqReplaySummary(rep dlq.ReplayReport) string {
+	var fresh, dup []string
+	for _, p := range rep.Replayed {
+		if p.Duplicate {
+			dup = append(dup, p.Original)
+		} else {
+			fresh = append(fresh, p.New)
+		}
+	}
+	if len(rep.Replayed) == 0 {
+		if len(rep.Failed) == 0 {
+			return "replayed 0 jobs: no dead-lettered jobs match"
+		}
+		return "replayed 0 jobs"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "replayed %d %s", len(rep.Replayed), dlqPlural(len(rep.Replayed), "job", "jobs"))
+	if len(fresh) > 0 {
+		fmt.Fprintf(&b, " (new ids: %s)", dlqClipIDs(fresh))
+	}
+	if len(dup) > 0 {
+		fmt.Fprintf(&b, "; %d already submitted by an earlier replay, new id unknown: %s", len(dup), dlqClipIDs(dup))
+	}
+	return b.String()
+}
+
+func dlqClipIDs(ids []string) string {
+	if len(ids) <= dlqSummaryIDs {
+		return strings.Join(ids, ", ")
+	}
+	return fmt.Sprintf("%s, and %d more; --json lists all", strings.Join(ids[:dlqSummaryIDs], ", "), len(ids)-dlqSummaryIDs)
+}
+
+func dlqPlural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// dlqEntryView is an entry as the dlq commands print it: the request body (the
+// prompt) only when asked for, its size always.
+type dlqEntryView struct {
+	Seq uint64 `json:"seq"`
+	dlq.Entry
+	RequestBytes int `json:"request_bytes"`
+}
+
+func dlqView(l dlq.Listed, withRequest bool) dlqEntryView {
+	v := dlqEntryView{Seq: l.Seq, Entry: l.Entry, RequestBytes: len(l.Job.Request)}
+	if !withRequest {
+		v.Job.Request = nil
+	}
+	return v
+}
+
+func dlqWriteJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// dlqNATSFlag defines --nats-url. Its default comes from the environment
+// after parsing, so -h never prints a URL that may hold credentials.
+func dlqNATSFlag(fs *flag.FlagSet, getenv func(string) string) func() string {
+	u := fs.String("nats-url", "", "NATS server (SLUICE_NATS_URL, default nats://127.0.0.1:4222)")
+	return func() string {
+		if *u != "" {
+			return *u
+		}
+		return envOr(getenv, "SLUICE_NATS_URL", "nats://127.0.0.1:4222")
+	}
+}
+
+// dlqParseArgs parses flags that may come before or after positional
+// arguments (`show ID --with-request`) and returns the positional ones.
+func dlqParseArgs(fs *flag.FlagSet, args []string) (pos []string, help bool, err error) {
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, true, nil
+			}
+			return nil, false, err
+		}
+		if fs.NArg() == 0 {
+			return pos, false, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+func dlqConnect(natsURL string) (jetstream.JetStream, func(), error) {
+	nc, err := nats.Connect(natsURL, nats.Name("sluice dlq"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect %s: %w", dlqRedactURLs(natsURL), err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return js, nc.Close, nil
+}
+
+// dlqRedactURLs drops credentials (user, password or token) from a
+// comma-separated list of NATS URLs, for messages.
+func dlqRedactURLs(s string) string {
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil {
+			if strings.Contains(p, "@") {
+				parts[i] = "(unparsable URL)"
+			}
+			continue
+		}
+		if u.User != nil {
+			u.User = url.User("REDACTED")
+		}
+		parts[i] = u.String()
+	}
+	return strings.Join(parts, ",")
+}

@@ -1,0 +1,276 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/internal/dlq"
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/sim"
+)
+
+// TestQuotaErrorIsNeverRetried: insufficient_quota reaches the caller with
+// its code after exactly one provider call, and the job is dead-lettered.
+func TestQuotaErrorIsNeverRetried(t *testing.T) {
+	t.Parallel()
+	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 1000, TPM: 1000000}},
+		APIKeys: []string{"sim-secret"}, Faults: sim.Faults{QuotaModels: []string{"gpt-4o-mini"}}})
+	n := startUp(t, simConfig(simURL, "gpt-4o-mini", 1000, 1000000, ""), testEnv)
+	nc, cl := natsClient(t, n.NATS)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Priority: job.Batch, Request: chatBody("gpt-4o-mini", 5, 16)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != job.StatusFailed || res.Error == nil || res.Error.Code != "insufficient_quota" || res.Attempts != 1 {
+		t.Fatalf("got %+v (error %+v), want failed insufficient_quota after 1 attempt", res, res.Error)
+	}
+	if got := simSrv.Stats().Requests[429]; got != 1 {
+		t.Errorf("provider saw %d quota answers, want exactly 1 (never retried)", got)
+	}
+	js, _ := jetstream.New(nc)
+	e, err := dlq.Get(ctx, js, res.JobID)
+	if err != nil || e.Reason != "operator_action" || e.LastError == nil || e.LastError.Code != "insufficient_quota" {
+		t.Errorf("dead letter %+v (%v), want reason operator_action with the quota error", e, err)
+	}
+}
+
+// TestExpiredJobNeverReachesProvider: a job whose deadline passes while it
+// waits for budget ends expired, and the provider never sees it.
+func TestExpiredJobNeverReachesProvider(t *testing.T) {
+	t.Parallel()
+	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 1, TPM: 1000000}}, APIKeys: []string{"sim-secret"}})
+	n := startUp(t, simConfig(simURL, "gpt-4o-mini", 1, 1000000, ""), testEnv)
+	_, cl := natsClient(t, n.NATS)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// The first job takes the minute's only request.
+	if res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: chatBody("gpt-4o-mini", 5, 16)}); err != nil || res.Status != job.StatusSucceeded {
+		t.Fatalf("first job: %+v %v", res, err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Deadline: &deadline, Request: chatBody("gpt-4o-mini", 5, 16)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != job.StatusExpired || res.Attempts != 0 {
+		t.Errorf("got %s after %d attempts, want expired with none", res.Status, res.Attempts)
+	}
+	if got := simSrv.Stats().Models["gpt-4o-mini"].Admitted + simSrv.Stats().Models["gpt-4o-mini"].RateLimited; got != 1 {
+		t.Errorf("provider saw %d requests, want 1 (the expired job never reached it)", got)
+	}
+	if time.Since(deadline) > 5*time.Second {
+		t.Errorf("the expired result came %s after the deadline", time.Since(deadline))
+	}
+}
+
+// TestFallbacks routes around a failing primary on the named conditions and
+// never on a 400.
+func TestFallbacks(t *testing.T) {
+	t.Parallel()
+	primary, primaryURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini"}, {Name: "gpt-4o"}},
+		APIKeys: []string{"sim-secret"}, Faults: sim.Faults{Rate500: 1}})
+	broken, brokenURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4.1"}}, APIKeys: []string{"another-key"}})
+	backup, backupURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "backup-model"}}})
+	var strictCalls atomic.Int64
+	strict := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		strictCalls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = w.Write([]byte(`{"error":{"message":"too long","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}`))
+	}))
+	t.Cleanup(strict.Close)
+	cfg := fmt.Sprintf(`
+providers:
+  - name: primary
+    base_url: %s/v1
+    api_key_env: SIM_KEY
+    models: [{name: gpt-4o-mini}, {name: gpt-4o}]
+  - name: broken
+    base_url: %s/v1
+    api_key_env: SIM_KEY
+    models: [{name: gpt-4.1}]
+  - name: backup
+    base_url: %s/v1
+    models: [{name: backup-model}]
+  - name: strict
+    base_url: %s/v1
+    models: [{name: strict-model}]
+tenants:
+  - {name: acme, api_key_env: ACME_KEY}
+retry:
+  standard: {max_attempts: 2, max_elapsed: 10s, base_delay: 10ms, max_delay: 50ms}
+routes:
+  - primary: {provider: primary, model: gpt-4o-mini}
+    fallbacks: [{provider: backup, model: backup-model, when: [provider_5xx]}]
+  - primary: {provider: broken, model: gpt-4.1}
+    fallbacks: [{provider: backup, model: backup-model, when: [primary_unavailable]}]
+  - primary: {provider: strict, model: strict-model}
+    fallbacks: [{provider: backup, model: backup-model}]
+`, primaryURL, brokenURL, backupURL, strict.URL)
+	n := startUp(t, cfg, testEnv)
+	_, cl := natsClient(t, n.NATS)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	for _, tc := range []struct {
+		name, model string
+	}{{"provider_5xx", "gpt-4o-mini"}, {"primary_unavailable (401)", "gpt-4.1"}} {
+		res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: chatBody(tc.model, 5, 16)})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if res.Status != job.StatusSucceeded || res.Provider != "backup" || res.Model != "backup-model" {
+			t.Errorf("%s: got %s on %s/%s (%+v), want success on the backup", tc.name, res.Status, res.Provider, res.Model, res.Error)
+		}
+	}
+	if got := backup.Stats().Completed; got != 2 {
+		t.Errorf("backup completed %d calls, want 2", got)
+	}
+	if got := broken.Stats().Requests[401]; got != 1 {
+		t.Errorf("the broken provider saw %d calls, want 1 (then its credential is marked broken)", got)
+	}
+
+	// gpt-4o has no route: a 5xx exhausts its retries and dead-letters.
+	res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: chatBody("gpt-4o", 5, 16)})
+	if err != nil || res.Status != job.StatusDeadLettered || res.Attempts != 2 {
+		t.Errorf("unrouted model: %+v %v, want dead_lettered after 2 attempts", res, err)
+	}
+
+	// A 400 never falls back: the request is wrong everywhere.
+	before := backup.Stats().Completed
+	res, err = cl.Do(ctx, &job.Job{Tenant: "acme", Request: chatBody("strict-model", 5, 16)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != job.StatusFailed || res.Error == nil || res.Error.Code != "context_length_exceeded" || res.Attempts != 1 {
+		t.Errorf("400: got %s %+v after %d attempts, want failed context_length_exceeded after 1", res.Status, res.Error, res.Attempts)
+	}
+	if backup.Stats().Completed != before || strictCalls.Load() != 1 {
+		t.Errorf("400: backup completed %d more, strict saw %d calls; want no fallback and one call", backup.Stats().Completed-before, strictCalls.Load())
+	}
+	_ = primary
+}
+
+// TestChaos runs 2,000 jobs while the provider fails 10 % of calls with
+// 5xx, resets 5 % and hangs 2 %, and executor processes are killed with
+// SIGKILL and restarted. Every job must end with exactly one result; jobs
+// whose every attempt failed must be dead-lettered with a reason; no
+// operation may be completed twice by the provider.
+func TestChaos(t *testing.T) {
+	t.Parallel()
+	bin := sluiceBinary(t)
+	const model, jobs = "gpt-4o-mini", 2000
+	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 100000, TPM: 50000000}},
+		TTFT: 30 * time.Millisecond, APIKeys: []string{"sim-secret"},
+		Faults: sim.Faults{Seed: 7, Rate500: 0.04, Rate502: 0.03, Rate503: 0.03, RateReset: 0.05, RateHang: 0.02, HangFor: 5 * time.Second}})
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "sluice.yaml")
+	cfg := fmt.Sprintf(`
+providers:
+  - name: sim
+    base_url: %s/v1
+    api_key_env: SIM_KEY
+    timeout: 1s
+    models: [{name: %s, max_concurrency: 64}]
+tenants:
+  - {name: acme}
+  - {name: globex}
+retry:
+  interactive: {max_attempts: 3, max_elapsed: 30s, base_delay: 50ms, max_delay: 500ms}
+  standard: {max_attempts: 4, max_elapsed: 60s, base_delay: 50ms, max_delay: 500ms}
+  batch: {max_attempts: 2, max_elapsed: 60s, base_delay: 50ms, max_delay: 500ms}
+`, simURL, model)
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	front := startChild(t, bin, []string{"--config", cfgPath, "--data", filepath.Join(dir, "data"), "--nats-listen", "127.0.0.1:0",
+		"--http", "127.0.0.1:0", "--services", "ingest,admission,result"}, testEnv)
+	execArgs := []string{"--config", cfgPath, "--nats-url", front.NATS, "--http", "127.0.0.1:0", "--services", "executor"}
+	executors := []*child{startChild(t, bin, execArgs, testEnv), startChild(t, bin, execArgs, testEnv)}
+	nc, cl := natsClient(t, front.NATS)
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	ids := make([]string, 0, jobs)
+	for i := range jobs {
+		j := &job.Job{Tenant: []string{"acme", "globex"}[i%2], Priority: []job.Priority{job.Interactive, job.Standard, job.Batch}[i%3],
+			Request: chatBody(model, 5+i%20, 32)}
+		id, err := cl.Submit(ctx, j)
+		if err != nil {
+			t.Fatalf("submit #%d: %v", i, err)
+		}
+		ids = append(ids, id)
+	}
+	// Kill an executor with SIGKILL at random moments and start a new one.
+	rnd := rand.New(rand.NewPCG(1, 2))
+	kills := 0
+	var mu sync.Mutex
+	for kills < 6 {
+		time.Sleep(time.Duration(800+rnd.IntN(1500)) * time.Millisecond)
+		i := rnd.IntN(len(executors))
+		_ = executors[i].cmd.Process.Signal(syscall.SIGKILL)
+		_ = executors[i].cmd.Wait()
+		kills++
+		mu.Lock()
+		executors[i] = startChild(t, bin, execArgs, testEnv)
+		mu.Unlock()
+	}
+	t.Logf("killed executors %d times; provider completed %d calls so far", kills, simSrv.Stats().Completed)
+
+	statuses := map[job.Status]int{}
+	for _, id := range ids {
+		for {
+			r, err := cl.Lookup(ctx, id)
+			if err == nil && r != nil {
+				statuses[r.Status]++
+				if r.Status != job.StatusSucceeded {
+					e, err := dlq.Get(ctx, js, id)
+					if err != nil || e.Reason == "" || len(e.Job.Attempts) == 0 {
+						t.Errorf("job %s ended %s but its dead letter is %+v (%v)", id, r.Status, e, err)
+					}
+				}
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("job %s has no result", id)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	// Exactly one stored result per job.
+	st, _ := js.Stream(ctx, "RESULTS")
+	info, _ := st.Info(ctx)
+	if info.State.Msgs != uint64(jobs) {
+		t.Errorf("RESULTS holds %d results for %d jobs", info.State.Msgs, jobs)
+	}
+	ss := simSrv.Stats()
+	dead, _ := dlq.List(ctx, js, dlq.Filter{})
+	reasons := map[string]int{}
+	for _, e := range dead {
+		reasons[e.Reason]++
+	}
+	t.Logf("results %v; dead letters %d by reason %v", statuses, len(dead), reasons)
+	t.Logf("provider: %d completed, %d replayed, %d resets, %d hangs, %d duplicate completions, requests by status %v",
+		ss.Completed, ss.Replayed, ss.ConnResets, ss.Hangs, ss.DuplicateCompletions, ss.Requests)
+	if ss.DuplicateCompletions != 0 {
+		t.Errorf("provider completed %d operations twice", ss.DuplicateCompletions)
+	}
+	if statuses[job.StatusSucceeded]+len(dead) != jobs {
+		t.Errorf("%d succeeded + %d dead letters != %d jobs", statuses[job.StatusSucceeded], len(dead), jobs)
+	}
+}
