@@ -30,6 +30,7 @@ type Set struct {
 	TenantTokens        *prometheus.CounterVec   // tenant, kind (input, output, cached)
 	InFlight            *prometheus.GaugeVec     // provider, model
 	ConcLeased          *prometheus.GaugeVec     // provider, model
+	DeadLetters         *prometheus.CounterVec   // reason
 	ModelLimit          *prometheus.GaugeVec     // provider, model, limit
 	ProviderLatency     *prometheus.HistogramVec // provider, model
 }
@@ -57,6 +58,7 @@ func New(reg prometheus.Registerer) *Set {
 		ReservationsExpired: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_reservations_expired_total", Help: "Jobs whose reservation lapsed before an executor could start them; re-admitted."}, []string{"provider", "model"}),
 		TenantRequests:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_tenant_requests_total", Help: "Provider requests made for each tenant."}, []string{"tenant"}),
 		TenantTokens:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_tenant_tokens_total", Help: "Tokens used for each tenant by kind (input, output, cached)."}, []string{"tenant", "kind"}),
+		DeadLetters:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_dead_letters_total", Help: "Jobs written to the DLQ, by reason."}, []string{"reason"}),
 		ConcLeased:          prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_concurrency_leased", Help: "Call slots this process holds on the fleet-wide concurrency lease."}, []string{"provider", "model"}),
 		ModelLimit:          prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_model_limit", Help: "Configured limits per provider/model (limit: rpm, tpm, concurrency)."}, []string{"provider", "model", "limit"}),
 		InFlight:            prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_inflight_calls", Help: "Provider calls in progress in this process."}, []string{"provider", "model"}),
@@ -66,6 +68,6 @@ func New(reg prometheus.Registerer) *Set {
 	reg.MustRegister(s.JobsAccepted, s.JobsRejected, s.Results, s.Requests, s.TokensReserved, s.TokensUsed,
 		s.Retries, s.RateLimitHits, s.Fallbacks, s.DupSuppressed, s.QueueDepth, s.QueueWait, s.AdmissionWaits,
 		s.BudgetWrites, s.BudgetConflict, s.BudgetErrors, s.ReservationsExpired, s.TenantRequests, s.TenantTokens,
-		s.InFlight, s.ProviderLatency, s.ConcLeased, s.ModelLimit)
+		s.InFlight, s.ProviderLatency, s.ConcLeased, s.ModelLimit, s.DeadLetters)
 	return s
 }

@@ -369,6 +369,7 @@ func (s *Service) terminal(ctx context.Context, j *job.Job, opKey string, status
 	if err := dlq.Publish(ctx, s.mesh.JS, &dlq.Entry{Job: *j, Reason: reason, LastError: e, DeadAt: s.now().UTC()}); err != nil {
 		return fmt.Errorf("dead-letter %s: %w", j.ID, err)
 	}
+	s.m.DeadLetters.WithLabelValues(reason).Inc()
 	return s.finish(ctx, j, opKey, &job.Result{Status: status, Error: e})
 }
 
