@@ -30,6 +30,8 @@ type Set struct {
 	TenantTokens        *prometheus.CounterVec   // tenant, kind (input, output, cached)
 	InFlight            *prometheus.GaugeVec     // provider, model
 	ConcLeased          *prometheus.GaugeVec     // provider, model
+	EstimateRatio       *prometheus.GaugeVec     // provider, model
+	Corrections         *prometheus.CounterVec   // provider, model, limit
 	DeadLetters         *prometheus.CounterVec   // reason
 	ModelLimit          *prometheus.GaugeVec     // provider, model, limit
 	ProviderLatency     *prometheus.HistogramVec // provider, model
@@ -59,6 +61,8 @@ func New(reg prometheus.Registerer) *Set {
 		TenantRequests:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_tenant_requests_total", Help: "Provider requests made for each tenant."}, []string{"tenant"}),
 		TenantTokens:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_tenant_tokens_total", Help: "Tokens used for each tenant by kind (input, output, cached)."}, []string{"tenant", "kind"}),
 		DeadLetters:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_dead_letters_total", Help: "Jobs written to the DLQ, by reason."}, []string{"reason"}),
+		EstimateRatio:       prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_token_estimate_ratio", Help: "Provider-reported prompt tokens over Sluice's estimate, smoothed (1 = exact; above 1, estimates run low and are scaled up)."}, []string{"provider", "model"}),
+		Corrections:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_budget_corrections_total", Help: "Times a provider's x-ratelimit-remaining-* showed less room than the shared window, which was then charged the difference."}, []string{"provider", "model", "limit"}),
 		ConcLeased:          prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_concurrency_leased", Help: "Call slots this process holds on the fleet-wide concurrency lease."}, []string{"provider", "model"}),
 		ModelLimit:          prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_model_limit", Help: "Configured limits per provider/model (limit: rpm, tpm, concurrency)."}, []string{"provider", "model", "limit"}),
 		InFlight:            prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_inflight_calls", Help: "Provider calls in progress in this process."}, []string{"provider", "model"}),
@@ -68,6 +72,6 @@ func New(reg prometheus.Registerer) *Set {
 	reg.MustRegister(s.JobsAccepted, s.JobsRejected, s.Results, s.Requests, s.TokensReserved, s.TokensUsed,
 		s.Retries, s.RateLimitHits, s.Fallbacks, s.DupSuppressed, s.QueueDepth, s.QueueWait, s.AdmissionWaits,
 		s.BudgetWrites, s.BudgetConflict, s.BudgetErrors, s.ReservationsExpired, s.TenantRequests, s.TenantTokens,
-		s.InFlight, s.ProviderLatency, s.ConcLeased, s.ModelLimit, s.DeadLetters)
+		s.InFlight, s.ProviderLatency, s.ConcLeased, s.ModelLimit, s.DeadLetters, s.EstimateRatio, s.Corrections)
 	return s
 }

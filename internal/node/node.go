@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluice-dev/sluice/internal/api"
+	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/pkg/config"
@@ -155,12 +156,13 @@ func Run(ctx context.Context, o Options) error {
 	}
 	auth := api.Auth{Keys: o.Config.TenantKeys(o.Getenv), Tenants: tenants}
 	mux := http.NewServeMux()
+	cal := calib.New(m.Budgets, nil)
 	var services []runner
 	var readiness []func() error
 	for _, name := range o.Services {
 		switch name {
 		case "ingest":
-			s, err := ingest.New(ingest.Config{App: o.Config}, m, log, ms)
+			s, err := ingest.New(ingest.Config{App: o.Config, Calib: cal}, m, log, ms)
 			if err != nil {
 				return err
 			}
@@ -174,7 +176,7 @@ func Run(ctx context.Context, o Options) error {
 			readiness = append(readiness, s.Ready)
 			services = append(services, s)
 		case "executor":
-			cfg := executor.Config{App: o.Config, Getenv: o.Getenv}
+			cfg := executor.Config{App: o.Config, Getenv: o.Getenv, Calib: cal}
 			if o.Executor != nil {
 				o.Executor(&cfg)
 			}

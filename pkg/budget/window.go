@@ -377,3 +377,54 @@ func IsConflict(err error) bool {
 
 // ModelKey is the budgets key of a provider/model.
 func ModelKey(provider, modelToken string) string { return "rate." + provider + "." + modelToken }
+
+// Charge adds cost to key's current slice (the provider reported less room
+// than the shared view believed). It only ever lowers what is available.
+func (s *Store) Charge(ctx context.Context, key string, extra Cost) error {
+	return s.Settle(ctx, key, s.sliceOf(s.now()), extra)
+}
+
+// CalibrationKey is the budgets key holding a model's estimate calibration.
+func CalibrationKey(provider, modelToken string) string { return "calib." + provider + "." + modelToken }
+
+// Return gives back cost reserved in slice and not spent (a lease's
+// leftover). Usage never goes below zero; a slice already out of every
+// window is left alone.
+func (s *Store) Return(ctx context.Context, key string, slice int64, c Cost) error {
+	if c.Requests <= 0 && c.Tokens <= 0 {
+		return nil
+	}
+	for attempt := 0; attempt < 50; attempt++ {
+		w, rev, err := s.load(ctx, key)
+		if err != nil {
+			return err
+		}
+		cur := s.sliceOf(s.now())
+		if slice < cur-s.p.Span()+1 {
+			return nil
+		}
+		w.prune(cur - s.p.Span() + 1)
+		v, ok := w.Slices[slice]
+		if !ok {
+			return nil
+		}
+		v[0] = max(v[0]-int64(max(c.Requests, 0)), 0)
+		v[1] = max(v[1]-int64(max(c.Tokens, 0)), 0)
+		w.Slices[slice] = v
+		err = s.store(ctx, key, w, rev)
+		if errors.Is(err, errConflict) {
+			if s.Conflicts != nil {
+				s.Conflicts()
+			}
+			continue
+		}
+		return err
+	}
+	return fmt.Errorf("%w: return %s: too many conflicts", ErrUnavailable, key)
+}
+
+// SliceOf returns the slice index of t.
+func (s *Store) SliceOf(t time.Time) int64 { return s.sliceOf(t) }
+
+// ValidUntil returns the latest start of a call reserved in slice k.
+func (s *Store) ValidUntil(k int64) time.Time { return s.sliceStart(k + 1).Add(s.p.DispatchGrace) }

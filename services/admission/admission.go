@@ -57,6 +57,7 @@ type Service struct {
 	m         *metrics.Set
 	now       func() time.Time
 	cursor    map[string]time.Time // per budget key: estimated turn of the last deferred job
+	leases    map[string]*lease    // per budget key: this process's block of the current slice
 	budgetErr atomic.Value         // last budget store error (string), "" when healthy
 }
 
@@ -76,7 +77,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	st := budget.NewStore(m.Budgets, budget.Params{Slice: a.Slice.D(), DispatchGrace: a.DispatchGrace.D(), BurstFraction: a.BurstFraction}, now)
 	st.Writes = ms.BudgetWrites.Inc
 	st.Conflicts = ms.BudgetConflict.Inc
-	s := &Service{cfg: cfg, mesh: m, store: st, log: log.With("service", "admission"), m: ms, now: now, cursor: map[string]time.Time{}}
+	s := &Service{cfg: cfg, mesh: m, store: st, log: log.With("service", "admission"), m: ms, now: now, cursor: map[string]time.Time{}, leases: map[string]*lease{}}
 	s.budgetErr.Store("")
 	return s, nil
 }
@@ -214,11 +215,7 @@ func (s *Service) reserve(ctx context.Context, key string, cands []*Candidate) [
 		return nil
 	}
 	lim := budget.Limits{RPM: model.RPM, TPM: model.TPM}
-	costs := make([]budget.Cost, len(cands))
-	for i, c := range cands {
-		costs[i] = c.Cost
-	}
-	g, err := s.store.Take(ctx, key, lim, costs)
+	g, err := s.lease(ctx, key, lim, cands)
 	if err != nil {
 		// Fail closed: no budget, no dispatch.
 		s.m.BudgetErrors.Inc()
@@ -388,4 +385,114 @@ func seqOf(msg jetstream.Msg) string {
 		return job.NewID()
 	}
 	return fmt.Sprint(md.Sequence.Stream)
+}
+
+// lease is a block of one slice's budget this process reserved with one
+// compare-and-set and spends locally until the slice ends. What is left at
+// the end goes back to the shared window.
+type lease struct {
+	slice  int64
+	left   budget.Cost
+	asked  budget.Cost // demand seen in the current slice
+	demand [2]float64  // smoothed demand per slice: requests, tokens
+}
+
+// leaseChunks is how many pieces the predicted extra demand is asked in, so
+// a partly full window still grants some of it.
+const leaseChunks = 4
+
+// lease admits the longest prefix of cands: first from this process's block
+// for the current slice, then by taking a new block sized to the rest plus
+// the demand expected in the slice. One compare-and-set per slice per model
+// in steady state, whatever the job rate.
+func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cands []*Candidate) (budget.Grant, error) {
+	l := s.leases[key]
+	if l == nil {
+		l = &lease{slice: -1}
+		s.leases[key] = l
+	}
+	cur := s.store.SliceOf(s.now())
+	if l.slice != cur {
+		if l.left.Requests > 0 || l.left.Tokens > 0 {
+			if err := s.store.Return(ctx, key, l.slice, l.left); err != nil {
+				s.log.Debug("lease return", "key", key, "err", err)
+			}
+		}
+		const a = 0.3
+		l.demand[0] = (1-a)*l.demand[0] + a*float64(l.asked.Requests)
+		l.demand[1] = (1-a)*l.demand[1] + a*float64(l.asked.Tokens)
+		l.slice, l.left, l.asked = cur, budget.Cost{}, budget.Cost{}
+	}
+	g := budget.Grant{Slice: cur, ValidUntil: s.store.ValidUntil(cur)}
+	for _, c := range cands {
+		l.asked.Requests += c.Cost.Requests
+		l.asked.Tokens += c.Cost.Tokens
+	}
+	// Spend the block.
+	for _, c := range cands {
+		if c.Cost.Requests > l.left.Requests || c.Cost.Tokens > l.left.Tokens {
+			break
+		}
+		l.left.Requests -= c.Cost.Requests
+		l.left.Tokens -= c.Cost.Tokens
+		g.N++
+	}
+	rest := cands[g.N:]
+	if len(rest) == 0 {
+		return g, nil
+	}
+	// Take a new block: the jobs waiting, then the demand expected for the
+	// rest of the slice.
+	costs := make([]budget.Cost, 0, len(rest)+leaseChunks)
+	var need budget.Cost
+	for _, c := range rest {
+		costs = append(costs, c.Cost)
+		need.Requests += c.Cost.Requests
+		need.Tokens += c.Cost.Tokens
+	}
+	extraR := int(l.demand[0]) - need.Requests
+	extraT := int(l.demand[1]) - need.Tokens
+	if extraR > 0 && extraT > 0 {
+		for range leaseChunks {
+			costs = append(costs, budget.Cost{Requests: max(extraR/leaseChunks, 1), Tokens: max(extraT/leaseChunks, 1)})
+		}
+	}
+	tg, err := s.store.Take(ctx, key, lim, costs)
+	if err != nil {
+		return g, err
+	}
+	if tg.N > 0 && tg.Slice != cur {
+		// The slice turned during the round trip: the block belongs to the
+		// new one.
+		if l.left.Requests > 0 || l.left.Tokens > 0 {
+			_ = s.store.Return(ctx, key, l.slice, l.left)
+		}
+		if g.N > 0 {
+			// Jobs already spent from the old block keep the old slice's
+			// validity; only the new ones move. Keep it simple: admit none
+			// of the new ones now and give the block back.
+			var back budget.Cost
+			for _, c := range costs[:tg.N] {
+				back.Requests += c.Requests
+				back.Tokens += c.Tokens
+			}
+			_ = s.store.Return(ctx, key, tg.Slice, back)
+			l.slice, l.left = tg.Slice, budget.Cost{}
+			g.Reason, g.RetryAt = "slice_turned", s.now()
+			return g, nil
+		}
+		l.slice, l.left = tg.Slice, budget.Cost{}
+		g.Slice, g.ValidUntil = tg.Slice, tg.ValidUntil
+	}
+	granted := min(tg.N, len(rest))
+	g.N += granted
+	for _, c := range costs[granted:tg.N] { // predicted demand: kept as the block
+		l.left.Requests += c.Requests
+		l.left.Tokens += c.Tokens
+	}
+	g.Reason, g.RetryAt = tg.Reason, tg.RetryAt
+	if g.N < len(cands) && g.Reason == "" {
+		g.Reason, g.RetryAt = "burst", s.store.ValidUntil(cur).Add(-s.store.Params().DispatchGrace)
+	}
+	return g, nil
 }

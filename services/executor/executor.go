@@ -22,6 +22,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/dlq"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
@@ -44,6 +45,8 @@ type Config struct {
 	Clients map[string]provider.Client
 	// Transport, when set, is used by every provider client (tests).
 	Transport http.RoundTripper
+	// Calib receives usage to calibrate token estimates; may be nil.
+	Calib *calib.Table
 }
 
 // Service is the executor service.
@@ -61,6 +64,8 @@ type Service struct {
 
 	router   *route.Router
 	breakers *breaker.Set
+	seedMu   sync.Mutex
+	seeded   map[string]time.Time
 	brokenMu sync.Mutex
 	broken   map[string]time.Time // provider -> credential refused until
 }
@@ -82,7 +87,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	st.Writes = ms.BudgetWrites.Inc
 	s := &Service{cfg: cfg, mesh: m, store: st, log: log.With("service", "executor"), m: ms, now: now,
 		clients: map[string]provider.Client{}, rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7)),
-		holder: holderName(), router: route.New(cfg.App.Routes), broken: map[string]time.Time{},
+		holder: holderName(), router: route.New(cfg.App.Routes), broken: map[string]time.Time{}, seeded: map[string]time.Time{},
 		breakers: breaker.NewSet(breaker.Config{Now: now})}
 	for _, p := range cfg.App.Providers {
 		if c, ok := cfg.Clients[p.Name]; ok {
@@ -291,6 +296,9 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	j.Attempts = append(j.Attempts, job.Attempt{N: attempt, Provider: j.Provider, Model: j.Model, StartedAt: start.UTC(),
 		DurationMS: elapsed.Milliseconds(), Status: out.HTTPStatus, Outcome: out.Class.String(), Error: out.JobError()})
 
+	if resp != nil {
+		s.seed(ctx, j, resp.RateLimit)
+	}
 	if out.Class == provider.Success {
 		s.settle(ctx, j, resp.Usage)
 		return s.finish(ctx, j, opKey, &job.Result{Status: job.StatusSucceeded, Response: resp.Body, Usage: &resp.Usage})
@@ -461,6 +469,46 @@ func (s *Service) isBroken(t config.Target) bool {
 // is treated as unavailable before it is tried again.
 const CredentialQuarantine = time.Minute
 
+// seed corrects the shared window from the provider's own count: when its
+// x-ratelimit-remaining-* shows less room than the window believes (someone
+// else spends on the same key), the difference is charged. It never adds
+// room, and runs at most once a second per model.
+func (s *Service) seed(ctx context.Context, j *job.Job, rl provider.RateLimit) {
+	if rl.RemainingTokens < 0 && rl.RemainingRequests < 0 {
+		return
+	}
+	_, model, ok := s.cfg.App.ModelRef(j.Model)
+	if !ok {
+		return
+	}
+	key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
+	s.seedMu.Lock()
+	if s.now().Sub(s.seeded[key]) < time.Second {
+		s.seedMu.Unlock()
+		return
+	}
+	s.seeded[key] = s.now()
+	s.seedMu.Unlock()
+	used, err := s.store.Used(ctx, key)
+	if err != nil {
+		return
+	}
+	var extra budget.Cost
+	if model.RPM > 0 && rl.RemainingRequests >= 0 && rl.RemainingRequests < model.RPM-used.Requests {
+		extra.Requests = model.RPM - used.Requests - rl.RemainingRequests
+		s.m.Corrections.WithLabelValues(j.Provider, j.Model, "rpm").Inc()
+	}
+	if model.TPM > 0 && rl.RemainingTokens >= 0 && rl.RemainingTokens < model.TPM-used.Tokens {
+		extra.Tokens = model.TPM - used.Tokens - rl.RemainingTokens
+		s.m.Corrections.WithLabelValues(j.Provider, j.Model, "tpm").Inc()
+	}
+	if extra.Requests > 0 || extra.Tokens > 0 {
+		if err := s.store.Charge(ctx, key, extra); err != nil {
+			s.log.Warn("seed: budget store", "err", err)
+		}
+	}
+}
+
 // settle records usage and charges the budget for prompt tokens the
 // estimate missed.
 func (s *Service) settle(ctx context.Context, j *job.Job, u job.Usage) {
@@ -470,6 +518,10 @@ func (s *Service) settle(ctx context.Context, j *job.Job, u job.Usage) {
 	s.m.TenantTokens.WithLabelValues(j.Tenant, "cached").Add(float64(u.CachedTokens))
 	if j.Estimate == nil || j.Reservation == nil {
 		return
+	}
+	if s.cfg.Calib != nil {
+		r := s.cfg.Calib.Observe(ctx, budget.CalibrationKey(j.Provider, job.ModelToken(j.Model)), j.Estimate.PromptTokens, u.PromptTokens)
+		s.m.EstimateRatio.WithLabelValues(j.Provider, j.Model).Set(r)
 	}
 	extra := u.PromptTokens - j.Estimate.PromptTokens
 	if extra <= 0 {

@@ -12,14 +12,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
+	"github.com/sluice-dev/sluice/pkg/budget"
 	"github.com/sluice-dev/sluice/pkg/config"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/tokens"
@@ -32,6 +35,8 @@ type Config struct {
 	TenantKeys map[string]string // bearer key -> tenant
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Calib scales estimates that providers report running low; may be nil.
+	Calib *calib.Table
 }
 
 // Service is the ingest service.
@@ -100,6 +105,10 @@ func (s *Service) Accept(ctx context.Context, j *job.Job) (Accepted, error) {
 		return Accepted{}, &job.ValidationError{Code: job.CodeUnknownModel, Field: "request.model", Message: fmt.Sprintf("model %q is not configured", clip(req.Model))}
 	}
 	est := job.Estimate{PromptTokens: tokens.Prompt(req), MaxTokens: req.OutputLimit(s.cfg.App.Limits.DefaultMaxTokens)}
+	if s.cfg.Calib != nil {
+		f := s.cfg.Calib.Factor(ctx, budget.CalibrationKey(prov.Name, job.ModelToken(model.Name)))
+		est.PromptTokens = int(math.Ceil(float64(est.PromptTokens) * f))
+	}
 	if model.TPM > 0 && est.Cost() > model.TPM {
 		return Accepted{}, &job.ValidationError{Code: job.CodeTooLarge, Field: "request",
 			Message: fmt.Sprintf("needs %d tokens (%d prompt + %d max output), above the model's limit of %d tokens per minute", est.Cost(), est.PromptTokens, est.MaxTokens, model.TPM)}

@@ -1,0 +1,238 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/pkg/budget"
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/natstest"
+	"github.com/sluice-dev/sluice/pkg/sim"
+)
+
+// TestFleetSharesOneBudget runs Sluice as a fleet of OS processes on one
+// NATS server: a front (ingest, result), 2 admission and 4 executor
+// processes. Two workloads run at once, each offered at twice its binding
+// limit for 75 s: B, long requests (about 4,000 prompt + 1,000 max tokens)
+// against a TPM limit, and A, short requests (about 200 tokens) against an
+// RPM limit. One executor is killed with SIGKILL mid-run. The simulator must
+// see no 60-s window above either limit, no 429, and, while backlogged after
+// the first minute, successful calls filling at least 95 % of the binding
+// limit; every job must complete exactly once.
+func TestFleetSharesOneBudget(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the fleet test runs about 3 minutes; run without -short")
+	}
+	t.Parallel()
+	bin := sluiceBinary(t)
+	const (
+		longModel, longTPM    = "long-model", 300_000
+		shortModel, shortRPM  = "short-model", 1_200
+		offerFor              = 75 * time.Second
+	)
+	simSrv, simURL := startSim(t, sim.Config{
+		Models: []sim.ModelLimits{{Name: longModel, RPM: 10_000, TPM: longTPM}, {Name: shortModel, RPM: shortRPM, TPM: 50_000_000}},
+		TTFT:   100 * time.Millisecond, PerToken: 200 * time.Microsecond, APIKeys: []string{"sim-secret"}})
+	ns := natstest.Server(t)
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "sluice.yaml")
+	cfg := fmt.Sprintf(`
+providers:
+  - name: sim
+    base_url: %s/v1
+    api_key_env: SIM_KEY
+    models:
+      - {name: %s, rpm: 10000, tpm: %d, max_concurrency: 64}
+      - {name: %s, rpm: %d, tpm: 50000000, max_concurrency: 64}
+tenants:
+  - {name: acme}
+  - {name: globex}
+limits:
+  max_tokens: 8000
+`, simURL, longModel, longTPM, shortModel, shortRPM)
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := func(services string) []string {
+		return []string{"--config", cfgPath, "--nats-url", ns.ClientURL(), "--http", "127.0.0.1:0", "--services", services}
+	}
+	startChild(t, bin, args("ingest,result"), testEnv)
+	for range 2 {
+		startChild(t, bin, args("admission"), testEnv)
+	}
+	executors := make([]*child, 4)
+	for i := range executors {
+		executors[i] = startChild(t, bin, args("executor"), testEnv)
+	}
+	nc, cl := natsClient(t, ns.ClientURL())
+	js, _ := jetstream.New(nc)
+
+	var mu sync.Mutex
+	results := map[string]int{}
+	sub, err := nc.Subscribe(job.ResultPrefix+">", func(m *nats.Msg) {
+		var r job.Result
+		if json.Unmarshal(m.Data, &r) == nil {
+			mu.Lock()
+			results[r.JobID]++
+			if r.Status != job.StatusSucceeded {
+				t.Errorf("job %s ended %s: %+v", r.JobID, r.Status, r.Error)
+			}
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	longPrompt := strings.Repeat("lorem ipsum dolor sit amet ", 790) // about 4,000 tokens
+	longBody, _ := json.Marshal(map[string]any{"model": longModel, "max_tokens": 1000, "messages": []map[string]string{{"role": "user", "content": longPrompt}}})
+	shortBody := chatBody(shortModel, 110, 80) // about 200 tokens
+	var ids sync.Map
+	submit := func(body []byte, perSecond float64, tenant string) {
+		interval := time.Duration(float64(time.Second) / perSecond)
+		start := time.Now()
+		for n := 0; time.Since(start) < offerFor; n++ {
+			if d := time.Until(start.Add(time.Duration(n) * interval)); d > 0 {
+				time.Sleep(d)
+			}
+			id, err := cl.Submit(ctx, &job.Job{Tenant: tenant, Priority: job.Batch, Request: body})
+			if err != nil {
+				t.Errorf("submit: %v", err)
+				return
+			}
+			ids.Store(id, true)
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); submit(longBody, 2*float64(longTPM)/5000/60, "acme") }()
+	go func() { defer wg.Done(); submit(shortBody, 2*float64(shortRPM)/60, "globex") }()
+
+	// Mid-run, kill one executor; its concurrency lease must lapse within
+	// the lease period.
+	time.Sleep(45 * time.Second)
+	victim := executors[0]
+	_ = victim.cmd.Process.Signal(syscall.SIGKILL)
+	_ = victim.cmd.Wait()
+	killedAt := time.Now()
+	time.Sleep(12 * time.Second) // lease period 10 s
+	kv, err := js.KeyValue(ctx, "budgets")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, model := range []string{longModel, shortModel} {
+		e, err := kv.Get(ctx, budget.ConcKey("sim", job.ModelToken(model)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st struct {
+			H map[string]budget.SlotLease `json:"h"`
+		}
+		_ = json.Unmarshal(e.Value(), &st)
+		live := 0
+		for holder, l := range st.H {
+			if time.Unix(0, l.Expires).After(time.Now()) {
+				live++
+			}
+			if strings.Contains(holder, fmt.Sprintf("-%d-", victim.cmd.Process.Pid)) && time.Unix(0, l.Expires).After(killedAt.Add(10*time.Second+time.Second)) {
+				t.Errorf("%s: the killed executor's lease runs until %s, past the lease period", model, time.Unix(0, l.Expires))
+			}
+		}
+		if live > 3 {
+			t.Errorf("%s: %d live concurrency leases after one of 4 executors died", model, live)
+		}
+	}
+	wg.Wait()
+
+	want := 0
+	ids.Range(func(_, _ any) bool { want++; return true })
+	for {
+		mu.Lock()
+		got := len(results)
+		mu.Unlock()
+		if got >= want {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%d of %d jobs finished", got, want)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	mu.Lock()
+	for id, n := range results {
+		if n != 1 {
+			t.Errorf("job %s has %d results", id, n)
+		}
+	}
+	mu.Unlock()
+
+	st := simSrv.Stats()
+	if st.DuplicateCompletions != 0 {
+		t.Errorf("provider completed %d operations twice", st.DuplicateCompletions)
+	}
+	for _, w := range []struct {
+		name, model string
+		tpmBound    bool
+		limit       int
+	}{{"B (long, TPM-bound)", longModel, true, longTPM}, {"A (short, RPM-bound)", shortModel, false, shortRPM}} {
+		ms := st.Models[w.model]
+		fill, windows := backloggedFill(ms, w.tpmBound)
+		t.Logf("workload %s: %d requests, 429s %d, busiest 60 s: %d tokens / %d requests (limits %d TPM, %d RPM); steady-state fill %.1f %% of the binding limit over %d windows",
+			w.name, ms.Admitted, ms.RateLimited, ms.MaxTokensIn60s, ms.MaxRequestsIn60s, ms.TPM, ms.RPM, 100*fill, windows)
+		if ms.MaxTokensIn60s > ms.TPM || ms.MaxRequestsIn60s > ms.RPM {
+			t.Errorf("workload %s: a 60-s window exceeded the limits", w.name)
+		}
+		if ms.RateLimited != 0 {
+			t.Errorf("workload %s: %d requests answered 429", w.name, ms.RateLimited)
+		}
+		if windows < 10 {
+			t.Errorf("workload %s: only %d backlogged windows after the first minute; the run did not bind long enough", w.name, windows)
+		} else if fill < 0.95 {
+			t.Errorf("workload %s: steady-state fill %.1f %%, want at least 95 %%", w.name, 100*fill)
+		}
+	}
+}
+
+// backloggedFill is the mean fill of the trailing-60-s windows that end
+// after the first minute and no later than the last second in which
+// requests were admitted (after that the backlog has drained).
+func backloggedFill(ms sim.ModelStats, tokens bool) (float64, int) {
+	last := 0
+	for i, s := range ms.Timeline {
+		if s.Admitted > 0 {
+			last = i
+		}
+	}
+	var sum float64
+	n := 0
+	for _, f := range ms.FillSeries() {
+		if f.End > last-2 {
+			break
+		}
+		if tokens {
+			sum += f.TPM
+		} else {
+			sum += f.RPM
+		}
+		n++
+	}
+	if n == 0 {
+		return 0, 0
+	}
+	return sum / float64(n), n
+}

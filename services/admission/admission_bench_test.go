@@ -1,0 +1,149 @@
+package admission_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/metrics"
+	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/natstest"
+	"github.com/sluice-dev/sluice/services/admission"
+	"github.com/sluice-dev/sluice/streams"
+)
+
+type bench struct {
+	js  jetstream.JetStream
+	nc  *nats.Conn
+	ms  *metrics.Set
+	svc *admission.Service
+}
+
+func setupBench(b *testing.B) *bench {
+	b.Helper()
+	s := natstest.Server(b)
+	nc := natstest.Conn(b, s)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
+		b.Fatal(err)
+	}
+	m, err := mesh.Open(ctx, js)
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Budget to spare: the limits never bind.
+	cfg, err := config.Parse([]byte(`
+admission: {burst_fraction: 1}
+providers:
+  - name: p
+    base_url: http://127.0.0.1:1/v1
+    models: [{name: m, rpm: 100000000, tpm: 2000000000}]
+tenants: [{name: t}]
+`))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ms := metrics.New(prometheus.NewRegistry())
+	svc, err := admission.New(admission.Config{App: cfg}, m, slog.New(slog.DiscardHandler), ms)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &bench{js: js, nc: nc, ms: ms, svc: svc}
+}
+
+func queued(i int) []byte {
+	est := job.Estimate{PromptTokens: 150, MaxTokens: 50}
+	data, _ := json.Marshal(job.Job{ID: fmt.Sprintf("00000000-0000-7000-8000-%012d", i), Tenant: "t", Priority: job.Standard,
+		Provider: "p", Model: "m", Estimate: &est, SubmittedAt: time.Now(),
+		Request: json.RawMessage(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)})
+	return data
+}
+
+func (bn *bench) waitDispatched(b *testing.B, n int) {
+	b.Helper()
+	ctx := context.Background()
+	st, _ := bn.js.Stream(ctx, streams.Dispatch)
+	for {
+		info, err := st.Info(ctx)
+		if err == nil && info.State.Msgs >= uint64(n) {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func (bn *bench) report(b *testing.B, n int, elapsed time.Duration) {
+	var m dto.Metric
+	_ = bn.ms.BudgetWrites.Write(&m)
+	writes := m.GetCounter().GetValue()
+	b.ReportMetric(float64(n)/elapsed.Seconds(), "jobs/s")
+	b.ReportMetric(writes/float64(n), "kv-writes/job")
+}
+
+// BenchmarkAdmissionThroughput: a backlog of b.N jobs with budget to spare;
+// how fast admission reserves and dispatches them, and how many budget-store
+// writes that takes per job.
+func BenchmarkAdmissionThroughput(b *testing.B) {
+	bn := setupBench(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for i := range b.N {
+		if _, err := bn.js.PublishAsync(job.QueueSubject(job.Standard, "t"), queued(i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	<-bn.js.PublishAsyncComplete()
+	b.ResetTimer()
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- bn.svc.Run(ctx) }()
+	bn.waitDispatched(b, b.N)
+	elapsed := time.Since(start)
+	b.StopTimer()
+	bn.report(b, b.N, elapsed)
+	cancel()
+	<-done
+}
+
+// BenchmarkAdmissionAt1000PerSecond offers jobs at 1,000 per second, as a
+// steady stream rather than a backlog, and reports budget-store writes per
+// job (the target is at most 0.05).
+func BenchmarkAdmissionAt1000PerSecond(b *testing.B) {
+	bn := setupBench(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- bn.svc.Run(ctx) }()
+	n := max(b.N, 3000)
+	b.ResetTimer()
+	start := time.Now()
+	for i := range n {
+		if d := time.Until(start.Add(time.Duration(i) * time.Millisecond)); d > 0 {
+			time.Sleep(d)
+		}
+		if _, err := bn.js.PublishAsync(job.QueueSubject(job.Standard, "t"), queued(i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	<-bn.js.PublishAsyncComplete()
+	bn.waitDispatched(b, n)
+	elapsed := time.Since(start)
+	b.StopTimer()
+	bn.report(b, n, elapsed)
+	cancel()
+	<-done
+}
