@@ -308,3 +308,76 @@ func TestBadInput(t *testing.T) {
 		t.Errorf("provider saw %d admitted calls, %d completed; want exactly the 1 good one", st.Models["gpt-4o-mini"].Admitted, st.Completed)
 	}
 }
+
+// TestTenantBudgets: a tenant's own per-minute and per-day budgets hold
+// across its jobs, while another tenant on the same model is not held back.
+func TestTenantBudgets(t *testing.T) {
+	t.Parallel()
+	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 1000, TPM: 1000000}}, APIKeys: []string{"sim-secret"}})
+	cfg := fmt.Sprintf(`
+providers:
+  - name: sim
+    base_url: %s/v1
+    api_key_env: SIM_KEY
+    models: [{name: gpt-4o-mini, rpm: 1000, tpm: 1000000}]
+tenants:
+  - {name: small, rpm: 3}
+  - {name: daily, rpd: 2}
+  - {name: free}
+`, simURL)
+	n := startUp(t, cfg, testEnv)
+	nc, cl := natsClient(t, n.NATS)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	done := map[string]map[job.Status]int{}
+	sub, _ := nc.Subscribe(job.ResultPrefix+">", func(m *nats.Msg) {
+		var r job.Result
+		if json.Unmarshal(m.Data, &r) == nil {
+			mu.Lock()
+			if done[r.Tenant] == nil {
+				done[r.Tenant] = map[job.Status]int{}
+			}
+			done[r.Tenant][r.Status]++
+			mu.Unlock()
+		}
+	})
+	defer sub.Unsubscribe()
+	soon := time.Now().Add(4 * time.Second)
+	for i := range 6 {
+		for _, tenant := range []string{"small", "daily", "free"} {
+			j := &job.Job{Tenant: tenant, Request: chatBody("gpt-4o-mini", 5, 16)}
+			if tenant == "daily" {
+				j.Deadline = &soon
+			}
+			if _, err := cl.Submit(ctx, j); err != nil {
+				t.Fatalf("submit %s #%d: %v", tenant, i, err)
+			}
+		}
+	}
+	// small: 3 now, the rest wait for the minute; daily: 2, the rest expire
+	// (their budget frees only tomorrow); free: all 6.
+	want := map[string]map[job.Status]int{"small": {job.StatusSucceeded: 3}, "daily": {job.StatusSucceeded: 2, job.StatusExpired: 4}, "free": {job.StatusSucceeded: 6}}
+	for {
+		mu.Lock()
+		ok := fmt.Sprint(done) == fmt.Sprint(want)
+		got := fmt.Sprint(done)
+		mu.Unlock()
+		if ok {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("results by tenant %s, want %v", got, want)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second) // nothing more may finish for small within its minute
+	mu.Lock()
+	defer mu.Unlock()
+	if got := done["small"][job.StatusSucceeded]; got != 3 {
+		t.Errorf("small finished %d jobs within the minute, want 3 (rpm: 3)", got)
+	}
+	if got := simSrv.Stats().Completed; got != 11 {
+		t.Errorf("provider completed %d calls, want 3 + 2 + 6 = 11", got)
+	}
+}

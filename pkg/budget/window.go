@@ -57,6 +57,8 @@ type Cost struct {
 
 // Params shape the windows. They must be the same in every process.
 type Params struct {
+	// Window is the period the limits apply to; 0 means one minute.
+	Window        time.Duration
 	Slice         time.Duration
 	DispatchGrace time.Duration
 	BurstFraction float64
@@ -64,7 +66,11 @@ type Params struct {
 
 // Span is the number of slices a window sums.
 func (p Params) Span() int64 {
-	return int64(math.Ceil(float64(time.Minute+p.DispatchGrace)/float64(p.Slice))) + 1
+	w := p.Window
+	if w == 0 {
+		w = time.Minute
+	}
+	return int64(math.Ceil(float64(w+p.DispatchGrace)/float64(p.Slice))) + 1
 }
 
 func (p Params) burstSlices() int64 {
@@ -385,7 +391,9 @@ func (s *Store) Charge(ctx context.Context, key string, extra Cost) error {
 }
 
 // CalibrationKey is the budgets key holding a model's estimate calibration.
-func CalibrationKey(provider, modelToken string) string { return "calib." + provider + "." + modelToken }
+func CalibrationKey(provider, modelToken string) string {
+	return "calib." + provider + "." + modelToken
+}
 
 // Return gives back cost reserved in slice and not spent (a lease's
 // leftover). Usage never goes below zero; a slice already out of every

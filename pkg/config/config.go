@@ -89,7 +89,16 @@ type Tenant struct {
 	Name      string `yaml:"name"`
 	APIKeyEnv string `yaml:"api_key_env"`
 	Weight    int    `yaml:"weight"`
+	// Optional budgets across all of the tenant's models (0 = none):
+	// requests and tokens per minute and per day (trailing 24 h).
+	RPM int `yaml:"rpm"`
+	TPM int `yaml:"tpm"`
+	RPD int `yaml:"rpd"`
+	TPD int `yaml:"tpd"`
 }
+
+// HasLimits reports whether any tenant budget is set.
+func (t Tenant) HasLimits() bool { return t.RPM > 0 || t.TPM > 0 || t.RPD > 0 || t.TPD > 0 }
 
 // Policy is a retry policy class.
 type Policy struct {
@@ -360,6 +369,14 @@ func (c *Config) Validate() error {
 		seenT[t.Name] = true
 		if t.APIKeyEnv != "" && !envName(t.APIKeyEnv) {
 			return fail(key+".api_key_env", "must name an environment variable, got %q", clip(t.APIKeyEnv))
+		}
+		for _, l := range []struct {
+			k string
+			v int
+		}{{"rpm", t.RPM}, {"tpm", t.TPM}, {"rpd", t.RPD}, {"tpd", t.TPD}} {
+			if l.v < 0 {
+				return fail(key+"."+l.k, "must be >= 0 (0 = no limit), got %d", l.v)
+			}
 		}
 		if t.Weight < 1 || t.Weight > 1000 {
 			return fail(key+".weight", "must be between 1 and 1000, got %d", t.Weight)

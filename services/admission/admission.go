@@ -58,6 +58,8 @@ type Service struct {
 	now       func() time.Time
 	cursor    map[string]time.Time // per budget key: estimated turn of the last deferred job
 	leases    map[string]*lease    // per budget key: this process's block of the current slice
+	tenantMin *budget.Store        // tenants' per-minute windows
+	tenantDay *budget.Store        // tenants' per-day windows
 	budgetErr atomic.Value         // last budget store error (string), "" when healthy
 }
 
@@ -77,7 +79,13 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	st := budget.NewStore(m.Budgets, budget.Params{Slice: a.Slice.D(), DispatchGrace: a.DispatchGrace.D(), BurstFraction: a.BurstFraction}, now)
 	st.Writes = ms.BudgetWrites.Inc
 	st.Conflicts = ms.BudgetConflict.Inc
-	s := &Service{cfg: cfg, mesh: m, store: st, log: log.With("service", "admission"), m: ms, now: now, cursor: map[string]time.Time{}, leases: map[string]*lease{}}
+	grace := a.DispatchGrace.D() + a.Slice.D() // the model lease may land one slice later
+	tmin := budget.NewStore(m.Budgets, budget.Params{Slice: a.Slice.D(), DispatchGrace: grace, BurstFraction: 1}, now)
+	tday := budget.NewStore(m.Budgets, budget.Params{Window: 24 * time.Hour, Slice: time.Minute, DispatchGrace: grace, BurstFraction: 1}, now)
+	for _, x := range []*budget.Store{tmin, tday} {
+		x.Writes, x.Conflicts = ms.BudgetWrites.Inc, ms.BudgetConflict.Inc
+	}
+	s := &Service{cfg: cfg, mesh: m, store: st, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, cursor: map[string]time.Time{}, leases: map[string]*lease{}}
 	s.budgetErr.Store("")
 	return s, nil
 }
@@ -214,8 +222,23 @@ func (s *Service) reserve(ctx context.Context, key string, cands []*Candidate) [
 		}
 		return nil
 	}
+	cands, held, err := s.tenantGate(ctx, cands)
+	if err != nil {
+		s.m.BudgetErrors.Inc()
+		s.budgetErr.Store(err.Error())
+		s.log.Warn("budget store unavailable; holding jobs", "key", key, "err", err)
+		for _, c := range cands {
+			_ = c.Msg.NakWithDelay(time.Second + jitter(500*time.Millisecond))
+		}
+		return nil
+	}
+	if len(cands) == 0 {
+		return nil
+	}
 	lim := budget.Limits{RPM: model.RPM, TPM: model.TPM}
 	g, err := s.lease(ctx, key, lim, cands)
+	// Tenant budget taken for jobs the model cannot take now goes back.
+	s.giveBack(ctx, held, cands[min(g.N, len(cands)):])
 	if err != nil {
 		// Fail closed: no budget, no dispatch.
 		s.m.BudgetErrors.Inc()
@@ -495,4 +518,123 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 		g.Reason, g.RetryAt = "burst", s.store.ValidUntil(cur).Add(-s.store.Params().DispatchGrace)
 	}
 	return g, nil
+}
+
+// tenantHold is what one tenant's jobs of a batch took from its budgets.
+type tenantHold struct {
+	minKey, dayKey     string
+	minSlice, daySlice int64
+	costs              map[*Candidate]budget.Cost
+}
+
+// tenantGate applies tenants' own budgets (per minute and per day, when
+// configured) to a model's candidates, in order. Jobs over their tenant's
+// budget wait by redelivery delay; the rest go on, with what they took
+// recorded so it can be given back if the model's budget refuses them.
+func (s *Service) tenantGate(ctx context.Context, cands []*Candidate) ([]*Candidate, map[string]*tenantHold, error) {
+	byTenant := map[string][]*Candidate{}
+	limited := false
+	for _, c := range cands {
+		if t, ok := s.cfg.App.Tenant(c.Job.Tenant); ok && t.HasLimits() {
+			limited = true
+		}
+		byTenant[c.Job.Tenant] = append(byTenant[c.Job.Tenant], c)
+	}
+	if !limited {
+		return cands, nil, nil
+	}
+	now := s.now()
+	held := map[string]*tenantHold{}
+	refused := map[*Candidate]bool{}
+	for name, group := range byTenant {
+		t, ok := s.cfg.App.Tenant(name)
+		if !ok || !t.HasLimits() {
+			continue
+		}
+		costs := make([]budget.Cost, len(group))
+		for i, c := range group {
+			costs[i] = c.Cost
+		}
+		h := &tenantHold{minKey: "tenant." + name + ".minute", dayKey: "tenant." + name + ".day", costs: map[*Candidate]budget.Cost{}}
+		n := len(group)
+		var retry time.Time
+		reason := ""
+		if t.RPM > 0 || t.TPM > 0 {
+			g, err := s.tenantMin.Take(ctx, h.minKey, budget.Limits{RPM: t.RPM, TPM: t.TPM}, costs)
+			if err != nil {
+				return cands, nil, err
+			}
+			n, h.minSlice, retry, reason = g.N, g.Slice, g.RetryAt, "tenant_"+g.Reason
+		}
+		if (t.RPD > 0 || t.TPD > 0) && n > 0 {
+			g, err := s.tenantDay.Take(ctx, h.dayKey, budget.Limits{RPM: t.RPD, TPM: t.TPD}, costs[:n])
+			if err != nil {
+				return cands, nil, err
+			}
+			h.daySlice = g.Slice
+			if g.N < n {
+				var back budget.Cost
+				for _, c := range costs[g.N:n] {
+					back.Requests += c.Requests
+					back.Tokens += c.Tokens
+				}
+				if t.RPM > 0 || t.TPM > 0 {
+					_ = s.tenantMin.Return(ctx, h.minKey, h.minSlice, back)
+				}
+				n, retry, reason = g.N, g.RetryAt, "tenant_day_"+g.Reason
+			}
+		}
+		for i, c := range group {
+			if i < n {
+				h.costs[c] = c.Cost
+				continue
+			}
+			refused[c] = true
+			s.m.AdmissionWaits.WithLabelValues(c.Job.Provider, c.Job.Model, reason).Inc()
+			wait := max(retry.Sub(now), 50*time.Millisecond) + jitter(s.store.Params().Slice)
+			if dl := c.Job.Deadline; dl != nil && now.Add(wait).After(*dl) {
+				s.expire(ctx, c.Msg, c.Job, fmt.Sprintf("tenant budget (%s) frees after the deadline", reason))
+				continue
+			}
+			_ = c.Msg.NakWithDelay(min(wait, time.Minute))
+		}
+		held[name] = h
+	}
+	out := cands[:0:0]
+	for _, c := range cands {
+		if !refused[c] {
+			out = append(out, c)
+		}
+	}
+	return out, held, nil
+}
+
+// giveBack returns the tenant budget of candidates the model refused.
+func (s *Service) giveBack(ctx context.Context, held map[string]*tenantHold, refused []*Candidate) {
+	if len(held) == 0 || len(refused) == 0 {
+		return
+	}
+	back := map[string]budget.Cost{}
+	for _, c := range refused {
+		h := held[c.Job.Tenant]
+		if h == nil {
+			continue
+		}
+		if cost, ok := h.costs[c]; ok {
+			b := back[c.Job.Tenant]
+			b.Requests += cost.Requests
+			b.Tokens += cost.Tokens
+			back[c.Job.Tenant] = b
+		}
+	}
+	for name, b := range back {
+		h := held[name]
+		t, _ := s.cfg.App.Tenant(name)
+		if t.RPM > 0 || t.TPM > 0 {
+			_ = s.tenantMin.Return(ctx, h.minKey, h.minSlice, b)
+		}
+		if t.RPD > 0 || t.TPD > 0 {
+			_ = s.tenantDay.Return(ctx, h.dayKey, h.daySlice, b)
+		}
+	}
 }

@@ -113,6 +113,17 @@ func (s *Service) Accept(ctx context.Context, j *job.Job) (Accepted, error) {
 		return Accepted{}, &job.ValidationError{Code: job.CodeTooLarge, Field: "request",
 			Message: fmt.Sprintf("needs %d tokens (%d prompt + %d max output), above the model's limit of %d tokens per minute", est.Cost(), est.PromptTokens, est.MaxTokens, model.TPM)}
 	}
+	if t, _ := s.cfg.App.Tenant(j.Tenant); t != nil {
+		for _, l := range []struct {
+			name  string
+			limit int
+		}{{"tokens per minute", t.TPM}, {"tokens per day", t.TPD}} {
+			if l.limit > 0 && est.Cost() > l.limit {
+				return Accepted{}, &job.ValidationError{Code: job.CodeTooLarge, Field: "request",
+					Message: fmt.Sprintf("needs %d tokens, above the tenant's limit of %d %s", est.Cost(), l.limit, l.name)}
+			}
+		}
+	}
 	now := s.now().UTC()
 	if j.Deadline != nil && !j.Deadline.After(now) {
 		return Accepted{}, &job.ValidationError{Code: job.CodeDeadlineExpired, Field: "deadline", Message: "is already past"}
