@@ -5,7 +5,11 @@
 // from raw input.
 package metrics
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-dev/sluice/pkg/config"
+)
 
 // Set is all of Sluice's metrics.
 type Set struct {
@@ -74,4 +78,59 @@ func New(reg prometheus.Registerer) *Set {
 		s.BudgetWrites, s.BudgetConflict, s.BudgetErrors, s.ReservationsExpired, s.TenantRequests, s.TenantTokens,
 		s.InFlight, s.ProviderLatency, s.ConcLeased, s.ModelLimit, s.DeadLetters, s.EstimateRatio, s.Corrections)
 	return s
+}
+
+// Preset creates the series that configuration makes possible, at zero, so
+// dashboards and alerts see them before the first event (a rate over a
+// series that does not exist yet is empty, not zero).
+func (s *Set) Preset(c *config.Config) {
+	tasks := []string{"default"}
+	for _, r := range c.Routes {
+		if r.Task != "" && r.Task != "*" {
+			tasks = append(tasks, r.Task)
+		}
+	}
+	for _, p := range []string{"interactive", "standard", "batch"} {
+		s.QueueDepth.WithLabelValues(p, "all")
+		for _, t := range tasks {
+			s.QueueWait.WithLabelValues(p, t)
+		}
+	}
+	for _, t := range tasks {
+		s.DupSuppressed.WithLabelValues(t)
+	}
+	for _, p := range c.Providers {
+		for _, m := range p.Models {
+			s.TokensReserved.WithLabelValues(p.Name, m.Name)
+			s.TokensUsed.WithLabelValues(p.Name, m.Name)
+			for _, lt := range []string{"requests", "tokens"} {
+				s.RateLimitHits.WithLabelValues(p.Name, m.Name, lt)
+			}
+			for _, et := range []string{"rate_limited", "overloaded", "connect", "unknown"} {
+				s.Retries.WithLabelValues(p.Name, m.Name, et)
+			}
+		}
+	}
+	for _, r := range c.Routes {
+		for _, f := range r.Fallbacks {
+			when := f.When
+			if len(when) == 0 {
+				when = config.DefaultWhen
+			}
+			for _, w := range when {
+				s.Fallbacks.WithLabelValues(r.Primary.Provider, f.Provider, w)
+			}
+		}
+		if d := r.DegradeTo; d != nil {
+			for _, w := range d.When {
+				s.Fallbacks.WithLabelValues(r.Primary.Provider, d.Provider, w)
+			}
+		}
+	}
+	for _, t := range c.Tenants {
+		s.TenantRequests.WithLabelValues(t.Name)
+		for _, k := range []string{"input", "output", "cached"} {
+			s.TenantTokens.WithLabelValues(t.Name, k)
+		}
+	}
 }

@@ -143,6 +143,7 @@ func Run(ctx context.Context, o Options) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ms := metrics.New(reg)
+	ms.Preset(o.Config)
 	for _, p := range o.Config.Providers {
 		for _, m := range p.Models {
 			ms.ModelLimit.WithLabelValues(p.Name, m.Name, "rpm").Set(float64(m.RPM))

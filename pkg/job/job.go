@@ -68,6 +68,14 @@ type Job struct {
 	Reservation *Reservation `json:"reservation,omitempty"`
 }
 
+// TaskType is the job's task for metric labels: its Task, or "default".
+func (j *Job) TaskType() string {
+	if j.Task == "" {
+		return "default"
+	}
+	return j.Task
+}
+
 // Estimate is the token cost ingest computed for a job.
 type Estimate struct {
 	PromptTokens int `json:"prompt_tokens"`

@@ -141,10 +141,16 @@ func (s *Service) Run(ctx context.Context) error {
 		wg.Wait()
 	}()
 	msgs := make([]jetstream.Msg, 0, batch)
+	tick := time.NewTicker(s.store.Params().Slice)
+	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
+			s.returnLeases(context.WithoutCancel(ctx), true)
 			return nil
+		case <-tick.C:
+			s.returnLeases(ctx, false)
+			continue
 		case m := <-in:
 			msgs = append(msgs[:0], m)
 		}
@@ -182,6 +188,7 @@ func (s *Service) admit(ctx context.Context, msgs []jetstream.Msg) {
 				continue
 			}
 			s.m.AdmissionWaits.WithLabelValues(j.Provider, j.Model, "not_before").Inc()
+			s.log.Debug("job waits for not_before", "job_id", j.ID, "delay", j.NotBefore.Sub(now))
 			_ = msg.NakWithDelay(j.NotBefore.Sub(now))
 			continue
 		}
@@ -260,7 +267,7 @@ func (s *Service) reserve(ctx context.Context, key string, cands []*Candidate) [
 		}
 		s.m.TokensReserved.WithLabelValues(j.Provider, j.Model).Add(float64(c.Cost.Tokens))
 		if len(j.Attempts) == 0 {
-			s.m.QueueWait.WithLabelValues(string(j.Priority), "chat").Observe(now.Sub(j.SubmittedAt).Seconds())
+			s.m.QueueWait.WithLabelValues(string(j.Priority), j.TaskType()).Observe(now.Sub(j.SubmittedAt).Seconds())
 		}
 		data, _ := json.Marshal(j)
 		msg := nats.NewMsg(job.DispatchSubject(j.Provider, j.Model))
@@ -310,7 +317,8 @@ func (s *Service) defer_(key string, lim budget.Limits, g budget.Grant, rest []*
 			continue
 		}
 		d := turn.Sub(now) + jitter(s.store.Params().Slice)
-		d = min(max(d, 10*time.Millisecond), time.Minute)
+		d = min(max(d, 10*time.Millisecond), MaxBudgetWait)
+		s.log.Debug("job waits for budget", "job_id", c.Job.ID, "reason", g.Reason, "delay", d)
 		_ = c.Msg.NakWithDelay(d)
 	}
 	if cur.After(now.Add(10 * time.Minute)) {
@@ -318,6 +326,10 @@ func (s *Service) defer_(key string, lim budget.Limits, g budget.Grant, rest []*
 	}
 	s.cursor[key] = cur
 }
+
+// MaxBudgetWait caps one redelivery delay of a job waiting for budget, so
+// waiting jobs look again at a window that freed sooner than estimated.
+const MaxBudgetWait = 10 * time.Second
 
 // spacing is how long the limits take to refill one job's cost.
 func spacing(lim budget.Limits, c budget.Cost) time.Duration {
@@ -375,7 +387,7 @@ func (s *Service) watchDepth(ctx context.Context) {
 			continue
 		}
 		for _, p := range job.Priorities {
-			s.m.QueueDepth.WithLabelValues(string(p), "chat").Set(float64(depth[p]))
+			s.m.QueueDepth.WithLabelValues(string(p), "all").Set(float64(depth[p]))
 		}
 	}
 }
@@ -448,6 +460,11 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 	}
 	g := budget.Grant{Slice: cur, ValidUntil: s.store.ValidUntil(cur)}
 	for _, c := range cands {
+		// Demand is new arrivals: a job asking again after a wait is not
+		// more demand.
+		if md, err := c.Msg.Metadata(); err == nil && md.NumDelivered > 1 {
+			continue
+		}
 		l.asked.Requests += c.Cost.Requests
 		l.asked.Tokens += c.Cost.Tokens
 	}
@@ -636,5 +653,21 @@ func (s *Service) giveBack(ctx context.Context, held map[string]*tenantHold, ref
 		if t.RPD > 0 || t.TPD > 0 {
 			_ = s.tenantDay.Return(ctx, h.dayKey, h.daySlice, b)
 		}
+	}
+}
+
+// returnLeases gives back what is left of blocks whose slice has passed (or
+// all of them, at shutdown), so the shared window shows only real use.
+func (s *Service) returnLeases(ctx context.Context, all bool) {
+	cur := s.store.SliceOf(s.now())
+	for key, l := range s.leases {
+		if (l.slice == cur && !all) || (l.left.Requests <= 0 && l.left.Tokens <= 0) {
+			continue
+		}
+		if err := s.store.Return(ctx, key, l.slice, l.left); err != nil {
+			s.log.Debug("lease return", "key", key, "err", err)
+			continue
+		}
+		l.left = budget.Cost{}
 	}
 }

@@ -229,7 +229,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	}
 	if op.State == mesh.OpCompleted || op.State == mesh.OpFailed {
 		// Done before (a redelivery after a crash): its result is stored.
-		s.m.DupSuppressed.WithLabelValues(string(j.Priority)).Inc()
+		s.m.DupSuppressed.WithLabelValues(j.TaskType()).Inc()
 		return nil
 	}
 

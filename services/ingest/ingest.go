@@ -170,7 +170,7 @@ func (s *Service) Accept(ctx context.Context, j *job.Job) (Accepted, error) {
 			return Accepted{}, err
 		}
 		if joined != "" {
-			s.m.DupSuppressed.WithLabelValues(string(j.Priority)).Inc()
+			s.m.DupSuppressed.WithLabelValues(j.TaskType()).Inc()
 			return Accepted{JobID: joined, Tenant: j.Tenant, Joined: true}, nil
 		}
 	}

@@ -1,0 +1,287 @@
+// Package bench compares ways of calling a rate-limited LLM provider on the
+// same workload and the same limits: a "just retry" client, a request-rate
+// limiter, a token-aware shaper, and Sluice itself. Every strategy gets its
+// own provider simulator (package sim) with identical limits, and every
+// figure reported comes from that simulator's own ledger, not from what the
+// strategy believes it did. It also measures what the mesh adds to a call's
+// latency (Overhead).
+//
+// `sluice bench` is the command that runs it.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sluice-dev/sluice/pkg/sim"
+)
+
+// Options configure Run.
+type Options struct {
+	// Concurrency is the worker count of the direct strategies and Sluice's
+	// max_concurrency for the model.
+	Concurrency int
+	// Seed fixes the workload and the strategies' jitter.
+	Seed uint64
+	// RunTimeout bounds each strategy's run; jobs unfinished by then count
+	// as failed.
+	RunTimeout time.Duration
+	// TTFT and PerToken shape the simulator's latency.
+	TTFT, PerToken time.Duration
+	// Retry is the retry policy of every strategy.
+	Retry RetryPolicy
+	// OnJob is called once per finished job, from any goroutine.
+	OnJob func()
+	// Log receives the embedded node's logs (nil: discarded).
+	Log *slog.Logger
+}
+
+func (o Options) withDefaults() Options {
+	if o.Concurrency <= 0 {
+		o.Concurrency = 32
+	}
+	if o.RunTimeout <= 0 {
+		o.RunTimeout = 150 * time.Second
+	}
+	if o.Retry.MaxAttempts == 0 {
+		o.Retry = DefaultRetry
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+// Result is everything one strategy did on one workload, as the provider
+// simulator saw it (except latency and failures, which only the caller sees).
+type Result struct {
+	Strategy string  `json:"strategy"`
+	ElapsedS float64 `json:"elapsed_s"`
+	// Goodput is the binding limit's steady-state fill by successful calls
+	// (sim.ModelStats.SteadyStateFill): the mean, over every trailing 60-s
+	// window ending after the first minute, of what successful calls were
+	// charged over the limit. ShortRun marks runs shorter than 61 s, where
+	// it is successful charges / (limit × elapsed minutes) instead.
+	Goodput  float64 `json:"goodput"`
+	ShortRun bool    `json:"short_run,omitempty"`
+	// Provider figures.
+	ProviderRequests   int64   `json:"provider_requests"` // arrivals at the limiter
+	Provider429s       int64   `json:"provider_429s"`
+	Successes          int64   `json:"successes"`
+	SuccessTokens      int64   `json:"success_tokens"` // prompt + completion, as reported
+	AttemptsPerSuccess float64 `json:"attempts_per_success"`
+	MaxRequestsIn60s   int     `json:"max_requests_in_60s"`
+	MaxTokensIn60s     int     `json:"max_tokens_in_60s"`
+	Duplicates         int64   `json:"duplicate_completions"`
+	// Caller figures: latency from submission to result of successful jobs.
+	P50MS      float64 `json:"p50_ms"`
+	P95MS      float64 `json:"p95_ms"`
+	Failed     int     `json:"failed"`
+	Unfinished int     `json:"unfinished"`
+	// Trailing60 is, per second of the run, what successful calls that
+	// arrived in the trailing 60 s were charged, in the binding dimension's
+	// unit (requests or tokens).
+	Trailing60 []int64 `json:"trailing_60s"`
+}
+
+// WorkloadResult is one workload and each strategy's result on it.
+type WorkloadResult struct {
+	Name            string   `json:"name"`
+	Description     string   `json:"description"`
+	RPM             int      `json:"rpm"`
+	TPM             int      `json:"tpm"`
+	Binding         Dim      `json:"binding"`
+	Limit           int      `json:"limit"`
+	Jobs            int      `json:"jobs"`
+	OfferedRequests int      `json:"offered_requests"`
+	OfferedTokens   int      `json:"offered_tokens"`
+	OfferedLoad     float64  `json:"offered_load"` // offered binding units / limit
+	WallS           float64  `json:"wall_s"`
+	Results         []Result `json:"results"`
+}
+
+// Run runs every strategy on w at once, each against its own simulator,
+// and returns what the simulators saw.
+func Run(ctx context.Context, w *Workload, opt Options) (*WorkloadResult, error) {
+	opt = opt.withDefaults()
+	began := time.Now()
+	reqs, toks := w.Offered()
+	bind := w.Binding()
+	out := &WorkloadResult{Name: w.Name, Description: w.Description, RPM: w.RPM, TPM: w.TPM, Binding: bind,
+		Limit: w.Limit(bind), Jobs: len(w.Jobs), OfferedRequests: reqs, OfferedTokens: toks}
+	out.OfferedLoad = ratio(reqs, out.Limit)
+	if bind == Tokens {
+		out.OfferedLoad = ratio(toks, out.Limit)
+	}
+
+	type lane struct {
+		name  string
+		sim   *sim.Server
+		stopS func()
+		strat strategy
+	}
+	var lanes []*lane
+	defer func() {
+		for _, l := range lanes {
+			if l.strat != nil {
+				_ = l.strat.close()
+			}
+			l.stopS()
+		}
+	}()
+	for _, name := range Strategies {
+		s, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: Model, RPM: w.RPM, TPM: w.TPM}},
+			TTFT: opt.TTFT, PerToken: opt.PerToken})
+		if err != nil {
+			return nil, err
+		}
+		url, stop, err := serve(s)
+		if err != nil {
+			return nil, err
+		}
+		l := &lane{name: name, sim: s, stopS: stop}
+		lanes = append(lanes, l)
+		if name == Sluice {
+			l.strat = &mesh{spec: nodeSpec{rpm: w.RPM, tpm: w.TPM, maxConcurrency: opt.Concurrency, retry: opt.Retry,
+				maxElapsed: opt.RunTimeout, log: opt.Log}}
+		} else {
+			d, err := newDirect(name, opt.Concurrency, opt.Seed, opt.Retry, w.RPM, w.TPM)
+			if err != nil {
+				return nil, err
+			}
+			l.strat = d
+		}
+		if err := l.strat.prepare(ctx, url+"/v1"); err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+	}
+
+	// Every lane starts together, on a fresh ledger.
+	t0 := time.Now()
+	results := make([]Result, len(lanes))
+	var wg sync.WaitGroup
+	for i, l := range lanes {
+		l.sim.Reset()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runCtx, cancel := context.WithDeadline(ctx, t0.Add(opt.RunTimeout))
+			defer cancel()
+			t := newTracker(len(w.Jobs), t0, opt.OnJob)
+			l.strat.run(runCtx, w.Jobs, t)
+			st := l.sim.Stats() // at the run's end: the timeline stops here
+			results[i] = summarize(l.name, w, bind, st, t, time.Since(t0))
+		}()
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	out.Results = results
+	out.WallS = time.Since(began).Seconds()
+	return out, nil
+}
+
+// summarize turns one lane's simulator stats and tracker into a Result.
+func summarize(name string, w *Workload, bind Dim, st sim.Stats, t *tracker, elapsed time.Duration) Result {
+	ms := st.Models[Model]
+	r := Result{Strategy: name, ElapsedS: elapsed.Seconds(),
+		ProviderRequests: ms.Admitted + ms.RateLimited, Provider429s: ms.RateLimited,
+		Successes: ms.SuccessRequests, SuccessTokens: ms.SuccessTokens,
+		MaxRequestsIn60s: ms.MaxRequestsIn60s, MaxTokensIn60s: ms.MaxTokensIn60s,
+		Duplicates: st.DuplicateCompletions}
+	if ms.SuccessRequests > 0 {
+		r.AttemptsPerSuccess = float64(r.ProviderRequests) / float64(ms.SuccessRequests)
+	}
+	limit := w.Limit(bind)
+	rpmFill, tpmFill := ms.SteadyStateFill()
+	if len(ms.FillSeries()) > 0 {
+		r.Goodput = rpmFill
+		if bind == Tokens {
+			r.Goodput = tpmFill
+		}
+	} else {
+		r.ShortRun = true
+		var total int64
+		for _, s := range ms.Timeline {
+			total += unit(s, bind)
+		}
+		if m := elapsed.Minutes(); m > 0 && limit > 0 {
+			r.Goodput = float64(total) / (float64(limit) * m)
+		}
+	}
+	r.Trailing60 = trailing60(ms.Timeline, bind)
+	lat, failed, unfinished := t.summary()
+	r.Failed, r.Unfinished = failed, unfinished
+	r.P50MS = ms64(percentile(lat, 0.50))
+	r.P95MS = ms64(percentile(lat, 0.95))
+	return r
+}
+
+// unit is a timeline second's successful charge in dimension d.
+func unit(s sim.Second, d Dim) int64 {
+	if d == Requests {
+		return s.Successes
+	}
+	return s.SuccessTokens
+}
+
+// trailing60 returns, per timeline second, the successful charge in d of the
+// arrivals in the 60 s ending with it.
+func trailing60(tl []sim.Second, d Dim) []int64 {
+	out := make([]int64, len(tl))
+	var sum int64
+	for i, s := range tl {
+		sum += unit(s, d)
+		if i >= 60 {
+			sum -= unit(tl[i-60], d)
+		}
+		out[i] = sum
+	}
+	return out
+}
+
+// percentile returns the nearest-rank p-quantile of d (0 when empty).
+func percentile(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	k := int(math.Ceil(p*float64(len(s)))) - 1
+	return s[min(max(k, 0), len(s)-1)]
+}
+
+func ms64(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// serve serves h on a free loopback port until stop is called.
+func serve(h http.Handler) (url string, stop func(), err error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return
+		}
+	}()
+	return "http://" + ln.Addr().String(), func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		if srv.Shutdown(ctx) != nil {
+			_ = srv.Close()
+		}
+		<-done
+	}, nil
+}

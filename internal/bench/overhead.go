@@ -1,0 +1,311 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/sim"
+)
+
+// OverheadOptions configure Overhead.
+type OverheadOptions struct {
+	Jobs        int // jobs in the loaded test
+	Concurrency int // concurrent submitters in the loaded test
+	Serial      int // jobs in the one-at-a-time test
+	Warmup      int // serial jobs run first and not counted
+	// Closed makes each submitter await its job's result before submitting
+	// the next; by default submitters only submit (an open burst).
+	Closed  bool
+	Timeout time.Duration
+	Log     *slog.Logger
+}
+
+func (o OverheadOptions) withDefaults() OverheadOptions {
+	if o.Jobs <= 0 {
+		o.Jobs = 5000
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 64
+	}
+	if o.Serial < 0 {
+		o.Serial = 0
+	}
+	if o.Warmup < 0 {
+		o.Warmup = 0
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 5 * time.Minute
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+// Quantiles of a latency distribution, in milliseconds.
+type Quantiles struct {
+	N   int     `json:"n"`
+	P50 float64 `json:"p50_ms"`
+	P90 float64 `json:"p90_ms"`
+	P99 float64 `json:"p99_ms"`
+	Max float64 `json:"max_ms"`
+}
+
+func quantiles(d []time.Duration) Quantiles {
+	q := Quantiles{N: len(d), P50: ms64(percentile(d, 0.5)), P90: ms64(percentile(d, 0.9)), P99: ms64(percentile(d, 0.99))}
+	for _, v := range d {
+		q.Max = max(q.Max, ms64(v))
+	}
+	return q
+}
+
+// OverheadReport is what Overhead measured.
+type OverheadReport struct {
+	Jobs        int  `json:"jobs"`
+	Concurrency int  `json:"concurrency"`
+	Closed      bool `json:"closed_loop"`
+	Completed   int  `json:"completed"`
+	Failed      int  `json:"failed"`
+	// Added is the loaded test's latency from just before client.Submit to
+	// the provider receiving the call; EndToEnd to the result's arrival.
+	Added    Quantiles `json:"added"`
+	EndToEnd Quantiles `json:"end_to_end"`
+	// WallS runs from the first submission to the last result.
+	WallS      float64 `json:"wall_s"`
+	JobsPerSec float64 `json:"jobs_per_s"`
+	// Serial is the one-job-at-a-time test's added latency (unloaded),
+	// SerialEndToEnd its submission-to-result latency.
+	Serial         Quantiles `json:"serial_added"`
+	SerialEndToEnd Quantiles `json:"serial_end_to_end"`
+}
+
+// arrival is a result's arrival at the caller.
+type arrival struct {
+	ok bool
+	at time.Time
+}
+
+// arrivals records when the provider first received each job's call, by the
+// X-Sluice-Job-Id header the executor sends.
+type arrivals struct {
+	mu sync.Mutex
+	at map[string]time.Time
+}
+
+func (a *arrivals) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if id := r.Header.Get("X-Sluice-Job-Id"); id != "" {
+			now := time.Now()
+			a.mu.Lock()
+			if _, seen := a.at[id]; !seen {
+				a.at[id] = now
+			}
+			a.mu.Unlock()
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func (a *arrivals) get(id string) (time.Time, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t, ok := a.at[id]
+	return t, ok
+}
+
+// overheadBody is the request every overhead job sends: small, so the
+// measurement is the mesh, not the tokenizer.
+var overheadBody = []byte(`{"model":"` + Model + `","max_tokens":16,"messages":[{"role":"user","content":"Say hello to the benchmark."}]}`)
+
+// Overhead measures what the mesh adds between accepting a job and the
+// provider receiving it, on one in-process node against a zero-latency
+// simulator with no limits, and how many jobs per second it completes.
+// progress, if not nil, is called once per result (Warmup + Serial + Jobs
+// in all).
+func Overhead(ctx context.Context, opt OverheadOptions, progress func()) (*OverheadReport, error) {
+	opt = opt.withDefaults()
+	ctx, cancel := context.WithTimeout(ctx, opt.Timeout)
+	defer cancel()
+	s, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: Model}}})
+	if err != nil {
+		return nil, err
+	}
+	arr := &arrivals{at: map[string]time.Time{}}
+	url, stopSim, err := serve(arr.wrap(s))
+	if err != nil {
+		return nil, err
+	}
+	defer stopSim()
+	n, err := startNode(ctx, nodeSpec{providerURL: url + "/v1", maxConcurrency: max(opt.Concurrency, 64) * 4,
+		retry: DefaultRetry, maxElapsed: time.Minute, log: opt.Log})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = n.stop() }()
+
+	var mu sync.Mutex
+	results := map[string]chan arrival{}
+	sub, err := n.cl.Subscribe(tenant, func(r *job.Result) {
+		now := time.Now()
+		mu.Lock()
+		ch := results[r.JobID]
+		mu.Unlock()
+		if ch != nil {
+			select {
+			case ch <- arrival{ok: r.Status == job.StatusSucceeded, at: now}:
+				if progress != nil {
+					progress()
+				}
+			default:
+			}
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+
+	// submit hands one job over and returns its id, submit time and the
+	// channel its result will arrive on.
+	submit := func(ctx context.Context) (string, time.Time, chan arrival, error) {
+		id := job.NewID()
+		ch := make(chan arrival, 1)
+		mu.Lock()
+		results[id] = ch
+		mu.Unlock()
+		sent := time.Now()
+		err := n.submit(ctx, &job.Job{ID: id, Tenant: tenant, Priority: job.Interactive, Request: overheadBody})
+		return id, sent, ch, err
+	}
+	await := func(ctx context.Context, ch chan arrival) (arrival, error) {
+		select {
+		case a := <-ch:
+			return a, nil
+		case <-ctx.Done():
+			return arrival{}, ctx.Err()
+		}
+	}
+
+	rep := &OverheadReport{Jobs: opt.Jobs, Concurrency: opt.Concurrency, Closed: opt.Closed}
+	// Serial, unloaded: one job at a time (after a warm-up).
+	var added, e2e []time.Duration
+	for k := range opt.Warmup + opt.Serial {
+		id, sent, ch, err := submit(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("serial job %d: %w", k, err)
+		}
+		a, err := await(ctx, ch)
+		if err != nil {
+			return nil, fmt.Errorf("serial job %d: %w", k, err)
+		}
+		if !a.ok || k < opt.Warmup {
+			continue
+		}
+		if at, seen := arr.get(id); seen {
+			added = append(added, at.Sub(sent))
+		}
+		e2e = append(e2e, a.at.Sub(sent))
+	}
+	rep.Serial, rep.SerialEndToEnd = quantiles(added), quantiles(e2e)
+
+	// Loaded: Concurrency submitters hand over Jobs jobs. Open (default):
+	// they submit as fast as Submit returns and the results are awaited
+	// afterwards; closed: each submitter awaits its job's result before
+	// submitting the next.
+	type sample struct {
+		id   string
+		sent time.Time
+		ch   chan arrival
+		res  arrival
+		err  error
+	}
+	samples := make([]sample, opt.Jobs)
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range opt.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				s := &samples[i]
+				s.id, s.sent, s.ch, s.err = submit(ctx)
+				if s.err == nil && opt.Closed {
+					s.res, s.err = await(ctx, s.ch)
+				}
+			}
+		}()
+	}
+feed:
+	for i := range opt.Jobs {
+		select {
+		case next <- i:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	var firstErr error
+	for i := range samples {
+		s := &samples[i]
+		if s.err == nil && s.ch != nil && !opt.Closed {
+			s.res, s.err = await(ctx, s.ch)
+		}
+		if s.ch == nil {
+			s.err = ctx.Err()
+		}
+		if s.err != nil && firstErr == nil {
+			firstErr = s.err
+		}
+	}
+	added, e2e = added[:0], e2e[:0]
+	var first, last time.Time
+	for _, s := range samples {
+		if !s.sent.IsZero() && (first.IsZero() || s.sent.Before(first)) {
+			first = s.sent
+		}
+		if !s.res.ok {
+			rep.Failed++
+			continue
+		}
+		rep.Completed++
+		if s.res.at.After(last) {
+			last = s.res.at
+		}
+		if at, seen := arr.get(s.id); seen {
+			added = append(added, at.Sub(s.sent))
+		}
+		e2e = append(e2e, s.res.at.Sub(s.sent))
+	}
+	rep.Added, rep.EndToEnd = quantiles(added), quantiles(e2e)
+	if wall := last.Sub(first); wall > 0 {
+		rep.WallS = wall.Seconds()
+		rep.JobsPerSec = float64(rep.Completed) / wall.Seconds()
+	}
+	if firstErr != nil {
+		return rep, fmt.Errorf("overhead (timeout %s): %w", opt.Timeout, firstErr)
+	}
+	return rep, nil
+}
+
+// WriteOverhead prints an OverheadReport.
+func WriteOverhead(out io.Writer, r *OverheadReport) {
+	fmt.Fprintf(out, "serial (one job at a time, %d jobs): added latency p50 %.2fms  p99 %.2fms  (submit → result p50 %.2fms  p99 %.2fms)\n",
+		r.Serial.N, r.Serial.P50, r.Serial.P99, r.SerialEndToEnd.P50, r.SerialEndToEnd.P99)
+	mode := "open: submitters do not wait for results"
+	if r.Closed {
+		mode = "closed: each submitter awaits its result"
+	}
+	fmt.Fprintf(out, "loaded (%d jobs, %d concurrent submitters, %s):\n", r.Jobs, r.Concurrency, mode)
+	fmt.Fprintf(out, "                     added latency p50 %.2fms  p90 %.2fms  p99 %.2fms  max %.2fms\n",
+		r.Added.P50, r.Added.P90, r.Added.P99, r.Added.Max)
+	fmt.Fprintf(out, "                     submit → result p50 %.2fms  p90 %.2fms  p99 %.2fms\n", r.EndToEnd.P50, r.EndToEnd.P90, r.EndToEnd.P99)
+	fmt.Fprintf(out, "throughput: %d jobs completed (%d failed) in %.2fs from first submit to last result = %.0f jobs/s\n",
+		r.Completed, r.Failed, r.WallS, r.JobsPerSec)
+}
