@@ -37,9 +37,9 @@ func TestFleetSharesOneBudget(t *testing.T) {
 	t.Parallel()
 	bin := sluiceBinary(t)
 	const (
-		longModel, longTPM    = "long-model", 300_000
-		shortModel, shortRPM  = "short-model", 1_200
-		offerFor              = 75 * time.Second
+		longModel, longTPM   = "long-model", 300_000
+		shortModel, shortRPM = "short-model", 1_200
+		offerFor             = 75 * time.Second
 	)
 	simSrv, simURL := startSim(t, sim.Config{
 		Models: []sim.ModelLimits{{Name: longModel, RPM: 10_000, TPM: longTPM}, {Name: shortModel, RPM: shortRPM, TPM: 50_000_000}},
