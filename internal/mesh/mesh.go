@@ -285,3 +285,20 @@ func (m *Mesh) StoredResult(ctx context.Context, tenant, jobID string) (*job.Res
 	}
 	return &r, nil
 }
+
+// Fleet-wide signals.
+const (
+	// PauseSubjectPrefix + <provider>.<model token>: an executor saw the
+	// provider throttle (429 with Retry-After); every admission process stops
+	// dispatching to that model until the time in the message.
+	PauseSubjectPrefix = "sluice.signal.pause."
+	// WhySubjectPrefix + <job id>: a request; the admission process holding
+	// the job answers why it waits.
+	WhySubjectPrefix = "sluice.admission.why."
+)
+
+// Pause tells every admission process to hold a model's jobs until until.
+func (m *Mesh) Pause(provider, model string, until time.Time) error {
+	data := []byte(fmt.Sprintf(`{"provider":%q,"model":%q,"until":%q}`, provider, model, until.UTC().Format(time.RFC3339Nano)))
+	return m.JS.Conn().Publish(PauseSubjectPrefix+provider+"."+job.ModelToken(model), data)
+}

@@ -34,6 +34,9 @@ type Set struct {
 	TenantTokens        *prometheus.CounterVec   // tenant, kind (input, output, cached)
 	InFlight            *prometheus.GaugeVec     // provider, model
 	ConcLeased          *prometheus.GaugeVec     // provider, model
+	Pauses              *prometheus.CounterVec   // provider, model
+	Shed                *prometheus.CounterVec   // tenant, priority
+	Held                *prometheus.GaugeVec     // priority
 	EstimateRatio       *prometheus.GaugeVec     // provider, model
 	Corrections         *prometheus.CounterVec   // provider, model, limit
 	DeadLetters         *prometheus.CounterVec   // reason
@@ -67,6 +70,9 @@ func New(reg prometheus.Registerer) *Set {
 		DeadLetters:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_dead_letters_total", Help: "Jobs written to the DLQ, by reason."}, []string{"reason"}),
 		EstimateRatio:       prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_token_estimate_ratio", Help: "Provider-reported prompt tokens over Sluice's estimate, smoothed (1 = exact; above 1, estimates run low and are scaled up)."}, []string{"provider", "model"}),
 		Corrections:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_budget_corrections_total", Help: "Times a provider's x-ratelimit-remaining-* showed less room than the shared window, which was then charged the difference."}, []string{"provider", "model", "limit"}),
+		Pauses:              prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_provider_pauses_total", Help: "Times a provider's Retry-After paused a model's dispatch across the fleet."}, []string{"provider", "model"}),
+		Shed:                prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_shed_total", Help: "Jobs refused at ingest by load shedding, by tenant and priority."}, []string{"tenant", "priority"}),
+		Held:                prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_admission_held", Help: "Jobs this admission process holds in its fair queues, by priority."}, []string{"priority"}),
 		ConcLeased:          prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_concurrency_leased", Help: "Call slots this process holds on the fleet-wide concurrency lease."}, []string{"provider", "model"}),
 		ModelLimit:          prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_model_limit", Help: "Configured limits per provider/model (limit: rpm, tpm, concurrency)."}, []string{"provider", "model", "limit"}),
 		InFlight:            prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_inflight_calls", Help: "Provider calls in progress in this process."}, []string{"provider", "model"}),
@@ -76,7 +82,7 @@ func New(reg prometheus.Registerer) *Set {
 	reg.MustRegister(s.JobsAccepted, s.JobsRejected, s.Results, s.Requests, s.TokensReserved, s.TokensUsed,
 		s.Retries, s.RateLimitHits, s.Fallbacks, s.DupSuppressed, s.QueueDepth, s.QueueWait, s.AdmissionWaits,
 		s.BudgetWrites, s.BudgetConflict, s.BudgetErrors, s.ReservationsExpired, s.TenantRequests, s.TenantTokens,
-		s.InFlight, s.ProviderLatency, s.ConcLeased, s.ModelLimit, s.DeadLetters, s.EstimateRatio, s.Corrections)
+		s.InFlight, s.ProviderLatency, s.ConcLeased, s.ModelLimit, s.DeadLetters, s.EstimateRatio, s.Corrections, s.Pauses, s.Shed, s.Held)
 	return s
 }
 

@@ -64,6 +64,31 @@ type Admission struct {
 	// per-minute limit per second.
 	BurstFraction float64 `yaml:"burst_fraction"`
 	Batch         int     `yaml:"batch"`
+	// MaxHeld and MaxHeldBytes bound the jobs one admission process holds
+	// in its fair queues; beyond them the newest jobs of the biggest
+	// backlog wait in JetStream instead.
+	MaxHeld      int `yaml:"max_held"`
+	MaxHeldBytes int `yaml:"max_held_bytes"`
+	// Quantum is the tokens a tenant of weight 1 earns per scheduling round.
+	Quantum int `yaml:"quantum"`
+	// Floors are the minimum shares of a model's tokens that standard and
+	// batch keep while interactive work waits.
+	Floors Floors `yaml:"floors"`
+	// Shed refuses new jobs of a class at ingest when QUEUE is this full
+	// (a fraction of its message limit): batch first, then standard.
+	Shed Shed `yaml:"shed"`
+}
+
+// Floors are per-class minimum shares.
+type Floors struct {
+	Standard float64 `yaml:"standard"`
+	Batch    float64 `yaml:"batch"`
+}
+
+// Shed are per-class queue fill levels at which new jobs are refused.
+type Shed struct {
+	Batch    float64 `yaml:"batch"`
+	Standard float64 `yaml:"standard"`
 }
 
 // Provider is one upstream API.
@@ -243,6 +268,21 @@ func (c *Config) withDefaults() {
 	if c.Admission.Batch == 0 {
 		c.Admission.Batch = 256
 	}
+	if c.Admission.MaxHeld == 0 {
+		c.Admission.MaxHeld = 20000
+	}
+	if c.Admission.MaxHeldBytes == 0 {
+		c.Admission.MaxHeldBytes = 256 << 20
+	}
+	if c.Admission.Quantum == 0 {
+		c.Admission.Quantum = 2000
+	}
+	if c.Admission.Floors == (Floors{}) {
+		c.Admission.Floors = Floors{Standard: 0.10, Batch: 0.05}
+	}
+	if c.Admission.Shed == (Shed{}) {
+		c.Admission.Shed = Shed{Batch: 0.8, Standard: 0.95}
+	}
 	for i := range c.Providers {
 		p := &c.Providers[i]
 		if p.Kind == "" {
@@ -297,6 +337,18 @@ func (c *Config) Validate() error {
 	}
 	if g := c.Admission.DispatchGrace.D(); g < 0 || g > 30*time.Second {
 		return fail("admission.dispatch_grace", "must be between 0 and 30s, got %s", g)
+	}
+	if c.Admission.MaxHeld < 1 || c.Admission.MaxHeldBytes < 1<<20 {
+		return fail("admission.max_held", "max_held must be >= 1 and max_held_bytes >= 1 MiB")
+	}
+	if c.Admission.Quantum < 1 {
+		return fail("admission.quantum", "must be positive, got %d", c.Admission.Quantum)
+	}
+	if f := c.Admission.Floors; f.Standard < 0 || f.Batch < 0 || f.Standard+f.Batch > 0.9 {
+		return fail("admission.floors", "each must be >= 0 and together at most 0.9, got standard %g batch %g", f.Standard, f.Batch)
+	}
+	if sh := c.Admission.Shed; sh.Batch <= 0 || sh.Batch > 1 || sh.Standard <= 0 || sh.Standard > 1 {
+		return fail("admission.shed", "levels must be in (0, 1], got batch %g standard %g", sh.Batch, sh.Standard)
 	}
 	if f := c.Admission.BurstFraction; f <= 0 || f > 1 {
 		return fail("admission.burst_fraction", "must be in (0, 1], got %g", f)

@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,10 +34,6 @@ import (
 type Config struct {
 	App *config.Config
 	Now func() time.Time
-	// Order ranks the candidates of one model before they are reserved, best
-	// first. nil means priority, then submission time (FIFO). Fair
-	// multi-tenant scheduling plugs in here.
-	Order func(c []*Candidate)
 }
 
 // Candidate is a job ready for a reservation.
@@ -56,11 +51,15 @@ type Service struct {
 	log       *slog.Logger
 	m         *metrics.Set
 	now       func() time.Time
-	cursor    map[string]time.Time // per budget key: estimated turn of the last deferred job
-	leases    map[string]*lease    // per budget key: this process's block of the current slice
-	tenantMin *budget.Store        // tenants' per-minute windows
-	tenantDay *budget.Store        // tenants' per-day windows
-	budgetErr atomic.Value         // last budget store error (string), "" when healthy
+	models    map[string]*modelState // per budget key: the jobs held for it
+	heldIdx   map[string]string      // job id -> budget key, for "why does it wait"
+	notBefore map[string]time.Time   // job id -> when it is due (waiting in JetStream)
+	held      int
+	heldBytes int
+	leases    map[string]*lease // per budget key: this process's block of the current slice
+	tenantMin *budget.Store     // tenants' per-minute windows
+	tenantDay *budget.Store     // tenants' per-day windows
+	budgetErr atomic.Value      // last budget store error (string), "" when healthy
 }
 
 // New builds the service; it does no I/O.
@@ -72,9 +71,6 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	if now == nil {
 		now = time.Now
 	}
-	if cfg.Order == nil {
-		cfg.Order = fifo
-	}
 	a := cfg.App.Admission
 	st := budget.NewStore(m.Budgets, budget.Params{Slice: a.Slice.D(), DispatchGrace: a.DispatchGrace.D(), BurstFraction: a.BurstFraction}, now)
 	st.Writes = ms.BudgetWrites.Inc
@@ -85,7 +81,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	for _, x := range []*budget.Store{tmin, tday} {
 		x.Writes, x.Conflicts = ms.BudgetWrites.Inc, ms.BudgetConflict.Inc
 	}
-	s := &Service{cfg: cfg, mesh: m, store: st, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, cursor: map[string]time.Time{}, leases: map[string]*lease{}}
+	s := &Service{cfg: cfg, mesh: m, store: st, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, heldIdx: map[string]string{}, notBefore: map[string]time.Time{}, leases: map[string]*lease{}}
 	s.budgetErr.Store("")
 	return s, nil
 }
@@ -96,17 +92,6 @@ func (s *Service) Ready() error {
 		return fmt.Errorf("budget store: %s", e)
 	}
 	return nil
-}
-
-func fifo(c []*Candidate) {
-	rank := map[job.Priority]int{job.Interactive: 0, job.Standard: 1, job.Batch: 2}
-	sort.SliceStable(c, func(i, k int) bool {
-		a, b := c[i].Job, c[k].Job
-		if rank[a.Priority] != rank[b.Priority] {
-			return rank[a.Priority] < rank[b.Priority]
-		}
-		return a.SubmittedAt.Before(b.SubmittedAt)
-	})
 }
 
 // Run consumes QUEUE until ctx ends.
@@ -140,16 +125,73 @@ func (s *Service) Run(ctx context.Context) error {
 		cc.Stop()
 		wg.Wait()
 	}()
+	pauses := make(chan pauseSignal, 64)
+	psub, err := s.mesh.JS.Conn().Subscribe(PauseSubjectPrefix+">", func(m *nats.Msg) {
+		var p pauseSignal
+		if json.Unmarshal(m.Data, &p) == nil {
+			p.Key = budget.ModelKey(p.Provider, job.ModelToken(p.Model))
+			select {
+			case pauses <- p:
+			default:
+			}
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe pauses: %w", err)
+	}
+	defer func() { _ = psub.Unsubscribe() }()
+	whys := make(chan whyQuery)
+	wsub, err := s.mesh.JS.Conn().Subscribe(WhySubjectPrefix+"*", func(m *nats.Msg) {
+		q := whyQuery{id: strings.TrimPrefix(m.Subject, WhySubjectPrefix), reply: make(chan *Waiting, 1)}
+		select {
+		case whys <- q:
+		case <-ctx.Done():
+			return
+		}
+		if w := <-q.reply; w != nil {
+			data, _ := json.Marshal(w)
+			_ = m.Respond(data)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe why: %w", err)
+	}
+	defer func() { _ = wsub.Unsubscribe() }()
+
 	msgs := make([]jetstream.Msg, 0, batch)
 	tick := time.NewTicker(s.store.Params().Slice)
 	defer tick.Stop()
+	touch := time.NewTicker(KeepAliveEvery)
+	defer touch.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			s.returnLeases(context.WithoutCancel(ctx), true)
+			s.releaseAll()
 			return nil
 		case <-tick.C:
 			s.returnLeases(ctx, false)
+			s.expireHeld(ctx)
+			s.dispatchAll(ctx)
+			continue
+		case <-touch.C:
+			s.keepAlive()
+			for _, p := range job.Priorities {
+				n := 0
+				for _, ms := range s.models {
+					n += ms.sched.ClassLen(p)
+				}
+				s.m.Held.WithLabelValues(string(p)).Set(float64(n))
+			}
+			continue
+		case p := <-pauses:
+			ms := s.models[p.Key]
+			if ms != nil && p.Until.After(ms.pausedUntil) {
+				ms.pausedUntil, ms.reason = p.Until, "paused_provider"
+			}
+			continue
+		case q := <-whys:
+			q.reply <- s.why(q.id)
 			continue
 		case m := <-in:
 			msgs = append(msgs[:0], m)
@@ -167,10 +209,11 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 }
 
-// admit handles one batch.
+// admit takes a batch from QUEUE: expired jobs end, jobs not due yet wait
+// in JetStream, the rest join their model's fair queue; then whatever the
+// budgets allow is dispatched.
 func (s *Service) admit(ctx context.Context, msgs []jetstream.Msg) {
 	now := s.now()
-	groups := map[string][]*Candidate{}
 	for _, msg := range msgs {
 		var j job.Job
 		if err := json.Unmarshal(msg.Data(), &j); err != nil || j.ID == "" || j.Estimate == nil {
@@ -188,29 +231,14 @@ func (s *Service) admit(ctx context.Context, msgs []jetstream.Msg) {
 				continue
 			}
 			s.m.AdmissionWaits.WithLabelValues(j.Provider, j.Model, "not_before").Inc()
-			s.log.Debug("job waits for not_before", "job_id", j.ID, "delay", j.NotBefore.Sub(now))
+			s.notBefore[j.ID] = *j.NotBefore
 			_ = msg.NakWithDelay(j.NotBefore.Sub(now))
 			continue
 		}
-		key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
-		groups[key] = append(groups[key], &Candidate{Job: &j, Msg: msg, Cost: budget.Cost{Requests: 1, Tokens: j.Estimate.Cost()}})
+		delete(s.notBefore, j.ID)
+		s.hold(&Candidate{Job: &j, Msg: msg, Cost: budget.Cost{Requests: 1, Tokens: j.Estimate.Cost()}}, now)
 	}
-	var pending []*pub
-	for key, cands := range groups {
-		pending = append(pending, s.reserve(ctx, key, cands)...)
-	}
-	for _, p := range pending {
-		select {
-		case <-p.fut.Ok():
-			_ = p.msg.Ack()
-		case err := <-p.fut.Err():
-			// The reservation is spent either way; the job waits and tries again.
-			s.log.Warn("dispatch publish failed", "job_id", p.id, "err", err)
-			_ = p.msg.NakWithDelay(time.Second)
-		case <-ctx.Done():
-			return
-		}
-	}
+	s.dispatchAll(ctx)
 }
 
 type pub struct {
@@ -219,47 +247,60 @@ type pub struct {
 	fut jetstream.PubAckFuture
 }
 
-func (s *Service) reserve(ctx context.Context, key string, cands []*Candidate) []*pub {
-	s.cfg.Order(cands)
-	j0 := cands[0].Job
-	_, model, ok := s.cfg.App.ModelRef(j0.Model)
+// reserve tries to reserve budget for popped, in the fair order the
+// scheduler gave; what the budgets refuse goes back to the scheduler, in
+// order, and the model sleeps until the budget is expected to free.
+func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) []*pub {
+	key := ms.key
+	cands := make([]*Candidate, len(popped))
+	byCand := map[*Candidate]*Item{}
+	for i, it := range popped {
+		cands[i] = it.Value.(*Candidate)
+		byCand[cands[i]] = it
+		delete(s.heldIdx, cands[i].Job.ID)
+	}
+	putBack := func(rest []*Candidate, wake time.Time, reason string) {
+		now := s.now()
+		for i := len(rest) - 1; i >= 0; i-- {
+			it := byCand[rest[i]]
+			ms.sched.Unpop(it)
+			ms.touched[it] = now
+			s.held++
+			s.heldBytes += it.Size
+			s.heldIdx[rest[i].Job.ID] = key
+		}
+		ms.wakeAt, ms.reason = wake, reason
+	}
+	_, model, ok := s.cfg.App.ModelRef(ms.model)
 	if !ok {
 		for _, c := range cands {
-			s.fail(ctx, c, &job.Error{Code: job.CodeUnknownModel, Message: fmt.Sprintf("model %q is no longer configured", j0.Model)})
+			s.fail(ctx, c, &job.Error{Code: job.CodeUnknownModel, Message: fmt.Sprintf("model %q is no longer configured", ms.model)})
 		}
 		return nil
 	}
-	cands, held, err := s.tenantGate(ctx, cands)
+	allowed, held, err := s.tenantGate(ctx, cands)
 	if err != nil {
-		s.m.BudgetErrors.Inc()
-		s.budgetErr.Store(err.Error())
-		s.log.Warn("budget store unavailable; holding jobs", "key", key, "err", err)
-		for _, c := range cands {
-			_ = c.Msg.NakWithDelay(time.Second + jitter(500*time.Millisecond))
-		}
+		s.storeDown(key, err)
+		putBack(cands, s.now().Add(time.Second), "budget_store")
 		return nil
 	}
-	if len(cands) == 0 {
+	if len(allowed) == 0 {
 		return nil
 	}
 	lim := budget.Limits{RPM: model.RPM, TPM: model.TPM}
-	g, err := s.lease(ctx, key, lim, cands)
+	g, err := s.lease(ctx, key, lim, allowed)
 	// Tenant budget taken for jobs the model cannot take now goes back.
-	s.giveBack(ctx, held, cands[min(g.N, len(cands)):])
+	s.giveBack(ctx, held, allowed[min(g.N, len(allowed)):])
 	if err != nil {
 		// Fail closed: no budget, no dispatch.
-		s.m.BudgetErrors.Inc()
-		s.budgetErr.Store(err.Error())
-		s.log.Warn("budget store unavailable; holding jobs", "key", key, "err", err)
-		for _, c := range cands {
-			_ = c.Msg.NakWithDelay(time.Second + jitter(500*time.Millisecond))
-		}
+		s.storeDown(key, err)
+		putBack(allowed, s.now().Add(time.Second), "budget_store")
 		return nil
 	}
 	s.budgetErr.Store("")
 	now := s.now()
 	var out []*pub
-	for i, c := range cands[:g.N] {
+	for i, c := range allowed[:g.N] {
 		j := c.Job
 		j.Reservation = &job.Reservation{
 			ID: fmt.Sprintf("%d-%d", g.Slice, i), Requests: c.Cost.Requests, Tokens: c.Cost.Tokens,
@@ -284,47 +325,33 @@ func (s *Service) reserve(ctx context.Context, key string, cands []*Candidate) [
 		}
 		out = append(out, &pub{id: j.ID, msg: c.Msg, fut: fut})
 	}
-	if g.N < len(cands) {
-		s.defer_(key, lim, g, cands[g.N:], now)
+	if rest := allowed[g.N:]; len(rest) > 0 {
+		wake := g.RetryAt
+		if wake.Before(now) {
+			wake = now
+		}
+		var keep []*Candidate
+		for _, c := range rest {
+			s.m.AdmissionWaits.WithLabelValues(c.Job.Provider, c.Job.Model, g.Reason).Inc()
+			if dl := c.Job.Deadline; dl != nil && wake.After(*dl) {
+				// The budget frees after its deadline: end it now, honestly,
+				// rather than let it wait in vain.
+				s.expire(ctx, c.Msg, c.Job, fmt.Sprintf("estimated wait %s for %s budget exceeds the deadline", wake.Sub(now).Round(time.Millisecond), g.Reason))
+				continue
+			}
+			keep = append(keep, c)
+		}
+		putBack(keep, wake, g.Reason)
+	} else {
+		ms.wakeAt, ms.reason = time.Time{}, ""
 	}
 	return out
 }
 
-// defer_ sends jobs that did not fit back to wait until their estimated
-// turn: the first one until the budget frees, each later one after the
-// budget its predecessors need, so they do not all wake at once.
-func (s *Service) defer_(key string, lim budget.Limits, g budget.Grant, rest []*Candidate, now time.Time) {
-	at := g.RetryAt
-	if at.Before(now) {
-		at = now
-	}
-	cur := s.cursor[key]
-	if cur.Before(at) {
-		cur = at
-	}
-	for _, c := range rest {
-		s.m.AdmissionWaits.WithLabelValues(c.Job.Provider, c.Job.Model, g.Reason).Inc()
-		turn := at
-		if md, err := c.Msg.Metadata(); err == nil && md.NumDelivered <= 1 {
-			// A new arrival queues behind the ones already waiting.
-			turn = cur
-			cur = cur.Add(spacing(lim, c.Cost))
-		}
-		if dl := c.Job.Deadline; dl != nil && turn.After(*dl) {
-			// Its turn comes after its deadline: end it now, honestly,
-			// rather than let it wait in vain.
-			s.expire(context.Background(), c.Msg, c.Job, fmt.Sprintf("estimated wait %s for %s budget exceeds the deadline", turn.Sub(now).Round(time.Millisecond), g.Reason))
-			continue
-		}
-		d := turn.Sub(now) + jitter(s.store.Params().Slice)
-		d = min(max(d, 10*time.Millisecond), MaxBudgetWait)
-		s.log.Debug("job waits for budget", "job_id", c.Job.ID, "reason", g.Reason, "delay", d)
-		_ = c.Msg.NakWithDelay(d)
-	}
-	if cur.After(now.Add(10 * time.Minute)) {
-		cur = now.Add(10 * time.Minute)
-	}
-	s.cursor[key] = cur
+func (s *Service) storeDown(key string, err error) {
+	s.m.BudgetErrors.Inc()
+	s.budgetErr.Store(err.Error())
+	s.log.Warn("budget store unavailable; holding jobs", "key", key, "err", err)
 }
 
 // MaxBudgetWait caps one redelivery delay of a job waiting for budget, so

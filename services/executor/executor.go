@@ -284,6 +284,11 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	if out.Class == provider.AuthBroken {
 		s.markBroken(target)
 	}
+	if out.Class == provider.Retry && out.HTTPStatus == http.StatusTooManyRequests && out.RetryAfter > 0 {
+		// The provider asked to wait: the whole fleet waits, instead of every
+		// executor finding out with a 429 of its own.
+		s.pause(ctx, j, s.now().Add(out.RetryAfter))
+	}
 	s.m.Requests.WithLabelValues(j.Provider, j.Model, status).Inc()
 	s.m.TenantRequests.WithLabelValues(j.Tenant).Inc()
 	if out.HTTPStatus == http.StatusTooManyRequests && out.Class == provider.Retry {
@@ -468,6 +473,19 @@ func (s *Service) isBroken(t config.Target) bool {
 // CredentialQuarantine is how long a provider whose credential was refused
 // is treated as unavailable before it is tried again.
 const CredentialQuarantine = time.Minute
+
+// pause holds a model's dispatch fleet-wide until until: admission stops
+// reserving for it and the model's DISPATCH consumer is paused.
+func (s *Service) pause(ctx context.Context, j *job.Job, until time.Time) {
+	if err := s.mesh.Pause(j.Provider, j.Model, until); err != nil {
+		s.log.Debug("pause signal", "err", err)
+	}
+	name := "executor-" + j.Provider + "-" + job.ModelToken(j.Model)
+	if _, err := s.mesh.JS.PauseConsumer(ctx, streams.Dispatch, name, until); err != nil {
+		s.log.Debug("pause consumer", "consumer", name, "err", err)
+	}
+	s.m.Pauses.WithLabelValues(j.Provider, j.Model).Inc()
+}
 
 // seed corrects the shared window from the provider's own count: when its
 // x-ratelimit-remaining-* shows less room than the window believes (someone

@@ -1,0 +1,226 @@
+package admission
+
+import (
+	"context"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/pkg/budget"
+	"github.com/sluice-dev/sluice/pkg/job"
+)
+
+// Subjects admission listens on (see mesh).
+const (
+	PauseSubjectPrefix = mesh.PauseSubjectPrefix
+	WhySubjectPrefix   = mesh.WhySubjectPrefix
+)
+
+// KeepAliveEvery is how often held jobs tell JetStream they are still being
+// worked on (the QUEUE consumer's ack wait is 30 s).
+const KeepAliveEvery = 10 * time.Second
+
+// modelState is one model's fair queue in this process.
+type modelState struct {
+	key, provider, model string
+	sched                *Scheduler
+	wakeAt               time.Time // budget expected to free; nothing to try before
+	pausedUntil          time.Time // the provider asked the fleet to wait
+	reason               string    // why the queue waits now
+	touched              map[*Item]time.Time
+}
+
+type pauseSignal struct {
+	Provider string    `json:"provider"`
+	Model    string    `json:"model"`
+	Until    time.Time `json:"until"`
+	Key      string    `json:"-"`
+}
+
+// Waiting says why a job has not been dispatched yet.
+type Waiting struct {
+	JobID    string    `json:"job_id"`
+	Reason   string    `json:"reason"` // rpm, tpm, burst, tenant_*, paused_provider, not_before, budget_store, queued
+	Until    time.Time `json:"until,omitzero"`
+	Position int       `json:"position,omitempty"` // jobs of this model held ahead of it, roughly
+}
+
+type whyQuery struct {
+	id    string
+	reply chan *Waiting
+}
+
+func (s *Service) model(key string, j *job.Job) *modelState {
+	ms := s.models[key]
+	if ms == nil {
+		a := s.cfg.App.Admission
+		floors := map[job.Priority]float64{job.Standard: a.Floors.Standard, job.Batch: a.Floors.Batch}
+		ms = &modelState{key: key, provider: j.Provider, model: j.Model, touched: map[*Item]time.Time{},
+			sched: NewScheduler(a.Quantum, s.weight, floors, time.Minute)}
+		s.models[key] = ms
+	}
+	return ms
+}
+
+func (s *Service) weight(tenant string) int {
+	if t, ok := s.cfg.App.Tenant(tenant); ok {
+		return t.Weight
+	}
+	return 1
+}
+
+// hold queues a job in its model's scheduler, keeping memory bounded.
+func (s *Service) hold(c *Candidate, now time.Time) {
+	key := budget.ModelKey(c.Job.Provider, job.ModelToken(c.Job.Model))
+	ms := s.model(key, c.Job)
+	it := &Item{Tenant: c.Job.Tenant, Priority: c.Job.Priority, Cost: c.Cost.Tokens, Size: len(c.Msg.Data()), Since: now, Value: c}
+	ms.sched.Push(it)
+	ms.touched[it] = now
+	s.heldIdx[c.Job.ID] = key
+	s.held++
+	s.heldBytes += it.Size
+	a := s.cfg.App.Admission
+	for s.held > a.MaxHeld || s.heldBytes > a.MaxHeldBytes {
+		if !s.evict() {
+			break
+		}
+	}
+}
+
+// evict sends the newest job of the largest backlog back to JetStream.
+func (s *Service) evict() bool {
+	var biggest *modelState
+	for _, ms := range s.models {
+		if n, _ := ms.sched.Len(); n > 0 && (biggest == nil || n > func() int { m, _ := biggest.sched.Len(); return m }()) {
+			biggest = ms
+		}
+	}
+	if biggest == nil {
+		return false
+	}
+	it := biggest.sched.EvictTail()
+	if it == nil {
+		return false
+	}
+	s.forget(biggest, it)
+	c := it.Value.(*Candidate)
+	s.m.AdmissionWaits.WithLabelValues(c.Job.Provider, c.Job.Model, "evicted").Inc()
+	_ = c.Msg.NakWithDelay(5*time.Second + jitter(5*time.Second))
+	return true
+}
+
+func (s *Service) forget(ms *modelState, it *Item) {
+	delete(ms.touched, it)
+	delete(s.heldIdx, it.Value.(*Candidate).Job.ID)
+	s.held--
+	s.heldBytes -= it.Size
+}
+
+// dispatchAll reserves and dispatches what each model's budget allows, in
+// fair order, then waits for DISPATCH to confirm and acks QUEUE.
+func (s *Service) dispatchAll(ctx context.Context) {
+	now := s.now()
+	batch := s.cfg.App.Admission.Batch
+	var pending []*pub
+	for _, ms := range s.models {
+		if n, _ := ms.sched.Len(); n == 0 || now.Before(ms.wakeAt) || now.Before(ms.pausedUntil) {
+			continue
+		}
+		var popped []*Item
+		for len(popped) < batch {
+			it := ms.sched.Pop(now)
+			if it == nil {
+				break
+			}
+			delete(ms.touched, it)
+			s.held--
+			s.heldBytes -= it.Size
+			popped = append(popped, it)
+		}
+		pending = append(pending, s.reserve(ctx, ms, popped)...)
+	}
+	for _, p := range pending {
+		select {
+		case <-p.fut.Ok():
+			_ = p.msg.Ack()
+		case err := <-p.fut.Err():
+			// The reservation is spent either way; the job waits and tries again.
+			s.log.Warn("dispatch publish failed", "job_id", p.id, "err", err)
+			_ = p.msg.NakWithDelay(time.Second)
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// expireHeld ends held jobs whose deadline passed.
+func (s *Service) expireHeld(ctx context.Context) {
+	now := s.now()
+	for _, ms := range s.models {
+		gone := ms.sched.Remove(func(it *Item) bool {
+			dl := it.Value.(*Candidate).Job.Deadline
+			return dl != nil && !dl.After(now)
+		})
+		for _, it := range gone {
+			s.forget(ms, it)
+			c := it.Value.(*Candidate)
+			s.expire(ctx, c.Msg, c.Job, "deadline passed while waiting for "+orQueued(ms.reason)+" budget")
+		}
+	}
+	for id, at := range s.notBefore {
+		if now.After(at.Add(time.Minute)) {
+			delete(s.notBefore, id)
+		}
+	}
+}
+
+// keepAlive extends the ack wait of held jobs.
+func (s *Service) keepAlive() {
+	now := s.now()
+	for _, ms := range s.models {
+		for it, at := range ms.touched {
+			if now.Sub(at) >= KeepAliveEvery {
+				_ = it.Value.(*Candidate).Msg.InProgress()
+				ms.touched[it] = now
+			}
+		}
+	}
+}
+
+// releaseAll hands held jobs back to JetStream at shutdown, for another
+// admission process to take at once.
+func (s *Service) releaseAll() {
+	for _, ms := range s.models {
+		ms.sched.Each(func(it *Item) bool {
+			_ = it.Value.(*Candidate).Msg.Nak()
+			return true
+		})
+	}
+}
+
+// why answers for a job this process knows about; nil otherwise.
+func (s *Service) why(id string) *Waiting {
+	if key, ok := s.heldIdx[id]; ok {
+		ms := s.models[key]
+		w := &Waiting{JobID: id, Reason: orQueued(ms.reason), Until: ms.wakeAt}
+		if s.now().Before(ms.pausedUntil) {
+			w.Reason, w.Until = "paused_provider", ms.pausedUntil
+		}
+		w.Position, _ = ms.sched.Len()
+		return w
+	}
+	if at, ok := s.notBefore[id]; ok {
+		return &Waiting{JobID: id, Reason: "not_before", Until: at}
+	}
+	return nil
+}
+
+func orQueued(r string) string {
+	if r == "" {
+		return "queued"
+	}
+	return r
+}
+
+var _ = jetstream.Msg(nil)

@@ -1,0 +1,162 @@
+package admission
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/sluice-dev/sluice/pkg/job"
+)
+
+func newSched(weights map[string]int, floors map[job.Priority]float64) *Scheduler {
+	return NewScheduler(1000, func(t string) int { return max(weights[t], 1) }, floors, time.Minute)
+}
+
+func fill(s *Scheduler, tenant string, p job.Priority, n, cost int) {
+	for range n {
+		s.Push(&Item{Tenant: tenant, Priority: p, Cost: cost, Size: 100})
+	}
+}
+
+// drain pops n jobs a second apart and returns tokens served per tenant and per class.
+func drain(s *Scheduler, n int) (byTenant map[string]int, byClass map[job.Priority]int, order []*Item) {
+	byTenant, byClass = map[string]int{}, map[job.Priority]int{}
+	now := time.Unix(1_000_000, 0)
+	for range n {
+		it := s.Pop(now)
+		if it == nil {
+			break
+		}
+		byTenant[it.Tenant] += it.Cost
+		byClass[it.Priority] += it.Cost
+		order = append(order, it)
+		now = now.Add(100 * time.Millisecond)
+	}
+	return byTenant, byClass, order
+}
+
+func jain(xs ...float64) float64 {
+	var sum, sq float64
+	for _, x := range xs {
+		sum += x
+		sq += x * x
+	}
+	return sum * sum / (float64(len(xs)) * sq)
+}
+
+func TestFairShareByTokensAndWeight(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name         string
+		weights      map[string]int
+		costA, costB int
+		wantShareA   float64
+	}{
+		{"equal weights, equal sizes", nil, 500, 500, 0.5},
+		{"equal weights, big vs small requests", nil, 5000, 200, 0.5},
+		{"weights 2:1", map[string]int{"a": 2, "b": 1}, 500, 500, 2.0 / 3},
+		{"weights 1:3, mixed sizes", map[string]int{"a": 1, "b": 3}, 3000, 700, 0.25},
+	} {
+		s := newSched(tc.weights, nil)
+		fill(s, "a", job.Batch, 2000, tc.costA)
+		fill(s, "b", job.Batch, 2000, tc.costB)
+		// Serve about 400,000 tokens while both stay backlogged.
+		n := 400_000 / ((tc.costA + tc.costB) / 2)
+		by, _, _ := drain(s, n)
+		share := float64(by["a"]) / float64(by["a"]+by["b"])
+		if math.Abs(share-tc.wantShareA) > 0.05*tc.wantShareA {
+			t.Errorf("%s: tenant a got %.3f of the tokens, want %.3f ± 5 %%", tc.name, share, tc.wantShareA)
+		}
+		wa, wb := float64(max(tc.weights["a"], 1)), float64(max(tc.weights["b"], 1))
+		if j := jain(float64(by["a"])/wa, float64(by["b"])/wb); j < 0.99 {
+			t.Errorf("%s: Jain's index of weighted shares %.3f, want >= 0.99", tc.name, j)
+		}
+	}
+}
+
+func TestLargeRequestsAreNotStarved(t *testing.T) {
+	t.Parallel()
+	s := newSched(nil, nil)
+	fill(s, "small", job.Standard, 5000, 200)
+	s.Push(&Item{Tenant: "big", Priority: job.Standard, Cost: 5000, Size: 1})
+	_, _, order := drain(s, 100)
+	for i, it := range order {
+		if it.Tenant == "big" {
+			// The big job waits while its tenant's deficit grows: at most
+			// cost/quantum rounds, each serving about a quantum of small jobs.
+			if i > 5000/1000*(1000/200+1)+1 {
+				t.Errorf("the 5,000-token job came out at position %d; want within about %d", i, 5000/1000*(1000/200+1))
+			}
+			return
+		}
+	}
+	t.Fatal("the 5,000-token job never came out within 100 pops")
+}
+
+func TestPriorityWithFloors(t *testing.T) {
+	t.Parallel()
+	floors := map[job.Priority]float64{job.Standard: 0.1, job.Batch: 0.05}
+	s := newSched(nil, floors)
+	fill(s, "x", job.Interactive, 3000, 500)
+	fill(s, "y", job.Batch, 3000, 500)
+	fill(s, "z", job.Standard, 3000, 500)
+	_, byClass, order := drain(s, 2000)
+	if order[0].Priority != job.Interactive {
+		t.Errorf("first job served is %s, want interactive", order[0].Priority)
+	}
+	total := float64(byClass[job.Interactive] + byClass[job.Standard] + byClass[job.Batch])
+	for p, f := range floors {
+		if got := float64(byClass[p]) / total; got < f*0.95 {
+			t.Errorf("%s got %.3f of the tokens, below its floor %.2f", p, got, f)
+		}
+	}
+	if got := float64(byClass[job.Interactive]) / total; got < 0.8 {
+		t.Errorf("interactive got %.3f; with floors of 15 %% it should get the rest", got)
+	}
+	// Without competition, a lower class gets everything.
+	s2 := newSched(nil, floors)
+	fill(s2, "y", job.Batch, 10, 500)
+	if _, byClass, _ := drain(s2, 10); byClass[job.Batch] != 5000 {
+		t.Errorf("batch alone got %d tokens, want all 5000", byClass[job.Batch])
+	}
+}
+
+func TestUnpopKeepsOrderAndDeficit(t *testing.T) {
+	t.Parallel()
+	s := newSched(nil, nil)
+	fill(s, "a", job.Standard, 3, 400)
+	fill(s, "b", job.Standard, 3, 400)
+	now := time.Unix(0, 0)
+	first := s.Pop(now)
+	s.Unpop(first)
+	again := s.Pop(now)
+	if again != first {
+		t.Fatalf("after Unpop the next job is %+v, want the same one back", again)
+	}
+	if n, _ := s.Len(); n != 5 {
+		t.Errorf("Len = %d, want 5", n)
+	}
+}
+
+func TestEvictTailAndRemove(t *testing.T) {
+	t.Parallel()
+	s := newSched(nil, nil)
+	fill(s, "flood", job.Batch, 5, 100)
+	fill(s, "one", job.Batch, 1, 100)
+	fill(s, "vip", job.Interactive, 1, 100)
+	it := s.EvictTail()
+	if it == nil || it.Tenant != "flood" || it.Priority != job.Batch {
+		t.Fatalf("evicted %+v, want the flooding tenant's newest batch job", it)
+	}
+	gone := s.Remove(func(it *Item) bool { return it.Tenant == "one" })
+	if len(gone) != 1 {
+		t.Errorf("Remove returned %d items, want 1", len(gone))
+	}
+	if n, bytes := s.Len(); n != 5 || bytes != 500 {
+		t.Errorf("Len = %d jobs, %d bytes; want 5 and 500", n, bytes)
+	}
+	_, _, order := drain(s, 10)
+	if len(order) != 5 || order[0].Tenant != "vip" {
+		t.Errorf("after eviction and removal: %d jobs, first %q; want 5 with vip first", len(order), order[0].Tenant)
+	}
+}
