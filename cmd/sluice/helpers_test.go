@@ -153,3 +153,5 @@ tenants:
 var testEnv = map[string]string{"SIM_KEY": "sim-secret", "ACME_KEY": "acme-key", "GLOBEX_KEY": "globex-key", "INITECH_KEY": "initech-key"}
 
 func asErr[T error](err error, target *T) bool { return errors.As(err, target) }
+
+func writeFile(path, data string) error { return os.WriteFile(path, []byte(data), 0o600) }

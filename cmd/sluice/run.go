@@ -19,6 +19,7 @@ Commands:
            mixed workload from several tenants, show live progress and a summary
   up       run Sluice (embedded NATS by default; --nats-url joins a cluster)
   sim      run the OpenAI-compatible provider simulator
+  queue    show what waits: depth, oldest age, estimated wait per tenant and priority
   submit   send one job over NATS and print its result
   dlq      list, show and replay dead-lettered jobs
   version  print the version
@@ -43,6 +44,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runSim(ctx, rest, getenv, stdout, stderr)
 	case "demo":
 		return runDemo(ctx, rest, getenv, stdout, stderr)
+	case "queue":
+		return runQueue(ctx, rest, getenv, stdout, stderr)
 	case "submit":
 		return runSubmit(ctx, rest, getenv, stdout, stderr)
 	case "dlq":

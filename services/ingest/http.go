@@ -170,13 +170,18 @@ func (s *Service) fail(w http.ResponseWriter, via string, err error) {
 	case errors.Is(err, api.ErrUnauthorized):
 		s.m.JobsRejected.WithLabelValues(via, "unauthorized").Inc()
 		api.Error(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", err.Error())
+	case errors.As(err, &ve) && ve.Code == CodeDeadlineUnmeetable:
+		s.m.JobsRejected.WithLabelValues(via, ve.Code).Inc()
+		api.Error(w, http.StatusTooManyRequests, "invalid_request_error", ve.Code, ve.Error())
 	case errors.As(err, &ve):
 		s.m.JobsRejected.WithLabelValues(via, ve.Code).Inc()
 		api.Error(w, api.StatusFor(ve.Code), "invalid_request_error", ve.Code, ve.Error())
 	case errors.Is(err, ErrQueueFull):
-		s.m.JobsRejected.WithLabelValues(via, job.CodeQueueFull).Inc()
-		api.RetryAfter(w, 2*time.Second)
-		api.Error(w, http.StatusTooManyRequests, "sluice_error", job.CodeQueueFull, "Sluice's queue is full; retry after the Retry-After delay")
+		be := &BusyError{Code: job.CodeQueueFull, RetryAfter: 2 * time.Second, Message: "Sluice's queue is full"}
+		errors.As(err, &be)
+		s.m.JobsRejected.WithLabelValues(via, be.Code).Inc()
+		api.RetryAfter(w, be.RetryAfter)
+		api.Error(w, http.StatusTooManyRequests, "sluice_error", be.Code, be.Message+"; retry after the Retry-After delay")
 	default:
 		s.log.Warn("http submit failed", "err", err)
 		api.RetryAfter(w, time.Second)

@@ -41,6 +41,12 @@ type Config struct {
 
 // Service is the ingest service.
 type Service struct {
+	qmu     sync.Mutex
+	qAt     time.Time
+	qMsgs   uint64
+	qLimit  uint64
+	avgCost float64
+
 	cfg  Config
 	lim  job.Limits
 	mesh *mesh.Mesh
@@ -87,6 +93,20 @@ func (e *transientError) Unwrap() error { return e.err }
 // ErrQueueFull is returned when QUEUE refuses new jobs.
 var ErrQueueFull = errors.New("queue full")
 
+// BusyError refuses a job for now: the queue is full, or this priority is
+// being shed under pressure. RetryAfter is estimated from the queue ahead
+// and the model's admission rate.
+type BusyError struct {
+	Code       string // queue_full or shed
+	RetryAfter time.Duration
+	Message    string
+}
+
+func (e *BusyError) Error() string { return e.Code + ": " + e.Message }
+
+// Is makes every BusyError match ErrQueueFull.
+func (e *BusyError) Is(target error) bool { return target == ErrQueueFull }
+
 // Accept validates a decoded job and enqueues it. A *job.ValidationError
 // means the job is refused; ErrQueueFull means try later.
 func (s *Service) Accept(ctx context.Context, j *job.Job) (Accepted, error) {
@@ -127,6 +147,17 @@ func (s *Service) Accept(ctx context.Context, j *job.Job) (Accepted, error) {
 	now := s.now().UTC()
 	if j.Deadline != nil && !j.Deadline.After(now) {
 		return Accepted{}, &job.ValidationError{Code: job.CodeDeadlineExpired, Field: "deadline", Message: "is already past"}
+	}
+	fill, wait := s.pressure(ctx, model, est.Cost())
+	if j.Deadline != nil && now.Add(wait).After(*j.Deadline) {
+		return Accepted{}, &job.ValidationError{Code: CodeDeadlineUnmeetable, Field: "deadline",
+			Message: fmt.Sprintf("cannot be met: the estimated wait is %s (the queue ahead at %s's admission rate) and the deadline is in %s", wait.Round(100*time.Millisecond), model.Name, j.Deadline.Sub(now).Round(100*time.Millisecond))}
+	}
+	shed := s.cfg.App.Admission.Shed
+	if (j.Priority == job.Batch && fill >= shed.Batch) || (j.Priority == job.Standard && fill >= shed.Standard) {
+		s.m.Shed.WithLabelValues(j.Tenant, string(j.Priority)).Inc()
+		return Accepted{}, &BusyError{Code: "shed", RetryAfter: max(wait, time.Second),
+			Message: fmt.Sprintf("the queue is %.0f%% full; %s work is deferred until it drains", 100*fill, j.Priority)}
 	}
 	if j.ID == "" {
 		j.ID = job.NewID()
@@ -177,11 +208,61 @@ func (s *Service) Accept(ctx context.Context, j *job.Job) (Accepted, error) {
 
 	if err := s.mesh.Enqueue(ctx, j, "job:"+j.ID); err != nil {
 		if mesh.IsStreamFull(err) {
-			return Accepted{}, ErrQueueFull
+			return Accepted{}, &BusyError{Code: job.CodeQueueFull, RetryAfter: max(wait, time.Second), Message: "Sluice's queue is full"}
 		}
 		return Accepted{}, &transientError{err}
 	}
 	return Accepted{JobID: j.ID, Tenant: j.Tenant}, nil
+}
+
+// CodeDeadlineUnmeetable refuses a job whose deadline the queue ahead makes
+// impossible.
+const CodeDeadlineUnmeetable = "deadline_unmeetable"
+
+// pressure returns how full QUEUE is (0..1) and the estimated wait before a
+// job of cost tokens on model would be admitted: the jobs queued ahead,
+// at the average cost seen, at the model's limits. QUEUE holds every
+// model's jobs, so with several models the estimate errs long. QUEUE's
+// state is read at most once a second.
+func (s *Service) pressure(ctx context.Context, model *config.Model, cost int) (float64, time.Duration) {
+	s.qmu.Lock()
+	if s.now().Sub(s.qAt) > time.Second {
+		s.qAt = s.now()
+		s.qmu.Unlock()
+		var msgs, limit uint64
+		if st, err := s.mesh.JS.Stream(ctx, streams.Queue); err == nil {
+			if info, err := st.Info(ctx); err == nil {
+				msgs = info.State.Msgs
+				if info.Config.MaxMsgs > 0 {
+					limit = uint64(info.Config.MaxMsgs)
+				}
+			}
+		}
+		s.qmu.Lock()
+		s.qMsgs, s.qLimit = msgs, limit
+	}
+	s.avgCost = 0.99*s.avgCost + 0.01*float64(cost)
+	if s.avgCost < 1 {
+		s.avgCost = float64(cost)
+	}
+	msgs, limit, avg := s.qMsgs, s.qLimit, s.avgCost
+	s.qmu.Unlock()
+	fill := 0.0
+	if limit > 0 {
+		fill = float64(msgs) / float64(limit)
+	}
+	var wait time.Duration
+	if model.TPM > 0 {
+		wait = max(wait, time.Duration((float64(msgs)*avg+float64(cost))/(float64(model.TPM)/60)*float64(time.Second)))
+	}
+	if model.RPM > 0 {
+		wait = max(wait, time.Duration(float64(msgs+1)/(float64(model.RPM)/60)*float64(time.Second)))
+	}
+	// Less than a minute's worth fits in the window at once.
+	if model.TPM > 0 && float64(msgs)*avg+float64(cost) <= float64(model.TPM) && (model.RPM == 0 || int(msgs)+1 <= model.RPM) {
+		wait = 0
+	}
+	return fill, wait
 }
 
 // join attaches j to the operation already recorded under opKey. It returns
@@ -283,8 +364,14 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 		s.m.JobsAccepted.WithLabelValues(j.Tenant, "nats").Inc()
 		_ = msg.Ack()
 	case errors.Is(err, ErrQueueFull):
-		// INTAKE keeps the job; as it fills, producers get the stream's refusal.
-		_ = msg.NakWithDelay(time.Second)
+		// INTAKE keeps the job (deferred); as it fills, producers get the
+		// stream's refusal.
+		d := time.Second
+		var be *BusyError
+		if errors.As(err, &be) {
+			d = min(max(be.RetryAfter, time.Second), 30*time.Second)
+		}
+		_ = msg.NakWithDelay(d)
 	case errors.As(err, &te):
 		s.log.Warn("intake: will retry", "err", err)
 		_ = msg.NakWithDelay(2 * time.Second)

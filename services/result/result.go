@@ -230,6 +230,12 @@ func (s *Service) get(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 	body := map[string]any{"id": rec.JobID, "tenant": rec.Tenant, "status": rec.Status, "submitted_at": rec.SubmittedAt}
 	if rec.Result != nil {
 		body["result"] = rec.Result
+	} else if m, err := s.mesh.JS.Conn().Request(mesh.WhySubjectPrefix+id, nil, 250*time.Millisecond); err == nil {
+		// The admission process holding the job says why it waits.
+		var w map[string]any
+		if json.Unmarshal(m.Data, &w) == nil {
+			body["waiting"] = w
+		}
 	}
 	api.JSON(w, http.StatusOK, body)
 }

@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/services/admission"
+	"github.com/sluice-dev/sluice/streams"
+)
+
+// queueRow is one tenant and priority's backlog.
+type queueRow struct {
+	Priority  job.Priority  `json:"priority"`
+	Tenant    string        `json:"tenant"`
+	Depth     uint64        `json:"depth"`
+	OldestAge time.Duration `json:"oldest_age_ns"`
+	Model     string        `json:"model,omitempty"`
+	EstWait   time.Duration `json:"estimated_wait_ns,omitempty"`
+	Waiting   string        `json:"waiting,omitempty"` // why the oldest job waits, from admission
+}
+
+func runQueue(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("queue", stderr)
+	natsURL := fs.String("nats-url", envOr(getenv, "SLUICE_NATS_URL", "nats://127.0.0.1:4222"), "NATS server (SLUICE_NATS_URL)")
+	cfgPath := fs.String("config", getenv("SLUICE_CONFIG"), "configuration, for estimated waits from the models' limits (SLUICE_CONFIG)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if help, err := parseFlags(fs, args); help || err != nil {
+		return err
+	}
+	var cfg *config.Config
+	if *cfgPath != "" {
+		c, err := config.Load(*cfgPath)
+		if err != nil {
+			return err
+		}
+		cfg = c
+	}
+	nc, err := nats.Connect(*natsURL, nats.Name("sluice queue"))
+	if err != nil {
+		return fmt.Errorf("connect %s: %w", *natsURL, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	rows, err := queueRows(ctx, js, nc, cfg)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rows)
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(stdout, "no jobs waiting")
+		return nil
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PRIORITY\tTENANT\tDEPTH\tOLDEST\tMODEL\tEST. WAIT\tWAITING FOR")
+	for _, r := range rows {
+		est := "-"
+		if cfg != nil {
+			est = r.EstWait.Round(time.Second).String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.Priority, r.Tenant, r.Depth, r.OldestAge.Round(time.Second), r.Model, est, orDash(r.Waiting))
+	}
+	return tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// queueRows reads QUEUE's subjects: depth per priority and tenant, the
+// oldest job's age and model, and (with a config) an estimated wait: the
+// tokens queued at this and higher priorities for the model, at its limit.
+func queueRows(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, cfg *config.Config) ([]queueRow, error) {
+	st, err := js.Stream(ctx, streams.Queue)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", streams.Queue, err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(job.QueuePrefix+">"))
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	var rows []queueRow
+	for subj, n := range info.State.Subjects {
+		parts := strings.Split(subj, ".")
+		if len(parts) != 4 {
+			continue
+		}
+		r := queueRow{Priority: job.Priority(parts[2]), Tenant: parts[3], Depth: n}
+		if m, err := st.GetMsg(ctx, info.State.FirstSeq, jetstream.WithGetMsgSubject(subj)); err == nil {
+			r.OldestAge = now.Sub(m.Time)
+			var j job.Job
+			if json.Unmarshal(m.Data, &j) == nil {
+				r.Model = j.Model
+				if reply, err := nc.Request(admission.WhySubjectPrefix+j.ID, nil, 200*time.Millisecond); err == nil {
+					var w admission.Waiting
+					if json.Unmarshal(reply.Data, &w) == nil {
+						r.Waiting = w.Reason
+					}
+				}
+				if cfg != nil && j.Estimate != nil {
+					if _, model, ok := cfg.ModelRef(j.Model); ok {
+						if model.TPM > 0 {
+							r.EstWait = time.Duration(float64(n) * float64(j.Estimate.Cost()) / (float64(model.TPM) / 60) * float64(time.Second))
+						}
+						if model.RPM > 0 {
+							r.EstWait = max(r.EstWait, time.Duration(float64(n)/(float64(model.RPM)/60)*float64(time.Second)))
+						}
+					}
+				}
+			}
+		}
+		rows = append(rows, r)
+	}
+	rank := map[job.Priority]int{job.Interactive: 0, job.Standard: 1, job.Batch: 2}
+	sort.Slice(rows, func(i, k int) bool {
+		if rank[rows[i].Priority] != rank[rows[k].Priority] {
+			return rank[rows[i].Priority] < rank[rows[k].Priority]
+		}
+		return rows[i].Tenant < rows[k].Tenant
+	})
+	// Jobs of higher priorities for the same model go first: add their wait.
+	if cfg != nil {
+		ahead := map[string]time.Duration{}
+		for _, p := range job.Priorities {
+			var add = map[string]time.Duration{}
+			for i := range rows {
+				if rows[i].Priority != p {
+					continue
+				}
+				add[rows[i].Model] += rows[i].EstWait
+			}
+			for i := range rows {
+				if rows[i].Priority == p {
+					rows[i].EstWait += ahead[rows[i].Model]
+				}
+			}
+			for m, d := range add {
+				ahead[m] += d
+			}
+		}
+	}
+	return rows, nil
+}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/sim"
+)
+
+// TestQueueVisibilityAndBackpressure: jobs waiting for an RPM budget show in
+// `sluice queue` and say why they wait; under pressure batch is shed with a
+// Retry-After, and a deadline the queue makes impossible is refused at once.
+func TestQueueVisibilityAndBackpressure(t *testing.T) {
+	t.Parallel()
+	_, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 2, TPM: 1000000}}, APIKeys: []string{"sim-secret"}})
+	cfgYAML := simConfig(simURL, "gpt-4o-mini", 2, 1000000, "admission:\n  shed: {batch: 0.00001, standard: 1}\n")
+	n := startUp(t, cfgYAML, testEnv)
+	_, cl := natsClient(t, n.NATS)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var ids []string
+	for range 10 {
+		id, err := cl.Submit(ctx, &job.Job{Tenant: "acme", Request: chatBody("gpt-4o-mini", 5, 16)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	time.Sleep(2 * time.Second)
+
+	// The last job waits for the model's RPM budget, and says so.
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, n.HTTP+"/v1/jobs/"+ids[9], nil)
+	req.Header.Set("Authorization", "Bearer acme-key")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Status  string
+		Waiting struct{ Reason string }
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&got)
+	resp.Body.Close()
+	if got.Status != "queued" || (got.Waiting.Reason != "rpm" && got.Waiting.Reason != "paused_provider") {
+		t.Errorf("waiting job: status %q, waiting for %q; want queued, waiting for rpm", got.Status, got.Waiting.Reason)
+	}
+
+	// sluice queue shows the backlog.
+	dir := t.TempDir()
+	cfgPath := dir + "/sluice.yaml"
+	if err := writeFile(cfgPath, cfgYAML); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	if err := run(ctx, []string{"queue", "--nats-url", n.NATS, "--config", cfgPath}, func(string) string { return "" }, &out, &errOut); err != nil {
+		t.Fatalf("sluice queue: %v (%s)", err, errOut.String())
+	}
+	if !strings.Contains(out.String(), "standard") || !strings.Contains(out.String(), "acme") || !(strings.Contains(out.String(), "rpm") || strings.Contains(out.String(), "paused_provider")) || strings.Contains(out.String(), " 0s ") {
+		t.Errorf("sluice queue printed:\n%s\n(stderr %s) want a standard/acme row waiting for rpm or a paused provider, with an estimated wait", out.String(), errOut.String())
+	}
+
+	post := func(priority, deadline string) (int, string, string) {
+		body := fmt.Sprintf(`{"priority":%q,%s"request":{"model":"gpt-4o-mini","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}}`, priority, deadline)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, n.HTTP+"/v1/jobs", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer acme-key")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var e struct{ Error struct{ Code string } }
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+		return resp.StatusCode, e.Error.Code, resp.Header.Get("Retry-After")
+	}
+	// Batch is shed while the queue is past its shed level.
+	if status, code, ra := post("batch", ""); status != 429 || code != "shed" || ra == "" || ra == "0" {
+		t.Errorf("batch under pressure: %d %q Retry-After %q; want 429 shed with a Retry-After", status, code, ra)
+	}
+	// A deadline the queue ahead makes impossible is refused now.
+	dl := time.Now().Add(10 * time.Second).UTC().Format(time.RFC3339)
+	if status, code, _ := post("interactive", `"deadline":"`+dl+`",`); status != 429 || code != "deadline_unmeetable" {
+		t.Errorf("unmeetable deadline: %d %q; want 429 deadline_unmeetable", status, code)
+	}
+	// Interactive work without a deadline is still taken.
+	if status, code, _ := post("interactive", ""); status != 202 {
+		t.Errorf("interactive under pressure: %d %q; want 202", status, code)
+	}
+}
