@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -379,5 +380,65 @@ tenants:
 	}
 	if got := simSrv.Stats().Completed; got != 11 {
 		t.Errorf("provider completed %d calls, want 3 + 2 + 6 = 11", got)
+	}
+}
+
+// TestTenantConcurrency: a tenant's max_concurrency holds across the fleet
+// (here one process) while another tenant is not held back.
+func TestTenantConcurrency(t *testing.T) {
+	t.Parallel()
+	s, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini"}}, TTFT: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	inFlight, peak := map[string]int{}, map[string]int{}
+	tenantOf := sync.Map{}
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tn, _ := tenantOf.Load(r.Header.Get("X-Sluice-Job-Id"))
+		tenant, _ := tn.(string)
+		mu.Lock()
+		inFlight[tenant]++
+		peak[tenant] = max(peak[tenant], inFlight[tenant])
+		mu.Unlock()
+		s.ServeHTTP(w, r)
+		mu.Lock()
+		inFlight[tenant]--
+		mu.Unlock()
+	}))
+	t.Cleanup(ts.Close)
+	n := startUp(t, fmt.Sprintf(`
+providers:
+  - name: sim
+    base_url: %s/v1
+    models: [{name: gpt-4o-mini, max_concurrency: 32}]
+tenants:
+  - {name: capped, max_concurrency: 2}
+  - {name: free}
+`, ts.URL), testEnv)
+	_, cl := natsClient(t, n.NATS)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := range 16 {
+		tenant := []string{"capped", "free"}[i%2]
+		j := &job.Job{ID: job.NewID(), Tenant: tenant, Request: chatBody("gpt-4o-mini", 5, 8)}
+		tenantOf.Store(j.ID, tenant)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if res, err := cl.Do(ctx, j); err != nil || res.Status != job.StatusSucceeded {
+				t.Errorf("job for %s: %+v %v", tenant, res, err)
+			}
+		}()
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if peak["capped"] > 2 || peak["capped"] < 1 {
+		t.Errorf("capped tenant peaked at %d calls in flight, want at most 2", peak["capped"])
+	}
+	if peak["free"] < 3 {
+		t.Errorf("the other tenant peaked at %d calls in flight; it should not be held back", peak["free"])
 	}
 }

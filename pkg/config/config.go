@@ -120,6 +120,8 @@ type Tenant struct {
 	TPM int `yaml:"tpm"`
 	RPD int `yaml:"rpd"`
 	TPD int `yaml:"tpd"`
+	// MaxConcurrency caps the tenant's calls in flight across the fleet (0 = none).
+	MaxConcurrency int `yaml:"max_concurrency"`
 }
 
 // HasLimits reports whether any tenant budget is set.
@@ -425,7 +427,7 @@ func (c *Config) Validate() error {
 		for _, l := range []struct {
 			k string
 			v int
-		}{{"rpm", t.RPM}, {"tpm", t.TPM}, {"rpd", t.RPD}, {"tpd", t.TPD}} {
+		}{{"rpm", t.RPM}, {"tpm", t.TPM}, {"rpd", t.RPD}, {"tpd", t.TPD}, {"max_concurrency", t.MaxConcurrency}} {
 			if l.v < 0 {
 				return fail(key+"."+l.k, "must be >= 0 (0 = no limit), got %d", l.v)
 			}

@@ -62,12 +62,13 @@ type Service struct {
 	rnd     *rand.Rand
 	holder  string // this process's name in concurrency leases
 
-	router   *route.Router
-	breakers *breaker.Set
-	seedMu   sync.Mutex
-	seeded   map[string]time.Time
-	brokenMu sync.Mutex
-	broken   map[string]time.Time // provider -> credential refused until
+	tenantPools map[string]*budget.Pool
+	router      *route.Router
+	breakers    *breaker.Set
+	seedMu      sync.Mutex
+	seeded      map[string]time.Time
+	brokenMu    sync.Mutex
+	broken      map[string]time.Time // provider -> credential refused until
 }
 
 // New builds the service; it does no I/O.
@@ -89,6 +90,12 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 		clients: map[string]provider.Client{}, rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7)),
 		holder: holderName(), router: route.New(cfg.App.Routes), broken: map[string]time.Time{}, seeded: map[string]time.Time{},
 		breakers: breaker.NewSet(breaker.Config{Now: now})}
+	s.tenantPools = map[string]*budget.Pool{}
+	for _, t := range cfg.App.Tenants {
+		if t.MaxConcurrency > 0 {
+			s.tenantPools[t.Name] = budget.NewPool(m.Budgets, "conc.tenant."+t.Name, s.holder, t.MaxConcurrency, 10*time.Second, now)
+		}
+	}
 	for _, p := range cfg.App.Providers {
 		if c, ok := cfg.Clients[p.Name]; ok {
 			s.clients[p.Name] = c
@@ -165,6 +172,17 @@ func (s *Service) Run(ctx context.Context) error {
 			ccs = append(ccs, cc)
 		}
 	}
+	for _, t := range s.cfg.App.Tenants {
+		if t.MaxConcurrency <= 0 {
+			continue
+		}
+		tp := s.tenantPools[t.Name]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tp.Run(leaseCtx, func(err error) { s.m.BudgetErrors.Inc() })
+		}()
+	}
 	<-ctx.Done()
 	for _, cc := range ccs {
 		cc.Stop()
@@ -237,6 +255,16 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	client := s.clients[j.Provider]
 	if !ok || client == nil {
 		return s.finish(ctx, j, opKey, &job.Result{Status: job.StatusFailed, Error: &job.Error{Code: job.CodeUnknownModel, Message: fmt.Sprintf("model %q is not configured here", j.Model)}})
+	}
+	if tp := s.tenantPools[j.Tenant]; tp != nil {
+		// The tenant's own concurrency cap, fleet-wide.
+		if !tp.TryAcquire() {
+			nb := now.Add(TenantSlotWait).UTC()
+			j.NotBefore, j.Reservation = &nb, nil
+			s.m.AdmissionWaits.WithLabelValues(j.Provider, j.Model, "tenant_concurrency").Inc()
+			return s.mesh.Enqueue(ctx, j, "tenantslot:"+j.ID+":"+dispatchSeq(msg))
+		}
+		defer tp.Release()
 	}
 	target := config.Target{Provider: j.Provider, Model: j.Model}
 	br := s.breakers.Get(target.String())
@@ -371,6 +399,10 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 // MaxDeliveries is how many times a dispatch is tried when the mesh itself
 // fails (the job cannot be recorded or re-queued) before it is dead-lettered.
 const MaxDeliveries = 10
+
+// TenantSlotWait is how long a job whose tenant is at its concurrency cap
+// waits before it is admitted again.
+const TenantSlotWait = 250 * time.Millisecond
 
 // ReconcileDelay is how long a non-interactive job whose last outcome is
 // unknown waits before it retries with the same Idempotency-Key.
