@@ -22,7 +22,7 @@ import (
 )
 
 // startSim serves a provider simulator on a loopback port for the test.
-func startSim(t *testing.T, cfg sim.Config) (*sim.Server, string) {
+func startSim(t testing.TB, cfg sim.Config) (*sim.Server, string) {
 	t.Helper()
 	s, err := sim.New(cfg)
 	if err != nil {
@@ -42,7 +42,7 @@ type upNode struct {
 var upLine = regexp.MustCompile(`sluice up: nats (\S+), http (\S+),`)
 
 // waitUp reads a `sluice up` stdout stream until its ready line.
-func waitUp(t *testing.T, r io.Reader) upNode {
+func waitUp(t testing.TB, r io.Reader) upNode {
 	t.Helper()
 	found := make(chan upNode, 1)
 	go func() {
@@ -66,7 +66,7 @@ func waitUp(t *testing.T, r io.Reader) upNode {
 
 // startUp calls run("up") in-process with a config file, a temp data
 // directory and free ports; the node stops when the test ends.
-func startUp(t *testing.T, yaml string, env map[string]string) upNode {
+func startUp(t testing.TB, yaml string, env map[string]string) upNode {
 	t.Helper()
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "sluice.yaml")
@@ -98,7 +98,7 @@ func startUp(t *testing.T, yaml string, env map[string]string) upNode {
 	return n
 }
 
-func waitReady(t *testing.T, base string) {
+func waitReady(t testing.TB, base string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
@@ -114,7 +114,7 @@ func waitReady(t *testing.T, base string) {
 	t.Fatalf("%s/readyz not ready in 30s", base)
 }
 
-func natsClient(t *testing.T, url string) (*nats.Conn, *client.Client) {
+func natsClient(t testing.TB, url string) (*nats.Conn, *client.Client) {
 	t.Helper()
 	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {

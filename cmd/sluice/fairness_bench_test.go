@@ -1,0 +1,275 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/sim"
+)
+
+// The fairness benchmarks run Sluice in-process against a TPM-bound
+// simulator and measure, per job, the queue wait from submission to the
+// provider receiving the call. Run them with
+//
+//	go test -run XXX -bench Fair -benchtime 1x -timeout 30m ./cmd/sluice/
+//
+// Each takes one to three minutes: limits are real per-minute windows.
+
+// arrivals records when the provider first saw each job.
+type arrivals struct {
+	mu sync.Mutex
+	at map[string]time.Time
+}
+
+func (a *arrivals) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get("X-Sluice-Job-Id")
+		a.mu.Lock()
+		if _, ok := a.at[id]; !ok {
+			a.at[id] = time.Now()
+		}
+		a.mu.Unlock()
+		h.ServeHTTP(w, r)
+	})
+}
+
+type fairRun struct {
+	sim      *sim.Server
+	arr      *arrivals
+	n        upNode
+	submitAt sync.Map // job id -> time
+	tenantOf sync.Map // job id -> tenant
+	costOf   sync.Map // job id -> tokens
+}
+
+func startFair(b *testing.B, tpm int, tenants string) *fairRun {
+	s, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", TPM: tpm}}, TTFT: 50 * time.Millisecond})
+	if err != nil {
+		b.Fatal(err)
+	}
+	fr := &fairRun{sim: s, arr: &arrivals{at: map[string]time.Time{}}}
+	ts := httptest.NewServer(fr.arr.wrap(s))
+	b.Cleanup(ts.Close)
+	fr.n = startUp(b, fmt.Sprintf(`
+admission: {slice: 100ms}
+providers:
+  - name: sim
+    base_url: %s/v1
+    models: [{name: gpt-4o-mini, tpm: %d, max_concurrency: 256}]
+tenants:
+%s`, ts.URL, tpm, tenants), testEnv)
+	return fr
+}
+
+func (fr *fairRun) submit(ctx context.Context, b *testing.B, c interface {
+	Submit(context.Context, *job.Job) (string, error)
+}, tenant string, p job.Priority, words, maxTokens int) {
+	j := &job.Job{ID: job.NewID(), Tenant: tenant, Priority: p, Request: chatBody("gpt-4o-mini", words, maxTokens)}
+	fr.submitAt.Store(j.ID, time.Now())
+	fr.tenantOf.Store(j.ID, tenant)
+	fr.costOf.Store(j.ID, words+10+maxTokens)
+	if _, err := c.Submit(ctx, j); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// waits returns the queue waits of a tenant's jobs (ones that reached the
+// provider), and the p50/p95.
+func (fr *fairRun) waits(tenant string) (p50, p95 time.Duration, n int) {
+	var ws []time.Duration
+	fr.arr.mu.Lock()
+	defer fr.arr.mu.Unlock()
+	fr.submitAt.Range(func(k, v any) bool {
+		if t, _ := fr.tenantOf.Load(k); t != tenant {
+			return true
+		}
+		if at, ok := fr.arr.at[k.(string)]; ok {
+			ws = append(ws, at.Sub(v.(time.Time)))
+		}
+		return true
+	})
+	if len(ws) == 0 {
+		return 0, 0, 0
+	}
+	sort.Slice(ws, func(i, k int) bool { return ws[i] < ws[k] })
+	return ws[len(ws)/2], ws[len(ws)*95/100], len(ws)
+}
+
+// shares returns each tenant's tokens that reached the provider between
+// from and to.
+func (fr *fairRun) shares(from, to time.Time) map[string]float64 {
+	out := map[string]float64{}
+	fr.arr.mu.Lock()
+	defer fr.arr.mu.Unlock()
+	for id, at := range fr.arr.at {
+		if at.Before(from) || at.After(to) {
+			continue
+		}
+		t, _ := fr.tenantOf.Load(id)
+		c, _ := fr.costOf.Load(id)
+		if t != nil && c != nil {
+			out[t.(string)] += float64(c.(int))
+		}
+	}
+	return out
+}
+
+func (fr *fairRun) waitAll(ctx context.Context, b *testing.B, total int) {
+	for {
+		fr.arr.mu.Lock()
+		n := len(fr.arr.at)
+		fr.arr.mu.Unlock()
+		if n >= total {
+			return
+		}
+		if ctx.Err() != nil {
+			b.Fatalf("only %d of %d jobs reached the provider", n, total)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func jainIndex(xs ...float64) float64 {
+	var sum, sq float64
+	for _, x := range xs {
+		sum += x
+		sq += x * x
+	}
+	return sum * sum / (float64(len(xs)) * sq)
+}
+
+// BenchmarkFairNoisyNeighbour: tenant A submits 2,000 batch jobs at once,
+// tenant B 50 jobs spread over 50 s; equal weights; the TPM limit binds.
+// Reports B's p95 queue wait with A and alone.
+func BenchmarkFairNoisyNeighbour(b *testing.B) {
+	const tpm = 240_000 // A's backlog needs about 2.5 minutes of budget
+	run := func(withA bool) (p50, p95 time.Duration) {
+		fr := startFair(b, tpm, "  - {name: a}\n  - {name: b}\n")
+		_, cl := natsClient(b, fr.n.NATS)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		total := 50
+		if withA {
+			for range 2000 {
+				fr.submit(ctx, b, cl, "a", job.Batch, 200, 100)
+			}
+			total += 2000
+		}
+		for range 50 {
+			fr.submit(ctx, b, cl, "b", job.Batch, 200, 100)
+			time.Sleep(time.Second)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			_, _, n := fr.waits("b")
+			if n >= 50 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		p50, p95, _ = fr.waits("b")
+		return p50, p95
+	}
+	for range b.N {
+		a50, a95 := run(false)
+		w50, w95 := run(true)
+		b.ReportMetric(a95.Seconds(), "B-p95-alone-s")
+		b.ReportMetric(w95.Seconds(), "B-p95-with-A-s")
+		b.Logf("tenant B queue wait alone: p50 %s p95 %s; with A's 2,000-job backlog: p50 %s p95 %s (%.1fx)",
+			a50.Round(time.Millisecond), a95.Round(time.Millisecond), w50.Round(time.Millisecond), w95.Round(time.Millisecond), float64(w95)/float64(max(a95, time.Millisecond)))
+	}
+}
+
+// BenchmarkFairShares: tenants with weights 1 and 2 both flood; reports
+// each one's share of the tokens while both are backlogged, and Jain's
+// index of the weight-normalised shares.
+func BenchmarkFairShares(b *testing.B) {
+	const tpm = 180_000
+	for range b.N {
+		fr := startFair(b, tpm, "  - {name: a, weight: 1}\n  - {name: b, weight: 2}\n")
+		_, cl := natsClient(b, fr.n.NATS)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		start := time.Now()
+		for i := range 1200 {
+			// Mixed sizes: a sends large requests, b small ones.
+			fr.submit(ctx, b, cl, "a", job.Batch, 700, 300)
+			if i%1 == 0 {
+				fr.submit(ctx, b, cl, "b", job.Batch, 150, 50)
+				fr.submit(ctx, b, cl, "b", job.Batch, 150, 50)
+			}
+		}
+		// Both stay backlogged for the first 90 s.
+		time.Sleep(95 * time.Second)
+		sh := fr.shares(start, start.Add(90*time.Second))
+		total := sh["a"] + sh["b"]
+		b.ReportMetric(sh["a"]/total, "share-a")
+		b.ReportMetric(sh["b"]/total, "share-b")
+		j := jainIndex(sh["a"]/1, sh["b"]/2)
+		b.ReportMetric(j, "jain")
+		b.Logf("tokens while both backlogged (90 s): a (weight 1) %.0f = %.1f%%, b (weight 2) %.0f = %.1f%% (weight shares 33.3%% / 66.7%%); Jain's index of weighted shares %.4f",
+			sh["a"], 100*sh["a"]/total, sh["b"], 100*sh["b"]/total, j)
+		cancel()
+	}
+}
+
+// BenchmarkFairPriority: batch saturates the quota; interactive jobs arrive
+// one a second. Reports interactive p95 queue wait and batch's share.
+func BenchmarkFairPriority(b *testing.B) {
+	const tpm = 240_000
+	for range b.N {
+		fr := startFair(b, tpm, "  - {name: bulk}\n  - {name: app}\n")
+		_, cl := natsClient(b, fr.n.NATS)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		start := time.Now()
+		for range 3000 {
+			fr.submit(ctx, b, cl, "bulk", job.Batch, 200, 100)
+		}
+		for range 60 {
+			fr.submit(ctx, b, cl, "app", job.Interactive, 200, 100)
+			time.Sleep(time.Second)
+		}
+		time.Sleep(5 * time.Second)
+		p50, p95, n := fr.waits("app")
+		sh := fr.shares(start, start.Add(60*time.Second))
+		b.ReportMetric(p95.Seconds(), "interactive-p95-s")
+		b.ReportMetric(sh["bulk"]/(sh["bulk"]+sh["app"]), "batch-share")
+		b.Logf("interactive (%d jobs) queue wait p50 %s p95 %s while batch saturates; batch kept %.1f%% of the tokens (floor 5%%)",
+			n, p50.Round(time.Millisecond), p95.Round(time.Millisecond), 100*sh["bulk"]/(sh["bulk"]+sh["app"]))
+		cancel()
+	}
+}
+
+// BenchmarkFairNoStarvation: one tenant sends 200-token requests, another
+// 5,000-token ones, both backlogged; reports both p95 waits.
+func BenchmarkFairNoStarvation(b *testing.B) {
+	const tpm = 300_000
+	for range b.N {
+		fr := startFair(b, tpm, "  - {name: small}\n  - {name: large}\n")
+		_, cl := natsClient(b, fr.n.NATS)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		// Offered over 60 s at about twice the limit, half the tokens each.
+		for s := range 60 {
+			for range 25 {
+				fr.submit(ctx, b, cl, "small", job.Standard, 150, 50)
+			}
+			fr.submit(ctx, b, cl, "large", job.Standard, 4000, 1000)
+			_ = s
+			time.Sleep(time.Second)
+		}
+		fr.waitAll(ctx, b, 60*26)
+		s50, s95, _ := fr.waits("small")
+		l50, l95, _ := fr.waits("large")
+		b.ReportMetric(s95.Seconds(), "short-p95-s")
+		b.ReportMetric(l95.Seconds(), "long-p95-s")
+		b.Logf("queue wait p50/p95: 200-token requests %s / %s, 5,000-token requests %s / %s (%.2fx)",
+			s50.Round(time.Millisecond), s95.Round(time.Millisecond), l50.Round(time.Millisecond), l95.Round(time.Millisecond), float64(l95)/float64(max(s95, time.Millisecond)))
+		cancel()
+	}
+}
