@@ -17,6 +17,8 @@ Usage: sluice <command> [flags]
 Commands:
   demo     run the mesh and a provider simulator with limits that bind, submit a
            mixed workload from several tenants, show live progress and a summary
+  bench    compare retry-only, a request limiter, token shaping and Sluice on the
+           same simulated limits; 'bench overhead' measures what the mesh adds
   up       run Sluice (embedded NATS by default; --nats-url joins a cluster)
   sim      run the OpenAI-compatible provider simulator
   queue    show what waits: depth, oldest age, estimated wait per tenant and priority
@@ -44,6 +46,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runSim(ctx, rest, getenv, stdout, stderr)
 	case "demo":
 		return runDemo(ctx, rest, getenv, stdout, stderr)
+	case "bench":
+		return runBench(ctx, rest, getenv, stdout, stderr)
 	case "queue":
 		return runQueue(ctx, rest, getenv, stdout, stderr)
 	case "submit":

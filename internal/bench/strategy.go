@@ -102,8 +102,8 @@ func (t *tracker) summary() (lat []time.Duration, failed, unfinished int) {
 	return lat, failed, unfinished
 }
 
-// direct is a client calling the provider itself with a pool of workers:
-// retry-only, rpm-limiter or token-shaping.
+// direct is a client calling the provider itself: retry-only, rpm-limiter
+// or token-shaping.
 type direct struct {
 	kind   string
 	conc   int
@@ -129,6 +129,8 @@ func (d *direct) prepare(_ context.Context, baseURL string) error {
 	return nil
 }
 
+// run has conc workers take the jobs in order; each sends its job at once
+// and retries it (sleeping through the backoff) until it ends.
 func (d *direct) run(ctx context.Context, jobs []Job, t *tracker) {
 	c := &caller{hc: d.hc, url: d.url, policy: d.policy}
 	switch d.kind {

@@ -41,6 +41,9 @@ type Candidate struct {
 	Job  *job.Job
 	Msg  jetstream.Msg
 	Cost budget.Cost
+
+	counted bool      // already counted as demand
+	touched time.Time // last InProgress (or delivery)
 }
 
 // Service is the admission service.
@@ -53,6 +56,7 @@ type Service struct {
 	now       func() time.Time
 	models    map[string]*modelState // per budget key: the jobs held for it
 	heldIdx   map[string]string      // job id -> budget key, for "why does it wait"
+	heldJobs  map[string]*Candidate  // job id -> the held candidate
 	notBefore map[string]time.Time   // job id -> when it is due (waiting in JetStream)
 	held      int
 	heldBytes int
@@ -81,7 +85,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	for _, x := range []*budget.Store{tmin, tday} {
 		x.Writes, x.Conflicts = ms.BudgetWrites.Inc, ms.BudgetConflict.Inc
 	}
-	s := &Service{cfg: cfg, mesh: m, store: st, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, heldIdx: map[string]string{}, notBefore: map[string]time.Time{}, leases: map[string]*lease{}}
+	s := &Service{cfg: cfg, mesh: m, store: st, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, heldIdx: map[string]string{}, heldJobs: map[string]*Candidate{}, notBefore: map[string]time.Time{}, leases: map[string]*lease{}}
 	s.budgetErr.Store("")
 	return s, nil
 }
@@ -260,14 +264,18 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 		delete(s.heldIdx, cands[i].Job.ID)
 	}
 	putBack := func(rest []*Candidate, wake time.Time, reason string) {
-		now := s.now()
 		for i := len(rest) - 1; i >= 0; i-- {
 			it := byCand[rest[i]]
 			ms.sched.Unpop(it)
-			ms.touched[it] = now
 			s.held++
 			s.heldBytes += it.Size
 			s.heldIdx[rest[i].Job.ID] = key
+			s.heldJobs[rest[i].Job.ID] = rest[i]
+		}
+		// Look again within MaxWakeWait even if the estimate says later:
+		// other processes may give budget back sooner.
+		if limit := s.now().Add(MaxWakeWait); wake.After(limit) {
+			wake = limit
 		}
 		ms.wakeAt, ms.reason = wake, reason
 	}
@@ -354,21 +362,9 @@ func (s *Service) storeDown(key string, err error) {
 	s.log.Warn("budget store unavailable; holding jobs", "key", key, "err", err)
 }
 
-// MaxBudgetWait caps one redelivery delay of a job waiting for budget, so
-// waiting jobs look again at a window that freed sooner than estimated.
-const MaxBudgetWait = 10 * time.Second
-
-// spacing is how long the limits take to refill one job's cost.
-func spacing(lim budget.Limits, c budget.Cost) time.Duration {
-	var d time.Duration
-	if lim.RPM > 0 {
-		d = max(d, time.Duration(float64(time.Minute)*float64(c.Requests)/float64(lim.RPM)))
-	}
-	if lim.TPM > 0 {
-		d = max(d, time.Duration(float64(time.Minute)*float64(c.Tokens)/float64(lim.TPM)))
-	}
-	return d
-}
+// MaxWakeWait bounds how long a model's queue sleeps before it checks the
+// budget again.
+const MaxWakeWait = time.Second
 
 func jitter(d time.Duration) time.Duration {
 	if d <= 0 {
@@ -489,6 +485,10 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 	for _, c := range cands {
 		// Demand is new arrivals: a job asking again after a wait is not
 		// more demand.
+		if c.counted {
+			continue
+		}
+		c.counted = true
 		if md, err := c.Msg.Metadata(); err == nil && md.NumDelivered > 1 {
 			continue
 		}

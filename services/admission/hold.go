@@ -28,7 +28,6 @@ type modelState struct {
 	wakeAt               time.Time // budget expected to free; nothing to try before
 	pausedUntil          time.Time // the provider asked the fleet to wait
 	reason               string    // why the queue waits now
-	touched              map[*Item]time.Time
 }
 
 type pauseSignal struct {
@@ -56,7 +55,7 @@ func (s *Service) model(key string, j *job.Job) *modelState {
 	if ms == nil {
 		a := s.cfg.App.Admission
 		floors := map[job.Priority]float64{job.Standard: a.Floors.Standard, job.Batch: a.Floors.Batch}
-		ms = &modelState{key: key, provider: j.Provider, model: j.Model, touched: map[*Item]time.Time{},
+		ms = &modelState{key: key, provider: j.Provider, model: j.Model,
 			sched: NewScheduler(a.Quantum, s.weight, floors, time.Minute)}
 		s.models[key] = ms
 	}
@@ -72,12 +71,19 @@ func (s *Service) weight(tenant string) int {
 
 // hold queues a job in its model's scheduler, keeping memory bounded.
 func (s *Service) hold(c *Candidate, now time.Time) {
+	if old, ok := s.heldJobs[c.Job.ID]; ok && seqOf(old.Msg) == seqOf(c.Msg) {
+		// JetStream redelivered a message we hold (its keep-alive was
+		// late): keep one copy, acked through the newest delivery.
+		old.Msg, old.touched = c.Msg, now
+		return
+	}
 	key := budget.ModelKey(c.Job.Provider, job.ModelToken(c.Job.Model))
 	ms := s.model(key, c.Job)
+	c.touched = now
 	it := &Item{Tenant: c.Job.Tenant, Priority: c.Job.Priority, Cost: c.Cost.Tokens, Size: len(c.Msg.Data()), Since: now, Value: c}
 	ms.sched.Push(it)
-	ms.touched[it] = now
 	s.heldIdx[c.Job.ID] = key
+	s.heldJobs[c.Job.ID] = c
 	s.held++
 	s.heldBytes += it.Size
 	a := s.cfg.App.Admission
@@ -111,8 +117,8 @@ func (s *Service) evict() bool {
 }
 
 func (s *Service) forget(ms *modelState, it *Item) {
-	delete(ms.touched, it)
 	delete(s.heldIdx, it.Value.(*Candidate).Job.ID)
+	delete(s.heldJobs, it.Value.(*Candidate).Job.ID)
 	s.held--
 	s.heldBytes -= it.Size
 }
@@ -133,7 +139,7 @@ func (s *Service) dispatchAll(ctx context.Context) {
 			if it == nil {
 				break
 			}
-			delete(ms.touched, it)
+			delete(s.heldJobs, it.Value.(*Candidate).Job.ID)
 			s.held--
 			s.heldBytes -= it.Size
 			popped = append(popped, it)
@@ -179,12 +185,14 @@ func (s *Service) expireHeld(ctx context.Context) {
 func (s *Service) keepAlive() {
 	now := s.now()
 	for _, ms := range s.models {
-		for it, at := range ms.touched {
-			if now.Sub(at) >= KeepAliveEvery {
-				_ = it.Value.(*Candidate).Msg.InProgress()
-				ms.touched[it] = now
+		ms.sched.Each(func(it *Item) bool {
+			c := it.Value.(*Candidate)
+			if now.Sub(c.touched) >= KeepAliveEvery {
+				_ = c.Msg.InProgress()
+				c.touched = now
 			}
-		}
+			return true
+		})
 	}
 }
 
