@@ -22,8 +22,11 @@ type Scheduler struct {
 	floors  map[job.Priority]float64
 	window  time.Duration
 	classes map[job.Priority]*classQueue
-	// served records tokens dispatched per class, for the floors.
-	served []servedAt
+	// served records tokens dispatched per class, for the floors, with
+	// running totals over it.
+	served   []servedAt
+	total    int
+	perClass map[job.Priority]int
 	n      int
 	bytes  int
 }
@@ -55,7 +58,7 @@ type classQueue struct {
 // NewScheduler makes a scheduler. quantum is the tokens a tenant of weight 1
 // earns per round; floors maps standard and batch to their minimum share.
 func NewScheduler(quantum int, weight func(string) int, floors map[job.Priority]float64, window time.Duration) *Scheduler {
-	s := &Scheduler{quantum: quantum, weight: weight, floors: floors, window: window, classes: map[job.Priority]*classQueue{}}
+	s := &Scheduler{quantum: quantum, weight: weight, floors: floors, window: window, classes: map[job.Priority]*classQueue{}, perClass: map[job.Priority]int{}}
 	for _, p := range job.Priorities {
 		s.classes[p] = &classQueue{queues: map[string][]*Item{}, deficit: map[string]int{}}
 	}
@@ -113,6 +116,8 @@ func (s *Scheduler) Pop(now time.Time) *Item {
 	s.n--
 	s.bytes -= it.Size
 	s.served = append(s.served, servedAt{at: now, class: c, tokens: it.Cost})
+	s.total += it.Cost
+	s.perClass[c] += it.Cost
 	return it
 }
 
@@ -120,6 +125,8 @@ func (s *Scheduler) unserve(it *Item) {
 	for i := len(s.served) - 1; i >= 0; i-- {
 		if s.served[i].class == it.Priority && s.served[i].tokens == it.Cost {
 			s.served = append(s.served[:i], s.served[i+1:]...)
+			s.total -= it.Cost
+			s.perClass[it.Priority] -= it.Cost
 			return
 		}
 	}
@@ -131,15 +138,12 @@ func (s *Scheduler) nextClass(now time.Time) (job.Priority, bool) {
 	from := now.Add(-s.window)
 	k := 0
 	for k < len(s.served) && s.served[k].at.Before(from) {
+		s.total -= s.served[k].tokens
+		s.perClass[s.served[k].class] -= s.served[k].tokens
 		k++
 	}
-	s.served = s.served[k:]
-	total := 0
-	by := map[job.Priority]int{}
-	for _, x := range s.served {
-		total += x.tokens
-		by[x.class] += x.tokens
-	}
+	s.served = s.served[k:] // the backing array is reused by append, amortized
+	total, by := s.total, s.perClass
 	best, worst := job.Priority(""), 0.0
 	if total > 0 {
 		for _, p := range job.Priorities {
