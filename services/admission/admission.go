@@ -296,7 +296,8 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 		return nil
 	}
 	lim := budget.Limits{RPM: model.RPM, TPM: model.TPM}
-	g, err := s.lease(ctx, key, lim, allowed)
+	n, _ := ms.sched.Len()
+	g, err := s.lease(ctx, key, lim, allowed, budget.Cost{Requests: n, Tokens: ms.sched.Tokens()})
 	// Tenant budget taken for jobs the model cannot take now goes back.
 	s.giveBack(ctx, held, allowed[min(g.N, len(allowed)):])
 	if err != nil {
@@ -459,11 +460,14 @@ type lease struct {
 // a partly full window still grants some of it.
 const leaseChunks = 4
 
+// backlogChunks is how many average jobs of a backlog one lease asks room for.
+const backlogChunks = 32
+
 // lease admits the longest prefix of cands: first from this process's block
 // for the current slice, then by taking a new block sized to the rest plus
 // the demand expected in the slice. One compare-and-set per slice per model
 // in steady state, whatever the job rate.
-func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cands []*Candidate) (budget.Grant, error) {
+func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cands []*Candidate, backlog budget.Cost) (budget.Grant, error) {
 	l := s.leases[key]
 	if l == nil {
 		l = &lease{slice: -1}
@@ -517,9 +521,15 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 		need.Requests += c.Cost.Requests
 		need.Tokens += c.Cost.Tokens
 	}
-	extraR := int(l.demand[0]) - need.Requests
-	extraT := int(l.demand[1]) - need.Tokens
-	if extraR > 0 && extraT > 0 {
+	if backlog.Requests > 0 {
+		// Jobs wait behind these: ask for room for them too, one average
+		// job per chunk, so what fits is spent locally without more round
+		// trips.
+		avg := max(backlog.Tokens/backlog.Requests, 1)
+		for range min(backlog.Requests, backlogChunks) {
+			costs = append(costs, budget.Cost{Requests: 1, Tokens: avg})
+		}
+	} else if extraR, extraT := int(l.demand[0])-need.Requests, int(l.demand[1])-need.Tokens; extraR > 0 && extraT > 0 {
 		for range leaseChunks {
 			costs = append(costs, budget.Cost{Requests: max(extraR/leaseChunks, 1), Tokens: max(extraT/leaseChunks, 1)})
 		}

@@ -133,8 +133,14 @@ func (s *Service) dispatchAll(ctx context.Context) {
 		if n, _ := ms.sched.Len(); n == 0 || now.Before(ms.wakeAt) || now.Before(ms.pausedUntil) {
 			continue
 		}
-		var popped []*Item
-		for len(popped) < batch {
+		// One job at a time, in fair order: the scheduler's turn-taking
+		// stays exact because a job the budget refuses goes straight back
+		// to the head of its queue. Most are admitted from this process's
+		// lease block without a round trip.
+		for range batch {
+			if s.now().Before(ms.wakeAt) {
+				break
+			}
 			it := ms.sched.Pop(now)
 			if it == nil {
 				break
@@ -142,9 +148,8 @@ func (s *Service) dispatchAll(ctx context.Context) {
 			delete(s.heldJobs, it.Value.(*Candidate).Job.ID)
 			s.held--
 			s.heldBytes -= it.Size
-			popped = append(popped, it)
+			pending = append(pending, s.reserve(ctx, ms, []*Item{it})...)
 		}
-		pending = append(pending, s.reserve(ctx, ms, popped)...)
 	}
 	for _, p := range pending {
 		select {

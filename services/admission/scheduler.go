@@ -27,8 +27,9 @@ type Scheduler struct {
 	served   []servedAt
 	total    int
 	perClass map[job.Priority]int
-	n      int
-	bytes  int
+	n        int
+	bytes    int
+	tokens   int
 }
 
 type servedAt struct {
@@ -68,6 +69,9 @@ func NewScheduler(quantum int, weight func(string) int, floors map[job.Priority]
 // Len returns how many jobs wait and the bytes they hold.
 func (s *Scheduler) Len() (n, bytes int) { return s.n, s.bytes }
 
+// Tokens returns the tokens the waiting jobs would reserve.
+func (s *Scheduler) Tokens() int { return s.tokens }
+
 // ClassLen returns how many jobs of class p wait.
 func (s *Scheduler) ClassLen(p job.Priority) int {
 	n := 0
@@ -86,6 +90,7 @@ func (s *Scheduler) Push(it *Item) {
 	q.queues[it.Tenant] = append(q.queues[it.Tenant], it)
 	s.n++
 	s.bytes += it.Size
+	s.tokens += it.Cost
 }
 
 // Unpop puts back a job Pop returned (its reservation failed): at the head
@@ -103,6 +108,7 @@ func (s *Scheduler) Unpop(it *Item) {
 	q.deficit[it.Tenant] += it.Cost
 	s.n++
 	s.bytes += it.Size
+	s.tokens += it.Cost
 	s.unserve(it)
 }
 
@@ -115,6 +121,7 @@ func (s *Scheduler) Pop(now time.Time) *Item {
 	it := s.classes[c].pop(s.quantum, s.weight)
 	s.n--
 	s.bytes -= it.Size
+	s.tokens -= it.Cost
 	s.served = append(s.served, servedAt{at: now, class: c, tokens: it.Cost})
 	s.total += it.Cost
 	s.perClass[c] += it.Cost
@@ -249,6 +256,7 @@ func (s *Scheduler) EvictTail() *Item {
 		}
 		s.n--
 		s.bytes -= it.Size
+		s.tokens -= it.Cost
 		return it
 	}
 	return nil
@@ -265,6 +273,7 @@ func (s *Scheduler) Remove(drop func(*Item) bool) []*Item {
 					out = append(out, it)
 					s.n--
 					s.bytes -= it.Size
+					s.tokens -= it.Cost
 				} else {
 					keep = append(keep, it)
 				}
