@@ -29,7 +29,7 @@ import (
 // on an RPM-bound workload needs well over two minutes (its 429s count
 // against the RPM it is short of), so it is cut here, which keeps the three
 // workloads of `sluice bench` under five minutes.
-const DefaultRunTimeout = 100 * time.Second
+const DefaultRunTimeout = 90 * time.Second
 
 // Options configure Run.
 type Options struct {

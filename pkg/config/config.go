@@ -265,7 +265,7 @@ func (c *Config) withDefaults() {
 		c.Admission.DispatchGrace = Duration(time.Second)
 	}
 	if c.Admission.BurstFraction == 0 {
-		c.Admission.BurstFraction = 0.04
+		c.Admission.BurstFraction = 0.02
 	}
 	if c.Admission.Batch == 0 {
 		c.Admission.Batch = 256

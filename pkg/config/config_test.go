@@ -65,7 +65,7 @@ func TestParseReadmeExample(t *testing.T) {
 		{"limits.result_retention", c.Limits.ResultRetention.D(), 24 * time.Hour},
 		{"admission.slice", c.Admission.Slice.D(), 250 * time.Millisecond},
 		{"admission.dispatch_grace", c.Admission.DispatchGrace.D(), time.Second},
-		{"admission.burst_fraction", c.Admission.BurstFraction, 0.04},
+		{"admission.burst_fraction", c.Admission.BurstFraction, 0.02},
 		{"admission.batch", c.Admission.Batch, 256},
 		{"retry classes", len(c.Retry), 3},
 	} {

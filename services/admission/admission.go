@@ -333,6 +333,7 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 			continue
 		}
 		out = append(out, &pub{id: j.ID, msg: c.Msg, fut: fut})
+		s.log.Debug("dispatched", "job_id", j.ID, "tenant", j.Tenant, "queued_for", now.Sub(j.SubmittedAt))
 	}
 	if rest := allowed[g.N:]; len(rest) > 0 {
 		wake := g.RetryAt
