@@ -188,15 +188,7 @@ func (q *classQueue) pop(quantum int, weight func(string) int) *Item {
 			it := tq[0]
 			q.deficit[t] -= it.Cost
 			if len(tq) == 1 {
-				delete(q.queues, t)
-				delete(q.deficit, t) // an idle tenant banks no credit
-				q.ring = append(q.ring[:q.cur], q.ring[q.cur+1:]...)
-				q.topped = false
-				if len(q.ring) > 0 {
-					q.cur %= len(q.ring)
-				} else {
-					q.cur = 0
-				}
+				q.drop(t)
 			} else {
 				q.queues[t] = tq[1:]
 			}
@@ -239,18 +231,7 @@ func (s *Scheduler) EvictTail() *Item {
 		tq := q.queues[who]
 		it := tq[len(tq)-1]
 		if len(tq) == 1 {
-			delete(q.queues, who)
-			delete(q.deficit, who)
-			for k, t := range q.ring {
-				if t == who {
-					q.ring = append(q.ring[:k], q.ring[k+1:]...)
-					if q.cur > k {
-						q.cur--
-					}
-					break
-				}
-			}
-			q.topped = false
+			q.drop(who)
 		} else {
 			q.queues[who] = tq[:len(tq)-1]
 		}
@@ -279,22 +260,37 @@ func (s *Scheduler) Remove(drop func(*Item) bool) []*Item {
 				}
 			}
 			if len(keep) == 0 {
-				delete(q.queues, t)
-				delete(q.deficit, t)
-				for k, x := range q.ring {
-					if x == t {
-						q.ring = append(q.ring[:k], q.ring[k+1:]...)
-						if q.cur > k {
-							q.cur--
-						}
-						break
-					}
-				}
-				q.topped = false
+				q.drop(t)
 			} else {
 				q.queues[t] = keep
 			}
 		}
 	}
 	return out
+}
+
+// drop removes an emptied tenant from the class: its queue, its deficit (an
+// idle tenant banks no credit) and its place in the ring. The tenant whose
+// turn it is keeps its turn unless it is the one dropped.
+func (q *classQueue) drop(t string) {
+	delete(q.queues, t)
+	delete(q.deficit, t)
+	for k, x := range q.ring {
+		if x != t {
+			continue
+		}
+		q.ring = append(q.ring[:k], q.ring[k+1:]...)
+		switch {
+		case k < q.cur:
+			q.cur--
+		case k == q.cur:
+			q.topped = false
+		}
+		break
+	}
+	if len(q.ring) > 0 {
+		q.cur %= len(q.ring)
+	} else {
+		q.cur = 0
+	}
 }
