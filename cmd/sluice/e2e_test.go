@@ -300,6 +300,26 @@ func TestBadInput(t *testing.T) {
 		_ = sub.Unsubscribe()
 	}
 
+	// A job for a tenant Sluice does not know: refused, and the producer
+	// listening on its result subject hears why.
+	sub, err := nc.SubscribeSync(job.ResultPrefix + "nobody.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc.Request(job.IntakeSubject("nobody"), []byte(`{"id":"`+job.NewID()+`","request":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}}`), 5*time.Second); err != nil {
+		t.Fatalf("unknown tenant: publish: %v", err)
+	}
+	if m, err := sub.NextMsg(10 * time.Second); err != nil {
+		t.Errorf("unknown tenant over NATS: no error result: %v", err)
+	} else {
+		var r job.Result
+		_ = json.Unmarshal(m.Data, &r)
+		if r.Status != job.StatusFailed || r.Error == nil || r.Error.Code != job.CodeUnknownTenant {
+			t.Errorf("unknown tenant over NATS: got %+v, want failed unknown_tenant", r)
+		}
+	}
+	_ = sub.Unsubscribe()
+
 	// A good job still goes through, and it is the only provider call.
 	res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: chatBody("gpt-4o-mini", 5, 16)})
 	if err != nil || res.Status != job.StatusSucceeded {

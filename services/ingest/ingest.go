@@ -394,16 +394,21 @@ func (s *Service) refuse(ctx context.Context, msg jetstream.Msg, j *job.Job, ten
 		_ = msg.Term()
 		return
 	}
-	if _, ok := s.cfg.App.Tenant(tenant); !ok {
-		// No result subject we may write for an unknown tenant: the
-		// stream keeps no trace, the log says why.
-		s.log.Warn("intake: refused job for unknown tenant", "code", jerr.Code)
-		_ = msg.Term()
-		return
-	}
 	id := j.ID
 	if id == "" || !validUUID(id) {
 		id = job.NewID()
+	}
+	if _, ok := s.cfg.App.Tenant(tenant); !ok {
+		// Nothing is stored for a tenant Sluice does not know, but a
+		// producer listening on the result subject still learns why.
+		res := &job.Result{JobID: id, Tenant: tenant, Status: job.StatusFailed, CompletedAt: s.now().UTC(),
+			Error: &job.Error{Code: job.CodeUnknownTenant, Message: fmt.Sprintf("unknown tenant %q", tenant)}}
+		if data, err := json.Marshal(res); err == nil {
+			_ = s.mesh.JS.Conn().Publish(job.ResultSubject(tenant, id), data)
+		}
+		s.log.Warn("intake: refused job for unknown tenant", "job_id", id, "code", job.CodeUnknownTenant)
+		_ = msg.Term()
+		return
 	}
 	res := &job.Result{JobID: id, Tenant: tenant, Status: job.StatusFailed, Error: jerr, SubmittedAt: s.now().UTC()}
 	if perr := s.mesh.PublishResult(ctx, res, ""); perr != nil {
