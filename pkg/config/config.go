@@ -77,6 +77,10 @@ type Admission struct {
 	// Shed refuses new jobs of a class at ingest when QUEUE is this full
 	// (a fraction of its message limit): batch first, then standard.
 	Shed Shed `yaml:"shed"`
+	// InteractiveHeadroom is the share of a model's window that standard
+	// and batch leave free while interactive jobs are about (seen in the
+	// last two minutes), so an interactive job finds room at once.
+	InteractiveHeadroom float64 `yaml:"interactive_headroom"`
 }
 
 // Floors are per-class minimum shares.
@@ -282,6 +286,9 @@ func (c *Config) withDefaults() {
 	if c.Admission.Floors == (Floors{}) {
 		c.Admission.Floors = Floors{Standard: 0.10, Batch: 0.05}
 	}
+	if c.Admission.InteractiveHeadroom == 0 {
+		c.Admission.InteractiveHeadroom = 0.05
+	}
 	if c.Admission.Shed == (Shed{}) {
 		c.Admission.Shed = Shed{Batch: 0.8, Standard: 0.95}
 	}
@@ -342,6 +349,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Admission.MaxHeld < 1 || c.Admission.MaxHeldBytes < 1<<20 {
 		return fail("admission.max_held", "max_held must be >= 1 and max_held_bytes >= 1 MiB")
+	}
+	if h := c.Admission.InteractiveHeadroom; h < 0 || h >= 0.5 {
+		return fail("admission.interactive_headroom", "must be in [0, 0.5), got %g", h)
 	}
 	if c.Admission.Quantum < 1 {
 		return fail("admission.quantum", "must be positive, got %d", c.Admission.Quantum)

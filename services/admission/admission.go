@@ -296,8 +296,20 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 		return nil
 	}
 	lim := budget.Limits{RPM: model.RPM, TPM: model.TPM}
+	if h := s.cfg.App.Admission.InteractiveHeadroom; h > 0 && allowed[0].Job.Priority != job.Interactive &&
+		s.now().Sub(ms.lastInteractive) < 2*time.Minute {
+		// Interactive work is about: leave it room.
+		lim.RPM = int(float64(lim.RPM) * (1 - h))
+		lim.TPM = int(float64(lim.TPM) * (1 - h))
+	}
 	n, _ := ms.sched.Len()
-	g, err := s.lease(ctx, key, lim, allowed, budget.Cost{Requests: n, Tokens: ms.sched.Tokens()})
+	backlog := budget.Cost{Requests: n, Tokens: ms.sched.Tokens()}
+	if allowed[0].Job.Priority == job.Interactive {
+		// An interactive job may use the headroom, but only for itself:
+		// no room is asked for the backlog behind it.
+		backlog = budget.Cost{Requests: -1}
+	}
+	g, err := s.lease(ctx, key, lim, allowed, backlog)
 	// Tenant budget taken for jobs the model cannot take now goes back.
 	s.giveBack(ctx, held, allowed[min(g.N, len(allowed)):])
 	if err != nil {
@@ -522,7 +534,10 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 		need.Requests += c.Cost.Requests
 		need.Tokens += c.Cost.Tokens
 	}
-	if backlog.Requests > 0 {
+	switch extraR, extraT := int(l.demand[0])-need.Requests, int(l.demand[1])-need.Tokens; {
+	case backlog.Requests < 0:
+		// Only the jobs given.
+	case backlog.Requests > 0:
 		// Jobs wait behind these: ask for room for them too, one average
 		// job per chunk, so what fits is spent locally without more round
 		// trips.
@@ -530,7 +545,7 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 		for range min(backlog.Requests, backlogChunks) {
 			costs = append(costs, budget.Cost{Requests: 1, Tokens: avg})
 		}
-	} else if extraR, extraT := int(l.demand[0])-need.Requests, int(l.demand[1])-need.Tokens; extraR > 0 && extraT > 0 {
+	case extraR > 0 && extraT > 0:
 		for range leaseChunks {
 			costs = append(costs, budget.Cost{Requests: max(extraR/leaseChunks, 1), Tokens: max(extraT/leaseChunks, 1)})
 		}

@@ -28,6 +28,7 @@ type modelState struct {
 	wakeAt               time.Time // budget expected to free; nothing to try before
 	pausedUntil          time.Time // the provider asked the fleet to wait
 	reason               string    // why the queue waits now
+	lastInteractive      time.Time // when an interactive job last arrived
 }
 
 type pauseSignal struct {
@@ -80,6 +81,9 @@ func (s *Service) hold(c *Candidate, now time.Time) {
 	key := budget.ModelKey(c.Job.Provider, job.ModelToken(c.Job.Model))
 	ms := s.model(key, c.Job)
 	c.touched = now
+	if c.Job.Priority == job.Interactive {
+		ms.lastInteractive = now
+	}
 	it := &Item{Tenant: c.Job.Tenant, Priority: c.Job.Priority, Cost: c.Cost.Tokens, Size: len(c.Msg.Data()), Since: now, Value: c}
 	ms.sched.Push(it)
 	s.heldIdx[c.Job.ID] = key
