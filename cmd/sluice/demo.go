@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/term"
 
+	"github.com/sluice-dev/sluice/internal/bench"
 	"github.com/sluice-dev/sluice/internal/node"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/config"
@@ -192,7 +193,7 @@ tenants:
 		}
 		st := simSrv.Stats().Models[demoModel]
 		line := fmt.Sprintf("[%3.0fs] done %d/%d  queue %d  tokens in last 60s %s / %s (%3.0f%%)  provider 429s %d",
-			time.Since(start).Seconds(), done.Load(), total, queueDepth(ctx, js), comma(trailing(st.Timeline, 60)), comma(int64(*tpm)),
+			time.Since(start).Seconds(), done.Load(), total, queueDepth(ctx, js), bench.Comma(trailing(st.Timeline, 60)), bench.Comma(int64(*tpm)),
 			100*float64(trailing(st.Timeline, 60))/float64(*tpm), st.RateLimited)
 		if tty {
 			fmt.Fprintf(stdout, "\r%s\x1b[K", line)
@@ -213,10 +214,10 @@ tenants:
 	fmt.Fprintf(stdout, "  jobs           %d submitted: %d succeeded, %d failed, %d expired, %d refused at submission\n",
 		total, statuses[job.StatusSucceeded], statuses[job.StatusFailed], statuses[job.StatusExpired], refused.Load())
 	fmt.Fprintf(stdout, "  provider saw   %d requests: %d answered 200, %d answered 429\n", ms.Admitted+ms.RateLimited, ms.Requests[200], ms.Requests[429])
-	fmt.Fprintf(stdout, "  busiest 60 s   %s tokens (limit %s), %d requests (limit %d)\n", comma(int64(ms.MaxTokensIn60s)), comma(int64(*tpm)), ms.MaxRequestsIn60s, *rpm)
-	fmt.Fprintf(stdout, "  busiest 1 s    %s tokens (cap %s)\n", comma(int64(ms.MaxTokensIn1s)), comma(int64(ms.BurstTokens)))
+	fmt.Fprintf(stdout, "  busiest 60 s   %s tokens (limit %s), %d requests (limit %d)\n", bench.Comma(int64(ms.MaxTokensIn60s)), bench.Comma(int64(*tpm)), ms.MaxRequestsIn60s, *rpm)
+	fmt.Fprintf(stdout, "  busiest 1 s    %s tokens (cap %s)\n", bench.Comma(int64(ms.MaxTokensIn1s)), bench.Comma(int64(ms.BurstTokens)))
 	fmt.Fprintf(stdout, "  paid twice     %d operations\n", st.DuplicateCompletions)
-	fmt.Fprintf(stdout, "  tokens used    %s (prompt + completion, as the provider reported) in %.0fs\n", comma(ms.SuccessTokens), elapsed.Seconds())
+	fmt.Fprintf(stdout, "  tokens used    %s (prompt + completion, as the provider reported) in %.0fs\n", bench.Comma(ms.SuccessTokens), elapsed.Seconds())
 	if ms.MaxTokensIn60s > *tpm || ms.MaxRequestsIn60s > *rpm || ms.RateLimited > 0 {
 		return errors.New("the provider's limits were exceeded")
 	}
@@ -313,21 +314,6 @@ func trailing(tl []sim.Second, n int) int64 {
 		sum += tl[i].ChargedTokens
 	}
 	return sum
-}
-
-func comma(n int64) string {
-	s := fmt.Sprint(n)
-	if n < 0 {
-		return s
-	}
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	return b.String()
 }
 
 // serveLoopback serves h on a free loopback port.

@@ -162,7 +162,9 @@ routes:
 	if backup.Stats().Completed != before || strictCalls.Load() != 1 {
 		t.Errorf("400: backup completed %d more, strict saw %d calls; want no fallback and one call", backup.Stats().Completed-before, strictCalls.Load())
 	}
-	_ = primary
+	if got := primary.Stats().Requests[500]; got == 0 {
+		t.Error("the primary never answered 500, so the provider_5xx fallback was not exercised")
+	}
 }
 
 // TestChaos runs 2,000 jobs while the provider fails 10 % of calls with

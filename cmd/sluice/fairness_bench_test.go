@@ -210,13 +210,11 @@ func BenchmarkFairShares(b *testing.B) {
 		_, cl := natsClient(b, fr.n.NATS)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		start := time.Now()
-		for i := range 1200 {
+		for range 1200 {
 			// Mixed sizes: a sends large requests, b small ones.
 			fr.submit(ctx, b, cl, "a", job.Batch, 700, 300)
-			if i%1 == 0 {
-				fr.submit(ctx, b, cl, "b", job.Batch, 150, 50)
-				fr.submit(ctx, b, cl, "b", job.Batch, 150, 50)
-			}
+			fr.submit(ctx, b, cl, "b", job.Batch, 150, 50)
+			fr.submit(ctx, b, cl, "b", job.Batch, 150, 50)
 		}
 		// Both stay backlogged for the first 90 s.
 		time.Sleep(95 * time.Second)

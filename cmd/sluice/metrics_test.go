@@ -174,5 +174,4 @@ routes:
 			}
 		}
 	}
-	_ = fmt.Sprint
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/pkg/budget"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -239,5 +237,3 @@ func orQueued(r string) string {
 	}
 	return r
 }
-
-var _ = jetstream.Msg(nil)

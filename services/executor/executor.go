@@ -351,7 +351,6 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		// Idempotency-Key, which a provider that honours it answers from
 		// its record.
 		if j.Priority == job.Interactive {
-			s.m.Retries.WithLabelValues(j.Provider, j.Model, "outcome_unknown").Add(0)
 			return s.terminal(ctx, j, opKey, job.StatusFailed, "outcome_unknown", &job.Error{Code: "outcome_unknown",
 				Message: fmt.Sprintf("status unknown: the provider may have completed this request (%s); retry with the same Idempotency-Key to get its result without paying twice", out.Code)})
 		}

@@ -349,14 +349,13 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 		j.Tenant = tenant
 	}
 	var err error
-	var acc Accepted
 	switch {
 	case derr != nil:
 		err = derr
 	case j.Tenant != tenant:
 		err = &job.ValidationError{Code: job.CodeInvalidRequest, Field: "tenant", Message: fmt.Sprintf("%q does not match the subject's tenant %q", clip(j.Tenant), tenant)}
 	default:
-		acc, err = s.Accept(ctx, j)
+		_, err = s.Accept(ctx, j)
 	}
 	var te *transientError
 	switch {
@@ -378,7 +377,6 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 	default:
 		s.refuse(ctx, msg, j, tenant, err)
 	}
-	_ = acc
 }
 
 // refuse answers an invalid job with a failed result and drops it.
