@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -9,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
@@ -47,6 +50,61 @@ type fairRun struct {
 	submitAt sync.Map // job id -> time
 	tenantOf sync.Map // job id -> tenant
 	costOf   sync.Map // job id -> tokens
+	queued   sync.Map // job id -> when it was seen entering QUEUE (ingest done)
+	sent     sync.Map // job id -> when it was seen on DISPATCH (admission done)
+}
+
+// watch records when each job passes QUEUE and DISPATCH, to split a queue
+// wait into ingest, admission and executor.
+func (fr *fairRun) watch(b *testing.B, nc *nats.Conn) {
+	for prefix, m := range map[string]*sync.Map{job.QueuePrefix: &fr.queued, job.DispatchPrefix: &fr.sent} {
+		sub, err := nc.Subscribe(prefix+">", func(msg *nats.Msg) {
+			at := time.Now()
+			var j struct {
+				ID string `json:"id"`
+			}
+			if json.Unmarshal(msg.Data, &j) == nil {
+				m.LoadOrStore(j.ID, at)
+			}
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = sub.Unsubscribe() })
+	}
+	if err := nc.Flush(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// stages returns a tenant's p50 and p95 time in ingest (submission to
+// QUEUE), admission (QUEUE to DISPATCH) and executor (DISPATCH to provider).
+func (fr *fairRun) stages(tenant string) string {
+	var ing, adm, exe []time.Duration
+	fr.arr.mu.Lock()
+	defer fr.arr.mu.Unlock()
+	fr.submitAt.Range(func(k, v any) bool {
+		if t, _ := fr.tenantOf.Load(k); t != tenant {
+			return true
+		}
+		q, ok1 := fr.queued.Load(k)
+		d, ok2 := fr.sent.Load(k)
+		at, ok3 := fr.arr.at[k.(string)]
+		if ok1 && ok2 && ok3 {
+			ing = append(ing, q.(time.Time).Sub(v.(time.Time)))
+			adm = append(adm, d.(time.Time).Sub(q.(time.Time)))
+			exe = append(exe, at.Sub(d.(time.Time)))
+		}
+		return true
+	})
+	pct := func(ws []time.Duration) string {
+		if len(ws) == 0 {
+			return "-"
+		}
+		sort.Slice(ws, func(i, k int) bool { return ws[i] < ws[k] })
+		return fmt.Sprintf("%s/%s", ws[len(ws)/2].Round(100*time.Microsecond), ws[len(ws)*95/100].Round(100*time.Microsecond))
+	}
+	return fmt.Sprintf("ingest %s, admission %s, executor %s (p50/p95)", pct(ing), pct(adm), pct(exe))
 }
 
 func startFair(b *testing.B, tpm int, tenants string) *fairRun {
@@ -165,7 +223,8 @@ func noisyNeighbour(b *testing.B, burst float64) {
 	const tpm = 240_000 // A's backlog needs about 2.5 minutes of budget
 	run := func(withA bool) (p50, p95 time.Duration) {
 		fr := startFairPaced(b, tpm, "  - {name: a}\n  - {name: b}\n", burst)
-		_, cl := natsClient(b, fr.n.NATS)
+		nc, cl := natsClient(b, fr.n.NATS)
+		fr.watch(b, nc)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
 		total := 50
@@ -188,6 +247,9 @@ func noisyNeighbour(b *testing.B, burst float64) {
 			time.Sleep(100 * time.Millisecond)
 		}
 		p50, p95, _ = fr.waits("b")
+		ms := fr.sim.Stats().Models["gpt-4o-mini"]
+		b.Logf("tenant B (with A: %v): %s; busiest 60 s at the provider: %d of %d tokens, %d answered 429",
+			withA, fr.stages("b"), ms.MaxTokensIn60s, tpm, ms.RateLimited)
 		return p50, p95
 	}
 	for range b.N {

@@ -15,7 +15,9 @@ import (
 // Concurrency is shared by leases. The key (ConcKey) holds, per holder (one
 // executor process), how many call slots it leased and until when. A holder
 // renews its lease every third of the period with one compare-and-set,
-// sized to what it uses: it may grow while slots are free, and when holders
+// sized to what it used at the peak since the last renewal plus a quarter
+// spare (so a call arriving during a burst finds a slot without waiting
+// for a renewal): it may grow while slots are free, and when holders
 // compete each is capped at an equal share, so the others can grow too. The
 // unexpired leases never add up to more than the limit; a holder that dies
 // keeps its slots only until its lease expires. Calls take and give back
@@ -47,6 +49,7 @@ type Pool struct {
 	mu      sync.Mutex
 	held    int       // slots leased
 	inUse   int       // slots taken by calls
+	peak    int       // most slots in use since the last renew
 	waiting int       // callers that found no free slot since the last renew
 	expires time.Time // lease end; zero when none
 	changed chan struct{}
@@ -68,6 +71,7 @@ func (p *Pool) TryAcquire() bool {
 	defer p.mu.Unlock()
 	if p.inUse < p.usableLocked() {
 		p.inUse++
+		p.peak = max(p.peak, p.inUse)
 		return true
 	}
 	p.waiting++
@@ -96,6 +100,7 @@ func (p *Pool) Acquire(ctx context.Context) error {
 		p.mu.Lock()
 		if p.inUse < p.usableLocked() {
 			p.inUse++
+			p.peak = max(p.peak, p.inUse)
 			p.mu.Unlock()
 			return nil
 		}
@@ -137,12 +142,13 @@ func (p *Pool) Held() (held, inUse int) {
 // every period/3 (Run does).
 func (p *Pool) Renew(ctx context.Context) error {
 	p.mu.Lock()
-	want := p.inUse + p.waiting
+	want := max(p.inUse+p.waiting, p.peak)
 	if p.waiting > 0 {
 		want = max(want, 2*p.inUse, 1)
 	}
+	want += want / 4
 	want = min(max(want, p.inUse, 1), p.limit)
-	p.waiting = 0
+	p.waiting, p.peak = 0, p.inUse
 	p.mu.Unlock()
 
 	for attempt := 0; attempt < 50; attempt++ {
@@ -230,6 +236,7 @@ const MinRenewInterval = 100 * time.Millisecond
 func (p *Pool) Run(ctx context.Context, onErr func(error)) {
 	tick := p.period / 3
 	for {
+		last := time.Now()
 		if err := p.Renew(ctx); err != nil && ctx.Err() == nil && onErr != nil {
 			onErr(err)
 		}
@@ -244,9 +251,12 @@ func (p *Pool) Run(ctx context.Context, onErr func(error)) {
 		case <-timer.C:
 		case <-p.demand:
 			timer.Stop()
-			select {
-			case <-ctx.Done():
-			case <-time.After(MinRenewInterval):
+			// Renew now, unless the last renewal was very recent.
+			if wait := MinRenewInterval - time.Since(last); wait > 0 {
+				select {
+				case <-ctx.Done():
+				case <-time.After(wait):
+				}
 			}
 		}
 	}

@@ -173,3 +173,43 @@ func TestPoolNeverOverTheLimit(t *testing.T) {
 		}
 	})
 }
+
+// TestPoolKeepsPeakAndSpare: a lease does not shrink below the peak use
+// since the last renewal, and keeps a quarter spare, so a call arriving
+// during the next burst does not wait for a renewal.
+func TestPoolKeepsPeakAndSpare(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		p := pool(newFakeKV(), "a", 100)
+		for range 6 {
+			for p.TryAcquire() {
+			}
+			if err := p.Renew(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, inUse := p.Held()
+		if inUse < 16 {
+			t.Fatalf("saturating calls hold %d slots, want at least 16", inUse)
+		}
+		peak := inUse
+		// The burst ends: two calls stay.
+		for range inUse - 2 {
+			p.Release()
+		}
+		if err := p.Renew(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if held, _ := p.Held(); held != peak+peak/4 {
+			t.Errorf("after a burst of %d: held %d, want the peak plus a quarter (%d)", peak, held, peak+peak/4)
+		}
+		// A quiet period: the lease follows use down, still with a spare.
+		if err := p.Renew(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if held, _ := p.Held(); held != 2 {
+			t.Errorf("after a quiet period with 2 calls: held %d, want 2 (2 plus a quarter, rounded down)", held)
+		}
+	})
+}

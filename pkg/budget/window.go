@@ -47,6 +47,35 @@ import (
 type Limits struct {
 	RPM int
 	TPM int
+	// Keep is a share of both windows (the minute and the burst second) a
+	// reservation must leave free: room held back for work that should not
+	// wait behind a backlog. KeepAtLeast is the least room kept in each
+	// window when Keep > 0 (a fraction of a small per-second cap can be less
+	// than one job). Zero keeps nothing.
+	Keep        float64
+	KeepAtLeast Cost
+}
+
+// caps returns the effective per-minute limits and per-second caps, after
+// the room kept; 0 means unlimited for the minute limits.
+func (lim Limits) caps(frac float64) (minR, minT, capR, capT int64) {
+	minR, minT = int64(lim.RPM), int64(lim.TPM)
+	capR, capT = burstCap(lim.RPM, frac), burstCap(lim.TPM, frac)
+	if lim.Keep <= 0 {
+		return
+	}
+	keep := func(limit int64, least int) int64 {
+		return max(int64(math.Ceil(float64(limit)*lim.Keep)), int64(least))
+	}
+	if lim.RPM > 0 {
+		minR = max(minR-keep(minR, lim.KeepAtLeast.Requests), 1)
+		capR -= keep(capR, lim.KeepAtLeast.Requests)
+	}
+	if lim.TPM > 0 {
+		minT = max(minT-keep(minT, lim.KeepAtLeast.Tokens), 1)
+		capT -= keep(capT, lim.KeepAtLeast.Tokens)
+	}
+	return
 }
 
 // Cost is what one job reserves.
@@ -213,16 +242,15 @@ func (s *Store) plan(w *Window, lim Limits, costs []Cost, cur int64) Grant {
 	usedR, usedT := w.sum(math.MinInt64)
 	burstFrom := cur - s.p.burstSlices() + 1
 	burstR, burstT := w.sum(burstFrom)
-	capR := burstCap(lim.RPM, s.p.BurstFraction)
-	capT := burstCap(lim.TPM, s.p.BurstFraction)
+	minR, minT, capR, capT := lim.caps(s.p.BurstFraction)
 	g := Grant{Slice: cur, ValidUntil: s.sliceStart(cur + 1).Add(s.p.DispatchGrace)}
 	var addR, addT int64
 	for _, c := range costs {
 		r, t := int64(c.Requests), int64(c.Tokens)
 		switch {
-		case lim.RPM > 0 && usedR+addR+r > int64(lim.RPM):
+		case lim.RPM > 0 && usedR+addR+r > minR:
 			g.Reason = "rpm"
-		case lim.TPM > 0 && usedT+addT+t > int64(lim.TPM):
+		case lim.TPM > 0 && usedT+addT+t > minT:
 			g.Reason = "tpm"
 		case lim.RPM > 0 && burstR+addR > 0 && burstR+addR+r > capR:
 			g.Reason = "burst"
@@ -257,8 +285,9 @@ func (s *Store) retryAt(w *Window, lim Limits, c Cost, cur, addR, addT int64, re
 	usedR, usedT := w.sum(math.MinInt64)
 	usedR += addR
 	usedT += addT
-	needR := usedR + int64(c.Requests) - int64(lim.RPM)
-	needT := usedT + int64(c.Tokens) - int64(lim.TPM)
+	minR, minT, _, _ := lim.caps(s.p.BurstFraction)
+	needR := usedR + int64(c.Requests) - minR
+	needT := usedT + int64(c.Tokens) - minT
 	if lim.RPM == 0 {
 		needR = 0
 	}

@@ -326,6 +326,50 @@ func TestTakeBurst(t *testing.T) {
 	})
 }
 
+// TestTakeKeep: a reservation with Keep leaves that share of both windows
+// (and at least KeepAtLeast of the burst second) to reservations without it.
+func TestTakeKeep(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	take := func(t *testing.T, b *bundle, lim budget.Limits, cs []budget.Cost) budget.Grant {
+		t.Helper()
+		g, err := b.store.Take(ctx, key, lim, cs)
+		if err != nil {
+			t.Fatalf("Take: %v", err)
+		}
+		return g
+	}
+	t.Run("minute", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, noBurst)
+		b.at(0, 0)
+		kept := budget.Limits{TPM: 10_000, Keep: 0.1}
+		// 9,000 of 10,000 tokens for the backlog, in 1,000-token jobs.
+		if g := take(t, b, kept, costs(10, budget.Cost{Requests: 1, Tokens: 1000})); g.N != 9 || g.Reason != "tpm" {
+			t.Fatalf("kept take: got N=%d reason=%q, want N=9 reason=tpm", g.N, g.Reason)
+		}
+		// The rest is there for a job reserving against the full limit.
+		if g := take(t, b, budget.Limits{TPM: 10_000}, costs(2, budget.Cost{Requests: 1, Tokens: 1000})); g.N != 1 || g.Reason != "tpm" {
+			t.Errorf("full take: got N=%d reason=%q, want N=1 reason=tpm", g.N, g.Reason)
+		}
+	})
+	t.Run("burst second keeps at least one job", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, defaultParams)
+		b.at(0, 0)
+		// TPM 100,000: the burst cap is 5,000 tokens; 5 % of it is 250, less
+		// than one 400-token job, so KeepAtLeast decides: 4,600 for the backlog.
+		kept := budget.Limits{TPM: 100_000, Keep: 0.05, KeepAtLeast: budget.Cost{Requests: 1, Tokens: 400}}
+		job := budget.Cost{Requests: 1, Tokens: 400}
+		if g := take(t, b, kept, costs(20, job)); g.N != 11 || g.Reason != "burst" {
+			t.Fatalf("kept take: got N=%d reason=%q, want N=11 (4,400 tokens) reason=burst", g.N, g.Reason)
+		}
+		if g := take(t, b, budget.Limits{TPM: 100_000}, costs(2, job)); g.N != 1 {
+			t.Errorf("full take: got N=%d reason=%q, want N=1", g.N, g.Reason)
+		}
+	})
+}
+
 func TestTakeUnlimitedAndEmpty(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

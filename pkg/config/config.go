@@ -77,10 +77,12 @@ type Admission struct {
 	// Shed refuses new jobs of a class at ingest when QUEUE is this full
 	// (a fraction of its message limit): batch first, then standard.
 	Shed Shed `yaml:"shed"`
-	// InteractiveHeadroom is the share of a model's window that standard
-	// and batch leave free while interactive jobs are about (seen in the
-	// last two minutes), so an interactive job finds room at once.
-	InteractiveHeadroom float64 `yaml:"interactive_headroom"`
+	// Headroom is the share of a model's window (the minute and the burst
+	// second; in the second at least one recent such job) that backlogged
+	// work leaves free while jobs that should not wait are about (seen in
+	// the last two minutes): interactive jobs, and a tenant's job arriving
+	// while other tenants' backlogs wait. Those find room at once.
+	Headroom float64 `yaml:"headroom"`
 }
 
 // Floors are per-class minimum shares.
@@ -286,8 +288,8 @@ func (c *Config) withDefaults() {
 	if c.Admission.Floors == (Floors{}) {
 		c.Admission.Floors = Floors{Standard: 0.10, Batch: 0.05}
 	}
-	if c.Admission.InteractiveHeadroom == 0 {
-		c.Admission.InteractiveHeadroom = 0.05
+	if c.Admission.Headroom == 0 {
+		c.Admission.Headroom = 0.05
 	}
 	if c.Admission.Shed == (Shed{}) {
 		c.Admission.Shed = Shed{Batch: 0.8, Standard: 0.95}
@@ -350,8 +352,8 @@ func (c *Config) Validate() error {
 	if c.Admission.MaxHeld < 1 || c.Admission.MaxHeldBytes < 1<<20 {
 		return fail("admission.max_held", "max_held must be >= 1 and max_held_bytes >= 1 MiB")
 	}
-	if h := c.Admission.InteractiveHeadroom; h < 0 || h >= 0.5 {
-		return fail("admission.interactive_headroom", "must be in [0, 0.5), got %g", h)
+	if h := c.Admission.Headroom; h < 0 || h >= 0.5 {
+		return fail("admission.headroom", "must be in [0, 0.5), got %g", h)
 	}
 	if c.Admission.Quantum < 1 {
 		return fail("admission.quantum", "must be positive, got %d", c.Admission.Quantum)

@@ -296,17 +296,16 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 		return nil
 	}
 	lim := budget.Limits{RPM: model.RPM, TPM: model.TPM}
-	if h := s.cfg.App.Admission.InteractiveHeadroom; h > 0 && allowed[0].Job.Priority != job.Interactive &&
-		s.now().Sub(ms.lastInteractive) < 2*time.Minute {
-		// Interactive work is about: leave it room.
-		lim.RPM = int(float64(lim.RPM) * (1 - h))
-		lim.TPM = int(float64(lim.TPM) * (1 - h))
+	urgent := allowed[0].Job.Priority == job.Interactive || byCand[allowed[0]].Fresh
+	if h := s.cfg.App.Admission.Headroom; h > 0 && !urgent && s.now().Sub(ms.lastUrgent) < UrgentMemory {
+		// Work that should not wait is about: backlogs leave it room.
+		lim.Keep, lim.KeepAtLeast = h, budget.Cost{Requests: 1, Tokens: ms.urgentCost}
 	}
 	n, _ := ms.sched.Len()
 	backlog := budget.Cost{Requests: n, Tokens: ms.sched.Tokens()}
-	if allowed[0].Job.Priority == job.Interactive {
-		// An interactive job may use the headroom, but only for itself:
-		// no room is asked for the backlog behind it.
+	if urgent {
+		// An interactive job or a new flow may use the headroom, but only
+		// for itself: no room is asked for the backlog behind it.
 		backlog = budget.Cost{Requests: -1}
 	}
 	g, err := s.lease(ctx, key, lim, allowed, backlog)

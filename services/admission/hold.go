@@ -26,8 +26,17 @@ type modelState struct {
 	wakeAt               time.Time // budget expected to free; nothing to try before
 	pausedUntil          time.Time // the provider asked the fleet to wait
 	reason               string    // why the queue waits now
-	lastInteractive      time.Time // when an interactive job last arrived
+	// lastUrgent is when a job that should not wait last arrived (an
+	// interactive job, or a new flow while others' backlogs wait);
+	// urgentCost is the largest such job's cost since (reset after
+	// UrgentMemory). While they are about, backlogged work leaves headroom.
+	lastUrgent time.Time
+	urgentCost int
 }
+
+// UrgentMemory is how long after the last interactive or new-flow arrival
+// backlogged work keeps leaving headroom.
+const UrgentMemory = 2 * time.Minute
 
 type pauseSignal struct {
 	Provider string    `json:"provider"`
@@ -79,8 +88,14 @@ func (s *Service) hold(c *Candidate, now time.Time) {
 	key := budget.ModelKey(c.Job.Provider, job.ModelToken(c.Job.Model))
 	ms := s.model(key, c.Job)
 	c.touched = now
-	if c.Job.Priority == job.Interactive {
-		ms.lastInteractive = now
+	if c.Job.Priority == job.Interactive || ms.sched.IsNew(c.Job.Tenant, c.Job.Priority) {
+		// It should not wait behind backlogs: leave it headroom from now
+		// on, and look at the budget now rather than at the model's wake.
+		if now.Sub(ms.lastUrgent) > UrgentMemory {
+			ms.urgentCost = 0
+		}
+		ms.lastUrgent, ms.urgentCost = now, max(ms.urgentCost, c.Cost.Tokens)
+		ms.wakeAt = time.Time{}
 	}
 	it := &Item{Tenant: c.Job.Tenant, Priority: c.Job.Priority, Cost: c.Cost.Tokens, Size: len(c.Msg.Data()), Since: now, Value: c}
 	ms.sched.Push(it)

@@ -14,8 +14,15 @@ import (
 // tenant's deficit grows each round until it fits. Across classes,
 // interactive goes first, but standard and batch each keep a floor: when a
 // class with waiting jobs has had less than its floor share of the tokens
-// dispatched in the trailing window, it goes next. Pure data structure: no
-// I/O, no goroutines, clock injected.
+// dispatched in the trailing window, it goes next.
+//
+// A tenant with nothing waiting in a class that gets a job is a new flow (as
+// in FQ-CoDel): it is served before the tenants already backlogged, for up
+// to one quantum, so a tenant that sends a job now and then does not queue
+// behind a neighbour's thousands. A new flow that outlasts its quantum joins
+// the round robin's tail like any backlogged tenant, so the shares of
+// backlogged tenants stay weighted-fair. Pure data structure: no I/O, no
+// goroutines, clock injected.
 type Scheduler struct {
 	quantum int
 	weight  func(tenant string) int
@@ -46,11 +53,15 @@ type Item struct {
 	Size     int // bytes held
 	Since    time.Time
 	Value    any
+	// Fresh is set by Pop when the job was served as part of its tenant's
+	// new-flow quantum (it did not wait its turn behind backlogs).
+	Fresh bool
 }
 
 type classQueue struct {
 	queues  map[string][]*Item
-	ring    []string
+	fresh   []string // new flows, served first, each for up to one quantum
+	ring    []string // backlogged tenants, in round-robin order
 	cur     int
 	topped  bool
 	deficit map[string]int
@@ -85,7 +96,8 @@ func (s *Scheduler) ClassLen(p job.Priority) int {
 func (s *Scheduler) Push(it *Item) {
 	q := s.classes[it.Priority]
 	if len(q.queues[it.Tenant]) == 0 {
-		q.ring = append(q.ring, it.Tenant)
+		q.fresh = append(q.fresh, it.Tenant)
+		q.deficit[it.Tenant] = s.quantum * max(s.weight(it.Tenant), 1)
 	}
 	q.queues[it.Tenant] = append(q.queues[it.Tenant], it)
 	s.n++
@@ -93,17 +105,30 @@ func (s *Scheduler) Push(it *Item) {
 	s.tokens += it.Cost
 }
 
+// IsNew reports whether a job pushed now for tenant in class p would start a
+// new flow while other tenants' jobs of the class wait.
+func (s *Scheduler) IsNew(tenant string, p job.Priority) bool {
+	q := s.classes[p]
+	return len(q.queues[tenant]) == 0 && len(q.queues) > 0
+}
+
 // Unpop puts back a job Pop returned (its reservation failed): at the head
 // of its tenant's queue, with the deficit it spent, its tenant next in turn.
 func (s *Scheduler) Unpop(it *Item) {
 	q := s.classes[it.Priority]
-	if len(q.queues[it.Tenant]) == 0 {
+	switch {
+	case it.Fresh && len(q.queues[it.Tenant]) == 0:
+		q.fresh = append([]string{it.Tenant}, q.fresh...)
+	case it.Fresh:
+		// Still a new flow, at the head of the list.
+	case len(q.queues[it.Tenant]) == 0:
 		// Back into the ring at the current position: it goes next.
 		pos := min(q.cur, len(q.ring))
 		q.ring = append(q.ring[:pos], append([]string{it.Tenant}, q.ring[pos:]...)...)
 		q.cur = pos
 		q.topped = true
 	}
+	it.Fresh = false
 	q.queues[it.Tenant] = append([]*Item{it}, q.queues[it.Tenant]...)
 	q.deficit[it.Tenant] += it.Cost
 	s.n++
@@ -155,7 +180,7 @@ func (s *Scheduler) nextClass(now time.Time) (job.Priority, bool) {
 	if total > 0 {
 		for _, p := range job.Priorities {
 			f := s.floors[p]
-			if f <= 0 || len(s.classes[p].ring) == 0 {
+			if f <= 0 || !s.classes[p].waiting() {
 				continue
 			}
 			short := f - float64(by[p])/float64(total)
@@ -168,14 +193,35 @@ func (s *Scheduler) nextClass(now time.Time) (job.Priority, bool) {
 		return best, true
 	}
 	for _, p := range job.Priorities {
-		if len(s.classes[p].ring) > 0 {
+		if s.classes[p].waiting() {
 			return p, true
 		}
 	}
 	return "", false
 }
 
+func (q *classQueue) waiting() bool { return len(q.fresh) > 0 || len(q.ring) > 0 }
+
 func (q *classQueue) pop(quantum int, weight func(string) int) *Item {
+	for len(q.fresh) > 0 {
+		t := q.fresh[0]
+		tq := q.queues[t]
+		if q.deficit[t] >= tq[0].Cost {
+			it := tq[0]
+			q.deficit[t] -= it.Cost
+			if len(tq) == 1 {
+				q.drop(t)
+			} else {
+				q.queues[t] = tq[1:]
+			}
+			it.Fresh = true
+			return it
+		}
+		// Its quantum is spent: it waits its turn with the backlogged,
+		// keeping what is left of its deficit.
+		q.fresh = q.fresh[1:]
+		q.ring = append(q.ring, t)
+	}
 	for {
 		q.cur %= len(q.ring)
 		t := q.ring[q.cur]
@@ -275,6 +321,12 @@ func (s *Scheduler) Remove(drop func(*Item) bool) []*Item {
 func (q *classQueue) drop(t string) {
 	delete(q.queues, t)
 	delete(q.deficit, t)
+	for k, x := range q.fresh {
+		if x == t {
+			q.fresh = append(q.fresh[:k], q.fresh[k+1:]...)
+			return
+		}
+	}
 	for k, x := range q.ring {
 		if x != t {
 			continue

@@ -160,3 +160,52 @@ func TestEvictTailAndRemove(t *testing.T) {
 		t.Errorf("after eviction and removal: %d jobs, first %q; want 5 with vip first", len(order), order[0].Tenant)
 	}
 }
+
+// TestNewFlowGoesFirst: a tenant's job arriving while a neighbour's backlog
+// waits is served next, within one quantum; a tenant that floods gets no
+// more than its fair share for having arrived as a new flow.
+func TestNewFlowGoesFirst(t *testing.T) {
+	t.Parallel()
+	s := newSched(nil, nil)
+	fill(s, "a", job.Batch, 2000, 300)
+	drain(s, 50)
+	if !s.IsNew("b", job.Batch) || s.IsNew("a", job.Batch) {
+		t.Fatalf("IsNew: b %v, a %v; want true, false", s.IsNew("b", job.Batch), s.IsNew("a", job.Batch))
+	}
+	now := time.Unix(2_000_000, 0)
+	for i := range 20 {
+		s.Push(&Item{Tenant: "b", Priority: job.Batch, Cost: 300, Size: 1})
+		it := s.Pop(now)
+		if it.Tenant != "b" || !it.Fresh {
+			t.Fatalf("arrival %d: next served is %s (fresh %v), want b's new job", i, it.Tenant, it.Fresh)
+		}
+		// A refused reservation puts it back; it is still next.
+		s.Unpop(it)
+		if again := s.Pop(now); again != it || !again.Fresh {
+			t.Fatalf("arrival %d: after Unpop got %+v, want b's job again, fresh", i, again)
+		}
+		// a's backlog keeps moving between b's arrivals.
+		if it := s.Pop(now); it.Tenant != "a" {
+			t.Fatalf("arrival %d: then %s, want a", i, it.Tenant)
+		}
+	}
+
+	// A flood that starts as a new flow gets one quantum ahead, then shares.
+	s = newSched(nil, nil)
+	fill(s, "a", job.Batch, 2000, 300)
+	drain(s, 10)
+	fill(s, "b", job.Batch, 2000, 300)
+	by, _, order := drain(s, 1000)
+	fresh := 0
+	for _, it := range order {
+		if it.Fresh {
+			fresh++
+		}
+	}
+	if fresh > 1000/300+1 {
+		t.Errorf("%d of b's jobs were served as a new flow; want at most one quantum's worth (%d)", fresh, 1000/300+1)
+	}
+	if share := float64(by["b"]) / float64(by["a"]+by["b"]); math.Abs(share-0.5) > 0.01 {
+		t.Errorf("b got %.3f of the tokens while both were backlogged, want 0.5 ± 0.01", share)
+	}
+}
