@@ -51,7 +51,8 @@ type Limits struct {
 	// reservation must leave free: room held back for work that should not
 	// wait behind a backlog. KeepAtLeast is the least room kept in each
 	// window when Keep > 0 (a fraction of a small per-second cap can be less
-	// than one job). Zero keeps nothing.
+	// than one job), but never more than twice the Keep share: a job that is
+	// most of a window is not worth idling a backlog for. Zero keeps nothing.
 	Keep        float64
 	KeepAtLeast Cost
 }
@@ -65,7 +66,8 @@ func (lim Limits) caps(frac float64) (minR, minT, capR, capT int64) {
 		return
 	}
 	keep := func(limit int64, least int) int64 {
-		return max(int64(math.Ceil(float64(limit)*lim.Keep)), int64(least))
+		share := int64(math.Ceil(float64(limit) * lim.Keep))
+		return max(share, min(int64(least), 2*share))
 	}
 	if lim.RPM > 0 {
 		minR = max(minR-keep(minR, lim.KeepAtLeast.Requests), 1)
