@@ -7,6 +7,7 @@ import (
 	"context"
 	"embed"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -37,6 +38,28 @@ const (
 type Options struct {
 	Replicas        int           // 0 keeps the file's value
 	ResultRetention time.Duration // RESULTS max_age and results/idempotency TTL; 0 keeps the files'
+	Intake, Queue   Bounds        // INTAKE's and QUEUE's limits
+}
+
+// Bounds are the limits of a bounded stream; a zero field keeps the file's
+// value. Both bounded streams discard new messages, per subject too: a full
+// stream refuses a publish (error 10077) and never drops what it holds.
+type Bounds struct {
+	MaxMsgs           int64
+	MaxBytes          int64
+	MaxMsgsPerSubject int64 // INTAKE: per tenant; QUEUE: per priority and tenant
+}
+
+func (b Bounds) apply(c *jetstream.StreamConfig) {
+	if b.MaxMsgs > 0 {
+		c.MaxMsgs = b.MaxMsgs
+	}
+	if b.MaxBytes > 0 {
+		c.MaxBytes = b.MaxBytes
+	}
+	if b.MaxMsgsPerSubject > 0 {
+		c.MaxMsgsPerSubject = b.MaxMsgsPerSubject
+	}
 }
 
 // Streams returns the stream definitions, sorted by name.
@@ -121,6 +144,15 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opt Options) error {
 		if c.Name == Results && opt.ResultRetention > 0 {
 			c.MaxAge = opt.ResultRetention
 		}
+		switch c.Name {
+		case Intake:
+			opt.Intake.apply(&c)
+		case Queue:
+			opt.Queue.apply(&c)
+		}
+		if err := checkPerSubject(ctx, js, c); err != nil {
+			return err
+		}
 		if _, err := js.CreateOrUpdateStream(ctx, c); err != nil {
 			return fmt.Errorf("ensure stream %s: %w", c.Name, err)
 		}
@@ -139,6 +171,44 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opt Options) error {
 		if _, err := js.CreateOrUpdateKeyValue(ctx, c); err != nil {
 			return fmt.Errorf("ensure bucket %s: %w", c.Bucket, err)
 		}
+	}
+	return nil
+}
+
+// checkPerSubject refuses to lower a stream's max_msgs_per_subject below
+// what one of its subjects holds: JetStream enforces a lowered per-subject
+// limit by deleting the oldest messages, whatever the discard policy, and
+// in INTAKE and QUEUE those are accepted jobs. (A publish landing between
+// this check and the update could still exceed the new limit; lower the
+// bound while the stream is quiet.)
+func checkPerSubject(ctx context.Context, js jetstream.JetStream, c jetstream.StreamConfig) error {
+	if c.MaxMsgsPerSubject <= 0 {
+		return nil
+	}
+	st, err := js.Stream(ctx, c.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("ensure stream %s: %w", c.Name, err)
+	}
+	cur := st.CachedInfo()
+	if old := cur.Config.MaxMsgsPerSubject; (old > 0 && old <= c.MaxMsgsPerSubject) || cur.State.Msgs <= uint64(c.MaxMsgsPerSubject) {
+		return nil
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(">"))
+	if err != nil {
+		return fmt.Errorf("ensure stream %s: %w", c.Name, err)
+	}
+	var most string
+	for subj, n := range info.State.Subjects {
+		if n > info.State.Subjects[most] || (n == info.State.Subjects[most] && subj < most) {
+			most = subj
+		}
+	}
+	if n := info.State.Subjects[most]; n > uint64(c.MaxMsgsPerSubject) {
+		return fmt.Errorf("ensure stream %s: max_msgs_per_subject %d is below the %d messages %s holds, and lowering it would delete the oldest of them; raise the bound, or lower it once the backlog has drained",
+			c.Name, c.MaxMsgsPerSubject, n, most)
 	}
 	return nil
 }

@@ -2,12 +2,15 @@ package streams_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/pkg/config"
 	"github.com/sluice-dev/sluice/pkg/natstest"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -75,5 +78,111 @@ func TestBoundedStreamsRefuseNewPerSubject(t *testing.T) {
 		if c.Discard == jetstream.DiscardNew && c.MaxMsgsPerSubject > 0 && !c.DiscardNewPerSubject {
 			t.Errorf("%s: max_msgs_per_subject without discard_new_per_subject drops the oldest message of a full subject", c.Name)
 		}
+	}
+}
+
+// The configuration's default bounds are the files' values.
+func TestDefaultBoundsAreTheFiles(t *testing.T) {
+	t.Parallel()
+	ss, err := streams.Streams()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]config.StreamBounds{streams.Intake: config.DefaultIntakeBounds, streams.Queue: config.DefaultQueueBounds}
+	for _, c := range ss {
+		w, ok := want[c.Name]
+		if !ok {
+			continue
+		}
+		if got := (config.StreamBounds{MaxMsgs: c.MaxMsgs, MaxBytes: c.MaxBytes, MaxPerTenant: c.MaxMsgsPerSubject}); got != w {
+			t.Errorf("%s: the file has %+v, the configuration's default is %+v", c.Name, got, w)
+		}
+		delete(want, c.Name)
+	}
+	if len(want) != 0 {
+		t.Errorf("no stream file for %v", want)
+	}
+}
+
+// Ensure applies configured bounds, and refuses to lower a per-subject
+// bound below what a subject holds (JetStream would delete the oldest jobs).
+func TestEnsureAppliesBounds(t *testing.T) {
+	t.Parallel()
+	s := natstest.Server(t)
+	nc := natstest.Conn(t, s)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	small := streams.Options{
+		Intake: streams.Bounds{MaxMsgs: 10, MaxBytes: 2 << 20, MaxMsgsPerSubject: 4},
+		Queue:  streams.Bounds{MaxMsgs: 20, MaxBytes: 3 << 20, MaxMsgsPerSubject: 5},
+	}
+	if err := streams.Ensure(ctx, js, small); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]streams.Bounds{streams.Intake: small.Intake, streams.Queue: small.Queue} {
+		st, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := st.CachedInfo().Config
+		if got := (streams.Bounds{MaxMsgs: c.MaxMsgs, MaxBytes: c.MaxBytes, MaxMsgsPerSubject: c.MaxMsgsPerSubject}); got != want {
+			t.Errorf("%s: got bounds %+v, want %+v", name, got, want)
+		}
+		if c.Discard != jetstream.DiscardNew || !c.DiscardNewPerSubject {
+			t.Errorf("%s: discard %v per subject %v, want new and per subject", name, c.Discard, c.DiscardNewPerSubject)
+		}
+	}
+
+	// Fill one tenant's intake: the fifth job is refused, none dropped.
+	for i := range 5 {
+		_, err := js.Publish(ctx, "sluice.intake.acme", []byte(`{}`))
+		if i < 4 && err != nil {
+			t.Fatalf("publish #%d: %v", i+1, err)
+		}
+		if i == 4 {
+			var apiErr *jetstream.APIError
+			if !errors.As(err, &apiErr) || apiErr.ErrorCode != 10077 {
+				t.Fatalf("publish #5 into a 4-per-tenant intake: got %v, want error 10077", err)
+			}
+		}
+	}
+	// Lowering the per-tenant bound below the 4 jobs held would delete the
+	// oldest: refused.
+	lower := small
+	lower.Intake.MaxMsgsPerSubject = 2
+	err = streams.Ensure(ctx, js, lower)
+	if err == nil || !strings.Contains(err.Error(), "sluice.intake.acme") || !strings.Contains(err.Error(), "below the 4 messages") {
+		t.Errorf("lowering max_msgs_per_subject under a full subject: got %v, want a refusal naming sluice.intake.acme", err)
+	}
+	// Lowering the stream-wide bound is safe (discard new keeps what is held).
+	lower = small
+	lower.Intake.MaxMsgs = 2
+	if err := streams.Ensure(ctx, js, lower); err != nil {
+		t.Fatalf("lowering max_msgs: %v", err)
+	}
+	st, _ := js.Stream(ctx, streams.Intake)
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 4 {
+		t.Errorf("INTAKE holds %d messages after lowering its bounds, want the 4 it held", info.State.Msgs)
+	}
+}
+
+// A job in INTAKE waits for room in QUEUE by redelivery; a delivery limit
+// would strand it in INTAKE, an accepted job never processed.
+func TestIntakeIsRedeliveredUntilItFits(t *testing.T) {
+	t.Parallel()
+	c, err := streams.Consumer(streams.Intake, "ingest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MaxDeliver != -1 {
+		t.Errorf("INTAKE.ingest max_deliver: got %d, want -1 (unlimited)", c.MaxDeliver)
 	}
 }

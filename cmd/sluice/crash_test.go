@@ -26,7 +26,7 @@ var (
 )
 
 // sluiceBinary builds the sluice binary once per test run.
-func sluiceBinary(t *testing.T) string {
+func sluiceBinary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "sluice-bin-")
@@ -51,7 +51,7 @@ type child struct {
 	upNode
 }
 
-func startChild(t *testing.T, bin string, args []string, env map[string]string) *child {
+func startChild(t testing.TB, bin string, args []string, env map[string]string) *child {
 	t.Helper()
 	cmd := exec.Command(bin, append([]string{"up"}, args...)...)
 	cmd.Env = os.Environ()

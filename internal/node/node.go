@@ -132,7 +132,7 @@ func Run(ctx context.Context, o Options) error {
 	if err := waitConnected(setupCtx, nc); err != nil {
 		return fmt.Errorf("connect nats %s: %w", natsURL, err)
 	}
-	if err := streams.Ensure(setupCtx, js, streams.Options{Replicas: o.Config.Server.Replicas, ResultRetention: o.Config.Limits.ResultRetention.D()}); err != nil {
+	if err := streams.Ensure(setupCtx, js, streamOptions(o.Config)); err != nil {
 		return err
 	}
 	m, err := mesh.Open(setupCtx, js)
@@ -265,6 +265,15 @@ func Run(ctx context.Context, o Options) error {
 		return nil
 	}
 	return err
+}
+
+// streamOptions are the stream settings a configuration asks for.
+func streamOptions(c *config.Config) streams.Options {
+	bounds := func(b config.StreamBounds) streams.Bounds {
+		return streams.Bounds{MaxMsgs: b.MaxMsgs, MaxBytes: b.MaxBytes, MaxMsgsPerSubject: b.MaxPerTenant}
+	}
+	return streams.Options{Replicas: c.Server.Replicas, ResultRetention: c.Limits.ResultRetention.D(),
+		Intake: bounds(c.Queues.Intake), Queue: bounds(c.Queues.Queue)}
 }
 
 func waitConnected(ctx context.Context, nc *nats.Conn) error {

@@ -6,7 +6,8 @@
 //
 // A submission Sluice cannot take now fails with an error that matches
 // ErrQueueFull (errors.Is) and carries a suggested wait (errors.As
-// *QueueFullError).
+// *QueueFullError), which Sluice estimates from the jobs ahead and the
+// model's rate.
 package client
 
 import (
@@ -14,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -38,10 +40,30 @@ func (e *QueueFullError) Error() string {
 func (e *QueueFullError) Is(target error) bool { return target == ErrQueueFull }
 func (e *QueueFullError) Unwrap() error        { return e.Err }
 
+// DefaultRetryAfter is the suggested wait when no ingest process answers
+// within HintTimeout.
+const DefaultRetryAfter = 2 * time.Second
+
+// HintTimeout bounds how long Submit, refused, asks Sluice for a suggested
+// wait (sluice.ingest.wait.<tenant>).
+const HintTimeout = 250 * time.Millisecond
+
+// hintTTL is how long a suggested wait is reused for the same tenant and
+// model: a producer refused many times a second asks once.
+const hintTTL = time.Second
+
 // Client talks to Sluice over one NATS connection.
 type Client struct {
 	nc *nats.Conn
 	js jetstream.JetStream
+
+	mu    sync.Mutex
+	hints map[string]hint // tenant + model -> last suggested wait
+}
+
+type hint struct {
+	wait time.Duration
+	at   time.Time
 }
 
 // New makes a client on an open connection.
@@ -50,7 +72,7 @@ func New(nc *nats.Conn) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{nc: nc, js: js}, nil
+	return &Client{nc: nc, js: js, hints: map[string]hint{}}, nil
 }
 
 // Submit publishes a job to sluice.intake.<tenant> and returns its id (one is
@@ -73,11 +95,44 @@ func (c *Client) Submit(ctx context.Context, j *job.Job) (string, error) {
 	msg.Header.Set(jetstream.MsgIDHeader, "intake:"+j.ID)
 	if _, err := c.js.PublishMsg(ctx, msg); err != nil {
 		if isFull(err) {
-			return "", &QueueFullError{RetryAfter: 2 * time.Second, Err: err}
+			return "", &QueueFullError{RetryAfter: c.retryAfter(ctx, j, data), Err: err}
 		}
 		return "", fmt.Errorf("sluice: submit: %w", err)
 	}
 	return j.ID, nil
+}
+
+// retryAfter asks ingest how long to wait before offering j (encoded as
+// data) again, waiting at most HintTimeout; DefaultRetryAfter when nobody
+// answers.
+func (c *Client) retryAfter(ctx context.Context, j *job.Job, data []byte) time.Duration {
+	var req struct {
+		Model string `json:"model"`
+	}
+	_ = json.Unmarshal(j.Request, &req)
+	key := j.Tenant + "\x00" + req.Model
+	c.mu.Lock()
+	h, ok := c.hints[key]
+	c.mu.Unlock()
+	if ok && time.Since(h.at) < hintTTL {
+		return h.wait
+	}
+	ctx, cancel := context.WithTimeout(ctx, HintTimeout)
+	defer cancel()
+	wait := DefaultRetryAfter
+	if m, err := c.nc.RequestWithContext(ctx, job.WaitSubject(j.Tenant), data); err == nil {
+		var wh job.WaitHint
+		if json.Unmarshal(m.Data, &wh) == nil && wh.RetryAfterMS > 0 {
+			wait = time.Duration(wh.RetryAfterMS) * time.Millisecond
+			c.mu.Lock()
+			if len(c.hints) > 1000 {
+				clear(c.hints)
+			}
+			c.hints[key] = hint{wait: wait, at: time.Now()}
+			c.mu.Unlock()
+		}
+	}
+	return wait
 }
 
 func isFull(err error) bool {

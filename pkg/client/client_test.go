@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/pkg/client"
@@ -69,28 +70,94 @@ func TestSubmitAssignsIDAndPublishesToIntake(t *testing.T) {
 	}
 }
 
-func TestQueueFullIsTyped(t *testing.T) {
-	t.Parallel()
-	c, js := setup(t)
+// fillIntake bounds INTAKE at 3 jobs per tenant and submits until refused.
+func fillIntake(t *testing.T, c *client.Client, js jetstream.JetStream, tenant string) error {
+	t.Helper()
 	ctx := context.Background()
-	// A tiny intake so the test fills it quickly.
-	if err := js.DeleteStream(ctx, streams.Intake); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: streams.Intake, Subjects: []string{"sluice.intake.>"},
-		Retention: jetstream.WorkQueuePolicy, Discard: jetstream.DiscardNew, DiscardNewPerSubject: true, MaxMsgsPerSubject: 3}); err != nil {
+	if err := streams.Ensure(ctx, js, streams.Options{Intake: streams.Bounds{MaxMsgsPerSubject: 3}}); err != nil {
 		t.Fatal(err)
 	}
 	var err error
 	for i := 0; i < 4 && err == nil; i++ {
-		_, err = c.Submit(ctx, &job.Job{Tenant: "acme", Request: []byte(`{}`)})
+		_, err = c.Submit(ctx, &job.Job{Tenant: tenant, Request: []byte(`{"model":"m"}`)})
 	}
+	return err
+}
+
+func TestQueueFullIsTyped(t *testing.T) {
+	t.Parallel()
+	c, js := setup(t)
+	// No ingest process answers: the default wait.
+	start := time.Now()
+	err := fillIntake(t, c, js, "acme")
 	if !errors.Is(err, client.ErrQueueFull) {
 		t.Fatalf("4th submit into a 3-message intake: got %v, want ErrQueueFull", err)
 	}
 	var qf *client.QueueFullError
-	if !errors.As(err, &qf) || qf.RetryAfter <= 0 {
-		t.Errorf("got %#v, want a QueueFullError with a retry hint", err)
+	if !errors.As(err, &qf) || qf.RetryAfter != client.DefaultRetryAfter {
+		t.Errorf("got %#v, want a QueueFullError with the default retry hint %s", err, client.DefaultRetryAfter)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("4 submits took %s with nobody to ask for a wait; want the refusal at once", d)
+	}
+}
+
+// A refused Submit asks ingest (sluice.ingest.wait.<tenant>) how long to
+// wait, with the refused job; without an answer in time it falls back.
+func TestQueueFullCarriesSluicesWait(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		delay time.Duration // before the answer
+		want  time.Duration
+	}{
+		{"answered", 0, 7300 * time.Millisecond},
+		{"too late", 2 * client.HintTimeout, client.DefaultRetryAfter},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c, js := setup(t)
+			nc := js.Conn()
+			asked := make(chan *nats.Msg, 10)
+			sub, err := nc.Subscribe(job.WaitSubject("acme"), func(m *nats.Msg) {
+				asked <- m
+				time.Sleep(tc.delay)
+				_ = m.Respond([]byte(`{"retry_after_ms":7300}`))
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sub.Unsubscribe()
+			start := time.Now()
+			err = fillIntake(t, c, js, "acme")
+			took := time.Since(start)
+			var qf *client.QueueFullError
+			if !errors.As(err, &qf) || qf.RetryAfter != tc.want {
+				t.Fatalf("got %v, want a QueueFullError with RetryAfter %s", err, tc.want)
+			}
+			if took > client.HintTimeout+time.Second {
+				t.Errorf("the refusal took %s; want it within about HintTimeout (%s)", took, client.HintTimeout)
+			}
+			select {
+			case m := <-asked:
+				var j job.Job
+				if err := json.Unmarshal(m.Data, &j); err != nil || j.Tenant != "acme" || string(j.Request) != `{"model":"m"}` {
+					t.Errorf("the wait request carried %s (%v), want the refused job", m.Data, err)
+				}
+			default:
+				t.Error("Submit did not ask for a wait")
+			}
+			// A second refusal within the hint's lifetime reuses an answer.
+			if tc.delay == 0 {
+				_, err := c.Submit(context.Background(), &job.Job{Tenant: "acme", Request: []byte(`{"model":"m"}`)})
+				if !errors.As(err, &qf) || qf.RetryAfter != tc.want {
+					t.Errorf("second refusal: got %v, want RetryAfter %s", err, tc.want)
+				}
+				if n := len(asked); n != 0 {
+					t.Errorf("second refusal asked again (%d requests), want the answer reused", n)
+				}
+			}
+		})
 	}
 }
 

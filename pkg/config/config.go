@@ -27,6 +27,7 @@ type Config struct {
 	Server    Server            `yaml:"server"`
 	Limits    Limits            `yaml:"limits"`
 	Admission Admission         `yaml:"admission"`
+	Queues    Queues            `yaml:"queues"`
 	Providers []Provider        `yaml:"providers"`
 	Tenants   []Tenant          `yaml:"tenants"`
 	Retry     map[string]Policy `yaml:"retry"`
@@ -84,6 +85,37 @@ type Admission struct {
 	// while other tenants' backlogs wait. Those find room at once.
 	Headroom float64 `yaml:"headroom"`
 }
+
+// Queues bound the two streams jobs wait in. A full stream refuses new jobs
+// (producers get "queue full" with a suggested wait); it never drops old
+// ones.
+type Queues struct {
+	// Intake bounds INTAKE, where jobs published over NATS wait for ingest;
+	// MaxPerTenant is per tenant (subject sluice.intake.<tenant>).
+	Intake StreamBounds `yaml:"intake"`
+	// Queue bounds QUEUE, where validated jobs wait for admission;
+	// MaxPerTenant is per tenant and priority (subject
+	// sluice.queue.<priority>.<tenant>).
+	Queue StreamBounds `yaml:"queue"`
+}
+
+// StreamBounds are a stream's limits: messages, bytes, and messages per
+// subject.
+type StreamBounds struct {
+	MaxMsgs      int64 `yaml:"max_msgs"`
+	MaxBytes     int64 `yaml:"max_bytes"`
+	MaxPerTenant int64 `yaml:"max_per_tenant"`
+}
+
+// Default stream bounds: the values in streams/INTAKE.json and QUEUE.json.
+var (
+	DefaultIntakeBounds = StreamBounds{MaxMsgs: 200_000, MaxBytes: 256 << 20, MaxPerTenant: 20_000}
+	DefaultQueueBounds  = StreamBounds{MaxMsgs: 500_000, MaxBytes: 1 << 30, MaxPerTenant: 100_000}
+)
+
+// MinStreamBytes is the smallest max_bytes a bounded stream may have: room
+// for one message of the largest size the streams accept (1 MiB).
+const MinStreamBytes = 1 << 20
 
 // Floors are per-class minimum shares.
 type Floors struct {
@@ -294,6 +326,17 @@ func (c *Config) withDefaults() {
 	if c.Admission.Shed == (Shed{}) {
 		c.Admission.Shed = Shed{Batch: 0.8, Standard: 0.95}
 	}
+	for _, q := range []struct{ got, def *StreamBounds }{{&c.Queues.Intake, &DefaultIntakeBounds}, {&c.Queues.Queue, &DefaultQueueBounds}} {
+		if q.got.MaxMsgs == 0 {
+			q.got.MaxMsgs = q.def.MaxMsgs
+		}
+		if q.got.MaxBytes == 0 {
+			q.got.MaxBytes = q.def.MaxBytes
+		}
+		if q.got.MaxPerTenant == 0 {
+			q.got.MaxPerTenant = min(q.def.MaxPerTenant, q.got.MaxMsgs)
+		}
+	}
 	for i := range c.Providers {
 		p := &c.Providers[i]
 		if p.Kind == "" {
@@ -369,6 +412,20 @@ func (c *Config) Validate() error {
 	}
 	if c.Admission.Batch < 1 {
 		return fail("admission.batch", "must be positive, got %d", c.Admission.Batch)
+	}
+	for _, q := range []struct {
+		key string
+		b   StreamBounds
+	}{{"queues.intake", c.Queues.Intake}, {"queues.queue", c.Queues.Queue}} {
+		if q.b.MaxMsgs < 1 {
+			return fail(q.key+".max_msgs", "must be positive (a stream without a bound lets memory and disk grow with the offered load), got %d", q.b.MaxMsgs)
+		}
+		if q.b.MaxBytes < MinStreamBytes {
+			return fail(q.key+".max_bytes", "must be at least %d (one message of the largest size), got %d", MinStreamBytes, q.b.MaxBytes)
+		}
+		if q.b.MaxPerTenant < 1 || q.b.MaxPerTenant > q.b.MaxMsgs {
+			return fail(q.key+".max_per_tenant", "must be between 1 and max_msgs (%d), got %d", q.b.MaxMsgs, q.b.MaxPerTenant)
+		}
 	}
 	seenP := map[string]bool{}
 	models := map[string]string{}

@@ -67,6 +67,8 @@ func TestParseReadmeExample(t *testing.T) {
 		{"admission.dispatch_grace", c.Admission.DispatchGrace.D(), time.Second},
 		{"admission.burst_fraction", c.Admission.BurstFraction, 0.02},
 		{"admission.batch", c.Admission.Batch, 256},
+		{"queues.intake", c.Queues.Intake, config.StreamBounds{MaxMsgs: 200_000, MaxBytes: 256 << 20, MaxPerTenant: 20_000}},
+		{"queues.queue", c.Queues.Queue, config.StreamBounds{MaxMsgs: 500_000, MaxBytes: 1 << 30, MaxPerTenant: 100_000}},
 		{"retry classes", len(c.Retry), 3},
 	} {
 		if tc.got != tc.want {
@@ -126,6 +128,30 @@ retry:
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s: got %v, want %v", tc.what, tc.got, tc.want)
+		}
+	}
+}
+
+func TestParseQueues(t *testing.T) {
+	t.Parallel()
+	c, err := config.Parse([]byte(`
+queues:
+  intake: {max_msgs: 1000, max_bytes: 16777216, max_per_tenant: 100}
+  queue: {max_msgs: 5000}
+`))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	for _, tc := range []struct {
+		what      string
+		got, want any
+	}{
+		{"queues.intake", c.Queues.Intake, config.StreamBounds{MaxMsgs: 1000, MaxBytes: 16 << 20, MaxPerTenant: 100}},
+		// Unset keys take the defaults; max_per_tenant is at most max_msgs.
+		{"queues.queue", c.Queues.Queue, config.StreamBounds{MaxMsgs: 5000, MaxBytes: 1 << 30, MaxPerTenant: 5000}},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s: got %+v, want %+v", tc.what, tc.got, tc.want)
 		}
 	}
 }
@@ -340,6 +366,26 @@ func TestParseErrors(t *testing.T) {
 			name: "admission.batch negative",
 			yaml: "admission:\n  batch: -1\n",
 			want: []string{"admission.batch: ", "must be positive, got -1"},
+		},
+		{
+			name: "queues.intake.max_msgs negative",
+			yaml: "queues:\n  intake: {max_msgs: -1}\n",
+			want: []string{"queues.intake.max_msgs: ", "must be positive", "got -1"},
+		},
+		{
+			name: "queues.queue.max_bytes below one message",
+			yaml: "queues:\n  queue: {max_bytes: 1000}\n",
+			want: []string{"queues.queue.max_bytes: ", "must be at least 1048576", "got 1000"},
+		},
+		{
+			name: "queues.queue.max_per_tenant above max_msgs",
+			yaml: "queues:\n  queue: {max_msgs: 100, max_per_tenant: 200}\n",
+			want: []string{"queues.queue.max_per_tenant: ", "between 1 and max_msgs (100), got 200"},
+		},
+		{
+			name: "queues unknown key",
+			yaml: "queues:\n  queue: {max_mesages: 100}\n",
+			want: []string{"max_mesages", "not found"},
 		},
 		{
 			name: "duration in words",

@@ -108,6 +108,13 @@ type Attempt struct {
 	Error      *Error    `json:"error,omitempty"`
 }
 
+// WaitHint is ingest's answer on sluice.ingest.wait.<tenant>: how long a
+// producer whose job INTAKE refused should wait before offering it again,
+// estimated from the jobs ahead (INTAKE and QUEUE) at the model's rate.
+type WaitHint struct {
+	RetryAfterMS int64 `json:"retry_after_ms"`
+}
+
 // Usage is what the provider reported.
 type Usage struct {
 	PromptTokens     int `json:"prompt_tokens"`

@@ -15,6 +15,9 @@ const (
 	StorePrefix    = "sluice.rstore."   // sluice.rstore.<tenant>.<job_id> (what RESULTS stores)
 	DLQPrefix      = "sluice.dlq."      // sluice.dlq.<tenant>.<job_id>
 	SignalPrefix   = "sluice.signal."   // sluice.signal.ratelimit.<provider>.<model_token>
+	// WaitPrefix is a request subject: sluice.ingest.wait.<tenant>, with the
+	// job envelope INTAKE refused; ingest answers a WaitHint.
+	WaitPrefix = "sluice.ingest.wait."
 )
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -38,6 +41,8 @@ func ModelToken(model string) string {
 }
 
 func IntakeSubject(tenant string) string { return IntakePrefix + tenant }
+
+func WaitSubject(tenant string) string { return WaitPrefix + tenant }
 
 func QueueSubject(p Priority, tenant string) string {
 	return fmt.Sprintf("%s%s.%s", QueuePrefix, p, tenant)

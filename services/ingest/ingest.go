@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/calib"
@@ -43,8 +44,9 @@ type Config struct {
 type Service struct {
 	qmu     sync.Mutex
 	qAt     time.Time
-	qMsgs   uint64
-	qLimit  uint64
+	qMsgs   uint64 // QUEUE's messages
+	qLimit  uint64 // QUEUE's max_msgs
+	iMsgs   uint64 // INTAKE's messages
 	avgCost float64
 
 	cfg  Config
@@ -108,8 +110,22 @@ func (e *BusyError) Error() string { return e.Code + ": " + e.Message }
 func (e *BusyError) Is(target error) bool { return target == ErrQueueFull }
 
 // Accept validates a decoded job and enqueues it. A *job.ValidationError
-// means the job is refused; ErrQueueFull means try later.
+// means the job is refused; ErrQueueFull means try later. A job refused
+// because QUEUE is full leaves nothing behind: the job and operation
+// records this call created are withdrawn, so the job is unknown, as the
+// refusal says.
 func (s *Service) Accept(ctx context.Context, j *job.Job) (Accepted, error) {
+	return s.accept(ctx, j, false)
+}
+
+// created holds the revisions of the records one accept call created (0:
+// it created none).
+type created struct{ job, op uint64 }
+
+// accept is Accept; held says the caller holds the job durably and offers
+// it again later (an INTAKE message), so a job QUEUE refuses keeps its
+// records: it is accepted and waits.
+func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, error) {
 	if err := j.Check(s.lim); err != nil {
 		return Accepted{}, err
 	}
@@ -148,7 +164,7 @@ func (s *Service) Accept(ctx context.Context, j *job.Job) (Accepted, error) {
 	if j.Deadline != nil && !j.Deadline.After(now) {
 		return Accepted{}, &job.ValidationError{Code: job.CodeDeadlineExpired, Field: "deadline", Message: "is already past"}
 	}
-	fill, wait := s.pressure(ctx, model, est.Cost())
+	fill, wait, retry := s.pressure(ctx, model, est.Cost())
 	if j.Deadline != nil && now.Add(wait).After(*j.Deadline) {
 		return Accepted{}, &job.ValidationError{Code: CodeDeadlineUnmeetable, Field: "deadline",
 			Message: fmt.Sprintf("cannot be met: the estimated wait is %s (the queue ahead at %s's admission rate) and the deadline is in %s", wait.Round(100*time.Millisecond), model.Name, j.Deadline.Sub(now).Round(100*time.Millisecond))}
@@ -156,7 +172,7 @@ func (s *Service) Accept(ctx context.Context, j *job.Job) (Accepted, error) {
 	shed := s.cfg.App.Admission.Shed
 	if (j.Priority == job.Batch && fill >= shed.Batch) || (j.Priority == job.Standard && fill >= shed.Standard) {
 		s.m.Shed.WithLabelValues(j.Tenant, string(j.Priority)).Inc()
-		return Accepted{}, &BusyError{Code: "shed", RetryAfter: max(wait, time.Second),
+		return Accepted{}, &BusyError{Code: "shed", RetryAfter: retry,
 			Message: fmt.Sprintf("the queue is %.0f%% full; %s work is deferred until it drains", 100*fill, j.Priority)}
 	}
 	if j.ID == "" {
@@ -170,9 +186,12 @@ func (s *Service) Accept(ctx context.Context, j *job.Job) (Accepted, error) {
 
 	// The job record: created once; a repeat of the same job id (a redelivered
 	// intake message, a client retrying its POST) continues where it stopped.
+	var made created
 	rec := mesh.Record{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusQueued, SubmittedAt: j.SubmittedAt}
 	data, _ := json.Marshal(rec)
-	if _, err := s.mesh.Results.Create(ctx, j.ID, data); err != nil {
+	if rev, err := s.mesh.Results.Create(ctx, j.ID, data); err == nil {
+		made.job = rev
+	} else {
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return Accepted{}, &transientError{fmt.Errorf("record job: %w", err)}
 		}
@@ -192,11 +211,19 @@ func (s *Service) Accept(ctx context.Context, j *job.Job) (Accepted, error) {
 	opKey, key := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
 	op := mesh.OpRecord{Key: key, JobID: j.ID, Tenant: j.Tenant, State: mesh.OpQueued, Provider: prov.Name, Model: model.Name, UpdatedAt: now}
 	data, _ = json.Marshal(op)
-	if _, err := s.mesh.Idempotency.Create(ctx, opKey, data); err != nil {
+	for attempt := 1; ; attempt++ {
+		rev, err := s.mesh.Idempotency.Create(ctx, opKey, data)
+		if err == nil {
+			made.op = rev
+			break
+		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return Accepted{}, &transientError{fmt.Errorf("record operation: %w", err)}
 		}
 		joined, err := s.join(ctx, opKey, j)
+		if errors.Is(err, job.ErrNotFound) && attempt < 3 {
+			continue // the operation's job was refused and withdrawn meanwhile: this job takes it on
+		}
 		if err != nil {
 			return Accepted{}, err
 		}
@@ -204,32 +231,103 @@ func (s *Service) Accept(ctx context.Context, j *job.Job) (Accepted, error) {
 			s.m.DupSuppressed.WithLabelValues(j.TaskType()).Inc()
 			return Accepted{JobID: joined, Tenant: j.Tenant, Joined: true}, nil
 		}
+		break
 	}
 
 	if err := s.mesh.Enqueue(ctx, j, "job:"+j.ID); err != nil {
-		if mesh.IsStreamFull(err) {
-			return Accepted{}, &BusyError{Code: job.CodeQueueFull, RetryAfter: max(wait, time.Second), Message: "Sluice's queue is full"}
+		if !mesh.IsStreamFull(err) {
+			return Accepted{}, &transientError{err}
 		}
-		return Accepted{}, &transientError{err}
+		busy := &BusyError{Code: job.CodeQueueFull, RetryAfter: retry, Message: "Sluice's queue is full"}
+		if held {
+			return Accepted{}, busy
+		}
+		return s.settleRefusal(ctx, j, opKey, made, busy)
 	}
 	return Accepted{JobID: j.ID, Tenant: j.Tenant}, nil
 }
+
+// settleRefusal undoes what one accept call created for a job QUEUE
+// refused, and returns the refusal. Each record is withdrawn only at the
+// revision this call wrote, so nothing another writer changed is lost.
+// When the operation record has changed, another submission joined this
+// job and waits for its result: the job is then taken after all, handed
+// to INTAKE, which ingest offers to QUEUE until it fits, and accept
+// reports it accepted.
+func (s *Service) settleRefusal(ctx context.Context, j *job.Job, opKey string, made created, busy *BusyError) (Accepted, error) {
+	err := withdraw(ctx, s.mesh.Idempotency, opKey, made.op)
+	if err == nil {
+		// The job record follows the operation record: a job without one
+		// is unknown to everyone.
+		err = withdraw(ctx, s.mesh.Results, j.ID, made.job)
+	}
+	if err == nil {
+		return Accepted{}, busy
+	}
+	if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		s.log.Warn("refused job: could not withdraw its records; taking it through intake", "job_id", j.ID, "tenant", j.Tenant, "err", err)
+	}
+	msg := nats.NewMsg(job.IntakeSubject(j.Tenant))
+	msg.Data, _ = json.Marshal(j)
+	msg.Header.Set(jetstream.MsgIDHeader, "intake:"+j.ID)
+	if _, perr := s.mesh.JS.PublishMsg(ctx, msg); perr != nil {
+		s.log.Warn("refused job: intake refused it too; its records stay", "job_id", j.ID, "tenant", j.Tenant, "err", perr)
+		return Accepted{}, busy
+	}
+	return Accepted{JobID: j.ID, Tenant: j.Tenant}, nil
+}
+
+// withdraw deletes a record that is still at revision rev (0: none). It
+// purges the key with a marker that expires after WithdrawnTTL: a plain
+// delete marker would stay for the bucket's TTL, one per refused job, so
+// the store (and the server's memory, which indexes every key) would grow
+// with the offered load.
+func withdraw(ctx context.Context, kv jetstream.KeyValue, key string, rev uint64) error {
+	if rev == 0 {
+		return nil
+	}
+	return kv.Purge(ctx, key, jetstream.LastRevision(rev), jetstream.PurgeTTL(WithdrawnTTL))
+}
+
+// WithdrawnTTL is how long the marker of a withdrawn record stays; the
+// results and idempotency buckets must allow marker TTLs
+// (limit_marker_ttl).
+const WithdrawnTTL = time.Minute
 
 // CodeDeadlineUnmeetable refuses a job whose deadline the queue ahead makes
 // impossible.
 const CodeDeadlineUnmeetable = "deadline_unmeetable"
 
-// pressure returns how full QUEUE is (0..1) and the estimated wait before a
-// job of cost tokens on model would be admitted: the jobs queued ahead,
-// at the average cost seen, at the model's limits. QUEUE holds every
-// model's jobs, so with several models the estimate errs long. QUEUE's
-// state is read at most once a second.
-func (s *Service) pressure(ctx context.Context, model *config.Model, cost int) (float64, time.Duration) {
+// pressure returns how full QUEUE is (0..1), the estimated wait before a
+// job of cost tokens on model would be admitted, and the wait to suggest
+// to a producer QUEUE refuses (at least a second). Both waits are the jobs
+// queued ahead, at the average cost seen, at the model's limits; the first
+// is optimistic (an idle window admits up to a minute's worth at once, so
+// a deadline is refused only when it surely cannot be met), the second
+// assumes the window busy, as it is when QUEUE is full. QUEUE holds every
+// model's jobs, so with several models the estimates err long.
+func (s *Service) pressure(ctx context.Context, model *config.Model, cost int) (fill float64, wait, retry time.Duration) {
+	b := s.backlog(ctx, cost)
+	if b.queueLimit > 0 {
+		fill = float64(b.queue) / float64(b.queueLimit)
+	}
+	return fill, waitFor(model, b.queue, b.avgCost, cost, false), max(waitFor(model, b.queue, b.avgCost, cost, true), time.Second)
+}
+
+// backlog is the state of the two queues as ingest last read it.
+type backlog struct {
+	queue, queueLimit, intake uint64
+	avgCost                   float64 // tokens per job, smoothed
+}
+
+// backlog reads QUEUE's and INTAKE's state, at most once a second, and
+// folds cost (0: none) into the average job cost.
+func (s *Service) backlog(ctx context.Context, cost int) backlog {
 	s.qmu.Lock()
 	if s.now().Sub(s.qAt) > time.Second {
 		s.qAt = s.now()
 		s.qmu.Unlock()
-		var msgs, limit uint64
+		var msgs, limit, intake uint64
 		if st, err := s.mesh.JS.Stream(ctx, streams.Queue); err == nil {
 			if info, err := st.Info(ctx); err == nil {
 				msgs = info.State.Msgs
@@ -238,31 +336,73 @@ func (s *Service) pressure(ctx context.Context, model *config.Model, cost int) (
 				}
 			}
 		}
+		if st, err := s.mesh.JS.Stream(ctx, streams.Intake); err == nil {
+			if info, err := st.Info(ctx); err == nil {
+				intake = info.State.Msgs
+			}
+		}
 		s.qmu.Lock()
-		s.qMsgs, s.qLimit = msgs, limit
+		s.qMsgs, s.qLimit, s.iMsgs = msgs, limit, intake
 	}
-	s.avgCost = 0.99*s.avgCost + 0.01*float64(cost)
-	if s.avgCost < 1 {
-		s.avgCost = float64(cost)
+	if cost > 0 {
+		s.avgCost = 0.99*s.avgCost + 0.01*float64(cost)
+		if s.avgCost < 1 {
+			s.avgCost = float64(cost)
+		}
 	}
-	msgs, limit, avg := s.qMsgs, s.qLimit, s.avgCost
+	b := backlog{queue: s.qMsgs, queueLimit: s.qLimit, intake: s.iMsgs, avgCost: s.avgCost}
 	s.qmu.Unlock()
-	fill := 0.0
-	if limit > 0 {
-		fill = float64(msgs) / float64(limit)
-	}
+	return b
+}
+
+// waitFor estimates how long a job of cost tokens on model waits behind
+// ahead jobs of avg tokens each, at the model's limits. Unless busy, what
+// fits in a minute's window is taken to be admitted at once.
+func waitFor(model *config.Model, ahead uint64, avg float64, cost int, busy bool) time.Duration {
 	var wait time.Duration
 	if model.TPM > 0 {
-		wait = max(wait, time.Duration((float64(msgs)*avg+float64(cost))/(float64(model.TPM)/60)*float64(time.Second)))
+		wait = max(wait, time.Duration((float64(ahead)*avg+float64(cost))/(float64(model.TPM)/60)*float64(time.Second)))
 	}
 	if model.RPM > 0 {
-		wait = max(wait, time.Duration(float64(msgs+1)/(float64(model.RPM)/60)*float64(time.Second)))
+		wait = max(wait, time.Duration(float64(ahead+1)/(float64(model.RPM)/60)*float64(time.Second)))
 	}
-	// Less than a minute's worth fits in the window at once.
-	if model.TPM > 0 && float64(msgs)*avg+float64(cost) <= float64(model.TPM) && (model.RPM == 0 || int(msgs)+1 <= model.RPM) {
+	if !busy && model.TPM > 0 && float64(ahead)*avg+float64(cost) <= float64(model.TPM) && (model.RPM == 0 || int(ahead)+1 <= model.RPM) {
 		wait = 0
 	}
-	return fill, wait
+	return wait
+}
+
+// intakeWait is the wait ingest suggests to a producer whose job INTAKE
+// refused (data is that job's envelope): as for a job QUEUE refuses, with
+// the jobs waiting in INTAKE counted ahead too. For a job whose model is
+// unknown it is the longest wait over the configured models.
+func (s *Service) intakeWait(ctx context.Context, data []byte) time.Duration {
+	var j job.Job
+	var model *config.Model
+	cost := 0
+	if json.Unmarshal(data, &j) == nil {
+		if req, err := job.ParseRequest(j.Request, s.lim); err == nil {
+			if _, m, ok := s.cfg.App.ModelRef(req.Model); ok {
+				model, cost = m, tokens.Prompt(req)+req.OutputLimit(s.cfg.App.Limits.DefaultMaxTokens)
+			}
+		}
+	}
+	b := s.backlog(ctx, 0)
+	ahead := b.queue + b.intake
+	if cost == 0 {
+		cost = int(b.avgCost)
+	}
+	wait := time.Duration(0)
+	if model != nil {
+		wait = waitFor(model, ahead, b.avgCost, cost, true)
+	} else {
+		for _, p := range s.cfg.App.Providers {
+			for i := range p.Models {
+				wait = max(wait, waitFor(&p.Models[i], ahead, b.avgCost, cost, true))
+			}
+		}
+	}
+	return max(wait, time.Second)
 }
 
 // join attaches j to the operation already recorded under opKey. It returns
@@ -329,7 +469,19 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consume intake: %w", err)
 	}
+	// Producers INTAKE refuses ask how long to wait; one ingest process answers.
+	sub, err := s.mesh.JS.Conn().QueueSubscribe(job.WaitPrefix+"*", "ingest", func(m *nats.Msg) {
+		wctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		data, _ := json.Marshal(job.WaitHint{RetryAfterMS: s.intakeWait(wctx, m.Data).Milliseconds()})
+		_ = m.Respond(data)
+	})
+	if err != nil {
+		cc.Stop()
+		return fmt.Errorf("subscribe %s*: %w", job.WaitPrefix, err)
+	}
 	<-ctx.Done()
+	_ = sub.Drain()
 	cc.Drain()
 	select {
 	case <-cc.Closed():
@@ -355,7 +507,7 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 	case j.Tenant != tenant:
 		err = &job.ValidationError{Code: job.CodeInvalidRequest, Field: "tenant", Message: fmt.Sprintf("%q does not match the subject's tenant %q", clip(j.Tenant), tenant)}
 	default:
-		_, err = s.Accept(ctx, j)
+		_, err = s.accept(ctx, j, true)
 	}
 	var te *transientError
 	switch {
@@ -364,11 +516,12 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.Ack()
 	case errors.Is(err, ErrQueueFull):
 		// INTAKE keeps the job (deferred); as it fills, producers get the
-		// stream's refusal.
+		// stream's refusal. It is offered again after half the estimated
+		// drain time, so QUEUE does not run dry while jobs wait here.
 		d := time.Second
 		var be *BusyError
 		if errors.As(err, &be) {
-			d = min(max(be.RetryAfter, time.Second), 30*time.Second)
+			d = min(max(be.RetryAfter/2, time.Second), 30*time.Second)
 		}
 		_ = msg.NakWithDelay(d)
 	case errors.As(err, &te):
