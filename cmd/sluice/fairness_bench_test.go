@@ -337,6 +337,8 @@ func BenchmarkFairNoStarvation(b *testing.B) {
 			time.Sleep(time.Second)
 		}
 		fr.waitAll(ctx, b, 60*26)
+		ms := fr.sim.Stats().Models["gpt-4o-mini"]
+		b.Logf("%d requests; busiest 60 s at the provider: %d of %d tokens, %d answered 429", ms.Admitted, ms.MaxTokensIn60s, tpm, ms.RateLimited)
 		s50, s95, _ := fr.waits("small")
 		l50, l95, _ := fr.waits("large")
 		b.ReportMetric(s95.Seconds(), "short-p95-s")
