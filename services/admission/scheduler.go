@@ -205,15 +205,7 @@ func (q *classQueue) waiting() bool { return len(q.fresh) > 0 || len(q.ring) > 0
 func (q *classQueue) pop(quantum int, weight func(string) int) *Item {
 	for len(q.fresh) > 0 {
 		t := q.fresh[0]
-		tq := q.queues[t]
-		if q.deficit[t] >= tq[0].Cost {
-			it := tq[0]
-			q.deficit[t] -= it.Cost
-			if len(tq) == 1 {
-				q.drop(t)
-			} else {
-				q.queues[t] = tq[1:]
-			}
+		if it := q.serve(t); it != nil {
 			it.Fresh = true
 			return it
 		}
@@ -225,24 +217,32 @@ func (q *classQueue) pop(quantum int, weight func(string) int) *Item {
 	for {
 		q.cur %= len(q.ring)
 		t := q.ring[q.cur]
-		tq := q.queues[t]
 		if !q.topped {
 			q.deficit[t] += quantum * max(weight(t), 1)
 			q.topped = true
 		}
-		if q.deficit[t] >= tq[0].Cost {
-			it := tq[0]
-			q.deficit[t] -= it.Cost
-			if len(tq) == 1 {
-				q.drop(t)
-			} else {
-				q.queues[t] = tq[1:]
-			}
+		if it := q.serve(t); it != nil {
 			return it
 		}
 		q.cur++
 		q.topped = false
 	}
+}
+
+// serve takes tenant t's next job if its deficit covers the job's cost.
+func (q *classQueue) serve(t string) *Item {
+	tq := q.queues[t]
+	if q.deficit[t] < tq[0].Cost {
+		return nil
+	}
+	it := tq[0]
+	q.deficit[t] -= it.Cost
+	if len(tq) == 1 {
+		q.drop(t)
+	} else {
+		q.queues[t] = tq[1:]
+	}
+	return it
 }
 
 // Each visits every waiting job (for visibility and eviction), in no
