@@ -51,8 +51,9 @@ type Limits struct {
 	// reservation must leave free: room held back for work that should not
 	// wait behind a backlog. KeepAtLeast is the least room kept in each
 	// window when Keep > 0 (a fraction of a small per-second cap can be less
-	// than one job), but never more than twice the Keep share: a job that is
-	// most of a window is not worth idling a backlog for. Zero keeps nothing.
+	// than one job), but never more than a tenth of the window: a job that
+	// is most of a window is not worth idling a backlog for. Zero keeps
+	// nothing.
 	Keep        float64
 	KeepAtLeast Cost
 }
@@ -67,7 +68,7 @@ func (lim Limits) caps(frac float64) (minR, minT, capR, capT int64) {
 	}
 	keep := func(limit int64, least int) int64 {
 		share := int64(math.Ceil(float64(limit) * lim.Keep))
-		return max(share, min(int64(least), 2*share))
+		return max(share, min(int64(least), limit/10))
 	}
 	if lim.RPM > 0 {
 		minR = max(minR-keep(minR, lim.KeepAtLeast.Requests), 1)

@@ -368,11 +368,11 @@ func TestTakeKeep(t *testing.T) {
 			t.Errorf("full take: got N=%d reason=%q, want N=1", g.N, g.Reason)
 		}
 	})
-	t.Run("a job that is most of the second keeps only twice the share", func(t *testing.T) {
+	t.Run("a job that is most of the second keeps only a tenth of it", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, defaultParams)
 		b.at(0, 0)
-		// KeepAtLeast 4,000 of a 5,000 cap: only 500 (2 × 5 %) is kept.
+		// KeepAtLeast 4,000 of a 5,000 cap: only 500 (a tenth) is kept.
 		kept := budget.Limits{TPM: 100_000, Keep: 0.05, KeepAtLeast: budget.Cost{Requests: 1, Tokens: 4000}}
 		if g := take(t, b, kept, costs(50, budget.Cost{Requests: 1, Tokens: 100})); g.N != 45 || g.Reason != "burst" {
 			t.Errorf("kept take: got N=%d reason=%q, want N=45 (4,500 tokens) reason=burst", g.N, g.Reason)

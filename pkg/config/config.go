@@ -321,7 +321,7 @@ func (c *Config) withDefaults() {
 		c.Admission.Floors = Floors{Standard: 0.10, Batch: 0.05}
 	}
 	if c.Admission.Headroom == 0 {
-		c.Admission.Headroom = 0.05
+		c.Admission.Headroom = 0.02
 	}
 	if c.Admission.Shed == (Shed{}) {
 		c.Admission.Shed = Shed{Batch: 0.8, Standard: 0.95}
