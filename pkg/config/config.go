@@ -82,8 +82,9 @@ type Admission struct {
 	// second; in the second at least one recent such job) that backlogged
 	// work leaves free while jobs that should not wait are about (seen in
 	// the last two minutes): interactive jobs, and a tenant's job arriving
-	// while other tenants' backlogs wait. Those find room at once.
-	Headroom float64 `yaml:"headroom"`
+	// while other tenants' backlogs wait. Those find room at once. Absent:
+	// DefaultHeadroom; 0 turns it off. Read it with HeadroomShare.
+	Headroom *float64 `yaml:"headroom"`
 }
 
 // Queues bound the two streams jobs wait in. A full stream refuses new jobs
@@ -116,6 +117,17 @@ var (
 // MinStreamBytes is the smallest max_bytes a bounded stream may have: room
 // for one message of the largest size the streams accept (1 MiB).
 const MinStreamBytes = 1 << 20
+
+// DefaultHeadroom is admission.headroom when the key is absent.
+const DefaultHeadroom = 0.02
+
+// HeadroomShare is the headroom in effect.
+func (a Admission) HeadroomShare() float64 {
+	if a.Headroom == nil {
+		return DefaultHeadroom
+	}
+	return *a.Headroom
+}
 
 // Floors are per-class minimum shares.
 type Floors struct {
@@ -320,9 +332,6 @@ func (c *Config) withDefaults() {
 	if c.Admission.Floors == (Floors{}) {
 		c.Admission.Floors = Floors{Standard: 0.10, Batch: 0.05}
 	}
-	if c.Admission.Headroom == 0 {
-		c.Admission.Headroom = 0.02
-	}
 	if c.Admission.Shed == (Shed{}) {
 		c.Admission.Shed = Shed{Batch: 0.8, Standard: 0.95}
 	}
@@ -395,7 +404,7 @@ func (c *Config) Validate() error {
 	if c.Admission.MaxHeld < 1 || c.Admission.MaxHeldBytes < 1<<20 {
 		return fail("admission.max_held", "max_held must be >= 1 and max_held_bytes >= 1 MiB")
 	}
-	if h := c.Admission.Headroom; h < 0 || h >= 0.5 {
+	if h := c.Admission.HeadroomShare(); h < 0 || h >= 0.5 {
 		return fail("admission.headroom", "must be in [0, 0.5), got %g", h)
 	}
 	if c.Admission.Quantum < 1 {

@@ -156,6 +156,33 @@ queues:
 	}
 }
 
+// TestHeadroom: absent means the default, an explicit 0 turns it off, and
+// out-of-range values are refused with the key named.
+func TestHeadroom(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		yaml string
+		want float64
+	}{
+		{"", config.DefaultHeadroom},
+		{"admission: {headroom: 0}\n", 0},
+		{"admission: {headroom: 0.1}\n", 0.1},
+	} {
+		c, err := config.Parse([]byte(tc.yaml))
+		if err != nil {
+			t.Fatalf("Parse(%q): %v", tc.yaml, err)
+		}
+		if got := c.Admission.HeadroomShare(); got != tc.want {
+			t.Errorf("Parse(%q): headroom %g, want %g", tc.yaml, got, tc.want)
+		}
+	}
+	for _, bad := range []string{"admission: {headroom: 0.5}\n", "admission: {headroom: -0.1}\n"} {
+		if _, err := config.Parse([]byte(bad)); err == nil || !strings.Contains(err.Error(), "admission.headroom: ") {
+			t.Errorf("Parse(%q): got %v, want an error naming admission.headroom", bad, err)
+		}
+	}
+}
+
 func TestParseEmpty(t *testing.T) {
 	t.Parallel()
 	for _, data := range []string{"", "\n", "# nothing\n"} {

@@ -297,7 +297,7 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 	}
 	lim := budget.Limits{RPM: model.RPM, TPM: model.TPM}
 	urgent := allowed[0].Job.Priority == job.Interactive || byCand[allowed[0]].Fresh
-	if h := s.cfg.App.Admission.Headroom; h > 0 && !urgent && s.now().Sub(ms.lastUrgent) < UrgentMemory {
+	if h := s.cfg.App.Admission.HeadroomShare(); h > 0 && !urgent && s.now().Sub(ms.lastUrgent) < UrgentMemory {
 		// Work that should not wait is about: backlogs leave it room.
 		lim.Keep, lim.KeepAtLeast = h, budget.Cost{Requests: 1, Tokens: ms.urgentCost}
 	}
