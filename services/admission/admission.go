@@ -296,7 +296,7 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 		return nil
 	}
 	lim := budget.Limits{RPM: model.RPM, TPM: model.TPM}
-	urgent := allowed[0].Job.Priority == job.Interactive || byCand[allowed[0]].Fresh
+	urgent := byCand[allowed[0]].Urgent
 	if h := s.cfg.App.Admission.HeadroomShare(); h > 0 && !urgent && s.now().Sub(ms.lastUrgent) < UrgentMemory {
 		// Work that should not wait is about: backlogs leave it room.
 		lim.Keep, lim.KeepAtLeast = h, budget.Cost{Requests: 1, Tokens: ms.urgentCost}
@@ -305,10 +305,10 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 	backlog := budget.Cost{Requests: n, Tokens: ms.sched.Tokens()}
 	if urgent {
 		// An interactive job or a new flow may use the headroom, but only
-		// for itself: no room is asked for the backlog behind it.
-		backlog = budget.Cost{Requests: -1}
+		// for urgent work: no room is asked for the backlog behind it.
+		backlog = budget.Cost{}
 	}
-	g, err := s.lease(ctx, key, lim, allowed, backlog)
+	g, err := s.lease(ctx, key, lim, allowed, backlog, urgent)
 	// Tenant budget taken for jobs the model cannot take now goes back.
 	s.giveBack(ctx, held, allowed[min(g.N, len(allowed)):])
 	if err != nil {
@@ -458,14 +458,21 @@ func seqOf(msg jetstream.Msg) string {
 	return fmt.Sprint(md.Sequence.Stream)
 }
 
-// lease is a block of one slice's budget this process reserved with one
-// compare-and-set and spends locally until the slice ends. What is left at
-// the end goes back to the shared window.
+// lease is this process's share of one slice's budget, reserved with one
+// compare-and-set and spent locally until the slice ends; what is left at
+// the end goes back to the shared window. It is two blocks: one taken
+// against the limits less the headroom, which any job may spend, and one
+// taken against the full limits for urgent jobs (interactive ones, new
+// flows), which only they may spend, so backlogged work never eats the
+// headroom through a block.
 type lease struct {
-	slice  int64
-	left   budget.Cost
-	asked  budget.Cost // demand seen in the current slice
-	demand [2]float64  // smoothed demand per slice: requests, tokens
+	slice int64
+	left  budget.Cost // the block any job may spend
+	room  budget.Cost // the block only urgent jobs may spend
+	// Demand seen in the current slice and smoothed per slice (requests,
+	// tokens), for all jobs and for urgent ones.
+	asked, askedUrgent   budget.Cost
+	demand, demandUrgent [2]float64
 }
 
 // leaseChunks is how many pieces the predicted extra demand is asked in, so
@@ -475,11 +482,12 @@ const leaseChunks = 4
 // backlogChunks is how many average jobs of a backlog one lease asks room for.
 const backlogChunks = 32
 
-// lease admits the longest prefix of cands: first from this process's block
-// for the current slice, then by taking a new block sized to the rest plus
-// the demand expected in the slice. One compare-and-set per slice per model
-// in steady state, whatever the job rate.
-func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cands []*Candidate, backlog budget.Cost) (budget.Grant, error) {
+// lease admits the longest prefix of cands: first from this process's
+// blocks for the current slice, then by taking a new block sized to the
+// rest plus the backlog (some of it) or the demand expected in the slice.
+// One compare-and-set per slice per model in steady state, whatever the job
+// rate. urgent says cands may spend the headroom (lim then has no Keep).
+func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cands []*Candidate, backlog budget.Cost, urgent bool) (budget.Grant, error) {
 	l := s.leases[key]
 	if l == nil {
 		l = &lease{slice: -1}
@@ -487,15 +495,15 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 	}
 	cur := s.store.SliceOf(s.now())
 	if l.slice != cur {
-		if l.left.Requests > 0 || l.left.Tokens > 0 {
-			if err := s.store.Return(ctx, key, l.slice, l.left); err != nil {
-				s.log.Debug("lease return", "key", key, "err", err)
-			}
-		}
+		s.giveBackLease(ctx, key, l)
 		const a = 0.3
-		l.demand[0] = (1-a)*l.demand[0] + a*float64(l.asked.Requests)
-		l.demand[1] = (1-a)*l.demand[1] + a*float64(l.asked.Tokens)
-		l.slice, l.left, l.asked = cur, budget.Cost{}, budget.Cost{}
+		smooth := func(d *[2]float64, c budget.Cost) {
+			d[0] = (1-a)*d[0] + a*float64(c.Requests)
+			d[1] = (1-a)*d[1] + a*float64(c.Tokens)
+		}
+		smooth(&l.demand, l.asked)
+		smooth(&l.demandUrgent, l.askedUrgent)
+		l.slice, l.asked, l.askedUrgent = cur, budget.Cost{}, budget.Cost{}
 	}
 	g := budget.Grant{Slice: cur, ValidUntil: s.store.ValidUntil(cur)}
 	for _, c := range cands {
@@ -510,32 +518,49 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 		}
 		l.asked.Requests += c.Cost.Requests
 		l.asked.Tokens += c.Cost.Tokens
+		if urgent {
+			l.askedUrgent.Requests += c.Cost.Requests
+			l.askedUrgent.Tokens += c.Cost.Tokens
+		}
 	}
-	// Spend the block.
+	// Spend the blocks: urgent jobs their own first.
+	blocks := []*budget.Cost{&l.left}
+	if urgent {
+		blocks = []*budget.Cost{&l.room, &l.left}
+	}
 	for _, c := range cands {
-		if c.Cost.Requests > l.left.Requests || c.Cost.Tokens > l.left.Tokens {
+		spent := false
+		for _, b := range blocks {
+			if c.Cost.Requests <= b.Requests && c.Cost.Tokens <= b.Tokens {
+				b.Requests -= c.Cost.Requests
+				b.Tokens -= c.Cost.Tokens
+				spent = true
+				break
+			}
+		}
+		if !spent {
 			break
 		}
-		l.left.Requests -= c.Cost.Requests
-		l.left.Tokens -= c.Cost.Tokens
 		g.N++
 	}
 	rest := cands[g.N:]
 	if len(rest) == 0 {
 		return g, nil
 	}
-	// Take a new block: the jobs waiting, then the demand expected for the
-	// rest of the slice.
-	costs := make([]budget.Cost, 0, len(rest)+leaseChunks)
+	// Take a new block: the jobs waiting, then room for the backlog behind
+	// them or the demand expected for the rest of the slice.
+	costs := make([]budget.Cost, 0, len(rest)+backlogChunks)
 	var need budget.Cost
 	for _, c := range rest {
 		costs = append(costs, c.Cost)
 		need.Requests += c.Cost.Requests
 		need.Tokens += c.Cost.Tokens
 	}
-	switch extraR, extraT := int(l.demand[0])-need.Requests, int(l.demand[1])-need.Tokens; {
-	case backlog.Requests < 0:
-		// Only the jobs given.
+	demand := l.demand
+	if urgent {
+		demand = l.demandUrgent
+	}
+	switch extraR, extraT := int(demand[0])-need.Requests, int(demand[1])-need.Tokens; {
 	case backlog.Requests > 0:
 		// Jobs wait behind these: ask for room for them too, one average
 		// job per chunk, so what fits is spent locally without more round
@@ -556,11 +581,9 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 	if tg.N > 0 && tg.Slice != cur {
 		// The slice turned during the round trip: the block belongs to the
 		// new one.
-		if l.left.Requests > 0 || l.left.Tokens > 0 {
-			_ = s.store.Return(ctx, key, l.slice, l.left)
-		}
+		s.giveBackLease(ctx, key, l)
 		if g.N > 0 {
-			// Jobs already spent from the old block keep the old slice's
+			// Jobs already spent from the old blocks keep the old slice's
 			// validity; only the new ones move. Keep it simple: admit none
 			// of the new ones now and give the block back.
 			var back budget.Cost
@@ -569,24 +592,42 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 				back.Tokens += c.Tokens
 			}
 			_ = s.store.Return(ctx, key, tg.Slice, back)
-			l.slice, l.left = tg.Slice, budget.Cost{}
+			l.slice = tg.Slice
 			g.Reason, g.RetryAt = "slice_turned", s.now()
 			return g, nil
 		}
-		l.slice, l.left = tg.Slice, budget.Cost{}
+		l.slice = tg.Slice
 		g.Slice, g.ValidUntil = tg.Slice, tg.ValidUntil
 	}
 	granted := min(tg.N, len(rest))
 	g.N += granted
-	for _, c := range costs[granted:tg.N] { // predicted demand: kept as the block
-		l.left.Requests += c.Requests
-		l.left.Tokens += c.Tokens
+	keep := &l.left
+	if urgent {
+		keep = &l.room
+	}
+	for _, c := range costs[granted:tg.N] { // room beyond the jobs given: kept as the block
+		keep.Requests += c.Requests
+		keep.Tokens += c.Tokens
 	}
 	g.Reason, g.RetryAt = tg.Reason, tg.RetryAt
 	if g.N < len(cands) && g.Reason == "" {
 		g.Reason, g.RetryAt = "burst", s.store.ValidUntil(cur).Add(-s.store.Params().DispatchGrace)
 	}
 	return g, nil
+}
+
+// giveBackLease returns what is left of both blocks to the shared window.
+func (s *Service) giveBackLease(ctx context.Context, key string, l *lease) {
+	left := budget.Cost{Requests: l.left.Requests + l.room.Requests, Tokens: l.left.Tokens + l.room.Tokens}
+	if left.Requests <= 0 && left.Tokens <= 0 {
+		l.left, l.room = budget.Cost{}, budget.Cost{}
+		return
+	}
+	if err := s.store.Return(ctx, key, l.slice, left); err != nil {
+		s.log.Debug("lease return", "key", key, "err", err)
+		return
+	}
+	l.left, l.room = budget.Cost{}, budget.Cost{}
 }
 
 // tenantHold is what one tenant's jobs of a batch took from its budgets.
@@ -713,13 +754,9 @@ func (s *Service) giveBack(ctx context.Context, held map[string]*tenantHold, ref
 func (s *Service) returnLeases(ctx context.Context, all bool) {
 	cur := s.store.SliceOf(s.now())
 	for key, l := range s.leases {
-		if (l.slice == cur && !all) || (l.left.Requests <= 0 && l.left.Tokens <= 0) {
+		if l.slice == cur && !all {
 			continue
 		}
-		if err := s.store.Return(ctx, key, l.slice, l.left); err != nil {
-			s.log.Debug("lease return", "key", key, "err", err)
-			continue
-		}
-		l.left = budget.Cost{}
+		s.giveBackLease(ctx, key, l)
 	}
 }

@@ -29,7 +29,15 @@ type bench struct {
 	svc *admission.Service
 }
 
-func setupBench(b *testing.B) *bench {
+// tenantUnlimited and tenantLimited configure tenant t without and with
+// per-minute and per-day budgets of its own (generous: they never bind, but
+// admission must keep them).
+const (
+	tenantUnlimited = "{name: t}"
+	tenantLimited   = "{name: t, rpm: 100000000, tpm: 2000000000, rpd: 1000000000, tpd: 2000000000}"
+)
+
+func setupBench(b *testing.B, tenant string) *bench {
 	b.Helper()
 	s := natstest.Server(b)
 	nc := natstest.Conn(b, s)
@@ -52,7 +60,7 @@ providers:
   - name: p
     base_url: http://127.0.0.1:1/v1
     models: [{name: m, rpm: 100000000, tpm: 2000000000}]
-tenants: [{name: t}]
+tenants: [` + tenant + `]
 `))
 	if err != nil {
 		b.Fatal(err)
@@ -65,9 +73,11 @@ tenants: [{name: t}]
 	return &bench{js: js, nc: nc, ms: ms, svc: svc}
 }
 
-func queued(i int) []byte {
+func queued(i int) []byte { return queuedAs(i, job.Standard) }
+
+func queuedAs(i int, p job.Priority) []byte {
 	est := job.Estimate{PromptTokens: 150, MaxTokens: 50}
-	data, _ := json.Marshal(job.Job{ID: fmt.Sprintf("00000000-0000-7000-8000-%012d", i), Tenant: "t", Priority: job.Standard,
+	data, _ := json.Marshal(job.Job{ID: fmt.Sprintf("00000000-0000-7000-8000-%012d", i), Tenant: "t", Priority: p,
 		Provider: "p", Model: "m", Estimate: &est, SubmittedAt: time.Now(),
 		Request: json.RawMessage(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)})
 	return data
@@ -98,7 +108,12 @@ func (bn *bench) report(b *testing.B, n int, elapsed time.Duration) {
 // how fast admission reserves and dispatches them, and how many budget-store
 // writes that takes per job.
 func BenchmarkAdmissionThroughput(b *testing.B) {
-	bn := setupBench(b)
+	b.Run("tenant-unlimited", func(b *testing.B) { admissionThroughput(b, tenantUnlimited) })
+	b.Run("tenant-limited", func(b *testing.B) { admissionThroughput(b, tenantLimited) })
+}
+
+func admissionThroughput(b *testing.B, tenant string) {
+	bn := setupBench(b, tenant)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	for i := range b.N {
@@ -123,7 +138,13 @@ func BenchmarkAdmissionThroughput(b *testing.B) {
 // steady stream rather than a backlog, and reports budget-store writes per
 // job (the target is at most 0.05).
 func BenchmarkAdmissionAt1000PerSecond(b *testing.B) {
-	bn := setupBench(b)
+	b.Run("tenant-unlimited", func(b *testing.B) { admissionAt1000(b, tenantUnlimited, job.Standard) })
+	b.Run("tenant-limited", func(b *testing.B) { admissionAt1000(b, tenantLimited, job.Standard) })
+	b.Run("interactive", func(b *testing.B) { admissionAt1000(b, tenantUnlimited, job.Interactive) })
+}
+
+func admissionAt1000(b *testing.B, tenant string, p job.Priority) {
+	bn := setupBench(b, tenant)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -135,7 +156,7 @@ func BenchmarkAdmissionAt1000PerSecond(b *testing.B) {
 		if d := time.Until(start.Add(time.Duration(i) * time.Millisecond)); d > 0 {
 			time.Sleep(d)
 		}
-		if _, err := bn.js.PublishAsync(job.QueueSubject(job.Standard, "t"), queued(i)); err != nil {
+		if _, err := bn.js.PublishAsync(job.QueueSubject(p, "t"), queuedAs(i, p)); err != nil {
 			b.Fatal(err)
 		}
 	}

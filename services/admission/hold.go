@@ -88,7 +88,8 @@ func (s *Service) hold(c *Candidate, now time.Time) {
 	key := budget.ModelKey(c.Job.Provider, job.ModelToken(c.Job.Model))
 	ms := s.model(key, c.Job)
 	c.touched = now
-	if c.Job.Priority == job.Interactive || ms.sched.IsNew(c.Job.Tenant, c.Job.Priority) {
+	urgent := c.Job.Priority == job.Interactive || ms.sched.IsNew(c.Job.Tenant, c.Job.Priority)
+	if urgent {
 		// It should not wait behind backlogs: leave it headroom from now
 		// on, and look at the budget now rather than at the model's wake.
 		if now.Sub(ms.lastUrgent) > UrgentMemory {
@@ -97,7 +98,7 @@ func (s *Service) hold(c *Candidate, now time.Time) {
 		ms.lastUrgent, ms.urgentCost = now, max(ms.urgentCost, c.Cost.Tokens)
 		ms.wakeAt = time.Time{}
 	}
-	it := &Item{Tenant: c.Job.Tenant, Priority: c.Job.Priority, Cost: c.Cost.Tokens, Size: len(c.Msg.Data()), Since: now, Value: c}
+	it := &Item{Tenant: c.Job.Tenant, Priority: c.Job.Priority, Cost: c.Cost.Tokens, Size: len(c.Msg.Data()), Since: now, Value: c, Urgent: urgent}
 	ms.sched.Push(it)
 	s.heldIdx[c.Job.ID] = key
 	s.heldJobs[c.Job.ID] = c

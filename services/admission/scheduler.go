@@ -56,6 +56,9 @@ type Item struct {
 	// Fresh is set by Pop when the job was served as part of its tenant's
 	// new-flow quantum (it did not wait its turn behind backlogs).
 	Fresh bool
+	// Urgent is set by the caller: the job may use the headroom (an
+	// interactive job, or one that started a new flow while others waited).
+	Urgent bool
 }
 
 type classQueue struct {
