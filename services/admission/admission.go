@@ -60,10 +60,11 @@ type Service struct {
 	notBefore map[string]time.Time   // job id -> when it is due (waiting in JetStream)
 	held      int
 	heldBytes int
-	leases    map[string]*lease // per budget key: this process's block of the current slice
-	tenantMin *budget.Store     // tenants' per-minute windows
-	tenantDay *budget.Store     // tenants' per-day windows
-	budgetErr atomic.Value      // last budget store error (string), "" when healthy
+	leases    map[string]*lease       // per budget key: this process's block of the current slice
+	tblocks   map[string]*tenantBlock // per tenant window key: this process's block
+	tenantMin *budget.Store           // tenants' per-minute windows
+	tenantDay *budget.Store           // tenants' per-day windows
+	budgetErr atomic.Value            // last budget store error (string), "" when healthy
 }
 
 // New builds the service; it does no I/O.
@@ -85,7 +86,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	for _, x := range []*budget.Store{tmin, tday} {
 		x.Writes, x.Conflicts = ms.BudgetWrites.Inc, ms.BudgetConflict.Inc
 	}
-	s := &Service{cfg: cfg, mesh: m, store: st, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, heldIdx: map[string]string{}, heldJobs: map[string]*Candidate{}, notBefore: map[string]time.Time{}, leases: map[string]*lease{}}
+	s := &Service{cfg: cfg, mesh: m, store: st, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, heldIdx: map[string]string{}, heldJobs: map[string]*Candidate{}, notBefore: map[string]time.Time{}, leases: map[string]*lease{}, tblocks: map[string]*tenantBlock{}}
 	s.budgetErr.Store("")
 	return s, nil
 }
@@ -479,6 +480,21 @@ type lease struct {
 // a partly full window still grants some of it.
 const leaseChunks = 4
 
+// demandChunks splits an expected extra demand into up to leaseChunks
+// pieces of whole average jobs (each with its share of the tokens), so a
+// partly full window grants some of it and what it grants fits jobs.
+func demandChunks(requests, tokens int) []budget.Cost {
+	if requests <= 0 || tokens <= 0 {
+		return nil
+	}
+	k := min(requests, leaseChunks)
+	out := make([]budget.Cost, k)
+	for i := range out {
+		out[i] = budget.Cost{Requests: requests / k, Tokens: tokens / k}
+	}
+	return out
+}
+
 // backlogChunks is how many average jobs of a backlog one lease asks room for.
 const backlogChunks = 32
 
@@ -569,10 +585,8 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 		for range min(backlog.Requests, backlogChunks) {
 			costs = append(costs, budget.Cost{Requests: 1, Tokens: avg})
 		}
-	case extraR > 0 && extraT > 0:
-		for range leaseChunks {
-			costs = append(costs, budget.Cost{Requests: max(extraR/leaseChunks, 1), Tokens: max(extraT/leaseChunks, 1)})
-		}
+	default:
+		costs = append(costs, demandChunks(extraR, extraT)...)
 	}
 	tg, err := s.store.Take(ctx, key, lim, costs)
 	if err != nil {
@@ -670,14 +684,14 @@ func (s *Service) tenantGate(ctx context.Context, cands []*Candidate) ([]*Candid
 		var retry time.Time
 		reason := ""
 		if t.RPM > 0 || t.TPM > 0 {
-			g, err := s.tenantMin.Take(ctx, h.minKey, budget.Limits{RPM: t.RPM, TPM: t.TPM}, costs)
+			g, err := s.tenantTake(ctx, s.tenantMin, h.minKey, budget.Limits{RPM: t.RPM, TPM: t.TPM}, costs)
 			if err != nil {
 				return cands, nil, err
 			}
 			n, h.minSlice, retry, reason = g.N, g.Slice, g.RetryAt, "tenant_"+g.Reason
 		}
 		if (t.RPD > 0 || t.TPD > 0) && n > 0 {
-			g, err := s.tenantDay.Take(ctx, h.dayKey, budget.Limits{RPM: t.RPD, TPM: t.TPD}, costs[:n])
+			g, err := s.tenantTake(ctx, s.tenantDay, h.dayKey, budget.Limits{RPM: t.RPD, TPM: t.TPD}, costs[:n])
 			if err != nil {
 				return cands, nil, err
 			}
@@ -689,7 +703,7 @@ func (s *Service) tenantGate(ctx context.Context, cands []*Candidate) ([]*Candid
 					back.Tokens += c.Tokens
 				}
 				if t.RPM > 0 || t.TPM > 0 {
-					_ = s.tenantMin.Return(ctx, h.minKey, h.minSlice, back)
+					s.tenantReturn(ctx, s.tenantMin, h.minKey, h.minSlice, back)
 				}
 				n, retry, reason = g.N, g.RetryAt, "tenant_day_"+g.Reason
 			}
@@ -719,6 +733,111 @@ func (s *Service) tenantGate(ctx context.Context, cands []*Candidate) ([]*Candid
 	return out, held, nil
 }
 
+// tenantBlock is this process's block of one tenant window's current slice,
+// like the model's lease: taken with one compare-and-set, sized to the
+// tenant's demand per tick, spent locally, and given back when the slice
+// ends (a day window's, whose slices are minutes, at every tick).
+type tenantBlock struct {
+	store  *budget.Store
+	slice  int64
+	left   budget.Cost
+	asked  budget.Cost
+	demand [2]float64
+}
+
+// tenantTake grants the longest prefix of costs from the tenant window key:
+// from this process's block first, then with one compare-and-set for the
+// rest plus the tenant's expected demand for the slice.
+func (s *Service) tenantTake(ctx context.Context, st *budget.Store, key string, lim budget.Limits, costs []budget.Cost) (budget.Grant, error) {
+	b := s.tblocks[key]
+	if b == nil {
+		b = &tenantBlock{store: st, slice: -1}
+		s.tblocks[key] = b
+	}
+	cur := st.SliceOf(s.now())
+	if b.slice != cur {
+		s.returnBlock(ctx, key, b)
+		b.slice = cur
+	}
+	g := budget.Grant{Slice: cur, ValidUntil: st.ValidUntil(cur)}
+	for _, c := range costs {
+		b.asked.Requests += c.Requests
+		b.asked.Tokens += c.Tokens
+	}
+	for _, c := range costs {
+		if c.Requests > b.left.Requests || c.Tokens > b.left.Tokens {
+			break
+		}
+		b.left.Requests -= c.Requests
+		b.left.Tokens -= c.Tokens
+		g.N++
+	}
+	rest := costs[g.N:]
+	if len(rest) == 0 {
+		return g, nil
+	}
+	ask := append(make([]budget.Cost, 0, len(rest)+leaseChunks), rest...)
+	var need budget.Cost
+	for _, c := range rest {
+		need.Requests += c.Requests
+		need.Tokens += c.Tokens
+	}
+	// The demand per tick, or what this tick has already seen if more (a
+	// stream that just started).
+	estR, estT := max(int(b.demand[0]), b.asked.Requests), max(int(b.demand[1]), b.asked.Tokens)
+	ask = append(ask, demandChunks(estR-need.Requests, estT-need.Tokens)...)
+	tg, err := st.Take(ctx, key, lim, ask)
+	if err != nil {
+		return g, err
+	}
+	if tg.N > 0 && tg.Slice != cur {
+		// The slice turned during the round trip; what was spent from the
+		// old block stays in the old slice, the new grant in the new one.
+		// Keep it simple: give the new grant back and admit only what the
+		// old block covered.
+		var back budget.Cost
+		for _, c := range ask[:tg.N] {
+			back.Requests += c.Requests
+			back.Tokens += c.Tokens
+		}
+		_ = st.Return(ctx, key, tg.Slice, back)
+		g.Reason, g.RetryAt = "slice_turned", s.now()
+		return g, nil
+	}
+	granted := min(tg.N, len(rest))
+	g.N += granted
+	for _, c := range ask[granted:tg.N] {
+		b.left.Requests += c.Requests
+		b.left.Tokens += c.Tokens
+	}
+	g.Reason, g.RetryAt = tg.Reason, tg.RetryAt
+	return g, nil
+}
+
+// tenantReturn gives back budget taken in slice: to this process's block
+// while that slice lasts, else to the shared window.
+func (s *Service) tenantReturn(ctx context.Context, st *budget.Store, key string, slice int64, c budget.Cost) {
+	if b := s.tblocks[key]; b != nil && b.slice == slice {
+		b.left.Requests += c.Requests
+		b.left.Tokens += c.Tokens
+		return
+	}
+	_ = st.Return(ctx, key, slice, c)
+}
+
+// returnBlock gives what is left of a tenant block back to its window.
+func (s *Service) returnBlock(ctx context.Context, key string, b *tenantBlock) {
+	if b.left.Requests <= 0 && b.left.Tokens <= 0 {
+		b.left = budget.Cost{}
+		return
+	}
+	if err := b.store.Return(ctx, key, b.slice, b.left); err != nil {
+		s.log.Debug("tenant block return", "key", key, "err", err)
+		return
+	}
+	b.left = budget.Cost{}
+}
+
 // giveBack returns the tenant budget of candidates the model refused.
 func (s *Service) giveBack(ctx context.Context, held map[string]*tenantHold, refused []*Candidate) {
 	if len(held) == 0 || len(refused) == 0 {
@@ -741,10 +860,10 @@ func (s *Service) giveBack(ctx context.Context, held map[string]*tenantHold, ref
 		h := held[name]
 		t, _ := s.cfg.App.Tenant(name)
 		if t.RPM > 0 || t.TPM > 0 {
-			_ = s.tenantMin.Return(ctx, h.minKey, h.minSlice, b)
+			s.tenantReturn(ctx, s.tenantMin, h.minKey, h.minSlice, b)
 		}
 		if t.RPD > 0 || t.TPD > 0 {
-			_ = s.tenantDay.Return(ctx, h.dayKey, h.daySlice, b)
+			s.tenantReturn(ctx, s.tenantDay, h.dayKey, h.daySlice, b)
 		}
 	}
 }
@@ -758,5 +877,19 @@ func (s *Service) returnLeases(ctx context.Context, all bool) {
 			continue
 		}
 		s.giveBackLease(ctx, key, l)
+	}
+	now := s.now()
+	for key, b := range s.tblocks {
+		// The demand per tick, for sizing the next blocks.
+		const a = 0.3
+		b.demand[0] = (1-a)*b.demand[0] + a*float64(b.asked.Requests)
+		b.demand[1] = (1-a)*b.demand[1] + a*float64(b.asked.Tokens)
+		b.asked = budget.Cost{}
+		// A day window's slice is a minute: its blocks go back at every
+		// tick rather than hold other processes off for that long.
+		if b.slice == b.store.SliceOf(now) && !all && b.store.Params().Window <= time.Minute {
+			continue
+		}
+		s.returnBlock(ctx, key, b)
 	}
 }

@@ -1,10 +1,12 @@
 package admission
 
 import (
+	"fmt"
 	"math"
 	"testing"
 	"time"
 
+	"github.com/sluice-dev/sluice/pkg/budget"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -207,5 +209,25 @@ func TestNewFlowGoesFirst(t *testing.T) {
 	}
 	if share := float64(by["b"]) / float64(by["a"]+by["b"]); math.Abs(share-0.5) > 0.01 {
 		t.Errorf("b got %.3f of the tokens while both were backlogged, want 0.5 ± 0.01", share)
+	}
+}
+
+// TestDemandChunks: predicted demand is asked in pieces of whole average
+// jobs, so what a partly full window grants fits jobs.
+func TestDemandChunks(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		r, tok int
+		want   []budget.Cost
+	}{
+		{0, 500, nil},
+		{3, 0, nil},
+		{1, 90, []budget.Cost{{Requests: 1, Tokens: 90}}},
+		{2, 60, []budget.Cost{{Requests: 1, Tokens: 30}, {Requests: 1, Tokens: 30}}},
+		{10, 1000, []budget.Cost{{Requests: 2, Tokens: 250}, {Requests: 2, Tokens: 250}, {Requests: 2, Tokens: 250}, {Requests: 2, Tokens: 250}}},
+	} {
+		if got := demandChunks(tc.r, tc.tok); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("demandChunks(%d, %d) = %v, want %v", tc.r, tc.tok, got, tc.want)
+		}
 	}
 }

@@ -1,0 +1,93 @@
+package admission_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/metrics"
+	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/natstest"
+	"github.com/sluice-dev/sluice/services/admission"
+	"github.com/sluice-dev/sluice/streams"
+)
+
+// TestTenantBudgetSharedByTwoProcesses: two admission services take the
+// same QUEUE and keep local blocks of one tenant's per-minute budget; over
+// the minute they dispatch exactly the tenant's rpm, no more and no less.
+func TestTenantBudgetSharedByTwoProcesses(t *testing.T) {
+	t.Parallel()
+	s := natstest.Server(t)
+	nc := natstest.Conn(t, s)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Parse([]byte(`
+providers:
+  - name: p
+    base_url: http://127.0.0.1:1/v1
+    models: [{name: m, rpm: 100000, tpm: 100000000}]
+tenants: [{name: t, rpm: 25}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 2)
+	for range 2 {
+		m, err := mesh.Open(ctx, js)
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc, err := admission.New(admission.Config{App: cfg}, m, slog.New(slog.DiscardHandler), metrics.New(prometheus.NewRegistry()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { done <- svc.Run(runCtx) }()
+	}
+	defer func() {
+		stop()
+		<-done
+		<-done
+	}()
+	// 80 jobs, in bursts, so both processes hold jobs and blocks.
+	for i := range 80 {
+		if _, err := js.Publish(ctx, job.QueueSubject(job.Standard, "t"), queued(i)); err != nil {
+			t.Fatal(err)
+		}
+		if i%10 == 9 {
+			time.Sleep(300 * time.Millisecond)
+		}
+	}
+	st, err := js.Stream(ctx, streams.Dispatch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dispatched := func() uint64 {
+		info, err := st.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Msgs
+	}
+	for dispatched() < 25 && ctx.Err() == nil {
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Blocks come and go for a few more seconds; none may exceed the rpm.
+	time.Sleep(4 * time.Second)
+	if n := dispatched(); n != 25 {
+		t.Errorf("two processes dispatched %d of tenant t's jobs within the minute, want its rpm, 25", n)
+	}
+}
