@@ -325,9 +325,15 @@ func BenchmarkFairPriority(b *testing.B) {
 // BenchmarkFairNoStarvation: one tenant sends 200-token requests, another
 // 5,000-token ones, both backlogged; reports both p95 waits.
 func BenchmarkFairNoStarvation(b *testing.B) {
+	b.Run("default", func(b *testing.B) { noStarvation(b, "burst_fraction: 0.02") })
+	// What the headroom costs when the new flows it is for are rare.
+	b.Run("headroom-off", func(b *testing.B) { noStarvation(b, "burst_fraction: 0.02, headroom: 0") })
+}
+
+func noStarvation(b *testing.B, admission string) {
 	const tpm = 300_000
 	for range b.N {
-		fr := startFair(b, tpm, "  - {name: small}\n  - {name: large}\n")
+		fr := startFairPaced(b, tpm, "  - {name: small}\n  - {name: large}\n", admission)
 		_, cl := natsClient(b, fr.n.NATS)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		// Offered over 60 s at about twice the limit, half the tokens each.

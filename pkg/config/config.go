@@ -81,7 +81,7 @@ type Admission struct {
 	// Headroom is the share of a model's window (the minute and the burst
 	// second; in the second at least one recent such job) that backlogged
 	// work leaves free while jobs that should not wait are about (seen in
-	// the last two minutes): interactive jobs, and a tenant's job arriving
+	// the last 10 seconds): interactive jobs, and a tenant's job arriving
 	// while other tenants' backlogs wait. Those find room at once. Absent:
 	// DefaultHeadroom; 0 turns it off. Read it with HeadroomShare.
 	Headroom *float64 `yaml:"headroom"`
