@@ -56,6 +56,10 @@ type Limits struct {
 	// nothing.
 	Keep        float64
 	KeepAtLeast Cost
+	// BurstRequests and BurstTokens, when > 0, are the per-second caps
+	// instead of the ones BurstFraction derives from the minute limits (a
+	// quantum learned from the provider's 429s).
+	BurstRequests, BurstTokens int
 }
 
 // caps returns the effective per-minute limits and per-second caps, after
@@ -94,6 +98,12 @@ type Params struct {
 	Slice         time.Duration
 	DispatchGrace time.Duration
 	BurstFraction float64
+	// Short > 0 makes the store paced (see pace.go): every reservation gets
+	// the instant its call may leave, at least Lead from now and at most
+	// Horizon ahead, and is valid until Tolerance after that instant; Short
+	// is the window the per-second caps apply to (one second). A paced
+	// store's minute sums Window + Tolerance instead of + DispatchGrace.
+	Short, Lead, Tolerance, Horizon time.Duration
 }
 
 // Span is the number of slices a window sums.
@@ -102,7 +112,11 @@ func (p Params) Span() int64 {
 	if w == 0 {
 		w = time.Minute
 	}
-	return int64(math.Ceil(float64(w+p.DispatchGrace)/float64(p.Slice))) + 1
+	grace := p.DispatchGrace
+	if p.paced() {
+		grace = p.Tolerance
+	}
+	return int64(math.Ceil(float64(w+grace)/float64(p.Slice))) + 1
 }
 
 func (p Params) burstSlices() int64 {
@@ -116,6 +130,12 @@ func (p Params) burstSlices() int64 {
 // Window is the shared state of one key: usage per slice index.
 type Window struct {
 	Slices map[int64][2]int64 `json:"s"`
+	// Paced stores only: the placements of the last short window and those
+	// ahead, in time order; the theoretical arrival time of requests and
+	// tokens (unix microseconds); the newest placement.
+	P    []planned `json:"p,omitempty"`
+	TAT  [2]int64  `json:"tat,omitzero"`
+	Last int64     `json:"last,omitempty"`
 }
 
 // Grant is the result of Take.
@@ -127,6 +147,10 @@ type Grant struct {
 	RetryAt time.Time
 	// Reason says what bound first: "rpm", "tpm", "burst" or "" when all fit.
 	Reason string
+	// SendAt is, on a paced store, the instant each granted cost may be
+	// sent (its call is valid until Tolerance after it); ValidUntil is then
+	// the last one's.
+	SendAt []time.Time
 }
 
 // KV is the part of a jetstream.KeyValue the store uses.
@@ -176,7 +200,13 @@ func (s *Store) Take(ctx context.Context, key string, lim Limits, costs []Cost) 
 		now := s.now()
 		cur := s.sliceOf(now)
 		w.prune(cur - s.p.Span() + 1)
-		g := s.plan(&w, lim, costs, cur)
+		var g Grant
+		if s.p.paced() {
+			s.prunePlanned(&w, now)
+			g = s.place(&w, lim, costs, now)
+		} else {
+			g = s.plan(&w, lim, costs, cur)
+		}
 		if g.N == 0 {
 			return g, nil
 		}
@@ -367,11 +397,15 @@ func (s *Store) load(ctx context.Context, key string) (Window, uint64, error) {
 	}
 	if len(e.Value()) > 0 {
 		var raw struct {
-			S map[string][2]int64 `json:"s"`
+			S    map[string][2]int64 `json:"s"`
+			P    []planned           `json:"p"`
+			TAT  [2]int64            `json:"tat"`
+			Last int64               `json:"last"`
 		}
 		if err := json.Unmarshal(e.Value(), &raw); err != nil {
 			return w, 0, fmt.Errorf("budget %s: corrupt window: %w", key, err)
 		}
+		w.P, w.TAT, w.Last = raw.P, raw.TAT, raw.Last
 		for k, v := range raw.S {
 			n, err := strconv.ParseInt(k, 10, 64)
 			if err != nil {

@@ -1,0 +1,321 @@
+package budget
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"time"
+)
+
+// # Send-time pacing
+//
+// Providers judge the instant a request arrives, not the instant Sluice
+// reserved budget for it, and they enforce more than the minute: OpenAI
+// quantizes ("60,000 requests/minute may be enforced as 1,000
+// requests/second"), Anthropic refills a token bucket continuously, Azure
+// counts over 1- or 10-second windows. So a paced store does not hand out
+// room in a slice: it plans, for every reservation, the instant its call may
+// leave (SendAt), on one schedule per provider/model that every admission
+// process shares through the KV bucket, and the executor sends no earlier
+// than that instant and no later than Tolerance after it (or not at all).
+//
+// Placements on the schedule are monotone (each is at or after the last
+// one, under compare-and-set), and a placement at instant s must satisfy,
+// with every earlier placement:
+//
+//   - pacing: s is no earlier than the theoretical arrival time of each
+//     dimension (GCRA, no burst tolerance): consecutive sends are spaced by
+//     their cost at the minute limit's average rate, so a continuously
+//     refilled token bucket of at least one job's capacity never runs dry;
+//   - the short window: the placements in (s - Short - Tolerance, s] hold at
+//     most the per-second cap, or s is alone there (a request larger than
+//     the cap gets a window of its own, as providers admit it only into an
+//     otherwise empty one);
+//   - the minute: the slices of the last Window + Tolerance hold at most the
+//     minute limit.
+//
+// Because placements are monotone, checking the window that ends at the
+// newest placement checks every window. An executor may send up to
+// Tolerance late, so each actual send lies in [s, s+Tolerance] and every
+// window the provider looks at (length W, ending at an arrival a) holds only
+// sends planned in (a - W - Tolerance, a]: a window of the plan that was
+// checked. Hence the provider never sees more than the limits in any window
+// it enforces, however many executors send. The cost is Tolerance/Short of
+// the per-second cap (2.5 % with 25 ms) when that cap binds, and
+// (Tolerance+Slice)/Window of the minute.
+
+// Planned is one placement on a paced schedule: requests and tokens that may
+// be sent at instant At (unix microseconds).
+type planned struct {
+	At int64 `json:"a"`
+	R  int64 `json:"r"`
+	T  int64 `json:"t"`
+}
+
+func (p Params) paced() bool { return p.Short > 0 }
+
+// shortUS is the short window plus the tolerance, in microseconds.
+func (p Params) shortUS() int64 { return (p.Short + p.Tolerance).Microseconds() }
+
+// place plans costs on a paced schedule, each at the earliest instant that
+// satisfies pacing, the short window and the minute, within the horizon.
+func (s *Store) place(w *Window, lim Limits, costs []Cost, now time.Time) Grant {
+	minR, minT, capR, capT := lim.caps(s.p.BurstFraction)
+	if lim.BurstRequests > 0 {
+		capR = int64(lim.BurstRequests)
+	}
+	if lim.BurstTokens > 0 {
+		capT = int64(lim.BurstTokens)
+	}
+	nowUS := now.UnixMicro()
+	earliest := nowUS + s.p.Lead.Microseconds()
+	horizon := nowUS + max(s.p.Horizon, s.p.Lead).Microseconds()
+	win := s.p.Window
+	if win == 0 {
+		win = time.Minute
+	}
+	// Microseconds per request and per token at the minute's average rate.
+	var perR, perT float64
+	if lim.RPM > 0 {
+		perR = float64(win.Microseconds()) / float64(minR)
+	}
+	if lim.TPM > 0 {
+		perT = float64(win.Microseconds()) / float64(minT)
+	}
+	g := Grant{Slice: s.sliceOf(now)}
+	for _, c := range costs {
+		r, t := int64(c.Requests), int64(c.Tokens)
+		at := max(earliest, w.Last)
+		if perR > 0 {
+			at = max(at, w.TAT[0])
+		}
+		if perT > 0 {
+			at = max(at, w.TAT[1])
+		}
+		reason := ""
+		if perR > 0 || perT > 0 {
+			if a := s.shortFit(w, at, r, t, lim, capR, capT); a > at {
+				at, reason = a, "burst"
+			}
+			a, why := s.minuteFit(w, at, r, t, lim, minR, minT)
+			if a < 0 {
+				g.Reason, g.RetryAt = why, s.sliceStart(s.sliceOf(now)+s.p.Span())
+				break
+			}
+			if a > at {
+				at, reason = a, why
+			}
+		}
+		if at > horizon {
+			if reason == "" {
+				reason = "burst" // paced beyond the horizon
+			}
+			g.Reason = reason
+			g.RetryAt = time.UnixMicro(at - (horizon - nowUS))
+			break
+		}
+		w.add(planned{At: at, R: r, T: t})
+		k := s.sliceOf(time.UnixMicro(at))
+		v := w.Slices[k]
+		v[0] += r
+		v[1] += t
+		w.Slices[k] = v
+		if perR > 0 {
+			w.TAT[0] = max(w.TAT[0], at) + int64(math.Ceil(perR*float64(r)))
+		}
+		if perT > 0 {
+			w.TAT[1] = max(w.TAT[1], at) + int64(math.Ceil(perT*float64(t)))
+		}
+		w.Last = at
+		sa := time.UnixMicro(at)
+		g.SendAt = append(g.SendAt, sa)
+		g.ValidUntil = sa.Add(s.p.Tolerance)
+		g.N++
+	}
+	return g
+}
+
+// shortFit returns the earliest instant at or after at where the short
+// window (length Short+Tolerance, ending at the instant) has room for r
+// requests and t tokens, or holds nothing.
+func (s *Store) shortFit(w *Window, at, r, t int64, lim Limits, capR, capT int64) int64 {
+	if (lim.RPM <= 0 || capR == math.MaxInt64) && (lim.TPM <= 0 || capT == math.MaxInt64) {
+		return at
+	}
+	span := s.p.shortUS()
+	ps := w.P
+	// The first placement inside (at-span, at], and the sums from it on.
+	i := sort.Search(len(ps), func(i int) bool { return ps[i].At > at-span })
+	var sr, st int64
+	for _, p := range ps[i:] {
+		sr += p.R
+		st += p.T
+	}
+	for i < len(ps) {
+		if sr == 0 && st == 0 {
+			return at // nothing is sent in this window
+		}
+		okR := lim.RPM <= 0 || sr+r <= capR
+		okT := lim.TPM <= 0 || st+t <= capT
+		if okR && okT {
+			return at
+		}
+		// Wait until placement i leaves the window.
+		at = max(at, ps[i].At+span)
+		sr -= ps[i].R
+		st -= ps[i].T
+		i++
+		for i < len(ps) && ps[i].At <= at-span {
+			sr -= ps[i].R
+			st -= ps[i].T
+			i++
+		}
+	}
+	return at // alone in its window
+}
+
+// minuteFit returns the earliest instant at or after at where the minute's
+// slices have room for r requests and t tokens, with the limit that bound
+// ("rpm" or "tpm"), or -1 when the cost exceeds the limit even in an empty
+// window.
+func (s *Store) minuteFit(w *Window, at, r, t int64, lim Limits, minR, minT int64) (int64, string) {
+	if (lim.RPM > 0 && r > minR) || (lim.TPM > 0 && t > minT) {
+		if lim.RPM > 0 && r > minR {
+			return -1, "rpm"
+		}
+		return -1, "tpm"
+	}
+	k := s.sliceOf(time.UnixMicro(at))
+	from := k - s.p.Span() + 1
+	usedR, usedT := w.sum(from)
+	needR, needT := usedR+r-minR, usedT+t-minT
+	if lim.RPM <= 0 {
+		needR = 0
+	}
+	if lim.TPM <= 0 {
+		needT = 0
+	}
+	if needR <= 0 && needT <= 0 {
+		return at, ""
+	}
+	why := "tpm"
+	if needR > 0 {
+		why = "rpm"
+	}
+	var freedR, freedT int64
+	for _, j := range w.keys() {
+		if j < from {
+			continue
+		}
+		v := w.Slices[j]
+		freedR += v[0]
+		freedT += v[1]
+		if freedR >= needR && freedT >= needT {
+			// Slice j leaves the window once the instant's slice is j+Span.
+			return max(at, s.sliceStart(j+s.p.Span()).UnixMicro()), why
+		}
+	}
+	return -1, why
+}
+
+// add inserts p, keeping w.P sorted (placements are monotone, so this
+// appends, merging with an entry at the same instant).
+func (w *Window) add(p planned) {
+	n := len(w.P)
+	if n > 0 && w.P[n-1].At == p.At {
+		w.P[n-1].R += p.R
+		w.P[n-1].T += p.T
+		return
+	}
+	if n == 0 || w.P[n-1].At < p.At {
+		w.P = append(w.P, p)
+		return
+	}
+	i := sort.Search(n, func(i int) bool { return w.P[i].At >= p.At })
+	if w.P[i].At == p.At {
+		w.P[i].R += p.R
+		w.P[i].T += p.T
+		return
+	}
+	w.P = append(w.P, planned{})
+	copy(w.P[i+1:], w.P[i:])
+	w.P[i] = p
+}
+
+// prunePlanned drops placements no window can hold any more.
+func (s *Store) prunePlanned(w *Window, now time.Time) {
+	if len(w.P) == 0 {
+		return
+	}
+	cut := now.UnixMicro() - s.p.shortUS() - s.p.Tolerance.Microseconds()
+	i := sort.Search(len(w.P), func(i int) bool { return w.P[i].At > cut })
+	if i > 0 {
+		w.P = append(w.P[:0], w.P[i:]...)
+	}
+}
+
+// ReturnAt gives back cost planned at instant at and not sent (a lease's
+// leftover): from the minute's slice and from the placement. Pacing is not
+// rewound: later placements were spaced after it, and the time is simply
+// not used.
+func (s *Store) ReturnAt(ctx context.Context, key string, at time.Time, c Cost) error {
+	if c.Requests <= 0 && c.Tokens <= 0 {
+		return nil
+	}
+	for range maxAttempts {
+		w, rev, err := s.load(ctx, key)
+		if err != nil {
+			return err
+		}
+		now := s.now()
+		cur := s.sliceOf(now)
+		k := s.sliceOf(at)
+		if k < cur-s.p.Span()+1 {
+			return nil
+		}
+		w.prune(cur - s.p.Span() + 1)
+		s.prunePlanned(&w, now)
+		if v, ok := w.Slices[k]; ok {
+			v[0] = max(v[0]-int64(max(c.Requests, 0)), 0)
+			v[1] = max(v[1]-int64(max(c.Tokens, 0)), 0)
+			w.Slices[k] = v
+		}
+		us := at.UnixMicro()
+		i := sort.Search(len(w.P), func(i int) bool { return w.P[i].At >= us })
+		if i < len(w.P) && w.P[i].At == us {
+			w.P[i].R = max(w.P[i].R-int64(max(c.Requests, 0)), 0)
+			w.P[i].T = max(w.P[i].T-int64(max(c.Tokens, 0)), 0)
+		}
+		err = s.store(ctx, key, w, rev)
+		if errors.Is(err, errConflict) {
+			if s.Conflicts != nil {
+				s.Conflicts()
+			}
+			continue
+		}
+		return err
+	}
+	return fmt.Errorf("%w: return %s: lost %d compare-and-sets in a row", ErrUnavailable, key, maxAttempts)
+}
+
+// Recent returns what the schedule holds in the short window that ends at
+// instant at, before the placement at at itself: what the provider saw in
+// the second before a request it refused, as far as the fleet knows.
+func (s *Store) Recent(ctx context.Context, key string, at time.Time) (Cost, error) {
+	w, _, err := s.load(ctx, key)
+	if err != nil {
+		return Cost{}, err
+	}
+	us := at.UnixMicro()
+	from := us - s.p.Short.Microseconds()
+	var c Cost
+	for _, p := range w.P {
+		if p.At > from && p.At < us {
+			c.Requests += int(p.R)
+			c.Tokens += int(p.T)
+		}
+	}
+	return c, nil
+}
