@@ -61,9 +61,22 @@ type Admission struct {
 	// its provider call; the window is widened by this much so the provider
 	// never sees more than the limit in any 60 s.
 	DispatchGrace Duration `yaml:"dispatch_grace"`
-	// BurstFraction caps what one slice may take, as a fraction of the
-	// per-minute limit per second.
+	// BurstFraction is the per-second cap as a fraction of the per-minute
+	// limit (rounded up): 1/60 by default, the quantization providers
+	// document ("60,000 RPM may be enforced as 1,000 requests/second").
 	BurstFraction float64 `yaml:"burst_fraction"`
+	// SendLead, SendTolerance and PlanHorizon shape send-time pacing: a
+	// reservation names the instant its call may leave, at least SendLead
+	// and at most PlanHorizon from now, and an executor sends it no later
+	// than SendTolerance after that instant (else it is admitted again).
+	SendLead      Duration `yaml:"send_lead"`
+	SendTolerance Duration `yaml:"send_tolerance"`
+	PlanHorizon   Duration `yaml:"plan_horizon"`
+	// MaxRateLimited bounds how many times a job goes back to admission
+	// because the provider refused it for rate (Sluice's misjudgement,
+	// which costs the job none of its attempts); its deadline ends it
+	// first in most cases.
+	MaxRateLimited int `yaml:"max_rate_limited"`
 	Batch         int     `yaml:"batch"`
 	// MaxHeld and MaxHeldBytes bound the jobs one admission process holds
 	// in its fair queues; beyond them the newest jobs of the biggest
@@ -118,6 +131,10 @@ var (
 // for one message of the largest size the streams accept (1 MiB).
 const MinStreamBytes = 1 << 20
 
+// DefaultBurstFraction is admission.burst_fraction when absent: a second's
+// share of the minute.
+const DefaultBurstFraction = 1.0 / 60
+
 // DefaultHeadroom is admission.headroom when the key is absent.
 const DefaultHeadroom = 0.02
 
@@ -157,7 +174,20 @@ type Model struct {
 	RPM            int    `yaml:"rpm"`
 	TPM            int    `yaml:"tpm"`
 	MaxConcurrency int    `yaml:"max_concurrency"`
+	// Adaptive: absent, Sluice lowers the limits in effect when the
+	// provider states lower ones or refuses calls for rate, and recovers
+	// toward the configured ones (never above them); 0 stays unlimited.
+	// true also discovers a limit configured as 0: it starts low and
+	// learns from headers and 429s. false uses the configured limits as
+	// they are.
+	Adaptive *bool `yaml:"adaptive"`
 }
+
+// Adapts reports whether the model's limits adapt to the provider.
+func (m Model) Adapts() bool { return m.Adaptive == nil || *m.Adaptive }
+
+// Discovers reports whether a limit configured as 0 is discovered.
+func (m Model) Discovers() bool { return m.Adaptive != nil && *m.Adaptive }
 
 // Tenant is one caller of Sluice.
 type Tenant struct {
@@ -315,7 +345,19 @@ func (c *Config) withDefaults() {
 		c.Admission.DispatchGrace = Duration(time.Second)
 	}
 	if c.Admission.BurstFraction == 0 {
-		c.Admission.BurstFraction = 0.02
+		c.Admission.BurstFraction = DefaultBurstFraction
+	}
+	if c.Admission.SendLead == 0 {
+		c.Admission.SendLead = Duration(20 * time.Millisecond)
+	}
+	if c.Admission.SendTolerance == 0 {
+		c.Admission.SendTolerance = Duration(25 * time.Millisecond)
+	}
+	if c.Admission.PlanHorizon == 0 {
+		c.Admission.PlanHorizon = Duration(2 * time.Second)
+	}
+	if c.Admission.MaxRateLimited == 0 {
+		c.Admission.MaxRateLimited = 100
 	}
 	if c.Admission.Batch == 0 {
 		c.Admission.Batch = 256
@@ -418,6 +460,12 @@ func (c *Config) Validate() error {
 	}
 	if f := c.Admission.BurstFraction; f <= 0 || f > 1 {
 		return fail("admission.burst_fraction", "must be in (0, 1], got %g", f)
+	}
+	if a := c.Admission; a.SendLead < 0 || a.SendTolerance <= 0 || a.SendTolerance > Duration(time.Second) || a.PlanHorizon < a.SendLead || a.PlanHorizon > Duration(time.Minute) {
+		return fail("admission.send_tolerance", "want send_lead >= 0, 0 < send_tolerance <= 1s and send_lead <= plan_horizon <= 1m; got lead %s, tolerance %s, horizon %s", a.SendLead.D(), a.SendTolerance.D(), a.PlanHorizon.D())
+	}
+	if c.Admission.MaxRateLimited < 1 {
+		return fail("admission.max_rate_limited", "must be positive, got %d", c.Admission.MaxRateLimited)
 	}
 	if c.Admission.Batch < 1 {
 		return fail("admission.batch", "must be positive, got %d", c.Admission.Batch)

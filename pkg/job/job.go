@@ -66,6 +66,10 @@ type Job struct {
 	NotBefore   *time.Time   `json:"not_before,omitempty"`
 	Attempts    []Attempt    `json:"attempts,omitempty"`
 	Reservation *Reservation `json:"reservation,omitempty"`
+	// RateLimited counts the provider's rate-limit refusals of this job:
+	// Sluice's misjudgement, which sends it back to admission without
+	// spending an attempt.
+	RateLimited int `json:"rate_limited,omitempty"`
 }
 
 // TaskType is the job's task for metric labels: its Task, or "default".
@@ -94,6 +98,9 @@ type Reservation struct {
 	// ValidUntil is the latest moment the provider call may start; an executor
 	// that picks the job up later sends it back for a new reservation.
 	ValidUntil time.Time `json:"valid_until"`
+	// SendAt, on a paced model, is the instant the call may leave: the
+	// executor waits for it and sends by ValidUntil or not at all.
+	SendAt time.Time `json:"send_at,omitzero"`
 }
 
 // Attempt records one provider call.
