@@ -25,11 +25,15 @@ import (
 // NATS server: a front (ingest, result), 2 admission and 4 executor
 // processes. Two workloads run at once, each offered at twice its binding
 // limit for 75 s: B, long requests (about 4,000 prompt + 1,000 max tokens)
-// against a TPM limit, and A, short requests (about 200 tokens) against an
-// RPM limit. One executor is killed with SIGKILL mid-run. The simulator must
-// see no 60-s window above either limit, no 429, and, while backlogged after
-// the first minute, successful calls filling at least 95 % of the binding
-// limit; every job must complete exactly once.
+// against a TPM limit of 150,000, and A, short requests (about 200 tokens)
+// against an RPM limit of 150. The simulator enforces its default, what
+// providers document: the minute plus a per-second quantum of limit/60, so
+// each long request (twice the 2,500-token quantum) is admitted only alone
+// in its second, and at most 3 short ones fit any second. One executor is
+// killed with SIGKILL mid-run. The simulator must see no 60-s window above
+// either limit, at most 0.5 % of attempts answered 429, and, while
+// backlogged after the first minute, successful calls filling at least 97 %
+// of the binding limit; every job must complete exactly once.
 func TestFleetSharesOneBudget(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the fleet test runs about 3 minutes; run without -short")
@@ -37,8 +41,8 @@ func TestFleetSharesOneBudget(t *testing.T) {
 	t.Parallel()
 	bin := sluiceBinary(t)
 	const (
-		longModel, longTPM   = "long-model", 300_000
-		shortModel, shortRPM = "short-model", 1_200
+		longModel, longTPM   = "long-model", 150_000
+		shortModel, shortRPM = "short-model", 150
 		offerFor             = 75 * time.Second
 	)
 	simSrv, simURL := startSim(t, sim.Config{
@@ -197,13 +201,13 @@ limits:
 		if ms.MaxTokensIn60s > ms.TPM || ms.MaxRequestsIn60s > ms.RPM {
 			t.Errorf("workload %s: a 60-s window exceeded the limits", w.name)
 		}
-		if ms.RateLimited != 0 {
-			t.Errorf("workload %s: %d requests answered 429", w.name, ms.RateLimited)
+		if attempts := ms.Admitted + ms.RateLimited; float64(ms.RateLimited) > 0.005*float64(attempts) {
+			t.Errorf("workload %s: %d of %d attempts answered 429, want at most 0.5 %%", w.name, ms.RateLimited, attempts)
 		}
 		if windows < 10 {
 			t.Errorf("workload %s: only %d backlogged windows after the first minute; the run did not bind long enough", w.name, windows)
-		} else if fill < 0.95 {
-			t.Errorf("workload %s: steady-state fill %.1f %%, want at least 95 %%", w.name, 100*fill)
+		} else if fill < 0.97 {
+			t.Errorf("workload %s: steady-state fill %.1f %%, want at least 97 %%", w.name, 100*fill)
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/pkg/adapt"
 	"github.com/sluice-dev/sluice/pkg/config"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/services/admission"
@@ -34,7 +35,8 @@ func runQueue(ctx context.Context, args []string, getenv func(string) string, st
 	fs := newFlagSet("queue", stderr)
 	natsURL := fs.String("nats-url", envOr(getenv, "SLUICE_NATS_URL", "nats://127.0.0.1:4222"), "NATS server (SLUICE_NATS_URL)")
 	cfgPath := fs.String("config", getenv("SLUICE_CONFIG"), "configuration, for estimated waits from the models' limits (SLUICE_CONFIG)")
-	asJSON := fs.Bool("json", false, "print JSON")
+	asJSON := fs.Bool("json", false, "print JSON: the queue rows, or with --limits the limit rows")
+	limits := fs.Bool("limits", false, "with --json, print the limits in effect instead of the queue")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}
@@ -55,6 +57,15 @@ func runQueue(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
+	lrows, lerr := limitRows(ctx, js, cfg)
+	if *asJSON && *limits {
+		if lerr != nil {
+			return lerr
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(lrows)
+	}
 	rows, err := queueRows(ctx, js, nc, cfg)
 	if err != nil {
 		return err
@@ -64,6 +75,7 @@ func runQueue(ctx context.Context, args []string, getenv func(string) string, st
 		enc.SetIndent("", "  ")
 		return enc.Encode(rows)
 	}
+	defer printLimits(stdout, lrows, lerr)
 	if len(rows) == 0 {
 		fmt.Fprintln(stdout, "no jobs waiting")
 		return nil
@@ -78,6 +90,86 @@ func runQueue(ctx context.Context, args []string, getenv func(string) string, st
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.Priority, r.Tenant, r.Depth, r.OldestAge.Round(time.Second), r.Model, est, orDash(r.Waiting))
 	}
 	return tw.Flush()
+}
+
+// limitRow is one provider/model dimension's limits: configured, stated by
+// the provider, learned from its 429s, and in effect.
+type limitRow struct {
+	Model      string `json:"model"` // provider/model token
+	Dimension  string `json:"dimension"`
+	Configured int    `json:"configured"`
+	Stated     int    `json:"stated"`
+	Learned    int    `json:"learned"`
+	PerMinute  int    `json:"per_minute"`
+	PerSecond  int    `json:"per_second"`
+	Cuts       int64  `json:"cuts"`
+	LastCut    string `json:"last_cut,omitempty"`
+	LastCutAgo string `json:"last_cut_ago,omitempty"`
+}
+
+// limitRows reads the fleet's learned records (learn.* in the budgets
+// bucket) and, with a config, what it configures.
+func limitRows(ctx context.Context, js jetstream.JetStream, cfg *config.Config) ([]limitRow, error) {
+	kv, err := js.KeyValue(ctx, streams.BucketBudgets)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", streams.BucketBudgets, err)
+	}
+	lister, err := kv.ListKeysFiltered(ctx, "learn.>")
+	if err != nil {
+		return nil, err
+	}
+	st := adapt.NewStore(kv, nil)
+	now := time.Now()
+	var out []limitRow
+	for k := range lister.Keys() {
+		rec, _, err := st.Get(ctx, k)
+		if err != nil {
+			return nil, err
+		}
+		name := strings.TrimPrefix(k, "learn.")
+		ac := adapt.Config{Adapts: true, BurstFraction: config.DefaultBurstFraction}
+		if cfg != nil {
+			for _, p := range cfg.Providers {
+				for _, m := range p.Models {
+					if p.Name+"."+job.ModelToken(m.Name) == name {
+						ac = admission.AdaptConfig(cfg.Admission, m)
+					}
+				}
+			}
+		}
+		e := adapt.Compute(ac, rec, now)
+		for d, dim := range []string{"requests", "tokens"} {
+			r := limitRow{Model: name, Dimension: dim, Configured: e.Configured[d], Stated: e.Stated[d], Learned: e.Learned[d],
+				PerMinute: e.PerMinute[d], PerSecond: e.PerSecond[d], Cuts: rec.Cuts, LastCut: rec.LastReason}
+			if rec.Epoch > 0 {
+				r.LastCutAgo = now.Sub(time.UnixMilli(rec.Epoch)).Round(time.Second).String()
+			}
+			out = append(out, r)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Model < out[j].Model })
+	return out, nil
+}
+
+func printLimits(w io.Writer, rows []limitRow, err error) {
+	if err != nil {
+		fmt.Fprintf(w, "\nlimits: %v\n", err)
+		return
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nLIMITS PER MINUTE (0: none; configured, stated by the provider, learned from 429s, in effect)")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MODEL\tDIMENSION\tCONFIGURED\tSTATED\tLEARNED\tIN EFFECT\tPER SECOND\tCUTS\tLAST CUT")
+	for _, r := range rows {
+		last := "-"
+		if r.LastCut != "" {
+			last = r.LastCut + " " + r.LastCutAgo + " ago"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", r.Model, r.Dimension, r.Configured, r.Stated, r.Learned, r.PerMinute, r.PerSecond, r.Cuts, last)
+	}
+	_ = tw.Flush()
 }
 
 func orDash(s string) string {

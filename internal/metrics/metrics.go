@@ -42,6 +42,10 @@ type Set struct {
 	DeadLetters         *prometheus.CounterVec   // reason
 	ModelLimit          *prometheus.GaugeVec     // provider, model, limit
 	ProviderLatency     *prometheus.HistogramVec // provider, model
+	LimitEffective      *prometheus.GaugeVec     // provider, model, dimension
+	LimitCuts           *prometheus.CounterVec   // provider, model, reason
+	RateLimitRequeues   *prometheus.CounterVec   // provider, model, outcome
+	SendLateness        *prometheus.HistogramVec // provider, model
 }
 
 // New makes and registers the metrics on reg.
@@ -78,11 +82,17 @@ func New(reg prometheus.Registerer) *Set {
 		InFlight:            prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_inflight_calls", Help: "Provider calls in progress in this process."}, []string{"provider", "model"}),
 		ProviderLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "llm_provider_latency_seconds", Help: "Provider call duration.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"provider", "model"}),
+		LimitEffective:    prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_limit_effective", Help: "Limits admission paces against: the lowest of configured, stated by the provider and learned from 429s (dimension: requests_per_minute, tokens_per_minute, requests_per_second, tokens_per_second; 0 = unlimited)."}, []string{"provider", "model", "dimension"}),
+		LimitCuts:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_limit_cuts_total", Help: "Times the limits in effect were lowered (reason: burst, minute, concurrency, acceleration, stated), at most once per epoch."}, []string{"provider", "model", "reason"}),
+		RateLimitRequeues: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_rate_limit_requeues_total", Help: "Admitted jobs the provider refused for rate, sent back to admission without spending an attempt (outcome: requeued, or cap when admission.max_rate_limited ended the job)."}, []string{"provider", "model", "outcome"}),
+		SendLateness: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_send_lateness_seconds", Help: "How long after its planned instant a paced call left the executor.",
+			Buckets: []float64{.0005, .001, .002, .005, .01, .015, .02, .025, .05, .1, .25, 1}}, []string{"provider", "model"}),
 	}
 	reg.MustRegister(s.JobsAccepted, s.JobsRejected, s.Results, s.Requests, s.TokensReserved, s.TokensUsed,
 		s.Retries, s.RateLimitHits, s.Fallbacks, s.DupSuppressed, s.QueueDepth, s.QueueWait, s.AdmissionWaits,
 		s.BudgetWrites, s.BudgetConflict, s.BudgetErrors, s.ReservationsExpired, s.TenantRequests, s.TenantTokens,
-		s.InFlight, s.ProviderLatency, s.ConcLeased, s.ModelLimit, s.DeadLetters, s.EstimateRatio, s.Corrections, s.Pauses, s.Shed, s.Held)
+		s.InFlight, s.ProviderLatency, s.ConcLeased, s.ModelLimit, s.DeadLetters, s.EstimateRatio, s.Corrections, s.Pauses, s.Shed, s.Held,
+		s.LimitEffective, s.LimitCuts, s.RateLimitRequeues, s.SendLateness)
 	return s
 }
 

@@ -61,7 +61,7 @@ func (p Params) shortUS() int64 { return (p.Short + p.Tolerance).Microseconds() 
 
 // place plans costs on a paced schedule, each at the earliest instant that
 // satisfies pacing, the short window and the minute, within the horizon.
-func (s *Store) place(w *Window, lim Limits, costs []Cost, now time.Time) Grant {
+func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time, now time.Time) Grant {
 	minR, minT, capR, capT := lim.caps(s.p.BurstFraction)
 	if lim.BurstRequests > 0 {
 		capR = int64(lim.BurstRequests)
@@ -85,9 +85,19 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, now time.Time) Grant 
 		perT = float64(win.Microseconds()) / float64(minT)
 	}
 	g := Grant{Slice: s.sliceOf(now)}
-	for _, c := range costs {
+	if lim.RPM <= 0 && lim.TPM <= 0 {
+		// Nothing to pace: every call may leave now.
+		earliest = nowUS
+	}
+	for i, c := range costs {
 		r, t := int64(c.Requests), int64(c.Tokens)
 		at := max(earliest, w.Last)
+		if i < len(notBefore) && !notBefore[i].IsZero() {
+			at = max(at, notBefore[i].UnixMicro())
+		}
+		if lim.RPM <= 0 && lim.TPM <= 0 {
+			at = earliest
+		}
 		if perR > 0 {
 			at = max(at, w.TAT[0])
 		}
@@ -116,6 +126,13 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, now time.Time) Grant 
 			g.RetryAt = time.UnixMicro(at - (horizon - nowUS))
 			break
 		}
+		// The call leaves at the next whole millisecond: placements share
+		// instants, which bounds the schedule to one entry per millisecond
+		// of the short window whatever the rate. Pacing keeps the exact
+		// instant; the windows see the later one (safe: later placements
+		// are checked against it).
+		exact := at
+		at = (at + 999) / 1000 * 1000
 		w.add(planned{At: at, R: r, T: t})
 		k := s.sliceOf(time.UnixMicro(at))
 		v := w.Slices[k]
@@ -123,12 +140,12 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, now time.Time) Grant 
 		v[1] += t
 		w.Slices[k] = v
 		if perR > 0 {
-			w.TAT[0] = max(w.TAT[0], at) + int64(math.Ceil(perR*float64(r)))
+			w.TAT[0] = max(w.TAT[0], exact) + int64(math.Ceil(perR*float64(r)))
 		}
 		if perT > 0 {
-			w.TAT[1] = max(w.TAT[1], at) + int64(math.Ceil(perT*float64(t)))
+			w.TAT[1] = max(w.TAT[1], exact) + int64(math.Ceil(perT*float64(t)))
 		}
-		w.Last = at
+		w.Last = exact
 		sa := time.UnixMicro(at)
 		g.SendAt = append(g.SendAt, sa)
 		g.ValidUntil = sa.Add(s.p.Tolerance)

@@ -192,6 +192,13 @@ func (s *Store) sliceStart(k int64) time.Time { return time.Unix(0, k*int64(s.p.
 // Take reserves the longest prefix of costs that fits key's limits now, with
 // one compare-and-set (retried on conflict).
 func (s *Store) Take(ctx context.Context, key string, lim Limits, costs []Cost) (Grant, error) {
+	return s.TakeAt(ctx, key, lim, costs, nil)
+}
+
+// TakeAt is Take where, on a paced store, cost i is placed no earlier than
+// notBefore[i] (when given and not zero): room for demand expected later
+// in a slice, say.
+func (s *Store) TakeAt(ctx context.Context, key string, lim Limits, costs []Cost, notBefore []time.Time) (Grant, error) {
 	for attempt := 0; ; attempt++ {
 		w, rev, err := s.load(ctx, key)
 		if err != nil {
@@ -203,7 +210,7 @@ func (s *Store) Take(ctx context.Context, key string, lim Limits, costs []Cost) 
 		var g Grant
 		if s.p.paced() {
 			s.prunePlanned(&w, now)
-			g = s.place(&w, lim, costs, now)
+			g = s.place(&w, lim, costs, notBefore, now)
 		} else {
 			g = s.plan(&w, lim, costs, cur)
 		}

@@ -77,7 +77,7 @@ type Admission struct {
 	// which costs the job none of its attempts); its deadline ends it
 	// first in most cases.
 	MaxRateLimited int `yaml:"max_rate_limited"`
-	Batch         int     `yaml:"batch"`
+	Batch          int `yaml:"batch"`
 	// MaxHeld and MaxHeldBytes bound the jobs one admission process holds
 	// in its fair queues; beyond them the newest jobs of the biggest
 	// backlog wait in JetStream instead.

@@ -24,6 +24,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
+	"github.com/sluice-dev/sluice/pkg/adapt"
 	"github.com/sluice-dev/sluice/pkg/budget"
 	"github.com/sluice-dev/sluice/pkg/config"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -60,11 +61,13 @@ type Service struct {
 	notBefore map[string]time.Time   // job id -> when it is due (waiting in JetStream)
 	held      int
 	heldBytes int
-	leases    map[string]*lease       // per budget key: this process's block of the current slice
-	tblocks   map[string]*tenantBlock // per tenant window key: this process's block
-	tenantMin *budget.Store           // tenants' per-minute windows
-	tenantDay *budget.Store           // tenants' per-day windows
-	budgetErr atomic.Value            // last budget store error (string), "" when healthy
+	leases    map[string]*budget.Lease // per budget key: this process's blocks on the model's schedule
+	tblocks   map[string]*budget.Lease // per tenant window key: this process's block
+	tenantMin *budget.Store            // tenants' per-minute windows
+	tenantDay *budget.Store            // tenants' per-day windows
+	learn     *adapt.Store             // limits learned from the providers
+	learned   map[string]*learnCache   // per budget key
+	budgetErr atomic.Value             // last budget store error (string), "" when healthy
 }
 
 // New builds the service; it does no I/O.
@@ -77,7 +80,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 		now = time.Now
 	}
 	a := cfg.App.Admission
-	st := budget.NewStore(m.Budgets, budget.Params{Slice: a.Slice.D(), DispatchGrace: a.DispatchGrace.D(), BurstFraction: a.BurstFraction}, now)
+	st := budget.NewStore(m.Budgets, ModelParams(a), now)
 	st.Writes = ms.BudgetWrites.Inc
 	st.Conflicts = ms.BudgetConflict.Inc
 	grace := a.DispatchGrace.D() + a.Slice.D() // the model lease may land one slice later
@@ -86,9 +89,61 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	for _, x := range []*budget.Store{tmin, tday} {
 		x.Writes, x.Conflicts = ms.BudgetWrites.Inc, ms.BudgetConflict.Inc
 	}
-	s := &Service{cfg: cfg, mesh: m, store: st, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, heldIdx: map[string]string{}, heldJobs: map[string]*Candidate{}, notBefore: map[string]time.Time{}, leases: map[string]*lease{}, tblocks: map[string]*tenantBlock{}}
+	s := &Service{cfg: cfg, mesh: m, store: st, learn: adapt.NewStore(m.Budgets, now), learned: map[string]*learnCache{}, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, heldIdx: map[string]string{}, heldJobs: map[string]*Candidate{}, notBefore: map[string]time.Time{}, leases: map[string]*budget.Lease{}, tblocks: map[string]*budget.Lease{}}
 	s.budgetErr.Store("")
 	return s, nil
+}
+
+// ModelParams are the paced windows of provider models: the same in every
+// process (admission plans, executors settle).
+func ModelParams(a config.Admission) budget.Params {
+	return budget.Params{Slice: a.Slice.D(), BurstFraction: a.BurstFraction, Short: time.Second,
+		Lead: a.SendLead.D(), Tolerance: a.SendTolerance.D(), Horizon: a.PlanHorizon.D()}
+}
+
+// learnCache is a model's learned record as this process last read it.
+type learnCache struct {
+	st      adapt.State
+	read    time.Time
+	started bool
+}
+
+// AdaptConfig is what adaptation needs of a model's configuration.
+func AdaptConfig(a config.Admission, m config.Model) adapt.Config {
+	return adapt.Config{RPM: m.RPM, TPM: m.TPM, Adapts: m.Adapts(), Discovers: m.Discovers(), BurstFraction: a.BurstFraction}
+}
+
+// effective returns the limits in effect for a model, reading the fleet's
+// learned record at most every adapt.AdmissionRefresh.
+func (s *Service) effective(ctx context.Context, ms *modelState, model config.Model) adapt.Effective {
+	ac := AdaptConfig(s.cfg.App.Admission, model)
+	lc := s.learned[ms.key]
+	if lc == nil {
+		lc = &learnCache{}
+		s.learned[ms.key] = lc
+	}
+	now := s.now()
+	if ac.Adapts && now.Sub(lc.read) >= adapt.AdmissionRefresh {
+		lk := adapt.Key(ms.provider, job.ModelToken(ms.model))
+		var st adapt.State
+		var err error
+		if !lc.started {
+			st, err = s.learn.Start(ctx, lk, ac)
+		} else {
+			st, _, err = s.learn.Get(ctx, lk)
+		}
+		if err == nil {
+			lc.st, lc.read, lc.started = st, now, true
+		} else {
+			s.log.Debug("learned limits", "key", lk, "err", err)
+		}
+	}
+	e := adapt.Compute(ac, lc.st, now)
+	for i, d := range []string{"requests_per_minute", "tokens_per_minute", "requests_per_second", "tokens_per_second"} {
+		v := [4]int{e.PerMinute[0], e.PerMinute[1], e.PerSecond[0], e.PerSecond[1]}[i]
+		s.m.LimitEffective.WithLabelValues(ms.provider, ms.model, d).Set(float64(v))
+	}
+	return e
 }
 
 // Ready reports whether admission can reach the budget store.
@@ -190,9 +245,17 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 			continue
 		case p := <-pauses:
+			// A hold: nothing is reserved for the model until then. Each
+			// process resumes a little apart (jitter), and no signal holds
+			// a model longer than MaxPause, whoever sent it.
+			until := p.Until
+			if limit := s.now().Add(MaxPause); until.After(limit) {
+				until = limit
+			}
+			until = until.Add(jitter(PauseJitter))
 			ms := s.models[p.Key]
-			if ms != nil && p.Until.After(ms.pausedUntil) {
-				ms.pausedUntil, ms.reason = p.Until, "paused_provider"
+			if ms != nil && until.After(ms.pausedUntil) {
+				ms.pausedUntil, ms.reason = until, "paused_provider"
 			}
 			continue
 		case q := <-whys:
@@ -296,7 +359,8 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 	if len(allowed) == 0 {
 		return nil
 	}
-	lim := budget.Limits{RPM: model.RPM, TPM: model.TPM}
+	eff := s.effective(ctx, ms, *model)
+	lim := eff.Limits()
 	urgent := byCand[allowed[0]].Urgent
 	if h := s.cfg.App.Admission.HeadroomShare(); h > 0 && !urgent && s.now().Sub(ms.lastUrgent) < UrgentMemory {
 		// Work that should not wait is about: backlogs leave it room.
@@ -310,6 +374,9 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 		backlog = budget.Cost{}
 	}
 	g, err := s.lease(ctx, key, lim, allowed, backlog, urgent)
+	if err == nil && len(g.SendAt) < g.N {
+		err = fmt.Errorf("lease granted %d jobs with %d send instants", g.N, len(g.SendAt))
+	}
 	// Tenant budget taken for jobs the model cannot take now goes back.
 	s.giveBack(ctx, held, allowed[min(g.N, len(allowed)):])
 	if err != nil {
@@ -323,9 +390,14 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 	var out []*pub
 	for i, c := range allowed[:g.N] {
 		j := c.Job
+		at := g.SendAt[i]
 		j.Reservation = &job.Reservation{
-			ID: fmt.Sprintf("%d-%d", g.Slice, i), Requests: c.Cost.Requests, Tokens: c.Cost.Tokens,
-			ReservedAt: now.UTC(), ValidUntil: g.ValidUntil.UTC(),
+			ID: fmt.Sprintf("%d-%d", s.store.SliceOf(at), i), Requests: c.Cost.Requests, Tokens: c.Cost.Tokens,
+			ReservedAt: now.UTC(), ValidUntil: at.Add(s.cfg.App.Admission.SendTolerance.D()).UTC(), SendAt: at.UTC(),
+		}
+		if lim.RPM <= 0 && lim.TPM <= 0 {
+			// Unlimited: nothing to pace, so no instant to keep.
+			j.Reservation.SendAt, j.Reservation.ValidUntil = time.Time{}, now.Add(s.cfg.App.Admission.DispatchGrace.D()).UTC()
 		}
 		s.m.TokensReserved.WithLabelValues(j.Provider, j.Model).Add(float64(c.Cost.Tokens))
 		if len(j.Attempts) == 0 {
@@ -375,6 +447,13 @@ func (s *Service) storeDown(key string, err error) {
 	s.budgetErr.Store(err.Error())
 	s.log.Warn("budget store unavailable; holding jobs", "key", key, "err", err)
 }
+
+// MaxPause bounds how long one pause signal holds a model; PauseJitter
+// spreads the processes' resumption.
+const (
+	MaxPause    = 5 * time.Minute
+	PauseJitter = 100 * time.Millisecond
+)
 
 // MaxWakeWait bounds how long a model's queue sleeps before it checks the
 // budget again.
@@ -459,22 +538,14 @@ func seqOf(msg jetstream.Msg) string {
 	return fmt.Sprint(md.Sequence.Stream)
 }
 
-// lease is this process's share of one slice's budget, reserved with one
-// compare-and-set and spent locally until the slice ends; what is left at
-// the end goes back to the shared window. It is two blocks: one taken
-// against the limits less the headroom, which any job may spend, and one
-// taken against the full limits for urgent jobs (interactive ones, new
-// flows), which only they may spend, so backlogged work never eats the
-// headroom through a block.
-type lease struct {
-	slice int64
-	left  budget.Cost // the block any job may spend
-	room  budget.Cost // the block only urgent jobs may spend
-	// Demand seen in the current slice and smoothed per slice (requests,
-	// tokens), for all jobs and for urgent ones.
-	asked, askedUrgent   budget.Cost
-	demand, demandUrgent [2]float64
-}
+// Each model's schedule and each tenant window is leased the same way
+// (budget.Lease): blocks of room taken with one compare-and-set and spent
+// locally by the jobs that arrive while they last; what is left goes back to
+// the shared window. On a model, blocks are room at planned send instants;
+// blocks taken against the limits less the headroom may be spent by any
+// job, blocks taken against the full limits for urgent jobs (interactive
+// ones, new flows) only by them, so backlogged work never eats the headroom
+// through a block.
 
 // leaseChunks is how many pieces the predicted extra demand is asked in, so
 // a partly full window still grants some of it.
@@ -498,30 +569,37 @@ func demandChunks(requests, tokens int) []budget.Cost {
 // backlogChunks is how many average jobs of a backlog one lease asks room for.
 const backlogChunks = 32
 
+// leaseGrant is what lease admits: the first N candidates, each with the
+// instant its call may leave.
+type leaseGrant struct {
+	N       int
+	SendAt  []time.Time
+	Reason  string
+	RetryAt time.Time
+}
+
 // lease admits the longest prefix of cands: first from this process's
-// blocks for the current slice, then by taking a new block sized to the
-// rest plus the backlog (some of it) or the demand expected in the slice.
-// One compare-and-set per slice per model in steady state, whatever the job
-// rate. urgent says cands may spend the headroom (lim then has no Keep).
-func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cands []*Candidate, backlog budget.Cost, urgent bool) (budget.Grant, error) {
+// blocks, then by placing the rest on the model's schedule together with
+// room for the backlog behind them (some of it) or the demand expected in
+// the slice, which stays as blocks. One compare-and-set per backlogChunks
+// jobs on a backlog, whatever the job rate. urgent says cands may spend
+// the headroom (lim then has no Keep). An unlimited model is not paced and
+// takes nothing from the store.
+func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cands []*Candidate, backlog budget.Cost, urgent bool) (leaseGrant, error) {
+	now := s.now()
+	var g leaseGrant
+	if lim.RPM <= 0 && lim.TPM <= 0 {
+		g.N, g.SendAt = len(cands), make([]time.Time, len(cands))
+		for i := range g.SendAt {
+			g.SendAt[i] = now
+		}
+		return g, nil
+	}
 	l := s.leases[key]
 	if l == nil {
-		l = &lease{slice: -1}
+		l = budget.NewLease(s.store, key)
 		s.leases[key] = l
 	}
-	cur := s.store.SliceOf(s.now())
-	if l.slice != cur {
-		s.giveBackLease(ctx, key, l)
-		const a = 0.3
-		smooth := func(d *[2]float64, c budget.Cost) {
-			d[0] = (1-a)*d[0] + a*float64(c.Requests)
-			d[1] = (1-a)*d[1] + a*float64(c.Tokens)
-		}
-		smooth(&l.demand, l.asked)
-		smooth(&l.demandUrgent, l.askedUrgent)
-		l.slice, l.asked, l.askedUrgent = cur, budget.Cost{}, budget.Cost{}
-	}
-	g := budget.Grant{Slice: cur, ValidUntil: s.store.ValidUntil(cur)}
 	for _, c := range cands {
 		// Demand is new arrivals: a job asking again after a wait is not
 		// more demand.
@@ -532,116 +610,57 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 		if md, err := c.Msg.Metadata(); err == nil && md.NumDelivered > 1 {
 			continue
 		}
-		l.asked.Requests += c.Cost.Requests
-		l.asked.Tokens += c.Cost.Tokens
-		if urgent {
-			l.askedUrgent.Requests += c.Cost.Requests
-			l.askedUrgent.Tokens += c.Cost.Tokens
-		}
+		l.Count(c.Cost, urgent, now)
 	}
-	// Spend the blocks: urgent jobs their own first.
-	blocks := []*budget.Cost{&l.left}
-	if urgent {
-		blocks = []*budget.Cost{&l.room, &l.left}
-	}
+	// Spend the blocks while an executor can still reach their instant.
+	lead := s.cfg.App.Admission.SendLead.D() / 2
 	for _, c := range cands {
-		spent := false
-		for _, b := range blocks {
-			if c.Cost.Requests <= b.Requests && c.Cost.Tokens <= b.Tokens {
-				b.Requests -= c.Cost.Requests
-				b.Tokens -= c.Cost.Tokens
-				spent = true
-				break
-			}
-		}
-		if !spent {
+		b, ok := l.Spend(c.Cost, urgent, now, lead)
+		if !ok {
 			break
 		}
 		g.N++
+		g.SendAt = append(g.SendAt, b.At)
 	}
 	rest := cands[g.N:]
 	if len(rest) == 0 {
 		return g, nil
 	}
-	// Take a new block: the jobs waiting, then room for the backlog behind
-	// them or the demand expected for the rest of the slice.
-	costs := make([]budget.Cost, 0, len(rest)+backlogChunks)
+	// Place the rest, then room for the backlog behind them or the demand
+	// expected for the rest of the slice.
+	costs := make([]budget.Cost, 0, len(rest))
 	var need budget.Cost
 	for _, c := range rest {
 		costs = append(costs, c.Cost)
 		need.Requests += c.Cost.Requests
 		need.Tokens += c.Cost.Tokens
 	}
-	demand := l.demand
-	if urgent {
-		demand = l.demandUrgent
-	}
-	switch extraR, extraT := int(demand[0])-need.Requests, int(demand[1])-need.Tokens; {
-	case backlog.Requests > 0:
+	var extra []budget.Cost
+	var spread time.Duration
+	if backlog.Requests > 0 {
 		// Jobs wait behind these: ask for room for them too, one average
 		// job per chunk, so what fits is spent locally without more round
 		// trips.
 		avg := max(backlog.Tokens/backlog.Requests, 1)
 		for range min(backlog.Requests, backlogChunks) {
-			costs = append(costs, budget.Cost{Requests: 1, Tokens: avg})
+			extra = append(extra, budget.Cost{Requests: 1, Tokens: avg})
 		}
-	default:
-		costs = append(costs, demandChunks(extraR, extraT)...)
+	} else {
+		d := l.Demand(urgent, now)
+		extra = demandChunks(d.Requests-need.Requests, d.Tokens-need.Tokens)
+		spread = s.store.Params().Slice
 	}
-	tg, err := s.store.Take(ctx, key, lim, costs)
+	tg, err := l.Take(ctx, lim, costs, extra, urgent, spread)
 	if err != nil {
 		return g, err
 	}
-	if tg.N > 0 && tg.Slice != cur {
-		// The slice turned during the round trip: the block belongs to the
-		// new one.
-		s.giveBackLease(ctx, key, l)
-		if g.N > 0 {
-			// Jobs already spent from the old blocks keep the old slice's
-			// validity; only the new ones move. Keep it simple: admit none
-			// of the new ones now and give the block back.
-			var back budget.Cost
-			for _, c := range costs[:tg.N] {
-				back.Requests += c.Requests
-				back.Tokens += c.Tokens
-			}
-			_ = s.store.Return(ctx, key, tg.Slice, back)
-			l.slice = tg.Slice
-			g.Reason, g.RetryAt = "slice_turned", s.now()
-			return g, nil
-		}
-		l.slice = tg.Slice
-		g.Slice, g.ValidUntil = tg.Slice, tg.ValidUntil
-	}
-	granted := min(tg.N, len(rest))
-	g.N += granted
-	keep := &l.left
-	if urgent {
-		keep = &l.room
-	}
-	for _, c := range costs[granted:tg.N] { // room beyond the jobs given: kept as the block
-		keep.Requests += c.Requests
-		keep.Tokens += c.Tokens
-	}
+	g.N += tg.N
+	g.SendAt = append(g.SendAt, tg.SendAt...)
 	g.Reason, g.RetryAt = tg.Reason, tg.RetryAt
 	if g.N < len(cands) && g.Reason == "" {
-		g.Reason, g.RetryAt = "burst", s.store.ValidUntil(cur).Add(-s.store.Params().DispatchGrace)
+		g.Reason, g.RetryAt = "burst", now.Add(s.store.Params().Slice)
 	}
 	return g, nil
-}
-
-// giveBackLease returns what is left of both blocks to the shared window.
-func (s *Service) giveBackLease(ctx context.Context, key string, l *lease) {
-	left := budget.Cost{Requests: l.left.Requests + l.room.Requests, Tokens: l.left.Tokens + l.room.Tokens}
-	if left.Requests <= 0 && left.Tokens <= 0 {
-		l.left, l.room = budget.Cost{}, budget.Cost{}
-		return
-	}
-	if err := s.store.Return(ctx, key, l.slice, left); err != nil {
-		s.log.Debug("lease return", "key", key, "err", err)
-		return
-	}
-	l.left, l.room = budget.Cost{}, budget.Cost{}
 }
 
 // tenantHold is what one tenant's jobs of a batch took from its budgets.
@@ -733,83 +752,42 @@ func (s *Service) tenantGate(ctx context.Context, cands []*Candidate) ([]*Candid
 	return out, held, nil
 }
 
-// tenantBlock is this process's block of one tenant window's current slice,
-// like the model's lease: taken with one compare-and-set, sized to the
-// tenant's demand per tick, spent locally, and given back when the slice
-// ends (a day window's, whose slices are minutes, at every tick).
-type tenantBlock struct {
-	store  *budget.Store
-	slice  int64
-	left   budget.Cost
-	asked  budget.Cost
-	demand [2]float64
-}
-
 // tenantTake grants the longest prefix of costs from the tenant window key:
 // from this process's block first, then with one compare-and-set for the
 // rest plus the tenant's expected demand for the slice.
 func (s *Service) tenantTake(ctx context.Context, st *budget.Store, key string, lim budget.Limits, costs []budget.Cost) (budget.Grant, error) {
-	b := s.tblocks[key]
-	if b == nil {
-		b = &tenantBlock{store: st, slice: -1}
-		s.tblocks[key] = b
+	l := s.tblocks[key]
+	if l == nil {
+		l = budget.NewLease(st, key)
+		s.tblocks[key] = l
 	}
-	cur := st.SliceOf(s.now())
-	if b.slice != cur {
-		s.returnBlock(ctx, key, b)
-		b.slice = cur
-	}
-	g := budget.Grant{Slice: cur, ValidUntil: st.ValidUntil(cur)}
+	now := s.now()
+	g := budget.Grant{Slice: st.SliceOf(now), ValidUntil: st.ValidUntil(st.SliceOf(now))}
 	for _, c := range costs {
-		b.asked.Requests += c.Requests
-		b.asked.Tokens += c.Tokens
+		l.Count(c, false, now)
 	}
 	for _, c := range costs {
-		if c.Requests > b.left.Requests || c.Tokens > b.left.Tokens {
+		if _, ok := l.Spend(c, false, now, 0); !ok {
 			break
 		}
-		b.left.Requests -= c.Requests
-		b.left.Tokens -= c.Tokens
 		g.N++
 	}
 	rest := costs[g.N:]
 	if len(rest) == 0 {
 		return g, nil
 	}
-	ask := append(make([]budget.Cost, 0, len(rest)+leaseChunks), rest...)
 	var need budget.Cost
 	for _, c := range rest {
 		need.Requests += c.Requests
 		need.Tokens += c.Tokens
 	}
-	// The demand per tick, or what this tick has already seen if more (a
-	// stream that just started).
-	estR, estT := max(int(b.demand[0]), b.asked.Requests), max(int(b.demand[1]), b.asked.Tokens)
-	ask = append(ask, demandChunks(estR-need.Requests, estT-need.Tokens)...)
-	tg, err := st.Take(ctx, key, lim, ask)
+	d := l.Demand(false, now)
+	tg, err := l.Take(ctx, lim, rest, demandChunks(d.Requests-need.Requests, d.Tokens-need.Tokens), false, 0)
 	if err != nil {
 		return g, err
 	}
-	if tg.N > 0 && tg.Slice != cur {
-		// The slice turned during the round trip; what was spent from the
-		// old block stays in the old slice, the new grant in the new one.
-		// Keep it simple: give the new grant back and admit only what the
-		// old block covered.
-		var back budget.Cost
-		for _, c := range ask[:tg.N] {
-			back.Requests += c.Requests
-			back.Tokens += c.Tokens
-		}
-		_ = st.Return(ctx, key, tg.Slice, back)
-		g.Reason, g.RetryAt = "slice_turned", s.now()
-		return g, nil
-	}
-	granted := min(tg.N, len(rest))
-	g.N += granted
-	for _, c := range ask[granted:tg.N] {
-		b.left.Requests += c.Requests
-		b.left.Tokens += c.Tokens
-	}
+	g.N += tg.N
+	g.Slice = tg.Slice
 	g.Reason, g.RetryAt = tg.Reason, tg.RetryAt
 	return g, nil
 }
@@ -817,25 +795,12 @@ func (s *Service) tenantTake(ctx context.Context, st *budget.Store, key string, 
 // tenantReturn gives back budget taken in slice: to this process's block
 // while that slice lasts, else to the shared window.
 func (s *Service) tenantReturn(ctx context.Context, st *budget.Store, key string, slice int64, c budget.Cost) {
-	if b := s.tblocks[key]; b != nil && b.slice == slice {
-		b.left.Requests += c.Requests
-		b.left.Tokens += c.Tokens
+	l := s.tblocks[key]
+	if l == nil {
+		_ = st.Return(ctx, key, slice, c)
 		return
 	}
-	_ = st.Return(ctx, key, slice, c)
-}
-
-// returnBlock gives what is left of a tenant block back to its window.
-func (s *Service) returnBlock(ctx context.Context, key string, b *tenantBlock) {
-	if b.left.Requests <= 0 && b.left.Tokens <= 0 {
-		b.left = budget.Cost{}
-		return
-	}
-	if err := b.store.Return(ctx, key, b.slice, b.left); err != nil {
-		s.log.Debug("tenant block return", "key", key, "err", err)
-		return
-	}
-	b.left = budget.Cost{}
+	l.Refund(ctx, budget.Block{Slice: slice}, c, s.now())
 }
 
 // giveBack returns the tenant budget of candidates the model refused.
@@ -868,28 +833,17 @@ func (s *Service) giveBack(ctx context.Context, held map[string]*tenantHold, ref
 	}
 }
 
-// returnLeases gives back what is left of blocks whose slice has passed (or
-// all of them, at shutdown), so the shared window shows only real use.
+// returnLeases gives back what is left of blocks that can no longer be
+// spent (or all of them, at shutdown), so the shared window shows only real
+// use.
 func (s *Service) returnLeases(ctx context.Context, all bool) {
-	cur := s.store.SliceOf(s.now())
-	for key, l := range s.leases {
-		if l.slice == cur && !all {
-			continue
-		}
-		s.giveBackLease(ctx, key, l)
-	}
 	now := s.now()
-	for key, b := range s.tblocks {
-		// The demand per tick, for sizing the next blocks.
-		const a = 0.3
-		b.demand[0] = (1-a)*b.demand[0] + a*float64(b.asked.Requests)
-		b.demand[1] = (1-a)*b.demand[1] + a*float64(b.asked.Tokens)
-		b.asked = budget.Cost{}
+	for _, l := range s.leases {
+		l.Expire(ctx, now, all)
+	}
+	for _, l := range s.tblocks {
 		// A day window's slice is a minute: its blocks go back at every
 		// tick rather than hold other processes off for that long.
-		if b.slice == b.store.SliceOf(now) && !all && b.store.Params().Window <= time.Minute {
-			continue
-		}
-		s.returnBlock(ctx, key, b)
+		l.Expire(ctx, now, all || l.Store().Params().Window > time.Minute)
 	}
 }

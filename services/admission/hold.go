@@ -103,7 +103,11 @@ func (s *Service) hold(c *Candidate, now time.Time) {
 		ms.wakeAt = time.Time{}
 	}
 	it := &Item{Tenant: c.Job.Tenant, Priority: c.Job.Priority, Cost: c.Cost.Tokens, Size: len(c.Msg.Data()), Since: now, Value: c, Urgent: urgent}
-	ms.sched.Push(it)
+	if c.Job.RateLimited > 0 {
+		ms.sched.PushFront(it)
+	} else {
+		ms.sched.Push(it)
+	}
 	s.heldIdx[c.Job.ID] = key
 	s.heldJobs[c.Job.ID] = c
 	s.held++

@@ -108,6 +108,22 @@ func (s *Scheduler) Push(it *Item) {
 	s.tokens += it.Cost
 }
 
+// PushFront adds a job at the head of its tenant's queue, with the deficit
+// it was charged when it was served before given back: a job the provider
+// refused for rate (Sluice's misjudgement) keeps its place.
+func (s *Scheduler) PushFront(it *Item) {
+	q := s.classes[it.Priority]
+	if len(q.queues[it.Tenant]) == 0 {
+		s.Push(it)
+		return
+	}
+	q.queues[it.Tenant] = append([]*Item{it}, q.queues[it.Tenant]...)
+	q.deficit[it.Tenant] += it.Cost
+	s.n++
+	s.bytes += it.Size
+	s.tokens += it.Cost
+}
+
 // IsNew reports whether a job pushed now for tenant in class p would start a
 // new flow while other tenants' jobs of the class wait.
 func (s *Scheduler) IsNew(tenant string, p job.Priority) bool {
