@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -14,11 +15,42 @@ import (
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
 
+const simUsage = `Usage: sluice sim [flags]
+
+sluice sim serves an OpenAI-compatible provider simulator: POST /v1/chat/completions,
+GET /v1/models, GET /stats (what it admitted and rejected, window by window) and
+POST /reset. Every model's RPM and TPM hold over any 60-s window, rejected requests
+counting against RPM; --profile picks the shorter-term limit, as providers document:
+
+  quantized      limit/60 in any 1-s window (--burst-fraction), as OpenAI (default)
+  token-bucket   a bucket refilled at limit/60 per second, holding --bucket-seconds
+                 of refill, as Anthropic
+  azure          limit/6 in any 10-s window; only x-ratelimit-remaining-* headers,
+                 as Azure OpenAI
+  acceleration   quantized, and what is admitted in any 10 s may not exceed the
+                 larger of limit/6 x 0.25 and twice the 10 s before, like
+                 Anthropic's acceleration limits
+  hidden         quantized, with no x-ratelimit-* headers and 429 messages that
+                 name no numbers
+
+A 429 carries retry-after-ms and Retry-After: the exact time until the same request
+would fit.
+
+Flags:
+`
+
 func runSim(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("sim", stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), simUsage)
+		fs.PrintDefaults()
+	}
 	listen := fs.String("listen", "127.0.0.1:8090", "address to serve the OpenAI-compatible API on")
 	models := fs.String("models", "gpt-4o-mini=500/200000", "models and limits: name=RPM/TPM[,name=RPM/TPM...] (0 = unlimited)")
-	burst := fs.Float64("burst-fraction", sim.DefaultBurstFraction, "per-second cap as a fraction of each per-minute limit")
+	profile := fs.String("profile", sim.DefaultProfile, "how limits are enforced: "+strings.Join(sim.Profiles(), ", "))
+	burst := fs.Float64("burst-fraction", sim.DefaultBurstFraction, "quantized, acceleration, hidden: cap of any 1-s window as a fraction of each per-minute limit (1/60: the average pace)")
+	bucket := fs.Float64("bucket-seconds", sim.DefaultBucketSeconds, "token-bucket: bucket capacity in seconds of refill (refill is limit/60 per second)")
+	noHeaders := fs.Bool("no-rate-headers", false, "send no x-ratelimit-* headers, whatever the profile")
 	ttft := fs.Duration("ttft", 200*time.Millisecond, "latency before the first token")
 	perToken := fs.Duration("per-token", 2*time.Millisecond, "latency per output token")
 	apiKey := fs.String("api-key", "", "require this bearer key (default: any)")
@@ -32,11 +64,15 @@ func runSim(ctx context.Context, args []string, getenv func(string) string, stdo
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}
+	if err := checkProfileFlags(fs, *profile); err != nil {
+		return err
+	}
 	ml, err := parseModels(*models)
 	if err != nil {
 		return fmt.Errorf("--models: %w", err)
 	}
-	cfg := sim.Config{Models: ml, BurstFraction: *burst, TTFT: *ttft, PerToken: *perToken,
+	cfg := sim.Config{Models: ml, Profile: *profile, BurstFraction: *burst, BucketSeconds: *bucket, NoRateHeaders: *noHeaders,
+		TTFT: *ttft, PerToken: *perToken,
 		Faults: sim.Faults{Seed: *seed, Rate500: *f500, Rate502: *f502, Rate503: *f503, RateReset: *fReset, RateHang: *fHang}}
 	if *apiKey != "" {
 		cfg.APIKeys = []string{*apiKey}
@@ -53,7 +89,7 @@ func runSim(ctx context.Context, args []string, getenv func(string) string, stdo
 		return fmt.Errorf("listen %s: %w", *listen, err)
 	}
 	srv := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
-	fmt.Fprintf(stdout, "sluice sim: OpenAI-compatible API on http://%s/v1 (stats: GET /stats)\n", ln.Addr())
+	fmt.Fprintf(stdout, "sluice sim: OpenAI-compatible API on http://%s/v1 (profile %s; stats: GET /stats)\n", ln.Addr(), s.Stats().Profile)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -65,6 +101,22 @@ func runSim(ctx context.Context, args []string, getenv func(string) string, stdo
 	case err := <-errc:
 		return err
 	}
+}
+
+// checkProfileFlags refuses a profile flag that the chosen profile would
+// ignore, rather than run with a setting that has no effect.
+func checkProfileFlags(fs *flag.FlagSet, profile string) error {
+	var err error
+	fs.Visit(func(f *flag.Flag) {
+		switch {
+		case err != nil:
+		case f.Name == "burst-fraction" && (profile == sim.ProfileAzure || profile == sim.ProfileTokenBucket):
+			err = fmt.Errorf("--burst-fraction has no effect with --profile %s (no 1-s window)", profile)
+		case f.Name == "bucket-seconds" && profile != sim.ProfileTokenBucket:
+			err = fmt.Errorf("--bucket-seconds has no effect with --profile %s (token-bucket only)", profile)
+		}
+	})
+	return err
 }
 
 // parseModels reads "name=RPM/TPM,name=RPM/TPM".

@@ -3,12 +3,49 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 )
 
+// Profiles: how a simulated provider enforces its per-minute limits. Every
+// profile also enforces RPM and TPM over a sliding 60-s window, and counts
+// rejected requests against RPM there.
+const (
+	// ProfileQuantized (the default) enforces each limit also over a
+	// sliding 1-s window at limit/60 (see Config.BurstFraction), as OpenAI
+	// documents: "60,000 requests/minute may be enforced as 1,000
+	// requests/second".
+	ProfileQuantized = "quantized"
+	// ProfileTokenBucket enforces each limit also with a token bucket, as
+	// Anthropic documents: refilled continuously at limit/60 per second, it
+	// holds at most Config.BucketSeconds seconds of refill and starts full.
+	ProfileTokenBucket = "token-bucket"
+	// ProfileAzure enforces each limit also over a sliding 10-s window at
+	// limit/6, as Azure OpenAI evaluates RPM and TPM over short windows. Its
+	// headers are Azure's: only the remaining requests and tokens.
+	ProfileAzure = "azure"
+	// ProfileAcceleration is ProfileQuantized plus a limit on how fast usage
+	// may grow (see Config.AccelFloor), as Anthropic's acceleration limits.
+	ProfileAcceleration = "acceleration"
+	// ProfileHidden is ProfileQuantized without any x-ratelimit-* header
+	// and with 429 messages that name no numbers; Retry-After is still sent.
+	ProfileHidden = "hidden"
+)
+
+// Profiles returns the profile names New accepts ("" means
+// ProfileQuantized).
+func Profiles() []string {
+	return []string{ProfileQuantized, ProfileTokenBucket, ProfileAzure, ProfileAcceleration, ProfileHidden}
+}
+
 // Defaults applied by New to zero Config fields.
 const (
-	DefaultBurstFraction = 0.1
+	DefaultProfile       = ProfileQuantized
+	DefaultBurstFraction = 1.0 / 60
+	DefaultBucketSeconds = 1.0
+	DefaultAccelFloor    = 0.25
+	DefaultAccelGrowth   = 2.0
 	DefaultMaxTokens     = 256
 	DefaultHangFor       = 2 * time.Minute
 )
@@ -24,12 +61,33 @@ type ModelLimits struct {
 type Config struct {
 	// Models are the models served; requests for others get 404 model_not_found.
 	Models []ModelLimits
+	// Profile is how the limits are enforced: one of Profiles() (default
+	// ProfileQuantized).
+	Profile string
 	// BurstFraction caps what may be charged in any trailing 1-second window,
 	// as a fraction of the per-minute limit: the cap is
 	// max(ceil(limit·BurstFraction), 1). A request alone in its second is
-	// never rejected by the token cap if it fits the minute. Default 0.1; 1
-	// makes the per-second caps equal to the per-minute limits.
+	// never rejected by the token cap if it fits the minute. Default 1/60,
+	// the limit's average pace; 1 makes the per-second caps equal to the
+	// per-minute limits. Profiles quantized, acceleration and hidden only;
+	// the others have no 1-s window and ignore it.
 	BurstFraction float64
+	// BucketSeconds is the capacity of ProfileTokenBucket's buckets in
+	// seconds of refill: BucketSeconds·limit/60 (default 1, at most 60). A
+	// request costing more than the capacity is admitted only when the
+	// bucket is full, and empties it. Other profiles ignore it.
+	BucketSeconds float64
+	// AccelFloor and AccelGrowth shape ProfileAcceleration's ramp limit:
+	// the requests (and tokens) admitted in the trailing 10 s may not
+	// exceed the larger of AccelFloor·limit/6 (the floor; default 0.25, in
+	// (0, 1]) and AccelGrowth times what was admitted in the 10 s before
+	// that (default 2, at least 1). A request alone in its 10 s always
+	// passes the ramp. Other profiles ignore them.
+	AccelFloor  float64
+	AccelGrowth float64
+	// NoRateHeaders drops the x-ratelimit-* headers from every response,
+	// whatever the profile (ProfileHidden sets it).
+	NoRateHeaders bool
 	// TTFT is the latency before the first token (default 0).
 	TTFT time.Duration
 	// PerToken is the additional latency per output token (default 0).
@@ -78,13 +136,25 @@ func (f Faults) any() bool {
 }
 
 // withDefaults returns a copy of c with defaults filled in, or the first
-// problem found.
+// problem found in it.
 func (c Config) withDefaults() (Config, error) {
-	if err := c.check(); err != nil {
-		return c, err
+	if c.Profile == "" {
+		c.Profile = DefaultProfile
+	}
+	if c.Profile == ProfileHidden {
+		c.NoRateHeaders = true
 	}
 	if c.BurstFraction == 0 {
 		c.BurstFraction = DefaultBurstFraction
+	}
+	if c.BucketSeconds == 0 {
+		c.BucketSeconds = DefaultBucketSeconds
+	}
+	if c.AccelFloor == 0 {
+		c.AccelFloor = DefaultAccelFloor
+	}
+	if c.AccelGrowth == 0 {
+		c.AccelGrowth = DefaultAccelGrowth
 	}
 	if c.DefaultMaxTokens == 0 {
 		c.DefaultMaxTokens = DefaultMaxTokens
@@ -98,7 +168,7 @@ func (c Config) withDefaults() (Config, error) {
 	if c.OutputTokens == nil {
 		c.OutputTokens = hashedOutputTokens
 	}
-	return c, nil
+	return c, c.check()
 }
 
 func (c Config) check() error {
@@ -117,8 +187,28 @@ func (c Config) check() error {
 		}
 		seen[m.Name] = true
 	}
+	if !slices.Contains(Profiles(), c.Profile) {
+		return fmt.Errorf("unknown profile %q; valid profiles: %s", c.Profile, strings.Join(Profiles(), ", "))
+	}
 	if c.BurstFraction < 0 || c.BurstFraction > 1 {
 		return fmt.Errorf("burst fraction must be in [0, 1], got %g", c.BurstFraction)
+	}
+	if c.BucketSeconds < 0.001 || c.BucketSeconds > 60 {
+		return fmt.Errorf("bucket seconds must be in [0.001, 60], got %g", c.BucketSeconds)
+	}
+	if c.Profile == ProfileTokenBucket {
+		ms := bucketMillis(c.BucketSeconds)
+		for _, m := range c.Models {
+			if int64(max(m.RPM, m.TPM)) > maxBucketUnits/ms {
+				return fmt.Errorf("model %q: limits too large for a %gs token bucket", m.Name, c.BucketSeconds)
+			}
+		}
+	}
+	if c.AccelFloor <= 0 || c.AccelFloor > 1 {
+		return fmt.Errorf("acceleration floor must be in (0, 1], got %g", c.AccelFloor)
+	}
+	if c.AccelGrowth < 1 {
+		return fmt.Errorf("acceleration growth must be at least 1, got %g", c.AccelGrowth)
 	}
 	if c.TTFT < 0 || c.PerToken < 0 {
 		return errors.New("latencies must be >= 0")

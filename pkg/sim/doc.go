@@ -12,25 +12,53 @@
 // Config.DefaultMaxTokens). Nothing is refunded when the completion is
 // shorter: providers document that they charge the maximum at arrival.
 //
-// Four constraints are enforced, each over a trailing window measured at
-// arrival time: RPM and TPM over the last 60 s, and a burst cap per second
-// for each (max(ceil(limit·BurstFraction), 1) over the last 1 s). A request
-// alone in its second never trips the token burst cap, so a request larger
+// Config.Profile decides how the limits are enforced. Every profile
+// enforces RPM and TPM over a sliding 60-s window and adds a shorter-term
+// limit, as the providers document theirs:
+//
+//   - quantized (the default): a sliding 1-s window capped at
+//     max(ceil(limit/60), 1) (Config.BurstFraction overrides the 1/60), as
+//     OpenAI enforces 60,000 requests per minute as 1,000 per second.
+//   - token-bucket: per dimension a bucket refilled continuously at limit/60
+//     per second, holding Config.BucketSeconds seconds of refill, starting
+//     full, as Anthropic describes its limits. A request costing more than
+//     the capacity is admitted only when the bucket is full, and empties it.
+//     Rejected requests draw nothing from the buckets.
+//   - azure: sliding 10-s windows capped at max(ceil(limit/6), 1), as Azure
+//     OpenAI evaluates RPM and TPM over short windows; no 1-s window.
+//   - acceleration: quantized, plus a ramp limit, like Anthropic's
+//     acceleration limits: what was admitted in the trailing 10 s may not
+//     exceed the larger of limit/6·Config.AccelFloor and Config.AccelGrowth
+//     times what was admitted in the 10 s before that.
+//   - hidden: quantized, but without x-ratelimit-* headers and with 429
+//     messages that name no numbers.
+//
+// A request alone in its short window (1 s, 10 s, or the ramp's trailing
+// 10 s) is never rejected by that window's token cap, so a request larger
 // than the cap still runs if the minute has room. A request larger than TPM
 // can never run and is rejected as too large, without Retry-After.
 //
 // A window (t-60s, t] holds every charge made after t-60s. The simulator
 // keeps an exact log of charges (arrival instants are taken to the
-// millisecond; one entry per distinct millisecond), so admission is exact: no
-// trailing window, of any phase, ever holds more than a limit admits. A rejected request still counts one request against RPM
-// (as OpenAI counts it) but charges no tokens. Its Retry-After is the real
-// time until the same request would fit, counting the rejection itself, so a
-// client that waits exactly that long (and sends nothing else) is admitted.
+// millisecond; one entry per distinct millisecond), so admission is exact:
+// no trailing window, of any phase, ever holds more than a limit admits, and
+// buckets are exact integers. A rejected request still counts one request
+// against RPM and the short request windows (as OpenAI counts it) but
+// charges no tokens. Its Retry-After is the real time until the same request
+// would fit under the profile, counting the rejection itself, so a client
+// that waits exactly that long (and sends nothing else) is admitted, and
+// one that waits a millisecond less is not.
 //
 // Every chat-completions response for a known model (200, replays, 429s and
 // 5xx faults) carries OpenAI's x-ratelimit-* headers for the limited
 // dimensions: limit, remaining over the last 60 s after this request's
-// charge, and reset, the time until the 60-s window is empty again.
+// charge, and reset, the time until the 60-s window is empty again. They
+// describe the minute only, never the short-term limit, as OpenAI's do.
+// Under azure only the remaining requests and tokens are sent, as Azure
+// does; under hidden, or with Config.NoRateHeaders, none. 429s carry
+// retry-after-ms and Retry-After (whole seconds, rounded up) in every
+// profile, and OpenAI's body: type "requests" or "tokens", code
+// rate_limit_exceeded; a rejection by the ramp says "acceleration limit".
 //
 // # Latency and completions
 //
@@ -62,8 +90,10 @@
 //
 // # Statistics
 //
-// Stats reports status counts, the exact maximum of every window over the
-// run, a per-second timeline and completion counters. GET /stats serves it
+// Stats reports the profile and each model's short-term caps, status
+// counts, the exact maximum of every window over the run, rejections by the
+// limit that caused them, a per-second timeline and completion counters, so
+// that a benchmark can show the profile was respected. GET /stats serves it
 // as JSON (?summary=1 leaves out the per-key maps and timelines) and
 // POST /reset clears everything between runs.
 package sim

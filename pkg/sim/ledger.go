@@ -24,16 +24,16 @@ type generation struct {
 	jobDone map[string]int64  // completions by X-Sluice-Job-Id
 }
 
-func newGeneration(now time.Time, models []ModelLimits, burstFraction float64) *generation {
+func newGeneration(now time.Time, cfg Config) *generation {
 	g := &generation{
 		started: now,
-		models:  make(map[string]*modelState, len(models)),
+		models:  make(map[string]*modelState, len(cfg.Models)),
 		ledger:  map[string]*entry{},
 		keyDone: map[string]int64{},
 		jobDone: map[string]int64{},
 	}
-	for _, m := range models {
-		g.models[m.Name] = &modelState{lim: newLimits(m, burstFraction), start: now.UnixNano()}
+	for _, m := range cfg.Models {
+		g.models[m.Name] = newModelState(newLimits(m, cfg), now.UnixNano())
 	}
 	return g
 }

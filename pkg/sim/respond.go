@@ -3,6 +3,7 @@ package sim
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -52,19 +53,45 @@ func writeBody(w http.ResponseWriter, status int, body []byte) {
 	_, _ = w.Write(body)
 }
 
-// set writes the x-ratelimit-* headers of the limited dimensions. Keys are
-// assigned in canonical form directly: Header.Set would canonicalize (and
-// allocate) on every response.
-func (r rateHeaders) set(h http.Header) {
+// headerForm is which x-ratelimit-* headers a simulator sends.
+type headerForm int
+
+const (
+	headersOpenAI headerForm = iota // limit, remaining and reset of requests and tokens
+	headersAzure                    // remaining requests and tokens only
+	headersNone
+)
+
+func formOf(c Config) headerForm {
+	switch {
+	case c.NoRateHeaders:
+		return headersNone
+	case c.Profile == ProfileAzure:
+		return headersAzure
+	}
+	return headersOpenAI
+}
+
+// set writes the x-ratelimit-* headers of the limited dimensions in form f.
+// Keys are assigned in canonical form directly: Header.Set would
+// canonicalize (and allocate) on every response.
+func (r rateHeaders) set(h http.Header, f headerForm) {
+	if f == headersNone {
+		return
+	}
 	if r.rpm > 0 {
-		h["X-Ratelimit-Limit-Requests"] = []string{strconv.FormatInt(r.rpm, 10)}
 		h["X-Ratelimit-Remaining-Requests"] = []string{strconv.FormatInt(r.remReqs, 10)}
-		h["X-Ratelimit-Reset-Requests"] = []string{formatDuration(r.resetReqs)}
+		if f == headersOpenAI {
+			h["X-Ratelimit-Limit-Requests"] = []string{strconv.FormatInt(r.rpm, 10)}
+			h["X-Ratelimit-Reset-Requests"] = []string{formatDuration(r.resetReqs)}
+		}
 	}
 	if r.tpm > 0 {
-		h["X-Ratelimit-Limit-Tokens"] = []string{strconv.FormatInt(r.tpm, 10)}
 		h["X-Ratelimit-Remaining-Tokens"] = []string{strconv.FormatInt(r.remToks, 10)}
-		h["X-Ratelimit-Reset-Tokens"] = []string{formatDuration(r.resetTk)}
+		if f == headersOpenAI {
+			h["X-Ratelimit-Limit-Tokens"] = []string{strconv.FormatInt(r.tpm, 10)}
+			h["X-Ratelimit-Reset-Tokens"] = []string{formatDuration(r.resetTk)}
+		}
 	}
 }
 
@@ -89,26 +116,58 @@ func setRetryAfter(h http.Header, d time.Duration) {
 	h["Retry-After-Ms"] = []string{strconv.FormatInt(ms, 10)}
 }
 
-// rateLimitError is the 429 body for a rejected arrival.
-func rateLimitError(model string, d decision) apiError {
-	if d.tooLarge {
-		return apiError{
-			Message: fmt.Sprintf("Request too large for %s in organization %s on tokens per min (TPM): Limit %d, Requested %d. The input or output tokens must be reduced in order to run successfully.",
-				model, organization, d.limit, d.requested),
-			Type: "tokens",
-			Code: "rate_limit_exceeded",
+// rateLimitError is the 429 body for a rejected arrival under limits l;
+// hidden leaves every number out of the message.
+func rateLimitError(model string, d decision, l limits, hidden bool) apiError {
+	e := apiError{Type: d.reason.kind(), Code: "rate_limit_exceeded"}
+	switch {
+	case d.tooLarge && hidden:
+		e.Type = "tokens"
+		e.Message = "Request too large. The input or output tokens must be reduced in order to run successfully."
+	case d.tooLarge:
+		e.Type = "tokens"
+		e.Message = fmt.Sprintf("Request too large for %s in organization %s on tokens per min (TPM): Limit %d, Requested %d. The input or output tokens must be reduced in order to run successfully.",
+			model, organization, d.limit, d.requested)
+	case hidden:
+		e.Message = "Rate limit reached. Please try again later."
+	default:
+		e.Message = fmt.Sprintf("Rate limit reached for %s in organization %s on %s. Please try again in %s.",
+			model, organization, l.explain(d), formatDuration(max(d.retry, time.Millisecond)))
+	}
+	return e
+}
+
+// explain names the limit a rejection hit, with its numbers, the way
+// OpenAI's messages do ("requests per min (RPM): Limit 3, Used 3,
+// Requested 1").
+func (l limits) explain(d decision) string {
+	c := d.reason
+	name, abbr := "requests", "RPM"
+	if c.tokens() {
+		name, abbr = "tokens", "TPM"
+	}
+	requested := c.amount(d.requested)
+	switch c {
+	case rpmShort, tpmShort:
+		span := "second"
+		if l.short != winSecond {
+			span = fmt.Sprintf("%gs", l.short.seconds())
 		}
+		return fmt.Sprintf("%s per %s (%s quantized to %gs): Limit %d, Used %d, Requested %d",
+			name, span, abbr, l.short.seconds(), d.limit, d.used, requested)
+	case rpmBucket, tpmBucket:
+		return fmt.Sprintf("%s per min (%s), a bucket refilled at %s/60 per second: Capacity %s, Used %s, Requested %d",
+			name, abbr, abbr, bucketAmount(d.limit), bucketAmount(d.used), requested)
+	case rpmRamp, tpmRamp:
+		return fmt.Sprintf("the acceleration limit of %s per min (%s): Limit %d, Used %d, Requested %d in the last 10s, at most %gx the 10s before; increase usage gradually",
+			name, abbr, d.limit, d.used, requested, l.growth)
 	}
-	requested := d.requested
-	if d.reason.dim() == dimReqs {
-		requested = 1
-	}
-	return apiError{
-		Message: fmt.Sprintf("Rate limit reached for %s in organization %s on %s: Limit %d, Used %d, Requested %d. Please try again in %s.",
-			model, organization, d.reason.describe(), d.limit, d.used, requested, formatDuration(max(d.retry, time.Millisecond))),
-		Type: d.reason.kind(),
-		Code: "rate_limit_exceeded",
-	}
+	return fmt.Sprintf("%s per min (%s): Limit %d, Used %d, Requested %d", name, abbr, d.limit, d.used, requested)
+}
+
+// bucketAmount formats bucket units as requests or tokens, to 3 decimals.
+func bucketAmount(u int64) string {
+	return strconv.FormatFloat(math.Round(float64(u)/unitsPerToken*1000)/1000, 'f', -1, 64)
 }
 
 // organization is the organization named in rate-limit messages.

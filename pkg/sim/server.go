@@ -22,6 +22,7 @@ const maxBodyBytes = 32 << 20
 // safe for concurrent use.
 type Server struct {
 	cfg         Config
+	form        headerForm
 	keys        map[string]bool
 	quotaModels map[string]bool
 	quotaKeys   map[string]bool
@@ -37,6 +38,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		cfg:         cfg,
+		form:        formOf(cfg),
 		keys:        set(cfg.APIKeys),
 		quotaModels: set(cfg.Faults.QuotaModels),
 		quotaKeys:   set(cfg.Faults.QuotaKeys),
@@ -59,14 +61,16 @@ func (s *Server) Handler() http.Handler { return s }
 
 // Stats returns a snapshot of the counters and windows.
 func (s *Server) Stats() Stats {
-	return s.gen.Load().snapshot(s.cfg.Now())
+	st := s.gen.Load().snapshot(s.cfg.Now())
+	st.Profile = s.cfg.Profile
+	return st
 }
 
 // Reset clears every counter, window, timeline and the idempotency ledger,
 // and restarts the fault sequence. Requests in flight finish against the
 // state they started with and do not show in the new one.
 func (s *Server) Reset() {
-	s.gen.Store(newGeneration(s.cfg.Now(), s.cfg.Models, s.cfg.BurstFraction))
+	s.gen.Store(newGeneration(s.cfg.Now(), s.cfg))
 }
 
 // ServeHTTP routes:
@@ -152,7 +156,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if s.quotaModels[req.Model] || s.quotaKeys[apiKey] {
-		m.peek(s.now()).set(w.Header())
+		m.peek(s.now()).set(w.Header(), s.form)
 		s.fail(w, g, m, http.StatusTooManyRequests, apiError{
 			Message: "You exceeded your current quota, please check your plan and billing details.",
 			Type:    "insufficient_quota",
@@ -207,13 +211,13 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, g *generatio
 // the ledger entry c owns, if it has an Idempotency-Key.
 func (s *Server) execute(w http.ResponseWriter, r *http.Request, g *generation, m *modelState, c *call, e *entry) {
 	d := m.admit(s.now(), c.cost)
-	d.rate.set(w.Header())
+	d.rate.set(w.Header(), s.form)
 	if !d.admitted {
 		g.release(c.key, e)
 		if !d.tooLarge {
 			setRetryAfter(w.Header(), d.retry)
 		}
-		s.fail(w, g, m, http.StatusTooManyRequests, rateLimitError(c.model, d))
+		s.fail(w, g, m, http.StatusTooManyRequests, rateLimitError(c.model, d, m.lim, s.cfg.Profile == ProfileHidden))
 		return
 	}
 	if f := s.fault(g); f != noFault {
@@ -284,7 +288,7 @@ func (s *Server) inject(w http.ResponseWriter, r *http.Request, g *generation, m
 // replay answers with a stored response without charging anything.
 func (s *Server) replay(w http.ResponseWriter, g *generation, m *modelState, body []byte) {
 	h := w.Header()
-	m.peek(s.now()).set(h)
+	m.peek(s.now()).set(h, s.form)
 	h.Set("Idempotent-Replayed", "true")
 	g.replayed.Add(1)
 	s.count(g, m, http.StatusOK)

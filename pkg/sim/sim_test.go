@@ -349,11 +349,10 @@ func TestTPMExceeded(t *testing.T) {
 func TestBurstCap(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
-	// RPM 100 · 0.05 = 5 requests per second; TPM 10000 · 0.05 = 500 tokens per second.
+	// The default quantum: RPM 300/60 = 5 requests per second; TPM 30000/60 = 500 tokens per second.
 	s, url := start(t, sim.Config{
-		Models:        []sim.ModelLimits{{Name: model, RPM: 100}, {Name: "gpt-4.1", TPM: 10_000}},
-		BurstFraction: 0.05,
-		Now:           clk.Now,
+		Models: []sim.ModelLimits{{Name: model, RPM: 300}, {Name: "gpt-4.1", TPM: 30_000}},
+		Now:    clk.Now,
 	})
 	b := body(model, "hi", 10)
 	for range 5 {
@@ -361,7 +360,7 @@ func TestBurstCap(t *testing.T) {
 	}
 	r := chat(t, url, b)
 	wantStatus(t, r, http.StatusTooManyRequests)
-	if e := r.apiErr(t); e["type"] != "requests" || !strings.Contains(e["message"].(string), "requests per second burst") {
+	if e := r.apiErr(t); e["type"] != "requests" || !strings.Contains(e["message"].(string), "requests per second (RPM quantized to 1s): Limit 5, Used 5, Requested 1.") {
 		t.Errorf("error %v", e)
 	}
 	wantHeader(t, r, "Retry-After", "1")
@@ -376,7 +375,7 @@ func TestBurstCap(t *testing.T) {
 	clk.Advance(500 * time.Millisecond)
 	r = chat(t, url, body("gpt-4.1", "hi", 5))
 	wantStatus(t, r, http.StatusTooManyRequests)
-	if e := r.apiErr(t); e["type"] != "tokens" || !strings.Contains(e["message"].(string), "tokens per second burst") {
+	if e := r.apiErr(t); e["type"] != "tokens" || !strings.Contains(e["message"].(string), "tokens per second (TPM quantized to 1s): Limit 500") {
 		t.Errorf("error %v", e)
 	}
 	wantHeader(t, r, "retry-after-ms", "500")
@@ -766,6 +765,11 @@ func TestNewValidates(t *testing.T) {
 		"negative rpm":   {Models: []sim.ModelLimits{{Name: "a", RPM: -1}}},
 		"negative tpm":   {Models: []sim.ModelLimits{{Name: "a", TPM: -1}}},
 		"burst":          {Models: []sim.ModelLimits{{Name: "a"}}, BurstFraction: 1.5},
+		"profile":        {Models: []sim.ModelLimits{{Name: "a"}}, Profile: "openai"},
+		"bucket":         {Models: []sim.ModelLimits{{Name: "a"}}, Profile: sim.ProfileTokenBucket, BucketSeconds: 61},
+		"bucket size":    {Models: []sim.ModelLimits{{Name: "a", TPM: 1 << 60}}, Profile: sim.ProfileTokenBucket},
+		"accel floor":    {Models: []sim.ModelLimits{{Name: "a"}}, AccelFloor: 1.5},
+		"accel growth":   {Models: []sim.ModelLimits{{Name: "a"}}, AccelGrowth: 0.5},
 		"fault rate":     {Models: []sim.ModelLimits{{Name: "a"}}, Faults: sim.Faults{Rate500: 2}},
 		"fault sum":      {Models: []sim.ModelLimits{{Name: "a"}}, Faults: sim.Faults{Rate500: 0.6, RateHang: 0.6}},
 		"negative ttft":  {Models: []sim.ModelLimits{{Name: "a"}}, TTFT: -time.Second},

@@ -8,6 +8,8 @@ import (
 // Stats is a snapshot of what the simulator has seen since it started or was
 // last Reset.
 type Stats struct {
+	// Profile is how the limits were enforced (Config.Profile).
+	Profile string `json:"profile"`
 	// Requests counts responses by HTTP status, all routes and models.
 	// Connection resets and hangs write no status and are counted apart.
 	Requests map[int]int64         `json:"requests"`
@@ -42,11 +44,28 @@ type ModelStats struct {
 	// Requests counts this model's responses by HTTP status.
 	Requests map[int]int64 `json:"requests"`
 	// RPM and TPM are the configured limits; BurstRequests and BurstTokens
-	// the per-second caps derived from them (0 = unlimited).
+	// the per-second caps derived from them (0 = unlimited; always 0 under
+	// azure and token-bucket, which have no 1-s window).
 	RPM           int `json:"rpm"`
 	TPM           int `json:"tpm"`
 	BurstRequests int `json:"burst_requests"`
 	BurstTokens   int `json:"burst_tokens"`
+	// ShortWindowSeconds, ShortRequests and ShortTokens are the profile's
+	// limit under the minute (0 = unlimited). For quantized, acceleration
+	// and hidden: 1 s and the burst caps; for azure: 10 s and
+	// max(ceil(limit/6), 1). For token-bucket: the seconds of refill a
+	// bucket holds and its capacities, which may be fractional; a trailing
+	// second then holds at most a capacity plus limit/60.
+	ShortWindowSeconds float64 `json:"short_window_seconds"`
+	ShortRequests      float64 `json:"short_requests"`
+	ShortTokens        float64 `json:"short_tokens"`
+	// AccelFloorRequests, AccelFloorTokens and AccelGrowth are the ramp of
+	// acceleration: a trailing 10 s may hold the floor, or AccelGrowth
+	// times what the 10 s before it held if more (requests counted when
+	// admitted). 0 under the other profiles.
+	AccelFloorRequests int     `json:"accel_floor_requests,omitempty"`
+	AccelFloorTokens   int     `json:"accel_floor_tokens,omitempty"`
+	AccelGrowth        float64 `json:"accel_growth,omitempty"`
 	// MaxRequestsIn60s counts every arrival that reached the limiter,
 	// rejected ones included, as the provider's RPM does;
 	// MaxAdmittedRequestsIn60s only the admitted ones. Tokens are charged
@@ -57,11 +76,23 @@ type ModelStats struct {
 	MaxRequestsIn1s          int `json:"max_requests_in_1s"`
 	MaxAdmittedRequestsIn1s  int `json:"max_admitted_requests_in_1s"`
 	MaxTokensIn1s            int `json:"max_tokens_in_1s"`
+	// MaxRequestsInShort, MaxAdmittedRequestsInShort and MaxTokensInShort
+	// are the same maxima over the short window when it is not 1 s
+	// (azure's 10 s); 0 otherwise.
+	MaxRequestsInShort         int `json:"max_requests_in_short,omitempty"`
+	MaxAdmittedRequestsInShort int `json:"max_admitted_requests_in_short,omitempty"`
+	MaxTokensInShort           int `json:"max_tokens_in_short,omitempty"`
 	// Admitted and RateLimited count arrivals by the limiter's decision;
 	// ChargedTokens is what the admitted ones were charged (prompt + max).
 	Admitted      int64 `json:"admitted"`
 	RateLimited   int64 `json:"rate_limited"`
 	ChargedTokens int64 `json:"charged_tokens"`
+	// RateLimitedBy counts the rate-limited arrivals by the limit that
+	// kept each out longest: "requests_per_minute", "tokens_per_minute",
+	// "requests_short_window", "tokens_short_window", "requests_bucket",
+	// "tokens_bucket", "requests_acceleration", "tokens_acceleration", or
+	// "too_large" (more tokens than TPM).
+	RateLimitedBy map[string]int64 `json:"rate_limited_by,omitempty"`
 	// SuccessRequests counts completions; SuccessTokens their prompt +
 	// completion tokens as reported in usage.
 	SuccessRequests int64 `json:"success_requests"`
@@ -153,19 +184,45 @@ func (s Stats) Summary() Stats {
 // snapshot copies one model's statistics, with the timeline cut to the
 // seconds elapsed by now.
 func (m *modelState) snapshot(now int64) ModelStats {
+	l := m.lim
 	ms := ModelStats{
-		Requests:      m.status.snapshot(),
-		RPM:           int(m.lim.rpm),
-		TPM:           int(m.lim.tpm),
-		BurstRequests: int(m.lim.burstReqs),
-		BurstTokens:   int(m.lim.burstToks),
+		Requests:           m.status.snapshot(),
+		RPM:                int(l.rpm),
+		TPM:                int(l.tpm),
+		ShortWindowSeconds: l.short.seconds(),
+		ShortRequests:      float64(l.shortReqs),
+		ShortTokens:        float64(l.shortToks),
+		AccelGrowth:        l.growth,
+	}
+	if l.short == winSecond {
+		ms.BurstRequests, ms.BurstTokens = int(l.shortReqs), int(l.shortToks)
+	}
+	if l.growth > 0 {
+		ms.AccelFloorRequests, ms.AccelFloorTokens = int(l.rampReqs), int(l.rampToks)
+	}
+	if l.bucketMS > 0 {
+		ms.ShortWindowSeconds = float64(l.bucketMS) / 1000
+		ms.ShortRequests = float64(l.rpm*l.bucketMS) / 60_000
+		ms.ShortTokens = float64(l.tpm*l.bucketMS) / 60_000
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	minute, sec := m.log.peak[winMinute], m.log.peak[winSecond]
 	ms.MaxRequestsIn60s, ms.MaxAdmittedRequestsIn60s, ms.MaxTokensIn60s = int(minute[dimReqs]), int(minute[dimAdm]), int(minute[dimTok])
 	ms.MaxRequestsIn1s, ms.MaxAdmittedRequestsIn1s, ms.MaxTokensIn1s = int(sec[dimReqs]), int(sec[dimAdm]), int(sec[dimTok])
+	if l.bucketMS == 0 && l.short != winSecond {
+		short := m.log.peak[l.short]
+		ms.MaxRequestsInShort, ms.MaxAdmittedRequestsInShort, ms.MaxTokensInShort = int(short[dimReqs]), int(short[dimAdm]), int(short[dimTok])
+	}
 	ms.Admitted, ms.RateLimited, ms.ChargedTokens = m.admitted, m.rateLimited, m.chargedTokens
+	for r, n := range m.limitedBy {
+		if n > 0 {
+			if ms.RateLimitedBy == nil {
+				ms.RateLimitedBy = map[string]int64{}
+			}
+			ms.RateLimitedBy[reasonNames[r]] = n
+		}
+	}
 	ms.SuccessRequests, ms.SuccessTokens = m.successRequests, m.successTokens
 	ms.Timeline = m.elapsedTimeline(now)
 	return ms

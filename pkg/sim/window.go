@@ -39,21 +39,24 @@ func (c counts) atLeast(d counts) counts {
 	return c
 }
 
-// win names one of the two trailing windows a chargeLog tracks.
+// win names one of the trailing windows a chargeLog tracks. The minute must
+// stay the longest: compaction keeps what it holds.
 type win int
 
 const (
-	winMinute win = iota
-	winSecond
+	winMinute win = iota // RPM and TPM, every profile
+	winSecond            // the 1-s quantum (quantized, acceleration, hidden)
+	winTen               // azure's 10-s window; the acceleration ramp's trailing 10 s
+	winTwenty            // the acceleration ramp: (t-20s, t-10s] is winTwenty less winTen
 	nWins
 )
 
-func (w win) span() int64 {
-	if w == winMinute {
-		return int64(time.Minute)
-	}
-	return int64(time.Second)
-}
+var spans = [nWins]int64{int64(time.Minute), int64(time.Second), int64(10 * time.Second), int64(20 * time.Second)}
+
+func (w win) span() int64 { return spans[w] }
+
+// seconds is the span in seconds.
+func (w win) seconds() float64 { return time.Duration(w.span()).Seconds() }
 
 // event is everything charged at one instant.
 type event struct {
@@ -107,10 +110,16 @@ func (l *chargeLog) compact() {
 
 // before is the running total just before window w's first event.
 func (l *chargeLog) before(w win) counts {
-	if l.lo[w] == len(l.ev) {
+	return l.cumBefore(l.lo[w])
+}
+
+// cumBefore is the running total just before event i (the total if i is
+// past the newest).
+func (l *chargeLog) cumBefore(i int) counts {
+	if i == len(l.ev) {
 		return l.total
 	}
-	e := l.ev[l.lo[w]]
+	e := l.ev[i]
 	return e.cum.minus(e.own)
 }
 
@@ -161,4 +170,43 @@ func (l *chargeLog) resetIn(d dim, now int64) time.Duration {
 		last = l.lastTok
 	}
 	return time.Duration(last + winMinute.span() - now)
+}
+
+// ramp returns what (t-10s, t] and (t-20s, t-10s] hold at the last instant
+// advance was given.
+func (l *chargeLog) ramp() (recent, previous counts) {
+	recent = l.used(winTen)
+	return recent, l.used(winTwenty).minus(recent)
+}
+
+// rampFrom returns the first instant t >= from at which fits holds for what
+// (t-10s, t] and (t-20s, t-10s] will hold if nothing more is charged. from
+// must not precede the newest charge. Both sums change only at the instants
+// e+10s and e+20s of the charges e, so only from and those instants are
+// tried. A (t-10s, t] that holds no charge is taken to fit, which ends the
+// search by the newest charge's e+10s.
+func (l *chargeLog) rampFrom(from int64, fits func(recent, previous counts) bool) int64 {
+	ten, twenty := winTen.span(), winTwenty.span()
+	ev := l.ev
+	// Events [iB, iA) are in (t-20s, t-10s], events [iA, len) in (t-10s, t].
+	iA := sort.Search(len(ev), func(i int) bool { return ev[i].at > from-ten })
+	iB := sort.Search(iA, func(i int) bool { return ev[i].at > from-twenty })
+	for t := from; ; {
+		mid := l.cumBefore(iA)
+		if iA == len(ev) || fits(l.total.minus(mid), mid.minus(l.cumBefore(iB))) {
+			return t
+		}
+		// The next change: the oldest recent charge moving to the previous
+		// 10 s, or the oldest previous one leaving it.
+		t = ev[iA].at + ten
+		if iB < iA {
+			t = min(t, ev[iB].at+twenty)
+		}
+		for iA < len(ev) && ev[iA].at <= t-ten {
+			iA++
+		}
+		for iB < iA && ev[iB].at <= t-twenty {
+			iB++
+		}
+	}
 }

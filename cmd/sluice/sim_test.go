@@ -1,0 +1,157 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-dev/sluice/pkg/sim"
+)
+
+// startSimCommand runs `sluice sim args...` on a loopback port until the
+// test ends and returns its base URL.
+func startSimCommand(t *testing.T, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- runSim(ctx, append([]string{"--listen", "127.0.0.1:0", "--ttft", "0", "--per-token", "0"}, args...), nil, pw, io.Discard)
+		pw.Close()
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("sluice sim: %v", err)
+		}
+	})
+	ready := regexp.MustCompile(`on (http://\S+)/v1 \(profile (\S+);`)
+	found := make(chan []string, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			if m := ready.FindStringSubmatch(sc.Text()); m != nil {
+				found <- m
+				break
+			}
+		}
+		_, _ = io.Copy(io.Discard, pr)
+	}()
+	select {
+	case m := <-found:
+		return m[1]
+	case err := <-done:
+		t.Fatalf("sluice sim exited: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("sluice sim did not start")
+	}
+	return ""
+}
+
+func TestSimProfileFlags(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args        []string
+		profile     string
+		short       float64 // short window (bucket) seconds
+		shortReqs   float64
+		wantHeaders []string // x-ratelimit-* headers of a 200
+	}{
+		{nil, sim.ProfileQuantized, 1, 10, []string{"Limit-Requests", "Remaining-Requests", "Reset-Requests"}},
+		{[]string{"--burst-fraction", "0.1"}, sim.ProfileQuantized, 1, 60, []string{"Limit-Requests", "Remaining-Requests", "Reset-Requests"}},
+		{[]string{"--profile", "token-bucket", "--bucket-seconds", "2.5"}, sim.ProfileTokenBucket, 2.5, 25, []string{"Limit-Requests", "Remaining-Requests", "Reset-Requests"}},
+		{[]string{"--profile", "azure"}, sim.ProfileAzure, 10, 100, []string{"Remaining-Requests"}},
+		{[]string{"--profile", "acceleration"}, sim.ProfileAcceleration, 1, 10, []string{"Limit-Requests", "Remaining-Requests", "Reset-Requests"}},
+		{[]string{"--profile", "hidden"}, sim.ProfileHidden, 1, 10, nil},
+		{[]string{"--no-rate-headers"}, sim.ProfileQuantized, 1, 10, nil},
+	} {
+		t.Run(strings.Join(append([]string{"sim"}, tc.args...), " "), func(t *testing.T) {
+			t.Parallel()
+			url := startSimCommand(t, append([]string{"--models", "m=600/0"}, tc.args...)...)
+			resp, err := http.Post(url+"/v1/chat/completions", "application/json",
+				strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			var got []string
+			for k := range resp.Header {
+				if name, ok := strings.CutPrefix(k, "X-Ratelimit-"); ok {
+					got = append(got, name)
+				}
+			}
+			if resp.StatusCode != http.StatusOK || !sameSet(got, tc.wantHeaders) {
+				t.Errorf("status %d, rate headers %v, want %v", resp.StatusCode, got, tc.wantHeaders)
+			}
+
+			resp, err = http.Get(url + "/stats?summary=1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var st sim.Stats
+			if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+				t.Fatal(err)
+			}
+			if ms := st.Models["m"]; st.Profile != tc.profile || ms.ShortWindowSeconds != tc.short || ms.ShortRequests != tc.shortReqs {
+				t.Errorf("profile %q, short window %gs of %g requests; want %q, %gs of %g", st.Profile, ms.ShortWindowSeconds, ms.ShortRequests,
+					tc.profile, tc.short, tc.shortReqs)
+			}
+		})
+	}
+}
+
+func sameSet(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for _, x := range b {
+		found := false
+		for _, y := range a {
+			found = found || x == y
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+func TestSimRejectsBadProfileFlags(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--profile", "openai"}, "valid profiles: quantized, token-bucket, azure, acceleration, hidden"},
+		{[]string{"--profile", "azure", "--burst-fraction", "0.1"}, "--burst-fraction has no effect with --profile azure"},
+		{[]string{"--profile", "token-bucket", "--burst-fraction", "0.1"}, "--burst-fraction has no effect with --profile token-bucket"},
+		{[]string{"--bucket-seconds", "2"}, "--bucket-seconds has no effect with --profile quantized"},
+		{[]string{"--profile", "token-bucket", "--bucket-seconds", "90"}, "bucket seconds must be in"},
+	} {
+		err := runSim(context.Background(), append([]string{"--listen", "127.0.0.1:0"}, tc.args...), nil, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+func TestSimHelp(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	if err := runSim(context.Background(), []string{"-h"}, nil, io.Discard, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range append(sim.Profiles(), "-profile", "-bucket-seconds", "-no-rate-headers", "-burst-fraction", "retry-after-ms") {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("help lacks %q:\n%s", want, out.String())
+		}
+	}
+}
