@@ -37,9 +37,9 @@ func shortJob(t *testing.T, seed uint64) Job {
 
 func TestRetryLoopRecoversFromBurst429s(t *testing.T) {
 	t.Parallel()
-	// 60 RPM: the per-second cap is 6 requests, so 10 at once draw 429s
-	// whose Retry-After is under a second.
-	s, c := setupSim(t, sim.Config{Models: []sim.ModelLimits{{Name: Model, RPM: 60}}})
+	// 60 RPM with a per-second cap of 6 requests (pinned: the default is
+	// 1), so 10 at once draw 429s whose Retry-After is under a second.
+	s, c := setupSim(t, sim.Config{Models: []sim.ModelLimits{{Name: Model, RPM: 60}}, BurstFraction: 0.1})
 	var wg sync.WaitGroup
 	oks := make([]bool, 10)
 	for i := range oks {

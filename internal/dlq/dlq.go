@@ -332,6 +332,7 @@ func fresh(old job.Job) job.Job {
 	nj.SubmittedAt = time.Time{}
 	nj.Provider, nj.Model = "", ""
 	nj.Estimate, nj.NotBefore, nj.Attempts, nj.Reservation = nil, nil, nil, nil
+	nj.RateLimited = 0
 	return nj
 }
 

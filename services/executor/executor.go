@@ -26,6 +26,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/dlq"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
+	"github.com/sluice-dev/sluice/pkg/adapt"
 	"github.com/sluice-dev/sluice/pkg/breaker"
 	"github.com/sluice-dev/sluice/pkg/budget"
 	"github.com/sluice-dev/sluice/pkg/config"
@@ -33,6 +34,7 @@ import (
 	"github.com/sluice-dev/sluice/pkg/provider"
 	"github.com/sluice-dev/sluice/pkg/route"
 	"github.com/sluice-dev/sluice/pkg/tokens"
+	"github.com/sluice-dev/sluice/services/admission"
 	"github.com/sluice-dev/sluice/streams"
 )
 
@@ -69,6 +71,9 @@ type Service struct {
 	seeded      map[string]time.Time
 	brokenMu    sync.Mutex
 	broken      map[string]time.Time // provider -> credential refused until
+	learn       *adapt.Store
+	observedMu  sync.Mutex
+	observed    map[string]time.Time // learn key -> last stated limits recorded
 }
 
 // New builds the service; it does no I/O.
@@ -84,11 +89,12 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 		now = time.Now
 	}
 	a := cfg.App.Admission
-	st := budget.NewStore(m.Budgets, budget.Params{Slice: a.Slice.D(), DispatchGrace: a.DispatchGrace.D(), BurstFraction: a.BurstFraction}, now)
+	st := budget.NewStore(m.Budgets, admission.ModelParams(a), now)
 	st.Writes = ms.BudgetWrites.Inc
 	s := &Service{cfg: cfg, mesh: m, store: st, log: log.With("service", "executor"), m: ms, now: now,
 		clients: map[string]provider.Client{}, rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7)),
 		holder: holderName(), router: route.New(cfg.App.Routes), broken: map[string]time.Time{}, seeded: map[string]time.Time{},
+		learn: adapt.NewStore(m.Budgets, now), observed: map[string]time.Time{},
 		breakers: breaker.NewSet(breaker.Config{Now: now})}
 	s.tenantPools = map[string]*budget.Pool{}
 	for _, t := range cfg.App.Tenants {
@@ -146,6 +152,34 @@ func (s *Service) Run(ctx context.Context) error {
 			// responses the provider is already billing for.
 			callCtx := context.WithoutCancel(ctx)
 			cc, err := cons.Consume(func(msg jetstream.Msg) {
+				if r := peekReservation(msg.Data()); !r.SendAt.IsZero() {
+					// A paced call: it waits for its instant without a slot
+					// (admission plans at most plan_horizon ahead, which
+					// bounds how many wait), takes one just before, and
+					// goes back to admission if none frees in time.
+					calls.Add(1)
+					go func() {
+						defer calls.Done()
+						if !sleepUntil(ctx, r.SendAt.Add(-slotAhead)) {
+							_ = msg.NakWithDelay(time.Second)
+							return
+						}
+						actx, cancel := context.WithDeadline(ctx, r.ValidUntil)
+						err := pool.Acquire(actx)
+						cancel()
+						if err != nil && ctx.Err() != nil {
+							_ = msg.NakWithDelay(time.Second)
+							return
+						}
+						if err == nil {
+							defer pool.Release()
+						}
+						// Without a slot by ValidUntil, handle finds the
+						// reservation lapsed and re-admits the job.
+						s.handle(callCtx, msg)
+					}()
+					return
+				}
 				// Wait here for a slot: the consumer buffers at most
 				// max_concurrency jobs, so a slow provider backs up DISPATCH,
 				// not this process's memory.
@@ -227,9 +261,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	if j.Reservation == nil || now.After(j.Reservation.ValidUntil) {
 		// The reservation lapsed while the job waited for a slot; calling now
 		// could exceed the limit the provider sees. Re-admit it.
-		s.m.ReservationsExpired.WithLabelValues(j.Provider, j.Model).Inc()
-		j.Reservation = nil
-		return s.mesh.Enqueue(ctx, j, "readmit:"+j.ID+":"+dispatchSeq(msg))
+		return s.readmit(ctx, msg, j)
 	}
 	attempt := len(j.Attempts) + 1
 	op, err := s.mesh.UpdateOp(ctx, opKey, func(r *mesh.OpRecord) bool {
@@ -284,10 +316,32 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	if j.Deadline != nil && j.Deadline.Before(until) {
 		until = *j.Deadline
 	}
+	labels := []string{j.Provider, j.Model}
+	if r := j.Reservation; !r.SendAt.IsZero() {
+		// The provider judges the instant the call arrives: not before the
+		// planned one, and not after the tolerance, or the plan that keeps
+		// every window under its limit does not hold.
+		if !sleepUntil(ctx, r.SendAt) {
+			return errors.New("shutting down before the send instant")
+		}
+		late := s.now().Sub(r.SendAt)
+		if s.now().After(r.ValidUntil) {
+			if _, err := s.mesh.UpdateOp(ctx, opKey, func(rec *mesh.OpRecord) bool {
+				if rec.State != mesh.OpInFlight {
+					return false
+				}
+				rec.State = mesh.OpQueued
+				return true
+			}); err != nil && !errors.Is(err, job.ErrNotFound) {
+				s.log.Debug("late send: op record", "job_id", j.ID, "err", err)
+			}
+			return s.readmit(ctx, msg, j)
+		}
+		s.m.SendLateness.WithLabelValues(labels...).Observe(late.Seconds())
+	}
 	callCtx, cancel := context.WithDeadline(ctx, until)
 	defer cancel()
 	stop := keepAlive(callCtx, msg)
-	labels := []string{j.Provider, j.Model}
 	s.m.InFlight.WithLabelValues(labels...).Inc()
 	start := s.now()
 	resp, cerr := client.Do(callCtx, provider.Call{Provider: j.Provider, Model: j.Model, Body: j.Request, IdempotencyKey: opKey, JobID: j.ID})
@@ -317,14 +371,19 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		// executor finding out with a 429 of its own.
 		s.pause(ctx, j, s.now().Add(out.RetryAfter))
 	}
+	if out.Class == provider.Retry && out.HTTPStatus == http.StatusTooManyRequests {
+		info := provider.ClassifyRateLimit(out, resp.Header, provider.Cost{Requests: 1, Tokens: j.Estimate.Cost()}, s.now())
+		if info.Kind != provider.LimitQuota {
+			s.m.Requests.WithLabelValues(j.Provider, j.Model, status).Inc()
+			s.m.TenantRequests.WithLabelValues(j.Tenant).Inc()
+			s.m.RateLimitHits.WithLabelValues(j.Provider, j.Model, string(info.Kind)).Inc()
+			return s.throttled(ctx, msg, j, opKey, info, start, elapsed)
+		}
+	}
 	s.m.Requests.WithLabelValues(j.Provider, j.Model, status).Inc()
 	s.m.TenantRequests.WithLabelValues(j.Tenant).Inc()
 	if out.HTTPStatus == http.StatusTooManyRequests && out.Class == provider.Retry {
-		lt := out.LimitType
-		if lt == "" {
-			lt = "unknown"
-		}
-		s.m.RateLimitHits.WithLabelValues(j.Provider, j.Model, lt).Inc()
+		s.m.RateLimitHits.WithLabelValues(j.Provider, j.Model, string(provider.LimitQuota)).Inc()
 	}
 	j.Attempts = append(j.Attempts, job.Attempt{N: attempt, Provider: j.Provider, Model: j.Model, StartedAt: start.UTC(),
 		DurationMS: elapsed.Milliseconds(), Status: out.HTTPStatus, Outcome: out.Class.String(), Error: out.JobError()})
@@ -393,6 +452,106 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		s.log.Error("provider needs operator action", "provider", j.Provider, "model", j.Model, "code", out.Code, "status", out.HTTPStatus)
 	}
 	return s.terminal(ctx, j, opKey, final, reason, e)
+}
+
+// slotAhead is how long before its send instant a paced call takes its
+// concurrency slot.
+const slotAhead = 10 * time.Millisecond
+
+// peekReservation reads only a dispatch's reservation (nil fields when
+// the message has none or does not decode; handle then deals with it).
+func peekReservation(data []byte) job.Reservation {
+	var v struct {
+		Reservation *job.Reservation `json:"reservation"`
+	}
+	if json.Unmarshal(data, &v) != nil || v.Reservation == nil {
+		return job.Reservation{}
+	}
+	return *v.Reservation
+}
+
+// sleepUntil waits until t or ctx ends; it reports whether ctx is live.
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// readmit sends a job whose reservation lapsed back to admission.
+func (s *Service) readmit(ctx context.Context, msg jetstream.Msg, j *job.Job) error {
+	s.m.ReservationsExpired.WithLabelValues(j.Provider, j.Model).Inc()
+	j.Reservation = nil
+	return s.mesh.Enqueue(ctx, j, "readmit:"+j.ID+":"+dispatchSeq(msg))
+}
+
+// throttled handles a rate-limit refusal of a call Sluice admitted: that is
+// Sluice's misjudgement, not the job's. The limits in effect learn from it
+// (at most one cut per epoch), the window gives back the tokens the
+// provider did not charge, and the job goes back to admission, keeping its
+// place in its tenant's queue and spending none of its attempts; only its
+// deadline, or admission.max_rate_limited refusals, end it.
+func (s *Service) throttled(ctx context.Context, msg jetstream.Msg, j *job.Job, opKey string, info provider.RateLimitInfo, start time.Time, elapsed time.Duration) error {
+	key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
+	if _, model, ok := s.cfg.App.ModelRef(j.Model); ok && j.Reservation != nil {
+		used, _ := s.store.Used(ctx, key)
+		dim := -1
+		switch info.Dimension {
+		case "requests":
+			dim = adapt.Requests
+		case "tokens":
+			dim = adapt.Tokens
+		}
+		cut, reason, err := s.learn.Cut(ctx, adapt.Key(j.Provider, job.ModelToken(j.Model)), admission.AdaptConfig(s.cfg.App.Admission, *model), adapt.Refusal{
+			Kind: adapt.Kind(info.Kind), Dim: dim, ReservedAt: j.Reservation.ReservedAt, RetryAfter: info.RetryAfter,
+			Stated: [2]int{info.StatedLimitRequests, info.StatedLimitTokens}, Used: used})
+		if err != nil {
+			s.log.Warn("learn from 429", "err", err)
+		}
+		if cut {
+			s.m.LimitCuts.WithLabelValues(j.Provider, j.Model, reason).Inc()
+			s.log.Info("limits cut", "provider", j.Provider, "model", j.Model, "reason", reason)
+		}
+		// The provider charged the request but none of its tokens.
+		if !j.Reservation.SendAt.IsZero() && j.Reservation.Tokens > 0 {
+			if err := s.store.ReturnAt(ctx, key, j.Reservation.SendAt, budget.Cost{Tokens: j.Reservation.Tokens}); err != nil {
+				s.log.Debug("return refused tokens", "err", err)
+			}
+		}
+	}
+	j.RateLimited++
+	if j.RateLimited > s.cfg.App.Admission.MaxRateLimited {
+		s.m.RateLimitRequeues.WithLabelValues(j.Provider, j.Model, "cap").Inc()
+		j.Attempts = append(j.Attempts, job.Attempt{N: len(j.Attempts) + 1, Provider: j.Provider, Model: j.Model, StartedAt: start.UTC(),
+			DurationMS: elapsed.Milliseconds(), Status: http.StatusTooManyRequests, Outcome: provider.Retry.String()})
+		return s.terminal(ctx, j, opKey, job.StatusDeadLettered, "rate_limited", &job.Error{Code: job.CodeRetriesExceeded,
+			Message: fmt.Sprintf("the provider refused this job for rate %d times (admission.max_rate_limited)", j.RateLimited)})
+	}
+	s.m.RateLimitRequeues.WithLabelValues(j.Provider, j.Model, "requeued").Inc()
+	j.Reservation = nil
+	j.NotBefore = nil
+	if info.RetryAfter > 0 {
+		nb := s.now().Add(info.RetryAfter).UTC()
+		j.NotBefore = &nb
+	}
+	if _, err := s.mesh.UpdateOp(ctx, opKey, func(r *mesh.OpRecord) bool {
+		if r.State != mesh.OpInFlight {
+			return false
+		}
+		r.State = mesh.OpQueued
+		return true
+	}); err != nil && !errors.Is(err, job.ErrNotFound) {
+		s.log.Debug("throttled: op record", "job_id", j.ID, "err", err)
+	}
+	return s.mesh.Enqueue(ctx, j, fmt.Sprintf("ratelimited:%s:%d", j.ID, j.RateLimited))
 }
 
 // MaxDeliveries is how many times a dispatch is tried when the mesh itself
@@ -538,17 +697,37 @@ func (s *Service) seed(ctx context.Context, j *job.Job, rl provider.RateLimit) {
 	}
 	s.seeded[key] = s.now()
 	s.seedMu.Unlock()
+	ac := admission.AdaptConfig(s.cfg.App.Admission, *model)
+	if rl.LimitRequests > 0 || rl.LimitTokens > 0 {
+		if err := s.learn.Observe(ctx, adapt.Key(j.Provider, job.ModelToken(j.Model)), ac, [2]int{rl.LimitRequests, rl.LimitTokens}); err != nil {
+			s.log.Debug("stated limits", "err", err)
+		}
+	}
 	used, err := s.store.Used(ctx, key)
 	if err != nil {
 		return
 	}
+	// What the provider counted in its minute: its limit (as it states it,
+	// else the configured one) less what it says remains.
+	counted := func(stated, configured, remaining int) int {
+		if remaining < 0 {
+			return -1
+		}
+		if stated > 0 {
+			return stated - remaining
+		}
+		if configured > 0 {
+			return configured - remaining
+		}
+		return -1
+	}
 	var extra budget.Cost
-	if model.RPM > 0 && rl.RemainingRequests >= 0 && rl.RemainingRequests < model.RPM-used.Requests {
-		extra.Requests = model.RPM - used.Requests - rl.RemainingRequests
+	if n := counted(rl.LimitRequests, model.RPM, rl.RemainingRequests); n > used.Requests {
+		extra.Requests = n - used.Requests
 		s.m.Corrections.WithLabelValues(j.Provider, j.Model, "rpm").Inc()
 	}
-	if model.TPM > 0 && rl.RemainingTokens >= 0 && rl.RemainingTokens < model.TPM-used.Tokens {
-		extra.Tokens = model.TPM - used.Tokens - rl.RemainingTokens
+	if n := counted(rl.LimitTokens, model.TPM, rl.RemainingTokens); n > used.Tokens {
+		extra.Tokens = n - used.Tokens
 		s.m.Corrections.WithLabelValues(j.Provider, j.Model, "tpm").Inc()
 	}
 	if extra.Requests > 0 || extra.Tokens > 0 {
