@@ -53,7 +53,7 @@ const (
 // Tuning. They are constants: every process must compute the same limits
 // from the same record.
 const (
-	Beta             = 0.75             // per-second cap kept on a burst cut
+	Beta             = 0.75             // per-second cap kept on a burst cut (at most)
 	MinuteMargin     = 0.97             // learned minute limit: what the window held, less 3 %
 	Settle           = 60 * time.Second // no probing for this long after a cut
 	Probe            = 0.02             // then grow by this share of the learned value per minute
@@ -271,8 +271,10 @@ type Refusal struct {
 	RetryAfter time.Duration
 	// Stated are per-minute limits the provider stated (<= 0: none).
 	Stated [2]int
-	// Used is what the fleet's window held in the minute when it came.
-	Used budget.Cost
+	// Used is what the fleet's window held in the minute when it came;
+	// Recent what its schedule held in the second before the refused call
+	// (zero when unknown).
+	Used, Recent budget.Cost
 }
 
 // Cut records a refusal: it returns whether it cut (and why), and the new
@@ -321,7 +323,15 @@ func (s *Store) Cut(ctx context.Context, key string, c Config, r Refusal) (bool,
 					since := float64(ms-st.QuantumAt[d]) - float64(Settle.Milliseconds())
 					q = min(1, q+QuantumRecovery*max(since, 0)/float64(time.Minute.Milliseconds()))
 				}
-				st.Quantum[d], st.QuantumAt[d] = max(q*Beta, 0.05), ms
+				nq := q * Beta
+				// The provider refused with Recent already in its second,
+				// so its cap is at most that: cut to it when that is lower
+				// (one cut, not many, when the configuration is far off).
+				recent := [2]int{r.Recent.Requests, r.Recent.Tokens}[d]
+				if base := float64(before.PerSecond[d]) / max(q, 1e-9); recent > 0 && base > 0 {
+					nq = min(nq, float64(recent)/base)
+				}
+				st.Quantum[d], st.QuantumAt[d] = max(nq, 0.02), ms
 			}
 		case KindMinute:
 			if stated {

@@ -318,9 +318,9 @@ func (s *Store) ReturnAt(ctx context.Context, key string, at time.Time, c Cost) 
 }
 
 // Recent returns what the schedule holds in the short window that ends at
-// instant at, before the placement at at itself: what the provider saw in
-// the second before a request it refused, as far as the fleet knows.
-func (s *Store) Recent(ctx context.Context, key string, at time.Time) (Cost, error) {
+// instant at, less own (the refused request itself): what the provider saw
+// in the second before a request it refused, as far as the fleet knows.
+func (s *Store) Recent(ctx context.Context, key string, at time.Time, own Cost) (Cost, error) {
 	w, _, err := s.load(ctx, key)
 	if err != nil {
 		return Cost{}, err
@@ -329,10 +329,12 @@ func (s *Store) Recent(ctx context.Context, key string, at time.Time) (Cost, err
 	from := us - s.p.Short.Microseconds()
 	var c Cost
 	for _, p := range w.P {
-		if p.At > from && p.At < us {
+		if p.At > from && p.At <= us {
 			c.Requests += int(p.R)
 			c.Tokens += int(p.T)
 		}
 	}
+	c.Requests = max(c.Requests-own.Requests, 0)
+	c.Tokens = max(c.Tokens-own.Tokens, 0)
 	return c, nil
 }

@@ -503,6 +503,10 @@ func (s *Service) throttled(ctx context.Context, msg jetstream.Msg, j *job.Job, 
 	key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
 	if _, model, ok := s.cfg.App.ModelRef(j.Model); ok && j.Reservation != nil {
 		used, _ := s.store.Used(ctx, key)
+		var recent budget.Cost
+		if !j.Reservation.SendAt.IsZero() {
+			recent, _ = s.store.Recent(ctx, key, j.Reservation.SendAt, budget.Cost{Requests: j.Reservation.Requests, Tokens: j.Reservation.Tokens})
+		}
 		dim := -1
 		switch info.Dimension {
 		case "requests":
@@ -512,7 +516,7 @@ func (s *Service) throttled(ctx context.Context, msg jetstream.Msg, j *job.Job, 
 		}
 		cut, reason, err := s.learn.Cut(ctx, adapt.Key(j.Provider, job.ModelToken(j.Model)), admission.AdaptConfig(s.cfg.App.Admission, *model), adapt.Refusal{
 			Kind: adapt.Kind(info.Kind), Dim: dim, ReservedAt: j.Reservation.ReservedAt, RetryAfter: info.RetryAfter,
-			Stated: [2]int{info.StatedLimitRequests, info.StatedLimitTokens}, Used: used})
+			Stated: [2]int{info.StatedLimitRequests, info.StatedLimitTokens}, Used: used, Recent: recent})
 		if err != nil {
 			s.log.Warn("learn from 429", "err", err)
 		}
