@@ -134,7 +134,11 @@ routes:
 	hits := must("llm_rate_limit_hits_total", `limit_type="requests"`)
 	reserved := must("llm_tokens_reserved_total", `model="gpt-4o-mini"`)
 	used := must("llm_tokens_used_total", `model="gpt-4o-mini"`)
-	retries := must("llm_retries_total", `error_type="rate_limited"`)
+	requeues := must("sluice_rate_limit_requeues_total", `outcome="requeued"`)
+	refusals := must("sluice_rate_limit_refusals_total")
+	cuts := must("sluice_limit_cuts_total")
+	must("sluice_limit_effective", `dimension="requests_per_second"`)
+	must("sluice_send_lateness_seconds_count")
 	must("llm_queue_depth", `priority="interactive"`)
 	waits := must("llm_queue_wait_seconds_count", `priority="interactive"`)
 	must("llm_queue_wait_seconds_bucket")
@@ -154,8 +158,14 @@ routes:
 	if hits != got429 {
 		t.Errorf("llm_rate_limit_hits_total %v, want every 429 (%v) counted", hits, got429)
 	}
-	if retries == 0 || retries > got429 {
-		t.Errorf("llm_retries_total{rate_limited} %v, want between 1 and the 429s (%v)", retries, got429)
+	// A 429 on an admitted job is Sluice's misjudgement: it goes back to
+	// admission without spending an attempt (not a retry), and the limits
+	// learn from it.
+	if requeues == 0 || requeues > got429 || refusals != got429 {
+		t.Errorf("sluice_rate_limit_requeues_total %v, refusals %v; want between 1 and the 429s (%v), and every 429 classified", requeues, refusals, got429)
+	}
+	if cuts < 1 {
+		t.Errorf("sluice_limit_cuts_total %v after %v 429s: the limits learned nothing", cuts, got429)
 	}
 	if used == 0 || reserved < used {
 		t.Errorf("tokens reserved %v, used %v: want reserved >= used > 0", reserved, used)

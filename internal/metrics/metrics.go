@@ -46,6 +46,7 @@ type Set struct {
 	LimitCuts           *prometheus.CounterVec   // provider, model, reason
 	RateLimitRequeues   *prometheus.CounterVec   // provider, model, outcome
 	SendLateness        *prometheus.HistogramVec // provider, model
+	RateLimitKinds      *prometheus.CounterVec   // provider, model, kind
 }
 
 // New makes and registers the metrics on reg.
@@ -85,6 +86,7 @@ func New(reg prometheus.Registerer) *Set {
 		LimitEffective:    prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_limit_effective", Help: "Limits admission paces against: the lowest of configured, stated by the provider and learned from 429s (dimension: requests_per_minute, tokens_per_minute, requests_per_second, tokens_per_second; 0 = unlimited)."}, []string{"provider", "model", "dimension"}),
 		LimitCuts:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_limit_cuts_total", Help: "Times the limits in effect were lowered (reason: burst, minute, concurrency, acceleration, stated), at most once per epoch."}, []string{"provider", "model", "reason"}),
 		RateLimitRequeues: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_rate_limit_requeues_total", Help: "Admitted jobs the provider refused for rate, sent back to admission without spending an attempt (outcome: requeued, or cap when admission.max_rate_limited ended the job)."}, []string{"provider", "model", "outcome"}),
+		RateLimitKinds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_rate_limit_refusals_total", Help: "429 rate-limit answers by what they say (kind: burst, minute, concurrency, acceleration, quota, unknown)."}, []string{"provider", "model", "kind"}),
 		SendLateness: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_send_lateness_seconds", Help: "How long after its planned instant a paced call left the executor.",
 			Buckets: []float64{.0005, .001, .002, .005, .01, .015, .02, .025, .05, .1, .25, 1}}, []string{"provider", "model"}),
 	}
@@ -92,7 +94,7 @@ func New(reg prometheus.Registerer) *Set {
 		s.Retries, s.RateLimitHits, s.Fallbacks, s.DupSuppressed, s.QueueDepth, s.QueueWait, s.AdmissionWaits,
 		s.BudgetWrites, s.BudgetConflict, s.BudgetErrors, s.ReservationsExpired, s.TenantRequests, s.TenantTokens,
 		s.InFlight, s.ProviderLatency, s.ConcLeased, s.ModelLimit, s.DeadLetters, s.EstimateRatio, s.Corrections, s.Pauses, s.Shed, s.Held,
-		s.LimitEffective, s.LimitCuts, s.RateLimitRequeues, s.SendLateness)
+		s.LimitEffective, s.LimitCuts, s.RateLimitRequeues, s.SendLateness, s.RateLimitKinds)
 	return s
 }
 
@@ -124,6 +126,15 @@ func (s *Set) Preset(c *config.Config) {
 			}
 			for _, et := range []string{"rate_limited", "overloaded", "connect", "unknown"} {
 				s.Retries.WithLabelValues(p.Name, m.Name, et)
+			}
+			for _, k := range []string{"burst", "minute", "concurrency", "acceleration", "quota", "unknown"} {
+				s.RateLimitKinds.WithLabelValues(p.Name, m.Name, k)
+			}
+			for _, r := range []string{"burst", "minute", "concurrency", "acceleration", "stated"} {
+				s.LimitCuts.WithLabelValues(p.Name, m.Name, r)
+			}
+			for _, o := range []string{"requeued", "cap"} {
+				s.RateLimitRequeues.WithLabelValues(p.Name, m.Name, o)
 			}
 		}
 	}

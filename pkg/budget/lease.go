@@ -127,6 +127,9 @@ func (l *Lease) Refund(ctx context.Context, from Block, c Cost, now time.Time) {
 // 0 places it as early as it fits (room for a backlog). It returns the
 // store's grant for rest alone (N at most len(rest)).
 func (l *Lease) Take(ctx context.Context, lim Limits, rest, extra []Cost, urgent bool, spread time.Duration) (Grant, error) {
+	// Blocks that can no longer be spent go back first: the window must
+	// not count them against what is asked now.
+	l.Expire(ctx, l.st.now(), false)
 	costs := append(append(make([]Cost, 0, len(rest)+len(extra)), rest...), extra...)
 	var notBefore []time.Time
 	if spread > 0 && len(extra) > 0 {

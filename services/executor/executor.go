@@ -376,14 +376,24 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		if info.Kind != provider.LimitQuota {
 			s.m.Requests.WithLabelValues(j.Provider, j.Model, status).Inc()
 			s.m.TenantRequests.WithLabelValues(j.Tenant).Inc()
-			s.m.RateLimitHits.WithLabelValues(j.Provider, j.Model, string(info.Kind)).Inc()
+			lt := info.Dimension
+			if lt == "" {
+				lt = "unknown"
+			}
+			s.m.RateLimitHits.WithLabelValues(j.Provider, j.Model, lt).Inc()
+			s.m.RateLimitKinds.WithLabelValues(j.Provider, j.Model, string(info.Kind)).Inc()
 			return s.throttled(ctx, msg, j, opKey, info, start, elapsed)
 		}
 	}
 	s.m.Requests.WithLabelValues(j.Provider, j.Model, status).Inc()
 	s.m.TenantRequests.WithLabelValues(j.Tenant).Inc()
 	if out.HTTPStatus == http.StatusTooManyRequests && out.Class == provider.Retry {
-		s.m.RateLimitHits.WithLabelValues(j.Provider, j.Model, string(provider.LimitQuota)).Inc()
+		lt := out.LimitType
+		if lt == "" {
+			lt = "unknown"
+		}
+		s.m.RateLimitHits.WithLabelValues(j.Provider, j.Model, lt).Inc()
+		s.m.RateLimitKinds.WithLabelValues(j.Provider, j.Model, string(provider.LimitQuota)).Inc()
 	}
 	j.Attempts = append(j.Attempts, job.Attempt{N: attempt, Provider: j.Provider, Model: j.Model, StartedAt: start.UTC(),
 		DurationMS: elapsed.Milliseconds(), Status: out.HTTPStatus, Outcome: out.Class.String(), Error: out.JobError()})
