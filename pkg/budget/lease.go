@@ -91,6 +91,17 @@ func (l *Lease) usable(b *Block, now time.Time, lead time.Duration) bool {
 // Spend takes c from the earliest usable block with room (urgent callers
 // their own blocks first; others never touch urgent blocks) and returns it.
 func (l *Lease) Spend(c Cost, urgent bool, now time.Time, lead time.Duration) (Block, bool) {
+	// Spent blocks leave the list (nothing to give back), so a backlog
+	// admitted at thousands of jobs a second scans a few blocks, not all
+	// it took in the tick.
+	keep := l.blocks[:0]
+	for _, b := range l.blocks {
+		if b.Left.Requests > 0 || b.Left.Tokens > 0 {
+			keep = append(keep, b)
+		}
+	}
+	clear(l.blocks[len(keep):])
+	l.blocks = keep
 	for pass := 0; pass < 2; pass++ {
 		for _, b := range l.blocks {
 			if b.Urgent != (pass == 0) || (b.Urgent && !urgent) || !l.usable(b, now, lead) {
