@@ -188,6 +188,17 @@ type Outcome struct {
 	HTTPStatus int
 	// RetryAfter is what the Retry-After headers asked for; 0 if absent.
 	RetryAfter time.Duration
+	// RetryDelay is the wait the error body asks for: Google's RetryInfo
+	// retryDelay, else a wait the message states ("Please try again in
+	// 1.5s", "Please retry in 46.1s", "Please retry after 6 seconds"); 0 if
+	// none. It is read from the whole body, before Message is truncated.
+	// Plan does not use it (only RetryAfter); ClassifyRateLimit does.
+	RetryDelay time.Duration
+	// Quota names the quotas a Google-style error body says were exceeded
+	// (QuotaFailure violations' quotaId, ErrorInfo metadata quota_limit),
+	// comma-separated, e.g. "GenerateRequestsPerDayPerProjectPerModel-FreeTier";
+	// empty for other providers.
+	Quota string
 	// LimitType is "requests", "tokens" or "" for throttling responses.
 	LimitType string
 	// SafeToRetry: the request certainly did not reach the provider, or the
@@ -239,6 +250,11 @@ func Classify(resp *Response, err error, now time.Time) Outcome {
 	o.Code = firstNonEmpty(ei.code, ei.typ, "http_"+strconv.Itoa(resp.Status))
 	o.Message = cleanMessage(ei.msg)
 	o.RetryAfter = ParseRetryAfter(resp.Header, now)
+	o.RetryDelay = ei.retryDelay
+	if o.RetryDelay == 0 {
+		o.RetryDelay = messageWait(ei.msg)
+	}
+	o.Quota = ei.quota
 	switch strings.ToLower(strings.TrimSpace(resp.Header.Get("X-Should-Retry"))) {
 	case "true":
 		o.SafeToRetry = true
@@ -343,8 +359,13 @@ func (r Rule) matches(status int, ei errInfo) bool {
 	return true
 }
 
-// errInfo is what an error body says.
-type errInfo struct{ typ, code, msg string }
+// errInfo is what an error body says. quota and retryDelay come from
+// Google-style details (see googleDetails).
+type errInfo struct {
+	typ, code, msg string
+	quota          string
+	retryDelay     time.Duration
+}
 
 // parseErrorBody reads OpenAI ({"error":{"message","type","param","code"}}),
 // Anthropic ({"type":"error","error":{"type","message"}}) and the common
@@ -382,7 +403,68 @@ func parseErrorBody(body []byte) errInfo {
 	if ei.msg == "" {
 		ei.msg = jsonText(inner["detail"])
 	}
+	ei.quota, ei.retryDelay = googleDetails(inner["details"])
 	return ei
+}
+
+// Bounds on what googleDetails keeps of a body.
+const (
+	maxQuotaIDs   = 8
+	maxQuotaChars = 500
+)
+
+// googleDetails reads a google.rpc error's details array: the quota ids of
+// QuotaFailure violations and ErrorInfo metadata (quota_limit), joined with
+// ",", and RetryInfo's retryDelay ("46s", "46.114142718s"). Anything it
+// cannot read is skipped.
+func googleDetails(raw json.RawMessage) (string, time.Duration) {
+	var details []json.RawMessage
+	if len(bytes.TrimSpace(raw)) == 0 || json.Unmarshal(raw, &details) != nil {
+		return "", 0
+	}
+	var ids []string
+	add := func(id string) {
+		id = strings.TrimSpace(id)
+		if id == "" || len(ids) >= maxQuotaIDs || strings.Contains(id, ",") {
+			return
+		}
+		for _, have := range ids {
+			if have == id {
+				return
+			}
+		}
+		ids = append(ids, id)
+	}
+	var delay time.Duration
+	for _, d := range details {
+		var v struct {
+			Type       json.RawMessage              `json:"@type"`
+			Violations []map[string]json.RawMessage `json:"violations"`
+			Metadata   map[string]json.RawMessage   `json:"metadata"`
+			RetryDelay json.RawMessage              `json:"retryDelay"`
+		}
+		if json.Unmarshal(d, &v) != nil {
+			continue
+		}
+		typ := jsonText(v.Type)
+		switch {
+		case strings.HasSuffix(typ, "google.rpc.QuotaFailure"):
+			for _, viol := range v.Violations {
+				add(jsonText(viol["quotaId"]))
+			}
+		case strings.HasSuffix(typ, "google.rpc.ErrorInfo"):
+			add(jsonText(v.Metadata["quota_limit"]))
+		case strings.HasSuffix(typ, "google.rpc.RetryInfo"):
+			if dd, err := time.ParseDuration(strings.TrimSpace(jsonText(v.RetryDelay))); err == nil && dd > 0 && delay == 0 {
+				delay = min(dd, maxHint)
+			}
+		}
+	}
+	q := strings.Join(ids, ",")
+	if len(q) > maxQuotaChars {
+		q = strings.ToValidUTF8(q[:maxQuotaChars], "")
+	}
+	return q, delay
 }
 
 // jsonText returns a JSON string's value or a number's text; "" otherwise.

@@ -83,19 +83,7 @@ func ParseRateLimit(h http.Header, now time.Time) RateLimit {
 	if h == nil {
 		return rl
 	}
-	count := func(names ...string) int {
-		for _, n := range names {
-			if v := strings.TrimSpace(h.Get(n)); v != "" {
-				if i, err := strconv.Atoi(v); err == nil && i >= 0 {
-					return i
-				}
-				if f, ok := parseFloat(v); ok && f >= 0 && f < math.MaxInt32 {
-					return int(f)
-				}
-			}
-		}
-		return -1
-	}
+	count := func(names ...string) int { return headerCount(h, names...) }
 	reset := func(openai string, anthropic ...string) time.Duration {
 		if v := strings.TrimSpace(h.Get(openai)); v != "" {
 			if d, ok := parseResetDuration(v); ok {
@@ -118,6 +106,23 @@ func ParseRateLimit(h http.Header, now time.Time) RateLimit {
 	rl.ResetRequests = reset("X-Ratelimit-Reset-Requests", "Anthropic-Ratelimit-Requests-Reset")
 	rl.ResetTokens = reset("X-Ratelimit-Reset-Tokens", "Anthropic-Ratelimit-Tokens-Reset", "Anthropic-Ratelimit-Input-Tokens-Reset")
 	return rl
+}
+
+// headerCount returns the first of the named headers that holds a
+// non-negative count (an integer, or a finite number below 2^31, truncated);
+// -1 when none does.
+func headerCount(h http.Header, names ...string) int {
+	for _, n := range names {
+		if v := strings.TrimSpace(h.Get(n)); v != "" {
+			if i, err := strconv.Atoi(v); err == nil && i >= 0 {
+				return i
+			}
+			if f, ok := parseFloat(v); ok && f >= 0 && f < math.MaxInt32 {
+				return int(f)
+			}
+		}
+	}
+	return -1
 }
 
 // parseResetDuration parses OpenAI reset values: Go-style durations ("6m0s",
