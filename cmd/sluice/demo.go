@@ -33,8 +33,8 @@ const demoModel = "gpt-4o-mini"
 
 func runDemo(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("demo", stderr)
-	rpm := fs.Int("rpm", 300, "the simulated provider's requests-per-minute limit")
-	tpm := fs.Int("tpm", 40000, "the simulated provider's tokens-per-minute limit")
+	rpm := fs.Int("rpm", 600, "the simulated provider's requests-per-minute limit")
+	tpm := fs.Int("tpm", 120000, "the simulated provider's tokens-per-minute limit")
 	load := fs.Float64("load", 1.3, "offered tokens as a multiple of one minute's TPM")
 	timeout := fs.Duration("timeout", 3*time.Minute, "give up after this long")
 	seed := fs.Uint64("seed", 42, "workload seed")
@@ -66,8 +66,6 @@ func runDemo(ctx context.Context, args []string, getenv func(string) string, std
 	}
 	defer os.RemoveAll(dir)
 	cfg, err := config.Parse([]byte(fmt.Sprintf(`
-admission:
-  burst_fraction: 0.025
 providers:
   - name: sim
     base_url: %s/v1
@@ -215,7 +213,7 @@ tenants:
 		total, statuses[job.StatusSucceeded], statuses[job.StatusFailed], statuses[job.StatusExpired], refused.Load())
 	fmt.Fprintf(stdout, "  provider saw   %d requests: %d answered 200, %d answered 429\n", ms.Admitted+ms.RateLimited, ms.Requests[200], ms.Requests[429])
 	fmt.Fprintf(stdout, "  busiest 60 s   %s tokens (limit %s), %d requests (limit %d)\n", bench.Comma(int64(ms.MaxTokensIn60s)), bench.Comma(int64(*tpm)), ms.MaxRequestsIn60s, *rpm)
-	fmt.Fprintf(stdout, "  busiest 1 s    %s tokens (cap %s)\n", bench.Comma(int64(ms.MaxTokensIn1s)), bench.Comma(int64(ms.BurstTokens)))
+	fmt.Fprintf(stdout, "  busiest 1 s    %s tokens (cap %s), %d requests (cap %d)\n", bench.Comma(int64(ms.MaxTokensIn1s)), bench.Comma(int64(ms.BurstTokens)), ms.MaxRequestsIn1s, ms.BurstRequests)
 	fmt.Fprintf(stdout, "  paid twice     %d operations\n", st.DuplicateCompletions)
 	fmt.Fprintf(stdout, "  tokens used    %s (prompt + completion, as the provider reported) in %.0fs\n", bench.Comma(ms.SuccessTokens), elapsed.Seconds())
 	if ms.MaxTokensIn60s > *tpm || ms.MaxRequestsIn60s > *rpm || ms.RateLimited > 0 {

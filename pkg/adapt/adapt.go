@@ -273,8 +273,8 @@ type Refusal struct {
 	Stated [2]int
 	// Used is what the fleet's window held in the minute when it came;
 	// Recent what its schedule held in the second before the refused call
-	// (zero when unknown).
-	Used, Recent budget.Cost
+	// (zero when unknown); Cost what the refused call would have cost.
+	Used, Recent, Cost budget.Cost
 }
 
 // Cut records a refusal: it returns whether it cut (and why), and the new
@@ -324,12 +324,20 @@ func (s *Store) Cut(ctx context.Context, key string, c Config, r Refusal) (bool,
 					q = min(1, q+QuantumRecovery*max(since, 0)/float64(time.Minute.Milliseconds()))
 				}
 				nq := q * Beta
-				// The provider refused with Recent already in its second,
-				// so its cap is at most that: cut to it when that is lower
-				// (one cut, not many, when the configuration is far off).
+				// The provider refused with Recent already in its second
+				// (which it had admitted), so its cap lies between Recent
+				// and Recent plus this request: cut to the middle when that
+				// is lower (one cut, not many, when the configuration is
+				// far off), but never below a quarter in one epoch (the
+				// fleet's view of the second is not the provider's).
 				recent := [2]int{r.Recent.Requests, r.Recent.Tokens}[d]
+				own := [2]int{r.Cost.Requests, r.Cost.Tokens}[d]
 				if base := float64(before.PerSecond[d]) / max(q, 1e-9); recent > 0 && base > 0 {
-					nq = min(nq, float64(recent)/base)
+					est := float64(recent)
+					if d == Tokens {
+						est += float64(own) / 2
+					}
+					nq = max(min(nq, est/base), q/4)
 				}
 				st.Quantum[d], st.QuantumAt[d] = max(nq, 0.02), ms
 			}

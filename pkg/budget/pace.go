@@ -71,7 +71,11 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 	}
 	nowUS := now.UnixMicro()
 	earliest := nowUS + s.p.Lead.Microseconds()
-	horizon := nowUS + max(s.p.Horizon, s.p.Lead).Microseconds()
+	h := s.p.Horizon
+	if lim.Horizon > 0 {
+		h = min(h, lim.Horizon)
+	}
+	horizon := nowUS + max(h, s.p.Lead).Microseconds()
 	win := s.p.Window
 	if win == 0 {
 		win = time.Minute

@@ -81,6 +81,10 @@ func TestPacedScheduleHoldsAtTheProvider(t *testing.T) {
 		{"mixed sizes below the cap, TPM-bound", 10_000, 600_000, func(r *rand.Rand) budget.Cost {
 			return budget.Cost{Requests: 1, Tokens: 100 + r.IntN(6_000)}
 		}, 0.83, "tpm"},
+		// The demo's jobs: 94-494 tokens against a 2,000-token cap.
+		{"demo-sized jobs, TPM-bound", 600, 120_000, func(r *rand.Rand) budget.Cost {
+			return budget.Cost{Requests: 1, Tokens: 94 + r.IntN(400)}
+		}, 0.80, "tpm"},
 		// Jobs up to 1.2x the per-second cap: one larger than the cap waits
 		// for an empty window behind smaller ones, in fair order.
 		{"mixed sizes around the cap, TPM-bound", 10_000, 600_000, func(r *rand.Rand) budget.Cost {

@@ -60,6 +60,10 @@ type Limits struct {
 	// instead of the ones BurstFraction derives from the minute limits (a
 	// quantum learned from the provider's 429s).
 	BurstRequests, BurstTokens int
+	// Horizon, when > 0, bounds how far ahead a paced store plans these
+	// costs instead of Params.Horizon (backlogs plan a short way ahead, so
+	// work that should not wait is not queued behind their placements).
+	Horizon time.Duration
 }
 
 // caps returns the effective per-minute limits and per-second caps, after

@@ -368,6 +368,12 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 	}
 	n, _ := ms.sched.Len()
 	backlog := budget.Cost{Requests: n, Tokens: ms.sched.Tokens()}
+	if !urgent {
+		// Placements are monotone: a backlog planned far ahead would queue
+		// the next interactive job behind it. It plans BacklogHorizon
+		// ahead; the loop comes back at least every slice.
+		lim.Horizon = BacklogHorizon
+	}
 	if urgent {
 		// An interactive job or a new flow may use the headroom, but only
 		// for urgent work: no room is asked for the backlog behind it.
@@ -447,6 +453,10 @@ func (s *Service) storeDown(key string, err error) {
 	s.budgetErr.Store(err.Error())
 	s.log.Warn("budget store unavailable; holding jobs", "key", key, "err", err)
 }
+
+// BacklogHorizon is how far ahead work that may wait is placed on a
+// model's schedule (urgent work may use admission.plan_horizon).
+const BacklogHorizon = 500 * time.Millisecond
 
 // MaxPause bounds how long one pause signal holds a model; PauseJitter
 // spreads the processes' resumption.
@@ -645,7 +655,10 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 		for range min(backlog.Requests, backlogChunks) {
 			extra = append(extra, budget.Cost{Requests: 1, Tokens: avg})
 		}
-	} else {
+	} else if !urgent {
+		// Room for the demand expected in the slice. Not for urgent work:
+		// on a paced schedule room not used is time lost, and urgent jobs
+		// are few.
 		d := l.Demand(urgent, now)
 		extra = demandChunks(d.Requests-need.Requests, d.Tokens-need.Tokens)
 		spread = s.store.Params().Slice

@@ -526,7 +526,8 @@ func (s *Service) throttled(ctx context.Context, msg jetstream.Msg, j *job.Job, 
 		}
 		cut, reason, err := s.learn.Cut(ctx, adapt.Key(j.Provider, job.ModelToken(j.Model)), admission.AdaptConfig(s.cfg.App.Admission, *model), adapt.Refusal{
 			Kind: adapt.Kind(info.Kind), Dim: dim, ReservedAt: j.Reservation.ReservedAt, RetryAfter: info.RetryAfter,
-			Stated: [2]int{info.StatedLimitRequests, info.StatedLimitTokens}, Used: used, Recent: recent})
+			Stated: [2]int{info.StatedLimitRequests, info.StatedLimitTokens}, Used: used, Recent: recent,
+			Cost: budget.Cost{Requests: j.Reservation.Requests, Tokens: j.Reservation.Tokens}})
 		if err != nil {
 			s.log.Warn("learn from 429", "err", err)
 		}
