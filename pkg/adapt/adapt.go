@@ -294,6 +294,10 @@ func (s *Store) Cut(ctx context.Context, key string, c Config, r Refusal) (bool,
 			if v := r.Stated[d]; v > 0 && v != st.Stated[d] {
 				st.Stated[d], stated = v, true
 			}
+			if r.Stated[d] > 0 && st.Discovering[d] {
+				st.Learned[d], st.LearnedAt[d], st.Discovering[d] = 0, 0, false
+				stated = true
+			}
 		}
 		if r.ReservedAt.UnixMilli() < st.Epoch+EpochSlack.Milliseconds() {
 			if stated {
@@ -395,6 +399,11 @@ func (s *Store) Observe(ctx context.Context, key string, c Config, stated [2]int
 		for d := range 2 {
 			if v := stated[d]; v > 0 && v != st.Stated[d] {
 				st.Stated[d], changed = v, true
+			}
+			if stated[d] > 0 && st.Discovering[d] {
+				// The provider said: nothing left to discover.
+				st.Learned[d], st.LearnedAt[d], st.Discovering[d] = 0, 0, false
+				changed = true
 			}
 		}
 		return changed

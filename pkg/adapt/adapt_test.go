@@ -183,7 +183,7 @@ func TestStatedAndDiscovered(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec, _, _ = st.Get(ctx, k2)
-	if e := adapt.Compute(disc, rec, c.Now().Add(time.Hour)); e.PerMinute != [2]int{3000, 2_000_000} {
+	if e := adapt.Compute(disc, rec, c.Now().Add(adapt.Ramp)); e.PerMinute != [2]int{3000, 2_000_000} {
 		t.Errorf("discovered with headers: %v, want what they state", e.PerMinute)
 	}
 	// Quota refusals never adapt.
