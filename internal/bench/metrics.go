@@ -1,8 +1,10 @@
 package bench
 
 import (
+	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -27,8 +29,16 @@ type SluiceMetrics struct {
 	RateLimitHits map[string]float64 `json:"rate_limit_hits,omitempty"`
 	// Requeues is sluice_rate_limit_requeues_total by outcome.
 	Requeues map[string]float64 `json:"rate_limit_requeues,omitempty"`
+	// Deferrals is sluice_admission_deferrals_total by reason: jobs
+	// admission sent back to wait for room.
+	Deferrals map[string]float64 `json:"admission_deferrals,omitempty"`
 	// ReservationsExpired is sluice_reservations_expired_total.
 	ReservationsExpired float64 `json:"reservations_expired"`
+	// All is every non-zero sluice_* and llm_* series of the fleet at the
+	// run's end, as name{label="value",…} (provider and model labels left
+	// out): counters summed over the nodes, gauges the largest node's,
+	// histograms as their summed _count and _sum.
+	All map[string]float64 `json:"all,omitempty"`
 }
 
 // LimitSample is sluice_limit_effective at one instant of a run.
@@ -43,6 +53,7 @@ const (
 	metricHits      = "llm_rate_limit_hits_total"
 	metricRequeues  = "sluice_rate_limit_requeues_total"
 	metricExpired   = "sluice_reservations_expired_total"
+	metricDeferrals = "sluice_admission_deferrals_total"
 )
 
 // gathered is the metric families of the benchmark model, one map per node.
@@ -138,7 +149,54 @@ func (s *SluiceMetrics) finish(regs []*prometheus.Registry, at float64) {
 	s.Cuts = g.sum(metricCuts, "reason")
 	s.RateLimitHits = g.sum(metricHits, "limit_type")
 	s.Requeues = g.sum(metricRequeues, "outcome")
+	s.Deferrals = g.sum(metricDeferrals, "reason")
 	s.ReservationsExpired = g.sum(metricExpired, "")[""]
+	s.All = g.all()
+}
+
+// all collects every non-zero sluice_* and llm_* series over the nodes.
+func (g gathered) all() map[string]float64 {
+	out := map[string]float64{}
+	for _, node := range g {
+		for name, f := range node {
+			if !strings.HasPrefix(name, "sluice_") && !strings.HasPrefix(name, "llm_") {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				if mod := label(m, "model"); mod != "" && mod != Model {
+					continue
+				}
+				var labels []string
+				for _, l := range m.GetLabel() {
+					if l.GetName() != "provider" && l.GetName() != "model" {
+						labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+					}
+				}
+				key := name
+				if len(labels) > 0 {
+					key += "{" + strings.Join(labels, ",") + "}"
+				}
+				if h := m.GetHistogram(); h != nil {
+					if h.GetSampleCount() > 0 {
+						out[key+"_count"] += float64(h.GetSampleCount())
+						out[key+"_sum"] += h.GetSampleSum()
+					}
+					continue
+				}
+				switch v := value(m); {
+				case v == 0:
+				case m.GetGauge() != nil:
+					out[key] = max(out[key], v) // a gauge is per process: the largest
+				default:
+					out[key] += v
+				}
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 // sortedKeys returns m's keys in order.

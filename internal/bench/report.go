@@ -107,6 +107,9 @@ func (r Result) diagnosis() string {
 		if len(m.Requeues) > 0 {
 			parts = append(parts, "requeues "+kv(m.Requeues))
 		}
+		if len(m.Deferrals) > 0 {
+			parts = append(parts, "admission deferrals "+kv(m.Deferrals))
+		}
 		if m.ReservationsExpired > 0 {
 			parts = append(parts, fmt.Sprintf("reservations expired %.0f", m.ReservationsExpired))
 		}

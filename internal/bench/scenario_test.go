@@ -210,4 +210,9 @@ func TestSluiceMetricsGather(t *testing.T) {
 	if m.Cuts["burst"] != 3 || m.Effective["requests_per_minute"] != 450 || len(m.Samples) != 2 || m.Samples[0].AtS != 5 {
 		t.Errorf("gathered %+v", m)
 	}
+	// All: counters summed over the nodes, gauges the largest; other
+	// models left out.
+	if len(m.All) != 2 || m.All[metricCuts+`{reason="burst"}`] != 3 || m.All[metricEffective+`{dimension="requests_per_minute"}`] != 450 {
+		t.Errorf("all series %v", m.All)
+	}
 }
