@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,6 +25,20 @@ sluice bench runs the same workload against the same simulated provider limits
 with four strategies at once (retry-only, rpm-limiter, token-shaping, sluice),
 each against its own simulator, and reports what each simulator's ledger saw:
 a table, an SVG chart of successful usage per trailing 60 s, and optionally JSON.
+Sluice runs as a small in-process fleet: one node embedding NATS with every
+service, one more admission node and two more executor nodes joining it.
+
+It runs, in one command, the workload comparison (every workload against the
+simulator's default profile: a 60-s window plus a 1-s quantum at limit/60, with
+rate headers; Sluice told the real limits) and the scenarios, which vary the
+provider's profile and what Sluice is told, and judge Sluice against a target:
+
+` + "%s" + `
+The direct strategies are always told the real limits. --workload and
+--scenario select: naming only one of them runs only what it names, so
+"--workload a" runs workload a alone and "--scenario all" the scenarios alone.
+A scenario runs its own workload unless named as NAME:WORKLOAD. A full run
+takes about 14 minutes; --scale 0.2 --run-timeout 10s makes a quick smoke run.
 
 sluice bench overhead measures what the mesh adds between accepting a job and
 the provider receiving it, and jobs per second, against a zero-latency
@@ -30,6 +46,15 @@ simulator with no limits.
 
 Flags:
 `
+
+// scenarioUsage lists the scenarios for the usage text.
+func scenarioUsage() string {
+	var b strings.Builder
+	for _, sc := range bench.Scenarios {
+		fmt.Fprintf(&b, "  %-13s workload %-3s  %s\n                              target: %s\n", sc.Name, sc.Workload, sc.Description, sc.Target)
+	}
+	return b.String()
+}
 
 // benchFile is everything `sluice bench --json` writes.
 type benchFile struct {
@@ -41,8 +66,12 @@ type benchFile struct {
 	Load        float64                 `json:"load"`
 	Scale       float64                 `json:"scale"`
 	Retry       benchRetry              `json:"retry"`
+	SluiceFleet string                  `json:"sluice_fleet"`
 	WallS       float64                 `json:"wall_s"`
 	Workloads   []*bench.WorkloadResult `json:"workloads"`
+	Scenarios   []*bench.WorkloadResult `json:"scenarios"`
+	// ScenariosPassed counts the scenarios whose target Sluice met.
+	ScenariosPassed int `json:"scenarios_passed"`
 }
 
 type benchRetry struct {
@@ -51,16 +80,30 @@ type benchRetry struct {
 	MaxMS       float64 `json:"max_ms"`
 }
 
+// benchRun is one run of the command: a workload, alone or in a scenario.
+type benchRun struct {
+	scenario *bench.Scenario
+	w        *bench.Workload
+}
+
+func (r benchRun) label() string {
+	if r.scenario == nil {
+		return "workload " + r.w.Name
+	}
+	return "scenario " + r.scenario.Name + ":" + r.w.Name
+}
+
 func runBench(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "overhead" {
 		return runBenchOverhead(ctx, args[1:], stdout, stderr)
 	}
 	fs := newFlagSet("bench", stderr)
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), benchUsage)
+		fmt.Fprintf(fs.Output(), benchUsage, scenarioUsage())
 		fs.PrintDefaults()
 	}
-	workload := fs.String("workload", "all", "workload to run: "+strings.Join(bench.SpecNames(), ", ")+" or all")
+	workload := fs.String("workload", "all", "workloads of the comparison: "+strings.Join(bench.SpecNames(), ", ")+", all or none")
+	scenario := fs.String("scenario", "all", "scenarios: "+strings.Join(bench.ScenarioNames(), ", ")+" (comma-separated, each NAME or NAME:WORKLOAD), all or none")
 	conc := fs.Int("concurrency", 32, "workers of the direct strategies (and Sluice's max_concurrency)")
 	seed := fs.Uint64("seed", 1, "seed of the workload and of the strategies' jitter")
 	runTimeout := fs.Duration("run-timeout", bench.DefaultRunTimeout, "deadline of each strategy's run; jobs unfinished by then count as failed")
@@ -74,35 +117,75 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}
-	names := bench.SpecNames()
-	if *workload != "all" {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["workload"] && !set["scenario"] {
+		*scenario = "none"
+	}
+	if set["scenario"] && !set["workload"] {
+		*workload = "none"
+	}
+	var names []string
+	switch *workload {
+	case "all":
+		names = bench.SpecNames()
+	case "none":
+	default:
 		if _, ok := bench.LookupSpec(*workload); !ok {
-			return fmt.Errorf("--workload %q: want %s or all", *workload, strings.Join(names, ", "))
+			return fmt.Errorf("--workload %q: want %s, all or none", *workload, strings.Join(bench.SpecNames(), ", "))
 		}
 		names = []string{*workload}
+	}
+	scenarios, err := bench.ParseScenarios(*scenario)
+	if err != nil {
+		return fmt.Errorf("--scenario: %w", err)
+	}
+	if len(names) == 0 && len(scenarios) == 0 {
+		return errors.New("nothing to run: --workload none and --scenario none")
 	}
 	if *conc < 1 || *runTimeout <= 0 || *load <= 0 || *load > 10 || *scale <= 0 || *ttft < 0 || *perToken < 0 {
 		return errors.New("want --concurrency >= 1, --run-timeout > 0, 0 < --load <= 10, --scale > 0 and latencies >= 0")
 	}
 
-	var workloads []*bench.Workload
+	var runs []benchRun
 	total := 0
-	for _, name := range names {
+	generate := func(name string) (*bench.Workload, error) {
 		spec, _ := bench.LookupSpec(name)
-		w, err := bench.Generate(spec, *load, *scale, *seed)
+		return bench.Generate(spec, *load, *scale, *seed)
+	}
+	for _, name := range names {
+		w, err := generate(name)
 		if err != nil {
 			return err
 		}
-		workloads = append(workloads, w)
+		runs = append(runs, benchRun{w: w})
 		total += len(w.Jobs) * len(bench.Strategies)
 	}
-	fmt.Fprintf(stdout, "sluice bench: %s on %d simulators at once per workload (one each), latency %s + %s/output token, seed %d\n",
+	for i := range scenarios {
+		w, err := generate(scenarios[i].Workload)
+		if err != nil {
+			return err
+		}
+		runs = append(runs, benchRun{scenario: &scenarios[i], w: w})
+		total += len(w.Jobs) * len(bench.Strategies)
+	}
+	fmt.Fprintf(stdout, "sluice bench: %s on %d simulators at once per run (one each), latency %s + %s/output token, seed %d\n",
 		strings.Join(bench.Strategies, ", "), len(bench.Strategies), *ttft, *perToken, *seed)
 	r := bench.DefaultRetry
 	fmt.Fprintf(stdout, "direct strategies: %d workers; retry on 429/5xx up to %d attempts, full-jitter backoff %s base, %s cap, Retry-After as floor; run deadline %s\n",
 		*conc, r.MaxAttempts, r.Base, r.Max, *runTimeout)
-	for _, w := range workloads {
-		bench.Describe(stdout, w)
+	fmt.Fprintf(stdout, "sluice: %s\n", bench.FleetDescription())
+	described := map[string]bool{}
+	for _, run := range runs {
+		if !described[run.w.Name] {
+			described[run.w.Name] = true
+			bench.Describe(stdout, run.w)
+		}
+	}
+	for _, run := range runs {
+		if sc := run.scenario; sc != nil {
+			fmt.Fprintf(stdout, "scenario %-12s on %-3s %s; target %s\n", sc.Name, run.w.Name, sc.Setup.Describe(), sc.Target)
+		}
 	}
 	fmt.Fprintln(stdout)
 
@@ -116,24 +199,34 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	began := time.Now()
 	opt := bench.Options{Concurrency: *conc, Seed: *seed, RunTimeout: *runTimeout, TTFT: *ttft, PerToken: *perToken, OnJob: onJob}
-	var results []*bench.WorkloadResult
-	for _, w := range workloads {
+	var workloads, scenarioResults []*bench.WorkloadResult
+	for _, run := range runs {
 		if bar != nil {
-			bar.Describe(fmt.Sprintf("workload %s: jobs finished", w.Name))
+			bar.Describe(run.label() + ": jobs finished")
 		}
-		res, err := bench.Run(ctx, w, opt)
+		var res *bench.WorkloadResult
+		var err error
+		if run.scenario == nil {
+			res, err = bench.Run(ctx, run.w, opt)
+		} else {
+			res, err = bench.RunScenario(ctx, *run.scenario, run.w, opt)
+		}
 		if err != nil {
 			if bar != nil {
 				_ = bar.Exit()
 				fmt.Fprintln(stderr)
 			}
-			return fmt.Errorf("workload %s: %w", w.Name, err)
+			return fmt.Errorf("%s: %w", run.label(), err)
 		}
-		results = append(results, res)
+		if run.scenario == nil {
+			workloads = append(workloads, res)
+		} else {
+			scenarioResults = append(scenarioResults, res)
+		}
 		if bar != nil {
 			_ = bar.Clear()
 		}
-		fmt.Fprintf(stdout, "workload %s finished in %.1fs\n", w.Name, res.WallS)
+		fmt.Fprintf(stdout, "%s finished in %.1fs\n", run.label(), res.WallS)
 	}
 	if bar != nil {
 		_ = bar.Exit()
@@ -141,8 +234,20 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	wall := time.Since(began)
 	fmt.Fprintln(stdout)
+	results := append(slices.Clone(workloads), scenarioResults...)
 	if err := bench.WriteTable(stdout, results); err != nil {
 		return err
+	}
+	passed := 0
+	for _, sr := range scenarioResults {
+		for _, res := range sr.Results {
+			if res.Verdict != nil && res.Verdict.Pass {
+				passed++
+			}
+		}
+	}
+	if len(scenarioResults) > 0 {
+		fmt.Fprintf(stdout, "\nsluice met %d of %d scenario targets\n", passed, len(scenarioResults))
 	}
 	fmt.Fprintf(stdout, "\ntotal wall time %.1fs\n", wall.Seconds())
 
@@ -159,8 +264,9 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	if *jsonPath != "" {
 		doc := benchFile{Seed: *seed, Concurrency: *conc, RunTimeoutS: runTimeout.Seconds(),
 			TTFTMS: float64(*ttft) / 1e6, PerTokenMS: float64(*perToken) / 1e6, Load: *load, Scale: *scale,
-			Retry: benchRetry{MaxAttempts: r.MaxAttempts, BaseMS: float64(r.Base) / 1e6, MaxMS: float64(r.Max) / 1e6},
-			WallS: wall.Seconds(), Workloads: results}
+			Retry:       benchRetry{MaxAttempts: r.MaxAttempts, BaseMS: float64(r.Base) / 1e6, MaxMS: float64(r.Max) / 1e6},
+			SluiceFleet: bench.FleetDescription(), WallS: wall.Seconds(), Workloads: workloads, Scenarios: scenarioResults,
+			ScenariosPassed: passed}
 		if err := benchWriteJSON(*jsonPath, doc); err != nil {
 			return fmt.Errorf("--json: %w", err)
 		}

@@ -28,7 +28,7 @@ import (
 // Sluice finish a 1.25-minute workload in about 80 s; the retry-only client
 // on an RPM-bound workload needs well over two minutes (its 429s count
 // against the RPM it is short of), so it is cut here, which keeps the three
-// workloads of `sluice bench` under five minutes.
+// workloads and six scenarios of `sluice bench` under about 15 minutes.
 const DefaultRunTimeout = 90 * time.Second
 
 // Options configure Run.
@@ -93,14 +93,44 @@ type Result struct {
 	P95MS      float64 `json:"p95_ms"`
 	Failed     int     `json:"failed"`
 	Unfinished int     `json:"unfinished"`
+	// Lost is every job that did not succeed: failed, unfinished included.
+	Lost int `json:"lost"`
+	// Pct429 is provider 429s as a percentage of attempts (arrivals at the
+	// limiter); AttemptsAfter60, Provider429sAfter60 and Pct429After60 the
+	// same over the timeline's seconds after the first 60.
+	Pct429              float64 `json:"provider_429_pct"`
+	AttemptsAfter60     int64   `json:"attempts_after_60s"`
+	Provider429sAfter60 int64   `json:"provider_429s_after_60s"`
+	Pct429After60       float64 `json:"provider_429_pct_after_60s"`
+	// RateLimitedBy counts the 429s by the simulator limit that refused
+	// them (sim.ModelStats.RateLimitedBy).
+	RateLimitedBy map[string]int64 `json:"rate_limited_by,omitempty"`
+	// Sluice is what the fleet's own metrics said (sluice lane only).
+	Sluice *SluiceMetrics `json:"sluice_metrics,omitempty"`
+	// Verdict is the sluice lane's against its scenario's target.
+	Verdict *Verdict `json:"verdict,omitempty"`
 	// Trailing60 is, per second of the run, what successful calls that
 	// arrived in the trailing 60 s were charged, in the binding dimension's
 	// unit (requests or tokens).
 	Trailing60 []int64 `json:"trailing_60s"`
+	// Timeline is the simulator's per-second ledger of the run.
+	Timeline []sim.Second `json:"timeline,omitempty"`
 }
 
-// WorkloadResult is one workload and each strategy's result on it.
+// WorkloadResult is one workload and each strategy's result on it, under
+// one Setup (in a scenario or not).
 type WorkloadResult struct {
+	// Scenario names the scenario run ("" for the workload comparison).
+	Scenario            string `json:"scenario,omitempty"`
+	ScenarioDescription string `json:"scenario_description,omitempty"`
+	Setup
+	// SluiceRPM and SluiceTPM are the limits Sluice was configured with;
+	// SluiceDiscovers that they were 0 with adaptive: true.
+	SluiceRPM       int      `json:"sluice_rpm"`
+	SluiceTPM       int      `json:"sluice_tpm"`
+	SluiceDiscovers bool     `json:"sluice_discovers,omitempty"`
+	SluiceFleet     string   `json:"sluice_fleet"`
+	Target          *Target  `json:"target,omitempty"`
 	Name            string   `json:"name"`
 	Description     string   `json:"description"`
 	RPM             int      `json:"rpm"`
@@ -115,14 +145,52 @@ type WorkloadResult struct {
 	Results         []Result `json:"results"`
 }
 
-// Run runs every strategy on w at once, each against its own simulator,
-// and returns what the simulators saw.
+// Label names a result in tables and charts: the workload ("a"), or the
+// scenario and its workload ("known:a").
+func (w *WorkloadResult) Label() string {
+	if w.Scenario == "" {
+		return w.Name
+	}
+	return w.Scenario + ":" + w.Name
+}
+
+// Run runs every strategy on w at once, each against its own simulator
+// enforcing DefaultSetup, and returns what the simulators saw.
 func Run(ctx context.Context, w *Workload, opt Options) (*WorkloadResult, error) {
+	return RunSetup(ctx, w, DefaultSetup, opt)
+}
+
+// RunScenario runs sc on w (a workload generated from sc.Workload's spec,
+// or another) and judges Sluice's result against sc.Target.
+func RunScenario(ctx context.Context, sc Scenario, w *Workload, opt Options) (*WorkloadResult, error) {
+	out, err := RunSetup(ctx, w, sc.Setup, opt)
+	if err != nil {
+		return nil, err
+	}
+	out.Scenario, out.ScenarioDescription = sc.Name, sc.Description
+	target := sc.Target
+	out.Target = &target
+	for i := range out.Results {
+		if out.Results[i].Strategy == Sluice {
+			v := target.Check(out.Results[i])
+			out.Results[i].Verdict = &v
+		}
+	}
+	return out, nil
+}
+
+// RunSetup runs every strategy on w at once, each against its own
+// simulator enforcing the limits as setup says, and returns what the
+// simulators saw.
+func RunSetup(ctx context.Context, w *Workload, setup Setup, opt Options) (*WorkloadResult, error) {
 	opt = opt.withDefaults()
+	setup = setup.withDefaults()
 	began := time.Now()
 	reqs, toks := w.Offered()
 	bind := w.Binding()
-	out := &WorkloadResult{Name: w.Name, Description: w.Description, RPM: w.RPM, TPM: w.TPM, Binding: bind,
+	srpm, stpm, discover := setup.sluiceLimits(w)
+	out := &WorkloadResult{Setup: setup, SluiceRPM: srpm, SluiceTPM: stpm, SluiceDiscovers: discover, SluiceFleet: FleetDescription(),
+		Name: w.Name, Description: w.Description, RPM: w.RPM, TPM: w.TPM, Binding: bind,
 		Limit: w.Limit(bind), Jobs: len(w.Jobs), OfferedRequests: reqs, OfferedTokens: toks}
 	out.OfferedLoad = ratio(reqs, out.Limit)
 	if bind == Tokens {
@@ -139,14 +207,16 @@ func Run(ctx context.Context, w *Workload, opt Options) (*WorkloadResult, error)
 	defer func() {
 		for _, l := range lanes {
 			if l.strat != nil {
-				_ = l.strat.close()
+				if err := l.strat.close(); err != nil {
+					opt.Log.Warn("close strategy", "strategy", l.name, "err", err)
+				}
 			}
 			l.stopS()
 		}
 	}()
 	for _, name := range Strategies {
 		s, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: Model, RPM: w.RPM, TPM: w.TPM}},
-			TTFT: opt.TTFT, PerToken: opt.PerToken})
+			Profile: setup.Profile, NoRateHeaders: setup.NoRateHeaders, TTFT: opt.TTFT, PerToken: opt.PerToken})
 		if err != nil {
 			return nil, err
 		}
@@ -157,8 +227,8 @@ func Run(ctx context.Context, w *Workload, opt Options) (*WorkloadResult, error)
 		l := &lane{name: name, sim: s, stopS: stop}
 		lanes = append(lanes, l)
 		if name == Sluice {
-			l.strat = &mesh{spec: nodeSpec{rpm: w.RPM, tpm: w.TPM, maxConcurrency: opt.Concurrency, retry: opt.Retry,
-				maxElapsed: opt.RunTimeout, log: opt.Log}}
+			l.strat = &mesh{spec: nodeSpec{rpm: srpm, tpm: stpm, discover: discover, maxConcurrency: opt.Concurrency,
+				retry: opt.Retry, maxElapsed: opt.RunTimeout, log: opt.Log, joiners: Fleet}}
 		} else {
 			d, err := newDirect(name, opt.Concurrency, opt.Seed, opt.Retry, w.RPM, w.TPM)
 			if err != nil {
@@ -186,6 +256,9 @@ func Run(ctx context.Context, w *Workload, opt Options) (*WorkloadResult, error)
 			l.strat.run(runCtx, w.Jobs, t)
 			st := l.sim.Stats() // at the run's end: the timeline stops here
 			results[i] = summarize(l.name, w, bind, st, t, time.Since(t0))
+			if m, ok := l.strat.(*mesh); ok {
+				results[i].Sluice = m.metrics
+			}
 		}()
 	}
 	wg.Wait()
@@ -226,8 +299,13 @@ func summarize(name string, w *Workload, bind Dim, st sim.Stats, t *tracker, ela
 		}
 	}
 	r.Trailing60 = trailing60(ms.Timeline, bind)
+	r.Timeline = ms.Timeline
+	r.RateLimitedBy = ms.RateLimitedBy
+	r.Pct429 = percent(r.Provider429s, r.ProviderRequests)
+	r.AttemptsAfter60, r.Provider429sAfter60 = after60(ms.Timeline)
+	r.Pct429After60 = percent(r.Provider429sAfter60, r.AttemptsAfter60)
 	lat, failed, unfinished := t.summary()
-	r.Failed, r.Unfinished = failed, unfinished
+	r.Failed, r.Unfinished, r.Lost = failed, unfinished, failed
 	r.P50MS = ms64(percentile(lat, 0.50))
 	r.P95MS = ms64(percentile(lat, 0.95))
 	return r

@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-dev/sluice/internal/node"
 	"github.com/sluice-dev/sluice/pkg/client"
@@ -23,38 +26,111 @@ const tenant = "bench"
 // nodeSpec is what an in-process Sluice for a benchmark needs.
 type nodeSpec struct {
 	providerURL    string // …/v1
-	rpm, tpm       int    // the model's limits (0 = unlimited)
+	rpm, tpm       int    // the model's configured limits (0 = unlimited, or discovered)
+	discover       bool   // adaptive: true: limits configured as 0 are discovered
 	maxConcurrency int
 	retry          RetryPolicy
 	maxElapsed     time.Duration // retry budget per job
 	log            *slog.Logger
+	// joiners are the service lists of the processes that join the first
+	// one's NATS (none: a single node).
+	joiners [][]string
 }
 
-// meshNode is a running in-process Sluice: embedded NATS on a free loopback
-// port, a fresh store in a temp directory, every service, HTTP off.
-type meshNode struct {
-	nc   *nats.Conn
-	cl   *client.Client
-	stop func() error
+// Fleet is the shape of the Sluice lane in Run: one node embedding NATS with
+// every service, and these processes joining it.
+var Fleet = [][]string{{"admission"}, {"executor"}, {"executor"}}
+
+// FleetDescription says what Fleet is, for reports.
+func FleetDescription() string {
+	parts := []string{"1 node with embedded NATS and " + strings.Join(node.AllServices, ",")}
+	for _, s := range Fleet {
+		parts = append(parts, strings.Join(s, ","))
+	}
+	return fmt.Sprintf("%d in-process nodes: %s", len(Fleet)+1, strings.Join(parts, " + "))
 }
 
-func startNode(ctx context.Context, s nodeSpec) (*meshNode, error) {
+// config is the Sluice configuration of s.
+func (s nodeSpec) config() (*config.Config, error) {
 	r := s.retry
 	policy := fmt.Sprintf("{max_attempts: %d, max_elapsed: %s, base_delay: %s, max_delay: %s}",
 		r.MaxAttempts, max(s.maxElapsed, r.Max), r.Base, r.Max)
-	cfg, err := config.Parse(fmt.Appendf(nil, `
+	adaptive := ""
+	if s.discover {
+		adaptive = ", adaptive: true"
+	}
+	return config.Parse(fmt.Appendf(nil, `
 providers:
   - name: sim
     base_url: %s
     models:
-      - {name: %s, rpm: %d, tpm: %d, max_concurrency: %d}
+      - {name: %s, rpm: %d, tpm: %d, max_concurrency: %d%s}
 tenants:
   - {name: %s}
 retry:
   interactive: %s
   standard: %s
   batch: %s
-`, s.providerURL, Model, s.rpm, s.tpm, s.maxConcurrency, tenant, policy, policy, policy))
+`, s.providerURL, Model, s.rpm, s.tpm, s.maxConcurrency, adaptive, tenant, policy, policy, policy))
+}
+
+// process is one running in-process node.
+type process struct {
+	services []string
+	info     node.Info
+	halt     func() error
+}
+
+// launch runs a node until its halt is called.
+func launch(ctx context.Context, o node.Options) (*process, error) {
+	nodeCtx, cancel := context.WithCancel(context.Background())
+	ready := make(chan node.Info, 1)
+	errc := make(chan error, 1)
+	o.OnReady = func(i node.Info) { ready <- i }
+	go func() { errc <- node.Run(nodeCtx, o) }()
+	var halted bool
+	var herr error
+	halt := func() error {
+		if !halted {
+			halted = true
+			cancel()
+			herr = <-errc
+		}
+		return herr
+	}
+	select {
+	case info := <-ready:
+		return &process{services: o.Services, info: info, halt: halt}, nil
+	case err := <-errc:
+		halted, herr = true, err
+		cancel()
+		return nil, fmt.Errorf("start sluice %s: %w", strings.Join(o.Services, ","), err)
+	case <-ctx.Done():
+		_ = halt()
+		return nil, ctx.Err()
+	}
+}
+
+// meshNode is a running in-process Sluice: a first node embedding NATS on a
+// free loopback port (a fresh store in a temp directory) with every
+// service, any processes joining it, HTTP off.
+type meshNode struct {
+	nc    *nats.Conn
+	cl    *client.Client
+	procs []*process // procs[0] embeds NATS
+	stop  func() error
+}
+
+// startNode starts a single node with every service.
+func startNode(ctx context.Context, s nodeSpec) (*meshNode, error) {
+	s.joiners = nil
+	return startFleet(ctx, s)
+}
+
+// startFleet starts the first node, then s.joiners on its NATS, and
+// connects a client to it.
+func startFleet(ctx context.Context, s nodeSpec) (*meshNode, error) {
+	cfg, err := s.config()
 	if err != nil {
 		return nil, err
 	}
@@ -62,47 +138,63 @@ retry:
 	if err != nil {
 		return nil, err
 	}
-	nodeCtx, cancel := context.WithCancel(context.Background())
-	ready := make(chan node.Info, 1)
-	errc := make(chan error, 1)
-	go func() {
-		errc <- node.Run(nodeCtx, node.Options{Config: cfg, NATSListen: "127.0.0.1:0", Data: dir, Log: s.log,
-			OnReady: func(i node.Info) { ready <- i }})
-	}()
-	halt := func() error {
-		cancel()
-		err := <-errc
-		if rerr := os.RemoveAll(dir); err == nil {
-			err = rerr
+	n := &meshNode{}
+	stopAll := func() error {
+		if n.nc != nil {
+			n.nc.Close()
 		}
-		return err
+		var errs []error
+		// Joiners first, so none of them is left reconnecting.
+		for _, p := range slices.Backward(n.procs) {
+			if err := p.halt(); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", strings.Join(p.services, ","), err))
+			}
+		}
+		n.procs = nil
+		if err := os.RemoveAll(dir); err != nil {
+			errs = append(errs, err)
+		}
+		return errors.Join(errs...)
 	}
-	var info node.Info
-	select {
-	case info = <-ready:
-	case err := <-errc:
-		cancel()
+	n.stop = stopAll
+	first, err := launch(ctx, node.Options{Config: cfg, NATSListen: "127.0.0.1:0", Data: dir, Services: node.AllServices,
+		Log: s.log.With("node", 0)})
+	if err != nil {
 		_ = os.RemoveAll(dir)
-		return nil, fmt.Errorf("start sluice: %w", err)
-	case <-ctx.Done():
-		_ = halt()
-		return nil, ctx.Err()
-	}
-	nc, err := nats.Connect(info.NATSURL, nats.Name("sluice bench"))
-	if err != nil {
-		_ = halt()
-		return nil, fmt.Errorf("connect to sluice: %w", err)
-	}
-	cl, err := client.New(nc)
-	if err != nil {
-		nc.Close()
-		_ = halt()
 		return nil, err
 	}
-	return &meshNode{nc: nc, cl: cl, stop: func() error {
-		nc.Close()
-		return halt()
-	}}, nil
+	n.procs = append(n.procs, first)
+	for i, services := range s.joiners {
+		p, err := launch(ctx, node.Options{Config: cfg, NATSURL: first.info.NATSURL, Services: services,
+			Log: s.log.With("node", i+1)})
+		if err != nil {
+			_ = stopAll()
+			return nil, err
+		}
+		n.procs = append(n.procs, p)
+	}
+	nc, err := nats.Connect(first.info.NATSURL, nats.Name("sluice bench"))
+	if err != nil {
+		_ = stopAll()
+		return nil, fmt.Errorf("connect to sluice: %w", err)
+	}
+	n.nc = nc
+	cl, err := client.New(nc)
+	if err != nil {
+		_ = stopAll()
+		return nil, err
+	}
+	n.cl = cl
+	return n, nil
+}
+
+// registries are the nodes' metric registries, first node first.
+func (n *meshNode) registries() []*prometheus.Registry {
+	var out []*prometheus.Registry
+	for _, p := range n.procs {
+		out = append(out, p.info.Registry)
+	}
+	return out
 }
 
 // submit hands j to Sluice, waiting out "queue full" refusals.
@@ -119,19 +211,25 @@ func (n *meshNode) submit(ctx context.Context, j *job.Job) error {
 	}
 }
 
-// mesh is the sluice strategy: an in-process Sluice configured with the
-// provider's limits, fed through the public Go client.
+// mesh is the sluice strategy: an in-process Sluice fleet, fed through the
+// public Go client.
 type mesh struct {
 	spec nodeSpec
 	node *meshNode
+	// metrics is what the fleet's registries said at the run's end, and
+	// the limits in effect sampled during it.
+	metrics *SluiceMetrics
 }
 
 // submitters is how many goroutines hand jobs to Sluice at once.
 const submitters = 8
 
+// sampleEvery is how often the sluice lane samples its limits in effect.
+const sampleEvery = 5 * time.Second
+
 func (m *mesh) prepare(ctx context.Context, baseURL string) error {
 	m.spec.providerURL = baseURL
-	n, err := startNode(ctx, m.spec)
+	n, err := startFleet(ctx, m.spec)
 	if err != nil {
 		return err
 	}
@@ -140,6 +238,29 @@ func (m *mesh) prepare(ctx context.Context, baseURL string) error {
 }
 
 func (m *mesh) run(ctx context.Context, jobs []Job, t *tracker) {
+	sm := &SluiceMetrics{Nodes: len(m.node.procs)}
+	m.metrics = sm
+	sampled := make(chan struct{})
+	stopSampling := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(sampleEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-tick.C:
+				sm.sample(m.node.registries(), time.Since(t.t0).Seconds())
+			case <-stopSampling:
+				return
+			}
+		}
+	}()
+	defer func() {
+		close(stopSampling)
+		<-sampled
+		sm.finish(m.node.registries(), time.Since(t.t0).Seconds())
+	}()
+
 	var mu sync.Mutex
 	index := make(map[string]int, len(jobs))
 	sub, err := m.node.cl.Subscribe(tenant, func(r *job.Result) {

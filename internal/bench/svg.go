@@ -13,6 +13,7 @@ import (
 // calls were charged in each trailing 60 s, against the binding limit.
 type Panel struct {
 	Title     string
+	Subtitle  string  // a smaller line under the title (optional)
 	Unit      string  // what the y axis counts, e.g. "tokens"
 	Limit     float64 // drawn as a dashed line
 	LimitName string  // e.g. "TPM"
@@ -25,10 +26,24 @@ type Series struct {
 	Values []int64
 }
 
-// PanelOf makes the chart panel of a workload's results.
+// PanelOf makes the chart panel of a workload's or a scenario's results.
 func PanelOf(w *WorkloadResult) Panel {
+	title := fmt.Sprintf("workload %s: %s — limit %s %s", w.Name, w.Description, Comma(int64(w.Limit)), strings.ToUpper(string(w.Binding)))
+	subtitle := w.Setup.Describe()
+	if w.Scenario != "" {
+		title = fmt.Sprintf("scenario %s on workload %s — limit %s %s", w.Scenario, w.Name,
+			Comma(int64(w.Limit)), strings.ToUpper(string(w.Binding)))
+		if w.Target != nil {
+			for _, r := range w.Results {
+				if r.Verdict != nil {
+					subtitle += fmt.Sprintf("; sluice target %s: %s", w.Target, r.Verdict)
+				}
+			}
+		}
+	}
 	p := Panel{
-		Title:     fmt.Sprintf("workload %s: %s — limit %s %s", w.Name, w.Description, Comma(int64(w.Limit)), strings.ToUpper(string(w.Binding))),
+		Title:     title,
+		Subtitle:  subtitle,
 		Unit:      "successful " + w.Binding.Unit() + " per trailing 60 s",
 		Limit:     float64(w.Limit),
 		LimitName: strings.ToUpper(string(w.Binding)),
@@ -45,7 +60,7 @@ const (
 	panelHeight = 320
 	marginLeft  = 90
 	marginRight = 170
-	marginTop   = 40
+	marginTop   = 52
 	marginBot   = 46
 )
 
@@ -99,7 +114,10 @@ func writePanel(w *bufio.Writer, p Panel, top float64) {
 	py := func(v float64) float64 { return y1 - (y1-y0)*v/yMax }
 
 	fmt.Fprintf(w, `<g>`+"\n")
-	fmt.Fprintf(w, `<text x="%.0f" y="%.0f" font-size="14" font-weight="bold">%s</text>`+"\n", x0, top+24, esc(p.Title))
+	fmt.Fprintf(w, `<text x="%.0f" y="%.0f" font-size="14" font-weight="bold">%s</text>`+"\n", x0, top+22, esc(p.Title))
+	if p.Subtitle != "" {
+		fmt.Fprintf(w, `<text x="%.0f" y="%.0f" font-size="11" fill="#444">%s</text>`+"\n", x0, top+38, esc(p.Subtitle))
+	}
 	// Grid and y ticks.
 	for v := 0.0; v <= yMax+yStep/2; v += yStep {
 		y := py(v)
