@@ -223,12 +223,34 @@ func (s *Service) Run(ctx context.Context) error {
 	defer tick.Stop()
 	touch := time.NewTicker(KeepAliveEvery)
 	defer touch.Stop()
+	// wake fires when a model's budget is expected to free (its next
+	// placement comes within the horizon) before the next tick: a paced
+	// schedule stays continuous without waiting for ticks.
+	wake := time.NewTimer(time.Hour)
+	defer wake.Stop()
+	armWake := func() {
+		next := time.Time{}
+		for _, ms := range s.models {
+			if n, _ := ms.sched.Len(); n > 0 && !ms.wakeAt.IsZero() && (next.IsZero() || ms.wakeAt.Before(next)) {
+				next = ms.wakeAt
+			}
+		}
+		d := time.Hour
+		if !next.IsZero() {
+			d = max(time.Until(next), time.Millisecond)
+		}
+		wake.Reset(d)
+	}
 	for {
+		armWake()
 		select {
 		case <-ctx.Done():
 			s.returnLeases(context.WithoutCancel(ctx), true)
 			s.releaseAll()
 			return nil
+		case <-wake.C:
+			s.dispatchAll(ctx)
+			continue
 		case <-tick.C:
 			s.returnLeases(ctx, false)
 			s.expireHeld(ctx)
@@ -456,7 +478,7 @@ func (s *Service) storeDown(key string, err error) {
 
 // BacklogHorizon is how far ahead work that may wait is placed on a
 // model's schedule (urgent work may use admission.plan_horizon).
-const BacklogHorizon = 500 * time.Millisecond
+const BacklogHorizon = 750 * time.Millisecond
 
 // MaxPause bounds how long one pause signal holds a model; PauseJitter
 // spreads the processes' resumption.

@@ -2,6 +2,7 @@ package admission_test
 
 import (
 	"context"
+	"sort"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -23,10 +24,12 @@ import (
 )
 
 type bench struct {
-	js  jetstream.JetStream
-	nc  *nats.Conn
-	ms  *metrics.Set
-	svc *admission.Service
+	js   jetstream.JetStream
+	nc   *nats.Conn
+	ms   *metrics.Set
+	svc  *admission.Service
+	cfg  *config.Config
+	mesh *mesh.Mesh
 }
 
 // tenantUnlimited and tenantLimited configure tenant t without and with
@@ -38,6 +41,19 @@ const (
 )
 
 func setupBench(b *testing.B, tenant string) *bench {
+	b.Helper()
+	// Budget to spare: the limits never bind.
+	return setupBenchCfg(b, `
+admission: {burst_fraction: 1}
+providers:
+  - name: p
+    base_url: http://127.0.0.1:1/v1
+    models: [{name: m, rpm: 100000000, tpm: 2000000000}]
+tenants: [`+tenant+`]
+`)
+}
+
+func setupBenchCfg(b *testing.B, yaml string) *bench {
 	b.Helper()
 	s := natstest.Server(b)
 	nc := natstest.Conn(b, s)
@@ -53,15 +69,7 @@ func setupBench(b *testing.B, tenant string) *bench {
 	if err != nil {
 		b.Fatal(err)
 	}
-	// Budget to spare: the limits never bind.
-	cfg, err := config.Parse([]byte(`
-admission: {burst_fraction: 1}
-providers:
-  - name: p
-    base_url: http://127.0.0.1:1/v1
-    models: [{name: m, rpm: 100000000, tpm: 2000000000}]
-tenants: [` + tenant + `]
-`))
+	cfg, err := config.Parse([]byte(yaml))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -70,7 +78,7 @@ tenants: [` + tenant + `]
 	if err != nil {
 		b.Fatal(err)
 	}
-	return &bench{js: js, nc: nc, ms: ms, svc: svc}
+	return &bench{js: js, nc: nc, ms: ms, svc: svc, cfg: cfg, mesh: m}
 }
 
 func queued(i int) []byte { return queuedAs(i, job.Standard) }
@@ -167,4 +175,64 @@ func admissionAt1000(b *testing.B, tenant string, p job.Priority) {
 	bn.report(b, n, elapsed)
 	cancel()
 	<-done
+}
+
+// BenchmarkAdmissionPaced: a backlog against a 600-RPM model (a per-second
+// cap of 10, equal to the average pace), admitted by two admission
+// processes sharing one schedule; the send instants they plan must fill
+// the minute once a new model's 10-s warm-up is over (fill: requests
+// planned in [12 s, 22 s), over 10 s of the limit; at most 1).
+func BenchmarkAdmissionPaced(b *testing.B) {
+	bn := setupBenchCfg(b, `
+providers:
+  - name: p
+    base_url: http://127.0.0.1:1/v1
+    models: [{name: m, rpm: 600, tpm: 2000000000}]
+tenants: [{name: t}]
+`)
+	second, err := admission.New(admission.Config{App: bn.cfg}, bn.mesh, slog.New(slog.DiscardHandler), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for i := range 300 {
+		if _, err := bn.js.PublishAsync(job.QueueSubject(job.Standard, "t"), queued(i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	<-bn.js.PublishAsyncComplete()
+	b.ResetTimer()
+	start := time.Now()
+	go func() { _ = bn.svc.Run(ctx) }()
+	go func() { _ = second.Run(ctx) }()
+	time.Sleep(23 * time.Second)
+	b.StopTimer()
+	st, _ := bn.js.Stream(ctx, streams.Dispatch)
+	info, _ := st.Info(ctx)
+	var planned []time.Time
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		m, err := st.GetMsg(ctx, seq)
+		if err != nil {
+			continue
+		}
+		var j job.Job
+		if json.Unmarshal(m.Data, &j) == nil && j.Reservation != nil {
+			planned = append(planned, j.Reservation.SendAt)
+		}
+	}
+	n := 0
+	for _, at := range planned {
+		if d := at.Sub(start); d >= 12*time.Second && d < 22*time.Second {
+			n++
+		}
+	}
+	if testing.Verbose() {
+		sort.Slice(planned, func(i, j int) bool { return planned[i].Before(planned[j]) })
+		for i := 1; i < len(planned); i++ {
+			b.Logf("%6.3f +%4dms", planned[i].Sub(start).Seconds(), planned[i].Sub(planned[i-1]).Milliseconds())
+		}
+	}
+	b.ReportMetric(float64(n)/100, "fill")
+	b.ReportMetric(float64(len(planned)), "planned")
 }
