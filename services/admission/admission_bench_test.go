@@ -2,10 +2,10 @@ package admission_test
 
 import (
 	"context"
-	"sort"
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"sort"
 	"testing"
 	"time"
 
