@@ -80,13 +80,22 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 	if win == 0 {
 		win = time.Minute
 	}
-	// Microseconds per request and per token at the minute's average rate.
+	// Microseconds per request and per token at the minute's average rate,
+	// or at the per-second cap's if that is slower (a cap learned from the
+	// provider's refusals): sends spread evenly instead of bunching at the
+	// start of each second.
 	var perR, perT float64
 	if lim.RPM > 0 {
 		perR = float64(win.Microseconds()) / float64(minR)
+		if capR > 0 && capR < math.MaxInt64 {
+			perR = max(perR, float64(time.Second.Microseconds())/float64(capR))
+		}
 	}
 	if lim.TPM > 0 {
 		perT = float64(win.Microseconds()) / float64(minT)
+		if capT > 0 && capT < math.MaxInt64 {
+			perT = max(perT, float64(time.Second.Microseconds())/float64(capT))
+		}
 	}
 	g := Grant{Slice: s.sliceOf(now)}
 	if lim.RPM <= 0 && lim.TPM <= 0 {
