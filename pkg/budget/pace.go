@@ -43,7 +43,7 @@ import (
 // sends planned in (a - W - Tolerance, a]: a window of the plan that was
 // checked. Hence the provider never sees more than the limits in any window
 // it enforces, however many executors send. The cost is Tolerance/Short of
-// the per-second cap (2.5 % with 25 ms) when that cap binds, and
+// the per-second cap (1.5 % with the default 15 ms) when that cap binds, and
 // (Tolerance+Slice)/Window of the minute.
 
 // Planned is one placement on a paced schedule: requests and tokens that may

@@ -351,7 +351,7 @@ func (c *Config) withDefaults() {
 		c.Admission.SendLead = Duration(20 * time.Millisecond)
 	}
 	if c.Admission.SendTolerance == 0 {
-		c.Admission.SendTolerance = Duration(25 * time.Millisecond)
+		c.Admission.SendTolerance = Duration(15 * time.Millisecond)
 	}
 	if c.Admission.PlanHorizon == 0 {
 		c.Admission.PlanHorizon = Duration(2 * time.Second)

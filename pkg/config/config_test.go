@@ -67,7 +67,7 @@ func TestParseReadmeExample(t *testing.T) {
 		{"admission.dispatch_grace", c.Admission.DispatchGrace.D(), time.Second},
 		{"admission.burst_fraction", c.Admission.BurstFraction, 1.0 / 60},
 		{"admission.send_lead", c.Admission.SendLead.D(), 20 * time.Millisecond},
-		{"admission.send_tolerance", c.Admission.SendTolerance.D(), 25 * time.Millisecond},
+		{"admission.send_tolerance", c.Admission.SendTolerance.D(), 15 * time.Millisecond},
 		{"admission.plan_horizon", c.Admission.PlanHorizon.D(), 2 * time.Second},
 		{"admission.max_rate_limited", c.Admission.MaxRateLimited, 100},
 		{"admission.batch", c.Admission.Batch, 256},
