@@ -85,7 +85,7 @@ func New(reg prometheus.Registerer) *Set {
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"provider", "model"}),
 		LimitEffective:    prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_limit_effective", Help: "Limits admission paces against: the lowest of configured, stated by the provider and learned from 429s (dimension: requests_per_minute, tokens_per_minute, requests_per_second, tokens_per_second; 0 = unlimited)."}, []string{"provider", "model", "dimension"}),
 		LimitCuts:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_limit_cuts_total", Help: "Times the limits in effect were lowered (reason: burst, minute, concurrency, acceleration, stated), at most once per epoch."}, []string{"provider", "model", "reason"}),
-		RateLimitRequeues: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_rate_limit_requeues_total", Help: "Admitted jobs the provider refused for rate, sent back to admission without spending an attempt (outcome: requeued, or cap when admission.max_rate_limited ended the job)."}, []string{"provider", "model", "outcome"}),
+		RateLimitRequeues: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_rate_limit_requeues_total", Help: "Admitted jobs the provider refused for rate, sent back to admission without spending an attempt (outcome: requeued, or cap when admission.max_rate_limited ended the job), and calls planned before a cut that were not sent (outcome: drained)."}, []string{"provider", "model", "outcome"}),
 		RateLimitKinds:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_rate_limit_refusals_total", Help: "429 rate-limit answers by what they say (kind: burst, minute, concurrency, acceleration, quota, unknown)."}, []string{"provider", "model", "kind"}),
 		SendLateness: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_send_lateness_seconds", Help: "How long after its planned instant a paced call left the executor.",
 			Buckets: []float64{.0005, .001, .002, .005, .01, .015, .02, .025, .05, .1, .25, 1}}, []string{"provider", "model"}),
@@ -133,7 +133,7 @@ func (s *Set) Preset(c *config.Config) {
 			for _, r := range []string{"burst", "minute", "concurrency", "acceleration", "stated"} {
 				s.LimitCuts.WithLabelValues(p.Name, m.Name, r)
 			}
-			for _, o := range []string{"requeued", "cap"} {
+			for _, o := range []string{"requeued", "cap", "drained"} {
 				s.RateLimitRequeues.WithLabelValues(p.Name, m.Name, o)
 			}
 		}

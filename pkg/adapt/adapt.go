@@ -63,7 +63,7 @@ const (
 	// EpochSlack is how long after a cut calls may still have been reserved
 	// at the old limits (admission refreshes every AdmissionRefresh).
 	EpochSlack       = time.Second
-	AdmissionRefresh = 500 * time.Millisecond
+	AdmissionRefresh = 250 * time.Millisecond
 	// HoldRamp is the shortest Retry-After that starts a warm-up (a
 	// fleet-wide hold); shorter ones on an unknown refusal mean a burst.
 	HoldRamp = 2 * time.Second

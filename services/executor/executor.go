@@ -74,6 +74,8 @@ type Service struct {
 	learn       *adapt.Store
 	observedMu  sync.Mutex
 	observed    map[string]time.Time // learn key -> last stated limits recorded
+	epochMu     sync.Mutex
+	epochs      map[string]epochView // learn key -> last cut, as last read
 }
 
 // New builds the service; it does no I/O.
@@ -94,7 +96,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	s := &Service{cfg: cfg, mesh: m, store: st, log: log.With("service", "executor"), m: ms, now: now,
 		clients: map[string]provider.Client{}, rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7)),
 		holder: holderName(), router: route.New(cfg.App.Routes), broken: map[string]time.Time{}, seeded: map[string]time.Time{},
-		learn: adapt.NewStore(m.Budgets, now), observed: map[string]time.Time{},
+		learn: adapt.NewStore(m.Budgets, now), observed: map[string]time.Time{}, epochs: map[string]epochView{},
 		breakers: breaker.NewSet(breaker.Config{Now: now})}
 	s.tenantPools = map[string]*budget.Pool{}
 	for _, t := range cfg.App.Tenants {
@@ -321,6 +323,22 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		// The provider judges the instant the call arrives: not before the
 		// planned one, and not after the tolerance, or the plan that keeps
 		// every window under its limit does not hold.
+		if s.drained(ctx, j) {
+			// The limits were cut after this call was planned: it was paced
+			// at the rate the provider just refused. Plan it again.
+			if _, err := s.mesh.UpdateOp(ctx, opKey, func(rec *mesh.OpRecord) bool {
+				if rec.State != mesh.OpInFlight {
+					return false
+				}
+				rec.State = mesh.OpQueued
+				return true
+			}); err != nil && !errors.Is(err, job.ErrNotFound) {
+				s.log.Debug("drain: op record", "job_id", j.ID, "err", err)
+			}
+			s.m.RateLimitRequeues.WithLabelValues(j.Provider, j.Model, "drained").Inc()
+			j.Reservation = nil
+			return s.mesh.Enqueue(ctx, j, "drain:"+j.ID+":"+dispatchSeq(msg))
+		}
 		if !sleepUntil(ctx, r.SendAt) {
 			return errors.New("shutting down before the send instant")
 		}
@@ -494,6 +512,36 @@ func sleepUntil(ctx context.Context, t time.Time) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// epochRefresh is how stale this process's view of a model's last cut may
+// be when it decides whether to drain a call.
+const epochRefresh = 100 * time.Millisecond
+
+type epochView struct {
+	epoch int64 // unix ms of the last cut
+	read  time.Time
+}
+
+// drained reports whether the model's limits were cut after j was planned
+// (plus the time admission takes to see a cut): such a call was paced at a
+// rate the provider refused, and sending it would likely draw another 429.
+func (s *Service) drained(ctx context.Context, j *job.Job) bool {
+	key := adapt.Key(j.Provider, job.ModelToken(j.Model))
+	s.epochMu.Lock()
+	v := s.epochs[key]
+	s.epochMu.Unlock()
+	if now := s.now(); now.Sub(v.read) >= epochRefresh {
+		st, _, err := s.learn.Get(ctx, key)
+		if err != nil {
+			return false
+		}
+		v = epochView{epoch: st.Epoch, read: now}
+		s.epochMu.Lock()
+		s.epochs[key] = v
+		s.epochMu.Unlock()
+	}
+	return v.epoch > 0 && j.Reservation.ReservedAt.UnixMilli() < v.epoch+adapt.AdmissionRefresh.Milliseconds()
 }
 
 // readmit sends a job whose reservation lapsed back to admission.
