@@ -677,10 +677,10 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 		for range min(backlog.Requests, backlogChunks) {
 			extra = append(extra, budget.Cost{Requests: 1, Tokens: avg})
 		}
-	} else if !urgent {
-		// Room for the demand expected in the slice. Not for urgent work:
-		// on a paced schedule room not used is time lost, and urgent jobs
-		// are few.
+	} else {
+		// Room for the demand expected in the slice (for urgent work too:
+		// a steady interactive stream would otherwise cost a
+		// compare-and-set per job).
 		d := l.Demand(urgent, now)
 		extra = demandChunks(d.Requests-need.Requests, d.Tokens-need.Tokens)
 		spread = s.store.Params().Slice
