@@ -384,13 +384,18 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	if out.Class == provider.AuthBroken {
 		s.markBroken(target)
 	}
-	if out.Class == provider.Retry && out.HTTPStatus == http.StatusTooManyRequests && out.RetryAfter > 0 {
-		// The provider asked to wait: the whole fleet waits, instead of every
-		// executor finding out with a 429 of its own.
-		s.pause(ctx, j, s.now().Add(out.RetryAfter))
-	}
 	if out.Class == provider.Retry && out.HTTPStatus == http.StatusTooManyRequests {
-		info := provider.ClassifyRateLimit(out, resp.Header, provider.Cost{Requests: 1, Tokens: j.Estimate.Cost()}, s.now())
+		cost := provider.Cost{Requests: 1}
+		if j.Estimate != nil {
+			cost.Tokens = j.Estimate.Cost()
+		}
+		info := provider.ClassifyRateLimit(out, resp.Header, cost, s.now())
+		if info.RetryAfter > 0 {
+			// The provider asked to wait (in its headers, or in its body as
+			// Gemini does): the whole fleet waits, instead of every executor
+			// finding out with a 429 of its own.
+			s.pause(ctx, j, s.now().Add(info.RetryAfter))
+		}
 		if info.Kind != provider.LimitQuota {
 			s.m.Requests.WithLabelValues(j.Provider, j.Model, status).Inc()
 			s.m.TenantRequests.WithLabelValues(j.Tenant).Inc()
