@@ -127,6 +127,19 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 // calls in progress finish (bounded by their own timeouts).
 func (s *Service) Run(ctx context.Context) error {
 	var wg, calls sync.WaitGroup
+	// Consume callbacks may still run after ctx ends; a call starts only
+	// while the service is not closing, so calls.Add never races Wait.
+	var closeMu sync.Mutex
+	closing := false
+	startCall := func() bool {
+		closeMu.Lock()
+		defer closeMu.Unlock()
+		if closing {
+			return false
+		}
+		calls.Add(1)
+		return true
+	}
 	var ccs []jetstream.ConsumeContext
 	// Leases are returned after the calls in flight end.
 	leaseCtx, stopLeases := context.WithCancel(context.WithoutCancel(ctx))
@@ -159,7 +172,10 @@ func (s *Service) Run(ctx context.Context) error {
 					// (admission plans at most plan_horizon ahead, which
 					// bounds how many wait), takes one just before, and
 					// goes back to admission if none frees in time.
-					calls.Add(1)
+					if !startCall() {
+						_ = msg.NakWithDelay(time.Second)
+						return
+					}
 					go func() {
 						defer calls.Done()
 						if !sleepUntil(ctx, r.SendAt.Add(-slotAhead)) {
@@ -191,7 +207,11 @@ func (s *Service) Run(ctx context.Context) error {
 				}
 				held, _ := pool.Held()
 				s.m.ConcLeased.WithLabelValues(labels...).Set(float64(held))
-				calls.Add(1)
+				if !startCall() {
+					pool.Release()
+					_ = msg.NakWithDelay(time.Second)
+					return
+				}
 				go func() {
 					defer calls.Done()
 					defer pool.Release()
@@ -223,6 +243,9 @@ func (s *Service) Run(ctx context.Context) error {
 	for _, cc := range ccs {
 		cc.Stop()
 	}
+	closeMu.Lock()
+	closing = true
+	closeMu.Unlock()
 	calls.Wait()
 	stopLeases()
 	wg.Wait()
