@@ -619,7 +619,16 @@ func (s *Service) throttled(ctx context.Context, msg jetstream.Msg, j *job.Job, 
 		}
 	}
 	j.RateLimited++
-	if j.RateLimited > s.cfg.App.Admission.MaxRateLimited {
+	capped := j.RateLimited > s.cfg.App.Admission.MaxRateLimited
+	if capped {
+		// Where the retry policy used to give up on a 429, the cap does: a
+		// route may move the job (rate_limit_after_retry_budget,
+		// batch_low_priority) before it is dead-lettered.
+		sit := route.Situation{Current: config.Target{Provider: j.Provider, Model: j.Model}, Priority: string(j.Priority),
+			LastClass: provider.Retry, RetryBudgetExhausted: true}
+		if fb, ok := s.fallback(j, sit); ok {
+			return s.reroute(ctx, msg, j, opKey, fb)
+		}
 		s.m.RateLimitRequeues.WithLabelValues(j.Provider, j.Model, "cap").Inc()
 		j.Attempts = append(j.Attempts, job.Attempt{N: len(j.Attempts) + 1, Provider: j.Provider, Model: j.Model, StartedAt: start.UTC(),
 			DurationMS: elapsed.Milliseconds(), Status: http.StatusTooManyRequests, Outcome: provider.Retry.String()})
