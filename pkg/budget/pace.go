@@ -2,8 +2,6 @@ package budget
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"math"
 	"sort"
 	"time"
@@ -294,19 +292,11 @@ func (s *Store) ReturnAt(ctx context.Context, key string, at time.Time, c Cost) 
 	if c.Requests <= 0 && c.Tokens <= 0 {
 		return nil
 	}
-	for range maxAttempts {
-		w, rev, err := s.load(ctx, key)
-		if err != nil {
-			return err
-		}
-		now := s.now()
-		cur := s.sliceOf(now)
+	return s.modify(ctx, key, "return", func(w *Window, cur int64) bool {
 		k := s.sliceOf(at)
 		if k < cur-s.p.Span()+1 {
-			return nil
+			return false
 		}
-		w.prune(cur - s.p.Span() + 1)
-		s.prunePlanned(&w, now)
 		if v, ok := w.Slices[k]; ok {
 			v[0] = max(v[0]-int64(max(c.Requests, 0)), 0)
 			v[1] = max(v[1]-int64(max(c.Tokens, 0)), 0)
@@ -318,16 +308,8 @@ func (s *Store) ReturnAt(ctx context.Context, key string, at time.Time, c Cost) 
 			w.P[i].R = max(w.P[i].R-int64(max(c.Requests, 0)), 0)
 			w.P[i].T = max(w.P[i].T-int64(max(c.Tokens, 0)), 0)
 		}
-		err = s.store(ctx, key, w, rev)
-		if errors.Is(err, errConflict) {
-			if s.Conflicts != nil {
-				s.Conflicts()
-			}
-			continue
-		}
-		return err
-	}
-	return fmt.Errorf("%w: return %s: lost %d compare-and-sets in a row", ErrUnavailable, key, maxAttempts)
+		return true
+	})
 }
 
 // Recent returns what the schedule holds in the short window that ends at

@@ -243,20 +243,36 @@ func (s *Store) Settle(ctx context.Context, key string, slice int64, extra Cost)
 	if extra.Requests <= 0 && extra.Tokens <= 0 {
 		return nil
 	}
+	return s.modify(ctx, key, "settle", func(w *Window, cur int64) bool {
+		if slice < cur-s.p.Span()+1 {
+			return false // already out of every window
+		}
+		v := w.Slices[slice]
+		v[0] += int64(max(extra.Requests, 0))
+		v[1] += int64(max(extra.Tokens, 0))
+		w.Slices[slice] = v
+		return true
+	})
+}
+
+// modify applies fn to key's window (pruned to the current slice cur)
+// under compare-and-set, retrying on conflict; fn returns false to write
+// nothing.
+func (s *Store) modify(ctx context.Context, key, what string, fn func(w *Window, cur int64) bool) error {
 	for range maxAttempts {
 		w, rev, err := s.load(ctx, key)
 		if err != nil {
 			return err
 		}
-		cur := s.sliceOf(s.now())
-		if slice < cur-s.p.Span()+1 {
-			return nil // already out of every window
-		}
+		now := s.now()
+		cur := s.sliceOf(now)
 		w.prune(cur - s.p.Span() + 1)
-		v := w.Slices[slice]
-		v[0] += int64(max(extra.Requests, 0))
-		v[1] += int64(max(extra.Tokens, 0))
-		w.Slices[slice] = v
+		if s.p.paced() {
+			s.prunePlanned(&w, now)
+		}
+		if !fn(&w, cur) {
+			return nil
+		}
 		err = s.store(ctx, key, w, rev)
 		if errors.Is(err, errConflict) {
 			if s.Conflicts != nil {
@@ -266,7 +282,7 @@ func (s *Store) Settle(ctx context.Context, key string, slice int64, extra Cost)
 		}
 		return err
 	}
-	return fmt.Errorf("%w: settle %s: lost %d compare-and-sets in a row", ErrUnavailable, key, maxAttempts)
+	return fmt.Errorf("%w: %s %s: lost %d compare-and-sets in a row", ErrUnavailable, what, key, maxAttempts)
 }
 
 // Used returns the requests and tokens in key's window now (for visibility).
@@ -479,33 +495,19 @@ func (s *Store) Return(ctx context.Context, key string, slice int64, c Cost) err
 	if c.Requests <= 0 && c.Tokens <= 0 {
 		return nil
 	}
-	for attempt := 0; attempt < 50; attempt++ {
-		w, rev, err := s.load(ctx, key)
-		if err != nil {
-			return err
-		}
-		cur := s.sliceOf(s.now())
+	return s.modify(ctx, key, "return", func(w *Window, cur int64) bool {
 		if slice < cur-s.p.Span()+1 {
-			return nil
+			return false
 		}
-		w.prune(cur - s.p.Span() + 1)
 		v, ok := w.Slices[slice]
 		if !ok {
-			return nil
+			return false
 		}
 		v[0] = max(v[0]-int64(max(c.Requests, 0)), 0)
 		v[1] = max(v[1]-int64(max(c.Tokens, 0)), 0)
 		w.Slices[slice] = v
-		err = s.store(ctx, key, w, rev)
-		if errors.Is(err, errConflict) {
-			if s.Conflicts != nil {
-				s.Conflicts()
-			}
-			continue
-		}
-		return err
-	}
-	return fmt.Errorf("%w: return %s: too many conflicts", ErrUnavailable, key)
+		return true
+	})
 }
 
 // SliceOf returns the slice index of t.

@@ -349,15 +349,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		if s.drained(ctx, j) {
 			// The limits were cut after this call was planned: it was paced
 			// at the rate the provider just refused. Plan it again.
-			if _, err := s.mesh.UpdateOp(ctx, opKey, func(rec *mesh.OpRecord) bool {
-				if rec.State != mesh.OpInFlight {
-					return false
-				}
-				rec.State = mesh.OpQueued
-				return true
-			}); err != nil && !errors.Is(err, job.ErrNotFound) {
-				s.log.Debug("drain: op record", "job_id", j.ID, "err", err)
-			}
+			s.requeueOp(ctx, opKey, j, "drain")
 			s.m.RateLimitRequeues.WithLabelValues(j.Provider, j.Model, "drained").Inc()
 			j.Reservation = nil
 			return s.mesh.Enqueue(ctx, j, "drain:"+j.ID+":"+dispatchSeq(msg))
@@ -367,15 +359,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		}
 		late := s.now().Sub(r.SendAt)
 		if s.now().After(r.ValidUntil) {
-			if _, err := s.mesh.UpdateOp(ctx, opKey, func(rec *mesh.OpRecord) bool {
-				if rec.State != mesh.OpInFlight {
-					return false
-				}
-				rec.State = mesh.OpQueued
-				return true
-			}); err != nil && !errors.Is(err, job.ErrNotFound) {
-				s.log.Debug("late send: op record", "job_id", j.ID, "err", err)
-			}
+			s.requeueOp(ctx, opKey, j, "late send")
 			return s.readmit(ctx, msg, j)
 		}
 		s.m.SendLateness.WithLabelValues(labels...).Observe(late.Seconds())
@@ -572,6 +556,20 @@ func (s *Service) drained(ctx context.Context, j *job.Job) bool {
 	return v.epoch > 0 && j.Reservation.ReservedAt.UnixMilli() < v.epoch+adapt.AdmissionRefresh.Milliseconds()
 }
 
+// requeueOp marks an operation that was about to be called queued again
+// (it goes back to admission instead); a missing record is fine.
+func (s *Service) requeueOp(ctx context.Context, opKey string, j *job.Job, why string) {
+	if _, err := s.mesh.UpdateOp(ctx, opKey, func(r *mesh.OpRecord) bool {
+		if r.State != mesh.OpInFlight {
+			return false
+		}
+		r.State = mesh.OpQueued
+		return true
+	}); err != nil && !errors.Is(err, job.ErrNotFound) {
+		s.log.Debug(why+": op record", "job_id", j.ID, "err", err)
+	}
+}
+
 // readmit sends a job whose reservation lapsed back to admission.
 func (s *Service) readmit(ctx context.Context, msg jetstream.Msg, j *job.Job) error {
 	s.m.ReservationsExpired.WithLabelValues(j.Provider, j.Model).Inc()
@@ -642,15 +640,7 @@ func (s *Service) throttled(ctx context.Context, msg jetstream.Msg, j *job.Job, 
 		nb := s.now().Add(info.RetryAfter).UTC()
 		j.NotBefore = &nb
 	}
-	if _, err := s.mesh.UpdateOp(ctx, opKey, func(r *mesh.OpRecord) bool {
-		if r.State != mesh.OpInFlight {
-			return false
-		}
-		r.State = mesh.OpQueued
-		return true
-	}); err != nil && !errors.Is(err, job.ErrNotFound) {
-		s.log.Debug("throttled: op record", "job_id", j.ID, "err", err)
-	}
+	s.requeueOp(ctx, opKey, j, "throttled")
 	return s.mesh.Enqueue(ctx, j, fmt.Sprintf("ratelimited:%s:%d", j.ID, j.RateLimited))
 }
 
@@ -723,15 +713,7 @@ func (s *Service) reroute(ctx context.Context, msg jetstream.Msg, j *job.Job, op
 	est := job.Estimate{PromptTokens: tokens.Prompt(req), MaxTokens: req.OutputLimit(s.cfg.App.Limits.DefaultMaxTokens)}
 	j.Request, j.Provider, j.Model, j.Estimate = body, d.Target.Provider, d.Target.Model, &est
 	j.Reservation, j.NotBefore = nil, nil
-	if _, err := s.mesh.UpdateOp(ctx, opKey, func(r *mesh.OpRecord) bool {
-		if r.State != mesh.OpInFlight {
-			return false
-		}
-		r.State = mesh.OpQueued
-		return true
-	}); err != nil && !errors.Is(err, job.ErrNotFound) {
-		s.log.Debug("reroute: op record", "job_id", j.ID, "err", err)
-	}
+	s.requeueOp(ctx, opKey, j, "reroute")
 	return s.mesh.Enqueue(ctx, j, "fallback:"+j.ID+":"+dispatchSeq(msg))
 }
 
