@@ -11,7 +11,7 @@
 //
 // Learning follows what works in production congestion control:
 //
-//   - every 429 is classified (pkg/provider ClassifyRateLimit); quota and
+//   - every 429 is classified (provider.ClassifyRateLimit); quota and
 //     billing refusals never adapt (operator action);
 //   - a per-second ("burst") refusal cuts the per-second cap by Beta; a
 //     per-minute one sets the learned minute limit to what the fleet's own
@@ -42,6 +42,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/pkg/budget"
+	"github.com/sluice-dev/sluice/pkg/provider"
 )
 
 // Dimensions.
@@ -156,14 +157,19 @@ func Compute(c Config, st State, now time.Time) Effective {
 			lim = max(int(float64(lim)*e.Ramp), 1)
 		}
 		e.PerMinute[d] = lim
-		q := 1.0
-		if st.Quantum[d] > 0 {
-			since := float64(ms-st.QuantumAt[d]) - float64(Settle.Milliseconds())
-			q = min(1, st.Quantum[d]+QuantumRecovery*max(since, 0)/float64(time.Minute.Milliseconds()))
-		}
-		e.PerSecond[d] = perSecond(lim, c.BurstFraction, q)
+		e.PerSecond[d] = perSecond(lim, c.BurstFraction, st.quantum(d, ms))
 	}
 	return e
+}
+
+// quantum is the factor on dimension d's per-second cap at ms: 1 without a
+// cut, else the cut's, recovering QuantumRecovery a minute after Settle.
+func (st State) quantum(d int, ms int64) float64 {
+	if st.Quantum[d] <= 0 {
+		return 1
+	}
+	since := float64(ms-st.QuantumAt[d]) - float64(Settle.Milliseconds())
+	return min(1, st.Quantum[d]+QuantumRecovery*max(since, 0)/float64(time.Minute.Milliseconds()))
 }
 
 // lowest is the smallest positive of a and b, or 0 when neither is.
@@ -246,22 +252,9 @@ func (s *Store) Update(ctx context.Context, key string, fn func(*State) bool) (S
 	return State{}, false, fmt.Errorf("%w: %s: too many conflicts", budget.ErrUnavailable, key)
 }
 
-// Kind is what a refusal says (the values of provider.RateLimitKind).
-type Kind string
-
-// Refusal kinds.
-const (
-	KindBurst        Kind = "burst"
-	KindMinute       Kind = "minute"
-	KindConcurrency  Kind = "concurrency"
-	KindAcceleration Kind = "acceleration"
-	KindQuota        Kind = "quota"
-	KindUnknown      Kind = "unknown"
-)
-
 // Refusal is one 429 as an executor saw it.
 type Refusal struct {
-	Kind Kind
+	Kind provider.RateLimitKind
 	// Dim is Requests, Tokens, or -1 when the provider did not say.
 	Dim int
 	// ReservedAt is when the refused call was planned; refusals of calls
@@ -280,7 +273,7 @@ type Refusal struct {
 // Cut records a refusal: it returns whether it cut (and why), and the new
 // record. The limits before the cut are computed from c at the store's now.
 func (s *Store) Cut(ctx context.Context, key string, c Config, r Refusal) (bool, string, error) {
-	if !c.Adapts || r.Kind == KindQuota {
+	if !c.Adapts || r.Kind == provider.LimitQuota {
 		return false, "", nil
 	}
 	var reason string
@@ -307,10 +300,10 @@ func (s *Store) Cut(ctx context.Context, key string, c Config, r Refusal) (bool,
 		}
 		before := Compute(c, *st, now)
 		kind := r.Kind
-		if kind == KindUnknown {
-			kind = KindMinute
+		if kind == provider.LimitUnknown {
+			kind = provider.LimitMinute
 			if r.RetryAfter > 0 && r.RetryAfter <= HoldRamp {
-				kind = KindBurst
+				kind = provider.LimitBurst
 			}
 		}
 		dims := []int{Requests, Tokens}
@@ -318,15 +311,9 @@ func (s *Store) Cut(ctx context.Context, key string, c Config, r Refusal) (bool,
 			dims = []int{r.Dim}
 		}
 		switch kind {
-		case KindBurst, KindConcurrency:
+		case provider.LimitBurst, provider.LimitConcurrency:
 			for _, d := range dims {
-				q := st.Quantum[d]
-				if q == 0 {
-					q = 1
-				} else {
-					since := float64(ms-st.QuantumAt[d]) - float64(Settle.Milliseconds())
-					q = min(1, q+QuantumRecovery*max(since, 0)/float64(time.Minute.Milliseconds()))
-				}
+				q := st.quantum(d, ms)
 				nq := q * Beta
 				// The provider refused with Recent already in its second
 				// (which it had admitted), so its cap lies between Recent
@@ -345,7 +332,7 @@ func (s *Store) Cut(ctx context.Context, key string, c Config, r Refusal) (bool,
 				}
 				st.Quantum[d], st.QuantumAt[d] = max(nq, 0.02), ms
 			}
-		case KindMinute:
+		case provider.LimitMinute:
 			if stated {
 				break // the stated limit is the cut
 			}
@@ -364,7 +351,7 @@ func (s *Store) Cut(ctx context.Context, key string, c Config, r Refusal) (bool,
 				st.Learned[d] = max(int(float64(v)*MinuteMargin), 1)
 				st.LearnedAt[d], st.Discovering[d] = ms, false
 			}
-		case KindAcceleration:
+		case provider.LimitAcceleration:
 			st.RampFrom = ms
 		}
 		if r.RetryAfter >= HoldRamp {
@@ -381,12 +368,8 @@ func (s *Store) Cut(ctx context.Context, key string, c Config, r Refusal) (bool,
 	return cut, reason, err
 }
 
-func e0(c Config, d int) int {
-	if d == Requests {
-		return c.RPM
-	}
-	return c.TPM
-}
+// configured is c's per-minute limit of dimension d.
+func (c Config) configured(d int) int { return [2]int{c.RPM, c.TPM}[d] }
 
 // Observe records limits a successful response stated; it writes only
 // when they differ from the record.
@@ -423,7 +406,7 @@ func (s *Store) Start(ctx context.Context, key string, c Config) (State, error) 
 		st.RampFrom = ms
 		if c.Discovers {
 			for d := range 2 {
-				if e0(c, d) == 0 {
+				if c.configured(d) == 0 {
 					st.Learned[d], st.LearnedAt[d], st.Discovering[d] = DiscoverStart[d], ms, true
 				}
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/sluice-dev/sluice/pkg/adapt"
 	"github.com/sluice-dev/sluice/pkg/budget"
 	"github.com/sluice-dev/sluice/pkg/natstest"
+	"github.com/sluice-dev/sluice/pkg/provider"
 )
 
 type clock struct {
@@ -60,7 +61,7 @@ func TestOneEpochCutsOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cut, _, err := st.Cut(ctx, key, cfg, adapt.Refusal{Kind: adapt.KindBurst, Dim: adapt.Requests, ReservedAt: reserved, RetryAfter: 300 * time.Millisecond})
+			cut, _, err := st.Cut(ctx, key, cfg, adapt.Refusal{Kind: provider.LimitBurst, Dim: adapt.Requests, ReservedAt: reserved, RetryAfter: 300 * time.Millisecond})
 			if err != nil {
 				t.Error(err)
 			}
@@ -88,7 +89,7 @@ func TestOneEpochCutsOnce(t *testing.T) {
 	}
 	// A call reserved after the cut (and its propagation) is new evidence.
 	c.Add(2 * time.Second)
-	cut, _, err := st.Cut(ctx, key, cfg, adapt.Refusal{Kind: adapt.KindBurst, Dim: adapt.Requests, ReservedAt: c.Now()})
+	cut, _, err := st.Cut(ctx, key, cfg, adapt.Refusal{Kind: provider.LimitBurst, Dim: adapt.Requests, ReservedAt: c.Now()})
 	if err != nil || !cut {
 		t.Fatalf("a refusal of the next epoch: cut %v, err %v; want a cut", cut, err)
 	}
@@ -107,7 +108,7 @@ func TestRestartedFleetStartsWarm(t *testing.T) {
 	}
 	c.Add(time.Minute)
 	// A hidden per-minute limit: refused with the fleet's window at 400.
-	cut, reason, err := first.Cut(ctx, key, cfg, adapt.Refusal{Kind: adapt.KindMinute, Dim: adapt.Requests, ReservedAt: c.Now(),
+	cut, reason, err := first.Cut(ctx, key, cfg, adapt.Refusal{Kind: provider.LimitMinute, Dim: adapt.Requests, ReservedAt: c.Now(),
 		Used: budget.Cost{Requests: 400, Tokens: 40_000}, Stated: [2]int{-1, -1}})
 	if err != nil || !cut || reason != "minute" {
 		t.Fatalf("minute refusal: cut %v reason %q err %v", cut, reason, err)
@@ -187,7 +188,7 @@ func TestStatedAndDiscovered(t *testing.T) {
 		t.Errorf("discovered with headers: %v, want what they state", e.PerMinute)
 	}
 	// Quota refusals never adapt.
-	if cut, _, _ := st.Cut(ctx, key, twice, adapt.Refusal{Kind: adapt.KindQuota, ReservedAt: c.Now().Add(time.Hour)}); cut {
+	if cut, _, _ := st.Cut(ctx, key, twice, adapt.Refusal{Kind: provider.LimitQuota, ReservedAt: c.Now().Add(time.Hour)}); cut {
 		t.Error("a quota refusal cut the limits")
 	}
 }

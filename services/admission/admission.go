@@ -105,6 +105,7 @@ func ModelParams(a config.Admission) budget.Params {
 type learnCache struct {
 	st      adapt.State
 	read    time.Time
+	shown   time.Time // gauges last set
 	started bool
 }
 
@@ -139,9 +140,14 @@ func (s *Service) effective(ctx context.Context, ms *modelState, model config.Mo
 		}
 	}
 	e := adapt.Compute(ac, lc.st, now)
-	for i, d := range []string{"requests_per_minute", "tokens_per_minute", "requests_per_second", "tokens_per_second"} {
-		v := [4]int{e.PerMinute[0], e.PerMinute[1], e.PerSecond[0], e.PerSecond[1]}[i]
-		s.m.LimitEffective.WithLabelValues(ms.provider, ms.model, d).Set(float64(v))
+	if now.Sub(lc.shown) >= adapt.AdmissionRefresh {
+		// The gauges move with the record, the warm-up and the probe: a few
+		// times a second is enough, not once per job.
+		lc.shown = now
+		for i, d := range []string{"requests_per_minute", "tokens_per_minute", "requests_per_second", "tokens_per_second"} {
+			v := [4]int{e.PerMinute[0], e.PerMinute[1], e.PerSecond[0], e.PerSecond[1]}[i]
+			s.m.LimitEffective.WithLabelValues(ms.provider, ms.model, d).Set(float64(v))
+		}
 	}
 	return e
 }

@@ -72,8 +72,6 @@ type Service struct {
 	brokenMu    sync.Mutex
 	broken      map[string]time.Time // provider -> credential refused until
 	learn       *adapt.Store
-	observedMu  sync.Mutex
-	observed    map[string]time.Time // learn key -> last stated limits recorded
 	epochMu     sync.Mutex
 	epochs      map[string]epochView // learn key -> last cut, as last read
 }
@@ -96,7 +94,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	s := &Service{cfg: cfg, mesh: m, store: st, log: log.With("service", "executor"), m: ms, now: now,
 		clients: map[string]provider.Client{}, rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7)),
 		holder: holderName(), router: route.New(cfg.App.Routes), broken: map[string]time.Time{}, seeded: map[string]time.Time{},
-		learn: adapt.NewStore(m.Budgets, now), observed: map[string]time.Time{}, epochs: map[string]epochView{},
+		learn: adapt.NewStore(m.Budgets, now), epochs: map[string]epochView{},
 		breakers: breaker.NewSet(breaker.Config{Now: now})}
 	s.tenantPools = map[string]*budget.Pool{}
 	for _, t := range cfg.App.Tenants {
@@ -599,7 +597,7 @@ func (s *Service) throttled(ctx context.Context, msg jetstream.Msg, j *job.Job, 
 			dim = adapt.Tokens
 		}
 		cut, reason, err := s.learn.Cut(ctx, adapt.Key(j.Provider, job.ModelToken(j.Model)), admission.AdaptConfig(s.cfg.App.Admission, *model), adapt.Refusal{
-			Kind: adapt.Kind(info.Kind), Dim: dim, ReservedAt: j.Reservation.ReservedAt, RetryAfter: info.RetryAfter,
+			Kind: info.Kind, Dim: dim, ReservedAt: j.Reservation.ReservedAt, RetryAfter: info.RetryAfter,
 			Stated: [2]int{info.StatedLimitRequests, info.StatedLimitTokens}, Used: used, Recent: recent,
 			Cost: budget.Cost{Requests: j.Reservation.Requests, Tokens: j.Reservation.Tokens}})
 		if err != nil {
