@@ -39,6 +39,10 @@ type Options struct {
 	Replicas        int           // 0 keeps the file's value
 	ResultRetention time.Duration // RESULTS max_age and results/idempotency TTL; 0 keeps the files'
 	Intake, Queue   Bounds        // INTAKE's and QUEUE's limits
+	// JobMsgBytes and ResultMsgBytes set max_msg_size: of the streams
+	// that carry jobs (INTAKE, QUEUE, DISPATCH, DLQ) and of RESULTS.
+	// 0 keeps the files' values.
+	JobMsgBytes, ResultMsgBytes int32
 }
 
 // Bounds are the limits of a bounded stream; a zero field keeps the file's
@@ -149,6 +153,12 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opt Options) error {
 			opt.Intake.apply(&c)
 		case Queue:
 			opt.Queue.apply(&c)
+		}
+		switch {
+		case c.Name == Results && opt.ResultMsgBytes > 0:
+			c.MaxMsgSize = opt.ResultMsgBytes
+		case c.Name != Results && opt.JobMsgBytes > 0:
+			c.MaxMsgSize = opt.JobMsgBytes
 		}
 		if err := checkPerSubject(ctx, js, c); err != nil {
 			return err

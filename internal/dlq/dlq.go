@@ -329,10 +329,7 @@ func fresh(old job.Job) job.Job {
 	nj.ID = job.NewID()
 	nj.Deadline = nil
 	nj.IdempotencyKey = ""
-	nj.SubmittedAt = time.Time{}
-	nj.Provider, nj.Model = "", ""
-	nj.Estimate, nj.NotBefore, nj.Attempts, nj.Reservation = nil, nil, nil, nil
-	nj.RateLimited = 0
+	nj.ClearInternal()
 	return nj
 }
 

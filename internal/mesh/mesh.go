@@ -95,6 +95,20 @@ func IsPerSubjectLimit(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "maximum messages per subject exceeded")
 }
 
+// IsTooLarge reports a message refused for its size: larger than the
+// server's max_payload or the stream's max_msg_size (error 10054).
+func IsTooLarge(err error) bool {
+	if err == nil {
+		return false
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == 10054 {
+		return true
+	}
+	s := err.Error()
+	return errors.Is(err, nats.ErrMaxPayload) || strings.Contains(s, "message size exceeds maximum") || strings.Contains(s, "maximum payload exceeded")
+}
+
 // IsStreamFull reports a DiscardNew stream refusing a message for lack of
 // room (error code 10077 and its per-subject relatives).
 func IsStreamFull(err error) bool {

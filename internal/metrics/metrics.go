@@ -53,7 +53,7 @@ type Set struct {
 func New(reg prometheus.Registerer) *Set {
 	s := &Set{
 		JobsAccepted:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_jobs_accepted_total", Help: "Jobs accepted by ingest."}, []string{"tenant", "via"}),
-		JobsRejected:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_jobs_rejected_total", Help: "Jobs refused by ingest, by error code."}, []string{"via", "code"}),
+		JobsRejected:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_jobs_rejected_total", Help: "Jobs refused, by where they were read (http, nats: ingest; queue: admission; dispatch: executor) and error code."}, []string{"via", "code"}),
 		Results:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_results_total", Help: "Terminal results written, by status."}, []string{"tenant", "status"}),
 		Requests:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llm_requests_total", Help: "Provider calls by outcome (HTTP status, or transport error class)."}, []string{"provider", "model", "status"}),
 		TokensReserved: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llm_tokens_reserved_total", Help: "Tokens reserved at admission (prompt estimate + max output)."}, []string{"provider", "model"}),

@@ -26,6 +26,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/calib"
+	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/pkg/config"
@@ -132,6 +133,9 @@ func Run(ctx context.Context, o Options) error {
 	if err := waitConnected(setupCtx, nc); err != nil {
 		return fmt.Errorf("connect nats %s: %w", natsURL, err)
 	}
+	if err := o.Config.Limits.CheckPayload(nc.MaxPayload()); err != nil {
+		return err
+	}
 	if err := streams.Ensure(setupCtx, js, streamOptions(o.Config)); err != nil {
 		return err
 	}
@@ -139,6 +143,11 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	key, err := guard.LoadKey(setupCtx, m.Budgets)
+	if err != nil {
+		return err
+	}
+	gd := guard.New(o.Config, key)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -163,21 +172,21 @@ func Run(ctx context.Context, o Options) error {
 	for _, name := range o.Services {
 		switch name {
 		case "ingest":
-			s, err := ingest.New(ingest.Config{App: o.Config, Calib: cal}, m, log, ms)
+			s, err := ingest.New(ingest.Config{App: o.Config, Calib: cal, Guard: gd}, m, log, ms)
 			if err != nil {
 				return err
 			}
 			s.Routes(mux, auth)
 			services = append(services, s)
 		case "admission":
-			s, err := admission.New(admission.Config{App: o.Config}, m, log, ms)
+			s, err := admission.New(admission.Config{App: o.Config, Guard: gd}, m, log, ms)
 			if err != nil {
 				return err
 			}
 			readiness = append(readiness, s.Ready)
 			services = append(services, s)
 		case "executor":
-			cfg := executor.Config{App: o.Config, Getenv: o.Getenv, Calib: cal}
+			cfg := executor.Config{App: o.Config, Getenv: o.Getenv, Calib: cal, Guard: gd}
 			if o.Executor != nil {
 				o.Executor(&cfg)
 			}
@@ -273,7 +282,8 @@ func streamOptions(c *config.Config) streams.Options {
 		return streams.Bounds{MaxMsgs: b.MaxMsgs, MaxBytes: b.MaxBytes, MaxMsgsPerSubject: b.MaxPerTenant}
 	}
 	return streams.Options{Replicas: c.Server.Replicas, ResultRetention: c.Limits.ResultRetention.D(),
-		Intake: bounds(c.Queues.Intake), Queue: bounds(c.Queues.Queue)}
+		Intake: bounds(c.Queues.Intake), Queue: bounds(c.Queues.Queue),
+		JobMsgBytes: int32(c.Limits.JobMsgBytes()), ResultMsgBytes: int32(c.Limits.ResultMsgBytes())}
 }
 
 func waitConnected(ctx context.Context, nc *nats.Conn) error {

@@ -51,6 +51,37 @@ type Limits struct {
 	MaxTokens        int      `yaml:"max_tokens"`
 	DefaultMaxTokens int      `yaml:"default_max_tokens"`
 	ResultRetention  Duration `yaml:"result_retention"`
+	// MaxResponseBytes caps a provider's answer. A larger one is paid for
+	// once and ends the job failed with response_too_large; it is never
+	// called again. Results are stored in messages of this size plus
+	// EnvelopeSlack, which the NATS server's max_payload must allow.
+	MaxResponseBytes int `yaml:"max_response_bytes"`
+}
+
+// EnvelopeSlack is the room a message needs around the request or the
+// answer it carries (the job or result envelope, attempts, headers).
+const EnvelopeSlack = 64 << 10
+
+// DefaultMaxResponseBytes is limits.max_response_bytes when absent.
+const DefaultMaxResponseBytes = 4 << 20
+
+// JobMsgBytes is the largest job message (INTAKE, QUEUE, DISPATCH, DLQ):
+// the largest accepted body plus its envelope.
+func (l Limits) JobMsgBytes() int { return l.MaxBodyBytes + EnvelopeSlack }
+
+// ResultMsgBytes is the largest result message (RESULTS, the results
+// bucket): the largest answer plus its envelope.
+func (l Limits) ResultMsgBytes() int { return l.MaxResponseBytes + EnvelopeSlack }
+
+// CheckPayload checks that a NATS server whose max_payload is maxPayload
+// can carry every message these limits allow.
+func (l Limits) CheckPayload(maxPayload int64) error {
+	need := max(l.JobMsgBytes(), l.ResultMsgBytes())
+	if int64(need) <= maxPayload {
+		return nil
+	}
+	return fmt.Errorf("the NATS server's max_payload is %d bytes, but Sluice needs %d: limits.max_body_bytes (%d) and limits.max_response_bytes (%d) plus %d bytes of envelope; raise max_payload in the NATS server's configuration (the embedded server allows 8 MiB) or lower those limits",
+		maxPayload, need, l.MaxBodyBytes, l.MaxResponseBytes, EnvelopeSlack)
 }
 
 // Admission tunes how budgets are taken.
@@ -338,6 +369,9 @@ func (c *Config) withDefaults() {
 	if c.Limits.ResultRetention == 0 {
 		c.Limits.ResultRetention = Duration(24 * time.Hour)
 	}
+	if c.Limits.MaxResponseBytes == 0 {
+		c.Limits.MaxResponseBytes = DefaultMaxResponseBytes
+	}
 	if c.Admission.Slice == 0 {
 		c.Admission.Slice = Duration(250 * time.Millisecond)
 	}
@@ -430,6 +464,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Limits.DefaultMaxTokens < 1 {
 		return fail("limits.default_max_tokens", "must be positive, got %d", c.Limits.DefaultMaxTokens)
+	}
+	if c.Limits.MaxResponseBytes < 1024 {
+		return fail("limits.max_response_bytes", "must be at least 1024, got %d", c.Limits.MaxResponseBytes)
 	}
 	if c.Limits.ResultRetention <= 0 {
 		return fail("limits.result_retention", "must be positive, got %s", c.Limits.ResultRetention.D())

@@ -4,9 +4,12 @@
 package job
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"strconv"
 	"strings"
 	"time"
 
@@ -70,6 +73,17 @@ type Job struct {
 	// Sluice's misjudgement, which sends it back to admission without
 	// spending an attempt.
 	RateLimited int `json:"rate_limited,omitempty"`
+	// Seal binds the estimate to the request, provider and model (an HMAC
+	// with the fleet key, see internal/guard): admission trusts an estimate
+	// only under a valid seal and recomputes it otherwise.
+	Seal string `json:"seal,omitempty"`
+}
+
+// ClearInternal resets every field Sluice sets, so nothing a producer
+// wrote there is believed: ingest calls it on every envelope it accepts.
+func (j *Job) ClearInternal() {
+	j.SubmittedAt, j.Provider, j.Model, j.Estimate, j.NotBefore = time.Time{}, "", "", nil, nil
+	j.Attempts, j.Reservation, j.RateLimited, j.Seal = nil, nil, 0, ""
 }
 
 // TaskType is the job's task for metric labels: its Task, or "default".
@@ -101,6 +115,10 @@ type Reservation struct {
 	// SendAt, on a paced model, is the instant the call may leave: the
 	// executor waits for it and sends by ValidUntil or not at all.
 	SendAt time.Time `json:"send_at,omitzero"`
+	// Sig is admission's signature over the reservation and the job's
+	// seal (HMAC with the fleet key): an executor sends only what it can
+	// verify admission reserved.
+	Sig string `json:"sig,omitempty"`
 }
 
 // Attempt records one provider call.
@@ -151,6 +169,10 @@ const (
 	CodeDeadlineExpired = "deadline_expired"
 	CodeProviderError   = "provider_error"
 	CodeRetriesExceeded = "retries_exhausted"
+	// CodeResponseTooLarge: the provider answered (and billed) more than
+	// limits.max_response_bytes; the answer is not stored and the call is
+	// never repeated.
+	CodeResponseTooLarge = "response_too_large"
 )
 
 // Result is the one terminal outcome of a job, published on
@@ -271,8 +293,20 @@ func Decode(data []byte, lim Limits) (*Job, error) {
 		return nil, &ValidationError{Code: CodeTooLarge, Message: fmt.Sprintf("job is %d bytes; the limit is %d", len(data), lim.MaxBodyBytes)}
 	}
 	var j Job
-	if err := json.Unmarshal(data, &j); err != nil {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&j); err != nil {
+		if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			name, _ := strconv.Unquote(f)
+			return nil, invalid(clip(name), "is not a field of the job envelope (its fields: %s)", strings.Join(EnvelopeFields, ", "))
+		}
 		return nil, invalid("", "malformed job JSON: %v", err)
+	}
+	if dec.More() {
+		return nil, invalid("", "malformed job JSON: data after the envelope")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, invalid("", "malformed job JSON: data after the envelope")
 	}
 	if err := j.Check(lim); err != nil {
 		return &j, err
@@ -280,12 +314,22 @@ func Decode(data []byte, lim Limits) (*Job, error) {
 	return &j, nil
 }
 
+// EnvelopeFields are the fields a producer may set in a job envelope.
+var EnvelopeFields = []string{"id", "tenant", "priority", "idempotency_key", "deadline", "task", "request"}
+
+// CanonicalID reports whether s is a UUID in its canonical form
+// (8-4-4-4-12 lower-case hex): the only form that is also a valid KV key
+// and NATS subject token. uuid.Parse alone also takes "{...}",
+// "urn:uuid:..." and upper case.
+func CanonicalID(s string) bool {
+	u, err := uuid.Parse(s)
+	return err == nil && u.String() == s
+}
+
 // Check validates a job already decoded, filling defaults (priority).
 func (j *Job) Check(lim Limits) error {
-	if j.ID != "" {
-		if _, err := uuid.Parse(j.ID); err != nil {
-			return invalid("id", "must be a UUID, got %q", clip(j.ID))
-		}
+	if j.ID != "" && !CanonicalID(j.ID) {
+		return invalid("id", "must be a UUID in canonical form (like 0190f6c4-8b1e-7c3a-9d2e-4f5a6b7c8d9e, lower case), got %q", clip(j.ID))
 	}
 	if j.Priority == "" {
 		j.Priority = Standard

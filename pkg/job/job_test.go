@@ -77,8 +77,10 @@ func decodeCases() []decodeCase {
 		{name: "n=2", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":2}`), wantCode: job.CodeUnsupported, wantField: "request.n", wantMsg: "only n=1", wantJob: true},
 		{name: "n=0", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":0}`), wantCode: job.CodeUnsupported, wantField: "request.n", wantMsg: "only n=1", wantJob: true},
 		{name: "stream", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`), wantCode: job.CodeUnsupported, wantField: "request.stream", wantMsg: "stream=false", wantJob: true},
-		{name: "bad id", data: envelope(`"id":"job-42"`, minimalRequest), wantCode: job.CodeInvalidRequest, wantField: "id", wantMsg: `must be a UUID, got "job-42"`, wantJob: true},
+		{name: "bad id", data: envelope(`"id":"job-42"`, minimalRequest), wantCode: job.CodeInvalidRequest, wantField: "id", wantMsg: `must be a UUID in canonical form`, wantJob: true},
 		{name: "long bad id is clipped", data: envelope(`"id":"`+strings.Repeat("x", 100)+`"`, minimalRequest), wantCode: job.CodeInvalidRequest, wantField: "id", wantMsg: strings.Repeat("x", 64) + "…", wantJob: true},
+		{name: "unknown field is named", data: envelope(`"priorty":"batch"`, minimalRequest), wantCode: job.CodeInvalidRequest, wantField: "priorty", wantMsg: "is not a field of the job envelope"},
+		{name: "data after the envelope", data: envelope(`"priority":"batch"`, minimalRequest) + `{}`, wantCode: job.CodeInvalidRequest, wantMsg: "data after the envelope"},
 		{name: "bad priority", data: envelope(`"priority":"urgent"`, minimalRequest), wantCode: job.CodeInvalidRequest, wantField: "priority", wantMsg: `got "urgent"`, wantJob: true},
 		{name: "priority is case sensitive", data: envelope(`"priority":"Batch"`, minimalRequest), wantCode: job.CodeInvalidRequest, wantField: "priority", wantMsg: "interactive, standard or batch", wantJob: true},
 		{name: "idempotency key too long", data: envelope(`"idempotency_key":"`+long+`"`, minimalRequest), wantCode: job.CodeInvalidRequest, wantField: "idempotency_key", wantMsg: "is 257 bytes; at most 256", wantJob: true},
@@ -174,7 +176,13 @@ func TestCheck(t *testing.T) {
 		{name: "defaults priority", j: job.Job{Request: json.RawMessage(minimalRequest)}, wantPrio: job.Standard},
 		{name: "keeps priority", j: job.Job{Priority: job.Interactive, Request: json.RawMessage(minimalRequest)}, wantPrio: job.Interactive},
 		{name: "empty request", j: job.Job{Request: json.RawMessage{}}, wantErr: "request"},
-		{name: "uuid without dashes is a UUID", j: job.Job{ID: strings.ReplaceAll(validID, "-", ""), Request: json.RawMessage(minimalRequest)}, wantPrio: job.Standard},
+		{name: "canonical uuid", j: job.Job{ID: validID, Request: json.RawMessage(minimalRequest)}, wantPrio: job.Standard},
+		// Forms uuid.Parse takes that are not valid KV keys or subject
+		// tokens: such a job would be redelivered forever.
+		{name: "uuid without dashes", j: job.Job{ID: strings.ReplaceAll(validID, "-", ""), Request: json.RawMessage(minimalRequest)}, wantErr: "id"},
+		{name: "braced uuid", j: job.Job{ID: "{" + validID + "}", Request: json.RawMessage(minimalRequest)}, wantErr: "id"},
+		{name: "urn uuid", j: job.Job{ID: "urn:uuid:" + validID, Request: json.RawMessage(minimalRequest)}, wantErr: "id"},
+		{name: "upper-case uuid", j: job.Job{ID: strings.ToUpper(validID), Request: json.RawMessage(minimalRequest)}, wantErr: "id"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

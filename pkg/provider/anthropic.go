@@ -26,7 +26,10 @@ const (
 type AnthropicConfig struct {
 	BaseURL string // default DefaultAnthropicBaseURL; the client POSTs to BaseURL+"/messages"
 	APIKey  string // sent as x-api-key
-	Version string // anthropic-version header, default DefaultAnthropicVersion
+	// MaxResponseBytes caps the response body read (0: MaxBodyBytes); a
+	// larger answer is a PhaseBody error with ErrBodyTooLarge.
+	MaxResponseBytes int
+	Version          string // anthropic-version header, default DefaultAnthropicVersion
 	// ConnectTimeout and HeaderTimeout: see OpenAIConfig.
 	ConnectTimeout, HeaderTimeout time.Duration
 	Transport                     http.RoundTripper
@@ -38,12 +41,13 @@ type AnthropicConfig struct {
 type Anthropic struct {
 	baseURL, apiKey, version string
 	rt                       http.RoundTripper
+	maxResp                  int
 }
 
 // NewAnthropic returns a client. An invalid BaseURL surfaces as a PhaseBuild
 // error from Do.
 func NewAnthropic(cfg AnthropicConfig) *Anthropic {
-	a := &Anthropic{baseURL: cfg.BaseURL, apiKey: cfg.APIKey, version: cfg.Version, rt: cfg.Transport}
+	a := &Anthropic{baseURL: cfg.BaseURL, apiKey: cfg.APIKey, version: cfg.Version, rt: cfg.Transport, maxResp: cfg.MaxResponseBytes}
 	if a.baseURL == "" {
 		a.baseURL = DefaultAnthropicBaseURL
 	}
@@ -71,7 +75,7 @@ func (a *Anthropic) Do(ctx context.Context, c Call) (*Response, error) {
 	h := baseHeader(c)
 	h.Set("X-Api-Key", a.apiKey)
 	h.Set("Anthropic-Version", a.version)
-	status, hdr, respBody, err := send(ctx, a.rt, target, body, h)
+	status, hdr, respBody, err := send(ctx, a.rt, target, body, h, a.maxResp)
 	if err != nil {
 		return nil, err
 	}

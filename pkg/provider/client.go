@@ -20,7 +20,8 @@ import (
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
-// MaxBodyBytes caps how much of a provider response body is read. A larger
+// MaxBodyBytes caps how much of a provider response body is read when the
+// client's MaxResponseBytes is 0. A larger
 // body is a PhaseBody transport error (code "body_too_large").
 const MaxBodyBytes = 16 << 20
 
@@ -237,7 +238,10 @@ func endpoint(base, path string) (string, error) {
 
 // send performs one POST and reads the response body in full. It never
 // retries.
-func send(ctx context.Context, rt http.RoundTripper, target string, body []byte, hdr http.Header) (status int, h http.Header, respBody []byte, err error) {
+func send(ctx context.Context, rt http.RoundTripper, target string, body []byte, hdr http.Header, maxResp int) (status int, h http.Header, respBody []byte, err error) {
+	if maxResp <= 0 {
+		maxResp = MaxBodyBytes
+	}
 	_, ours := rt.(*builtinTransport)
 	tr := &tracker{ours: ours}
 	ctx = httptrace.WithClientTrace(ctx, tr.trace())
@@ -264,11 +268,11 @@ func send(ctx context.Context, rt http.RoundTripper, target string, body []byte,
 		return 0, nil, nil, transportErr(ctx, tr.failedPhase(), err)
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, MaxBodyBytes+1))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, int64(maxResp)+1))
 	if err != nil {
 		return resp.StatusCode, resp.Header, nil, transportErr(ctx, PhaseBody, err)
 	}
-	if len(b) > MaxBodyBytes {
+	if len(b) > maxResp {
 		return resp.StatusCode, resp.Header, nil, &TransportError{Phase: PhaseBody, Err: ErrBodyTooLarge}
 	}
 	return resp.StatusCode, resp.Header, b, nil
@@ -292,6 +296,9 @@ func baseHeader(c Call) http.Header {
 type OpenAIConfig struct {
 	BaseURL string // e.g. "https://api.openai.com/v1"; the client POSTs to BaseURL+"/chat/completions"
 	APIKey  string // sent as "Authorization: Bearer"; omitted when empty
+	// MaxResponseBytes caps the response body read (0: MaxBodyBytes); a
+	// larger answer is a PhaseBody error with ErrBodyTooLarge.
+	MaxResponseBytes int
 	// ConnectTimeout bounds dial plus TLS handshake (default 10s).
 	ConnectTimeout time.Duration
 	// HeaderTimeout bounds the wait for response headers after the request
@@ -309,6 +316,7 @@ type OpenAI struct {
 	baseURL string
 	apiKey  string
 	rt      http.RoundTripper
+	maxResp int
 }
 
 // NewOpenAI returns a client. An invalid BaseURL surfaces as a PhaseBuild
@@ -318,7 +326,7 @@ func NewOpenAI(cfg OpenAIConfig) *OpenAI {
 	if rt == nil {
 		rt = newTransport(cfg.ConnectTimeout, cfg.HeaderTimeout)
 	}
-	return &OpenAI{baseURL: cfg.BaseURL, apiKey: cfg.APIKey, rt: rt}
+	return &OpenAI{baseURL: cfg.BaseURL, apiKey: cfg.APIKey, rt: rt, maxResp: cfg.MaxResponseBytes}
 }
 
 // Do POSTs c.Body, untouched, to {BaseURL}/chat/completions.
@@ -331,7 +339,7 @@ func (o *OpenAI) Do(ctx context.Context, c Call) (*Response, error) {
 	if o.apiKey != "" {
 		h.Set("Authorization", "Bearer "+o.apiKey)
 	}
-	status, hdr, body, err := send(ctx, o.rt, target, c.Body, h)
+	status, hdr, body, err := send(ctx, o.rt, target, c.Body, h, o.maxResp)
 	if err != nil {
 		return nil, err
 	}

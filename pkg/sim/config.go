@@ -100,6 +100,10 @@ type Config struct {
 	// DefaultMaxTokens is the output limit of a request that names neither
 	// max_tokens nor max_completion_tokens (default 256).
 	DefaultMaxTokens int
+	// PadResponseBytes appends this many bytes to every completion's text:
+	// an answer far larger than its tokens (tests of answers too large to
+	// store). Default 0.
+	PadResponseBytes int
 	// APIKeys, if non-empty, are the only accepted Authorization: Bearer keys.
 	APIKeys []string
 	// Now is the clock used for windows, timelines and timestamps (default
@@ -215,6 +219,9 @@ func (c Config) check() error {
 	}
 	if c.DefaultMaxTokens < 0 {
 		return fmt.Errorf("default max tokens must be >= 0, got %d", c.DefaultMaxTokens)
+	}
+	if c.PadResponseBytes < 0 {
+		return fmt.Errorf("response padding must be >= 0, got %d", c.PadResponseBytes)
 	}
 	for i, k := range c.APIKeys {
 		if k == "" {

@@ -220,7 +220,7 @@ func (s *Server) newCompletion(c *call, completionTokens int, created time.Time)
 		Created: created.Unix(),
 		Model:   c.model,
 		Choices: []choice{{
-			Message:      message{Role: "assistant", Content: s.filler.text(completionTokens), Refusal: null, Annotations: []struct{}{}},
+			Message:      message{Role: "assistant", Content: s.filler.text(completionTokens) + strings.Repeat(".", s.cfg.PadResponseBytes), Refusal: null, Annotations: []struct{}{}},
 			Logprobs:     null,
 			FinishReason: finish,
 		}},

@@ -104,3 +104,10 @@ func Prompt(req *job.ChatRequest) int {
 	}
 	return n
 }
+
+// Estimate is what a request costs against a tokens-per-minute limit at
+// arrival, before calibration: its prompt and the output it asks for
+// (defaultMax when it names no limit).
+func Estimate(req *job.ChatRequest, defaultMax int) job.Estimate {
+	return job.Estimate{PromptTokens: Prompt(req), MaxTokens: req.OutputLimit(defaultMax)}
+}

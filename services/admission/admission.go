@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/pkg/adapt"
@@ -35,6 +37,9 @@ import (
 type Config struct {
 	App *config.Config
 	Now func() time.Time
+	// Guard re-validates jobs read from QUEUE and signs reservations; nil:
+	// Run makes one with the fleet key from the budgets bucket.
+	Guard *guard.Guard
 }
 
 // Candidate is a job ready for a reservation.
@@ -68,6 +73,8 @@ type Service struct {
 	learn     *adapt.Store             // limits learned from the providers
 	learned   map[string]*learnCache   // per budget key
 	budgetErr atomic.Value             // last budget store error (string), "" when healthy
+	failed    atomic.Value             // why the scheduler stopped (string), "" while it runs
+	guard     *guard.Guard
 }
 
 // New builds the service; it does no I/O.
@@ -89,8 +96,9 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	for _, x := range []*budget.Store{tmin, tday} {
 		x.Writes, x.Conflicts = ms.BudgetWrites.Inc, ms.BudgetConflict.Inc
 	}
-	s := &Service{cfg: cfg, mesh: m, store: st, learn: adapt.NewStore(m.Budgets, now), learned: map[string]*learnCache{}, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, heldIdx: map[string]string{}, heldJobs: map[string]*Candidate{}, notBefore: map[string]time.Time{}, leases: map[string]*budget.Lease{}, tblocks: map[string]*budget.Lease{}}
+	s := &Service{cfg: cfg, guard: cfg.Guard, mesh: m, store: st, learn: adapt.NewStore(m.Budgets, now), learned: map[string]*learnCache{}, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, heldIdx: map[string]string{}, heldJobs: map[string]*Candidate{}, notBefore: map[string]time.Time{}, leases: map[string]*budget.Lease{}, tblocks: map[string]*budget.Lease{}}
 	s.budgetErr.Store("")
+	s.failed.Store("")
 	return s, nil
 }
 
@@ -154,6 +162,9 @@ func (s *Service) effective(ctx context.Context, ms *modelState, model config.Mo
 
 // Ready reports whether admission can reach the budget store.
 func (s *Service) Ready() error {
+	if e := s.failed.Load().(string); e != "" {
+		return fmt.Errorf("scheduler failed: %s", e)
+	}
 	if e := s.budgetErr.Load().(string); e != "" {
 		return fmt.Errorf("budget store: %s", e)
 	}
@@ -161,7 +172,24 @@ func (s *Service) Ready() error {
 }
 
 // Run consumes QUEUE until ctx ends.
-func (s *Service) Run(ctx context.Context) error {
+func (s *Service) Run(ctx context.Context) (err error) {
+	if s.guard == nil {
+		key, err := guard.LoadKey(ctx, s.mesh.Budgets)
+		if err != nil {
+			return err
+		}
+		s.guard = guard.New(s.cfg.App, key)
+	}
+	defer func() {
+		// A scheduler that fails must not hang with /readyz green: the
+		// process ends (and its supervisor restarts it); QUEUE keeps every
+		// job it held, unacknowledged.
+		if p := recover(); p != nil {
+			s.log.Error("admission: scheduler failed", "panic", p, "stack", string(debug.Stack()))
+			s.failed.Store(fmt.Sprint(p))
+			err = fmt.Errorf("scheduler failed: %v", p)
+		}
+	}()
 	cons, err := streams.EnsureConsumer(ctx, s.mesh.JS, streams.Queue, "admission", "", "")
 	if err != nil {
 		return err
@@ -311,19 +339,17 @@ func (s *Service) Run(ctx context.Context) error {
 func (s *Service) admit(ctx context.Context, msgs []jetstream.Msg) {
 	now := s.now()
 	for _, msg := range msgs {
-		var j job.Job
-		if err := json.Unmarshal(msg.Data(), &j); err != nil || j.ID == "" || j.Estimate == nil {
-			s.log.Error("queue: undecodable job dropped", "subject", msg.Subject(), "err", err)
-			_ = msg.Term()
+		j, ok := s.check(ctx, msg, now)
+		if !ok {
 			continue
 		}
 		if j.Deadline != nil && !j.Deadline.After(now) {
-			s.expire(ctx, msg, &j, "deadline passed while queued")
+			s.expire(ctx, msg, j, "deadline passed while queued")
 			continue
 		}
 		if j.NotBefore != nil && j.NotBefore.After(now) {
 			if j.Deadline != nil && j.NotBefore.After(*j.Deadline) {
-				s.expire(ctx, msg, &j, "the next attempt would start after the deadline")
+				s.expire(ctx, msg, j, "the next attempt would start after the deadline")
 				continue
 			}
 			s.m.AdmissionWaits.WithLabelValues(j.Provider, j.Model, "not_before").Inc()
@@ -332,9 +358,56 @@ func (s *Service) admit(ctx context.Context, msgs []jetstream.Msg) {
 			continue
 		}
 		delete(s.notBefore, j.ID)
-		s.hold(&Candidate{Job: &j, Msg: msg, Cost: budget.Cost{Requests: 1, Tokens: j.Estimate.Cost()}}, now)
+		s.hold(&Candidate{Job: j, Msg: msg, Cost: budget.Cost{Requests: 1, Tokens: j.Estimate.Cost()}}, now)
 	}
 	s.dispatchAll(ctx)
+}
+
+// check decodes and re-validates a job read from QUEUE (internal/guard):
+// whoever published it, nothing in it is believed that the configuration
+// and the fleet key do not confirm. A job that can never run ends failed
+// (or, for a tenant Sluice does not know, is dropped) and ok is false.
+func (s *Service) check(ctx context.Context, msg jetstream.Msg, now time.Time) (j *job.Job, ok bool) {
+	defer func() {
+		// Whatever a message holds, it must not stop the scheduler.
+		if p := recover(); p != nil {
+			s.log.Error("queue: job that broke validation dropped", "subject", msg.Subject(), "panic", p)
+			s.m.JobsRejected.WithLabelValues("queue", "invalid").Inc()
+			_ = msg.Term()
+			j, ok = nil, false
+		}
+	}()
+	j = new(job.Job)
+	if err := json.Unmarshal(msg.Data(), j); err != nil || j.ID == "" {
+		s.log.Error("queue: undecodable job dropped", "subject", msg.Subject(), "err", err)
+		s.m.JobsRejected.WithLabelValues("queue", "undecodable").Inc()
+		_ = msg.Term()
+		return nil, false
+	}
+	corrected, err := s.guard.Queued(j, now)
+	if err == nil {
+		if corrected {
+			s.m.JobsRejected.WithLabelValues("queue", "estimate_recomputed").Inc()
+			s.log.Warn("queue: estimate did not verify; recomputed from the request", "job_id", j.ID, "tokens", j.Estimate.Cost())
+		}
+		return j, true
+	}
+	var ve *job.ValidationError
+	e := &job.Error{Code: job.CodeInvalidRequest, Message: err.Error()}
+	if errors.As(err, &ve) {
+		e = ve.AsError()
+	}
+	s.m.JobsRejected.WithLabelValues("queue", e.Code).Inc()
+	if ve != nil && (ve.Code == job.CodeUnknownTenant || ve.Field == "id") {
+		// Nothing is stored under a tenant Sluice does not know, nor
+		// under an id that is no key.
+		s.log.Warn("queue: invalid job dropped", "code", ve.Code, "field", ve.Field)
+		_ = msg.Term()
+		return nil, false
+	}
+	s.log.Warn("queue: invalid job ended", "job_id", j.ID, "code", e.Code)
+	s.fail(ctx, &Candidate{Job: j, Msg: msg}, e)
+	return nil, false
 }
 
 type pub struct {
@@ -433,6 +506,7 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 			// Unlimited: nothing to pace, so no instant to keep.
 			j.Reservation.SendAt, j.Reservation.ValidUntil = time.Time{}, now.Add(s.cfg.App.Admission.DispatchGrace.D()).UTC()
 		}
+		s.guard.Sign(j)
 		s.m.TokensReserved.WithLabelValues(j.Provider, j.Model).Add(float64(c.Cost.Tokens))
 		if len(j.Attempts) == 0 {
 			s.m.QueueWait.WithLabelValues(string(j.Priority), j.TaskType()).Observe(now.Sub(j.SubmittedAt).Seconds())

@@ -24,6 +24,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/dlq"
+	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/pkg/adapt"
@@ -33,7 +34,6 @@ import (
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/provider"
 	"github.com/sluice-dev/sluice/pkg/route"
-	"github.com/sluice-dev/sluice/pkg/tokens"
 	"github.com/sluice-dev/sluice/services/admission"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -49,10 +49,14 @@ type Config struct {
 	Transport http.RoundTripper
 	// Calib receives usage to calibrate token estimates; may be nil.
 	Calib *calib.Table
+	// Guard verifies dispatched jobs; nil: Run makes one with the fleet
+	// key from the budgets bucket.
+	Guard *guard.Guard
 }
 
 // Service is the executor service.
 type Service struct {
+	guard   *guard.Guard
 	cfg     Config
 	mesh    *mesh.Mesh
 	store   *budget.Store
@@ -96,6 +100,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 		holder: holderName(), router: route.New(cfg.App.Routes), broken: map[string]time.Time{}, seeded: map[string]time.Time{},
 		learn: adapt.NewStore(m.Budgets, now), epochs: map[string]epochView{},
 		breakers: breaker.NewSet(breaker.Config{Now: now})}
+	s.guard = cfg.Guard
 	s.tenantPools = map[string]*budget.Pool{}
 	for _, t := range cfg.App.Tenants {
 		if t.MaxConcurrency > 0 {
@@ -113,9 +118,9 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 		}
 		switch p.Kind {
 		case "anthropic":
-			s.clients[p.Name] = provider.NewAnthropic(provider.AnthropicConfig{BaseURL: p.BaseURL, APIKey: key, Transport: cfg.Transport})
+			s.clients[p.Name] = provider.NewAnthropic(provider.AnthropicConfig{BaseURL: p.BaseURL, APIKey: key, Transport: cfg.Transport, MaxResponseBytes: cfg.App.Limits.MaxResponseBytes})
 		default:
-			s.clients[p.Name] = provider.NewOpenAI(provider.OpenAIConfig{BaseURL: p.BaseURL, APIKey: key, Transport: cfg.Transport})
+			s.clients[p.Name] = provider.NewOpenAI(provider.OpenAIConfig{BaseURL: p.BaseURL, APIKey: key, Transport: cfg.Transport, MaxResponseBytes: cfg.App.Limits.MaxResponseBytes})
 		}
 	}
 	return s, nil
@@ -124,6 +129,13 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 // Run consumes every model's DISPATCH subject until ctx ends, then lets
 // calls in progress finish (bounded by their own timeouts).
 func (s *Service) Run(ctx context.Context) error {
+	if s.guard == nil {
+		key, err := guard.LoadKey(ctx, s.mesh.Budgets)
+		if err != nil {
+			return err
+		}
+		s.guard = guard.New(s.cfg.App, key)
+	}
 	var wg, calls sync.WaitGroup
 	// Consume callbacks may still run after ctx ends; a call starts only
 	// while the service is not closing, so calls.Add never races Wait.
@@ -254,7 +266,16 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 	var j job.Job
 	if err := json.Unmarshal(msg.Data(), &j); err != nil || j.ID == "" {
 		s.log.Error("dispatch: undecodable job dropped", "subject", msg.Subject(), "err", err)
+		s.m.JobsRejected.WithLabelValues("dispatch", "undecodable").Inc()
 		_ = msg.Term()
+		return
+	}
+	if err := s.verify(ctx, msg, &j); err != nil {
+		if errors.Is(err, errHandled) {
+			return
+		}
+		s.log.Warn("dispatch: will retry", "job_id", j.ID, "err", err)
+		_ = msg.NakWithDelay(time.Second)
 		return
 	}
 	if err := s.execute(ctx, msg, &j); err != nil {
@@ -271,6 +292,57 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	_ = msg.Ack()
+}
+
+// errHandled: verify dealt with the message (acknowledged or terminated).
+var errHandled = errors.New("handled")
+
+// verify checks a dispatched job before anything is spent on it (see
+// internal/guard): a job that can never run ends failed; a reservation
+// that does not verify sends the job back to admission, which checks it
+// from scratch. It returns nil for a job to execute, errHandled when the
+// message is settled, or an error to redeliver it.
+func (s *Service) verify(ctx context.Context, msg jetstream.Msg, j *job.Job) error {
+	err := s.guard.Dispatched(j)
+	if err == nil {
+		return nil
+	}
+	var ve *job.ValidationError
+	switch {
+	case errors.Is(err, guard.ErrUnverified):
+		s.m.JobsRejected.WithLabelValues("dispatch", "unverified").Inc()
+		s.log.Warn("dispatch: reservation does not verify; admitting the job again", "job_id", j.ID, "provider", clip(j.Provider), "model", clip(j.Model))
+		if err := s.readmit(ctx, msg, j); err != nil {
+			return err
+		}
+	case errors.As(err, &ve) && (ve.Code == job.CodeUnknownTenant || ve.Field == "id"):
+		// Nothing is stored under a tenant Sluice does not know, nor under
+		// an id that is no key.
+		s.m.JobsRejected.WithLabelValues("dispatch", ve.Code).Inc()
+		s.log.Warn("dispatch: invalid job dropped", "code", ve.Code, "field", ve.Field)
+		_ = msg.Term()
+		return errHandled
+	default:
+		e := &job.Error{Code: job.CodeInvalidRequest, Message: err.Error()}
+		if errors.As(err, &ve) {
+			e = ve.AsError()
+		}
+		s.m.JobsRejected.WithLabelValues("dispatch", e.Code).Inc()
+		s.log.Warn("dispatch: invalid job ended", "job_id", j.ID, "code", e.Code)
+		opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
+		if err := s.finish(ctx, j, opKey, &job.Result{Status: job.StatusFailed, Error: e}); err != nil {
+			return err
+		}
+	}
+	_ = msg.Ack()
+	return errHandled
+}
+
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
 }
 
 // execute runs one attempt. It returns an error only when the job should be
@@ -428,6 +500,12 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 
 	if resp != nil {
 		s.seed(ctx, j, resp.RateLimit)
+	}
+	if out.Code == "body_too_large" {
+		// Paid for, and too large to store: calling again would pay again
+		// for an answer just as large. The job ends here; its budget stays
+		// charged at the reservation.
+		return s.finish(ctx, j, opKey, &job.Result{Status: job.StatusFailed, Error: s.tooLarge()})
 	}
 	if out.Class == provider.Success {
 		s.settle(ctx, j, resp.Usage)
@@ -708,9 +786,10 @@ func (s *Service) reroute(ctx context.Context, msg jetstream.Msg, j *job.Job, op
 	}
 	s.m.Fallbacks.WithLabelValues(j.Provider, d.Target.Provider, d.Reason).Inc()
 	s.log.Info("fallback", "job_id", j.ID, "from", j.Provider+"/"+j.Model, "to", d.Target.String(), "reason", d.Reason)
-	est := job.Estimate{PromptTokens: tokens.Prompt(req), MaxTokens: req.OutputLimit(s.cfg.App.Limits.DefaultMaxTokens)}
+	est := s.guard.Floor(req)
 	j.Request, j.Provider, j.Model, j.Estimate = body, d.Target.Provider, d.Target.Model, &est
 	j.Reservation, j.NotBefore = nil, nil
+	s.guard.Seal(j)
 	s.requeueOp(ctx, opKey, j, "reroute")
 	return s.mesh.Enqueue(ctx, j, "fallback:"+j.ID+":"+dispatchSeq(msg))
 }
@@ -848,7 +927,24 @@ func (s *Service) settle(ctx context.Context, j *job.Job, u job.Usage) {
 func (s *Service) finish(ctx context.Context, j *job.Job, opKey string, r *job.Result) error {
 	r.JobID, r.Tenant, r.Attempts = j.ID, j.Tenant, len(j.Attempts)
 	r.Provider, r.Model, r.SubmittedAt = j.Provider, j.Model, j.SubmittedAt
-	return s.mesh.PublishResult(ctx, r, opKey)
+	if len(r.Response) > s.cfg.App.Limits.MaxResponseBytes {
+		r.Status, r.Response, r.Error = job.StatusFailed, nil, s.tooLarge()
+	}
+	err := s.mesh.PublishResult(ctx, r, opKey)
+	if err != nil && r.Response != nil && mesh.IsTooLarge(err) {
+		// Whatever the sizes agreed at start, an answer that cannot be
+		// stored must not be redelivered: each delivery would pay again.
+		s.log.Warn("result too large to store; ending the job response_too_large", "job_id", j.ID, "bytes", len(r.Response))
+		r.Status, r.Response, r.Error = job.StatusFailed, nil, s.tooLarge()
+		err = s.mesh.PublishResult(ctx, r, opKey)
+	}
+	return err
+}
+
+func (s *Service) tooLarge() *job.Error {
+	return &job.Error{Code: job.CodeResponseTooLarge, Message: fmt.Sprintf(
+		"the provider's answer is larger than limits.max_response_bytes (%d bytes): it was paid for once and is not stored, and the call is not repeated; raise the limit or ask for less output",
+		s.cfg.App.Limits.MaxResponseBytes)}
 }
 
 // keepAlive tells JetStream the job is still being worked on while a call

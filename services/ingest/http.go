@@ -161,6 +161,10 @@ func WriteOpenAIResult(w http.ResponseWriter, res *job.Result) {
 			status = http.StatusBadGateway
 		}
 	}
+	// The job is over: Sluice already retried what could be retried, and
+	// an SDK that retries this answer submits a new job and pays again.
+	w.Header().Set("X-Should-Retry", "false")
+	w.Header().Set("X-Sluice-Job-Id", res.JobID)
 	api.Error(w, status, "sluice_"+string(res.Status), code, msg)
 }
 

@@ -16,11 +16,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/calib"
+	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/pkg/budget"
@@ -38,6 +38,9 @@ type Config struct {
 	Now func() time.Time
 	// Calib scales estimates that providers report running low; may be nil.
 	Calib *calib.Table
+	// Guard seals estimates; nil: New makes one with the fleet key from
+	// the budgets bucket.
+	Guard *guard.Guard
 }
 
 // Service is the ingest service.
@@ -65,6 +68,15 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	now := cfg.Now
 	if now == nil {
 		now = time.Now
+	}
+	if cfg.Guard == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		key, err := guard.LoadKey(ctx, m.Budgets)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Guard = guard.New(cfg.App, key)
 	}
 	return &Service{
 		cfg:  cfg,
@@ -126,6 +138,8 @@ type created struct{ job, op uint64 }
 // it again later (an INTAKE message), so a job QUEUE refuses keeps its
 // records: it is accepted and waits.
 func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, error) {
+	// Sluice sets these; nothing a producer wrote there is believed.
+	j.ClearInternal()
 	if err := j.Check(s.lim); err != nil {
 		return Accepted{}, err
 	}
@@ -140,7 +154,7 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 	if !ok {
 		return Accepted{}, &job.ValidationError{Code: job.CodeUnknownModel, Field: "request.model", Message: fmt.Sprintf("model %q is not configured", clip(req.Model))}
 	}
-	est := job.Estimate{PromptTokens: tokens.Prompt(req), MaxTokens: req.OutputLimit(s.cfg.App.Limits.DefaultMaxTokens)}
+	est := tokens.Estimate(req, s.cfg.App.Limits.DefaultMaxTokens)
 	if s.cfg.Calib != nil {
 		f := s.cfg.Calib.Factor(ctx, budget.CalibrationKey(prov.Name, job.ModelToken(model.Name)))
 		est.PromptTokens = int(math.Ceil(float64(est.PromptTokens) * f))
@@ -178,11 +192,9 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 	if j.ID == "" {
 		j.ID = job.NewID()
 	}
-	if j.SubmittedAt.IsZero() {
-		j.SubmittedAt = now
-	}
+	j.SubmittedAt = now
 	j.Provider, j.Model, j.Estimate = prov.Name, model.Name, &est
-	j.Attempts, j.Reservation, j.NotBefore = nil, nil, nil
+	s.cfg.Guard.Seal(j)
 
 	// The job record: created once; a repeat of the same job id (a redelivered
 	// intake message, a client retrying its POST) continues where it stopped.
@@ -218,6 +230,9 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 			break
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
+			if !held {
+				_ = withdraw(context.WithoutCancel(ctx), s.mesh.Results, j.ID, made.job)
+			}
 			return Accepted{}, &transientError{fmt.Errorf("record operation: %w", err)}
 		}
 		joined, err := s.join(ctx, opKey, j)
@@ -235,14 +250,17 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 	}
 
 	if err := s.mesh.Enqueue(ctx, j, "job:"+j.ID); err != nil {
-		if !mesh.IsStreamFull(err) {
-			return Accepted{}, &transientError{err}
+		var refusal error = &transientError{err}
+		if mesh.IsStreamFull(err) {
+			refusal = &BusyError{Code: job.CodeQueueFull, RetryAfter: retry, Message: "Sluice's queue is full"}
 		}
-		busy := &BusyError{Code: job.CodeQueueFull, RetryAfter: retry, Message: "Sluice's queue is full"}
 		if held {
-			return Accepted{}, busy
+			return Accepted{}, refusal
 		}
-		return s.settleRefusal(ctx, j, opKey, made, busy)
+		// Whatever refused it, a refused job leaves nothing behind: a
+		// retry with the same Idempotency-Key must not join a job that
+		// never runs.
+		return s.settleRefusal(context.WithoutCancel(ctx), j, opKey, made, refusal)
 	}
 	return Accepted{JobID: j.ID, Tenant: j.Tenant}, nil
 }
@@ -254,7 +272,9 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 // job and waits for its result: the job is then taken after all, handed
 // to INTAKE, which ingest offers to QUEUE until it fits, and accept
 // reports it accepted.
-func (s *Service) settleRefusal(ctx context.Context, j *job.Job, opKey string, made created, busy *BusyError) (Accepted, error) {
+func (s *Service) settleRefusal(ctx context.Context, j *job.Job, opKey string, made created, busy error) (Accepted, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	err := withdraw(ctx, s.mesh.Idempotency, opKey, made.op)
 	if err == nil {
 		// The job record follows the operation record: a job without one
@@ -546,7 +566,7 @@ func (s *Service) refuse(ctx context.Context, msg jetstream.Msg, j *job.Job, ten
 		return
 	}
 	id := j.ID
-	if id == "" || !validUUID(id) {
+	if id == "" || !job.CanonicalID(id) {
 		id = job.NewID()
 	}
 	if _, ok := s.cfg.App.Tenant(tenant); !ok {
@@ -569,11 +589,6 @@ func (s *Service) refuse(ctx context.Context, msg jetstream.Msg, j *job.Job, ten
 	}
 	s.log.Info("job refused", "job_id", id, "tenant", tenant, "code", jerr.Code)
 	_ = msg.Ack()
-}
-
-func validUUID(s string) bool {
-	_, err := uuid.Parse(s)
-	return err == nil
 }
 
 func clip(s string) string {

@@ -1,0 +1,262 @@
+// Package guard re-validates jobs where they cross a hop. Every message on
+// NATS is input: whoever published it, a service checks what it reads
+// against the configuration before it spends budget or calls a provider.
+//
+// Two signatures, HMAC-SHA256 under one fleet key kept in the budgets
+// bucket, carry what is too costly to recompute at every hop:
+//
+//   - the seal: ingest (or whoever recomputed it) binds the job's estimate
+//     to its tenant, provider, model and the hash of its request body. The
+//     tokenizer costs milliseconds on a long prompt; a seal check costs
+//     microseconds. Admission recomputes an estimate only when the seal
+//     does not verify, and never lets it below what the request can cost.
+//   - the reservation signature: admission binds the reservation (tokens,
+//     requests, send instant, validity) to the seal. An executor sends a
+//     call only on a reservation it can verify; any other goes back to
+//     admission, which checks it from scratch.
+//
+// A message that can never be valid (an unknown tenant or model, a
+// request the limits refuse, an id that is not a canonical UUID) ends the
+// job with a failed result; it is never redelivered forever.
+package guard
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/tokens"
+)
+
+// KeyName is the fleet key's key in the budgets bucket.
+const KeyName = "fleet.key"
+
+// MaxValidity bounds how long a reservation may stay valid after it was
+// made, whatever its message says (or twice the configured plan horizon,
+// dispatch grace and send tolerance, if longer): they are far below it.
+const MaxValidity = time.Minute
+
+// MaxNotBefore bounds how far ahead a job may ask to wait (a retry delay or
+// a hold), whatever its message says.
+const MaxNotBefore = time.Hour
+
+// MaxAttempts bounds the attempts a job may list.
+const MaxAttempts = 1000
+
+// ErrUnverified is a job whose seal or reservation does not verify: it goes
+// back to admission, which checks it from scratch.
+var ErrUnverified = errors.New("reservation does not verify")
+
+// LoadKey returns the fleet key, creating it on first use. Every process
+// of a fleet shares it through the budgets bucket.
+func LoadKey(ctx context.Context, kv jetstream.KeyValue) ([]byte, error) {
+	for range 3 {
+		e, err := kv.Get(ctx, KeyName)
+		if err == nil && len(e.Value()) >= 32 {
+			return e.Value(), nil
+		}
+		if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, fmt.Errorf("read fleet key: %w", err)
+		}
+		key := make([]byte, 32)
+		_, _ = rand.Read(key)
+		if _, err := kv.Create(ctx, KeyName, key); err == nil {
+			return key, nil
+		} else if !errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, fmt.Errorf("create fleet key: %w", err)
+		}
+	}
+	return nil, errors.New("fleet key: could not read or create it")
+}
+
+// Guard checks jobs against one configuration.
+type Guard struct {
+	cfg      *config.Config
+	lim      job.Limits
+	key      []byte
+	maxValid time.Duration
+}
+
+// New returns a guard for cfg with the fleet key.
+func New(cfg *config.Config, key []byte) *Guard {
+	a := cfg.Admission
+	return &Guard{cfg: cfg, lim: job.Limits{MaxBodyBytes: cfg.Limits.MaxBodyBytes, MaxTokens: cfg.Limits.MaxTokens}, key: key,
+		maxValid: max(MaxValidity, 2*(a.DispatchGrace.D()+a.PlanHorizon.D()+a.SendTolerance.D()))}
+}
+
+// Limits are the request limits the guard enforces.
+func (g *Guard) Limits() job.Limits { return g.lim }
+
+func (g *Guard) mac() hash.Hash { return hmac.New(sha256.New, g.key) }
+
+func writeStr(h hash.Hash, s string) {
+	var n [8]byte
+	binary.BigEndian.PutUint64(n[:], uint64(len(s)))
+	h.Write(n[:])
+	h.Write([]byte(s))
+}
+
+func writeInt(h hash.Hash, v int64) {
+	var n [8]byte
+	binary.BigEndian.PutUint64(n[:], uint64(v))
+	h.Write(n[:])
+}
+
+func (g *Guard) seal(j *job.Job) string {
+	h := g.mac()
+	writeStr(h, "seal/1")
+	writeStr(h, j.ID)
+	writeStr(h, j.Tenant)
+	writeStr(h, j.Provider)
+	writeStr(h, j.Model)
+	if e := j.Estimate; e != nil {
+		writeInt(h, int64(e.PromptTokens))
+		writeInt(h, int64(e.MaxTokens))
+	}
+	body := sha256.Sum256(j.Request)
+	h.Write(body[:])
+	return base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+}
+
+// Seal signs the job's estimate (call it after setting the estimate,
+// provider, model and request).
+func (g *Guard) Seal(j *job.Job) { j.Seal = g.seal(j) }
+
+// Sealed reports whether the job's seal verifies.
+func (g *Guard) Sealed(j *job.Job) bool {
+	return j.Seal != "" && j.Estimate != nil && hmac.Equal([]byte(j.Seal), []byte(g.seal(j)))
+}
+
+func (g *Guard) sign(j *job.Job) string {
+	r := j.Reservation
+	h := g.mac()
+	writeStr(h, "reservation/1")
+	writeStr(h, j.Seal)
+	writeStr(h, r.ID)
+	writeInt(h, int64(r.Requests))
+	writeInt(h, int64(r.Tokens))
+	writeInt(h, r.ReservedAt.UnixNano())
+	writeInt(h, r.ValidUntil.UnixNano())
+	writeInt(h, r.SendAt.UnixNano())
+	return base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+}
+
+// Sign signs the job's reservation (admission, after reserving).
+func (g *Guard) Sign(j *job.Job) { j.Reservation.Sig = g.sign(j) }
+
+// Floor is the least a request can cost: its prompt counted with the
+// tokenizer and the output it asks for (or the configured default).
+func (g *Guard) Floor(req *job.ChatRequest) job.Estimate {
+	return tokens.Estimate(req, g.cfg.Limits.DefaultMaxTokens)
+}
+
+// Queued checks a job read from QUEUE before admission holds it. It
+// returns a *job.ValidationError for a job that can never run, and
+// corrects what a retry could not fix but Sluice can: an estimate that does
+// not verify is recomputed (never lowered), a hold too far ahead is
+// shortened. corrected reports the estimate was recomputed.
+func (g *Guard) Queued(j *job.Job, now time.Time) (corrected bool, err error) {
+	req, err := g.static(j)
+	if err != nil {
+		return false, err
+	}
+	if !g.Sealed(j) {
+		floor := g.Floor(req)
+		if e := j.Estimate; e != nil {
+			floor.PromptTokens = max(floor.PromptTokens, e.PromptTokens)
+			floor.MaxTokens = max(floor.MaxTokens, e.MaxTokens)
+		}
+		j.Estimate = &floor
+		g.Seal(j)
+		corrected = true
+	}
+	if nb := j.NotBefore; nb != nil && nb.After(now.Add(MaxNotBefore)) {
+		t := now.Add(MaxNotBefore).UTC()
+		j.NotBefore = &t
+	}
+	j.Reservation = nil
+	return corrected, nil
+}
+
+// Dispatched checks a job read from DISPATCH before the executor calls
+// the provider: the job must be valid as Queued requires, and its seal and
+// reservation must verify (else ErrUnverified: admit it again).
+func (g *Guard) Dispatched(j *job.Job) error {
+	if _, err := g.static(j); err != nil {
+		return err
+	}
+	r := j.Reservation
+	switch {
+	case r == nil, !g.Sealed(j), r.Sig == "", !hmac.Equal([]byte(r.Sig), []byte(g.sign(j))):
+		return ErrUnverified
+	case r.Requests < 1, r.Tokens < j.Estimate.Cost(), r.ValidUntil.Sub(r.ReservedAt) > g.maxValid:
+		return ErrUnverified
+	}
+	return nil
+}
+
+// static checks what needs no signature: the envelope, the tenant, the
+// model and the request against the limits.
+func (g *Guard) static(j *job.Job) (*job.ChatRequest, error) {
+	if j.ID == "" || !job.CanonicalID(j.ID) {
+		return nil, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "id", Message: "must be a UUID in canonical form"}
+	}
+	if err := j.Check(g.lim); err != nil {
+		return nil, err
+	}
+	if _, ok := g.cfg.Tenant(j.Tenant); !ok {
+		return nil, &job.ValidationError{Code: job.CodeUnknownTenant, Field: "tenant", Message: fmt.Sprintf("unknown tenant %q", clip(j.Tenant))}
+	}
+	if !g.configured(j.Provider, j.Model) {
+		return nil, &job.ValidationError{Code: job.CodeUnknownModel, Field: "model", Message: fmt.Sprintf("%q/%q is not a configured provider and model", clip(j.Provider), clip(j.Model))}
+	}
+	req, err := job.ParseRequest(j.Request, g.lim)
+	if err != nil {
+		return nil, err
+	}
+	if req.Model != j.Model {
+		return nil, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "request.model", Message: fmt.Sprintf("is %q but the job is routed to %q", clip(req.Model), clip(j.Model))}
+	}
+	if e := j.Estimate; e != nil && (e.PromptTokens < 0 || e.MaxTokens < 0) {
+		j.Estimate = nil // recomputed by Queued; Dispatched finds no seal
+	}
+	if j.RateLimited < 0 {
+		j.RateLimited = 0
+	}
+	if len(j.Attempts) > MaxAttempts {
+		return nil, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "attempts", Message: fmt.Sprintf("lists %d attempts; at most %d", len(j.Attempts), MaxAttempts)}
+	}
+	return req, nil
+}
+
+func (g *Guard) configured(provider, model string) bool {
+	for _, p := range g.cfg.Providers {
+		if p.Name != provider {
+			continue
+		}
+		for _, m := range p.Models {
+			if m.Name == model {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}

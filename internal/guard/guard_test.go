@@ -1,0 +1,271 @@
+package guard_test
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-dev/sluice/internal/guard"
+	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/tokens"
+)
+
+const cfgYAML = `
+providers:
+  - name: openai
+    base_url: http://127.0.0.1:1/v1
+    models:
+      - {name: gpt-4o-mini, rpm: 600, tpm: 200000}
+      - {name: gpt-4o, rpm: 600, tpm: 200000}
+tenants:
+  - {name: acme, api_key_env: ACME_KEY}
+limits: {max_tokens: 4096, default_max_tokens: 512}
+`
+
+func newGuard(t testing.TB) (*guard.Guard, *config.Config) {
+	t.Helper()
+	cfg, err := config.Parse([]byte(cfgYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return guard.New(cfg, []byte(strings.Repeat("k", 32))), cfg
+}
+
+// request is a chat body of about words prompt words.
+func request(model string, words int, extra string) json.RawMessage {
+	return json.RawMessage(fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}]%s}`, model, strings.Repeat("lorem ipsum ", words/2), extra))
+}
+
+// ingested is a job as ingest hands it to QUEUE: estimated and sealed.
+func ingested(g *guard.Guard, body json.RawMessage) *job.Job {
+	j := &job.Job{ID: job.NewID(), Tenant: "acme", Priority: job.Standard, Request: body, Provider: "openai", Model: "gpt-4o-mini", SubmittedAt: time.Now().UTC()}
+	req, err := job.ParseRequest(body, job.DefaultLimits)
+	if err != nil {
+		panic(err)
+	}
+	est := tokens.Estimate(req, 512)
+	j.Estimate = &est
+	g.Seal(j)
+	return j
+}
+
+// admitted is a job as admission hands it to DISPATCH.
+func admitted(g *guard.Guard, j *job.Job) *job.Job {
+	now := time.Now().UTC()
+	j.Reservation = &job.Reservation{ID: "1-0", Requests: 1, Tokens: j.Estimate.Cost(), ReservedAt: now, SendAt: now.Add(50 * time.Millisecond), ValidUntil: now.Add(65 * time.Millisecond)}
+	g.Sign(j)
+	return j
+}
+
+func TestQueuedKeepsASealedEstimate(t *testing.T) {
+	g, _ := newGuard(t)
+	j := ingested(g, request("gpt-4o-mini", 100, ""))
+	want := *j.Estimate
+	corrected, err := g.Queued(j, time.Now())
+	if err != nil || corrected {
+		t.Fatalf("Queued(sealed job) = %v, %v; want not corrected, nil", corrected, err)
+	}
+	if *j.Estimate != want {
+		t.Errorf("estimate = %+v, want %+v kept", *j.Estimate, want)
+	}
+}
+
+// TestQueuedRecomputesForgedEstimates: an estimate that is not sealed is
+// never believed below what the request can cost, whatever it says (the
+// issue: 1 + 1 tokens on a 15,000-token request reserved 4 tokens; a
+// negative one panicked admission).
+func TestQueuedRecomputesForgedEstimates(t *testing.T) {
+	g, _ := newGuard(t)
+	body := request("gpt-4o-mini", 15000, `,"max_tokens":1000`)
+	req, _ := job.ParseRequest(body, job.DefaultLimits)
+	floor := tokens.Estimate(req, 512)
+	if floor.PromptTokens < 10000 {
+		t.Fatalf("test request counts %d prompt tokens; want a long one", floor.PromptTokens)
+	}
+	for _, tc := range []struct {
+		name string
+		est  *job.Estimate
+		seal string
+	}{
+		{"tiny", &job.Estimate{PromptTokens: 1, MaxTokens: 1}, ""},
+		{"negative", &job.Estimate{PromptTokens: -1 << 40, MaxTokens: -5}, ""},
+		{"none", nil, ""},
+		{"forged seal", &job.Estimate{PromptTokens: 1, MaxTokens: 1}, "AAAA"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := ingested(g, body)
+			j.Estimate, j.Seal = tc.est, tc.seal
+			corrected, err := g.Queued(j, time.Now())
+			if err != nil || !corrected {
+				t.Fatalf("Queued = %v, %v; want corrected, nil", corrected, err)
+			}
+			if j.Estimate.PromptTokens < floor.PromptTokens || j.Estimate.MaxTokens < floor.MaxTokens {
+				t.Errorf("estimate = %+v, want at least %+v", *j.Estimate, floor)
+			}
+			if !g.Sealed(j) {
+				t.Error("recomputed estimate is not sealed")
+			}
+		})
+	}
+	// A sealed estimate that the request was changed under is recomputed too.
+	j := ingested(g, request("gpt-4o-mini", 10, ""))
+	j.Request = body
+	if corrected, err := g.Queued(j, time.Now()); err != nil || !corrected || j.Estimate.PromptTokens < floor.PromptTokens {
+		t.Errorf("request swapped under a seal: corrected=%v err=%v estimate=%+v; want recomputed to at least %+v", corrected, err, j.Estimate, floor)
+	}
+}
+
+func TestQueuedRefusesWhatTheConfigForbids(t *testing.T) {
+	g, _ := newGuard(t)
+	for _, tc := range []struct {
+		name      string
+		mutate    func(*job.Job)
+		wantCode  string
+		wantField string
+	}{
+		{"unknown tenant", func(j *job.Job) { j.Tenant = "mallory" }, job.CodeUnknownTenant, "tenant"},
+		{"unknown model", func(j *job.Job) { j.Model = "gpt-9"; j.Request = request("gpt-9", 10, "") }, job.CodeUnknownModel, "model"},
+		{"unknown provider", func(j *job.Job) { j.Provider = "other" }, job.CodeUnknownModel, "model"},
+		{"request names another model", func(j *job.Job) { j.Request = request("gpt-4o", 10, "") }, job.CodeInvalidRequest, "request.model"},
+		{"max_tokens over the limit", func(j *job.Job) { j.Request = request("gpt-4o-mini", 10, `,"max_tokens":20000`) }, job.CodeInvalidRequest, "request.max_tokens"},
+		{"braced id", func(j *job.Job) { j.ID = "{" + j.ID + "}" }, job.CodeInvalidRequest, "id"},
+		{"urn id", func(j *job.Job) { j.ID = "urn:uuid:" + j.ID }, job.CodeInvalidRequest, "id"},
+		{"no id", func(j *job.Job) { j.ID = "" }, job.CodeInvalidRequest, "id"},
+		{"bad priority", func(j *job.Job) { j.Priority = "urgent" }, job.CodeInvalidRequest, "priority"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := ingested(g, request("gpt-4o-mini", 10, ""))
+			tc.mutate(j)
+			_, err := g.Queued(j, time.Now())
+			var ve *job.ValidationError
+			if !errors.As(err, &ve) || ve.Code != tc.wantCode || ve.Field != tc.wantField {
+				t.Fatalf("Queued = %v; want a %s error on %s", err, tc.wantCode, tc.wantField)
+			}
+			// The executor refuses the same job, reservation or not.
+			admitted(g, j)
+			if err := g.Dispatched(j); !errors.As(err, &ve) || ve.Code != tc.wantCode {
+				t.Fatalf("Dispatched = %v; want a %s error", err, tc.wantCode)
+			}
+		})
+	}
+}
+
+func TestQueuedBoundsHolds(t *testing.T) {
+	g, _ := newGuard(t)
+	j := ingested(g, request("gpt-4o-mini", 10, ""))
+	now := time.Now()
+	far := time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC)
+	j.NotBefore, j.RateLimited = &far, -3
+	if _, err := g.Queued(j, now); err != nil {
+		t.Fatal(err)
+	}
+	if j.NotBefore.After(now.Add(guard.MaxNotBefore)) {
+		t.Errorf("not_before = %s, want at most %s from now", j.NotBefore, guard.MaxNotBefore)
+	}
+	if j.RateLimited != 0 {
+		t.Errorf("rate_limited = %d, want 0", j.RateLimited)
+	}
+}
+
+// TestDispatchedVerifiesTheReservation: an executor sends only what
+// admission reserved and signed; anything else goes back to admission.
+func TestDispatchedVerifiesTheReservation(t *testing.T) {
+	g, _ := newGuard(t)
+	if err := g.Dispatched(admitted(g, ingested(g, request("gpt-4o-mini", 10, "")))); err != nil {
+		t.Fatalf("Dispatched(admitted job) = %v, want nil", err)
+	}
+	for _, tc := range []struct {
+		name   string
+		mutate func(*job.Job)
+	}{
+		{"no reservation", func(j *job.Job) { j.Reservation = nil }},
+		{"unsigned", func(j *job.Job) { j.Reservation.Sig = "" }},
+		{"valid until 2099", func(j *job.Job) { j.Reservation.ValidUntil = time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC) }},
+		{"send at moved", func(j *job.Job) { j.Reservation.SendAt = j.Reservation.SendAt.Add(-time.Second) }},
+		{"fewer tokens", func(j *job.Job) { j.Reservation.Tokens = 1 }},
+		{"estimate lowered", func(j *job.Job) { j.Estimate.PromptTokens = 1 }},
+		{"bigger output asked", func(j *job.Job) { j.Request = request("gpt-4o-mini", 10, `,"max_tokens":4000`) }},
+		{"other model", func(j *job.Job) { j.Model = "gpt-4o"; j.Request = request("gpt-4o", 10, "") }},
+		{"signed by another fleet", func(j *job.Job) {
+			other := guard.New(mustParse(t), []byte(strings.Repeat("x", 32)))
+			other.Seal(j)
+			other.Sign(j)
+		}},
+		{"signed too long", func(j *job.Job) {
+			j.Reservation.ValidUntil = j.Reservation.ReservedAt.Add(time.Hour)
+			g.Sign(j)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := admitted(g, ingested(g, request("gpt-4o-mini", 10, "")))
+			tc.mutate(j)
+			if err := g.Dispatched(j); !errors.Is(err, guard.ErrUnverified) {
+				t.Fatalf("Dispatched = %v, want ErrUnverified", err)
+			}
+		})
+	}
+}
+
+func mustParse(t testing.TB) *config.Config {
+	cfg, err := config.Parse([]byte(cfgYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// FuzzGuard: whatever a QUEUE or DISPATCH message holds, the guard does
+// not panic; a job Queued accepts is sealed, costs at least what its
+// request can, and is then refused by Dispatched until admission signs a
+// reservation.
+func FuzzGuard(f *testing.F) {
+	g, _ := newGuard(f)
+	seed := ingested(g, request("gpt-4o-mini", 20, `,"max_tokens":64`))
+	data, _ := json.Marshal(admitted(g, seed))
+	f.Add(data)
+	f.Add([]byte(`{"id":"` + job.NewID() + `","tenant":"acme","provider":"openai","model":"gpt-4o-mini","estimate":{"prompt_tokens":-1,"max_tokens":-1},"request":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}}`))
+	f.Add([]byte(`{"id":"{` + job.NewID() + `}","tenant":"acme","request":{"model":"gpt-4o-mini","messages":[]}}`))
+	f.Add([]byte(`{"id":"` + job.NewID() + `","tenant":"acme","provider":"openai","model":"gpt-4o-mini","not_before":"2099-01-01T00:00:00Z","rate_limited":-9,"attempts":[{}],"request":{"model":"gpt-4o-mini","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}],"max_completion_tokens":9}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var j job.Job
+		if json.Unmarshal(data, &j) != nil {
+			return
+		}
+		_ = g.Dispatched(&j)
+		now := time.Now()
+		corrected, err := g.Queued(&j, now)
+		if err != nil {
+			var ve *job.ValidationError
+			if !errors.As(err, &ve) || ve.Code == "" {
+				t.Fatalf("Queued error %v (%T); want a *job.ValidationError with a code", err, err)
+			}
+			return
+		}
+		if !g.Sealed(&j) {
+			t.Fatalf("accepted job is not sealed (corrected=%v)", corrected)
+		}
+		req, err := job.ParseRequest(j.Request, g.Limits())
+		if err != nil {
+			t.Fatalf("accepted job's request fails ParseRequest: %v", err)
+		}
+		if corrected {
+			floor := g.Floor(req)
+			if j.Estimate.PromptTokens < floor.PromptTokens || j.Estimate.MaxTokens < floor.MaxTokens {
+				t.Fatalf("recomputed estimate %+v below the request's floor %+v", *j.Estimate, floor)
+			}
+		}
+		if j.Estimate.PromptTokens < 0 || j.Estimate.MaxTokens < 0 {
+			t.Fatalf("accepted estimate is negative: %+v", *j.Estimate)
+		}
+		if j.NotBefore != nil && j.NotBefore.After(now.Add(guard.MaxNotBefore)) {
+			t.Fatalf("not_before %s beyond the bound", j.NotBefore)
+		}
+		if err := g.Dispatched(&j); !errors.Is(err, guard.ErrUnverified) {
+			t.Fatalf("Dispatched(job without a signed reservation) = %v, want ErrUnverified", err)
+		}
+	})
+}
