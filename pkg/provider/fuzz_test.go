@@ -82,3 +82,50 @@ func FuzzAnthropicConversion(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseUsage: whatever a provider's body says, usage is never negative
+// (a counter would panic) and adds up.
+func FuzzParseUsage(f *testing.F) {
+	f.Add([]byte(`{"usage":{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15,"prompt_tokens_details":{"cached_tokens":4}}}`))
+	f.Add([]byte(`{"usage":{"prompt_tokens":-1099511627776,"completion_tokens":-5,"total_tokens":-1}}`))
+	f.Add([]byte(`{"usage":{"prompt_tokens":9223372036854775807,"completion_tokens":9223372036854775807}}`))
+	f.Add([]byte(`{"usage":null}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		u := ParseUsage(body)
+		if u.PromptTokens < 0 || u.CompletionTokens < 0 || u.TotalTokens < 0 || u.CachedTokens < 0 {
+			t.Fatalf("negative usage %+v from %q", u, body)
+		}
+		if u.TotalTokens < u.PromptTokens+u.CompletionTokens || u.CachedTokens > u.PromptTokens {
+			t.Fatalf("usage %+v does not add up", u)
+		}
+	})
+}
+
+// FuzzParseRateLimit: any header values give counts of -1 (absent) or
+// more, and resets within [0, 24 h].
+func FuzzParseRateLimit(f *testing.F) {
+	f.Add("60", "59", "1s", "6m0s", "2026-11-30T20:00:00Z")
+	f.Add("-5", "1e308", "1d2h", "-1s", "not a time")
+	f.Add("NaN", "+Inf", "99999999999999999999s", "0.5", "")
+	f.Fuzz(func(t *testing.T, limit, remaining, resetReq, resetTok, anthropicReset string) {
+		h := http.Header{}
+		h.Set("x-ratelimit-limit-requests", limit)
+		h.Set("x-ratelimit-remaining-requests", remaining)
+		h.Set("x-ratelimit-limit-tokens", remaining)
+		h.Set("x-ratelimit-reset-requests", resetReq)
+		h.Set("x-ratelimit-reset-tokens", resetTok)
+		h.Set("anthropic-ratelimit-tokens-reset", anthropicReset)
+		h.Set("anthropic-ratelimit-requests-limit", limit)
+		rl := ParseRateLimit(h, time.Date(2026, 11, 30, 19, 0, 0, 0, time.UTC))
+		for _, n := range []int{rl.LimitRequests, rl.LimitTokens, rl.RemainingRequests, rl.RemainingTokens} {
+			if n < -1 {
+				t.Fatalf("count %d below -1 in %+v", n, rl)
+			}
+		}
+		for _, d := range []time.Duration{rl.ResetRequests, rl.ResetTokens} {
+			if d < 0 || d > maxHint {
+				t.Fatalf("reset %s outside [0, %s] in %+v", d, maxHint, rl)
+			}
+		}
+	})
+}

@@ -15,6 +15,10 @@ import (
 // overflow a time.Duration. A day is far past every deadline Sluice handles.
 const maxHint = 24 * time.Hour
 
+// maxUsage bounds each token count ParseUsage reports (a billion tokens:
+// far above any context window).
+const maxUsage = 1 << 30
+
 // ParseRetryAfter reads how long the provider asks us to wait.
 // "retry-after-ms" (float milliseconds) wins; then "Retry-After" as seconds
 // (integer or float) or an HTTP-date. Absent, garbage, negative or past
@@ -178,11 +182,14 @@ func ParseUsage(body []byte) job.Usage {
 	if json.Unmarshal(body, &v) != nil || v.Usage == nil {
 		return job.Usage{}
 	}
-	u := job.Usage{PromptTokens: v.Usage.PromptTokens, CompletionTokens: v.Usage.CompletionTokens, TotalTokens: v.Usage.TotalTokens}
+	// The provider's answer is input too: a negative or absurd count must
+	// not panic a counter or return budget that was never taken.
+	clamp := func(n int) int { return min(max(n, 0), maxUsage) }
+	u := job.Usage{PromptTokens: clamp(v.Usage.PromptTokens), CompletionTokens: clamp(v.Usage.CompletionTokens), TotalTokens: clamp(v.Usage.TotalTokens)}
 	if v.Usage.PromptTokensDetails != nil {
-		u.CachedTokens = v.Usage.PromptTokensDetails.CachedTokens
+		u.CachedTokens = min(clamp(v.Usage.PromptTokensDetails.CachedTokens), u.PromptTokens)
 	}
-	if u.TotalTokens == 0 {
+	if u.TotalTokens < u.PromptTokens+u.CompletionTokens {
 		u.TotalTokens = u.PromptTokens + u.CompletionTokens
 	}
 	return u

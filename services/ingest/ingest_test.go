@@ -353,3 +353,39 @@ func TestWaitHint(t *testing.T) {
 		t.Errorf("answer for an unreadable job: %s (%v), want at least 1000 ms", m.Data, err)
 	}
 }
+
+// TestJobRefusedForAnyReasonLeavesNoRecords: whatever makes QUEUE refuse a
+// job (here its size: the 1,048,500-byte job got 503 yet left its
+// records), the refusal withdraws the records that call made, so a retry
+// with the same Idempotency-Key is a new job, not a join of one that never
+// runs.
+func TestJobRefusedForAnyReasonLeavesNoRecords(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	st, err := f.js.Stream(ctx, streams.Queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	small := st.CachedInfo().Config
+	small.MaxMsgSize = 256 // every job is larger
+	if _, err := f.js.UpdateStream(ctx, small); err != nil {
+		t.Fatal(err)
+	}
+	refused := newJob("acme", "order-9")
+	if _, err := f.svc.Accept(ctx, refused); err == nil || errors.Is(err, ErrQueueFull) {
+		t.Fatalf("job larger than QUEUE's message size: got %v, want a transient refusal", err)
+	}
+	if jobRec, opRec := f.records(t, refused); jobRec || opRec {
+		t.Errorf("refused job: job record %v, operation record %v; want neither", jobRec, opRec)
+	}
+	small.MaxMsgSize = 1 << 20
+	if _, err := f.js.UpdateStream(ctx, small); err != nil {
+		t.Fatal(err)
+	}
+	retry := newJob("acme", "order-9")
+	acc, err := f.svc.Accept(ctx, retry)
+	if err != nil || acc.Joined || acc.JobID != retry.ID {
+		t.Fatalf("retry with the same Idempotency-Key: %+v, %v; want a new job %s", acc, err, retry.ID)
+	}
+}
