@@ -589,27 +589,24 @@ tenants:
     api_key_env: ACME_KEY
   - name: beta
     api_key_env: BETA_KEY
-  - name: gamma
-    api_key_env: GAMMA_KEY
   - name: delta
-  - name: eps
-    api_key_env: EPS_KEY
 `))
 	if err != nil {
 		t.Fatalf("Parse: %v", err)
 	}
 	env := map[string]string{
-		"ACME_KEY":  "key-acme",
-		"BETA_KEY":  "  key-beta\n",
-		"GAMMA_KEY": "",
-		"EPS_KEY":   "   ",
-		"":          "must-not-be-read",
+		"ACME_KEY": "key-acme",
+		"BETA_KEY": "  key-beta\n",
+		"":         "must-not-be-read",
 	}
 	var asked []string
-	got := c.TenantKeys(func(k string) string {
+	got, err := c.TenantKeys(func(k string) string {
 		asked = append(asked, k)
 		return env[k]
 	})
+	if err != nil {
+		t.Fatalf("TenantKeys: %v", err)
+	}
 	want := map[string]string{"key-acme": "acme", "key-beta": "beta"}
 	if len(got) != len(want) {
 		t.Errorf("TenantKeys: got %v, want %v", got, want)
@@ -624,8 +621,39 @@ tenants:
 			t.Errorf("TenantKeys: got a lookup of the empty name, want none for a tenant without api_key_env")
 		}
 	}
-	if got := (&config.Config{}).TenantKeys(func(string) string { return "x" }); len(got) != 0 {
-		t.Errorf("TenantKeys with no tenants: got %v, want empty", got)
+	if got, err := (&config.Config{}).TenantKeys(func(string) string { return "x" }); err != nil || len(got) != 0 {
+		t.Errorf("TenantKeys with no tenants: got %v, %v; want empty, nil", got, err)
+	}
+}
+
+// A key variable that is unset or blank, and a key two tenants share, are
+// errors that name the variable and the tenant, and never show the key.
+func TestTenantKeysRefused(t *testing.T) {
+	t.Parallel()
+	c, err := config.Parse([]byte(`
+tenants:
+  - {name: acme, api_key_env: ACME_KEY}
+  - {name: gamma, api_key_env: GAMMA_KEY}
+  - {name: eps, api_key_env: EPS_KEY}
+  - {name: zeta, api_key_env: ZETA_KEY}
+`))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	const secret = "s3cret-shared-key"
+	env := map[string]string{"ACME_KEY": secret, "EPS_KEY": "  \t", "ZETA_KEY": " " + secret + " "}
+	_, err = c.TenantKeys(func(k string) string { return env[k] })
+	if err == nil {
+		t.Fatal("TenantKeys with an unset, a blank and a duplicate key: got nil, want an error")
+	}
+	msg := err.Error()
+	for _, want := range []string{"GAMMA_KEY", "gamma", "EPS_KEY", "eps", "ZETA_KEY", "zeta", `"acme"`} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("TenantKeys error %q: does not name %q", msg, want)
+		}
+	}
+	if strings.Contains(msg, secret) {
+		t.Errorf("TenantKeys error %q shows the key", msg)
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
@@ -38,6 +39,9 @@ type Config struct {
 	Now func() time.Time
 	// Calib scales estimates that providers report running low; may be nil.
 	Calib *calib.Table
+	// Waiters bounds the HTTP requests per tenant that wait for a result
+	// (shared with the result service); nil makes one from the config.
+	Waiters *api.Waiters
 }
 
 // Service is the ingest service.
@@ -65,6 +69,13 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	now := cfg.Now
 	if now == nil {
 		now = time.Now
+	}
+	if cfg.Waiters == nil {
+		n := cfg.App.Limits.MaxWaitersPerTenant
+		if n < 1 {
+			n = config.DefaultMaxWaitersPerTenant
+		}
+		cfg.Waiters = api.NewWaiters(n)
 	}
 	return &Service{
 		cfg:  cfg,
