@@ -58,7 +58,7 @@ func BearerKey(h string) (key string, ok bool) {
 	if i < 0 || !strings.EqualFold(h[:i], "bearer") {
 		return "", false
 	}
-	key = strings.Trim(h[i:], " \t")
+	key = strings.TrimSpace(h[i:])
 	return key, key != ""
 }
 
@@ -119,14 +119,18 @@ func AuthError(w http.ResponseWriter, err error) {
 }
 
 // ParseWait reads a wait a caller asks for (X-Sluice-Wait-Timeout, ?wait=):
-// a Go duration ("30s", "2m") or a number of seconds ("30", "1.5"). It
-// must be positive (zero too when allowZero) and at most max; NaN,
-// infinities and values that overflow a time.Duration are refused.
+// a Go duration ("30s", "2m") or a decimal number of seconds ("30",
+// "1.5"). It must be positive (zero too when allowZero) and at most max;
+// exponents, NaN, infinities and values that overflow a time.Duration are
+// refused.
 func ParseWait(v string, max time.Duration, allowZero bool) (time.Duration, error) {
 	bad := fmt.Errorf("must be a positive duration such as 30s, or seconds, at most %s", max)
 	d, err := time.ParseDuration(v)
 	if err != nil {
-		n, ferr := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if !decimal(v) {
+			return 0, bad
+		}
+		n, ferr := strconv.ParseFloat(v, 64)
 		if ferr != nil || math.IsNaN(n) || math.IsInf(n, 0) {
 			return 0, bad
 		}
@@ -142,6 +146,23 @@ func ParseWait(v string, max time.Duration, allowZero bool) (time.Duration, erro
 		return 0, fmt.Errorf("is above the limit of %s (limits.max_wait)", max)
 	}
 	return d, nil
+}
+
+// decimal reports whether s is digits with at most one decimal point: no
+// sign, exponent, hex, NaN or Inf.
+func decimal(s string) bool {
+	digits, dot := 0, false
+	for _, r := range s {
+		switch {
+		case r >= '0' && r <= '9':
+			digits++
+		case r == '.' && !dot:
+			dot = true
+		default:
+			return false
+		}
+	}
+	return digits > 0
 }
 
 // ExtendDeadlines lets one request outlive the server's read and write

@@ -103,6 +103,12 @@ func Run(ctx context.Context, o Options) error {
 		o.Services = AllServices
 	}
 	log := o.Log
+	// Before anything starts: a node that would serve the API open, or
+	// without a tenant's key, does not start at all.
+	auth, err := httpAuth(o, log)
+	if err != nil {
+		return err
+	}
 
 	natsURL := o.NATSURL
 	var ns *server.Server
@@ -152,10 +158,6 @@ func Run(ctx context.Context, o Options) error {
 			ms.ModelLimit.WithLabelValues(p.Name, m.Name, "tpm").Set(float64(m.TPM))
 			ms.ModelLimit.WithLabelValues(p.Name, m.Name, "concurrency").Set(float64(m.MaxConcurrency))
 		}
-	}
-	auth, err := httpAuth(o, log)
-	if err != nil {
-		return err
 	}
 	waiters := api.NewWaiters(o.Config.Limits.MaxWaitersPerTenant)
 	mux := http.NewServeMux()
