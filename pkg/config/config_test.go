@@ -63,6 +63,12 @@ func TestParseReadmeExample(t *testing.T) {
 		{"limits.max_tokens", c.Limits.MaxTokens, job.DefaultLimits.MaxTokens},
 		{"limits.default_max_tokens", c.Limits.DefaultMaxTokens, 1024},
 		{"limits.result_retention", c.Limits.ResultRetention.D(), 24 * time.Hour},
+		{"limits.dlq_retention", c.Limits.DLQRetention.D(), 24 * time.Hour},
+		{"limits.max_wait", c.Limits.MaxWait.D(), 15 * time.Minute},
+		{"limits.max_waiters_per_tenant", c.Limits.MaxWaitersPerTenant, 100},
+		{"server.open", c.Server.Open, false},
+		{"server.http_timeouts", c.Server.HTTPTimeouts, config.HTTPTimeouts{ReadHeader: config.Duration(10 * time.Second),
+			Read: config.Duration(time.Minute), Write: config.Duration(time.Minute), Idle: config.Duration(2 * time.Minute)}},
 		{"admission.slice", c.Admission.Slice.D(), 250 * time.Millisecond},
 		{"admission.dispatch_grace", c.Admission.DispatchGrace.D(), time.Second},
 		{"admission.burst_fraction", c.Admission.BurstFraction, 1.0 / 60},
@@ -444,6 +450,31 @@ func TestParseErrors(t *testing.T) {
 			want: []string{"limits.result_retention: ", "must be positive, got -1h0m0s"},
 		},
 		{
+			name: "negative dlq_retention",
+			yaml: "limits:\n  dlq_retention: -1h\n",
+			want: []string{"limits.dlq_retention: ", "must be positive"},
+		},
+		{
+			name: "max_wait too long",
+			yaml: "limits:\n  max_wait: 1000h\n",
+			want: []string{"limits.max_wait: ", "between 1s and 24h"},
+		},
+		{
+			name: "negative max_waiters_per_tenant",
+			yaml: "limits:\n  max_waiters_per_tenant: -1\n",
+			want: []string{"limits.max_waiters_per_tenant: ", "must be positive"},
+		},
+		{
+			name: "negative http timeout",
+			yaml: "server:\n  http_timeouts: {idle: -1s}\n",
+			want: []string{"server.http_timeouts.idle: ", "must be positive"},
+		},
+		{
+			name: "http_tls without a key",
+			yaml: "server:\n  http_tls: {cert: cert.pem}\n",
+			want: []string{"server.http_tls: ", "needs both cert and key"},
+		},
+		{
 			name: "max_body_bytes too small",
 			yaml: "limits:\n  max_body_bytes: 100\n",
 			want: []string{"limits.max_body_bytes: ", "at least 1024, got 100"},
@@ -715,5 +746,25 @@ func TestDurationYAML(t *testing.T) {
 	}
 	if got, want := d.D(), 1500*time.Millisecond; got != want {
 		t.Errorf("D(): got %v, want %v", got, want)
+	}
+}
+
+// Dead letters hold requests: unless set, they are kept as long as results.
+func TestDLQRetentionFollowsResults(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		yaml string
+		want time.Duration
+	}{
+		{"limits: {result_retention: 2h}\n", 2 * time.Hour},
+		{"limits: {result_retention: 2h, dlq_retention: 168h}\n", 168 * time.Hour},
+	} {
+		c, err := config.Parse([]byte(tc.yaml))
+		if err != nil {
+			t.Fatalf("Parse(%q): %v", tc.yaml, err)
+		}
+		if got := c.Limits.DLQRetention.D(); got != tc.want {
+			t.Errorf("Parse(%q): dlq_retention got %v, want %v", tc.yaml, got, tc.want)
+		}
 	}
 }
