@@ -38,6 +38,7 @@ const (
 type Options struct {
 	Replicas        int           // 0 keeps the file's value
 	ResultRetention time.Duration // RESULTS max_age and results/idempotency TTL; 0 keeps the files'
+	DLQRetention    time.Duration // DLQ max_age; 0 keeps the file's
 	Intake, Queue   Bounds        // INTAKE's and QUEUE's limits
 	// JobMsgBytes and ResultMsgBytes set max_msg_size: of the streams
 	// that carry jobs (INTAKE, QUEUE, DISPATCH, DLQ) and of RESULTS.
@@ -147,6 +148,9 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opt Options) error {
 		}
 		if c.Name == Results && opt.ResultRetention > 0 {
 			c.MaxAge = opt.ResultRetention
+		}
+		if c.Name == DLQ && opt.DLQRetention > 0 {
+			c.MaxAge = opt.DLQRetention
 		}
 		switch c.Name {
 		case Intake:

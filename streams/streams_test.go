@@ -117,6 +117,7 @@ func TestEnsureAppliesBounds(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	small := streams.Options{
+		ResultRetention: 3 * time.Hour, DLQRetention: 5 * time.Hour,
 		Intake: streams.Bounds{MaxMsgs: 10, MaxBytes: 2 << 20, MaxMsgsPerSubject: 4},
 		Queue:  streams.Bounds{MaxMsgs: 20, MaxBytes: 3 << 20, MaxMsgsPerSubject: 5},
 	}
@@ -134,6 +135,16 @@ func TestEnsureAppliesBounds(t *testing.T) {
 		}
 		if c.Discard != jetstream.DiscardNew || !c.DiscardNewPerSubject {
 			t.Errorf("%s: discard %v per subject %v, want new and per subject", name, c.Discard, c.DiscardNewPerSubject)
+		}
+	}
+
+	for name, want := range map[string]time.Duration{streams.Results: small.ResultRetention, streams.DLQ: small.DLQRetention} {
+		st, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := st.CachedInfo().Config.MaxAge; got != want {
+			t.Errorf("%s: max_age got %v, want %v", name, got, want)
 		}
 	}
 

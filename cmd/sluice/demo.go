@@ -65,7 +65,11 @@ func runDemo(ctx context.Context, args []string, getenv func(string) string, std
 		return err
 	}
 	defer os.RemoveAll(dir)
+	// Development mode: the demo's HTTP API is on a loopback port of its
+	// own and its callers name their tenant (X-Sluice-Tenant).
 	cfg, err := config.Parse([]byte(fmt.Sprintf(`
+server:
+  open: true
 providers:
   - name: sim
     base_url: %s/v1

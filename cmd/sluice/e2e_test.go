@@ -336,6 +336,7 @@ func TestTenantBudgets(t *testing.T) {
 	t.Parallel()
 	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 1000, TPM: 1000000}}, APIKeys: []string{"sim-secret"}})
 	cfg := fmt.Sprintf(`
+server: {open: true}
 providers:
   - name: sim
     base_url: %s/v1
@@ -428,6 +429,7 @@ func TestTenantConcurrency(t *testing.T) {
 	}))
 	t.Cleanup(ts.Close)
 	n := startUp(t, fmt.Sprintf(`
+server: {open: true}
 providers:
   - name: sim
     base_url: %s/v1

@@ -182,6 +182,7 @@ func TestChaos(t *testing.T) {
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "sluice.yaml")
 	cfg := fmt.Sprintf(`
+server: {open: true}
 providers:
   - name: sim
     base_url: %s/v1

@@ -123,6 +123,7 @@ func startFairPaced(b *testing.B, tpm int, tenants string, admission string) *fa
 	ts := httptest.NewServer(fr.arr.wrap(s))
 	b.Cleanup(ts.Close)
 	fr.n = startUp(b, fmt.Sprintf(`
+server: {open: true}
 admission: {slice: 100ms, %s}
 providers:
   - name: sim

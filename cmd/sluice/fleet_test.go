@@ -52,6 +52,7 @@ func TestFleetSharesOneBudget(t *testing.T) {
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "sluice.yaml")
 	cfg := fmt.Sprintf(`
+server: {open: true}
 providers:
   - name: sim
     base_url: %s/v1

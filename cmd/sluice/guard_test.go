@@ -22,7 +22,7 @@ import (
 )
 
 // getJob reads GET /v1/jobs/{id} as tenant acme.
-func getJob(t testing.TB, base, id string) (int, map[string]any) {
+func getJobAs(t testing.TB, base, id string) (int, map[string]any) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodGet, base+"/v1/jobs/"+id, nil)
 	req.Header.Set("Authorization", "Bearer acme-key")
@@ -37,11 +37,11 @@ func getJob(t testing.TB, base, id string) (int, map[string]any) {
 }
 
 // waitJob polls a job until it has a terminal status.
-func waitJob(t testing.TB, base, id string) map[string]any {
+func waitJobAs(t testing.TB, base, id string) map[string]any {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		code, v := getJob(t, base, id)
+		code, v := getJobAs(t, base, id)
 		if code == http.StatusOK {
 			if st, _ := v["status"].(string); job.Status(st).Terminal() {
 				return v
@@ -136,21 +136,21 @@ func TestForgedMessagesNeverReachTheProvider(t *testing.T) {
 	publish(job.QueueSubject(job.Standard, "acme"), long)
 
 	for _, id := range []string{forged.ID, over.ID} {
-		v := waitJob(t, n.HTTP, id)
+		v := waitJobAs(t, n.HTTP, id)
 		res, _ := v["result"].(map[string]any)
 		e, _ := res["error"].(map[string]any)
 		if v["status"] != string(job.StatusFailed) || e["code"] != job.CodeInvalidRequest {
 			t.Errorf("forged dispatch %s: got %v, want failed invalid_request", id, v)
 		}
 	}
-	if v := waitJob(t, n.HTTP, long.ID); v["status"] != string(job.StatusSucceeded) {
+	if v := waitJobAs(t, n.HTTP, long.ID); v["status"] != string(job.StatusSucceeded) {
 		t.Errorf("long job: got %v, want succeeded", v)
 	}
 	reserved := metricSum(t, n.HTTP, "llm_tokens_reserved_total") - reservedBefore
 	if reserved < 15000 {
 		t.Errorf("tokens reserved for the long job claimed at 2 tokens: %.0f, want at least 15,000 (recomputed)", reserved)
 	}
-	if v := waitJob(t, n.HTTP, negative.ID); v["status"] != string(job.StatusSucceeded) {
+	if v := waitJobAs(t, n.HTTP, negative.ID); v["status"] != string(job.StatusSucceeded) {
 		t.Errorf("job with a negative estimate: got %v, want succeeded once its estimate is recomputed", v)
 	}
 	// Admission still admits: a plain job after all of that completes.
@@ -159,7 +159,7 @@ func TestForgedMessagesNeverReachTheProvider(t *testing.T) {
 		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("still there?")}, MaxTokens: openai.Int(8)}); err != nil {
 		t.Fatalf("a plain call after the forged messages: %v", err)
 	}
-	if code, _ := getJob(t, n.HTTP, stranger.ID); code != http.StatusNotFound {
+	if code, _ := getJobAs(t, n.HTTP, stranger.ID); code != http.StatusNotFound {
 		t.Errorf("job of an unknown tenant: GET answers %d, want 404 (nothing stored)", code)
 	}
 	st := simSrv.Stats()
@@ -208,7 +208,7 @@ func TestAnswerTooLargeIsPaidOnce(t *testing.T) {
 	if id == "" {
 		t.Fatal("no X-Sluice-Job-Id on the answer")
 	}
-	v := waitJob(t, n.HTTP, id)
+	v := waitJobAs(t, n.HTTP, id)
 	if v["status"] != string(job.StatusFailed) {
 		t.Errorf("job: got %v, want failed", v)
 	}

@@ -35,11 +35,15 @@ func startSim(t testing.TB, cfg sim.Config) (*sim.Server, string) {
 
 // upNode is a running `sluice up`, in-process (run) or a child process.
 type upNode struct {
-	HTTP string // base URL
-	NATS string
+	HTTP    string // base URL
+	NATS    string
+	Metrics string // the metrics listener's address, if it has one
 }
 
-var upLine = regexp.MustCompile(`sluice up: nats (\S+), http (\S+),`)
+var (
+	upLine      = regexp.MustCompile(`sluice up: nats (\S+), http (\S+),`)
+	metricsLine = regexp.MustCompile(`, metrics (\S+)$`)
+)
 
 // waitUp reads a `sluice up` stdout stream until its ready line.
 func waitUp(t testing.TB, r io.Reader) upNode {
@@ -49,7 +53,11 @@ func waitUp(t testing.TB, r io.Reader) upNode {
 		sc := bufio.NewScanner(r)
 		for sc.Scan() {
 			if m := upLine.FindStringSubmatch(sc.Text()); m != nil {
-				found <- upNode{NATS: m[1], HTTP: "http://" + m[2]}
+				n := upNode{NATS: m[1], HTTP: "http://" + m[2]}
+				if mm := metricsLine.FindStringSubmatch(sc.Text()); mm != nil {
+					n.Metrics = mm[1]
+				}
+				found <- n
 				break
 			}
 		}
@@ -68,6 +76,15 @@ func waitUp(t testing.TB, r io.Reader) upNode {
 // directory and free ports; the node stops when the test ends.
 func startUp(t testing.TB, yaml string, env map[string]string) upNode {
 	t.Helper()
+	n := startUpWith(t, yaml, env, nil, io.Discard)
+	waitReady(t, n.HTTP)
+	return n
+}
+
+// startUpWith is startUp with extra flags and the node's stderr (its log);
+// it does not wait for /readyz.
+func startUpWith(t testing.TB, yaml string, env map[string]string, extra []string, stderr io.Writer) upNode {
+	t.Helper()
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "sluice.yaml")
 	if err := os.WriteFile(cfgPath, []byte(yaml), 0o600); err != nil {
@@ -77,9 +94,10 @@ func startUp(t testing.TB, yaml string, env map[string]string) upNode {
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	getenv := func(k string) string { return env[k] }
+	args := append([]string{"up", "--config", cfgPath, "--data", filepath.Join(dir, "data"),
+		"--nats-listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--log-level", "warn"}, extra...)
 	go func() {
-		done <- run(ctx, []string{"up", "--config", cfgPath, "--data", filepath.Join(dir, "data"),
-			"--nats-listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--log-level", "warn"}, getenv, pw, io.Discard)
+		done <- run(ctx, args, getenv, pw, stderr)
 		pw.Close()
 	}()
 	t.Cleanup(func() {
@@ -93,9 +111,7 @@ func startUp(t testing.TB, yaml string, env map[string]string) upNode {
 			t.Error("sluice up did not stop within 30s")
 		}
 	})
-	n := waitUp(t, pr)
-	waitReady(t, n.HTTP)
-	return n
+	return waitUp(t, pr)
 }
 
 func waitReady(t testing.TB, base string) {

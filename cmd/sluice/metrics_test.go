@@ -73,6 +73,7 @@ func TestMetricsAfterARun(t *testing.T) {
 	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 5, TPM: 1000000}}, APIKeys: []string{"sim-secret"}})
 	_, backupURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "backup-model"}}})
 	n := startUp(t, fmt.Sprintf(`
+server: {open: true}
 providers:
   - name: sim
     base_url: %s/v1

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"strconv"
 
 	"github.com/sluice-dev/sluice/internal/node"
@@ -16,7 +17,9 @@ import (
 // > default).
 type upFlags struct {
 	config, natsURL, natsListen, http, data, services, logLevel string
+	metrics, tlsCert, tlsKey                                    string
 	replicas                                                    int
+	open                                                        bool
 }
 
 func runUp(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -29,6 +32,10 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 	fs.StringVar(&f.data, "data", "", "data directory for the embedded JetStream store (SLUICE_DATA, default ./data)")
 	fs.StringVar(&f.services, "services", "", "services to run: all, or some of ingest,admission,executor,result (SLUICE_SERVICES)")
 	fs.StringVar(&f.logLevel, "log-level", "", "debug, info, warn or error (SLUICE_LOG_LEVEL, default info)")
+	fs.StringVar(&f.metrics, "metrics", "", "serve /metrics on this address, apart from the API (SLUICE_METRICS; default: on --http)")
+	fs.StringVar(&f.tlsCert, "http-tls-cert", "", "PEM certificate for HTTPS on --http and --metrics (SLUICE_HTTP_TLS_CERT)")
+	fs.StringVar(&f.tlsKey, "http-tls-key", "", "PEM private key for --http-tls-cert (SLUICE_HTTP_TLS_KEY)")
+	fs.BoolVar(&f.open, "open", false, "development mode: serve HTTP requests without an API key (SLUICE_OPEN=1); without it, no tenant keys means no start")
 	fs.IntVar(&f.replicas, "replicas", 0, "stream and bucket replicas when joining a cluster (SLUICE_REPLICAS, default 1)")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
@@ -56,6 +63,22 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 	pick("data", "SLUICE_DATA", f.data, &s.Data, "./data")
 	pick("services", "SLUICE_SERVICES", f.services, &s.Services, "all")
 	pick("log-level", "SLUICE_LOG_LEVEL", f.logLevel, &s.LogLevel, "info")
+	pick("metrics", "SLUICE_METRICS", f.metrics, &s.Metrics, "")
+	pick("http-tls-cert", "SLUICE_HTTP_TLS_CERT", f.tlsCert, &s.HTTPTLS.Cert, "")
+	pick("http-tls-key", "SLUICE_HTTP_TLS_KEY", f.tlsKey, &s.HTTPTLS.Key, "")
+	switch {
+	case set["open"]:
+		s.Open = f.open
+	case getenv("SLUICE_OPEN") != "":
+		v, err := strconv.ParseBool(getenv("SLUICE_OPEN"))
+		if err != nil {
+			return fmt.Errorf("SLUICE_OPEN: want 1 or 0 (true or false), got %q", getenv("SLUICE_OPEN"))
+		}
+		s.Open = v
+	}
+	if t := s.HTTPTLS; t.Enabled() && (t.Cert == "" || t.Key == "") {
+		return fmt.Errorf("HTTPS needs both --http-tls-cert and --http-tls-key (server.http_tls.cert and .key)")
+	}
 	switch {
 	case set["replicas"]:
 		s.Replicas = f.replicas
@@ -88,9 +111,27 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 		Config: cfg, NATSURL: s.NATSURL, NATSListen: s.NATSListen, HTTP: httpAddr, Data: s.Data,
 		Services: services, Getenv: getenv, Log: log,
 		OnReady: func(i node.Info) {
-			fmt.Fprintf(stdout, "sluice up: nats %s, http %s, services %v\n", i.NATSURL, orNone(i.HTTPAddr), services)
+			fmt.Fprintf(stdout, "sluice up: nats %s, http %s, services %v", redactURL(i.NATSURL), orNone(i.HTTPAddr), services)
+			if i.MetricsAddr != "" {
+				fmt.Fprintf(stdout, ", metrics %s", i.MetricsAddr)
+			}
+			fmt.Fprintln(stdout)
 		},
 	})
+}
+
+// redactURL hides credentials in a URL: a password ("nats://user:xxxxx@host")
+// or a token in the user position ("nats://xxxxx@host").
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		return s
+	}
+	if _, ok := u.User.Password(); !ok {
+		u.User = url.User("xxxxx")
+		return u.String()
+	}
+	return u.Redacted()
 }
 
 func orNone(s string) string {

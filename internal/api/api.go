@@ -3,54 +3,230 @@
 package api
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
-// Auth maps bearer keys to tenants. With no keys configured, Sluice runs open
-// (development): the tenant comes from the X-Sluice-Tenant header, or is the
-// only configured tenant.
+// Auth resolves the caller's tenant from its API key: `Authorization:
+// Bearer <key>` (the scheme in any case) or `x-api-key: <key>` (what the
+// Anthropic SDKs send). Keys are held as SHA-256 digests and a presented
+// key is hashed before the lookup, so the time a check takes does not
+// depend on how much of a real key the caller guessed. Build one with
+// NewAuth; the zero value refuses every request.
 type Auth struct {
-	Keys    map[string]string // key -> tenant
+	// Open is development mode: a request without a key acts as the tenant
+	// X-Sluice-Tenant names, or as the only tenant. A request with a key
+	// is checked all the same.
+	Open bool
+	// Tenants are the configured tenant names.
 	Tenants []string
+	keys    map[[sha256.Size]byte]string // digest of key -> tenant
 }
 
-// ErrUnauthorized is a missing or wrong bearer key.
+// NewAuth builds an Auth from key -> tenant (config.TenantKeys).
+func NewAuth(keys map[string]string, tenants []string, open bool) Auth {
+	a := Auth{Open: open, Tenants: tenants, keys: make(map[[sha256.Size]byte]string, len(keys))}
+	for k, t := range keys {
+		a.keys[sha256.Sum256([]byte(k))] = t
+	}
+	return a
+}
+
+// Keys reports how many API keys the Auth knows.
+func (a Auth) Keys() int { return len(a.keys) }
+
+// ErrUnauthorized is a missing or wrong API key.
 var ErrUnauthorized = errors.New("missing or invalid API key")
+
+// BearerKey returns the credentials of an Authorization header value with
+// the Bearer scheme, matched in any case (RFC 9110 makes auth schemes
+// case-insensitive); ok is false for another scheme or no credentials.
+func BearerKey(h string) (key string, ok bool) {
+	h = strings.TrimLeft(h, " \t")
+	i := strings.IndexAny(h, " \t")
+	if i < 0 || !strings.EqualFold(h[:i], "bearer") {
+		return "", false
+	}
+	key = strings.TrimSpace(h[i:])
+	return key, key != ""
+}
+
+// presentedKey is the key a request carries, if any: Authorization first,
+// then x-api-key. A request that sends an Authorization header of another
+// scheme and no x-api-key presents an unusable key ("", true).
+func presentedKey(r *http.Request) (key string, present bool) {
+	if h := r.Header.Get("Authorization"); h != "" {
+		if k, ok := BearerKey(h); ok {
+			return k, true
+		}
+		if k := strings.TrimSpace(r.Header.Get("X-Api-Key")); k != "" {
+			return k, true
+		}
+		return "", true
+	}
+	if k := strings.TrimSpace(r.Header.Get("X-Api-Key")); k != "" {
+		return k, true
+	}
+	return "", false
+}
 
 // Tenant resolves the caller's tenant.
 func (a Auth) Tenant(r *http.Request) (string, error) {
-	if len(a.Keys) > 0 {
-		h := r.Header.Get("Authorization")
-		key, ok := strings.CutPrefix(h, "Bearer ")
-		if !ok {
+	if key, present := presentedKey(r); present {
+		if key == "" {
 			return "", ErrUnauthorized
 		}
-		t, ok := a.Keys[strings.TrimSpace(key)]
-		if !ok {
-			return "", ErrUnauthorized
+		if t, ok := a.keys[sha256.Sum256([]byte(key))]; ok {
+			return t, nil
 		}
-		return t, nil
+		return "", ErrUnauthorized
+	}
+	if !a.Open {
+		return "", ErrUnauthorized
 	}
 	if t := r.Header.Get("X-Sluice-Tenant"); t != "" {
-		for _, known := range a.Tenants {
-			if known == t {
-				return t, nil
-			}
+		if slices.Contains(a.Tenants, t) {
+			return t, nil
 		}
 		return "", &job.ValidationError{Code: job.CodeUnknownTenant, Field: "X-Sluice-Tenant", Message: "unknown tenant"}
 	}
 	if len(a.Tenants) == 1 {
 		return a.Tenants[0], nil
 	}
-	return "", &job.ValidationError{Code: job.CodeUnknownTenant, Field: "X-Sluice-Tenant", Message: "is required when several tenants are configured and no API keys are set"}
+	return "", &job.ValidationError{Code: job.CodeUnknownTenant, Field: "X-Sluice-Tenant", Message: "is required in open mode when several tenants are configured and the request has no API key"}
 }
+
+// AuthError answers a request Tenant refused: 401 for a missing or wrong
+// key, 403 for an unknown tenant (open mode).
+func AuthError(w http.ResponseWriter, err error) {
+	var ve *job.ValidationError
+	if errors.As(err, &ve) {
+		Error(w, StatusFor(ve.Code), "invalid_request_error", ve.Code, ve.Error())
+		return
+	}
+	Error(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", ErrUnauthorized.Error())
+}
+
+// ParseWait reads a wait a caller asks for (X-Sluice-Wait-Timeout, ?wait=):
+// a Go duration ("30s", "2m") or a decimal number of seconds ("30",
+// "1.5"). It must be positive (zero too when allowZero) and at most max;
+// exponents, NaN, infinities and values that overflow a time.Duration are
+// refused.
+func ParseWait(v string, max time.Duration, allowZero bool) (time.Duration, error) {
+	bad := fmt.Errorf("must be a positive duration such as 30s, or seconds, at most %s", max)
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		if !decimal(v) {
+			return 0, bad
+		}
+		n, ferr := strconv.ParseFloat(v, 64)
+		if ferr != nil || math.IsNaN(n) || math.IsInf(n, 0) {
+			return 0, bad
+		}
+		if n > max.Seconds() {
+			return 0, fmt.Errorf("is above the limit of %s (limits.max_wait)", max)
+		}
+		d = time.Duration(n * float64(time.Second))
+	}
+	if d < 0 || (d == 0 && !allowZero) {
+		return 0, bad
+	}
+	if d > max {
+		return 0, fmt.Errorf("is above the limit of %s (limits.max_wait)", max)
+	}
+	return d, nil
+}
+
+// decimal reports whether s is digits with at most one decimal point: no
+// sign, exponent, hex, NaN or Inf.
+func decimal(s string) bool {
+	digits, dot := 0, false
+	for _, r := range s {
+		switch {
+		case r >= '0' && r <= '9':
+			digits++
+		case r == '.' && !dot:
+			dot = true
+		default:
+			return false
+		}
+	}
+	return digits > 0
+}
+
+// ExtendDeadlines lets one request outlive the server's read and write
+// timeouts by d: a chat completion or a long-poll that waits for a result
+// would otherwise be cut by WriteTimeout, and ReadTimeout would end the
+// connection's background read and so cancel the request's context. The
+// caller has read the body already.
+func ExtendDeadlines(w http.ResponseWriter, d time.Duration) {
+	rc := http.NewResponseController(w)
+	at := time.Now().Add(d)
+	_ = rc.SetReadDeadline(at)
+	_ = rc.SetWriteDeadline(at)
+}
+
+// Waiters counts, per tenant, the requests waiting for a result in this
+// process, and refuses more than a limit: each waiter holds a goroutine and
+// a NATS subscription.
+type Waiters struct {
+	max int
+	mu  sync.Mutex
+	n   map[string]int
+}
+
+// NewWaiters allows max waiters per tenant.
+func NewWaiters(max int) *Waiters { return &Waiters{max: max, n: map[string]int{}} }
+
+// Max is the limit per tenant.
+func (w *Waiters) Max() int { return w.max }
+
+// Acquire takes a waiter slot for tenant; ok is false when the tenant has
+// max waiters already. Call release once when the wait ends.
+func (w *Waiters) Acquire(tenant string) (release func(), ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.n[tenant] >= w.max {
+		return nil, false
+	}
+	w.n[tenant]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if w.n[tenant]--; w.n[tenant] <= 0 {
+				delete(w.n, tenant)
+			}
+		})
+	}, true
+}
+
+// TooManyWaiters answers a request refused by Waiters: 429, retry after a
+// second.
+func TooManyWaiters(w http.ResponseWriter, max int) {
+	RetryAfter(w, time.Second)
+	Error(w, http.StatusTooManyRequests, "sluice_error", CodeTooManyWaiters,
+		fmt.Sprintf("this tenant already has %d requests waiting for results on this server (limits.max_waiters_per_tenant); retry when one ends", max))
+}
+
+// CodeTooManyWaiters refuses a wait beyond limits.max_waiters_per_tenant.
+const CodeTooManyWaiters = "too_many_waiters"
+
+// NoRetry tells the official OpenAI and Anthropic SDKs not to retry this
+// answer (they honour x-should-retry over the status code).
+func NoRetry(w http.ResponseWriter) { w.Header().Set("X-Should-Retry", "false") }
 
 // JSON writes v with status.
 func JSON(w http.ResponseWriter, status int, v any) {

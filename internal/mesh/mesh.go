@@ -197,6 +197,15 @@ func OpKey(tenant, idemKey, jobID string) (bucketKey, key string) {
 	return tenant + "." + hex.EncodeToString(sum[:16]), key
 }
 
+// ProviderKey is the Idempotency-Key sent to providers for the operation
+// whose bucket key is opKey: an opaque digest, stable for the operation
+// (so a retry after a crash sends the same key) but naming neither the
+// tenant nor the caller's own idempotency key.
+func ProviderKey(opKey string) string {
+	sum := sha256.Sum256([]byte("sluice-provider-key\x00" + opKey))
+	return "sluice-" + hex.EncodeToString(sum[:16])
+}
+
 // GetOp reads an operation record.
 func (m *Mesh) GetOp(ctx context.Context, bucketKey string) (*OpRecord, uint64, error) {
 	e, err := m.Idempotency.Get(ctx, bucketKey)

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -22,7 +21,6 @@ import (
 	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/calib"
@@ -61,7 +59,10 @@ type Options struct {
 type Info struct {
 	NATSURL  string
 	HTTPAddr string
-	Registry *prometheus.Registry
+	// MetricsAddr is the metrics listener's address when server.metrics
+	// sets one (else /metrics is on HTTPAddr).
+	MetricsAddr string
+	Registry    *prometheus.Registry
 }
 
 // ParseServices checks a comma-separated service list.
@@ -98,10 +99,17 @@ func Run(ctx context.Context, o Options) error {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
+	o.Config = withOpenTenant(o.Config)
 	if len(o.Services) == 0 {
 		o.Services = AllServices
 	}
 	log := o.Log
+	// Before anything starts: a node that would serve the API open, or
+	// without a tenant's key, does not start at all.
+	auth, err := httpAuth(o, log)
+	if err != nil {
+		return err
+	}
 
 	natsURL := o.NATSURL
 	var ns *server.Server
@@ -160,11 +168,7 @@ func Run(ctx context.Context, o Options) error {
 			ms.ModelLimit.WithLabelValues(p.Name, m.Name, "concurrency").Set(float64(m.MaxConcurrency))
 		}
 	}
-	var tenants []string
-	for _, t := range o.Config.Tenants {
-		tenants = append(tenants, t.Name)
-	}
-	auth := api.Auth{Keys: o.Config.TenantKeys(o.Getenv), Tenants: tenants}
+	waiters := api.NewWaiters(o.Config.Limits.MaxWaitersPerTenant)
 	mux := http.NewServeMux()
 	cal := calib.New(m.Budgets, nil)
 	var services []runner
@@ -172,7 +176,7 @@ func Run(ctx context.Context, o Options) error {
 	for _, name := range o.Services {
 		switch name {
 		case "ingest":
-			s, err := ingest.New(ingest.Config{App: o.Config, Calib: cal, Guard: gd}, m, log, ms)
+			s, err := ingest.New(ingest.Config{App: o.Config, Calib: cal, Guard: gd, Waiters: waiters}, m, log, ms)
 			if err != nil {
 				return err
 			}
@@ -196,16 +200,13 @@ func Run(ctx context.Context, o Options) error {
 			}
 			services = append(services, s)
 		case "result":
-			s, err := result.New(result.Config{}, m, log, ms)
+			s, err := result.New(result.Config{App: o.Config, Waiters: waiters}, m, log, ms)
 			if err != nil {
 				return err
 			}
 			s.Routes(mux, auth)
 			services = append(services, s)
 		}
-	}
-	if len(auth.Keys) == 0 && slices.Contains(o.Services, "ingest") && o.HTTP != "" {
-		log.Warn("no tenant API keys configured: the HTTP API is open (tenant from X-Sluice-Tenant)")
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
@@ -221,7 +222,6 @@ func Run(ctx context.Context, o Options) error {
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 
 	var g run.Group
 	runCtx, stop := context.WithCancel(ctx)
@@ -245,28 +245,12 @@ func Run(ctx context.Context, o Options) error {
 			return nil
 		}, func(error) { stopServices() })
 	}
-	httpAddr := ""
-	if o.HTTP != "" {
-		ln, err := net.Listen("tcp", o.HTTP)
-		if err != nil {
-			return fmt.Errorf("listen http %s: %w", o.HTTP, err)
-		}
-		httpAddr = ln.Addr().String()
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		g.Add(func() error {
-			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-				return fmt.Errorf("http: %w", err)
-			}
-			return nil
-		}, func(error) {
-			sctx, c := context.WithTimeout(context.Background(), 5*time.Second)
-			defer c()
-			_ = srv.Shutdown(sctx)
-		})
-		log.Info("http listening", "addr", httpAddr)
+	httpAddr, metricsAddr, err := addHTTP(&g, o, mux, reg, log)
+	if err != nil {
+		return err
 	}
 	if o.OnReady != nil {
-		o.OnReady(Info{NATSURL: natsURL, HTTPAddr: httpAddr, Registry: reg})
+		o.OnReady(Info{NATSURL: natsURL, HTTPAddr: httpAddr, MetricsAddr: metricsAddr, Registry: reg})
 	}
 	log.Info("sluice up", "services", strings.Join(o.Services, ","), "nats", natsURL)
 	err = g.Run()
@@ -282,7 +266,7 @@ func streamOptions(c *config.Config) streams.Options {
 		return streams.Bounds{MaxMsgs: b.MaxMsgs, MaxBytes: b.MaxBytes, MaxMsgsPerSubject: b.MaxPerTenant}
 	}
 	return streams.Options{Replicas: c.Server.Replicas, ResultRetention: c.Limits.ResultRetention.D(),
-		Intake: bounds(c.Queues.Intake), Queue: bounds(c.Queues.Queue),
+		DLQRetention: c.Limits.DLQRetention.D(), Intake: bounds(c.Queues.Intake), Queue: bounds(c.Queues.Queue),
 		JobMsgBytes: int32(c.Limits.JobMsgBytes()), ResultMsgBytes: int32(c.Limits.ResultMsgBytes())}
 }
 

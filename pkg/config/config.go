@@ -43,7 +43,44 @@ type Server struct {
 	Services   string `yaml:"services"`
 	LogLevel   string `yaml:"log_level"`
 	Replicas   int    `yaml:"replicas"`
+	// Open is development mode: the HTTP API serves requests without an
+	// API key (the tenant from X-Sluice-Tenant, the only tenant, or
+	// DefaultTenant when none is configured). Without it, a process that
+	// serves the HTTP API refuses to start with no tenant keys.
+	Open bool `yaml:"open"`
+	// Metrics, when set, serves /metrics on its own listener at this
+	// address, and no longer on the API listener.
+	Metrics string `yaml:"metrics"`
+	// HTTPTLS serves the HTTP API (and a separate metrics listener) over
+	// TLS when both files are set.
+	HTTPTLS TLSFiles `yaml:"http_tls"`
+	// HTTPTimeouts bound the HTTP server's connections.
+	HTTPTimeouts HTTPTimeouts `yaml:"http_timeouts"`
 }
+
+// TLSFiles name a PEM certificate (chain) and its private key.
+type TLSFiles struct {
+	Cert string `yaml:"cert"`
+	Key  string `yaml:"key"`
+}
+
+// Enabled reports whether TLS is configured.
+func (t TLSFiles) Enabled() bool { return t.Cert != "" || t.Key != "" }
+
+// HTTPTimeouts are the HTTP server's timeouts. Write bounds a response
+// that does not wait for a result; a chat completion or a long-poll
+// extends its own deadlines by the wait it asked for (at most
+// limits.max_wait), so Write never cuts a legitimate wait.
+type HTTPTimeouts struct {
+	ReadHeader Duration `yaml:"read_header"`
+	Read       Duration `yaml:"read"`
+	Write      Duration `yaml:"write"`
+	Idle       Duration `yaml:"idle"`
+}
+
+// DefaultTenant is the tenant of keyless requests in open mode when the
+// configuration names no tenant.
+const DefaultTenant = "default"
 
 // Limits bound what ingest accepts.
 type Limits struct {
@@ -56,6 +93,16 @@ type Limits struct {
 	// called again. Results are stored in messages of this size plus
 	// EnvelopeSlack, which the NATS server's max_payload must allow.
 	MaxResponseBytes int `yaml:"max_response_bytes"`
+	// DLQRetention is how long dead letters (which hold the job's request)
+	// are kept; absent, result_retention.
+	DLQRetention Duration `yaml:"dlq_retention"`
+	// MaxWait caps how long one HTTP request waits for a result
+	// (X-Sluice-Wait-Timeout, GET /v1/jobs/{id}?wait=); longer asks are
+	// refused.
+	MaxWait Duration `yaml:"max_wait"`
+	// MaxWaitersPerTenant caps the HTTP requests of one tenant waiting for
+	// results at once, per process; beyond it, 429.
+	MaxWaitersPerTenant int `yaml:"max_waiters_per_tenant"`
 }
 
 // EnvelopeSlack is the room a message needs around the request or the
@@ -83,6 +130,16 @@ func (l Limits) CheckPayload(maxPayload int64) error {
 	return fmt.Errorf("the NATS server's max_payload is %d bytes, but Sluice needs %d: limits.max_body_bytes (%d) and limits.max_response_bytes (%d) plus %d bytes of envelope; raise max_payload in the NATS server's configuration (the embedded server allows 8 MiB) or lower those limits",
 		maxPayload, need, l.MaxBodyBytes, l.MaxResponseBytes, EnvelopeSlack)
 }
+
+// Defaults of the HTTP limits and timeouts.
+const (
+	DefaultMaxWait             = 15 * time.Minute
+	DefaultMaxWaitersPerTenant = 100
+	DefaultReadHeaderTimeout   = 10 * time.Second
+	DefaultReadTimeout         = time.Minute
+	DefaultWriteTimeout        = time.Minute
+	DefaultIdleTimeout         = 2 * time.Minute
+)
 
 // Admission tunes how budgets are taken.
 type Admission struct {
@@ -372,6 +429,24 @@ func (c *Config) withDefaults() {
 	if c.Limits.MaxResponseBytes == 0 {
 		c.Limits.MaxResponseBytes = DefaultMaxResponseBytes
 	}
+	if c.Limits.DLQRetention == 0 {
+		c.Limits.DLQRetention = c.Limits.ResultRetention
+	}
+	if c.Limits.MaxWait == 0 {
+		c.Limits.MaxWait = Duration(DefaultMaxWait)
+	}
+	if c.Limits.MaxWaitersPerTenant == 0 {
+		c.Limits.MaxWaitersPerTenant = DefaultMaxWaitersPerTenant
+	}
+	for _, d := range []struct {
+		got *Duration
+		def time.Duration
+	}{{&c.Server.HTTPTimeouts.ReadHeader, DefaultReadHeaderTimeout}, {&c.Server.HTTPTimeouts.Read, DefaultReadTimeout},
+		{&c.Server.HTTPTimeouts.Write, DefaultWriteTimeout}, {&c.Server.HTTPTimeouts.Idle, DefaultIdleTimeout}} {
+		if *d.got == 0 {
+			*d.got = Duration(d.def)
+		}
+	}
 	if c.Admission.Slice == 0 {
 		c.Admission.Slice = Duration(250 * time.Millisecond)
 	}
@@ -470,6 +545,27 @@ func (c *Config) Validate() error {
 	}
 	if c.Limits.ResultRetention <= 0 {
 		return fail("limits.result_retention", "must be positive, got %s", c.Limits.ResultRetention.D())
+	}
+	if c.Limits.DLQRetention <= 0 {
+		return fail("limits.dlq_retention", "must be positive, got %s", c.Limits.DLQRetention.D())
+	}
+	if w := c.Limits.MaxWait.D(); w < time.Second || w > 24*time.Hour {
+		return fail("limits.max_wait", "must be between 1s and 24h, got %s", w)
+	}
+	if c.Limits.MaxWaitersPerTenant < 1 {
+		return fail("limits.max_waiters_per_tenant", "must be positive, got %d", c.Limits.MaxWaitersPerTenant)
+	}
+	for _, d := range []struct {
+		key string
+		v   Duration
+	}{{"read_header", c.Server.HTTPTimeouts.ReadHeader}, {"read", c.Server.HTTPTimeouts.Read},
+		{"write", c.Server.HTTPTimeouts.Write}, {"idle", c.Server.HTTPTimeouts.Idle}} {
+		if d.v < 0 {
+			return fail("server.http_timeouts."+d.key, "must be positive, got %s", d.v.D())
+		}
+	}
+	if t := c.Server.HTTPTLS; t.Enabled() && (t.Cert == "" || t.Key == "") {
+		return fail("server.http_tls", "needs both cert and key (PEM files), got cert %q key %q", t.Cert, t.Key)
 	}
 	if c.Limits.DefaultMaxTokens > c.Limits.MaxTokens {
 		return fail("limits.default_max_tokens", "is %d, above limits.max_tokens %d", c.Limits.DefaultMaxTokens, c.Limits.MaxTokens)
@@ -682,16 +778,29 @@ func (c *Config) Policy(p job.Priority) Policy {
 	return DefaultPolicies[string(job.Standard)]
 }
 
-// TenantKeys resolves tenants' bearer keys from the environment: key → tenant.
-func (c *Config) TenantKeys(getenv func(string) string) map[string]string {
+// TenantKeys resolves tenants' API keys from the environment: key ->
+// tenant. A tenant whose api_key_env names a variable that is unset or
+// empty is an error naming both (a key that silently goes missing would
+// leave the tenant locked out, or, before fail-closed, the API open), and
+// so is a key that two tenants share (which one would a caller be?). The
+// errors never show a key. Tenants without api_key_env have no HTTP key.
+func (c *Config) TenantKeys(getenv func(string) string) (map[string]string, error) {
 	out := map[string]string{}
-	for _, t := range c.Tenants {
+	var errs []error
+	for i, t := range c.Tenants {
 		if t.APIKeyEnv == "" {
 			continue
 		}
-		if k := strings.TrimSpace(getenv(t.APIKeyEnv)); k != "" {
-			out[k] = t.Name
+		k := strings.TrimSpace(getenv(t.APIKeyEnv))
+		if k == "" {
+			errs = append(errs, fmt.Errorf("tenants[%d] (%s): api_key_env names %s, which is unset or empty; export it, or remove api_key_env", i, t.Name, t.APIKeyEnv))
+			continue
 		}
+		if other, ok := out[k]; ok {
+			errs = append(errs, fmt.Errorf("tenants[%d] (%s): the key in %s is also tenant %q's; every tenant needs its own key", i, t.Name, t.APIKeyEnv, other))
+			continue
+		}
+		out[k] = t.Name
 	}
-	return out
+	return out, errors.Join(errs...)
 }

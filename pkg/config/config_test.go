@@ -63,6 +63,12 @@ func TestParseReadmeExample(t *testing.T) {
 		{"limits.max_tokens", c.Limits.MaxTokens, job.DefaultLimits.MaxTokens},
 		{"limits.default_max_tokens", c.Limits.DefaultMaxTokens, 1024},
 		{"limits.result_retention", c.Limits.ResultRetention.D(), 24 * time.Hour},
+		{"limits.dlq_retention", c.Limits.DLQRetention.D(), 24 * time.Hour},
+		{"limits.max_wait", c.Limits.MaxWait.D(), 15 * time.Minute},
+		{"limits.max_waiters_per_tenant", c.Limits.MaxWaitersPerTenant, 100},
+		{"server.open", c.Server.Open, false},
+		{"server.http_timeouts", c.Server.HTTPTimeouts, config.HTTPTimeouts{ReadHeader: config.Duration(10 * time.Second),
+			Read: config.Duration(time.Minute), Write: config.Duration(time.Minute), Idle: config.Duration(2 * time.Minute)}},
 		{"admission.slice", c.Admission.Slice.D(), 250 * time.Millisecond},
 		{"admission.dispatch_grace", c.Admission.DispatchGrace.D(), time.Second},
 		{"admission.burst_fraction", c.Admission.BurstFraction, 1.0 / 60},
@@ -444,6 +450,31 @@ func TestParseErrors(t *testing.T) {
 			want: []string{"limits.result_retention: ", "must be positive, got -1h0m0s"},
 		},
 		{
+			name: "negative dlq_retention",
+			yaml: "limits:\n  dlq_retention: -1h\n",
+			want: []string{"limits.dlq_retention: ", "must be positive"},
+		},
+		{
+			name: "max_wait too long",
+			yaml: "limits:\n  max_wait: 1000h\n",
+			want: []string{"limits.max_wait: ", "between 1s and 24h"},
+		},
+		{
+			name: "negative max_waiters_per_tenant",
+			yaml: "limits:\n  max_waiters_per_tenant: -1\n",
+			want: []string{"limits.max_waiters_per_tenant: ", "must be positive"},
+		},
+		{
+			name: "negative http timeout",
+			yaml: "server:\n  http_timeouts: {idle: -1s}\n",
+			want: []string{"server.http_timeouts.idle: ", "must be positive"},
+		},
+		{
+			name: "http_tls without a key",
+			yaml: "server:\n  http_tls: {cert: cert.pem}\n",
+			want: []string{"server.http_tls: ", "needs both cert and key"},
+		},
+		{
 			name: "max_body_bytes too small",
 			yaml: "limits:\n  max_body_bytes: 100\n",
 			want: []string{"limits.max_body_bytes: ", "at least 1024, got 100"},
@@ -589,27 +620,24 @@ tenants:
     api_key_env: ACME_KEY
   - name: beta
     api_key_env: BETA_KEY
-  - name: gamma
-    api_key_env: GAMMA_KEY
   - name: delta
-  - name: eps
-    api_key_env: EPS_KEY
 `))
 	if err != nil {
 		t.Fatalf("Parse: %v", err)
 	}
 	env := map[string]string{
-		"ACME_KEY":  "key-acme",
-		"BETA_KEY":  "  key-beta\n",
-		"GAMMA_KEY": "",
-		"EPS_KEY":   "   ",
-		"":          "must-not-be-read",
+		"ACME_KEY": "key-acme",
+		"BETA_KEY": "  key-beta\n",
+		"":         "must-not-be-read",
 	}
 	var asked []string
-	got := c.TenantKeys(func(k string) string {
+	got, err := c.TenantKeys(func(k string) string {
 		asked = append(asked, k)
 		return env[k]
 	})
+	if err != nil {
+		t.Fatalf("TenantKeys: %v", err)
+	}
 	want := map[string]string{"key-acme": "acme", "key-beta": "beta"}
 	if len(got) != len(want) {
 		t.Errorf("TenantKeys: got %v, want %v", got, want)
@@ -624,8 +652,39 @@ tenants:
 			t.Errorf("TenantKeys: got a lookup of the empty name, want none for a tenant without api_key_env")
 		}
 	}
-	if got := (&config.Config{}).TenantKeys(func(string) string { return "x" }); len(got) != 0 {
-		t.Errorf("TenantKeys with no tenants: got %v, want empty", got)
+	if got, err := (&config.Config{}).TenantKeys(func(string) string { return "x" }); err != nil || len(got) != 0 {
+		t.Errorf("TenantKeys with no tenants: got %v, %v; want empty, nil", got, err)
+	}
+}
+
+// A key variable that is unset or blank, and a key two tenants share, are
+// errors that name the variable and the tenant, and never show the key.
+func TestTenantKeysRefused(t *testing.T) {
+	t.Parallel()
+	c, err := config.Parse([]byte(`
+tenants:
+  - {name: acme, api_key_env: ACME_KEY}
+  - {name: gamma, api_key_env: GAMMA_KEY}
+  - {name: eps, api_key_env: EPS_KEY}
+  - {name: zeta, api_key_env: ZETA_KEY}
+`))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	const secret = "s3cret-shared-key"
+	env := map[string]string{"ACME_KEY": secret, "EPS_KEY": "  \t", "ZETA_KEY": " " + secret + " "}
+	_, err = c.TenantKeys(func(k string) string { return env[k] })
+	if err == nil {
+		t.Fatal("TenantKeys with an unset, a blank and a duplicate key: got nil, want an error")
+	}
+	msg := err.Error()
+	for _, want := range []string{"GAMMA_KEY", "gamma", "EPS_KEY", "eps", "ZETA_KEY", "zeta", `"acme"`} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("TenantKeys error %q: does not name %q", msg, want)
+		}
+	}
+	if strings.Contains(msg, secret) {
+		t.Errorf("TenantKeys error %q shows the key", msg)
 	}
 }
 
@@ -687,5 +746,25 @@ func TestDurationYAML(t *testing.T) {
 	}
 	if got, want := d.D(), 1500*time.Millisecond; got != want {
 		t.Errorf("D(): got %v, want %v", got, want)
+	}
+}
+
+// Dead letters hold requests: unless set, they are kept as long as results.
+func TestDLQRetentionFollowsResults(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		yaml string
+		want time.Duration
+	}{
+		{"limits: {result_retention: 2h}\n", 2 * time.Hour},
+		{"limits: {result_retention: 2h, dlq_retention: 168h}\n", 168 * time.Hour},
+	} {
+		c, err := config.Parse([]byte(tc.yaml))
+		if err != nil {
+			t.Fatalf("Parse(%q): %v", tc.yaml, err)
+		}
+		if got := c.Limits.DLQRetention.D(); got != tc.want {
+			t.Errorf("Parse(%q): dlq_retention got %v, want %v", tc.yaml, got, tc.want)
+		}
 	}
 }

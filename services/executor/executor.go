@@ -439,7 +439,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	stop := keepAlive(callCtx, msg)
 	s.m.InFlight.WithLabelValues(labels...).Inc()
 	start := s.now()
-	resp, cerr := client.Do(callCtx, provider.Call{Provider: j.Provider, Model: j.Model, Body: j.Request, IdempotencyKey: opKey, JobID: j.ID})
+	resp, cerr := client.Do(callCtx, provider.Call{Provider: j.Provider, Model: j.Model, Body: j.Request, IdempotencyKey: mesh.ProviderKey(opKey), JobID: j.ID})
 	elapsed := s.now().Sub(start)
 	s.m.InFlight.WithLabelValues(labels...).Dec()
 	stop()

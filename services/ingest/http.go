@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/api"
+	"github.com/sluice-dev/sluice/pkg/config"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -64,12 +64,14 @@ func (s *Service) postJob(w http.ResponseWriter, r *http.Request, auth api.Auth)
 	if k := r.Header.Get("Idempotency-Key"); k != "" && j.IdempotencyKey == "" {
 		j.IdempotencyKey = k
 	}
-	acc, err := s.Accept(r.Context(), j)
+	acc, err := s.acceptHTTP(r, j, body)
 	if err != nil {
 		s.fail(w, "http", err)
 		return
 	}
-	s.m.JobsAccepted.WithLabelValues(tenant, "http").Inc()
+	if !acc.Joined {
+		s.m.JobsAccepted.WithLabelValues(tenant, "http").Inc()
+	}
 	w.Header().Set("Location", "/v1/jobs/"+acc.JobID)
 	api.JSON(w, http.StatusAccepted, map[string]any{"id": acc.JobID, "tenant": acc.Tenant, "status": job.StatusQueued, "joined": acc.Joined})
 }
@@ -81,6 +83,24 @@ func (s *Service) chat(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 		s.fail(w, "openai", err)
 		return
 	}
+	wait := min(DefaultWait, s.maxWait())
+	if v := r.Header.Get("X-Sluice-Wait-Timeout"); v != "" {
+		d, err := api.ParseWait(v, s.maxWait(), false)
+		if err != nil {
+			s.fail(w, "openai", &job.ValidationError{Code: job.CodeInvalidRequest, Field: "X-Sluice-Wait-Timeout", Message: err.Error()})
+			return
+		}
+		wait = d
+	}
+	// A waiter slot before anything is accepted: a refusal here leaves no
+	// job behind.
+	release, ok := s.cfg.Waiters.Acquire(tenant)
+	if !ok {
+		s.m.JobsRejected.WithLabelValues("openai", api.CodeTooManyWaiters).Inc()
+		api.TooManyWaiters(w, s.cfg.Waiters.Max())
+		return
+	}
+	defer release()
 	body, err := s.readBody(w, r)
 	if err != nil {
 		s.fail(w, "openai", err)
@@ -94,15 +114,6 @@ func (s *Service) chat(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 	if p := r.Header.Get("X-Sluice-Priority"); p != "" {
 		j.Priority = job.Priority(strings.ToLower(p))
 	}
-	wait := DefaultWait
-	if v := r.Header.Get("X-Sluice-Wait-Timeout"); v != "" {
-		d, err := parseWait(v)
-		if err != nil {
-			s.fail(w, "openai", &job.ValidationError{Code: job.CodeInvalidRequest, Field: "X-Sluice-Wait-Timeout", Message: err.Error()})
-			return
-		}
-		wait = d
-	}
 	if v := r.Header.Get("X-Sluice-Deadline"); v != "" {
 		t, err := time.Parse(time.RFC3339Nano, v)
 		if err != nil {
@@ -111,20 +122,26 @@ func (s *Service) chat(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 		}
 		j.Deadline = &t
 	}
-	acc, err := s.Accept(r.Context(), j)
+	acc, err := s.acceptHTTP(r, j, body)
 	if err != nil {
 		s.fail(w, "openai", err)
 		return
 	}
-	s.m.JobsAccepted.WithLabelValues(tenant, "openai").Inc()
+	if !acc.Joined {
+		s.m.JobsAccepted.WithLabelValues(tenant, "openai").Inc()
+	}
 	w.Header().Set("X-Sluice-Job-Id", acc.JobID)
+	api.ExtendDeadlines(w, wait+deadlineSlack)
 	ctx, cancel := context.WithTimeout(r.Context(), wait)
 	defer cancel()
 	res, err := s.mesh.Wait(ctx, tenant, acc.JobID)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
+			// The job goes on: a retry would submit it again (and pay
+			// again), so the SDKs are told not to, and where to look.
+			api.NoRetry(w)
 			api.Error(w, http.StatusGatewayTimeout, "sluice_error", "wait_timeout",
-				fmt.Sprintf("no result within %s; the job goes on: GET /v1/jobs/%s", wait, acc.JobID))
+				fmt.Sprintf("no result within %s; job %s goes on: GET /v1/jobs/%s for its result", wait, acc.JobID, acc.JobID))
 			return
 		}
 		if r.Context().Err() != nil {
@@ -134,6 +151,17 @@ func (s *Service) chat(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 		return
 	}
 	WriteOpenAIResult(w, res)
+}
+
+// deadlineSlack is what a waiting request's connection deadlines allow
+// beyond its wait, to write the answer.
+const deadlineSlack = 30 * time.Second
+
+func (s *Service) maxWait() time.Duration {
+	if d := s.cfg.App.Limits.MaxWait.D(); d > 0 {
+		return d
+	}
+	return config.DefaultMaxWait
 }
 
 // WriteOpenAIResult answers in OpenAI's shape: the provider's body on
@@ -163,7 +191,7 @@ func WriteOpenAIResult(w http.ResponseWriter, res *job.Result) {
 	}
 	// The job is over: Sluice already retried what could be retried, and
 	// an SDK that retries this answer submits a new job and pays again.
-	w.Header().Set("X-Should-Retry", "false")
+	api.NoRetry(w)
 	w.Header().Set("X-Sluice-Job-Id", res.JobID)
 	api.Error(w, status, "sluice_"+string(res.Status), code, msg)
 }
@@ -191,14 +219,4 @@ func (s *Service) fail(w http.ResponseWriter, via string, err error) {
 		api.RetryAfter(w, time.Second)
 		api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not accept the job now; retry")
 	}
-}
-
-func parseWait(v string) (time.Duration, error) {
-	if d, err := time.ParseDuration(v); err == nil && d > 0 {
-		return d, nil
-	}
-	if n, err := strconv.ParseFloat(v, 64); err == nil && n > 0 {
-		return time.Duration(n * float64(time.Second)), nil
-	}
-	return 0, errors.New("must be a positive duration such as 30s, or seconds")
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/mesh"
@@ -41,6 +42,9 @@ type Config struct {
 	// Guard seals estimates; nil: New makes one with the fleet key from
 	// the budgets bucket.
 	Guard *guard.Guard
+	// Waiters bounds the HTTP requests per tenant that wait for a result
+	// (shared with the result service); nil makes one from the config.
+	Waiters *api.Waiters
 }
 
 // Service is the ingest service.
@@ -77,6 +81,13 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 			return nil, err
 		}
 		cfg.Guard = guard.New(cfg.App, key)
+	}
+	if cfg.Waiters == nil {
+		n := cfg.App.Limits.MaxWaitersPerTenant
+		if n < 1 {
+			n = config.DefaultMaxWaitersPerTenant
+		}
+		cfg.Waiters = api.NewWaiters(n)
 	}
 	return &Service{
 		cfg:  cfg,

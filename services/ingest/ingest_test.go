@@ -119,7 +119,7 @@ func TestRefusedJobLeavesNoRecords(t *testing.T) {
 
 	// Over HTTP the same refusal is a 429 with Retry-After.
 	mux := http.NewServeMux()
-	f.svc.Routes(mux, api.Auth{Tenants: []string{"acme", "beta"}})
+	f.svc.Routes(mux, api.Auth{Tenants: []string{"acme", "beta"}, Open: true})
 	body := `{"idempotency_key":"order-4","request":{"model":"fast","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}}`
 	req := httptest.NewRequest(http.MethodPost, "/v1/jobs", strings.NewReader(body))
 	req.Header.Set("X-Sluice-Tenant", "acme")

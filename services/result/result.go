@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
@@ -22,14 +21,22 @@ import (
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
+	"github.com/sluice-dev/sluice/pkg/config"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
 
 // Config is what the result service needs.
 type Config struct {
-	// MaxWait bounds a long-poll.
+	// App is the configuration: its tenants (metric labels) and
+	// limits.max_wait and max_waiters_per_tenant (long-polls); nil means
+	// the defaults and no tenant labels.
+	App *config.Config
+	// MaxWait bounds a long-poll; 0 means limits.max_wait.
 	MaxWait time.Duration
+	// Waiters bounds the long-polls per tenant (shared with ingest); nil
+	// makes one from the config.
+	Waiters *api.Waiters
 }
 
 // Service is the result service.
@@ -42,8 +49,18 @@ type Service struct {
 
 // New builds the service; it does no I/O.
 func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service, error) {
+	if cfg.App == nil {
+		app, err := config.Parse(nil)
+		if err != nil {
+			return nil, err
+		}
+		cfg.App = app
+	}
 	if cfg.MaxWait == 0 {
-		cfg.MaxWait = 5 * time.Minute
+		cfg.MaxWait = cfg.App.Limits.MaxWait.D()
+	}
+	if cfg.Waiters == nil {
+		cfg.Waiters = api.NewWaiters(cfg.App.Limits.MaxWaitersPerTenant)
 	}
 	return &Service{cfg: cfg, mesh: m, log: log.With("service", "result"), m: ms}, nil
 }
@@ -103,7 +120,7 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) error {
 		}
 	}
 	if first {
-		s.m.Results.WithLabelValues(r.Tenant, string(r.Status)).Inc()
+		s.m.Results.WithLabelValues(s.tenantLabel(r.Tenant), string(r.Status)).Inc()
 		attrs := []any{"job_id", r.JobID, "tenant", r.Tenant, "status", r.Status, "attempts", r.Attempts}
 		if r.Error != nil {
 			attrs = append(attrs, "code", r.Error.Code)
@@ -114,6 +131,15 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) error {
 		s.log.Info("job finished", attrs...)
 	}
 	return nil
+}
+
+// tenantLabel is a tenant name for a metric label: only configured names,
+// so a forged result cannot add series.
+func (s *Service) tenantLabel(name string) string {
+	if _, ok := s.cfg.App.Tenant(name); ok {
+		return name
+	}
+	return "unknown"
 }
 
 // record writes the job's terminal record once; it reports whether this
@@ -194,22 +220,26 @@ func (s *Service) Routes(mux *http.ServeMux, auth api.Auth) {
 func (s *Service) get(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 	tenant, err := auth.Tenant(r)
 	if err != nil {
-		api.Error(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", err.Error())
+		api.AuthError(w, err)
 		return
 	}
 	id := r.PathValue("id")
 	var wait time.Duration
 	if v := r.URL.Query().Get("wait"); v != "" {
-		d, err := time.ParseDuration(v)
+		d, err := api.ParseWait(v, s.cfg.MaxWait, true)
 		if err != nil {
-			n, nerr := strconv.ParseFloat(v, 64)
-			if nerr != nil || n < 0 {
-				api.Error(w, http.StatusBadRequest, "invalid_request_error", job.CodeInvalidRequest, "wait must be a duration such as 30s, or seconds")
-				return
-			}
-			d = time.Duration(n * float64(time.Second))
+			api.Error(w, http.StatusBadRequest, "invalid_request_error", job.CodeInvalidRequest, "wait: "+err.Error())
+			return
 		}
-		wait = min(d, s.cfg.MaxWait)
+		wait = d
+	}
+	if wait > 0 {
+		release, ok := s.cfg.Waiters.Acquire(tenant)
+		if !ok {
+			api.TooManyWaiters(w, s.cfg.Waiters.Max())
+			return
+		}
+		defer release()
 	}
 	rec, _, err := s.mesh.Lookup(r.Context(), id)
 	if errors.Is(err, job.ErrNotFound) || (err == nil && rec.Tenant != tenant) {
@@ -221,6 +251,7 @@ func (s *Service) get(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 		return
 	}
 	if rec.Result == nil && wait > 0 {
+		api.ExtendDeadlines(w, wait+30*time.Second)
 		ctx, cancel := context.WithTimeout(r.Context(), wait)
 		defer cancel()
 		if res, err := s.mesh.Wait(ctx, tenant, id); err == nil {

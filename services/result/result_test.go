@@ -1,0 +1,139 @@
+package result
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/goleak"
+
+	"github.com/sluice-dev/sluice/internal/api"
+	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/metrics"
+	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/natstest"
+	"github.com/sluice-dev/sluice/streams"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+type fixture struct {
+	svc  *Service
+	mesh *mesh.Mesh
+	ms   *metrics.Set
+}
+
+// setup runs the result service on an embedded server, with tenant acme.
+func setup(t *testing.T, yaml string) *fixture {
+	t.Helper()
+	s := natstest.Server(t)
+	nc := natstest.Conn(t, s)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := mesh.Open(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Parse([]byte("tenants: [{name: acme}]\n" + yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := metrics.New(prometheus.NewRegistry())
+	svc, err := New(Config{App: cfg}, m, slog.New(slog.DiscardHandler), ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(runCtx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return &fixture{svc: svc, mesh: m, ms: ms}
+}
+
+// A result for a tenant the configuration does not have (a forged
+// message) is counted under "unknown": tenant names in metric labels come
+// only from the configuration.
+func TestForgedTenantIsNoLabel(t *testing.T) {
+	t.Parallel()
+	f := setup(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, tenant := range []string{"acme", "forged-tenant"} {
+		if err := f.mesh.PublishResult(ctx, &job.Result{JobID: job.NewID(), Tenant: tenant, Status: job.StatusSucceeded}, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for ctx.Err() == nil && count(f.ms.Results.WithLabelValues("unknown", "succeeded")) < 1 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := count(f.ms.Results.WithLabelValues("acme", "succeeded")); got != 1 {
+		t.Errorf("results for acme: got %v, want 1", got)
+	}
+	if got := count(f.ms.Results.WithLabelValues("unknown", "succeeded")); got != 1 {
+		t.Errorf("results for an unconfigured tenant under \"unknown\": got %v, want 1", got)
+	}
+}
+
+// Long-polls beyond max_waiters_per_tenant get 429 at once; waits above
+// max_wait are refused.
+func TestLongPollLimits(t *testing.T) {
+	t.Parallel()
+	f := setup(t, "limits: {max_waiters_per_tenant: 1, max_wait: 1m}\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	id := job.NewID()
+	if _, err := f.mesh.Results.Create(ctx, id, []byte(`{"job_id":"`+id+`","tenant":"acme","status":"queued"}`)); err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	f.svc.Routes(mux, api.Auth{Tenants: []string{"acme"}, Open: true})
+	get := func(ctx context.Context, wait string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, httptest.NewRequestWithContext(ctx, http.MethodGet, "/v1/jobs/"+id+"?wait="+wait, nil))
+		return rec
+	}
+	release, ok := f.svc.cfg.Waiters.Acquire("acme") // another long-poll of acme's
+	if !ok {
+		t.Fatal("the first waiter slot: refused")
+	}
+	if rec := get(ctx, "5s"); rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), api.CodeTooManyWaiters) {
+		t.Errorf("a long-poll beyond the tenant's 1: got %d %s, want 429 too_many_waiters", rec.Code, rec.Body)
+	}
+	release()
+	if rec := get(ctx, "100ms"); rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), `"queued"`) {
+		t.Errorf("a long-poll after the slot freed: got %d %s, want 200 queued", rec.Code, rec.Body)
+	}
+	for _, wait := range []string{"2m", "1e300", "NaN", "-1s"} {
+		if rec := get(ctx, wait); rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), "wait") {
+			t.Errorf("?wait=%s: got %d %s, want 400 naming wait", wait, rec.Code, rec.Body)
+		}
+	}
+}
+
+func count(c prometheus.Counter) float64 {
+	var m dto.Metric
+	_ = c.Write(&m)
+	return m.GetCounter().GetValue()
+}
