@@ -13,7 +13,8 @@ import (
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
-// Auth maps bearer keys to tenants. With no keys configured, Sluice runs open
+// Auth maps bearer keys (Authorization: Bearer, or x-api-key as
+// Anthropic's SDKs send them) to tenants. With no keys configured, Sluice runs open
 // (development): the tenant comes from the X-Sluice-Tenant header, or is the
 // only configured tenant.
 type Auth struct {
@@ -29,6 +30,11 @@ func (a Auth) Tenant(r *http.Request) (string, error) {
 	if len(a.Keys) > 0 {
 		h := r.Header.Get("Authorization")
 		key, ok := strings.CutPrefix(h, "Bearer ")
+		if !ok && h == "" {
+			// Anthropic's SDKs send the key as x-api-key.
+			key = r.Header.Get("X-Api-Key")
+			ok = key != ""
+		}
 		if !ok {
 			return "", ErrUnauthorized
 		}
