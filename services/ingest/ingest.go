@@ -49,13 +49,14 @@ type Service struct {
 	iMsgs   uint64 // INTAKE's messages
 	avgCost float64
 
-	cfg    Config
-	lim    job.Limits
+	cfg  Config
+	lim  job.Limits
+	mesh *mesh.Mesh
+	log  *slog.Logger
+	m    *metrics.Set
+	now  func() time.Time
+
 	limits *limitView // the limits in effect, for x-ratelimit-* headers
-	mesh   *mesh.Mesh
-	log    *slog.Logger
-	m      *metrics.Set
-	now    func() time.Time
 }
 
 // New builds the service; it does no I/O.
@@ -68,13 +69,14 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 		now = time.Now
 	}
 	return &Service{
-		cfg:    cfg,
-		lim:    job.Limits{MaxBodyBytes: cfg.App.Limits.MaxBodyBytes, MaxTokens: cfg.App.Limits.MaxTokens},
+		cfg:  cfg,
+		lim:  job.Limits{MaxBodyBytes: cfg.App.Limits.MaxBodyBytes, MaxTokens: cfg.App.Limits.MaxTokens},
+		mesh: m,
+		log:  log.With("service", "ingest"),
+		m:    ms,
+		now:  now,
+
 		limits: newLimitView(cfg.App, m, now),
-		mesh:   m,
-		log:    log.With("service", "ingest"),
-		m:      ms,
-		now:    now,
 	}, nil
 }
 
