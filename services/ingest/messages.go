@@ -9,16 +9,22 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
-// AnthropicVersions are the anthropic-version header values /v1/messages
-// accepts (the versions Anthropic's API has). The header is required, as
-// Anthropic requires it; it does not change what Sluice sends upstream
-// (an Anthropic provider is called with its own configured version).
-var AnthropicVersions = []string{"2023-06-01", "2023-01-01"}
+// The anthropic-version header is required on /v1/messages, as Anthropic
+// requires it, and must be a date (YYYY-MM-DD, as Anthropic's versions are;
+// SDKs send the version they were built against, which moves). It does not
+// change what Sluice sends upstream: an Anthropic provider is called with
+// its own configured version, and the request and response shapes Sluice
+// translates are those of 2023-06-01, which later versions extend.
+func validAnthropicVersion(v string) bool {
+	_, err := time.Parse(time.DateOnly, v)
+	return err == nil
+}
 
 // POST /v1/messages: Anthropic's Messages API, through the same mesh as
 // chat completions. The request is translated to an OpenAI chat body (so
@@ -45,9 +51,9 @@ func (s *Service) messages(w http.ResponseWriter, r *http.Request, auth api.Auth
 		anthropicError(w, http.StatusBadRequest, "invalid_request_error", "anthropic-version: header is required")
 		return
 	}
-	if !slices.Contains(AnthropicVersions, v) {
+	if !validAnthropicVersion(v) {
 		anthropicError(w, http.StatusBadRequest, "invalid_request_error",
-			fmt.Sprintf("anthropic-version: %q is not a valid version (use %s)", clip(v), strings.Join(AnthropicVersions, " or ")))
+			fmt.Sprintf("anthropic-version: %q is not a valid version (a date such as 2023-06-01)", clip(v)))
 		return
 	}
 	body, err := s.readBody(w, r)
