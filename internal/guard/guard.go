@@ -27,6 +27,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash"
@@ -120,6 +121,7 @@ func (g *Guard) seal(j *job.Job) string {
 	writeStr(h, j.Tenant)
 	writeStr(h, j.Provider)
 	writeStr(h, j.Model)
+	writeStr(h, j.Endpoint)
 	if e := j.Estimate; e != nil {
 		writeInt(h, int64(e.PromptTokens))
 		writeInt(h, int64(e.MaxTokens))
@@ -155,10 +157,12 @@ func (g *Guard) sign(j *job.Job) string {
 // Sign signs the job's reservation (admission, after reserving).
 func (g *Guard) Sign(j *job.Job) { j.Reservation.Sig = g.sign(j) }
 
-// Floor is the least a request can cost: its prompt counted with the
-// tokenizer and the output it asks for (or the configured default).
-func (g *Guard) Floor(req *job.ChatRequest) job.Estimate {
-	return tokens.Estimate(req, g.cfg.Limits.DefaultMaxTokens)
+// Floor is the least a job's request can cost: its prompt (or input)
+// counted with the tokenizer and the output it asks for (n choices of the
+// output limit, or the configured default).
+func (g *Guard) Floor(j *job.Job) (job.Estimate, error) {
+	_, est, err := tokens.Estimate(j.Endpoint, j.Request, g.lim, g.cfg.Limits.DefaultMaxTokens)
+	return est, err
 }
 
 // Queued checks a job read from QUEUE before admission holds it. It
@@ -167,12 +171,14 @@ func (g *Guard) Floor(req *job.ChatRequest) job.Estimate {
 // not verify is recomputed (never lowered), a hold too far ahead is
 // shortened. corrected reports the estimate was recomputed.
 func (g *Guard) Queued(j *job.Job, now time.Time) (corrected bool, err error) {
-	req, err := g.static(j)
-	if err != nil {
+	if err := g.static(j); err != nil {
 		return false, err
 	}
 	if !g.Sealed(j) {
-		floor := g.Floor(req)
+		floor, err := g.Floor(j)
+		if err != nil {
+			return false, err
+		}
 		if e := j.Estimate; e != nil {
 			floor.PromptTokens = max(floor.PromptTokens, e.PromptTokens)
 			floor.MaxTokens = max(floor.MaxTokens, e.MaxTokens)
@@ -193,7 +199,7 @@ func (g *Guard) Queued(j *job.Job, now time.Time) (corrected bool, err error) {
 // the provider: the job must be valid as Queued requires, and its seal and
 // reservation must verify (else ErrUnverified: admit it again).
 func (g *Guard) Dispatched(j *job.Job) error {
-	if _, err := g.static(j); err != nil {
+	if err := g.static(j); err != nil {
 		return err
 	}
 	r := j.Reservation
@@ -208,25 +214,25 @@ func (g *Guard) Dispatched(j *job.Job) error {
 
 // static checks what needs no signature: the envelope, the tenant, the
 // model and the request against the limits.
-func (g *Guard) static(j *job.Job) (*job.ChatRequest, error) {
+func (g *Guard) static(j *job.Job) error {
 	if j.ID == "" || !job.CanonicalID(j.ID) {
-		return nil, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "id", Message: "must be a UUID in canonical form"}
+		return &job.ValidationError{Code: job.CodeInvalidRequest, Field: "id", Message: "must be a UUID in canonical form"}
 	}
 	if err := j.Check(g.lim); err != nil {
-		return nil, err
+		return err
 	}
 	if _, ok := g.cfg.Tenant(j.Tenant); !ok {
-		return nil, &job.ValidationError{Code: job.CodeUnknownTenant, Field: "tenant", Message: fmt.Sprintf("unknown tenant %q", clip(j.Tenant))}
+		return &job.ValidationError{Code: job.CodeUnknownTenant, Field: "tenant", Message: fmt.Sprintf("unknown tenant %q", clip(j.Tenant))}
 	}
 	if !g.configured(j.Provider, j.Model) {
-		return nil, &job.ValidationError{Code: job.CodeUnknownModel, Field: "model", Message: fmt.Sprintf("%q/%q is not a configured provider and model", clip(j.Provider), clip(j.Model))}
+		return &job.ValidationError{Code: job.CodeUnknownModel, Field: "model", Message: fmt.Sprintf("%q/%q is not a configured provider and model", clip(j.Provider), clip(j.Model))}
 	}
-	req, err := job.ParseRequest(j.Request, g.lim)
+	model, err := requestModel(j)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if req.Model != j.Model {
-		return nil, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "request.model", Message: fmt.Sprintf("is %q but the job is routed to %q", clip(req.Model), clip(j.Model))}
+	if model != j.Model {
+		return &job.ValidationError{Code: job.CodeInvalidRequest, Field: "request.model", Message: fmt.Sprintf("is %q but the job is routed to %q", clip(model), clip(j.Model))}
 	}
 	if e := j.Estimate; e != nil && (e.PromptTokens < 0 || e.MaxTokens < 0) {
 		j.Estimate = nil // recomputed by Queued; Dispatched finds no seal
@@ -235,9 +241,28 @@ func (g *Guard) static(j *job.Job) (*job.ChatRequest, error) {
 		j.RateLimited = 0
 	}
 	if len(j.Attempts) > MaxAttempts {
-		return nil, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "attempts", Message: fmt.Sprintf("lists %d attempts; at most %d", len(j.Attempts), MaxAttempts)}
+		return &job.ValidationError{Code: job.CodeInvalidRequest, Field: "attempts", Message: fmt.Sprintf("lists %d attempts; at most %d", len(j.Attempts), MaxAttempts)}
 	}
-	return req, nil
+	return nil
+}
+
+// requestModel is the model the job's request names (Check has parsed it
+// once already; this second parse reads only what it needs).
+func requestModel(j *job.Job) (string, error) {
+	if j.Endpoint == job.EndpointEmbeddings {
+		r, err := job.ParseEmbeddings(j.Request)
+		if err != nil {
+			return "", err
+		}
+		return r.Model, nil
+	}
+	var r struct {
+		Model string `json:"model"`
+	}
+	if err := json.Unmarshal(j.Request, &r); err != nil {
+		return "", &job.ValidationError{Code: job.CodeInvalidRequest, Field: "request", Message: "malformed body"}
+	}
+	return r.Model, nil
 }
 
 func (g *Guard) configured(provider, model string) bool {

@@ -43,11 +43,10 @@ func request(model string, words int, extra string) json.RawMessage {
 // ingested is a job as ingest hands it to QUEUE: estimated and sealed.
 func ingested(g *guard.Guard, body json.RawMessage) *job.Job {
 	j := &job.Job{ID: job.NewID(), Tenant: "acme", Priority: job.Standard, Request: body, Provider: "openai", Model: "gpt-4o-mini", SubmittedAt: time.Now().UTC()}
-	req, err := job.ParseRequest(body, job.DefaultLimits)
+	_, est, err := tokens.Estimate("", body, job.DefaultLimits, 512)
 	if err != nil {
 		panic(err)
 	}
-	est := tokens.Estimate(req, 512)
 	j.Estimate = &est
 	g.Seal(j)
 	return j
@@ -81,8 +80,7 @@ func TestQueuedKeepsASealedEstimate(t *testing.T) {
 func TestQueuedRecomputesForgedEstimates(t *testing.T) {
 	g, _ := newGuard(t)
 	body := request("gpt-4o-mini", 15000, `,"max_tokens":1000`)
-	req, _ := job.ParseRequest(body, job.DefaultLimits)
-	floor := tokens.Estimate(req, 512)
+	_, floor, _ := tokens.Estimate("", body, job.DefaultLimits, 512)
 	if floor.PromptTokens < 10000 {
 		t.Fatalf("test request counts %d prompt tokens; want a long one", floor.PromptTokens)
 	}
@@ -248,12 +246,14 @@ func FuzzGuard(f *testing.F) {
 		if !g.Sealed(&j) {
 			t.Fatalf("accepted job is not sealed (corrected=%v)", corrected)
 		}
-		req, err := job.ParseRequest(j.Request, g.Limits())
-		if err != nil {
-			t.Fatalf("accepted job's request fails ParseRequest: %v", err)
+		if err := j.Check(g.Limits()); err != nil {
+			t.Fatalf("accepted job fails Check: %v", err)
 		}
 		if corrected {
-			floor := g.Floor(req)
+			floor, err := g.Floor(&j)
+			if err != nil {
+				t.Fatalf("accepted job has no floor: %v", err)
+			}
 			if j.Estimate.PromptTokens < floor.PromptTokens || j.Estimate.MaxTokens < floor.MaxTokens {
 				t.Fatalf("recomputed estimate %+v below the request's floor %+v", *j.Estimate, floor)
 			}

@@ -222,6 +222,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
+	mux.Handle("/", api.NotFound(mux))
 
 	var g run.Group
 	runCtx, stop := context.WithCancel(ctx)

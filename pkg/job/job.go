@@ -58,8 +58,11 @@ type Job struct {
 	IdempotencyKey string     `json:"idempotency_key,omitempty"`
 	Deadline       *time.Time `json:"deadline,omitempty"`
 	// Task names a route (config routes[].task) for fallbacks; optional.
-	Task    string          `json:"task,omitempty"`
-	Request json.RawMessage `json:"request"`
+	Task string `json:"task,omitempty"`
+	// Endpoint is the provider API the request is for: "" (or
+	// EndpointChat) for chat completions, EndpointEmbeddings for embeddings.
+	Endpoint string          `json:"endpoint,omitempty"`
+	Request  json.RawMessage `json:"request"`
 
 	// Set by Sluice.
 	SubmittedAt time.Time    `json:"submitted_at,omitzero"`
@@ -192,6 +195,9 @@ type Result struct {
 	// DuplicateOf is set when this job joined an earlier one with the same
 	// idempotency key and shares its outcome.
 	DuplicateOf string `json:"duplicate_of,omitempty"`
+	// ProviderRequestID is the provider's id for the last call (its
+	// x-request-id or request-id header), for support requests.
+	ProviderRequestID string `json:"provider_request_id,omitempty"`
 }
 
 // NewID returns a fresh job id (UUIDv7: time-ordered).
@@ -262,6 +268,21 @@ func (r ChatRequest) OutputLimit(def int) int {
 	return def
 }
 
+// Choices is how many completions the request asks for (n; 1 when absent).
+func (r ChatRequest) Choices() int {
+	if r.N != nil && *r.N > 1 {
+		return *r.N
+	}
+	return 1
+}
+
+// ReservedOutput is the output tokens a provider charges at arrival: n
+// completions of up to OutputLimit(def) tokens each.
+func (r ChatRequest) ReservedOutput(def int) int { return r.OutputLimit(def) * r.Choices() }
+
+// MaxChoices is the largest n accepted (OpenAI's own bound).
+const MaxChoices = 128
+
 // ValidationError is a problem with a job that no retry can fix.
 type ValidationError struct {
 	Code    string
@@ -315,7 +336,7 @@ func Decode(data []byte, lim Limits) (*Job, error) {
 }
 
 // EnvelopeFields are the fields a producer may set in a job envelope.
-var EnvelopeFields = []string{"id", "tenant", "priority", "idempotency_key", "deadline", "task", "request"}
+var EnvelopeFields = []string{"id", "tenant", "priority", "idempotency_key", "deadline", "task", "endpoint", "request"}
 
 // CanonicalID reports whether s is a UUID in its canonical form
 // (8-4-4-4-12 lower-case hex): the only form that is also a valid KV key
@@ -343,11 +364,21 @@ func (j *Job) Check(lim Limits) error {
 	if len(j.IdempotencyKey) > 256 {
 		return invalid("idempotency_key", "is %d bytes; at most 256", len(j.IdempotencyKey))
 	}
-	if len(j.Request) == 0 || string(j.Request) == "null" {
-		return invalid("request", "is required (an OpenAI chat-completions body)")
+	switch j.Endpoint {
+	case "", EndpointChat:
+		if len(j.Request) == 0 || string(j.Request) == "null" {
+			return invalid("request", "is required (an OpenAI chat-completions body)")
+		}
+		_, err := ParseRequest(j.Request, lim)
+		return err
+	case EndpointEmbeddings:
+		if len(j.Request) == 0 || string(j.Request) == "null" {
+			return invalid("request", "is required (an OpenAI embeddings body)")
+		}
+		_, err := ParseEmbeddings(j.Request)
+		return err
 	}
-	_, err := ParseRequest(j.Request, lim)
-	return err
+	return invalid("endpoint", "must be %q or %q, got %q", EndpointChat, EndpointEmbeddings, clip(j.Endpoint))
 }
 
 // ParseRequest parses and checks a chat-completions body.
@@ -384,8 +415,8 @@ func ParseRequest(body []byte, lim Limits) (*ChatRequest, error) {
 			return nil, invalid(name, "is %d; at most %d", *v, lim.MaxTokens)
 		}
 	}
-	if r.N != nil && *r.N != 1 {
-		return nil, &ValidationError{Code: CodeUnsupported, Field: "request.n", Message: "only n=1 is supported"}
+	if r.N != nil && (*r.N < 1 || *r.N > MaxChoices) {
+		return nil, invalid("request.n", "must be between 1 and %d, got %d", MaxChoices, *r.N)
 	}
 	if r.Stream {
 		return nil, &ValidationError{Code: CodeUnsupported, Field: "request.stream", Message: "streaming is not supported yet; send stream=false"}

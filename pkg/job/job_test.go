@@ -74,8 +74,15 @@ func decodeCases() []decodeCase {
 		{name: "max_completion_tokens 0", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":0}`), wantCode: job.CodeInvalidRequest, wantField: "request.max_completion_tokens", wantMsg: "must be positive", wantJob: true},
 		{name: "max_completion_tokens above limit", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":200000}`), wantCode: job.CodeInvalidRequest, wantField: "request.max_completion_tokens", wantMsg: "at most 128000", wantJob: true},
 		{name: "max_tokens not a number", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":"10"}`), wantCode: job.CodeInvalidRequest, wantField: "request", wantMsg: "malformed chat-completions body", wantJob: true},
-		{name: "n=2", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":2}`), wantCode: job.CodeUnsupported, wantField: "request.n", wantMsg: "only n=1", wantJob: true},
-		{name: "n=0", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":0}`), wantCode: job.CodeUnsupported, wantField: "request.n", wantMsg: "only n=1", wantJob: true},
+		{name: "n=2", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":2}`), wantJob: true},
+		{name: "n=128", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":128}`), wantJob: true},
+		{name: "n=0", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":0}`), wantCode: job.CodeInvalidRequest, wantField: "request.n", wantMsg: "between 1 and 128", wantJob: true},
+		{name: "n=129", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":129}`), wantCode: job.CodeInvalidRequest, wantField: "request.n", wantMsg: "between 1 and 128", wantJob: true},
+		{name: "embeddings", data: `{"tenant":"acme","endpoint":"embeddings","request":{"model":"e","input":["a","b"]}}`, wantJob: true},
+		{name: "embeddings without input", data: `{"tenant":"acme","endpoint":"embeddings","request":{"model":"e"}}`, wantCode: job.CodeInvalidRequest, wantField: "request.input", wantMsg: "is required", wantJob: true},
+		{name: "embeddings empty string", data: `{"tenant":"acme","endpoint":"embeddings","request":{"model":"e","input":["a",""]}}`, wantCode: job.CodeInvalidRequest, wantField: "request.input[1]", wantMsg: "must not be empty", wantJob: true},
+		{name: "embeddings bad format", data: `{"tenant":"acme","endpoint":"embeddings","request":{"model":"e","input":"a","encoding_format":"hex"}}`, wantCode: job.CodeInvalidRequest, wantField: "request.encoding_format", wantMsg: "float or base64", wantJob: true},
+		{name: "unknown endpoint", data: `{"tenant":"acme","endpoint":"images","request":{"model":"e"}}`, wantCode: job.CodeInvalidRequest, wantField: "endpoint", wantMsg: "must be", wantJob: true},
 		{name: "stream", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`), wantCode: job.CodeUnsupported, wantField: "request.stream", wantMsg: "stream=false", wantJob: true},
 		{name: "bad id", data: envelope(`"id":"job-42"`, minimalRequest), wantCode: job.CodeInvalidRequest, wantField: "id", wantMsg: `must be a UUID in canonical form`, wantJob: true},
 		{name: "long bad id is clipped", data: envelope(`"id":"`+strings.Repeat("x", 100)+`"`, minimalRequest), wantCode: job.CodeInvalidRequest, wantField: "id", wantMsg: strings.Repeat("x", 64) + "…", wantJob: true},
@@ -376,6 +383,22 @@ func FuzzDecode(f *testing.F) {
 		}
 		if !j.Priority.Valid() {
 			t.Fatalf("accepted job has priority %q", j.Priority)
+		}
+		if j.Endpoint == job.EndpointEmbeddings {
+			r1, err := job.ParseEmbeddings(j.Request)
+			if err != nil {
+				t.Fatalf("accepted job's request fails ParseEmbeddings: %v", err)
+			}
+			enc, _ := json.Marshal(j)
+			j2, err := job.Decode(enc, job.DefaultLimits)
+			if err != nil {
+				t.Fatalf("decode of re-encoded job: got %v, want nil", err)
+			}
+			r2, err := job.ParseEmbeddings(j2.Request)
+			if err != nil || r2.Model != r1.Model || r2.Inputs() != r1.Inputs() {
+				t.Fatalf("embeddings after round trip: got %+v (%v), want %+v", r2, err, r1)
+			}
+			return
 		}
 		if _, err := job.ParseRequest(j.Request, job.DefaultLimits); err != nil {
 			t.Fatalf("accepted job's request fails ParseRequest: %v", err)

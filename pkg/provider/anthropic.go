@@ -64,6 +64,9 @@ func NewAnthropic(cfg AnthropicConfig) *Anthropic {
 // and converts the answer back to the OpenAI shape. A body it cannot convert
 // is a PhaseBuild error (nothing is sent).
 func (a *Anthropic) Do(ctx context.Context, c Call) (*Response, error) {
+	if c.Endpoint == job.EndpointEmbeddings {
+		return nil, buildErr("the Anthropic API has no embeddings endpoint")
+	}
 	target, err := endpoint(a.baseURL, "/messages")
 	if err != nil {
 		return nil, buildErr("%v", err)
@@ -106,6 +109,7 @@ type oaRequest struct {
 	ParallelToolCalls   *bool           `json:"parallel_tool_calls"`
 	User                string          `json:"user"`
 	Stream              bool            `json:"stream"`
+	N                   *int            `json:"n"`
 }
 
 type oaMessage struct {
@@ -201,6 +205,9 @@ func toAnthropic(body []byte, model string) ([]byte, error) {
 	}
 	if in.Stream {
 		return nil, errors.New("streaming is not supported")
+	}
+	if in.N != nil && *in.N > 1 {
+		return nil, errors.New("n > 1 is not supported: the Messages API returns one completion per call")
 	}
 	out := anRequest{Model: in.Model, MaxTokens: DefaultAnthropicMaxTokens, Temperature: in.Temperature, TopP: in.TopP}
 	if model != "" {

@@ -33,8 +33,13 @@ const DefaultConnectTimeout = 10 * time.Second
 type Call struct {
 	Provider string // configured provider name, for labels
 	Model    string // the Anthropic adapter uses it as the model when set; the OpenAI client forwards Body untouched
-	// Body is an OpenAI chat-completions JSON body. The OpenAI client forwards
-	// it as-is; the Anthropic client converts it to a Messages API body.
+	// Endpoint is the API the body is for: "" or job.EndpointChat for chat
+	// completions, job.EndpointEmbeddings for embeddings (OpenAI-compatible
+	// providers only: Anthropic has no embeddings API).
+	Endpoint string
+	// Body is an OpenAI chat-completions (or embeddings) JSON body. The
+	// OpenAI client forwards it as-is; the Anthropic client converts a chat
+	// body to a Messages API body.
 	Body []byte
 	// IdempotencyKey is sent as the Idempotency-Key header when non-empty.
 	IdempotencyKey string
@@ -311,7 +316,8 @@ type OpenAIConfig struct {
 	Transport http.RoundTripper
 }
 
-// OpenAI is a Client for OpenAI-compatible chat-completions APIs.
+// OpenAI is a Client for OpenAI-compatible chat-completions and embeddings
+// APIs.
 type OpenAI struct {
 	baseURL string
 	apiKey  string
@@ -329,9 +335,14 @@ func NewOpenAI(cfg OpenAIConfig) *OpenAI {
 	return &OpenAI{baseURL: cfg.BaseURL, apiKey: cfg.APIKey, rt: rt, maxResp: cfg.MaxResponseBytes}
 }
 
-// Do POSTs c.Body, untouched, to {BaseURL}/chat/completions.
+// Do POSTs c.Body, untouched, to {BaseURL}/chat/completions, or to
+// {BaseURL}/embeddings for an embeddings call.
 func (o *OpenAI) Do(ctx context.Context, c Call) (*Response, error) {
-	target, err := endpoint(o.baseURL, "/chat/completions")
+	path := "/chat/completions"
+	if c.Endpoint == job.EndpointEmbeddings {
+		path = "/embeddings"
+	}
+	target, err := endpoint(o.baseURL, path)
 	if err != nil {
 		return nil, buildErr("%v", err)
 	}
@@ -368,3 +379,12 @@ func closeIdle(rt http.RoundTripper) {
 
 // CloseIdleConnections closes kept-alive connections (for shutdown).
 func (o *OpenAI) CloseIdleConnections() { closeIdle(o.rt) }
+
+// RequestID returns the provider's id for a response: OpenAI's x-request-id,
+// or Anthropic's request-id; "" when neither is present.
+func RequestID(h http.Header) string {
+	if v := h.Get("X-Request-Id"); v != "" {
+		return v
+	}
+	return h.Get("Request-Id")
+}

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -207,33 +209,106 @@ type usage struct {
 	CompletionTokensDetails map[string]int `json:"completion_tokens_details"`
 }
 
-// newCompletion builds the response to a completed call.
+// newCompletion builds the response to a completed call: n choices of
+// completionTokens each.
 func (s *Server) newCompletion(c *call, completionTokens int, created time.Time) chatCompletion {
 	finish := "stop"
 	if completionTokens >= c.maxOut {
 		finish = "length"
 	}
 	null := json.RawMessage("null")
+	n := max(c.n, 1)
+	choices := make([]choice, n)
+	for i := range choices {
+		choices[i] = choice{
+			Index:        i,
+			Message:      message{Role: "assistant", Content: s.filler.text(completionTokens) + strings.Repeat(".", s.cfg.PadResponseBytes), Refusal: null, Annotations: []struct{}{}},
+			Logprobs:     null,
+			FinishReason: finish,
+		}
+	}
 	return chatCompletion{
 		ID:      "chatcmpl-" + randomID(24),
 		Object:  "chat.completion",
 		Created: created.Unix(),
 		Model:   c.model,
-		Choices: []choice{{
-			Message:      message{Role: "assistant", Content: s.filler.text(completionTokens) + strings.Repeat(".", s.cfg.PadResponseBytes), Refusal: null, Annotations: []struct{}{}},
-			Logprobs:     null,
-			FinishReason: finish,
-		}},
+		Choices: choices,
 		Usage: usage{
 			PromptTokens:            c.prompt,
-			CompletionTokens:        completionTokens,
-			TotalTokens:             c.prompt + completionTokens,
+			CompletionTokens:        n * completionTokens,
+			TotalTokens:             c.prompt + n*completionTokens,
 			PromptTokensDetails:     map[string]int{"cached_tokens": 0, "audio_tokens": 0},
 			CompletionTokensDetails: map[string]int{"reasoning_tokens": 0, "audio_tokens": 0, "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0},
 		},
 		ServiceTier:       "default",
 		SystemFingerprint: "fp_sluice_sim",
 	}
+}
+
+// EmbeddingDimensions is the length of the simulator's vectors when a
+// request names no dimensions.
+const EmbeddingDimensions = 64
+
+// embeddingList is OpenAI's embeddings response.
+type embeddingList struct {
+	Object string      `json:"object"`
+	Data   []embedding `json:"data"`
+	Model  string      `json:"model"`
+	Usage  struct {
+		PromptTokens int `json:"prompt_tokens"`
+		TotalTokens  int `json:"total_tokens"`
+	} `json:"usage"`
+}
+
+type embedding struct {
+	Object    string `json:"object"`
+	Index     int    `json:"index"`
+	Embedding any    `json:"embedding"` // []float32, or a base64 string of little-endian float32s
+}
+
+// newEmbeddings builds the response to a completed embeddings call: one
+// unit vector per input, fixed by the input's hash.
+func newEmbeddings(c *call) embeddingList {
+	req := c.embed
+	dims := EmbeddingDimensions
+	if req.Dimensions != nil {
+		dims = min(*req.Dimensions, 4096)
+	}
+	out := embeddingList{Object: "list", Model: c.model, Data: make([]embedding, 0, req.Inputs())}
+	vec := func(i int, seed []byte) {
+		h := fnv64(seed)
+		v := make([]float32, dims)
+		var norm float64
+		for k := range v {
+			h ^= h << 13
+			h ^= h >> 7
+			h ^= h << 17
+			v[k] = float32(int64(h%2001)-1000) / 1000
+			norm += float64(v[k]) * float64(v[k])
+		}
+		if norm > 0 {
+			for k := range v {
+				v[k] = float32(float64(v[k]) / math.Sqrt(norm))
+			}
+		}
+		var e any = v
+		if req.EncodingFormat == "base64" {
+			b := make([]byte, 4*dims)
+			for k, f := range v {
+				binary.LittleEndian.PutUint32(b[4*k:], math.Float32bits(f))
+			}
+			e = base64.StdEncoding.EncodeToString(b)
+		}
+		out.Data = append(out.Data, embedding{Object: "embedding", Index: i, Embedding: e})
+	}
+	for i, t := range req.Texts {
+		vec(i, []byte(t))
+	}
+	for i, ids := range req.Tokens {
+		vec(i, []byte(fmt.Sprint(ids)))
+	}
+	out.Usage.PromptTokens, out.Usage.TotalTokens = c.prompt, c.prompt
+	return out
 }
 
 const idAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"

@@ -75,7 +75,8 @@ func (s *Server) Reset() {
 
 // ServeHTTP routes:
 //
-//	POST /v1/chat/completions, /chat/completions  chat completions
+//	POST /v1/chat/completions, /chat/completions  chat completions (n choices)
+//	POST /v1/embeddings, /embeddings              embeddings, charged by input tokens
 //	GET  /v1/models, /models                      the configured models
 //	GET  /stats                                   Stats as JSON (?summary=1: no per-key maps or timelines)
 //	POST /reset                                   Reset
@@ -83,7 +84,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/v1/chat/completions", "/chat/completions":
 		if s.allow(w, r, http.MethodPost) {
-			s.chat(w, r)
+			s.serveCall(w, r, s.parseChat)
+		}
+	case "/v1/embeddings", "/embeddings":
+		if s.allow(w, r, http.MethodPost) {
+			s.serveCall(w, r, s.parseEmbeddings)
 		}
 	case "/v1/models", "/models":
 		if s.allow(w, r, http.MethodGet) {
@@ -119,18 +124,24 @@ func (s *Server) allow(w http.ResponseWriter, r *http.Request, method string) bo
 	return false
 }
 
-// call is one parsed chat-completions request.
+// call is one parsed chat-completions or embeddings request.
 type call struct {
 	model  string
 	body   []byte
 	prompt int
-	maxOut int
+	maxOut int // per choice
+	n      int // choices
 	cost   int64
 	key    string // Idempotency-Key
 	jobID  string // X-Sluice-Job-Id
+	// embed is set for an embeddings call (no output tokens).
+	embed *job.EmbeddingsRequest
 }
 
-func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
+// serveCall answers a chat-completions or embeddings request: parse reads
+// the body into a call, which is then charged against its model's limits
+// like any other.
+func (s *Server) serveCall(w http.ResponseWriter, r *http.Request, parse func([]byte) (*call, error)) {
 	g := s.gen.Load()
 	apiKey, ok := s.authorize(w, r, g)
 	if !ok {
@@ -141,21 +152,22 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		s.failRead(w, g, err)
 		return
 	}
-	req, err := job.ParseRequest(body, job.Limits{})
+	c, err := parse(body)
 	if err != nil {
 		s.fail(w, g, nil, http.StatusBadRequest, invalidRequest(err))
 		return
 	}
-	m := g.models[req.Model]
+	c.body, c.key, c.jobID = body, r.Header.Get("Idempotency-Key"), r.Header.Get("X-Sluice-Job-Id")
+	m := g.models[c.model]
 	if m == nil {
 		s.fail(w, g, nil, http.StatusNotFound, apiError{
-			Message: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", req.Model),
+			Message: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", c.model),
 			Type:    "invalid_request_error",
 			Code:    "model_not_found",
 		})
 		return
 	}
-	if s.quotaModels[req.Model] || s.quotaKeys[apiKey] {
+	if s.quotaModels[c.model] || s.quotaKeys[apiKey] {
 		m.peek(s.now()).set(w.Header(), s.form)
 		s.fail(w, g, m, http.StatusTooManyRequests, apiError{
 			Message: "You exceeded your current quota, please check your plan and billing details.",
@@ -164,7 +176,6 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		})
 		return
 	}
-	c := s.newCall(req, body, r.Header)
 	if c.key == "" {
 		s.execute(w, r, g, m, c, nil)
 		return
@@ -172,17 +183,26 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	s.idempotent(w, r, g, m, c)
 }
 
-func (s *Server) newCall(req *job.ChatRequest, body []byte, h http.Header) *call {
-	c := &call{
-		model:  req.Model,
-		body:   body,
-		prompt: tokens.Prompt(req),
-		maxOut: req.OutputLimit(s.cfg.DefaultMaxTokens),
-		key:    h.Get("Idempotency-Key"),
-		jobID:  h.Get("X-Sluice-Job-Id"),
+// parseChat reads a chat-completions body: charged prompt + n x max output.
+func (s *Server) parseChat(body []byte) (*call, error) {
+	req, err := job.ParseRequest(body, job.Limits{})
+	if err != nil {
+		return nil, err
 	}
-	c.cost = int64(c.prompt) + int64(c.maxOut)
-	return c
+	c := &call{model: req.Model, prompt: tokens.Prompt(req), maxOut: req.OutputLimit(s.cfg.DefaultMaxTokens), n: req.Choices()}
+	c.cost = int64(c.prompt) + int64(c.n)*int64(c.maxOut)
+	return c, nil
+}
+
+// parseEmbeddings reads an embeddings body: charged its input tokens.
+func (s *Server) parseEmbeddings(body []byte) (*call, error) {
+	req, err := job.ParseEmbeddings(body)
+	if err != nil {
+		return nil, err
+	}
+	c := &call{model: req.Model, prompt: tokens.Embeddings(req), n: 1, embed: req}
+	c.cost = int64(c.prompt)
+	return c, nil
 }
 
 // idempotent runs c once per Idempotency-Key: the first request with the
@@ -232,13 +252,20 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request, g *generation, 
 // completion (even if the client has gone: the provider did the work) and
 // answers.
 func (s *Server) complete(w http.ResponseWriter, r *http.Request, g *generation, m *modelState, c *call, e *entry, arrival int64) {
-	completion := min(max(s.cfg.OutputTokens(c.maxOut, c.body), 0), c.maxOut)
-	body, err := json.Marshal(s.newCompletion(c, completion, s.cfg.Now()))
+	var resp any
+	completion := 0 // per choice
+	if c.embed != nil {
+		resp = newEmbeddings(c)
+	} else {
+		completion = min(max(s.cfg.OutputTokens(c.maxOut, c.body), 0), c.maxOut)
+		resp = s.newCompletion(c, completion, s.cfg.Now())
+	}
+	body, err := json.Marshal(resp)
 	if err != nil { // only our own types are encoded
 		panic(fmt.Sprintf("sim: encoding completion: %v", err))
 	}
 	delivered := sleep(r.Context(), s.cfg.TTFT+time.Duration(completion)*s.cfg.PerToken)
-	m.succeeded(arrival, c.cost, int64(c.prompt+completion))
+	m.succeeded(arrival, c.cost, int64(c.prompt+c.n*completion))
 	g.complete(c.key, c.jobID, e, body)
 	if !delivered {
 		g.clientGone.Add(1)

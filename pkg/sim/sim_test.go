@@ -573,7 +573,7 @@ func TestRequestErrors(t *testing.T) {
 		{"malformed", "POST", "/v1/chat/completions", `{"model":`, auth, 400, "invalid_request_error", "", "", "malformed"},
 		{"no messages", "POST", "/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[]}`, auth, 400, "invalid_request_error", "", "messages", "at least one message"},
 		{"wrong method", "GET", "/v1/chat/completions", "", auth, 405, "invalid_request_error", "", "", "not allowed"},
-		{"unknown route", "POST", "/v1/embeddings", "{}", auth, 404, "invalid_request_error", "unknown_url", "", "Unknown request URL"},
+		{"unknown route", "POST", "/v1/audio/speech", "{}", auth, 404, "invalid_request_error", "unknown_url", "", "Unknown request URL"},
 	} {
 		r := do(t, tc.method, url+tc.path, tc.body, tc.hdr...)
 		if r.status != tc.status {

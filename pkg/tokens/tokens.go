@@ -1,9 +1,12 @@
-// Package tokens estimates the prompt tokens of a chat-completions request.
+// Package tokens estimates the prompt tokens of a chat-completions request
+// and the input tokens of an embeddings request.
 //
 // OpenAI-family models (gpt-4o, gpt-4.1, gpt-5, o-series, gpt-4, gpt-3.5) are
 // counted with their real BPE (o200k_base or cl100k_base, compiled into the
 // binary: nothing is downloaded at run time) plus OpenAI's documented chat
 // framing: 3 tokens per message, 1 more for a name, 3 to prime the reply.
+// OpenAI's embedding models (text-embedding-3-*, text-embedding-ada-002)
+// are counted with cl100k_base, input by input, with no framing.
 // Any other model is counted with o200k_base as a proxy and multiplied by
 // FallbackFactor (1.15): other vendors' tokenizers tend to produce more tokens
 // for the same text, and over-estimating costs throughput while
@@ -60,7 +63,8 @@ func Encoding(model string) (tokenizer.Encoding, bool) {
 		strings.HasPrefix(m, "o1"), strings.HasPrefix(m, "o3"), strings.HasPrefix(m, "o4"),
 		strings.HasPrefix(m, "chatgpt-4o"), strings.HasPrefix(m, "gpt-oss"):
 		return tokenizer.O200kBase, true
-	case strings.HasPrefix(m, "gpt-4"), strings.HasPrefix(m, "gpt-3.5"), strings.HasPrefix(m, "gpt-35"):
+	case strings.HasPrefix(m, "gpt-4"), strings.HasPrefix(m, "gpt-3.5"), strings.HasPrefix(m, "gpt-35"),
+		strings.HasPrefix(m, "text-embedding-3"), strings.HasPrefix(m, "text-embedding-ada-002"):
 		return tokenizer.Cl100kBase, true
 	}
 	return tokenizer.O200kBase, false
@@ -105,9 +109,44 @@ func Prompt(req *job.ChatRequest) int {
 	return n
 }
 
-// Estimate is what a request costs against a tokens-per-minute limit at
-// arrival, before calibration: its prompt and the output it asks for
-// (defaultMax when it names no limit).
-func Estimate(req *job.ChatRequest, defaultMax int) job.Estimate {
-	return job.Estimate{PromptTokens: Prompt(req), MaxTokens: req.OutputLimit(defaultMax)}
+// Embeddings counts the input tokens of an embeddings request: each text
+// under the model's encoding (times FallbackFactor when it is a proxy), plus
+// the length of each token-id array.
+func Embeddings(req *job.EmbeddingsRequest) int {
+	enc, exact := Encoding(req.Model)
+	c := codec(enc)
+	n := 0
+	for _, t := range req.Texts {
+		k, err := c.Count(t)
+		if err != nil {
+			k = len(t)/4 + 1
+		}
+		n += k
+	}
+	if !exact {
+		n = int(float64(n)*FallbackFactor + 0.999)
+	}
+	for _, ids := range req.Tokens {
+		n += len(ids)
+	}
+	return n
+}
+
+// Estimate parses a job's request for its endpoint and returns the model it
+// names and what a provider charges for it at arrival: for chat, the prompt
+// estimate and n x the output limit (defMax when the request names none);
+// for embeddings, the input tokens and no output.
+func Estimate(endpoint string, body []byte, lim job.Limits, defMax int) (string, job.Estimate, error) {
+	if endpoint == job.EndpointEmbeddings {
+		req, err := job.ParseEmbeddings(body)
+		if err != nil {
+			return "", job.Estimate{}, err
+		}
+		return req.Model, job.Estimate{PromptTokens: Embeddings(req)}, nil
+	}
+	req, err := job.ParseRequest(body, lim)
+	if err != nil {
+		return "", job.Estimate{}, err
+	}
+	return req.Model, job.Estimate{PromptTokens: Prompt(req), MaxTokens: req.ReservedOutput(defMax)}, nil
 }

@@ -34,6 +34,7 @@ import (
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/provider"
 	"github.com/sluice-dev/sluice/pkg/route"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 	"github.com/sluice-dev/sluice/services/admission"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -439,7 +440,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	stop := keepAlive(callCtx, msg)
 	s.m.InFlight.WithLabelValues(labels...).Inc()
 	start := s.now()
-	resp, cerr := client.Do(callCtx, provider.Call{Provider: j.Provider, Model: j.Model, Body: j.Request, IdempotencyKey: mesh.ProviderKey(opKey), JobID: j.ID})
+	resp, cerr := client.Do(callCtx, provider.Call{Provider: j.Provider, Model: j.Model, Endpoint: j.Endpoint, Body: j.Request, IdempotencyKey: mesh.ProviderKey(opKey), JobID: j.ID})
 	elapsed := s.now().Sub(start)
 	s.m.InFlight.WithLabelValues(labels...).Dec()
 	stop()
@@ -509,7 +510,8 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	}
 	if out.Class == provider.Success {
 		s.settle(ctx, j, resp.Usage)
-		return s.finish(ctx, j, opKey, &job.Result{Status: job.StatusSucceeded, Response: resp.Body, Usage: &resp.Usage})
+		return s.finish(ctx, j, opKey, &job.Result{Status: job.StatusSucceeded, Response: resp.Body, Usage: &resp.Usage,
+			ProviderRequestID: provider.RequestID(resp.Header)})
 	}
 
 	pol := s.cfg.App.Policy(j.Priority)
@@ -780,13 +782,12 @@ func (s *Service) reroute(ctx context.Context, msg jetstream.Msg, j *job.Job, op
 	if err != nil {
 		return s.terminal(ctx, j, opKey, job.StatusFailed, "invalid", &job.Error{Code: job.CodeInvalidRequest, Message: "cannot rewrite the request for the fallback model"})
 	}
-	req, err := job.ParseRequest(body, job.Limits{})
+	_, est, err := tokens.Estimate(j.Endpoint, body, job.Limits{}, s.cfg.App.Limits.DefaultMaxTokens)
 	if err != nil {
 		return s.terminal(ctx, j, opKey, job.StatusFailed, "invalid", &job.Error{Code: job.CodeInvalidRequest, Message: err.Error()})
 	}
 	s.m.Fallbacks.WithLabelValues(j.Provider, d.Target.Provider, d.Reason).Inc()
 	s.log.Info("fallback", "job_id", j.ID, "from", j.Provider+"/"+j.Model, "to", d.Target.String(), "reason", d.Reason)
-	est := s.guard.Floor(req)
 	j.Request, j.Provider, j.Model, j.Estimate = body, d.Target.Provider, d.Target.Model, &est
 	j.Reservation, j.NotBefore = nil, nil
 	s.guard.Seal(j)

@@ -19,6 +19,7 @@ import (
 func (s *Service) Routes(mux *http.ServeMux, auth api.Auth) {
 	mux.HandleFunc("POST /v1/jobs", func(w http.ResponseWriter, r *http.Request) { s.postJob(w, r, auth) })
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.chat(w, r, auth) })
+	s.surfaceRoutes(mux, auth)
 }
 
 // DefaultWait bounds how long /v1/chat/completions waits for a result when
@@ -110,7 +111,7 @@ func (s *Service) chat(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 		s.fail(w, "openai", &job.ValidationError{Code: job.CodeInvalidRequest, Message: "body is not valid JSON"})
 		return
 	}
-	j := &job.Job{Tenant: tenant, Request: body, IdempotencyKey: r.Header.Get("Idempotency-Key")}
+	j := &job.Job{Tenant: tenant, Endpoint: endpointOf(r.Context()), Request: body, IdempotencyKey: r.Header.Get("Idempotency-Key")}
 	if p := r.Header.Get("X-Sluice-Priority"); p != "" {
 		j.Priority = job.Priority(strings.ToLower(p))
 	}
@@ -150,6 +151,7 @@ func (s *Service) chat(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 		api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not wait for the result; the job goes on")
 		return
 	}
+	s.resultHeaders(r.Context(), w, res)
 	WriteOpenAIResult(w, res)
 }
 
@@ -207,13 +209,12 @@ func (s *Service) fail(w http.ResponseWriter, via string, err error) {
 		api.Error(w, http.StatusTooManyRequests, "invalid_request_error", ve.Code, ve.Error())
 	case errors.As(err, &ve):
 		s.m.JobsRejected.WithLabelValues(via, ve.Code).Inc()
-		api.Error(w, api.StatusFor(ve.Code), "invalid_request_error", ve.Code, ve.Error())
+		api.ErrorParam(w, api.StatusFor(ve.Code), "invalid_request_error", ve.Code, api.Param(ve.Field), ve.Error())
 	case errors.Is(err, ErrQueueFull):
 		be := &BusyError{Code: job.CodeQueueFull, RetryAfter: 2 * time.Second, Message: "Sluice's queue is full"}
 		errors.As(err, &be)
 		s.m.JobsRejected.WithLabelValues(via, be.Code).Inc()
-		api.RetryAfter(w, be.RetryAfter)
-		api.Error(w, http.StatusTooManyRequests, "sluice_error", be.Code, be.Message+"; retry after the Retry-After delay")
+		writeBusy(w, be)
 	default:
 		s.log.Warn("http submit failed", "err", err)
 		api.RetryAfter(w, time.Second)

@@ -62,6 +62,8 @@ type Service struct {
 	log  *slog.Logger
 	m    *metrics.Set
 	now  func() time.Time
+
+	limits *limitView // the limits in effect, for x-ratelimit-* headers
 }
 
 // New builds the service; it does no I/O.
@@ -96,6 +98,8 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 		log:  log.With("service", "ingest"),
 		m:    ms,
 		now:  now,
+
+		limits: newLimitView(cfg.App, m, now),
 	}, nil
 }
 
@@ -122,9 +126,13 @@ var ErrQueueFull = errors.New("queue full")
 // being shed under pressure. RetryAfter is estimated from the queue ahead
 // and the model's admission rate.
 type BusyError struct {
-	Code       string // queue_full or shed
+	Code string // queue_full or shed
+	// RetryAfter is the honest wait: the jobs ahead at the model's limits.
+	// Over HTTP it is capped at MaxRetryAfter in the Retry-After header.
 	RetryAfter time.Duration
-	Message    string
+	// Ahead is how many jobs wait in QUEUE (all models), as last read.
+	Ahead   uint64
+	Message string
 }
 
 func (e *BusyError) Error() string { return e.Code + ": " + e.Message }
@@ -157,15 +165,17 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 	if _, ok := s.cfg.App.Tenant(j.Tenant); !ok {
 		return Accepted{}, &job.ValidationError{Code: job.CodeUnknownTenant, Field: "tenant", Message: fmt.Sprintf("unknown tenant %q", clip(j.Tenant))}
 	}
-	req, err := job.ParseRequest(j.Request, s.lim)
+	name, est, err := tokens.Estimate(j.Endpoint, j.Request, s.lim, s.cfg.App.Limits.DefaultMaxTokens)
 	if err != nil {
 		return Accepted{}, err
 	}
-	prov, model, ok := s.cfg.App.ModelRef(req.Model)
+	prov, model, ok := s.cfg.App.ModelRef(name)
 	if !ok {
-		return Accepted{}, &job.ValidationError{Code: job.CodeUnknownModel, Field: "request.model", Message: fmt.Sprintf("model %q is not configured", clip(req.Model))}
+		return Accepted{}, &job.ValidationError{Code: job.CodeUnknownModel, Field: "request.model", Message: fmt.Sprintf("model %q is not configured", clip(name))}
 	}
-	est := tokens.Estimate(req, s.cfg.App.Limits.DefaultMaxTokens)
+	if err := endpointServed(j, prov); err != nil {
+		return Accepted{}, err
+	}
 	if s.cfg.Calib != nil {
 		f := s.cfg.Calib.Factor(ctx, budget.CalibrationKey(prov.Name, job.ModelToken(model.Name)))
 		est.PromptTokens = int(math.Ceil(float64(est.PromptTokens) * f))
@@ -189,7 +199,7 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 	if j.Deadline != nil && !j.Deadline.After(now) {
 		return Accepted{}, &job.ValidationError{Code: job.CodeDeadlineExpired, Field: "deadline", Message: "is already past"}
 	}
-	fill, wait, retry := s.pressure(ctx, model, est.Cost())
+	fill, wait, retry, ahead := s.pressure(ctx, model, est.Cost())
 	if j.Deadline != nil && now.Add(wait).After(*j.Deadline) {
 		return Accepted{}, &job.ValidationError{Code: CodeDeadlineUnmeetable, Field: "deadline",
 			Message: fmt.Sprintf("cannot be met: the estimated wait is %s (the queue ahead at %s's admission rate) and the deadline is in %s", wait.Round(100*time.Millisecond), model.Name, j.Deadline.Sub(now).Round(100*time.Millisecond))}
@@ -197,7 +207,7 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 	shed := s.cfg.App.Admission.Shed
 	if (j.Priority == job.Batch && fill >= shed.Batch) || (j.Priority == job.Standard && fill >= shed.Standard) {
 		s.m.Shed.WithLabelValues(j.Tenant, string(j.Priority)).Inc()
-		return Accepted{}, &BusyError{Code: "shed", RetryAfter: retry,
+		return Accepted{}, &BusyError{Code: "shed", RetryAfter: retry, Ahead: ahead,
 			Message: fmt.Sprintf("the queue is %.0f%% full; %s work is deferred until it drains", 100*fill, j.Priority)}
 	}
 	if j.ID == "" {
@@ -263,7 +273,7 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 	if err := s.mesh.Enqueue(ctx, j, "job:"+j.ID); err != nil {
 		var refusal error = &transientError{err}
 		if mesh.IsStreamFull(err) {
-			refusal = &BusyError{Code: job.CodeQueueFull, RetryAfter: retry, Message: "Sluice's queue is full"}
+			refusal = &BusyError{Code: job.CodeQueueFull, RetryAfter: retry, Ahead: ahead, Message: "Sluice's queue is full"}
 		}
 		if held {
 			return Accepted{}, refusal
@@ -337,12 +347,12 @@ const CodeDeadlineUnmeetable = "deadline_unmeetable"
 // a deadline is refused only when it surely cannot be met), the second
 // assumes the window busy, as it is when QUEUE is full. QUEUE holds every
 // model's jobs, so with several models the estimates err long.
-func (s *Service) pressure(ctx context.Context, model *config.Model, cost int) (fill float64, wait, retry time.Duration) {
+func (s *Service) pressure(ctx context.Context, model *config.Model, cost int) (fill float64, wait, retry time.Duration, ahead uint64) {
 	b := s.backlog(ctx, cost)
 	if b.queueLimit > 0 {
 		fill = float64(b.queue) / float64(b.queueLimit)
 	}
-	return fill, waitFor(model, b.queue, b.avgCost, cost, false), max(waitFor(model, b.queue, b.avgCost, cost, true), time.Second)
+	return fill, waitFor(model, b.queue, b.avgCost, cost, false), max(waitFor(model, b.queue, b.avgCost, cost, true), time.Second), b.queue
 }
 
 // backlog is the state of the two queues as ingest last read it.
@@ -412,9 +422,9 @@ func (s *Service) intakeWait(ctx context.Context, data []byte) time.Duration {
 	var model *config.Model
 	cost := 0
 	if json.Unmarshal(data, &j) == nil {
-		if req, err := job.ParseRequest(j.Request, s.lim); err == nil {
-			if _, m, ok := s.cfg.App.ModelRef(req.Model); ok {
-				model, cost = m, tokens.Prompt(req)+req.OutputLimit(s.cfg.App.Limits.DefaultMaxTokens)
+		if name, est, err := tokens.Estimate(j.Endpoint, j.Request, s.lim, s.cfg.App.Limits.DefaultMaxTokens); err == nil {
+			if _, m, ok := s.cfg.App.ModelRef(name); ok {
+				model, cost = m, est.Cost()
 			}
 		}
 	}

@@ -1,0 +1,108 @@
+package ingest
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/pkg/adapt"
+	"github.com/sluice-dev/sluice/pkg/budget"
+	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/services/admission"
+)
+
+// limitView is Sluice's own view of a model's limits for response headers:
+// the limits in effect (configured, lowered by what the provider stated or
+// what its 429s taught, as admission paces against) and what the fleet's
+// shared window holds of the trailing minute. Each model's view is read
+// from the budgets bucket at most every limitRefresh.
+type limitView struct {
+	app   *config.Config
+	learn *adapt.Store
+	store *budget.Store
+	now   func() time.Time
+
+	mu    sync.Mutex
+	cache map[string]limitSnapshot
+}
+
+// limitRefresh is how stale a model's header view may be.
+const limitRefresh = time.Second
+
+type limitSnapshot struct {
+	read             time.Time
+	limit, remaining [2]int // by adapt.Requests / adapt.Tokens; limit 0: none
+}
+
+func newLimitView(app *config.Config, m *mesh.Mesh, now func() time.Time) *limitView {
+	v := &limitView{app: app, now: now, cache: map[string]limitSnapshot{}}
+	if m != nil && m.Budgets != nil {
+		v.learn = adapt.NewStore(m.Budgets, now)
+		v.store = budget.NewStore(m.Budgets, admission.ModelParams(app.Admission), now)
+	}
+	return v
+}
+
+// get returns the view of provider/model; ok is false for an unknown model.
+func (v *limitView) get(ctx context.Context, provider, model string) (limitSnapshot, bool) {
+	p, m, found := v.app.ModelRef(model)
+	if !found || p.Name != provider {
+		return limitSnapshot{}, false
+	}
+	key := provider + "/" + model
+	now := v.now()
+	v.mu.Lock()
+	snap, cached := v.cache[key]
+	v.mu.Unlock()
+	if cached && now.Sub(snap.read) < limitRefresh {
+		return snap, true
+	}
+	snap = limitSnapshot{read: now, limit: [2]int{m.RPM, m.TPM}, remaining: [2]int{-1, -1}}
+	if v.learn != nil {
+		ctx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
+		defer cancel()
+		if st, _, err := v.learn.Get(ctx, adapt.Key(provider, job.ModelToken(model))); err == nil {
+			snap.limit = adapt.Compute(admission.AdaptConfig(v.app.Admission, *m), st, now).PerMinute
+		}
+		if used, err := v.store.Used(ctx, budget.ModelKey(provider, job.ModelToken(model))); err == nil {
+			snap.remaining = [2]int{max(snap.limit[0]-used.Requests, 0), max(snap.limit[1]-used.Tokens, 0)}
+		}
+	}
+	v.mu.Lock()
+	v.cache[key] = snap
+	v.mu.Unlock()
+	return snap, true
+}
+
+// set writes OpenAI's x-ratelimit-{limit,remaining}-{requests,tokens} for
+// the limited dimensions.
+func (snap limitSnapshot) set(h http.Header, prefix func(dim, kind string) string) {
+	for d, dim := range []string{"requests", "tokens"} {
+		if snap.limit[d] <= 0 {
+			continue
+		}
+		h.Set(prefix(dim, "limit"), strconv.Itoa(snap.limit[d]))
+		if snap.remaining[d] >= 0 {
+			h.Set(prefix(dim, "remaining"), strconv.Itoa(snap.remaining[d]))
+		}
+	}
+}
+
+func openAIRateHeader(dim, kind string) string { return "X-Ratelimit-" + kind + "-" + dim }
+
+// resultHeaders sets, on an OpenAI-shaped answer, the provider's request id
+// (x-request-id) and Sluice's view of the model's limits
+// (x-ratelimit-limit-* and x-ratelimit-remaining-*).
+func (s *Service) resultHeaders(ctx context.Context, w http.ResponseWriter, res *job.Result) {
+	h := w.Header()
+	if res.ProviderRequestID != "" {
+		h.Set("X-Request-Id", res.ProviderRequestID)
+	}
+	if snap, ok := s.limits.get(ctx, res.Provider, res.Model); ok {
+		snap.set(h, openAIRateHeader)
+	}
+}

@@ -1,0 +1,88 @@
+package ingest
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+
+	"github.com/sluice-dev/sluice/internal/api"
+	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/pkg/job"
+)
+
+// surfaceRoutes registers the OpenAI- and Anthropic-compatible endpoints
+// beyond chat completions.
+func (s *Service) surfaceRoutes(mux *http.ServeMux, auth api.Auth) {
+	started := s.now().Unix()
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) { s.listModels(w, r, auth, started) })
+	mux.HandleFunc("GET /v1/models/{id...}", func(w http.ResponseWriter, r *http.Request) { s.getModel(w, r, auth, started) })
+	mux.HandleFunc("POST /v1/embeddings", func(w http.ResponseWriter, r *http.Request) { s.embeddings(w, r, auth) })
+	mux.HandleFunc("POST /v1/messages", func(w http.ResponseWriter, r *http.Request) { s.messages(w, r, auth) })
+}
+
+// Model is one entry of GET /v1/models: OpenAI's model object. The id is
+// the name callers send as "model"; owned_by is the provider that serves it.
+type Model struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+func modelObject(p *config.Provider, m *config.Model, created int64) Model {
+	return Model{ID: m.Name, Object: "model", Created: created, OwnedBy: p.Name}
+}
+
+// GET /v1/models: every configured model of every provider.
+func (s *Service) listModels(w http.ResponseWriter, r *http.Request, auth api.Auth, created int64) {
+	if _, err := auth.Tenant(r); err != nil {
+		s.fail(w, "openai", err)
+		return
+	}
+	data := []Model{}
+	for i := range s.cfg.App.Providers {
+		p := &s.cfg.App.Providers[i]
+		for j := range p.Models {
+			data = append(data, modelObject(p, &p.Models[j], created))
+		}
+	}
+	api.JSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+}
+
+// GET /v1/models/{id}: one model, or 404 model_not_found.
+func (s *Service) getModel(w http.ResponseWriter, r *http.Request, auth api.Auth, created int64) {
+	if _, err := auth.Tenant(r); err != nil {
+		s.fail(w, "openai", err)
+		return
+	}
+	id := r.PathValue("id")
+	p, m, ok := s.cfg.App.ModelRef(id)
+	if !ok {
+		api.ErrorParam(w, http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
+			fmt.Sprintf("The model %q is not configured in Sluice", clip(id)))
+		return
+	}
+	api.JSON(w, http.StatusOK, modelObject(p, m, created))
+}
+
+// endpointServed refuses a job its provider has no API for: Anthropic has
+// no embeddings, and its Messages API no n (Sluice does not fan a request
+// out into n calls: n > 1 would be n reservations and n bills for what the
+// caller sees as one call).
+func endpointServed(j *job.Job, p *config.Provider) error {
+	if p.Kind != "anthropic" {
+		return nil
+	}
+	if j.Endpoint == job.EndpointEmbeddings {
+		return &job.ValidationError{Code: job.CodeUnsupported, Field: "request.model",
+			Message: fmt.Sprintf("is served by provider %q (Anthropic), which has no embeddings API; use a model of an OpenAI-compatible provider", p.Name)}
+	}
+	var v struct {
+		N *int `json:"n"`
+	}
+	if json.Unmarshal(j.Request, &v) == nil && v.N != nil && *v.N > 1 {
+		return &job.ValidationError{Code: job.CodeUnsupported, Field: "request.n",
+			Message: fmt.Sprintf("must be 1: the model is served by provider %q (Anthropic), whose Messages API returns one completion per call; send n separate requests", p.Name)}
+	}
+	return nil
+}
