@@ -5,7 +5,9 @@
 // remembers to.
 //
 // Each target runs alone (`go test -fuzz` takes one target per run) for
-// SLUICE_FUZZTIME (default 10s). SLUICE_FUZZTIME=0 or -short skips them.
+// SLUICE_FUZZTIME (default 6s) with one fuzzing worker, so the other test
+// packages running beside it (some measure pacing in real time) keep a
+// core. SLUICE_FUZZTIME=0 or -short skips them.
 // A failure names the target and the input go test saved under
 // testdata/fuzz: commit that file, it becomes a regression test.
 package fuzzci
@@ -82,7 +84,7 @@ func moduleRoot(t *testing.T) string {
 }
 
 func TestFuzzTargets(t *testing.T) {
-	budget := 10 * time.Second
+	budget := 6 * time.Second
 	if v := os.Getenv("SLUICE_FUZZTIME"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil {
@@ -109,7 +111,7 @@ func TestFuzzTargets(t *testing.T) {
 	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
 	for _, tg := range all {
 		t.Run(strings.TrimPrefix(tg.dir, "./")+"/"+tg.name, func(t *testing.T) {
-			cmd := exec.Command(goBin, "test", "-run", "^$", "-fuzz", "^"+tg.name+"$", "-fuzztime", budget.String(), "-timeout", "10m", tg.dir)
+			cmd := exec.Command(goBin, "test", "-run", "^$", "-fuzz", "^"+tg.name+"$", "-fuzztime", budget.String(), "-parallel", "1", "-timeout", "10m", tg.dir)
 			cmd.Dir = root
 			out, err := cmd.CombinedOutput()
 			if err != nil {
