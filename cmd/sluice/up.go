@@ -7,6 +7,7 @@ import (
 	"io"
 	"strconv"
 
+	"github.com/sluice-dev/sluice/internal/natsauth"
 	"github.com/sluice-dev/sluice/internal/node"
 	"github.com/sluice-dev/sluice/pkg/config"
 )
@@ -88,7 +89,7 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 		Config: cfg, NATSURL: s.NATSURL, NATSListen: s.NATSListen, HTTP: httpAddr, Data: s.Data,
 		Services: services, Getenv: getenv, Log: log,
 		OnReady: func(i node.Info) {
-			fmt.Fprintf(stdout, "sluice up: nats %s, http %s, services %v\n", i.NATSURL, orNone(i.HTTPAddr), services)
+			fmt.Fprintf(stdout, "sluice up: nats %s, http %s, services %v\n", natsauth.RedactURL(i.NATSURL), orNone(i.HTTPAddr), services)
 		},
 	})
 }

@@ -165,7 +165,7 @@ func startFleet(ctx context.Context, s nodeSpec) (*meshNode, error) {
 	}
 	n.procs = append(n.procs, first)
 	for i, services := range s.joiners {
-		p, err := launch(ctx, node.Options{Config: cfg, NATSURL: first.info.NATSURL, Services: services,
+		p, err := launch(ctx, node.Options{Config: cfg, NATSURL: first.info.NATSURL, Data: dir, Services: services,
 			Log: s.log.With("node", i+1)})
 		if err != nil {
 			_ = stopAll()
@@ -173,7 +173,7 @@ func startFleet(ctx context.Context, s nodeSpec) (*meshNode, error) {
 		}
 		n.procs = append(n.procs, p)
 	}
-	nc, err := nats.Connect(first.info.NATSURL, nats.Name("sluice bench"))
+	nc, err := nats.Connect(first.info.NATSURL, append(first.info.NATSOptions, nats.Name("sluice bench"))...)
 	if err != nil {
 		_ = stopAll()
 		return nil, fmt.Errorf("connect to sluice: %w", err)
