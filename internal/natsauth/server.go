@@ -2,9 +2,9 @@ package natsauth
 
 import (
 	"crypto/tls"
-	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -163,13 +163,15 @@ func AuthorizationBlock(c *config.Config, sec *Secrets, getenv func(string) stri
 // writeUser writes one user in nats-server's configuration syntax (a
 // superset of JSON: strings are quoted, so "$JS.API.>" is not a variable).
 func writeUser(b *strings.Builder, ident [][2]string, p *server.Permissions) {
-	q := func(s string) string { d, _ := json.Marshal(s); return string(d) }
+	q := strconv.Quote
 	list := func(s []string) string {
-		out := make([]string, len(s))
-		for i, v := range s {
-			out[i] = q(v)
+		var b strings.Builder
+		b.WriteString("[\n")
+		for _, v := range s {
+			b.WriteString("          " + q(v) + "\n")
 		}
-		return "[" + strings.Join(out, ", ") + "]"
+		b.WriteString("        ]")
+		return b.String()
 	}
 	b.WriteString("    {\n")
 	for _, kv := range ident {
