@@ -121,8 +121,8 @@ func TestNATSTrustBoundary(t *testing.T) {
 
 	// Nobody gets in anonymously, nor with a wrong key.
 	for name, opts := range map[string][]nats.Option{
-		"anonymous":             nil,
-		"acme with a wrong key": {client.TenantUser("acme", "not-the-key")},
+		"anonymous":              nil,
+		"acme with a wrong key":  {client.TenantUser("acme", "not-the-key")},
 		"acme with globex's key": {client.TenantUser("acme", testEnv["GLOBEX_KEY"])},
 	} {
 		nc, err := nats.Connect(front.NATS, append(opts, nats.Timeout(3*time.Second))...)

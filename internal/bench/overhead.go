@@ -21,7 +21,10 @@ type OverheadOptions struct {
 	Warmup      int // serial jobs run first and not counted
 	// Closed makes each submitter await its job's result before submitting
 	// the next; by default submitters only submit (an open burst).
-	Closed  bool
+	Closed bool
+	// Secure runs NATS with authentication and TLS, the submitters
+	// connected as the tenant's user; otherwise with neither.
+	Secure  bool
 	Timeout time.Duration
 	Log     *slog.Logger
 }
@@ -70,6 +73,7 @@ type OverheadReport struct {
 	Jobs        int  `json:"jobs"`
 	Concurrency int  `json:"concurrency"`
 	Closed      bool `json:"closed_loop"`
+	Secure      bool `json:"nats_auth_tls"`
 	Completed   int  `json:"completed"`
 	Failed      int  `json:"failed"`
 	// Added is the loaded test's latency from just before client.Submit to
@@ -143,7 +147,7 @@ func Overhead(ctx context.Context, opt OverheadOptions, progress func()) (*Overh
 	}
 	defer stopSim()
 	n, err := startNode(ctx, nodeSpec{providerURL: url + "/v1", maxConcurrency: max(opt.Concurrency, 64) * 4,
-		retry: DefaultRetry, maxElapsed: time.Minute, log: opt.Log})
+		retry: DefaultRetry, maxElapsed: time.Minute, log: opt.Log, nats: map[bool]natsMode{false: natsOpen, true: natsSecure}[opt.Secure]})
 	if err != nil {
 		return nil, err
 	}
@@ -192,7 +196,7 @@ func Overhead(ctx context.Context, opt OverheadOptions, progress func()) (*Overh
 		}
 	}
 
-	rep := &OverheadReport{Jobs: opt.Jobs, Concurrency: opt.Concurrency, Closed: opt.Closed}
+	rep := &OverheadReport{Jobs: opt.Jobs, Concurrency: opt.Concurrency, Closed: opt.Closed, Secure: opt.Secure}
 	// Serial, unloaded: one job at a time (after a warm-up).
 	var added, e2e []time.Duration
 	for k := range opt.Warmup + opt.Serial {
@@ -302,7 +306,11 @@ func WriteOverhead(out io.Writer, r *OverheadReport) {
 	if r.Closed {
 		mode = "closed: each submitter awaits its result"
 	}
-	fmt.Fprintf(out, "loaded (%d jobs, %d concurrent submitters, %s):\n", r.Jobs, r.Concurrency, mode)
+	nats := "NATS without authentication or TLS"
+	if r.Secure {
+		nats = "NATS with authentication (nkeys, tenant user) and TLS"
+	}
+	fmt.Fprintf(out, "loaded (%d jobs, %d concurrent submitters, %s; %s):\n", r.Jobs, r.Concurrency, mode, nats)
 	fmt.Fprintf(out, "                     added latency p50 %.2fms  p90 %.2fms  p99 %.2fms  max %.2fms\n",
 		r.Added.P50, r.Added.P90, r.Added.P99, r.Added.Max)
 	fmt.Fprintf(out, "                     submit → result p50 %.2fms  p90 %.2fms  p99 %.2fms\n", r.EndToEnd.P50, r.EndToEnd.P90, r.EndToEnd.P99)
