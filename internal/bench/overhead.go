@@ -83,6 +83,10 @@ type OverheadReport struct {
 	// WallS runs from the first submission to the last result.
 	WallS      float64 `json:"wall_s"`
 	JobsPerSec float64 `json:"jobs_per_s"`
+	// CPUPerJobMS is the process's CPU time (user + system: the node,
+	// NATS, the simulator and the submitters) during the loaded test per
+	// completed job; 0 where not measured.
+	CPUPerJobMS float64 `json:"cpu_per_job_ms"`
 	// Serial is the one-job-at-a-time test's added latency (unloaded),
 	// SerialEndToEnd its submission-to-result latency.
 	Serial         Quantiles `json:"serial_added"`
@@ -230,6 +234,7 @@ func Overhead(ctx context.Context, opt OverheadOptions, progress func()) (*Overh
 		err  error
 	}
 	samples := make([]sample, opt.Jobs)
+	cpu0 := processCPU()
 	next := make(chan int)
 	var wg sync.WaitGroup
 	for range opt.Concurrency {
@@ -268,6 +273,7 @@ feed:
 			firstErr = s.err
 		}
 	}
+	cpu := processCPU() - cpu0
 	added, e2e = added[:0], e2e[:0]
 	var first, last time.Time
 	for _, s := range samples {
@@ -288,6 +294,9 @@ feed:
 		e2e = append(e2e, s.res.at.Sub(s.sent))
 	}
 	rep.Added, rep.EndToEnd = quantiles(added), quantiles(e2e)
+	if rep.Completed > 0 && cpu > 0 {
+		rep.CPUPerJobMS = ms64(cpu) / float64(rep.Completed)
+	}
 	if wall := last.Sub(first); wall > 0 {
 		rep.WallS = wall.Seconds()
 		rep.JobsPerSec = float64(rep.Completed) / wall.Seconds()
@@ -316,4 +325,7 @@ func WriteOverhead(out io.Writer, r *OverheadReport) {
 	fmt.Fprintf(out, "                     submit → result p50 %.2fms  p90 %.2fms  p99 %.2fms\n", r.EndToEnd.P50, r.EndToEnd.P90, r.EndToEnd.P99)
 	fmt.Fprintf(out, "throughput: %d jobs completed (%d failed) in %.2fs from first submit to last result = %.0f jobs/s\n",
 		r.Completed, r.Failed, r.WallS, r.JobsPerSec)
+	if r.CPUPerJobMS > 0 {
+		fmt.Fprintf(out, "cpu: %.3f ms of process CPU (user + system) per job in the loaded test\n", r.CPUPerJobMS)
+	}
 }

@@ -260,3 +260,18 @@ func TestEmbeddedTLS(t *testing.T) {
 		t.Errorf("tenant connection: %v", err)
 	}
 }
+
+// TestDeployConfigsParse: deploy/nats's node files, with the shipped
+// sluice-auth.conf they include, are valid nats-server configuration.
+func TestDeployConfigsParse(t *testing.T) {
+	t.Parallel()
+	files, err := filepath.Glob("../../deploy/nats/nats-*.conf")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no deploy/nats/nats-*.conf (%v)", err)
+	}
+	for _, f := range files {
+		if _, err := server.ProcessConfigFile(f); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+}
