@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -273,5 +274,26 @@ func TestNATSTrustBoundary(t *testing.T) {
 		if strings.Contains(strings.ToLower(string(logData)), "permissions violation") {
 			t.Errorf("%s logged a permissions violation:\n%s", p.log, logData)
 		}
+	}
+}
+
+// TestNATSURLRedacted: credentials in --nats-url never reach a log line,
+// stdout or an error.
+func TestNATSURLRedacted(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	err := run(ctx, []string{"up", "--nats-url", "nats://alice:hunter2@127.0.0.1:1", "--http", "off", "--data", t.TempDir(), "--log-level", "debug"},
+		func(string) string { return "" }, &stdout, &stderr)
+	all := fmt.Sprint(err) + stdout.String() + stderr.String()
+	if err == nil {
+		t.Fatal("sluice up connected to a closed port")
+	}
+	if strings.Contains(all, "hunter2") || strings.Contains(all, "alice") {
+		t.Errorf("the NATS credentials were printed: %s", all)
+	}
+	if !strings.Contains(all, "REDACTED@127.0.0.1:1") {
+		t.Errorf("the URL is not named (redacted) in what went wrong: %s", all)
 	}
 }
