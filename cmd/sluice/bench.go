@@ -282,6 +282,7 @@ func runBenchOverhead(ctx context.Context, args []string, stdout, stderr io.Writ
 	serial := fs.Int("serial", 300, "jobs in the one-at-a-time test")
 	warmup := fs.Int("warmup", 20, "one-at-a-time jobs run first and not counted")
 	closed := fs.Bool("closed", false, "each submitter awaits its job's result before submitting the next (default: submit without waiting)")
+	secure := fs.Bool("auth-tls", false, "run NATS with authentication (service nkeys, the submitters as the tenant's user) and TLS (default: neither)")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run (runtime/pprof) to this file")
 	jsonPath := fs.String("json", "", "write the figures here as JSON")
@@ -310,7 +311,7 @@ func runBenchOverhead(ctx context.Context, args []string, stdout, stderr io.Writ
 	}
 	began := time.Now()
 	rep, err := bench.Overhead(ctx, bench.OverheadOptions{Jobs: *jobs, Concurrency: *conc, Serial: *serial, Warmup: *warmup,
-		Closed: *closed, Timeout: *timeout}, nil)
+		Closed: *closed, Secure: *secure, Timeout: *timeout}, nil)
 	if perr := stopProfile(); perr != nil && err == nil {
 		err = fmt.Errorf("--cpuprofile: %w", perr)
 	}

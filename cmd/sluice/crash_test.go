@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -49,6 +50,7 @@ func sluiceBinary(t testing.TB) string {
 type child struct {
 	cmd *exec.Cmd
 	upNode
+	log string // its stderr
 }
 
 func startChild(t testing.TB, bin string, args []string, env map[string]string) *child {
@@ -84,8 +86,11 @@ func startChild(t testing.TB, bin string, args []string, env map[string]string) 
 		_ = cmd.Wait()
 	})
 	n := waitUp(t, out)
+	if i := slices.Index(args, "--data"); i >= 0 && i+1 < len(args) && !slices.Contains(args, "--nats-url") {
+		nodeData.Store(n.NATS, args[i+1])
+	}
 	waitReady(t, n.HTTP)
-	return &child{cmd: cmd, upNode: n}
+	return &child{cmd: cmd, upNode: n, log: logf.Name()}
 }
 
 // TestCrashRecovery kills a `sluice up` process with SIGKILL while jobs are
@@ -182,7 +187,7 @@ func grepLines(s string, prefixes ...string) string {
 }
 
 func dumpStreams(t *testing.T, url string) {
-	nc, err := nats.Connect(url)
+	nc, err := nats.Connect(url, operatorOpts(t, url)...)
 	if err != nil {
 		return
 	}

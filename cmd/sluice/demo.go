@@ -103,7 +103,7 @@ tenants:
 		return ctx.Err()
 	}
 
-	nc, err := nats.Connect(info.NATSURL)
+	nc, err := nats.Connect(info.NATSURL, info.NATSOptions...)
 	if err != nil {
 		return err
 	}

@@ -7,12 +7,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/schollz/progressbar/v3"
 
@@ -55,7 +53,7 @@ func runDLQ(ctx context.Context, args []string, getenv func(string) string, stdo
 
 func runDLQList(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("dlq list", stderr)
-	natsURL := dlqNATSFlag(fs, getenv)
+	conn := addCLINATS(fs, getenv, nil)
 	tenant := fs.String("tenant", "", "only this tenant's jobs")
 	limit := fs.Int("limit", 100, "show the newest N jobs (0: all)")
 	asJSON := fs.Bool("json", false, "print JSON (request bodies left out)")
@@ -65,7 +63,7 @@ func runDLQList(ctx context.Context, args []string, getenv func(string) string, 
 	if *limit < 0 {
 		return fmt.Errorf("--limit: want 0 (all) or more, got %d", *limit)
 	}
-	js, closeConn, err := dlqConnect(natsURL())
+	js, closeConn, err := dlqConnect(conn)
 	if err != nil {
 		return err
 	}
@@ -100,7 +98,7 @@ func runDLQList(ctx context.Context, args []string, getenv func(string) string, 
 
 func runDLQShow(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("dlq show", stderr)
-	natsURL := dlqNATSFlag(fs, getenv)
+	conn := addCLINATS(fs, getenv, nil)
 	withRequest := fs.Bool("with-request", false, "include the request body (prompts); by default only its size is shown")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "Usage: sluice dlq show [flags] JOB_ID")
@@ -113,7 +111,7 @@ func runDLQShow(ctx context.Context, args []string, getenv func(string) string, 
 	if len(ids) != 1 {
 		return fmt.Errorf("dlq show: want one job id, got %d", len(ids))
 	}
-	js, closeConn, err := dlqConnect(natsURL())
+	js, closeConn, err := dlqConnect(conn)
 	if err != nil {
 		return err
 	}
@@ -127,7 +125,7 @@ func runDLQShow(ctx context.Context, args []string, getenv func(string) string, 
 
 func runDLQReplay(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("dlq replay", stderr)
-	natsURL := dlqNATSFlag(fs, getenv)
+	conn := addCLINATS(fs, getenv, nil)
 	tenant := fs.String("tenant", "", "replay this tenant's jobs (with ids: check that they are this tenant's)")
 	all := fs.Bool("all", false, "replay every dead-lettered job of every tenant")
 	asJSON := fs.Bool("json", false, "print the original and new id of every job as JSON")
@@ -146,7 +144,7 @@ func runDLQReplay(ctx context.Context, args []string, getenv func(string) string
 	case !*all && len(ids) == 0 && *tenant == "":
 		return errors.New("dlq replay: give job ids, --tenant T, or --all to replay every dead-lettered job")
 	}
-	js, closeConn, err := dlqConnect(natsURL())
+	js, closeConn, err := dlqConnect(conn)
 	if err != nil {
 		return err
 	}
@@ -255,18 +253,6 @@ func dlqWriteJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// dlqNATSFlag defines --nats-url. Its default comes from the environment
-// after parsing, so -h never prints a URL that may hold credentials.
-func dlqNATSFlag(fs *flag.FlagSet, getenv func(string) string) func() string {
-	u := fs.String("nats-url", "", "NATS server (SLUICE_NATS_URL, default nats://127.0.0.1:4222)")
-	return func() string {
-		if *u != "" {
-			return *u
-		}
-		return envOr(getenv, "SLUICE_NATS_URL", "nats://127.0.0.1:4222")
-	}
-}
-
 // dlqParseArgs parses flags that may come before or after positional
 // arguments (`show ID --with-request`) and returns the positional ones.
 func dlqParseArgs(fs *flag.FlagSet, args []string) (pos []string, help bool, err error) {
@@ -285,10 +271,10 @@ func dlqParseArgs(fs *flag.FlagSet, args []string) (pos []string, help bool, err
 	}
 }
 
-func dlqConnect(natsURL string) (jetstream.JetStream, func(), error) {
-	nc, err := nats.Connect(natsURL, nats.Name("sluice dlq"))
+func dlqConnect(conn *cliNATS) (jetstream.JetStream, func(), error) {
+	nc, _, err := conn.connect("sluice dlq")
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect %s: %w", dlqRedactURLs(natsURL), err)
+		return nil, nil, err
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -296,24 +282,4 @@ func dlqConnect(natsURL string) (jetstream.JetStream, func(), error) {
 		return nil, nil, err
 	}
 	return js, nc.Close, nil
-}
-
-// dlqRedactURLs drops credentials (user, password or token) from a
-// comma-separated list of NATS URLs, for messages.
-func dlqRedactURLs(s string) string {
-	parts := strings.Split(s, ",")
-	for i, p := range parts {
-		u, err := url.Parse(strings.TrimSpace(p))
-		if err != nil {
-			if strings.Contains(p, "@") {
-				parts[i] = "(unparsable URL)"
-			}
-			continue
-		}
-		if u.User != nil {
-			u.User = url.User("REDACTED")
-		}
-		parts[i] = u.String()
-	}
-	return strings.Join(parts, ",")
 }

@@ -202,7 +202,7 @@ retry:
 	}
 	front := startChild(t, bin, []string{"--config", cfgPath, "--data", filepath.Join(dir, "data"), "--nats-listen", "127.0.0.1:0",
 		"--http", "127.0.0.1:0", "--services", "ingest,admission,result"}, testEnv)
-	execArgs := []string{"--config", cfgPath, "--nats-url", front.NATS, "--http", "127.0.0.1:0", "--services", "executor"}
+	execArgs := []string{"--config", cfgPath, "--nats-url", front.NATS, "--data", filepath.Join(dir, "data"), "--http", "127.0.0.1:0", "--services", "executor"}
 	executors := []*child{startChild(t, bin, execArgs, testEnv), startChild(t, bin, execArgs, testEnv)}
 	nc, cl := natsClient(t, front.NATS)
 	js, _ := jetstream.New(nc)

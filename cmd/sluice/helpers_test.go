@@ -12,12 +12,15 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluice-dev/sluice/internal/natsauth"
 	"github.com/sluice-dev/sluice/pkg/client"
+	"github.com/sluice-dev/sluice/pkg/config"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
 
@@ -38,6 +41,34 @@ type upNode struct {
 	HTTP    string // base URL
 	NATS    string
 	Metrics string // the metrics listener's address, if it has one
+}
+
+// nodeData maps an embedded NATS URL to its node's data directory, where
+// the operator's NATS identity is: natsClient and operatorOpts find it.
+var nodeData sync.Map
+
+// Data is the node's data directory.
+func (n upNode) Data(t testing.TB) string {
+	d, ok := nodeData.Load(n.NATS)
+	if !ok {
+		t.Fatalf("no data directory known for %s", n.NATS)
+	}
+	return d.(string)
+}
+
+// operatorOpts are the options that connect to a `sluice up`'s embedded
+// NATS as the operator; none for a server the tests started themselves.
+func operatorOpts(t testing.TB, url string) []nats.Option {
+	t.Helper()
+	data, ok := nodeData.Load(url)
+	if !ok {
+		return nil
+	}
+	opts, _, err := natsauth.Conn{Config: &config.Config{}, DataDir: data.(string), Set: natsauth.Operator}.Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return opts
 }
 
 var (
@@ -111,7 +142,9 @@ func startUpWith(t testing.TB, yaml string, env map[string]string, extra []strin
 			t.Error("sluice up did not stop within 30s")
 		}
 	})
-	return waitUp(t, pr)
+	n := waitUp(t, pr)
+	nodeData.Store(n.NATS, filepath.Join(dir, "data"))
+	return n
 }
 
 func waitReady(t testing.TB, base string) {
@@ -132,7 +165,7 @@ func waitReady(t testing.TB, base string) {
 
 func natsClient(t testing.TB, url string) (*nats.Conn, *client.Client) {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	nc, err := nats.Connect(url, append(operatorOpts(t, url), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))...)
 	if err != nil {
 		t.Fatal(err)
 	}

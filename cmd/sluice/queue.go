@@ -33,24 +33,16 @@ type queueRow struct {
 
 func runQueue(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("queue", stderr)
-	natsURL := fs.String("nats-url", envOr(getenv, "SLUICE_NATS_URL", "nats://127.0.0.1:4222"), "NATS server (SLUICE_NATS_URL)")
-	cfgPath := fs.String("config", getenv("SLUICE_CONFIG"), "configuration, for estimated waits from the models' limits (SLUICE_CONFIG)")
+	cfgPath := fs.String("config", getenv("SLUICE_CONFIG"), "configuration, for estimated waits from the models' limits, and server.nats (SLUICE_CONFIG)")
+	conn := addCLINATS(fs, getenv, cfgPath)
 	asJSON := fs.Bool("json", false, "print JSON: the queue rows, or with --limits the limit rows")
 	limits := fs.Bool("limits", false, "with --json, print the limits in effect instead of the queue")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}
-	var cfg *config.Config
-	if *cfgPath != "" {
-		c, err := config.Load(*cfgPath)
-		if err != nil {
-			return err
-		}
-		cfg = c
-	}
-	nc, err := nats.Connect(*natsURL, nats.Name("sluice queue"))
+	nc, cfg, err := conn.connect("sluice queue")
 	if err != nil {
-		return fmt.Errorf("connect %s: %w", *natsURL, err)
+		return err
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)

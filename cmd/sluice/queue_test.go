@@ -59,7 +59,7 @@ func TestQueueVisibilityAndBackpressure(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out, errOut bytes.Buffer
-	if err := run(ctx, []string{"queue", "--nats-url", n.NATS, "--config", cfgPath}, func(string) string { return "" }, &out, &errOut); err != nil {
+	if err := run(ctx, []string{"queue", "--nats-url", n.NATS, "--data", n.Data(t), "--config", cfgPath}, func(string) string { return "" }, &out, &errOut); err != nil {
 		t.Fatalf("sluice queue: %v (%s)", err, errOut.String())
 	}
 	if !strings.Contains(out.String(), "standard") || !strings.Contains(out.String(), "acme") || !(strings.Contains(out.String(), "rpm") || strings.Contains(out.String(), "paused_provider")) || strings.Contains(out.String(), " 0s ") {

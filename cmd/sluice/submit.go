@@ -9,15 +9,13 @@ import (
 	"os"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
 func runSubmit(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("submit", stderr)
-	natsURL := fs.String("nats-url", envOr(getenv, "SLUICE_NATS_URL", "nats://127.0.0.1:4222"), "NATS server (SLUICE_NATS_URL)")
+	conn := addCLINATS(fs, getenv, nil)
 	tenant := fs.String("tenant", getenv("SLUICE_TENANT"), "tenant (SLUICE_TENANT)")
 	model := fs.String("model", "gpt-4o-mini", "model")
 	prompt := fs.String("prompt", "", "user message (or use --request)")
@@ -52,9 +50,9 @@ func runSubmit(ctx context.Context, args []string, getenv func(string) string, s
 	default:
 		return errors.New("give --prompt or --request")
 	}
-	nc, err := nats.Connect(*natsURL, nats.Name("sluice submit"))
+	nc, _, err := conn.connect("sluice submit")
 	if err != nil {
-		return fmt.Errorf("connect %s: %w", *natsURL, err)
+		return err
 	}
 	defer nc.Close()
 	c, err := client.New(nc)

@@ -5,9 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"strconv"
 
+	"github.com/sluice-dev/sluice/internal/natsauth"
 	"github.com/sluice-dev/sluice/internal/node"
 	"github.com/sluice-dev/sluice/pkg/config"
 )
@@ -111,7 +111,7 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 		Config: cfg, NATSURL: s.NATSURL, NATSListen: s.NATSListen, HTTP: httpAddr, Data: s.Data,
 		Services: services, Getenv: getenv, Log: log,
 		OnReady: func(i node.Info) {
-			fmt.Fprintf(stdout, "sluice up: nats %s, http %s, services %v", redactURL(i.NATSURL), orNone(i.HTTPAddr), services)
+			fmt.Fprintf(stdout, "sluice up: nats %s, http %s, services %v", natsauth.RedactURL(i.NATSURL), orNone(i.HTTPAddr), services)
 			if i.MetricsAddr != "" {
 				fmt.Fprintf(stdout, ", metrics %s", i.MetricsAddr)
 			}
@@ -122,18 +122,6 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 
 // redactURL hides credentials in a URL: a password ("nats://user:xxxxx@host")
 // or a token in the user position ("nats://xxxxx@host").
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
-		return s
-	}
-	if _, ok := u.User.Password(); !ok {
-		u.User = url.User("xxxxx")
-		return u.String()
-	}
-	return u.Redacted()
-}
-
 func orNone(s string) string {
 	if s == "" {
 		return "off"

@@ -21,7 +21,10 @@ type OverheadOptions struct {
 	Warmup      int // serial jobs run first and not counted
 	// Closed makes each submitter await its job's result before submitting
 	// the next; by default submitters only submit (an open burst).
-	Closed  bool
+	Closed bool
+	// Secure runs NATS with authentication and TLS, the submitters
+	// connected as the tenant's user; otherwise with neither.
+	Secure  bool
 	Timeout time.Duration
 	Log     *slog.Logger
 }
@@ -70,6 +73,7 @@ type OverheadReport struct {
 	Jobs        int  `json:"jobs"`
 	Concurrency int  `json:"concurrency"`
 	Closed      bool `json:"closed_loop"`
+	Secure      bool `json:"nats_auth_tls"`
 	Completed   int  `json:"completed"`
 	Failed      int  `json:"failed"`
 	// Added is the loaded test's latency from just before client.Submit to
@@ -79,6 +83,10 @@ type OverheadReport struct {
 	// WallS runs from the first submission to the last result.
 	WallS      float64 `json:"wall_s"`
 	JobsPerSec float64 `json:"jobs_per_s"`
+	// CPUPerJobMS is the process's CPU time (user + system: the node,
+	// NATS, the simulator and the submitters) during the loaded test per
+	// completed job; 0 where not measured.
+	CPUPerJobMS float64 `json:"cpu_per_job_ms"`
 	// Serial is the one-job-at-a-time test's added latency (unloaded),
 	// SerialEndToEnd its submission-to-result latency.
 	Serial         Quantiles `json:"serial_added"`
@@ -143,7 +151,7 @@ func Overhead(ctx context.Context, opt OverheadOptions, progress func()) (*Overh
 	}
 	defer stopSim()
 	n, err := startNode(ctx, nodeSpec{providerURL: url + "/v1", maxConcurrency: max(opt.Concurrency, 64) * 4,
-		retry: DefaultRetry, maxElapsed: time.Minute, log: opt.Log})
+		retry: DefaultRetry, maxElapsed: time.Minute, log: opt.Log, nats: map[bool]natsMode{false: natsOpen, true: natsSecure}[opt.Secure]})
 	if err != nil {
 		return nil, err
 	}
@@ -192,7 +200,7 @@ func Overhead(ctx context.Context, opt OverheadOptions, progress func()) (*Overh
 		}
 	}
 
-	rep := &OverheadReport{Jobs: opt.Jobs, Concurrency: opt.Concurrency, Closed: opt.Closed}
+	rep := &OverheadReport{Jobs: opt.Jobs, Concurrency: opt.Concurrency, Closed: opt.Closed, Secure: opt.Secure}
 	// Serial, unloaded: one job at a time (after a warm-up).
 	var added, e2e []time.Duration
 	for k := range opt.Warmup + opt.Serial {
@@ -226,6 +234,7 @@ func Overhead(ctx context.Context, opt OverheadOptions, progress func()) (*Overh
 		err  error
 	}
 	samples := make([]sample, opt.Jobs)
+	cpu0 := processCPU()
 	next := make(chan int)
 	var wg sync.WaitGroup
 	for range opt.Concurrency {
@@ -264,6 +273,7 @@ feed:
 			firstErr = s.err
 		}
 	}
+	cpu := processCPU() - cpu0
 	added, e2e = added[:0], e2e[:0]
 	var first, last time.Time
 	for _, s := range samples {
@@ -284,6 +294,9 @@ feed:
 		e2e = append(e2e, s.res.at.Sub(s.sent))
 	}
 	rep.Added, rep.EndToEnd = quantiles(added), quantiles(e2e)
+	if rep.Completed > 0 && cpu > 0 {
+		rep.CPUPerJobMS = ms64(cpu) / float64(rep.Completed)
+	}
 	if wall := last.Sub(first); wall > 0 {
 		rep.WallS = wall.Seconds()
 		rep.JobsPerSec = float64(rep.Completed) / wall.Seconds()
@@ -302,10 +315,17 @@ func WriteOverhead(out io.Writer, r *OverheadReport) {
 	if r.Closed {
 		mode = "closed: each submitter awaits its result"
 	}
-	fmt.Fprintf(out, "loaded (%d jobs, %d concurrent submitters, %s):\n", r.Jobs, r.Concurrency, mode)
+	nats := "NATS without authentication or TLS"
+	if r.Secure {
+		nats = "NATS with authentication (nkeys, tenant user) and TLS"
+	}
+	fmt.Fprintf(out, "loaded (%d jobs, %d concurrent submitters, %s; %s):\n", r.Jobs, r.Concurrency, mode, nats)
 	fmt.Fprintf(out, "                     added latency p50 %.2fms  p90 %.2fms  p99 %.2fms  max %.2fms\n",
 		r.Added.P50, r.Added.P90, r.Added.P99, r.Added.Max)
 	fmt.Fprintf(out, "                     submit → result p50 %.2fms  p90 %.2fms  p99 %.2fms\n", r.EndToEnd.P50, r.EndToEnd.P90, r.EndToEnd.P99)
 	fmt.Fprintf(out, "throughput: %d jobs completed (%d failed) in %.2fs from first submit to last result = %.0f jobs/s\n",
 		r.Completed, r.Failed, r.WallS, r.JobsPerSec)
+	if r.CPUPerJobMS > 0 {
+		fmt.Fprintf(out, "cpu: %.3f ms of process CPU (user + system) per job in the loaded test\n", r.CPUPerJobMS)
+	}
 }

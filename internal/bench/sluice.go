@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluice-dev/sluice/internal/natsauth"
 	"github.com/sluice-dev/sluice/internal/node"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/config"
@@ -35,7 +37,22 @@ type nodeSpec struct {
 	// joiners are the service lists of the processes that join the first
 	// one's NATS (none: a single node).
 	joiners [][]string
+	// nats: natsDefault (authentication on, as tenants are configured),
+	// natsOpen (no authentication, no TLS), or natsSecure (authentication
+	// and TLS, the benchmark's client connected as the tenant).
+	nats natsMode
 }
+
+type natsMode int
+
+const (
+	natsDefault natsMode = iota
+	natsOpen
+	natsSecure
+)
+
+// benchKeyEnv names the tenant's API key variable in natsSecure mode.
+const benchKeyEnv = "SLUICE_BENCH_TENANT_KEY"
 
 // Fleet is the shape of the Sluice lane in Run: one node embedding NATS with
 // every service, and these processes joining it.
@@ -50,8 +67,9 @@ func FleetDescription() string {
 	return fmt.Sprintf("%d in-process nodes: %s", len(Fleet)+1, strings.Join(parts, " + "))
 }
 
-// config is the Sluice configuration of s.
-func (s nodeSpec) config() (*config.Config, error) {
+// config is the Sluice configuration of s; dir holds what it needs (the
+// TLS certificate in natsSecure mode).
+func (s nodeSpec) config(dir string) (*config.Config, error) {
 	r := s.retry
 	policy := fmt.Sprintf("{max_attempts: %d, max_elapsed: %s, base_delay: %s, max_delay: %s}",
 		r.MaxAttempts, max(s.maxElapsed, r.Max), r.Base, r.Max)
@@ -59,19 +77,31 @@ func (s nodeSpec) config() (*config.Config, error) {
 	if s.discover {
 		adaptive = ", adaptive: true"
 	}
-	return config.Parse(fmt.Appendf(nil, `
+	server, keyEnv := "", ""
+	switch s.nats {
+	case natsOpen:
+		server = "server:\n  nats: {auth: false}\n"
+	case natsSecure:
+		cert, key, err := natsauth.SelfSigned(dir)
+		if err != nil {
+			return nil, err
+		}
+		server = fmt.Sprintf("server:\n  nats: {auth: true, listen_tls: {cert: %q, key: %q}}\n", cert, key)
+		keyEnv = ", api_key_env: " + benchKeyEnv
+	}
+	return config.Parse(fmt.Appendf(nil, server+`
 providers:
   - name: sim
     base_url: %s
     models:
       - {name: %s, rpm: %d, tpm: %d, max_concurrency: %d%s}
 tenants:
-  - {name: %s}
+  - {name: %s%s}
 retry:
   interactive: %s
   standard: %s
   batch: %s
-`, s.providerURL, Model, s.rpm, s.tpm, s.maxConcurrency, adaptive, tenant, policy, policy, policy))
+`, s.providerURL, Model, s.rpm, s.tpm, s.maxConcurrency, adaptive, tenant, keyEnv, policy, policy, policy))
 }
 
 // process is one running in-process node.
@@ -130,13 +160,22 @@ func startNode(ctx context.Context, s nodeSpec) (*meshNode, error) {
 // startFleet starts the first node, then s.joiners on its NATS, and
 // connects a client to it.
 func startFleet(ctx context.Context, s nodeSpec) (*meshNode, error) {
-	cfg, err := s.config()
-	if err != nil {
-		return nil, err
-	}
 	dir, err := os.MkdirTemp("", "sluice-bench-")
 	if err != nil {
 		return nil, err
+	}
+	cfg, err := s.config(dir)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	// The tenant's key, only in natsSecure mode: random per run.
+	benchKey := nuid.Next()
+	getenv := func(k string) string {
+		if k == benchKeyEnv {
+			return benchKey
+		}
+		return ""
 	}
 	n := &meshNode{}
 	stopAll := func() error {
@@ -158,22 +197,26 @@ func startFleet(ctx context.Context, s nodeSpec) (*meshNode, error) {
 	}
 	n.stop = stopAll
 	first, err := launch(ctx, node.Options{Config: cfg, NATSListen: "127.0.0.1:0", Data: dir, Services: node.AllServices,
-		Log: s.log.With("node", 0)})
+		Getenv: getenv, Log: s.log.With("node", 0)})
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
 	n.procs = append(n.procs, first)
 	for i, services := range s.joiners {
-		p, err := launch(ctx, node.Options{Config: cfg, NATSURL: first.info.NATSURL, Services: services,
-			Log: s.log.With("node", i+1)})
+		p, err := launch(ctx, node.Options{Config: cfg, NATSURL: first.info.NATSURL, Data: dir, Services: services,
+			Getenv: getenv, Log: s.log.With("node", i+1)})
 		if err != nil {
 			_ = stopAll()
 			return nil, err
 		}
 		n.procs = append(n.procs, p)
 	}
-	nc, err := nats.Connect(first.info.NATSURL, nats.Name("sluice bench"))
+	opts := first.info.NATSOptions
+	if s.nats == natsSecure {
+		opts = []nats.Option{client.TenantUser(tenant, benchKey), nats.RootCAs(cfg.Server.NATS.ListenTLS.Cert)}
+	}
+	nc, err := nats.Connect(first.info.NATSURL, append(opts, nats.Name("sluice bench"))...)
 	if err != nil {
 		_ = stopAll()
 		return nil, fmt.Errorf("connect to sluice: %w", err)

@@ -27,6 +27,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
+	"github.com/sluice-dev/sluice/internal/natsauth"
 	"github.com/sluice-dev/sluice/pkg/config"
 	"github.com/sluice-dev/sluice/pkg/natstest"
 	"github.com/sluice-dev/sluice/services/admission"
@@ -57,8 +58,11 @@ type Options struct {
 
 // Info describes a running node.
 type Info struct {
-	NATSURL  string
-	HTTPAddr string
+	NATSURL string
+	// NATSOptions connect to NATSURL as the operator (when the node has its
+	// identity) and with its TLS settings.
+	NATSOptions []nats.Option
+	HTTPAddr    string
 	// MetricsAddr is the metrics listener's address when server.metrics
 	// sets one (else /metrics is on HTTPAddr).
 	MetricsAddr string
@@ -114,8 +118,11 @@ func Run(ctx context.Context, o Options) error {
 	natsURL := o.NATSURL
 	var ns *server.Server
 	if natsURL == "" {
-		var err error
-		ns, err = natstest.Start(natstest.Options{Listen: o.NATSListen, StoreDir: filepath.Join(o.Data, "jetstream")})
+		emb, err := natsauth.ForEmbedded(o.Config, o.Data, o.Getenv)
+		if err != nil {
+			return err
+		}
+		ns, err = natstest.Start(natstest.Options{Listen: o.NATSListen, StoreDir: filepath.Join(o.Data, "jetstream"), Configure: emb.Apply})
 		if err != nil {
 			return err
 		}
@@ -124,12 +131,32 @@ func Run(ctx context.Context, o Options) error {
 			ns.WaitForShutdown()
 		}()
 		natsURL = ns.ClientURL()
-		log.Info("embedded nats started", "url", natsURL, "store", filepath.Join(o.Data, "jetstream"))
+		log.Info("embedded nats started", "url", natsURL, "store", filepath.Join(o.Data, "jetstream"),
+			"auth", emb.Secrets != nil, "tls", emb.TLS != nil)
+		if emb.Secrets == nil && len(o.Config.Tenants) > 0 {
+			log.Warn("embedded nats: authentication is off (server.nats.auth: false): anyone who reaches the port reads and changes every tenant's jobs")
+		}
+		if len(emb.NoKey) > 0 {
+			log.Warn("embedded nats: tenants without an API key cannot connect over NATS", "tenants", strings.Join(emb.NoKey, ","))
+		}
 	}
-	nc, err := nats.Connect(natsURL, nats.Name("sluice "+strings.Join(o.Services, ",")),
-		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond), nats.RetryOnFailedConnect(true))
+	set := natsauth.SetName(o.Services)
+	conn := natsauth.Conn{Config: o.Config, DataDir: o.Data, Getenv: o.Getenv, Set: set, Embedded: ns != nil}
+	authOpts, ident, err := conn.Options()
 	if err != nil {
-		return fmt.Errorf("connect nats %s: %w", natsURL, err)
+		return err
+	}
+	opConn := conn
+	opConn.Set = natsauth.Operator
+	opOpts, _, err := opConn.Options()
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(natsURL, append(authOpts, nats.Name("sluice "+strings.Join(o.Services, ",")),
+		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond), nats.RetryOnFailedConnect(true),
+		nats.ErrorHandler(natsErrorLogger(log)))...)
+	if err != nil {
+		return fmt.Errorf("connect nats %s: %w", natsauth.RedactURL(natsURL), err)
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
@@ -139,23 +166,28 @@ func Run(ctx context.Context, o Options) error {
 	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := waitConnected(setupCtx, nc); err != nil {
-		return fmt.Errorf("connect nats %s: %w", natsURL, err)
+		return fmt.Errorf("connect nats %s as %s: %w (last error: %v)", natsauth.RedactURL(natsURL), ident, err, nc.LastError())
 	}
 	if err := o.Config.Limits.CheckPayload(nc.MaxPayload()); err != nil {
 		return err
 	}
-	if err := streams.Ensure(setupCtx, js, streamOptions(o.Config)); err != nil {
+	if err := ensureStreams(setupCtx, o, natsURL, js, ident, opOpts, log); err != nil {
 		return err
 	}
 	m, err := mesh.Open(setupCtx, js)
 	if err != nil {
 		return err
 	}
-	key, err := guard.LoadKey(setupCtx, m.Budgets)
-	if err != nil {
-		return err
+	// The services that seal, sign or verify jobs need the fleet key; the
+	// result service alone may not even read it.
+	var gd *guard.Guard
+	if slices.ContainsFunc(o.Services, func(s string) bool { return s != "result" }) {
+		key, err := guard.LoadKey(setupCtx, m.Budgets)
+		if err != nil {
+			return err
+		}
+		gd = guard.New(o.Config, key)
 	}
-	gd := guard.New(o.Config, key)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -251,9 +283,9 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	if o.OnReady != nil {
-		o.OnReady(Info{NATSURL: natsURL, HTTPAddr: httpAddr, MetricsAddr: metricsAddr, Registry: reg})
+		o.OnReady(Info{NATSURL: natsURL, NATSOptions: opOpts, HTTPAddr: httpAddr, MetricsAddr: metricsAddr, Registry: reg})
 	}
-	log.Info("sluice up", "services", strings.Join(o.Services, ","), "nats", natsURL)
+	log.Info("sluice up", "services", strings.Join(o.Services, ","), "nats", natsauth.RedactURL(natsURL), "nats_identity", ident.String())
 	err = g.Run()
 	if errors.Is(err, errStopped) {
 		return nil
@@ -269,6 +301,53 @@ func streamOptions(c *config.Config) streams.Options {
 	return streams.Options{Replicas: c.Server.Replicas, ResultRetention: c.Limits.ResultRetention.D(),
 		DLQRetention: c.Limits.DLQRetention.D(), Intake: bounds(c.Queues.Intake), Queue: bounds(c.Queues.Queue),
 		JobMsgBytes: int32(c.Limits.JobMsgBytes()), ResultMsgBytes: int32(c.Limits.ResultMsgBytes())}
+}
+
+// ensureStreams creates or updates the JetStream objects, as the operator
+// when the node holds the operator's identity (service identities may not
+// change streams), else over the node's own connection; with
+// server.nats.manage_streams: false it leaves them as they are.
+func ensureStreams(ctx context.Context, o Options, natsURL string, js jetstream.JetStream, ident natsauth.Identity, opOpts []nats.Option, log *slog.Logger) error {
+	if m := o.Config.Server.NATS.ManageStreams; m != nil && !*m {
+		log.Info("streams not managed by this process (server.nats.manage_streams: false)")
+		return nil
+	}
+	if ident.Set != "" && ident.Set != natsauth.Operator {
+		nc, err := nats.Connect(natsURL, append(opOpts, nats.Name("sluice ensure streams"))...)
+		if err != nil {
+			return fmt.Errorf("connect nats %s as operator to ensure streams: %w", natsauth.RedactURL(natsURL), err)
+		}
+		defer nc.Close()
+		if js, err = jetstream.New(nc); err != nil {
+			return err
+		}
+	}
+	if err := streams.Ensure(ctx, js, streamOptions(o.Config)); err != nil {
+		if ident.Method != "none" && errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("%w (this NATS identity may not be allowed to manage streams: use the operator's, or set server.nats.manage_streams: false once they exist)", err)
+		}
+		return err
+	}
+	// The fleet key is made here too, with the identity that may write
+	// it: a process whose services may only read it (ingest) finds it.
+	kv, err := js.KeyValue(ctx, streams.BucketBudgets)
+	if err != nil {
+		return fmt.Errorf("bind bucket %s: %w", streams.BucketBudgets, err)
+	}
+	_, err = guard.LoadKey(ctx, kv)
+	return err
+}
+
+// natsErrorLogger logs what the NATS server reports asynchronously:
+// permission violations name the subject a role was refused.
+func natsErrorLogger(log *slog.Logger) nats.ErrHandler {
+	return func(_ *nats.Conn, sub *nats.Subscription, err error) {
+		attrs := []any{"err", err}
+		if sub != nil {
+			attrs = append(attrs, "subject", sub.Subject)
+		}
+		log.Error("nats error", attrs...)
+	}
 }
 
 func waitConnected(ctx context.Context, nc *nats.Conn) error {

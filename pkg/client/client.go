@@ -8,6 +8,20 @@
 // ErrQueueFull (errors.Is) and carries a suggested wait (errors.As
 // *QueueFullError), which Sluice estimates from the jobs ahead and the
 // model's rate.
+//
+// # Tenants
+//
+// A tenant connects as the NATS user named after it, with its API key as the
+// password, and with its own reply inbox prefix: TenantUser sets both.
+//
+//	nc, _ := nats.Connect(url, client.TenantUser("acme", os.Getenv("ACME_SLUICE_KEY")))
+//
+// Such a connection may publish the tenant's jobs, ask for a wait hint and
+// read the tenant's results as they are published, and nothing else: no
+// JetStream API, no key-value bucket. So Do, Start and Subscribe work, while
+// Await sees only results published after it subscribed, and Lookup is
+// refused with ErrTenantConnection (the HTTP API's GET /v1/jobs/{id} reads
+// stored results).
 package client
 
 import (
@@ -15,6 +29,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -52,10 +67,32 @@ const HintTimeout = 250 * time.Millisecond
 // model: a producer refused many times a second asks once.
 const hintTTL = time.Second
 
+// InboxPrefix is the reply inbox prefix of a tenant's connections: the
+// tenant's NATS user may read replies under it and nowhere else.
+func InboxPrefix(tenant string) string { return "_INBOX_" + tenant }
+
+// TenantUser is the nats.Option that connects as a tenant: user tenant,
+// password its Sluice API key, and the tenant's reply inbox prefix.
+func TenantUser(tenant, apiKey string) nats.Option {
+	return func(o *nats.Options) error {
+		if err := nats.UserInfo(tenant, apiKey)(o); err != nil {
+			return err
+		}
+		return nats.CustomInboxPrefix(InboxPrefix(tenant))(o)
+	}
+}
+
+// ErrTenantConnection is returned by Lookup on a tenant's connection, which
+// may not read JetStream.
+var ErrTenantConnection = errors.New("sluice: a tenant's NATS connection cannot read stored results; use Do or Start, or GET /v1/jobs/{id} over HTTP")
+
 // Client talks to Sluice over one NATS connection.
 type Client struct {
 	nc *nats.Conn
 	js jetstream.JetStream
+	// tenant is set on a tenant's connection (TenantUser): JetStream reads
+	// are not permitted there, so they are not tried.
+	tenant string
 
 	mu    sync.Mutex
 	hints map[string]hint // tenant + model -> last suggested wait
@@ -72,7 +109,11 @@ func New(nc *nats.Conn) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{nc: nc, js: js, hints: map[string]hint{}}, nil
+	c := &Client{nc: nc, js: js, hints: map[string]hint{}}
+	if p, ok := strings.CutPrefix(nc.Opts.InboxPrefix, InboxPrefix("")); ok && job.ValidName(p) {
+		c.tenant = p
+	}
+	return c, nil
 }
 
 // Submit publishes a job to sluice.intake.<tenant> and returns its id (one is
@@ -151,6 +192,9 @@ func (c *Client) Await(ctx context.Context, tenant, id string) (*job.Result, err
 		return nil, err
 	}
 	defer func() { _ = sub.Unsubscribe() }()
+	if c.tenant != "" {
+		return waitResult(ctx, id, ch)
+	}
 	// The result may have been stored before we subscribed: RESULTS holds it
 	// from the moment it was published.
 	if st, err := c.js.Stream(ctx, "RESULTS"); err == nil {
@@ -164,6 +208,10 @@ func (c *Client) Await(ctx context.Context, tenant, id string) (*job.Result, err
 	if r, err := c.Lookup(ctx, id); err == nil && r != nil {
 		return r, nil
 	}
+	return waitResult(ctx, id, ch)
+}
+
+func waitResult(ctx context.Context, id string, ch <-chan *nats.Msg) (*job.Result, error) {
 	select {
 	case m := <-ch:
 		var r job.Result
@@ -178,6 +226,9 @@ func (c *Client) Await(ctx context.Context, tenant, id string) (*job.Result, err
 
 // Lookup returns the job's result if it has one (nil, nil while pending).
 func (c *Client) Lookup(ctx context.Context, id string) (*job.Result, error) {
+	if c.tenant != "" {
+		return nil, ErrTenantConnection
+	}
 	kv, err := c.js.KeyValue(ctx, "results")
 	if err != nil {
 		return nil, err
@@ -200,29 +251,49 @@ func (c *Client) Lookup(ctx context.Context, id string) (*job.Result, error) {
 
 // Do submits a job and waits for its result.
 func (c *Client) Do(ctx context.Context, j *job.Job) (*job.Result, error) {
-	if j.ID == "" {
-		j.ID = job.NewID()
-	}
-	ch := make(chan *nats.Msg, 1)
-	sub, err := c.nc.ChanSubscribe(job.ResultSubject(j.Tenant, j.ID), ch)
+	p, err := c.Start(ctx, j)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = sub.Unsubscribe() }()
+	defer p.Stop()
+	return p.Wait(ctx)
+}
+
+// Pending is a submitted job whose result subject is being watched.
+type Pending struct {
+	ID  string
+	sub *nats.Subscription
+	ch  chan *nats.Msg
+}
+
+// Start subscribes to the job's result subject, then submits it: the
+// result cannot be missed, and no JetStream read is needed (so it works on
+// a tenant's connection). Wait for the result with Wait; Stop when done.
+func (c *Client) Start(ctx context.Context, j *job.Job) (*Pending, error) {
+	if !job.ValidName(j.Tenant) {
+		return nil, fmt.Errorf("sluice: tenant %q is not a valid name", j.Tenant)
+	}
+	if j.ID == "" {
+		j.ID = job.NewID()
+	}
+	p := &Pending{ID: j.ID, ch: make(chan *nats.Msg, 1)}
+	sub, err := c.nc.ChanSubscribe(job.ResultSubject(j.Tenant, j.ID), p.ch)
+	if err != nil {
+		return nil, fmt.Errorf("sluice: subscribe result: %w", err)
+	}
+	p.sub = sub
 	if _, err := c.Submit(ctx, j); err != nil {
+		p.Stop()
 		return nil, err
 	}
-	select {
-	case m := <-ch:
-		var r job.Result
-		if err := json.Unmarshal(m.Data, &r); err != nil {
-			return nil, fmt.Errorf("sluice: result %s: %w", j.ID, err)
-		}
-		return &r, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
+	return p, nil
 }
+
+// Wait returns the job's result, or ctx's error.
+func (p *Pending) Wait(ctx context.Context) (*job.Result, error) { return waitResult(ctx, p.ID, p.ch) }
+
+// Stop ends the watch.
+func (p *Pending) Stop() { _ = p.sub.Unsubscribe() }
 
 // Subscribe calls fn with every result of tenant as it is stored. Results
 // are published once per job; a subscriber that is not connected at the time

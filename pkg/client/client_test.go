@@ -190,3 +190,47 @@ func TestAwaitFindsStoredAndLaterResults(t *testing.T) {
 		t.Fatalf("Await(later) = %+v, %v", r, err)
 	}
 }
+
+// TestTenantConnection: a connection with the tenant's inbox prefix (as
+// TenantUser makes) never reads JetStream; Start subscribes before it
+// submits, so the result published for the job reaches Wait.
+func TestTenantConnection(t *testing.T) {
+	t.Parallel()
+	s := natstest.Server(t)
+	admin := natstest.Conn(t, s)
+	js, err := jetstream.New(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(s.ClientURL(), nats.CustomInboxPrefix(client.InboxPrefix("acme")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	c, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Lookup(ctx, job.NewID()); !errors.Is(err, client.ErrTenantConnection) {
+		t.Errorf("Lookup on a tenant connection = %v, want ErrTenantConnection", err)
+	}
+	p, err := c.Start(ctx, &job.Job{Tenant: "acme", Request: []byte(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	want := job.Result{JobID: p.ID, Tenant: "acme", Status: job.StatusSucceeded}
+	data, _ := json.Marshal(want)
+	if err := admin.Publish(job.ResultSubject("acme", p.ID), data); err != nil {
+		t.Fatal(err)
+	}
+	got, err := p.Wait(ctx)
+	if err != nil || got.JobID != p.ID || got.Status != job.StatusSucceeded {
+		t.Errorf("Wait = %+v, %v; want %+v", got, err, want)
+	}
+}

@@ -37,3 +37,29 @@ func Example() {
 	}
 	fmt.Println(res.Status, string(res.Response))
 }
+
+// A tenant connects as its own NATS user: its name, its Sluice API key as
+// the password, and its own reply inbox prefix.
+func ExampleTenantUser() {
+	nc, err := nats.Connect("nats://127.0.0.1:4222", client.TenantUser("acme", "the-acme-api-key"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer nc.Close()
+	c, err := client.New(nc)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, err := c.Start(ctx, &job.Job{Tenant: "acme", Request: []byte(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`)})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer p.Stop()
+	res, err := p.Wait(ctx)
+	fmt.Println(res, err)
+}

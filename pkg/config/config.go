@@ -56,6 +56,44 @@ type Server struct {
 	HTTPTLS TLSFiles `yaml:"http_tls"`
 	// HTTPTimeouts bound the HTTP server's connections.
 	HTTPTimeouts HTTPTimeouts `yaml:"http_timeouts"`
+	NATS         NATS         `yaml:"nats"`
+}
+
+// NATS is how a process authenticates to NATS, and how the embedded server
+// is secured. Each string also comes from a SLUICE_NATS_* variable (see
+// internal/natsauth); secrets themselves never sit in the file, only the
+// names of the variables or files holding them.
+type NATS struct {
+	// Auth turns authentication on the embedded server on or off. Absent:
+	// on when tenants are configured. Off with tenants lets anyone who
+	// reaches the port read every tenant's jobs.
+	Auth *bool `yaml:"auth"`
+	// One identity at most: a creds file (JWT + seed), an nkey seed file, a
+	// user (password from the variable PasswordEnv names), or a token (from
+	// the variable TokenEnv names). None: the identity of the process's
+	// services from <data>/secrets/nats-users.json when it exists, else none.
+	Creds        string `yaml:"creds"`
+	NkeySeedFile string `yaml:"nkey_seed_file"`
+	User         string `yaml:"user"`
+	PasswordEnv  string `yaml:"password_env"`
+	TokenEnv     string `yaml:"token_env"`
+	// TLS is the client side: the CA that signed the server's certificate,
+	// and a client certificate and key when the server asks for one.
+	TLS TLS `yaml:"tls"`
+	// ListenTLS serves the embedded server's listener over TLS (cert and
+	// key; with ca, clients must present a certificate signed by it).
+	ListenTLS TLS `yaml:"listen_tls"`
+	// ManageStreams: absent or true, a process creates and updates the
+	// streams, consumers' templates and buckets at start; false only
+	// checks they exist (for identities not allowed to manage them).
+	ManageStreams *bool `yaml:"manage_streams"`
+}
+
+// TLS names PEM files.
+type TLS struct {
+	CA   string `yaml:"ca"`
+	Cert string `yaml:"cert"`
+	Key  string `yaml:"key"`
 }
 
 // TLSFiles name a PEM certificate (chain) and its private key.
@@ -617,6 +655,9 @@ func (c *Config) Validate() error {
 			return fail(q.key+".max_per_tenant", "must be between 1 and max_msgs (%d), got %d", q.b.MaxMsgs, q.b.MaxPerTenant)
 		}
 	}
+	if err := c.Server.NATS.Validate(); err != nil {
+		return err
+	}
 	seenP := map[string]bool{}
 	models := map[string]string{}
 	for i, p := range c.Providers {
@@ -803,4 +844,35 @@ func (c *Config) TenantKeys(getenv func(string) string) (map[string]string, erro
 		out[k] = t.Name
 	}
 	return out, errors.Join(errs...)
+}
+
+// Validate checks the server.nats section.
+func (n NATS) Validate() error {
+	fail := func(key, format string, args ...any) error {
+		return fmt.Errorf("config: server.nats.%s: %s", key, fmt.Sprintf(format, args...))
+	}
+	set := 0
+	for _, v := range []string{n.Creds, n.NkeySeedFile, n.User, n.TokenEnv} {
+		if v != "" {
+			set++
+		}
+	}
+	if set > 1 {
+		return fail("creds", "give one of creds, nkey_seed_file, user (with password_env) or token_env, not several")
+	}
+	for _, e := range []struct{ key, v string }{{"password_env", n.PasswordEnv}, {"token_env", n.TokenEnv}} {
+		if e.v != "" && !envName(e.v) {
+			return fail(e.key, "must name an environment variable (the secret itself never sits in the file), got %q", clip(e.v))
+		}
+	}
+	if n.PasswordEnv != "" && n.User == "" {
+		return fail("password_env", "needs user")
+	}
+	if (n.TLS.Cert == "") != (n.TLS.Key == "") {
+		return fail("tls", "cert and key go together")
+	}
+	if (n.ListenTLS.Cert == "") != (n.ListenTLS.Key == "") || (n.ListenTLS.CA != "" && n.ListenTLS.Cert == "") {
+		return fail("listen_tls", "needs cert and key (and ca only with them)")
+	}
+	return nil
 }

@@ -18,6 +18,9 @@ import (
 type Options struct {
 	Listen   string // host:port; port 0 or -1 picks a free one
 	StoreDir string // JetStream file store
+	// Configure, when set, adjusts the server options before the server
+	// is made: users, nkeys and permissions, TLS.
+	Configure func(*server.Options)
 }
 
 // Start runs an embedded server and waits until it accepts connections.
@@ -49,6 +52,9 @@ func Start(o Options) (*server.Server, error) {
 		NoSigs:     true,
 		NoLog:      true,
 		MaxPayload: 8 << 20,
+	}
+	if o.Configure != nil {
+		o.Configure(opts)
 	}
 	s, err := server.NewServer(opts)
 	if err != nil {

@@ -1,0 +1,54 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/sluice-dev/sluice/internal/natsauth"
+	"github.com/sluice-dev/sluice/pkg/config"
+)
+
+// runNATSAuth prints the nats-server authorization block for the current
+// configuration: the service identities (created in --data when missing)
+// and the tenants, so operators of an external NATS paste it.
+func runNATSAuth(_ context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("nats-auth", stderr)
+	cfgPath := fs.String("config", getenv("SLUICE_CONFIG"), "configuration: its tenants become NATS users (SLUICE_CONFIG)")
+	data := fs.String("data", envOr(getenv, "SLUICE_DATA", "./data"), "directory for "+natsauth.SecretsFile+", the service identities; created when missing (SLUICE_DATA)")
+	sets := fs.String("sets", "", "role sets to print besides the operator, comma-separated, e.g. ingest-result,admission,executor (default: each service alone and all four together)")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "Usage: sluice nats-auth [flags] > sluice-auth.conf")
+		fmt.Fprintln(fs.Output(), "Prints the nats-server `authorization` block for this configuration: one nkey user per service role set and the operator,")
+		fmt.Fprintln(fs.Output(), "one user per tenant (password: bcrypt of its API key, read from its api_key_env now). No secret is printed.")
+		fs.PrintDefaults()
+	}
+	if help, err := parseFlags(fs, args); help || err != nil {
+		return err
+	}
+	cfg, err := config.Load(*cfgPath)
+	if err != nil {
+		return err
+	}
+	var list []string
+	for _, s := range strings.Split(*sets, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		if _, err := natsauth.ParseSet(s); err != nil {
+			return fmt.Errorf("--sets: %w", err)
+		}
+		list = append(list, s)
+	}
+	sec, err := natsauth.EnsureSecrets(*data)
+	if err != nil {
+		return err
+	}
+	block, err := natsauth.AuthorizationBlock(cfg, sec, getenv, natsauth.BlockOptions{Sets: list})
+	if err != nil {
+		return err
+	}
+	_, err = io.WriteString(stdout, block)
+	return err
+}

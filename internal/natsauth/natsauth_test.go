@@ -1,0 +1,277 @@
+package natsauth_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/sluice-dev/sluice/internal/natsauth"
+	"github.com/sluice-dev/sluice/pkg/client"
+	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/natstest"
+	"github.com/sluice-dev/sluice/streams"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func testConfig(t *testing.T, extra string) *config.Config {
+	t.Helper()
+	c, err := config.Parse([]byte("tenants:\n  - {name: acme, api_key_env: ACME_KEY}\n  - {name: globex, api_key_env: GLOBEX_KEY}\n" + extra))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+var env = map[string]string{"ACME_KEY": "acme-secret-key", "GLOBEX_KEY": "globex-secret-key"}
+
+func getenv(k string) string { return env[k] }
+
+// connect returns a connection and a channel of its asynchronous errors.
+func connect(t *testing.T, url string, opts ...nats.Option) (*nats.Conn, chan error) {
+	t.Helper()
+	errs := make(chan error, 64)
+	nc, err := nats.Connect(url, append(opts, nats.Timeout(3*time.Second), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		select {
+		case errs <- err:
+		default:
+		}
+	}))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc, errs
+}
+
+func refusedPublish(t *testing.T, nc *nats.Conn, errs chan error, subject string) {
+	t.Helper()
+	if err := nc.Publish(subject, nil); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.Flush()
+	select {
+	case err := <-errs:
+		if !errors.Is(err, nats.ErrPermissionViolation) || !strings.Contains(err.Error(), subject) {
+			t.Errorf("publish %s: %v, want a permissions violation naming it", subject, err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Errorf("publish %s was not refused", subject)
+	}
+}
+
+// TestAuthorizationBlockRunsInNATSServer loads the printed block into a
+// real nats-server configuration file: the operator's nkey manages the
+// streams, a tenant submits with its API key as password, no secret appears
+// in the block, and anonymous and wrong-role access is refused.
+func TestAuthorizationBlockRunsInNATSServer(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cfg := testConfig(t, "")
+	sec, err := natsauth.EnsureSecrets(filepath.Join(dir, "data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, err := natsauth.AuthorizationBlock(cfg, sec, getenv, natsauth.BlockOptions{Sets: []string{"ingest-result", "executor"}, BcryptCost: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, secret := range append([]string{env["ACME_KEY"], env["GLOBEX_KEY"]}, func() []string {
+		var s []string
+		for _, seed := range sec.Seeds {
+			s = append(s, seed)
+		}
+		return s
+	}()...) {
+		if strings.Contains(block, secret) {
+			t.Fatalf("the block prints a secret:\n%s", block)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "sluice-auth.conf"), []byte(block), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(dir, "nats.conf")
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf("listen: 127.0.0.1:-1\njetstream { store_dir: %q }\ninclude \"sluice-auth.conf\"\n", filepath.Join(dir, "js"))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatalf("nats-server refuses the block: %v\n%s", err, block)
+	}
+	opts.NoSigs, opts.NoLog = true, true
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	url := s.ClientURL()
+
+	if nc, err := nats.Connect(url); err == nil || !errors.Is(err, nats.ErrAuthorization) {
+		if nc != nil {
+			nc.Close()
+		}
+		t.Errorf("anonymous connection: %v, want an authorization error", err)
+	}
+	connAs := func(set string) (*nats.Conn, chan error) {
+		o, id, err := natsauth.Conn{Config: cfg, DataDir: filepath.Join(dir, "data"), Set: set}.Options()
+		if err != nil || id.Set != set {
+			t.Fatalf("options for %s: %v, %v", set, id, err)
+		}
+		return connect(t, url, o...)
+	}
+	op, _ := connAs(natsauth.Operator)
+	js, _ := jetstream.New(op)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
+		t.Fatalf("the operator cannot ensure the streams: %v", err)
+	}
+	tenant, _ := connect(t, url, client.TenantUser("acme", env["ACME_KEY"]))
+	cl, err := client.New(tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.Submit(ctx, &job.Job{Tenant: "acme", Request: []byte(`{}`)}); err != nil {
+		t.Errorf("acme's submission with its own user: %v", err)
+	}
+	ex, exErrs := connAs("executor")
+	refusedPublish(t, ex, exErrs, job.IntakeSubject("acme"))
+	ir, irErrs := connAs("ingest-result")
+	refusedPublish(t, ir, irErrs, job.DispatchSubject("p", "m"))
+	if _, _, err := (natsauth.Conn{Config: cfg, DataDir: filepath.Join(dir, "data"), Set: "nope"}).Options(); err == nil {
+		t.Error("an unknown role set got options")
+	}
+}
+
+func TestSecretsFileIsPrivate(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s1, err := natsauth.EnsureSecrets(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s1.Seeds) != len(natsauth.AllSets()) || len(natsauth.AllSets()) != 16 {
+		t.Errorf("%d seeds for %d sets, want 16 (15 unions of four roles and the operator)", len(s1.Seeds), len(natsauth.AllSets()))
+	}
+	st, err := os.Stat(natsauth.SecretsPath(dir))
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("secrets file: %v, mode %v; want 0600", err, st.Mode().Perm())
+	}
+	s2, err := natsauth.EnsureSecrets(dir)
+	if err != nil || s2.Seeds["executor"] != s1.Seeds["executor"] {
+		t.Errorf("a second start changed the identities (%v)", err)
+	}
+	if err := os.Chmod(natsauth.SecretsPath(dir), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := natsauth.LoadSecrets(dir); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Errorf("a world-readable secrets file loaded: %v, want an error saying chmod 600", err)
+	}
+}
+
+func TestSetNames(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		roles []string
+		want  string
+	}{
+		{[]string{"result", "ingest"}, "ingest-result"},
+		{[]string{"executor"}, "executor"},
+		{[]string{"result", "executor", "admission", "ingest"}, "ingest-admission-executor-result"},
+		{[]string{"operator", "ingest"}, "operator"},
+	} {
+		if got := natsauth.SetName(tc.roles); got != tc.want {
+			t.Errorf("SetName(%v) = %q, want %q", tc.roles, got, tc.want)
+		}
+	}
+	for _, bad := range []string{"", "result-ingest", "ingest-bogus", "admin"} {
+		if _, err := natsauth.ParseSet(bad); err == nil {
+			t.Errorf("ParseSet(%q) accepted", bad)
+		}
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"nats://alice:hunter2@127.0.0.1:4222":               "nats://REDACTED@127.0.0.1:4222",
+		"nats://s3cr3t-token@h:1,nats://h2:2":               "nats://REDACTED@h:1,nats://h2:2",
+		"nats://127.0.0.1:4222":                             "nats://127.0.0.1:4222",
+		"tls://u:p@[::1]:4222, nats://a:b@example.com:4222": "tls://REDACTED@[::1]:4222,nats://REDACTED@example.com:4222",
+	} {
+		if got := natsauth.RedactURL(in); got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestEmbeddedTLS serves the embedded server over TLS with authentication:
+// a plain connection is refused, the node's own options (trusting the
+// listener's certificate) connect as the operator, and a tenant connects
+// over TLS.
+func TestEmbeddedTLS(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cert, key, err := natsauth.SelfSigned(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, fmt.Sprintf("server:\n  nats:\n    listen_tls: {cert: %q, key: %q}\n", cert, key))
+	emb, err := natsauth.ForEmbedded(cfg, filepath.Join(dir, "data"), getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := natstest.Start(natstest.Options{StoreDir: filepath.Join(dir, "js"), Configure: emb.Apply})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	opOpts, _, err := natsauth.Conn{Config: cfg, DataDir: filepath.Join(dir, "data"), Set: natsauth.Operator, Embedded: true}.Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nc, err := nats.Connect(s.ClientURL(), opOpts[:len(opOpts)-1]...); err == nil {
+		nc.Close()
+		t.Error("connected without TLS to a TLS listener")
+	}
+	op, _ := connect(t, s.ClientURL(), opOpts...)
+	if !op.TLSRequired() {
+		t.Error("the operator's connection is not over TLS")
+	}
+	tenant, _ := connect(t, s.ClientURL(), client.TenantUser("globex", env["GLOBEX_KEY"]), nats.RootCAs(cert))
+	if _, err := tenant.TLSConnectionState(); err != nil {
+		t.Errorf("tenant connection: %v", err)
+	}
+}
+
+// TestDeployConfigsParse: deploy/nats's node files, with the shipped
+// sluice-auth.conf they include, are valid nats-server configuration.
+func TestDeployConfigsParse(t *testing.T) {
+	t.Parallel()
+	files, err := filepath.Glob("../../deploy/nats/nats-*.conf")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no deploy/nats/nats-*.conf (%v)", err)
+	}
+	for _, f := range files {
+		if _, err := server.ProcessConfigFile(f); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+}

@@ -1,0 +1,187 @@
+package natsauth
+
+import (
+	"crypto/tls"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/sluice-dev/sluice/pkg/config"
+)
+
+// Embedded is how the embedded server is secured.
+type Embedded struct {
+	Users   []*server.User     // tenants
+	Nkeys   []*server.NkeyUser // service role sets and the operator
+	TLS     *tls.Config        // nil: plain TCP
+	Secrets *Secrets           // nil when authentication is off
+	// Tenants without a key, who cannot connect over NATS.
+	NoKey []string
+}
+
+// AuthOn reports whether the embedded server requires authentication:
+// server.nats.auth, or by default whether tenants are configured.
+func AuthOn(c *config.Config) bool {
+	if a := c.Server.NATS.Auth; a != nil {
+		return *a
+	}
+	return len(c.Tenants) > 0
+}
+
+// ForEmbedded prepares the embedded server's users (creating the service
+// identities in dataDir when missing) and its TLS.
+func ForEmbedded(c *config.Config, dataDir string, getenv func(string) string) (*Embedded, error) {
+	e := &Embedded{}
+	if lt := c.Server.NATS.ListenTLS; lt.Cert != "" {
+		tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: lt.Cert, KeyFile: lt.Key, CaFile: lt.CA, Verify: lt.CA != ""})
+		if err != nil {
+			return nil, fmt.Errorf("server.nats.listen_tls: %w", err)
+		}
+		e.TLS = tc
+	}
+	if !AuthOn(c) {
+		return e, nil
+	}
+	sec, err := EnsureSecrets(dataDir)
+	if err != nil {
+		return nil, err
+	}
+	e.Secrets = sec
+	sets, pubs, err := sec.Public()
+	if err != nil {
+		return nil, err
+	}
+	for _, set := range sets {
+		p, err := ServicePermissions(set)
+		if err != nil {
+			return nil, err
+		}
+		e.Nkeys = append(e.Nkeys, &server.NkeyUser{Nkey: pubs[set], Permissions: p})
+	}
+	for _, t := range c.Tenants {
+		key := tenantKey(t, getenv)
+		if key == "" {
+			e.NoKey = append(e.NoKey, t.Name)
+			continue
+		}
+		e.Users = append(e.Users, &server.User{Username: t.Name, Password: key, Permissions: TenantPermissions(t.Name)})
+	}
+	return e, nil
+}
+
+func tenantKey(t config.Tenant, getenv func(string) string) string {
+	if t.APIKeyEnv == "" {
+		return ""
+	}
+	return strings.TrimSpace(getenv(t.APIKeyEnv))
+}
+
+// Apply sets the server options.
+func (e *Embedded) Apply(o *server.Options) {
+	o.Users, o.Nkeys = e.Users, e.Nkeys
+	if e.TLS != nil {
+		o.TLSConfig, o.TLS = e.TLS, true
+		o.TLSVerify = e.TLS.ClientAuth == tls.RequireAndVerifyClientCert
+		o.TLSTimeout = 2
+	}
+}
+
+// BlockOptions select what AuthorizationBlock prints.
+type BlockOptions struct {
+	// Sets are the role sets to print besides the operator; empty: each
+	// service role alone and all four together.
+	Sets []string
+	// BcryptCost for tenants' passwords; 0: bcrypt.DefaultCost.
+	BcryptCost int
+}
+
+// AuthorizationBlock renders the nats-server `authorization` block for an
+// external server: the service identities (public nkeys from sec) and the
+// tenants (user = tenant, password = bcrypt of its API key, read from the
+// environment now). No secret is printed: nkeys are public keys, and
+// nats-server checks a bcrypt hash without knowing the key.
+func AuthorizationBlock(c *config.Config, sec *Secrets, getenv func(string) string, o BlockOptions) (string, error) {
+	sets := o.Sets
+	if len(sets) == 0 {
+		sets = append(slices.Clone(ServiceRoles), SetName(ServiceRoles))
+	}
+	sets = append(sets, Operator)
+	_, pubs, err := sec.Public()
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	b.WriteString("# Sluice's NATS users, written by `sluice nats-auth`. Paste into nats-server.conf or\n")
+	b.WriteString("# include it (deploy/nats/sluice-auth.conf). Write it again when tenants or keys change.\n")
+	b.WriteString("# Services connect with the nkey seeds in " + SecretsFile + " (role set -> seed);\n")
+	b.WriteString("# tenants as user <tenant> with their Sluice API key as the password.\n")
+	b.WriteString("authorization {\n  users = [\n")
+	seen := map[string]bool{}
+	for _, set := range sets {
+		if seen[set] {
+			continue
+		}
+		seen[set] = true
+		pub, ok := pubs[set]
+		if !ok {
+			return "", fmt.Errorf("no identity for role set %q in %s", set, SecretsFile)
+		}
+		p, err := ServicePermissions(set)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&b, "    # service: %s\n", set)
+		writeUser(&b, [][2]string{{"nkey", pub}}, p)
+	}
+	cost := o.BcryptCost
+	if cost == 0 {
+		cost = bcrypt.DefaultCost
+	}
+	for _, t := range c.Tenants {
+		key := tenantKey(t, getenv)
+		if key == "" {
+			if t.APIKeyEnv == "" {
+				return "", fmt.Errorf("tenant %q has no api_key_env: give it one (its NATS password is that key)", t.Name)
+			}
+			return "", fmt.Errorf("tenant %q: environment variable %s is unset or empty; set it to the tenant's key (its NATS password is that key)", t.Name, t.APIKeyEnv)
+		}
+		hash, err := bcrypt.GenerateFromPassword([]byte(key), cost)
+		if err != nil {
+			return "", fmt.Errorf("tenant %q: %w", t.Name, err)
+		}
+		fmt.Fprintf(&b, "    # tenant: %s (password: bcrypt of $%s)\n", t.Name, t.APIKeyEnv)
+		writeUser(&b, [][2]string{{"user", t.Name}, {"password", string(hash)}}, TenantPermissions(t.Name))
+	}
+	b.WriteString("  ]\n}\n")
+	return b.String(), nil
+}
+
+// writeUser writes one user in nats-server's configuration syntax (a
+// superset of JSON: strings are quoted, so "$JS.API.>" is not a variable).
+func writeUser(b *strings.Builder, ident [][2]string, p *server.Permissions) {
+	q := strconv.Quote
+	list := func(s []string) string {
+		var b strings.Builder
+		b.WriteString("[\n")
+		for _, v := range s {
+			b.WriteString("          " + q(v) + "\n")
+		}
+		b.WriteString("        ]")
+		return b.String()
+	}
+	b.WriteString("    {\n")
+	for _, kv := range ident {
+		fmt.Fprintf(b, "      %s: %s\n", kv[0], q(kv[1]))
+	}
+	b.WriteString("      permissions: {\n")
+	fmt.Fprintf(b, "        publish: { allow: %s }\n", list(p.Publish.Allow))
+	fmt.Fprintf(b, "        subscribe: { allow: %s }\n", list(p.Subscribe.Allow))
+	if p.Response != nil {
+		fmt.Fprintf(b, "        allow_responses: { max: %d, expires: %q }\n", p.Response.MaxMsgs, p.Response.Expires.String())
+	}
+	b.WriteString("      }\n    }\n")
+}
