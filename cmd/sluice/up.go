@@ -8,7 +8,6 @@ import (
 	"strconv"
 
 	"github.com/sluice-dev/sluice/internal/node"
-	"github.com/sluice-dev/sluice/pkg/config"
 )
 
 // upFlags are the settings of `sluice up`; each also comes from the config
@@ -17,6 +16,7 @@ import (
 type upFlags struct {
 	config, natsURL, natsListen, http, data, services, logLevel string
 	replicas                                                    int
+	check                                                       bool
 }
 
 func runUp(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -30,10 +30,14 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 	fs.StringVar(&f.services, "services", "", "services to run: all, or some of ingest,admission,executor,result (SLUICE_SERVICES)")
 	fs.StringVar(&f.logLevel, "log-level", "", "debug, info, warn or error (SLUICE_LOG_LEVEL, default info)")
 	fs.IntVar(&f.replicas, "replicas", 0, "stream and bucket replicas when joining a cluster (SLUICE_REPLICAS, default 1)")
+	fs.BoolVar(&f.check, "check", false, "check the configuration and what it needs (key variables, a writable data directory), name every problem, and exit")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}
-	cfg, err := config.Load(f.config)
+	if f.config == "" {
+		return errNoConfig()
+	}
+	cfg, problems, err := loadConfig(f.config, f.check, getenv)
 	if err != nil {
 		return err
 	}
@@ -76,6 +80,9 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 	log, err := newLogger(stderr, s.LogLevel)
 	if err != nil {
 		return err
+	}
+	if f.check {
+		return reportCheck(stdout, f.config, cfg, problems, services)
 	}
 	if len(cfg.Providers) == 0 {
 		log.Warn("no providers configured: jobs will be refused with unknown_model (see README: Configuration)")
