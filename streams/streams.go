@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -242,8 +243,69 @@ func EnsureConsumer(ctx context.Context, js jetstream.JetStream, stream, templat
 		c.FilterSubject = filter
 	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, stream, c)
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == errConsumerNotUnique {
+		return nil, fmt.Errorf("ensure consumer %s on %s: %w%s", c.Durable, stream, err, overlapping(ctx, js, stream, c))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("ensure consumer %s on %s: %w", c.Durable, stream, err)
 	}
 	return cons, nil
+}
+
+// errConsumerNotUnique is JetStream's "filtered consumer not unique on
+// workqueue stream": on a work queue each subject belongs to one consumer.
+const errConsumerNotUnique = 10100
+
+// overlapping names the consumers of stream whose filters overlap c's, and
+// how to remove them.
+func overlapping(ctx context.Context, js jetstream.JetStream, stream string, c jetstream.ConsumerConfig) string {
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return ""
+	}
+	mine := filters(c)
+	var out []string
+	lister := st.ListConsumers(ctx)
+	for info := range lister.Info() {
+		if info.Name == c.Durable {
+			continue
+		}
+		theirs := filters(info.Config)
+		for _, a := range mine {
+			if slices.ContainsFunc(theirs, func(b string) bool { return subjectsCollide(a, b) }) {
+				out = append(out, fmt.Sprintf("; consumer %q (filter %q) already takes these subjects: if Sluice does not use it (the executor template without a filter, loaded by `nats consumer add` from an older Sluice, for one), remove it with `nats consumer rm %s %s`",
+					info.Name, strings.Join(theirs, ","), stream, info.Name))
+				break
+			}
+		}
+	}
+	return strings.Join(out, "")
+}
+
+// filters returns a consumer's filter subjects; none means all (">").
+func filters(c jetstream.ConsumerConfig) []string {
+	fs := slices.Clone(c.FilterSubjects)
+	if c.FilterSubject != "" {
+		fs = append(fs, c.FilterSubject)
+	}
+	if len(fs) == 0 {
+		fs = []string{">"}
+	}
+	return fs
+}
+
+// subjectsCollide reports whether some subject matches both filters.
+func subjectsCollide(a, b string) bool {
+	at, bt := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; i < len(at) && i < len(bt); i++ {
+		switch {
+		case at[i] == ">" || bt[i] == ">":
+			return true
+		case at[i] == "*" || bt[i] == "*" || at[i] == bt[i]:
+		default:
+			return false
+		}
+	}
+	return len(at) == len(bt)
 }

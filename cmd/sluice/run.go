@@ -19,7 +19,9 @@ Commands:
            mixed workload from several tenants, show live progress and a summary
   bench    compare retry-only, a request limiter, token shaping and Sluice on the
            same simulated limits; 'bench overhead' measures what the mesh adds
-  up       run Sluice (embedded NATS by default; --nats-url joins a cluster)
+  init     write a commented example configuration (sluice.yaml) and say what to run next
+  up       run Sluice (embedded NATS by default; --nats-url joins a cluster);
+           'up --check' checks a configuration and names every problem
   sim      run the OpenAI-compatible provider simulator
   queue    show what waits: depth, oldest age, estimated wait per tenant and priority
   submit   send one job over NATS and print its result
@@ -42,6 +44,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	cmd, rest := args[0], args[1:]
 	switch cmd {
+	case "init":
+		return runInit(ctx, rest, getenv, stdout, stderr)
 	case "up":
 		return runUp(ctx, rest, getenv, stdout, stderr)
 	case "sim":

@@ -9,7 +9,6 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/natsauth"
 	"github.com/sluice-dev/sluice/internal/node"
-	"github.com/sluice-dev/sluice/pkg/config"
 )
 
 // upFlags are the settings of `sluice up`; each also comes from the config
@@ -20,6 +19,7 @@ type upFlags struct {
 	metrics, tlsCert, tlsKey                                    string
 	replicas                                                    int
 	open                                                        bool
+	check                                                       bool
 }
 
 func runUp(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -37,10 +37,14 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 	fs.StringVar(&f.tlsKey, "http-tls-key", "", "PEM private key for --http-tls-cert (SLUICE_HTTP_TLS_KEY)")
 	fs.BoolVar(&f.open, "open", false, "development mode: serve HTTP requests without an API key (SLUICE_OPEN=1); without it, no tenant keys means no start")
 	fs.IntVar(&f.replicas, "replicas", 0, "stream and bucket replicas when joining a cluster (SLUICE_REPLICAS, default 1)")
+	fs.BoolVar(&f.check, "check", false, "check the configuration and what it needs (key variables, a writable data directory), name every problem, and exit")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}
-	cfg, err := config.Load(f.config)
+	if f.config == "" {
+		return errNoConfig()
+	}
+	cfg, problems, err := loadConfig(f.config, f.check, getenv)
 	if err != nil {
 		return err
 	}
@@ -99,6 +103,9 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 	log, err := newLogger(stderr, s.LogLevel)
 	if err != nil {
 		return err
+	}
+	if f.check {
+		return reportCheck(stdout, f.config, cfg, problems, services)
 	}
 	if len(cfg.Providers) == 0 {
 		log.Warn("no providers configured: jobs will be refused with unknown_model (see README: Configuration)")

@@ -6,10 +6,9 @@
 package config
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
+	"io/fs"
 	"net/url"
 	"os"
 	"sort"
@@ -347,57 +346,19 @@ type Duration time.Duration
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	v, err := time.ParseDuration(n.Value)
 	if err != nil {
-		return &durationError{line: n.Line, column: n.Column, value: n.Value}
+		return &durationError{value: n.Value}
 	}
 	*d = Duration(v)
 	return nil
 }
 
-// durationError remembers where the bad value sits so Parse can name its key
-// (the YAML decoder passes an Unmarshaler's error through without position).
+// durationError is a value that is not a duration; Check names its key.
 type durationError struct {
-	line, column int
-	value        string
+	value string
 }
 
 func (e *durationError) Error() string {
 	return fmt.Sprintf("%q is not a duration (like 500ms, 8s, 5m)", e.value)
-}
-
-// keyPath returns the key path ("providers[0].timeout") of the value at
-// line:column, or "" when there is none.
-func keyPath(n *yaml.Node, line, column int, path string) string {
-	at := func(v *yaml.Node, p string) string {
-		if v.Line == line && v.Column == column && v.Kind == yaml.ScalarNode {
-			return p
-		}
-		return keyPath(v, line, column, p)
-	}
-	switch n.Kind {
-	case yaml.DocumentNode:
-		for _, c := range n.Content {
-			if p := keyPath(c, line, column, path); p != "" {
-				return p
-			}
-		}
-	case yaml.MappingNode:
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			p := n.Content[i].Value
-			if path != "" {
-				p = path + "." + p
-			}
-			if r := at(n.Content[i+1], p); r != "" {
-				return r
-			}
-		}
-	case yaml.SequenceNode:
-		for i, c := range n.Content {
-			if r := at(c, fmt.Sprintf("%s[%d]", path, i)); r != "" {
-				return r
-			}
-		}
-	}
-	return ""
 }
 
 func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
@@ -405,26 +366,14 @@ func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(),
 // D returns the value as a time.Duration.
 func (d Duration) D() time.Duration { return time.Duration(d) }
 
-// Parse decodes and checks a YAML document, filling defaults.
+// Parse decodes and checks a YAML document, filling defaults. Its error is
+// a Problems naming every problem by key path and line (see Check).
 func Parse(data []byte) (*Config, error) {
-	var c Config
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		var de *durationError
-		var root yaml.Node
-		if errors.As(err, &de) && yaml.Unmarshal(data, &root) == nil {
-			if key := keyPath(&root, de.line, de.column, ""); key != "" {
-				return nil, fmt.Errorf("config: %s: %w", key, err)
-			}
-		}
-		return nil, fmt.Errorf("config: %w", err)
+	c, ps := Check(data, nil)
+	if len(ps) > 0 {
+		return nil, ps
 	}
-	c.withDefaults()
-	if err := c.Validate(); err != nil {
-		return nil, err
-	}
-	return &c, nil
+	return c, nil
 }
 
 // Load reads a file; an empty path gives the defaults (no providers: only
@@ -434,6 +383,9 @@ func Load(path string) (*Config, error) {
 		return Parse(nil)
 	}
 	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("config: %w (write one with `sluice init %s`)", err, path)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
@@ -564,34 +516,43 @@ func (c *Config) withDefaults() {
 	}
 }
 
-// Validate reports the first problem, naming the key.
+// Validate reports every problem, each naming its key, as a Problems.
 func (c *Config) Validate() error {
-	fail := func(key, format string, args ...any) error {
-		return fmt.Errorf("config: %s: %s", key, fmt.Sprintf(format, args...))
+	if ps := c.problems(); len(ps) > 0 {
+		return ps
+	}
+	return nil
+}
+
+// problems checks every rule and returns what breaks them, in key order.
+func (c *Config) problems() Problems {
+	var ps Problems
+	fail := func(key, format string, args ...any) {
+		ps = append(ps, Problem{Key: key, Msg: fmt.Sprintf(format, args...)})
 	}
 	if c.Limits.MaxBodyBytes < 1024 {
-		return fail("limits.max_body_bytes", "must be at least 1024, got %d", c.Limits.MaxBodyBytes)
+		fail("limits.max_body_bytes", "must be at least 1024, got %d", c.Limits.MaxBodyBytes)
 	}
 	if c.Limits.MaxTokens < 1 {
-		return fail("limits.max_tokens", "must be positive, got %d", c.Limits.MaxTokens)
+		fail("limits.max_tokens", "must be positive, got %d", c.Limits.MaxTokens)
 	}
 	if c.Limits.DefaultMaxTokens < 1 {
-		return fail("limits.default_max_tokens", "must be positive, got %d", c.Limits.DefaultMaxTokens)
+		fail("limits.default_max_tokens", "must be positive, got %d", c.Limits.DefaultMaxTokens)
 	}
 	if c.Limits.MaxResponseBytes < 1024 {
-		return fail("limits.max_response_bytes", "must be at least 1024, got %d", c.Limits.MaxResponseBytes)
+		fail("limits.max_response_bytes", "must be at least 1024, got %d", c.Limits.MaxResponseBytes)
 	}
 	if c.Limits.ResultRetention <= 0 {
-		return fail("limits.result_retention", "must be positive, got %s", c.Limits.ResultRetention.D())
+		fail("limits.result_retention", "must be positive, got %s", c.Limits.ResultRetention.D())
 	}
 	if c.Limits.DLQRetention <= 0 {
-		return fail("limits.dlq_retention", "must be positive, got %s", c.Limits.DLQRetention.D())
+		fail("limits.dlq_retention", "must be positive, got %s", c.Limits.DLQRetention.D())
 	}
 	if w := c.Limits.MaxWait.D(); w < time.Second || w > 24*time.Hour {
-		return fail("limits.max_wait", "must be between 1s and 24h, got %s", w)
+		fail("limits.max_wait", "must be between 1s and 24h, got %s", w)
 	}
 	if c.Limits.MaxWaitersPerTenant < 1 {
-		return fail("limits.max_waiters_per_tenant", "must be positive, got %d", c.Limits.MaxWaitersPerTenant)
+		fail("limits.max_waiters_per_tenant", "must be positive, got %d", c.Limits.MaxWaitersPerTenant)
 	}
 	for _, d := range []struct {
 		key string
@@ -599,115 +560,115 @@ func (c *Config) Validate() error {
 	}{{"read_header", c.Server.HTTPTimeouts.ReadHeader}, {"read", c.Server.HTTPTimeouts.Read},
 		{"write", c.Server.HTTPTimeouts.Write}, {"idle", c.Server.HTTPTimeouts.Idle}} {
 		if d.v < 0 {
-			return fail("server.http_timeouts."+d.key, "must be positive, got %s", d.v.D())
+			fail("server.http_timeouts."+d.key, "must be positive, got %s", d.v.D())
 		}
 	}
 	if t := c.Server.HTTPTLS; t.Enabled() && (t.Cert == "" || t.Key == "") {
-		return fail("server.http_tls", "needs both cert and key (PEM files), got cert %q key %q", t.Cert, t.Key)
+		fail("server.http_tls", "needs both cert and key (PEM files), got cert %q key %q", t.Cert, t.Key)
 	}
 	if c.Limits.DefaultMaxTokens > c.Limits.MaxTokens {
-		return fail("limits.default_max_tokens", "is %d, above limits.max_tokens %d", c.Limits.DefaultMaxTokens, c.Limits.MaxTokens)
+		fail("limits.default_max_tokens", "is %d, above limits.max_tokens %d", c.Limits.DefaultMaxTokens, c.Limits.MaxTokens)
 	}
 	if s := c.Admission.Slice.D(); s < 10*time.Millisecond || s > 5*time.Second {
-		return fail("admission.slice", "must be between 10ms and 5s, got %s", s)
+		fail("admission.slice", "must be between 10ms and 5s, got %s", s)
 	}
 	if g := c.Admission.DispatchGrace.D(); g < 0 || g > 30*time.Second {
-		return fail("admission.dispatch_grace", "must be between 0 and 30s, got %s", g)
+		fail("admission.dispatch_grace", "must be between 0 and 30s, got %s", g)
 	}
 	if c.Admission.MaxHeld < 1 || c.Admission.MaxHeldBytes < 1<<20 {
-		return fail("admission.max_held", "max_held must be >= 1 and max_held_bytes >= 1 MiB")
+		fail("admission.max_held", "max_held must be >= 1 and max_held_bytes >= 1 MiB")
 	}
 	if h := c.Admission.HeadroomShare(); h < 0 || h >= 0.5 {
-		return fail("admission.headroom", "must be in [0, 0.5), got %g", h)
+		fail("admission.headroom", "must be in [0, 0.5), got %g", h)
 	}
 	if c.Admission.Quantum < 1 {
-		return fail("admission.quantum", "must be positive, got %d", c.Admission.Quantum)
+		fail("admission.quantum", "must be positive, got %d", c.Admission.Quantum)
 	}
 	if f := c.Admission.Floors; f.Standard < 0 || f.Batch < 0 || f.Standard+f.Batch > 0.9 {
-		return fail("admission.floors", "each must be >= 0 and together at most 0.9, got standard %g batch %g", f.Standard, f.Batch)
+		fail("admission.floors", "each must be >= 0 and together at most 0.9, got standard %g batch %g", f.Standard, f.Batch)
 	}
 	if sh := c.Admission.Shed; sh.Batch <= 0 || sh.Batch > 1 || sh.Standard <= 0 || sh.Standard > 1 {
-		return fail("admission.shed", "levels must be in (0, 1], got batch %g standard %g", sh.Batch, sh.Standard)
+		fail("admission.shed", "levels must be in (0, 1], got batch %g standard %g", sh.Batch, sh.Standard)
 	}
 	if f := c.Admission.BurstFraction; f <= 0 || f > 1 {
-		return fail("admission.burst_fraction", "must be in (0, 1], got %g", f)
+		fail("admission.burst_fraction", "must be in (0, 1], got %g", f)
 	}
 	if a := c.Admission; a.SendLead < 0 || a.SendTolerance <= 0 || a.SendTolerance > Duration(time.Second) || a.PlanHorizon < a.SendLead || a.PlanHorizon > Duration(time.Minute) {
-		return fail("admission.send_tolerance", "want send_lead >= 0, 0 < send_tolerance <= 1s and send_lead <= plan_horizon <= 1m; got lead %s, tolerance %s, horizon %s", a.SendLead.D(), a.SendTolerance.D(), a.PlanHorizon.D())
+		fail("admission.send_tolerance", "want send_lead >= 0, 0 < send_tolerance <= 1s and send_lead <= plan_horizon <= 1m; got lead %s, tolerance %s, horizon %s", a.SendLead.D(), a.SendTolerance.D(), a.PlanHorizon.D())
 	}
 	if c.Admission.MaxRateLimited < 1 {
-		return fail("admission.max_rate_limited", "must be positive, got %d", c.Admission.MaxRateLimited)
+		fail("admission.max_rate_limited", "must be positive, got %d", c.Admission.MaxRateLimited)
 	}
 	if c.Admission.Batch < 1 {
-		return fail("admission.batch", "must be positive, got %d", c.Admission.Batch)
+		fail("admission.batch", "must be positive, got %d", c.Admission.Batch)
 	}
 	for _, q := range []struct {
 		key string
 		b   StreamBounds
 	}{{"queues.intake", c.Queues.Intake}, {"queues.queue", c.Queues.Queue}} {
 		if q.b.MaxMsgs < 1 {
-			return fail(q.key+".max_msgs", "must be positive (a stream without a bound lets memory and disk grow with the offered load), got %d", q.b.MaxMsgs)
+			fail(q.key+".max_msgs", "must be positive (a stream without a bound lets memory and disk grow with the offered load), got %d", q.b.MaxMsgs)
 		}
 		if q.b.MaxBytes < MinStreamBytes {
-			return fail(q.key+".max_bytes", "must be at least %d (one message of the largest size), got %d", MinStreamBytes, q.b.MaxBytes)
+			fail(q.key+".max_bytes", "must be at least %d (one message of the largest size), got %d", MinStreamBytes, q.b.MaxBytes)
 		}
 		if q.b.MaxPerTenant < 1 || q.b.MaxPerTenant > q.b.MaxMsgs {
-			return fail(q.key+".max_per_tenant", "must be between 1 and max_msgs (%d), got %d", q.b.MaxMsgs, q.b.MaxPerTenant)
+			fail(q.key+".max_per_tenant", "must be between 1 and max_msgs (%d), got %d", q.b.MaxMsgs, q.b.MaxPerTenant)
 		}
 	}
 	if err := c.Server.NATS.Validate(); err != nil {
-		return err
+		fail("server.nats", "%s", strings.TrimPrefix(err.Error(), "config: server.nats."))
 	}
 	seenP := map[string]bool{}
 	models := map[string]string{}
 	for i, p := range c.Providers {
 		key := fmt.Sprintf("providers[%d]", i)
 		if !job.ValidName(p.Name) {
-			return fail(key+".name", "%q must be 1-64 letters, digits, '-' or '_'", p.Name)
+			fail(key+".name", "%q must be 1-64 letters, digits, '-' or '_'", p.Name)
 		}
 		if seenP[p.Name] {
-			return fail(key+".name", "%q appears twice", p.Name)
+			fail(key+".name", "%q appears twice", p.Name)
 		}
 		seenP[p.Name] = true
 		if p.Kind != "openai" && p.Kind != "anthropic" {
-			return fail(key+".kind", "must be openai or anthropic, got %q", p.Kind)
+			fail(key+".kind", "must be openai or anthropic, got %q", p.Kind)
 		}
 		u, err := url.Parse(p.BaseURL)
 		if p.BaseURL == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fail(key+".base_url", "must be an http(s) URL, got %q", p.BaseURL)
+			fail(key+".base_url", "must be an http(s) URL, got %q", p.BaseURL)
 		}
 		if p.Timeout <= 0 {
-			return fail(key+".timeout", "must be positive, got %s", p.Timeout.D())
+			fail(key+".timeout", "must be positive, got %s", p.Timeout.D())
 		}
 		if p.APIKeyEnv != "" && !envName(p.APIKeyEnv) {
-			return fail(key+".api_key_env", "must name an environment variable (the key itself never sits in the file), got %q", clip(p.APIKeyEnv))
+			fail(key+".api_key_env", "must name an environment variable (the key itself never sits in the file), got %q", clip(p.APIKeyEnv))
 		}
 		if len(p.Models) == 0 {
-			return fail(key+".models", "must list at least one model")
+			fail(key+".models", "must list at least one model")
 		}
 		tokens := map[string]string{}
 		for j, m := range p.Models {
 			mk := fmt.Sprintf("%s.models[%d]", key, j)
 			if m.Name == "" {
-				return fail(mk+".name", "is required")
+				fail(mk+".name", "is required")
 			}
 			if other, ok := models[m.Name]; ok {
-				return fail(mk+".name", "%q is already served by provider %q; route it with one provider", m.Name, other)
+				fail(mk+".name", "%q is already served by provider %q; route it with one provider", m.Name, other)
 			}
 			models[m.Name] = p.Name
 			tok := job.ModelToken(m.Name)
 			if other, ok := tokens[tok]; ok {
-				return fail(mk+".name", "%q and %q map to the same subject token %q", m.Name, other, tok)
+				fail(mk+".name", "%q and %q map to the same subject token %q", m.Name, other, tok)
 			}
 			tokens[tok] = m.Name
 			if m.RPM < 0 {
-				return fail(mk+".rpm", "must be >= 0 (0 = no limit), got %d", m.RPM)
+				fail(mk+".rpm", "must be >= 0 (0 = no limit), got %d", m.RPM)
 			}
 			if m.TPM < 0 {
-				return fail(mk+".tpm", "must be >= 0 (0 = no limit), got %d", m.TPM)
+				fail(mk+".tpm", "must be >= 0 (0 = no limit), got %d", m.TPM)
 			}
 			if m.MaxConcurrency < 0 {
-				return fail(mk+".max_concurrency", "must be > 0, got %d", m.MaxConcurrency)
+				fail(mk+".max_concurrency", "must be > 0, got %d", m.MaxConcurrency)
 			}
 		}
 	}
@@ -715,25 +676,25 @@ func (c *Config) Validate() error {
 	for i, t := range c.Tenants {
 		key := fmt.Sprintf("tenants[%d]", i)
 		if !job.ValidName(t.Name) {
-			return fail(key+".name", "%q must be 1-64 letters, digits, '-' or '_'", t.Name)
+			fail(key+".name", "%q must be 1-64 letters, digits, '-' or '_'", t.Name)
 		}
 		if seenT[t.Name] {
-			return fail(key+".name", "%q appears twice", t.Name)
+			fail(key+".name", "%q appears twice", t.Name)
 		}
 		seenT[t.Name] = true
 		if t.APIKeyEnv != "" && !envName(t.APIKeyEnv) {
-			return fail(key+".api_key_env", "must name an environment variable, got %q", clip(t.APIKeyEnv))
+			fail(key+".api_key_env", "must name an environment variable, got %q", clip(t.APIKeyEnv))
 		}
 		for _, l := range []struct {
 			k string
 			v int
 		}{{"rpm", t.RPM}, {"tpm", t.TPM}, {"rpd", t.RPD}, {"tpd", t.TPD}, {"max_concurrency", t.MaxConcurrency}} {
 			if l.v < 0 {
-				return fail(key+"."+l.k, "must be >= 0 (0 = no limit), got %d", l.v)
+				fail(key+"."+l.k, "must be >= 0 (0 = no limit), got %d", l.v)
 			}
 		}
 		if t.Weight < 1 || t.Weight > 1000 {
-			return fail(key+".weight", "must be between 1 and 1000, got %d", t.Weight)
+			fail(key+".weight", "must be between 1 and 1000, got %d", t.Weight)
 		}
 	}
 	names := make([]string, 0, len(c.Retry))
@@ -744,16 +705,17 @@ func (c *Config) Validate() error {
 	for _, name := range names {
 		p, key := c.Retry[name], "retry."+name
 		if !job.Priority(name).Valid() {
-			return fail(key, "unknown policy class; use interactive, standard or batch")
+			fail(key, "unknown policy class; use interactive, standard or batch")
+			continue
 		}
 		if p.MaxAttempts < 1 || p.MaxAttempts > 100 {
-			return fail(key+".max_attempts", "must be between 1 and 100, got %d", p.MaxAttempts)
+			fail(key+".max_attempts", "must be between 1 and 100, got %d", p.MaxAttempts)
 		}
 		if p.MaxElapsed <= 0 {
-			return fail(key+".max_elapsed", "must be positive")
+			fail(key+".max_elapsed", "must be positive")
 		}
 		if p.BaseDelay <= 0 || p.MaxDelay < p.BaseDelay {
-			return fail(key+".base_delay", "must be positive and at most max_delay")
+			fail(key+".base_delay", "must be positive and at most max_delay")
 		}
 	}
 	hasModel := func(provider, model string) bool {
@@ -761,9 +723,13 @@ func (c *Config) Validate() error {
 		return ok && p.Name == provider
 	}
 	if err := ValidateRoutes(c.Routes, hasModel); err != nil {
-		return fmt.Errorf("config: %w", err)
+		key, msg, ok := strings.Cut(err.Error(), ": ")
+		if !ok {
+			key, msg = "routes", err.Error()
+		}
+		fail(key, "%s", msg)
 	}
-	return nil
+	return ps
 }
 
 func envName(s string) bool {

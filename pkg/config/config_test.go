@@ -347,12 +347,12 @@ func TestParseErrors(t *testing.T) {
 		{
 			name: "unknown top-level key",
 			yaml: "provders:\n" + provider("openai", model("m")),
-			want: []string{"provders", "not found"},
+			want: []string{"provders: unknown key; did you mean providers? (line 1)"},
 		},
 		{
 			name: "unknown nested key",
 			yaml: "providers:\n  - name: openai\n    base_url: https://api.example.test\n    modles:\n      - name: m\n",
-			want: []string{"modles", "not found", "line 4"},
+			want: []string{"providers[0].modles: unknown key; did you mean models? (line 4)"},
 		},
 		{
 			name: "unknown retry class",
@@ -422,7 +422,7 @@ func TestParseErrors(t *testing.T) {
 		{
 			name: "queues unknown key",
 			yaml: "queues:\n  queue: {max_mesages: 100}\n",
-			want: []string{"max_mesages", "not found"},
+			want: []string{"queues.queue.max_mesages: unknown key; did you mean max_msgs? (line 2)"},
 		},
 		{
 			name: "duration in words",
@@ -497,12 +497,12 @@ func TestParseErrors(t *testing.T) {
 		{
 			name: "wrong type",
 			yaml: "providers:\n  - name: openai\n    base_url: https://api.example.test\n    models:\n      - name: m\n        rpm: lots\n",
-			want: []string{"line 6", "cannot unmarshal", "lots"},
+			want: []string{`providers[0].models[0].rpm: must be a whole number, got "lots" (line 6)`},
 		},
 		{
 			name: "not a mapping",
 			yaml: "- providers\n",
-			want: []string{"config: ", "cannot unmarshal"},
+			want: []string{"config: ", "must be a mapping of keys (server, "},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -19,5 +19,5 @@ func ExampleParse() {
 	fmt.Println(err)
 	// Output:
 	// openai openai 500 200000 250ms
-	// config: admission.slice: "5 minutes" is not a duration (like 500ms, 8s, 5m)
+	// config: admission.slice: "5 minutes" is not a duration (like 500ms, 8s, 5m) (line 2)
 }

@@ -61,7 +61,7 @@ type Fallback struct {
 //	  - task: summarize
 //	    primary: {provider: openai, model: gpt-4o-mini}
 //	    fallbacks:
-//	      - {provider: anthropic, model: claude-3-5-haiku, when: [provider_5xx, primary_unavailable]}
+//	      - {provider: anthropic, model: claude-haiku-4-5, when: [provider_5xx, primary_unavailable]}
 //	    degrade_to: {provider: openai, model: gpt-4o-mini-batch, when: [batch_low_priority]}
 type Route struct {
 	// Task is the job's task name this route serves. Empty or "*" makes the
@@ -93,7 +93,7 @@ func ValidateRoutes(routes []Route, hasModel func(provider, model string) bool) 
 			return fail(key+".model", "is required")
 		}
 		if hasModel != nil && !hasModel(t.Provider, t.Model) {
-			return fail(key, "unknown provider/model pair %q (no provider %q serving model %q under providers)", t.String(), t.Provider, t.Model)
+			return fail(key, "unknown provider/model pair %q: no provider %q serving model %q under providers; add the model to that provider, or route to one that is there", t.String(), t.Provider, t.Model)
 		}
 		return nil
 	}

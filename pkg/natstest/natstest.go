@@ -5,8 +5,12 @@ package natstest
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -41,6 +45,11 @@ func Start(o Options) (*server.Server, error) {
 		port = n
 		if port == 0 {
 			port = -1
+		}
+	}
+	if o.StoreDir != "" {
+		if err := CheckStoreDir(o.StoreDir); err != nil {
+			return nil, fmt.Errorf("embedded nats: %w", err)
 		}
 	}
 	opts := &server.Options{
@@ -92,4 +101,36 @@ func Conn(t testing.TB, s *server.Server) *nats.Conn {
 	}
 	t.Cleanup(nc.Close)
 	return nc
+}
+
+// CheckStoreDir reports whether a JetStream store could live in dir: dir, or
+// the nearest of its parents that exists (the server creates the rest), must
+// be a directory this process can write to. The server itself, given a store
+// it cannot write, only fails to become ready.
+func CheckStoreDir(dir string) error {
+	at := filepath.Clean(dir)
+	for {
+		fi, err := os.Stat(at)
+		if err == nil {
+			if !fi.IsDir() {
+				return fmt.Errorf("store directory %s: %s is not a directory", dir, at)
+			}
+			break
+		}
+		if !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
+			return fmt.Errorf("store directory %s: %w", dir, err)
+		}
+		parent := filepath.Dir(at)
+		if parent == at {
+			return fmt.Errorf("store directory %s: no parent of it exists", dir)
+		}
+		at = parent
+	}
+	f, err := os.CreateTemp(at, ".sluice-write-check-*")
+	if err != nil {
+		return fmt.Errorf("store directory %s is not writable by this process (uid %d): %w; make it writable, or choose another (sluice up: --data or SLUICE_DATA)", dir, os.Getuid(), errors.Unwrap(err))
+	}
+	name := f.Name()
+	f.Close()
+	return os.Remove(name)
 }

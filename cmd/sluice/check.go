@@ -1,0 +1,93 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/pkg/natstest"
+)
+
+// errNoConfig is what `sluice up` says when it is given no configuration: a
+// node without providers and tenants would start and then refuse every job.
+func errNoConfig() error {
+	var b strings.Builder
+	b.WriteString("up: no configuration (--config FILE or SLUICE_CONFIG). To start:\n")
+	if _, err := os.Stat("sluice.yaml"); err == nil {
+		b.WriteString("  sluice up --config sluice.yaml    run with the sluice.yaml in this directory\n")
+	} else {
+		b.WriteString("  sluice init                       write a commented sluice.yaml (the provider simulator, one tenant)\n")
+		b.WriteString("  sluice up --config sluice.yaml    run with it\n")
+	}
+	b.WriteString("  sluice demo                       or watch the whole mesh work for 100 s, nothing to configure")
+	return errors.New(b.String())
+}
+
+// loadConfig loads the file `sluice up` runs with. With check, a file with
+// problems still gives what could be decoded, so every other check runs too,
+// and the problems, the environment's included (key variables unset).
+func loadConfig(path string, check bool, getenv func(string) string) (*config.Config, config.Problems, error) {
+	if !check {
+		c, err := config.Load(path)
+		return c, nil, err
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		_, err := config.Load(path) // the same message as without --check
+		return nil, nil, err
+	}
+	c, ps := config.Check(data, getenv)
+	return c, ps, nil
+}
+
+// reportCheck finishes `sluice up --check`: it adds what only the resolved
+// settings show (the data directory) to the problems, and prints either all
+// of them or a summary of what `sluice up` would run.
+func reportCheck(w io.Writer, path string, c *config.Config, ps config.Problems, services []string) error {
+	s := c.Server
+	if s.NATSURL == "" {
+		if err := natstest.CheckStoreDir(filepath.Join(s.Data, "jetstream")); err != nil {
+			ps = append(ps, config.Problem{Key: "server.data", Msg: err.Error()})
+		}
+	}
+	if len(ps) > 0 {
+		return fmt.Errorf("%s: %w", path, ps)
+	}
+	fmt.Fprintf(w, "%s: ok\n", path)
+	for _, p := range c.Providers {
+		var models []string
+		for _, m := range p.Models {
+			models = append(models, fmt.Sprintf("%s (%s rpm, %s tpm, %d concurrent)", m.Name, limit(m.RPM), limit(m.TPM), m.MaxConcurrency))
+		}
+		fmt.Fprintf(w, "  provider  %s %s: %s\n", p.Name, p.BaseURL, strings.Join(models, ", "))
+	}
+	for _, t := range c.Tenants {
+		key := "no key"
+		if t.APIKeyEnv != "" {
+			key = "key from $" + t.APIKeyEnv
+		}
+		fmt.Fprintf(w, "  tenant    %s (%s, weight %d)\n", t.Name, key, t.Weight)
+	}
+	if len(c.Routes) > 0 {
+		fmt.Fprintf(w, "  routes    %d\n", len(c.Routes))
+	}
+	if s.NATSURL == "" {
+		fmt.Fprintf(w, "  nats      embedded, listening on %s, store %s\n", s.NATSListen, filepath.Join(s.Data, "jetstream"))
+	} else {
+		fmt.Fprintf(w, "  nats      %s (%d replicas)\n", s.NATSURL, max(s.Replicas, 1))
+	}
+	fmt.Fprintf(w, "  http      %s\n", s.HTTP)
+	fmt.Fprintf(w, "  services  %s\n", strings.Join(services, ","))
+	return nil
+}
+
+func limit(n int) string {
+	if n == 0 {
+		return "no"
+	}
+	return fmt.Sprint(n)
+}
