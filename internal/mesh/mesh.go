@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -25,7 +26,8 @@ type Mesh struct {
 	Results     jetstream.KeyValue // job id -> Record
 	Idempotency jetstream.KeyValue // <tenant>.<hash> -> OpRecord
 	Budgets     jetstream.KeyValue
-	results     jetstream.Stream // bound lazily by StoredResult
+	resultsMu   sync.Mutex
+	results     jetstream.Stream // bound lazily by StoredResult, under resultsMu
 }
 
 // Open binds the buckets (they must exist: streams.Ensure made them).
@@ -279,14 +281,19 @@ const errCodeStoreFailed jetstream.ErrorCode = 10077
 
 // StoredResult reads a job's result straight from the RESULTS stream.
 func (m *Mesh) StoredResult(ctx context.Context, tenant, jobID string) (*job.Result, error) {
+	// Concurrent waiters (HTTP chat completions) bind it at once.
+	m.resultsMu.Lock()
 	if m.results == nil {
 		st, err := m.JS.Stream(ctx, streams.Results)
 		if err != nil {
+			m.resultsMu.Unlock()
 			return nil, err
 		}
 		m.results = st
 	}
-	msg, err := m.results.GetLastMsgForSubject(ctx, job.StoreSubject(tenant, jobID))
+	results := m.results
+	m.resultsMu.Unlock()
+	msg, err := results.GetLastMsgForSubject(ctx, job.StoreSubject(tenant, jobID))
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return nil, job.ErrNotFound
