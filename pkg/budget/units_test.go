@@ -338,3 +338,26 @@ func TestLeaseSpendsEveryDimension(t *testing.T) {
 		t.Errorf("after a refund, 2 images found no room")
 	}
 }
+
+// TestLeaseSpendAllocatesNothing: spending a block, the per-job hot path of
+// admission, allocates nothing with units as without.
+func TestLeaseSpendAllocatesNothing(t *testing.T) {
+	b := setup(t, pacedParams)
+	ctx := context.Background()
+	l := budget.NewLease(b.store, key)
+	lim := budget.Limits{RPM: 100_000, TPM: 100_000_000, Units: [budget.MaxUnits]int{600_000}}
+	room := budget.Cost{Requests: 10_000, Tokens: 1_000_000, Units: [budget.MaxUnits]int{10_000}}
+	if _, err := l.Take(ctx, lim, nil, []budget.Cost{room}, false, 0); err != nil {
+		t.Fatal(err)
+	}
+	now := b.clock.Now()
+	one := budget.Cost{Requests: 1, Tokens: 10, Units: [budget.MaxUnits]int{1}}
+	if n := testing.AllocsPerRun(1000, func() {
+		l.Count(one, false, now)
+		if _, ok := l.Spend(one, false, now, 0); !ok {
+			t.Fatal("no room")
+		}
+	}); n != 0 {
+		t.Errorf("Count and Spend allocate %v times per job, want 0", n)
+	}
+}
