@@ -120,11 +120,12 @@ func limitRows(ctx context.Context, js jetstream.JetStream, cfg *config.Config) 
 		}
 		name := strings.TrimPrefix(k, "learn.")
 		ac := adapt.Config{Adapts: true, BurstFraction: config.DefaultBurstFraction}
+		var model *config.Model
 		if cfg != nil {
 			for _, p := range cfg.Providers {
-				for _, m := range p.Models {
+				for i, m := range p.Models {
 					if p.Name+"."+job.ModelToken(m.Name) == name {
-						ac = admission.AdaptConfig(cfg.Admission, m)
+						ac, model = admission.AdaptConfig(cfg.Admission, m), &p.Models[i]
 					}
 				}
 			}
@@ -138,8 +139,16 @@ func limitRows(ctx context.Context, js jetstream.JetStream, cfg *config.Config) 
 			}
 			out = append(out, r)
 		}
+		if model != nil {
+			// Units: configured only (not adapted), paced alike.
+			for _, unit := range model.UnitNames() {
+				limit := model.Units[unit]
+				out = append(out, limitRow{Model: name, Dimension: unit, Configured: limit, PerMinute: limit,
+					PerSecond: admission.UnitQuantum(limit, cfg.Admission.BurstFraction)})
+			}
+		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Model < out[j].Model })
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Model < out[j].Model })
 	return out, nil
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/services/ingest"
 )
 
 func runSubmit(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -24,6 +25,7 @@ func runSubmit(ctx context.Context, args []string, getenv func(string) string, s
 	priority := fs.String("priority", "standard", "interactive, standard or batch")
 	idem := fs.String("idempotency-key", "", "idempotency key")
 	wait := fs.Duration("wait", 2*time.Minute, "how long to wait for the result (0: submit only)")
+	cost := fs.String("cost", "", "the job's cost in its model's units, as X-Sluice-Cost: images=2,audio_seconds=30")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}
@@ -60,6 +62,13 @@ func runSubmit(ctx context.Context, args []string, getenv func(string) string, s
 		return err
 	}
 	j := &job.Job{Tenant: *tenant, Priority: job.Priority(*priority), IdempotencyKey: *idem, Request: body}
+	if *cost != "" {
+		c, err := ingest.ParseCost(*cost)
+		if err != nil {
+			return fmt.Errorf("--cost: %w", err)
+		}
+		j.Cost = c
+	}
 	if *wait == 0 {
 		id, err := c.Submit(ctx, j)
 		if err != nil {

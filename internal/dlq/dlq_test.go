@@ -59,6 +59,7 @@ func entry(tenant string) *dlq.Entry {
 			Request:        json.RawMessage(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`),
 			Task:           "summarise",
 			Endpoint:       job.EndpointChat,
+			Cost:           map[string]int{"images": 2},
 			SubmittedAt:    at.Add(-time.Minute),
 			Provider:       "openai",
 			Model:          "gpt-4o-mini",
@@ -257,12 +258,12 @@ func TestReplayByID(t *testing.T) {
 		t.Fatalf("intake message does not decode as a job: %v", err)
 	}
 	if nj.ID != rep.Replayed[0].New || nj.Tenant != "acme" || nj.Priority != job.Batch || nj.Task != "summarise" ||
-		nj.Endpoint != a.Job.Endpoint || string(nj.Request) != string(a.Job.Request) {
-		t.Errorf("replayed job = %+v, want a fresh job with the original's tenant, priority, task and request", nj)
+		nj.Endpoint != a.Job.Endpoint || string(nj.Request) != string(a.Job.Request) || !reflect.DeepEqual(nj.Cost, a.Job.Cost) {
+		t.Errorf("replayed job = %+v, want a fresh job with the original's tenant, priority, task, endpoint, request and cost", nj)
 	}
 	// Every other field starts empty: the deadline and idempotency key on
 	// purpose, the rest because Sluice fills them in.
-	kept := map[string]bool{"ID": true, "Tenant": true, "Priority": true, "Task": true, "Endpoint": true, "Request": true}
+	kept := map[string]bool{"ID": true, "Tenant": true, "Priority": true, "Task": true, "Endpoint": true, "Request": true, "Cost": true}
 	orig, got := reflect.ValueOf(a.Job), reflect.ValueOf(*nj)
 	for i := range orig.NumField() {
 		name := orig.Type().Field(i).Name

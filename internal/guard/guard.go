@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"hash"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -114,6 +115,21 @@ func writeInt(h hash.Hash, v int64) {
 	h.Write(n[:])
 }
 
+// writeUnits writes unit amounts in name order; nothing when there are
+// none, so seals and signatures of jobs without units are what they were
+// before units existed.
+func writeUnits(h hash.Hash, units map[string]int) {
+	if len(units) == 0 {
+		return
+	}
+	writeStr(h, "units")
+	writeInt(h, int64(len(units)))
+	for _, name := range job.UnitNames(units) {
+		writeStr(h, name)
+		writeInt(h, int64(units[name]))
+	}
+}
+
 func (g *Guard) seal(j *job.Job) string {
 	h := g.mac()
 	writeStr(h, "seal/1")
@@ -125,6 +141,7 @@ func (g *Guard) seal(j *job.Job) string {
 	if e := j.Estimate; e != nil {
 		writeInt(h, int64(e.PromptTokens))
 		writeInt(h, int64(e.MaxTokens))
+		writeUnits(h, e.Units)
 	}
 	body := sha256.Sum256(j.Request)
 	h.Write(body[:])
@@ -148,6 +165,7 @@ func (g *Guard) sign(j *job.Job) string {
 	writeStr(h, r.ID)
 	writeInt(h, int64(r.Requests))
 	writeInt(h, int64(r.Tokens))
+	writeUnits(h, r.Units)
 	writeInt(h, r.ReservedAt.UnixNano())
 	writeInt(h, r.ValidUntil.UnixNano())
 	writeInt(h, r.SendAt.UnixNano())
@@ -171,7 +189,12 @@ func (g *Guard) Floor(j *job.Job) (job.Estimate, error) {
 // not verify is recomputed (never lowered), a hold too far ahead is
 // shortened. corrected reports the estimate was recomputed.
 func (g *Guard) Queued(j *job.Job, now time.Time) (corrected bool, err error) {
-	if err := g.static(j); err != nil {
+	model, err := g.static(j)
+	if err != nil {
+		return false, err
+	}
+	want, err := UnitCost(j.Cost, model, false)
+	if err != nil {
 		return false, err
 	}
 	if !g.Sealed(j) {
@@ -182,8 +205,18 @@ func (g *Guard) Queued(j *job.Job, now time.Time) (corrected bool, err error) {
 		if e := j.Estimate; e != nil {
 			floor.PromptTokens = max(floor.PromptTokens, e.PromptTokens)
 			floor.MaxTokens = max(floor.MaxTokens, e.MaxTokens)
+			floor.Units = e.Units
 		}
+		floor.Units = coverUnits(floor.Units, want, model)
 		j.Estimate = &floor
+		g.Seal(j)
+		corrected = true
+	} else if units := coverUnits(j.Estimate.Units, want, model); !sameUnits(units, j.Estimate.Units) {
+		// Sealed for other units (the model's configuration changed):
+		// every unit the model limits now is reserved, none lowered.
+		e := *j.Estimate
+		e.Units = units
+		j.Estimate = &e
 		g.Seal(j)
 		corrected = true
 	}
@@ -199,7 +232,8 @@ func (g *Guard) Queued(j *job.Job, now time.Time) (corrected bool, err error) {
 // the provider: the job must be valid as Queued requires, and its seal and
 // reservation must verify (else ErrUnverified: admit it again).
 func (g *Guard) Dispatched(j *job.Job) error {
-	if err := g.static(j); err != nil {
+	model, err := g.static(j)
+	if err != nil {
 		return err
 	}
 	r := j.Reservation
@@ -209,30 +243,101 @@ func (g *Guard) Dispatched(j *job.Job) error {
 	case r.Requests < 1, r.Tokens < j.Estimate.Cost(), r.ValidUntil.Sub(r.ReservedAt) > g.maxValid:
 		return ErrUnverified
 	}
+	// Every unit the model limits is estimated and reserved.
+	for name := range model.Units {
+		est, ok := j.Estimate.Units[name]
+		if !ok || r.Units[name] < est {
+			return ErrUnverified
+		}
+	}
 	return nil
+}
+
+// UnitCost resolves a job's stated cost (job.Job.Cost) against its model:
+// every unit the model limits, at the amount stated or
+// job.DefaultUnitCost; nil for a model without units. Strict (ingest, where
+// the producer chose the model) refuses a unit the model does not limit;
+// otherwise (a fallback to another model) such a unit costs nothing. A
+// cost above the unit's whole minute can never be admitted:
+// request_too_large.
+func UnitCost(stated map[string]int, model *config.Model, strict bool) (map[string]int, error) {
+	if strict {
+		for _, name := range job.UnitNames(stated) {
+			if _, ok := model.Units[name]; !ok {
+				limits := "it limits no units"
+				if len(model.Units) > 0 {
+					limits = "it limits " + strings.Join(model.UnitNames(), ", ")
+				}
+				return nil, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "cost." + name,
+					Message: fmt.Sprintf("model %q does not limit unit %q (%s)", clip(model.Name), clip(name), limits)}
+			}
+		}
+	}
+	if len(model.Units) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]int, len(model.Units))
+	for _, name := range model.UnitNames() {
+		n, ok := stated[name]
+		if !ok {
+			n = job.DefaultUnitCost
+		}
+		if limit := model.Units[name]; limit > 0 && n > limit {
+			return nil, &job.ValidationError{Code: job.CodeTooLarge, Field: "cost." + name,
+				Message: fmt.Sprintf("is %d; model %q allows %d %s per minute", n, clip(model.Name), limit, name)}
+		}
+		out[name] = max(n, 0)
+	}
+	return out, nil
+}
+
+// coverUnits returns, for every unit the model limits, the larger of have
+// and want (nil when the model limits none).
+func coverUnits(have, want map[string]int, model *config.Model) map[string]int {
+	if len(model.Units) == 0 {
+		return nil
+	}
+	out := make(map[string]int, len(model.Units))
+	for name := range model.Units {
+		out[name] = max(have[name], want[name])
+	}
+	return out
+}
+
+func sameUnits(a, b map[string]int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for name, n := range a {
+		if m, ok := b[name]; !ok || m != n {
+			return false
+		}
+	}
+	return true
 }
 
 // static checks what needs no signature: the envelope, the tenant, the
 // model and the request against the limits.
-func (g *Guard) static(j *job.Job) error {
+func (g *Guard) static(j *job.Job) (*config.Model, error) {
 	if j.ID == "" || !job.CanonicalID(j.ID) {
-		return &job.ValidationError{Code: job.CodeInvalidRequest, Field: "id", Message: "must be a UUID in canonical form"}
+		return nil, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "id", Message: "must be a UUID in canonical form"}
 	}
 	if err := j.Check(g.lim); err != nil {
-		return err
+		return nil, err
 	}
 	if _, ok := g.cfg.Tenant(j.Tenant); !ok {
-		return &job.ValidationError{Code: job.CodeUnknownTenant, Field: "tenant", Message: fmt.Sprintf("unknown tenant %q", clip(j.Tenant))}
+		return nil, &job.ValidationError{Code: job.CodeUnknownTenant, Field: "tenant", Message: fmt.Sprintf("unknown tenant %q", clip(j.Tenant))}
 	}
-	if !g.configured(j.Provider, j.Model) {
-		return &job.ValidationError{Code: job.CodeUnknownModel, Field: "model", Message: fmt.Sprintf("%q/%q is not a configured provider and model", clip(j.Provider), clip(j.Model))}
+	model := g.configured(j.Provider, j.Model)
+	if model == nil {
+		return nil, &job.ValidationError{Code: job.CodeUnknownModel, Field: "model", Message: fmt.Sprintf("%q/%q is not a configured provider and model", clip(j.Provider), clip(j.Model))}
 	}
-	model, err := requestModel(j)
+	name, err := requestModel(j)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if model != j.Model {
-		return &job.ValidationError{Code: job.CodeInvalidRequest, Field: "request.model", Message: fmt.Sprintf("is %q but the job is routed to %q", clip(model), clip(j.Model))}
+	if name != j.Model {
+		return nil, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "request.model", Message: fmt.Sprintf("is %q but the job is routed to %q", clip(name), clip(j.Model))}
 	}
 	if e := j.Estimate; e != nil && (e.PromptTokens < 0 || e.MaxTokens < 0) {
 		j.Estimate = nil // recomputed by Queued; Dispatched finds no seal
@@ -241,9 +346,9 @@ func (g *Guard) static(j *job.Job) error {
 		j.RateLimited = 0
 	}
 	if len(j.Attempts) > MaxAttempts {
-		return &job.ValidationError{Code: job.CodeInvalidRequest, Field: "attempts", Message: fmt.Sprintf("lists %d attempts; at most %d", len(j.Attempts), MaxAttempts)}
+		return nil, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "attempts", Message: fmt.Sprintf("lists %d attempts; at most %d", len(j.Attempts), MaxAttempts)}
 	}
-	return nil
+	return model, nil
 }
 
 // requestModel is the model the job's request names (Check has parsed it
@@ -265,18 +370,19 @@ func requestModel(j *job.Job) (string, error) {
 	return r.Model, nil
 }
 
-func (g *Guard) configured(provider, model string) bool {
-	for _, p := range g.cfg.Providers {
+func (g *Guard) configured(provider, model string) *config.Model {
+	for i := range g.cfg.Providers {
+		p := &g.cfg.Providers[i]
 		if p.Name != provider {
 			continue
 		}
-		for _, m := range p.Models {
-			if m.Name == model {
-				return true
+		for k := range p.Models {
+			if p.Models[k].Name == model {
+				return &p.Models[k]
 			}
 		}
 	}
-	return false
+	return nil
 }
 
 func clip(s string) string {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ providers:
     models:
       - {name: gpt-4o-mini, rpm: 600, tpm: 200000}
       - {name: gpt-4o, rpm: 600, tpm: 200000}
+      - {name: painter, rpm: 600, tpm: 200000, units: {images: 50, tasks: 0}}
 tenants:
   - {name: acme, api_key_env: ACME_KEY}
 limits: {max_tokens: 4096, default_max_tokens: 512}
@@ -68,7 +70,7 @@ func TestQueuedKeepsASealedEstimate(t *testing.T) {
 	if err != nil || corrected {
 		t.Fatalf("Queued(sealed job) = %v, %v; want not corrected, nil", corrected, err)
 	}
-	if *j.Estimate != want {
+	if !reflect.DeepEqual(*j.Estimate, want) {
 		t.Errorf("estimate = %+v, want %+v kept", *j.Estimate, want)
 	}
 }
@@ -268,4 +270,114 @@ func FuzzGuard(f *testing.F) {
 			t.Fatalf("Dispatched(job without a signed reservation) = %v, want ErrUnverified", err)
 		}
 	})
+}
+
+// unitJob is a job for the painter model (images: 50 a minute, tasks
+// counted) as ingest hands it to QUEUE, stating cost.
+func unitJob(t *testing.T, g *guard.Guard, cfg *config.Config, cost map[string]int) *job.Job {
+	t.Helper()
+	j := ingested(g, request("painter", 10, ""))
+	j.Model, j.Cost = "painter", cost
+	_, m, _ := cfg.ModelRef("painter")
+	units, err := guard.UnitCost(cost, m, true)
+	if err != nil {
+		t.Fatalf("UnitCost(%v): %v", cost, err)
+	}
+	j.Estimate.Units = units
+	g.Seal(j)
+	return j
+}
+
+func TestUnitCost(t *testing.T) {
+	_, cfg := newGuard(t)
+	_, painter, _ := cfg.ModelRef("painter")
+	_, plain, _ := cfg.ModelRef("gpt-4o")
+	for _, tc := range []struct {
+		name   string
+		model  *config.Model
+		cost   map[string]int
+		strict bool
+		want   map[string]int
+		code   string // of the error; "" for none
+		inMsg  string
+	}{
+		{"stated and defaulted", painter, map[string]int{"images": 2}, true, map[string]int{"images": 2, "tasks": 1}, "", ""},
+		{"nothing stated: one of each", painter, nil, true, map[string]int{"images": 1, "tasks": 1}, "", ""},
+		{"zero stated", painter, map[string]int{"images": 0, "tasks": 0}, true, map[string]int{"images": 0, "tasks": 0}, "", ""},
+		{"a unit the model does not limit", painter, map[string]int{"audio_seconds": 3}, true, nil, job.CodeInvalidRequest, `model "painter" does not limit unit "audio_seconds" (it limits images, tasks)`},
+		{"a unit on a model without units", plain, map[string]int{"images": 1}, true, nil, job.CodeInvalidRequest, `model "gpt-4o" does not limit unit "images" (it limits no units)`},
+		{"after a fallback: ignored", plain, map[string]int{"images": 1}, false, nil, "", ""},
+		{"more than the minute", painter, map[string]int{"images": 51}, true, nil, job.CodeTooLarge, "allows 50 images per minute"},
+		{"a counted unit has no ceiling", painter, map[string]int{"tasks": 1 << 20}, true, map[string]int{"images": 1, "tasks": 1 << 20}, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := guard.UnitCost(tc.cost, tc.model, tc.strict)
+			if tc.code == "" {
+				if err != nil || !reflect.DeepEqual(got, tc.want) {
+					t.Errorf("UnitCost = %v, %v; want %v, nil", got, err, tc.want)
+				}
+				return
+			}
+			var ve *job.ValidationError
+			if !errors.As(err, &ve) || ve.Code != tc.code || !strings.Contains(ve.Error(), tc.inMsg) {
+				t.Errorf("UnitCost = %v, %v; want a %s error containing %q", got, err, tc.code, tc.inMsg)
+			}
+		})
+	}
+}
+
+// TestUnitsAreSealedAndReserved: the seal covers the unit amounts, a
+// forged (lowered) amount is recomputed from the job's cost, and an
+// executor sends only a reservation that covers every unit.
+func TestUnitsAreSealedAndReserved(t *testing.T) {
+	g, cfg := newGuard(t)
+	j := unitJob(t, g, cfg, map[string]int{"images": 3})
+	if corrected, err := g.Queued(j, time.Now()); err != nil || corrected {
+		t.Fatalf("Queued(sealed job with units) = %v, %v; want not corrected", corrected, err)
+	}
+
+	// Lowered under the seal: the seal breaks, the units come back.
+	j = unitJob(t, g, cfg, map[string]int{"images": 3})
+	j.Estimate.Units["images"] = 0
+	if g.Sealed(j) {
+		t.Fatal("the seal still verifies with the units lowered")
+	}
+	if corrected, err := g.Queued(j, time.Now()); err != nil || !corrected {
+		t.Fatalf("Queued(forged units) = %v, %v; want corrected", corrected, err)
+	}
+	if got, want := j.Estimate.Units, map[string]int{"images": 3, "tasks": 1}; !reflect.DeepEqual(got, want) {
+		t.Errorf("recomputed units %v, want %v", got, want)
+	}
+	// Units left out of the estimate: every unit the model limits is
+	// reserved.
+	j = unitJob(t, g, cfg, map[string]int{"images": 2})
+	j.Estimate.Units = nil
+	g.Seal(j) // as if sealed before the model limited units
+	if corrected, err := g.Queued(j, time.Now()); err != nil || !corrected {
+		t.Fatalf("Queued(units missing) = %v, %v; want corrected", corrected, err)
+	}
+	if got, want := j.Estimate.Units, map[string]int{"images": 2, "tasks": 1}; !reflect.DeepEqual(got, want) {
+		t.Errorf("units filled in: %v, want %v", got, want)
+	}
+
+	// Dispatched: the reservation must cover every unit, under the
+	// signature.
+	j = admitted(g, unitJob(t, g, cfg, map[string]int{"images": 2}))
+	if err := g.Dispatched(j); !errors.Is(err, guard.ErrUnverified) {
+		t.Errorf("a reservation without units: got %v, want ErrUnverified", err)
+	}
+	j.Reservation.Units = map[string]int{"images": 2, "tasks": 1}
+	g.Sign(j)
+	if err := g.Dispatched(j); err != nil {
+		t.Errorf("a reservation covering the units: got %v, want nil", err)
+	}
+	j.Reservation.Units["images"] = 5
+	if err := g.Dispatched(j); !errors.Is(err, guard.ErrUnverified) {
+		t.Errorf("units changed after signing: got %v, want ErrUnverified", err)
+	}
+	j.Reservation.Units = map[string]int{"images": 1, "tasks": 1}
+	g.Sign(j)
+	if err := g.Dispatched(j); !errors.Is(err, guard.ErrUnverified) {
+		t.Errorf("a reservation of fewer images than estimated: got %v, want ErrUnverified", err)
+	}
 }

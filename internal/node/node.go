@@ -198,6 +198,9 @@ func Run(ctx context.Context, o Options) error {
 			ms.ModelLimit.WithLabelValues(p.Name, m.Name, "rpm").Set(float64(m.RPM))
 			ms.ModelLimit.WithLabelValues(p.Name, m.Name, "tpm").Set(float64(m.TPM))
 			ms.ModelLimit.WithLabelValues(p.Name, m.Name, "concurrency").Set(float64(m.MaxConcurrency))
+			for name, limit := range m.Units {
+				ms.ModelLimit.WithLabelValues(p.Name, m.Name, name+"_per_minute").Set(float64(limit))
+			}
 		}
 	}
 	waiters := api.NewWaiters(o.Config.Limits.MaxWaitersPerTenant)

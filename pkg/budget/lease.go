@@ -17,11 +17,11 @@ type Lease struct {
 	st     *Store
 	key    string
 	blocks []*Block
-	// Demand seen in the current tick and smoothed per tick (requests,
-	// tokens), for all jobs and for urgent ones.
+	// Demand seen in the current tick and smoothed per tick (every
+	// dimension), for all jobs and for urgent ones.
 	tick                 int64
 	asked, askedUrgent   Cost
-	demand, demandUrgent [2]float64
+	demand, demandUrgent [dims]float64
 }
 
 // Block is room left at an instant (paced) or in a slice (plain). Urgent
@@ -44,11 +44,9 @@ func (l *Lease) Store() *Store { return l.st }
 // the store), for sizing the next blocks.
 func (l *Lease) Count(c Cost, urgent bool, now time.Time) {
 	l.roll(now)
-	l.asked.Requests += c.Requests
-	l.asked.Tokens += c.Tokens
+	l.asked = l.asked.Plus(c)
 	if urgent {
-		l.askedUrgent.Requests += c.Requests
-		l.askedUrgent.Tokens += c.Tokens
+		l.askedUrgent = l.askedUrgent.Plus(c)
 	}
 }
 
@@ -59,9 +57,10 @@ func (l *Lease) roll(now time.Time) {
 		return
 	}
 	const a = 0.3
-	smooth := func(d *[2]float64, c Cost) {
-		d[0] = (1-a)*d[0] + a*float64(c.Requests)
-		d[1] = (1-a)*d[1] + a*float64(c.Tokens)
+	smooth := func(d *[dims]float64, c Cost) {
+		for i, x := range c.vec() {
+			d[i] = (1-a)*d[i] + a*float64(x)
+		}
 	}
 	smooth(&l.demand, l.asked)
 	smooth(&l.demandUrgent, l.askedUrgent)
@@ -76,7 +75,11 @@ func (l *Lease) Demand(urgent bool, now time.Time) Cost {
 	if urgent {
 		d, a = l.demandUrgent, l.askedUrgent
 	}
-	return Cost{Requests: max(int(d[0]), a.Requests), Tokens: max(int(d[1]), a.Tokens)}
+	var v Vec
+	for i, x := range a.vec() {
+		v[i] = max(int64(d[i]), x)
+	}
+	return costOf(v)
 }
 
 // usable reports whether b may still be spent at now: a paced block until
@@ -96,7 +99,7 @@ func (l *Lease) Spend(c Cost, urgent bool, now time.Time, lead time.Duration) (B
 	// it took in the tick.
 	keep := l.blocks[:0]
 	for _, b := range l.blocks {
-		if b.Left.Requests > 0 || b.Left.Tokens > 0 {
+		if b.Left.Positive() {
 			keep = append(keep, b)
 		}
 	}
@@ -107,9 +110,8 @@ func (l *Lease) Spend(c Cost, urgent bool, now time.Time, lead time.Duration) (B
 			if b.Urgent != (pass == 0) || (b.Urgent && !urgent) || !l.usable(b, now, lead) {
 				continue
 			}
-			if c.Requests <= b.Left.Requests && c.Tokens <= b.Left.Tokens {
-				b.Left.Requests -= c.Requests
-				b.Left.Tokens -= c.Tokens
+			if c.Within(b.Left) {
+				b.Left = b.Left.Minus(c)
 				return *b, true
 			}
 		}
@@ -122,8 +124,7 @@ func (l *Lease) Spend(c Cost, urgent bool, now time.Time, lead time.Duration) (B
 func (l *Lease) Refund(ctx context.Context, from Block, c Cost, now time.Time) {
 	for _, b := range l.blocks {
 		if b.Slice == from.Slice && b.At.Equal(from.At) && b.Urgent == from.Urgent && l.usable(b, now, 0) {
-			b.Left.Requests += c.Requests
-			b.Left.Tokens += c.Tokens
+			b.Left = b.Left.Plus(c)
 			return
 		}
 	}
@@ -186,7 +187,7 @@ func (l *Lease) Expire(ctx context.Context, now time.Time, all bool) {
 }
 
 func (l *Lease) giveBack(ctx context.Context, b Block, c Cost) {
-	if c.Requests <= 0 && c.Tokens <= 0 {
+	if !c.Positive() {
 		return
 	}
 	if l.st.p.paced() {

@@ -44,12 +44,11 @@ import (
 // the per-second cap (1.5 % with the default 15 ms) when that cap binds, and
 // (Tolerance+Slice)/Window of the minute.
 
-// Planned is one placement on a paced schedule: requests and tokens that may
-// be sent at instant At (unix microseconds).
+// planned is one placement on a paced schedule: the cost in every
+// dimension that may be sent at instant At (unix microseconds).
 type planned struct {
-	At int64 `json:"a"`
-	R  int64 `json:"r"`
-	T  int64 `json:"t"`
+	At int64
+	V  Vec
 }
 
 func (p Params) paced() bool { return p.Short > 0 }
@@ -58,15 +57,10 @@ func (p Params) paced() bool { return p.Short > 0 }
 func (p Params) shortUS() int64 { return (p.Short + p.Tolerance).Microseconds() }
 
 // place plans costs on a paced schedule, each at the earliest instant that
-// satisfies pacing, the short window and the minute, within the horizon.
+// satisfies pacing, the short window and the minute, within the horizon, in
+// every dimension the limits bound.
 func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time, now time.Time) Grant {
-	minR, minT, capR, capT := lim.caps(s.p.BurstFraction)
-	if lim.BurstRequests > 0 {
-		capR = int64(lim.BurstRequests)
-	}
-	if lim.BurstTokens > 0 {
-		capT = int64(lim.BurstTokens)
-	}
+	mins, caps := lim.caps(s.p.BurstFraction)
 	nowUS := now.UnixMicro()
 	earliest := nowUS + s.p.Lead.Microseconds()
 	h := s.p.Horizon
@@ -78,49 +72,47 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 	if win == 0 {
 		win = time.Minute
 	}
-	// Microseconds per request and per token at the minute's average rate,
-	// or at the per-second cap's if that is slower (a cap learned from the
-	// provider's refusals): sends spread evenly instead of bunching at the
-	// start of each second.
-	var perR, perT float64
-	if lim.RPM > 0 {
-		perR = float64(win.Microseconds()) / float64(minR)
-		if capR > 0 && capR < math.MaxInt64 {
-			perR = max(perR, float64(time.Second.Microseconds())/float64(capR))
+	// Microseconds per unit of each dimension at the minute's average
+	// rate, or at the per-second cap's if that is slower (a cap learned
+	// from the provider's refusals): sends spread evenly instead of
+	// bunching at the start of each second. 0: the dimension is unlimited.
+	var per [dims]float64
+	paced := false
+	for d, m := range mins {
+		if m <= 0 {
+			continue
 		}
-	}
-	if lim.TPM > 0 {
-		perT = float64(win.Microseconds()) / float64(minT)
-		if capT > 0 && capT < math.MaxInt64 {
-			perT = max(perT, float64(time.Second.Microseconds())/float64(capT))
+		paced = true
+		per[d] = float64(win.Microseconds()) / float64(m)
+		if caps[d] > 0 && caps[d] < math.MaxInt64 {
+			per[d] = max(per[d], float64(time.Second.Microseconds())/float64(caps[d]))
 		}
 	}
 	g := Grant{Slice: s.sliceOf(now)}
-	if lim.RPM <= 0 && lim.TPM <= 0 {
+	if !paced {
 		// Nothing to pace: every call may leave now.
 		earliest = nowUS
 	}
 	for i, c := range costs {
-		r, t := int64(c.Requests), int64(c.Tokens)
+		v := c.vec()
 		at := max(earliest, w.Last)
 		if i < len(notBefore) && !notBefore[i].IsZero() {
 			at = max(at, notBefore[i].UnixMicro())
 		}
-		if lim.RPM <= 0 && lim.TPM <= 0 {
+		if !paced {
 			at = earliest
 		}
-		if perR > 0 {
-			at = max(at, w.TAT[0])
-		}
-		if perT > 0 {
-			at = max(at, w.TAT[1])
+		for d := range per {
+			if per[d] > 0 {
+				at = max(at, w.TAT[d])
+			}
 		}
 		reason := ""
-		if perR > 0 || perT > 0 {
-			if a := s.shortFit(w, at, r, t, lim, capR, capT); a > at {
+		if paced {
+			if a := s.shortFit(w, at, v, mins, caps); a > at {
 				at, reason = a, "burst"
 			}
-			a, why := s.minuteFit(w, at, r, t, lim, minR, minT)
+			a, why := s.minuteFit(w, at, v, mins)
 			if a < 0 {
 				g.Reason, g.RetryAt = why, s.sliceStart(s.sliceOf(now)+s.p.Span())
 				break
@@ -144,17 +136,15 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 		// are checked against it).
 		exact := at
 		at = (at + 999) / 1000 * 1000
-		w.add(planned{At: at, R: r, T: t})
+		w.add(planned{At: at, V: v})
 		k := s.sliceOf(time.UnixMicro(at))
-		v := w.Slices[k]
-		v[0] += r
-		v[1] += t
-		w.Slices[k] = v
-		if perR > 0 {
-			w.TAT[0] = max(w.TAT[0], exact) + int64(math.Ceil(perR*float64(r)))
-		}
-		if perT > 0 {
-			w.TAT[1] = max(w.TAT[1], exact) + int64(math.Ceil(perT*float64(t)))
+		sv := w.Slices[k]
+		sv.add(v)
+		w.Slices[k] = sv
+		for d := range per {
+			if per[d] > 0 {
+				w.TAT[d] = max(w.TAT[d], exact) + int64(math.Ceil(per[d]*float64(v[d])))
+			}
 		}
 		w.Last = exact
 		sa := time.UnixMicro(at)
@@ -166,38 +156,46 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 }
 
 // shortFit returns the earliest instant at or after at where the short
-// window (length Short+Tolerance, ending at the instant) has room for r
-// requests and t tokens, or holds nothing.
-func (s *Store) shortFit(w *Window, at, r, t int64, lim Limits, capR, capT int64) int64 {
-	if (lim.RPM <= 0 || capR == math.MaxInt64) && (lim.TPM <= 0 || capT == math.MaxInt64) {
+// window (length Short+Tolerance, ending at the instant) has room for cost
+// v in every limited dimension, or holds nothing.
+func (s *Store) shortFit(w *Window, at int64, v, mins, caps Vec) int64 {
+	capped := false
+	for d := range mins {
+		if mins[d] > 0 && caps[d] != math.MaxInt64 {
+			capped = true
+		}
+	}
+	if !capped {
 		return at
 	}
 	span := s.p.shortUS()
 	ps := w.P
 	// The first placement inside (at-span, at], and the sums from it on.
 	i := sort.Search(len(ps), func(i int) bool { return ps[i].At > at-span })
-	var sr, st int64
+	var sum Vec
 	for _, p := range ps[i:] {
-		sr += p.R
-		st += p.T
+		sum.add(p.V)
 	}
 	for i < len(ps) {
-		if sr == 0 && st == 0 {
+		if !sum.any() {
 			return at // nothing is sent in this window
 		}
-		okR := lim.RPM <= 0 || sr+r <= capR
-		okT := lim.TPM <= 0 || st+t <= capT
-		if okR && okT {
+		ok := true
+		for d := range sum {
+			if mins[d] > 0 && sum[d]+v[d] > caps[d] {
+				ok = false
+				break
+			}
+		}
+		if ok {
 			return at
 		}
 		// Wait until placement i leaves the window.
 		at = max(at, ps[i].At+span)
-		sr -= ps[i].R
-		st -= ps[i].T
+		sum.take(ps[i].V)
 		i++
 		for i < len(ps) && ps[i].At <= at-span {
-			sr -= ps[i].R
-			st -= ps[i].T
+			sum.take(ps[i].V)
 			i++
 		}
 	}
@@ -205,42 +203,44 @@ func (s *Store) shortFit(w *Window, at, r, t int64, lim Limits, capR, capT int64
 }
 
 // minuteFit returns the earliest instant at or after at where the minute's
-// slices have room for r requests and t tokens, with the limit that bound
-// ("rpm" or "tpm"), or -1 when the cost exceeds the limit even in an empty
-// window.
-func (s *Store) minuteFit(w *Window, at, r, t int64, lim Limits, minR, minT int64) (int64, string) {
-	if (lim.RPM > 0 && r > minR) || (lim.TPM > 0 && t > minT) {
-		if lim.RPM > 0 && r > minR {
-			return -1, "rpm"
+// slices have room for cost v, with the limit that bound ("rpm", "tpm" or
+// "units"), or -1 when the cost exceeds a limit even in an empty window.
+func (s *Store) minuteFit(w *Window, at int64, v, mins Vec) (int64, string) {
+	for d := range v {
+		if mins[d] > 0 && v[d] > mins[d] {
+			return -1, reasonOf(d)
 		}
-		return -1, "tpm"
 	}
 	k := s.sliceOf(time.UnixMicro(at))
 	from := k - s.p.Span() + 1
-	usedR, usedT := w.sum(from)
-	needR, needT := usedR+r-minR, usedT+t-minT
-	if lim.RPM <= 0 {
-		needR = 0
+	used := w.sum(from)
+	var need Vec
+	why := ""
+	for d := range need {
+		if mins[d] > 0 {
+			need[d] = used[d] + v[d] - mins[d]
+		}
+		if need[d] > 0 && why == "" {
+			why = reasonOf(d)
+		}
 	}
-	if lim.TPM <= 0 {
-		needT = 0
-	}
-	if needR <= 0 && needT <= 0 {
+	if why == "" {
 		return at, ""
 	}
-	why := "tpm"
-	if needR > 0 {
-		why = "rpm"
-	}
-	var freedR, freedT int64
+	var freed Vec
 	for _, j := range w.keys() {
 		if j < from {
 			continue
 		}
-		v := w.Slices[j]
-		freedR += v[0]
-		freedT += v[1]
-		if freedR >= needR && freedT >= needT {
+		freed.add(w.Slices[j])
+		done := true
+		for d := range need {
+			if freed[d] < need[d] {
+				done = false
+				break
+			}
+		}
+		if done {
 			// Slice j leaves the window once the instant's slice is j+Span.
 			return max(at, s.sliceStart(j+s.p.Span()).UnixMicro()), why
 		}
@@ -253,8 +253,7 @@ func (s *Store) minuteFit(w *Window, at, r, t int64, lim Limits, minR, minT int6
 func (w *Window) add(p planned) {
 	n := len(w.P)
 	if n > 0 && w.P[n-1].At == p.At {
-		w.P[n-1].R += p.R
-		w.P[n-1].T += p.T
+		w.P[n-1].V.add(p.V)
 		return
 	}
 	if n == 0 || w.P[n-1].At < p.At {
@@ -263,8 +262,7 @@ func (w *Window) add(p planned) {
 	}
 	i := sort.Search(n, func(i int) bool { return w.P[i].At >= p.At })
 	if w.P[i].At == p.At {
-		w.P[i].R += p.R
-		w.P[i].T += p.T
+		w.P[i].V.add(p.V)
 		return
 	}
 	w.P = append(w.P, planned{})
@@ -289,24 +287,23 @@ func (s *Store) prunePlanned(w *Window, now time.Time) {
 // rewound: later placements were spaced after it, and the time is simply
 // not used.
 func (s *Store) ReturnAt(ctx context.Context, key string, at time.Time, c Cost) error {
-	if c.Requests <= 0 && c.Tokens <= 0 {
+	if !c.Positive() {
 		return nil
 	}
+	cv := c.vec()
 	return s.modify(ctx, key, "return", func(w *Window, cur int64) bool {
 		k := s.sliceOf(at)
 		if k < cur-s.p.Span()+1 {
 			return false
 		}
 		if v, ok := w.Slices[k]; ok {
-			v[0] = max(v[0]-int64(max(c.Requests, 0)), 0)
-			v[1] = max(v[1]-int64(max(c.Tokens, 0)), 0)
+			v.sub(cv)
 			w.Slices[k] = v
 		}
 		us := at.UnixMicro()
 		i := sort.Search(len(w.P), func(i int) bool { return w.P[i].At >= us })
 		if i < len(w.P) && w.P[i].At == us {
-			w.P[i].R = max(w.P[i].R-int64(max(c.Requests, 0)), 0)
-			w.P[i].T = max(w.P[i].T-int64(max(c.Tokens, 0)), 0)
+			w.P[i].V.sub(cv)
 		}
 		return true
 	})
@@ -322,14 +319,12 @@ func (s *Store) Recent(ctx context.Context, key string, at time.Time, own Cost) 
 	}
 	us := at.UnixMicro()
 	from := us - s.p.Short.Microseconds()
-	var c Cost
+	var sum Vec
 	for _, p := range w.P {
 		if p.At > from && p.At <= us {
-			c.Requests += int(p.R)
-			c.Tokens += int(p.T)
+			sum.add(p.V)
 		}
 	}
-	c.Requests = max(c.Requests-own.Requests, 0)
-	c.Tokens = max(c.Tokens-own.Tokens, 0)
-	return c, nil
+	sum.sub(own.vec())
+	return costOf(sum), nil
 }

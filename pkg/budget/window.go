@@ -1,5 +1,18 @@
-// Package budget keeps the rate budgets (requests and tokens per minute) that
-// every Sluice process shares, in the budgets KV bucket.
+// Package budget keeps the rate budgets (requests, tokens and up to MaxUnits
+// other units per minute) that every Sluice process shares, in the budgets
+// KV bucket.
+//
+// # Dimensions
+//
+// A window counts every dimension the same way: requests, tokens and a
+// key's units (images, audio seconds, tasks: whatever a model's
+// configuration names) are entries of one fixed-size vector, and the
+// pacing, the per-second quantum, the minute and the leases apply to each
+// entry alike. Cost and Limits name requests and tokens for their callers
+// and carry the units by index (a model's units in the order of their
+// names); the windows store vectors. Stored as JSON arrays, a window
+// written before the units existed ([requests, tokens]) reads as a vector
+// whose units are zero.
 //
 // # The model
 //
@@ -43,10 +56,54 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// MaxUnits is how many units besides requests and tokens one key may
+// limit.
+const MaxUnits = 4
+
+// dims is how many dimensions a window counts: requests, tokens, units.
+const dims = 2 + MaxUnits
+
+// Vec is an amount in every dimension of a window: [0] requests, [1]
+// tokens, [2+i] unit i.
+type Vec [dims]int64
+
+func (v *Vec) add(o Vec) {
+	for d := range v {
+		v[d] += o[d]
+	}
+}
+
+// take subtracts o from v.
+func (v *Vec) take(o Vec) {
+	for d := range v {
+		v[d] -= o[d]
+	}
+}
+
+// sub takes o's positive entries from v, never below zero.
+func (v *Vec) sub(o Vec) {
+	for d := range v {
+		v[d] = max(v[d]-max(o[d], 0), 0)
+	}
+}
+
+// any reports whether some dimension is positive.
+func (v Vec) any() bool {
+	for _, x := range v {
+		if x > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // Limits are the per-minute limits of one key. Zero means unlimited.
 type Limits struct {
 	RPM int
 	TPM int
+	// Units are the per-minute limits of the key's other units, by index
+	// (0: unlimited).
+	Units [MaxUnits]int
 	// Keep is a share of both windows (the minute and the burst second) a
 	// reservation must leave free: room held back for work that should not
 	// wait behind a backlog. KeepAtLeast is the least room kept in each
@@ -58,7 +115,8 @@ type Limits struct {
 	KeepAtLeast Cost
 	// BurstRequests and BurstTokens, when > 0, are the per-second caps
 	// instead of the ones BurstFraction derives from the minute limits (a
-	// quantum learned from the provider's 429s).
+	// quantum learned from the provider's 429s). Units always use
+	// BurstFraction (they are not learned from the provider).
 	BurstRequests, BurstTokens int
 	// Horizon, when > 0, bounds how far ahead a paced store plans these
 	// costs instead of Params.Horizon (backlogs plan a short way ahead, so
@@ -66,33 +124,104 @@ type Limits struct {
 	Horizon time.Duration
 }
 
-// caps returns the effective per-minute limits and per-second caps, after
-// the room kept; 0 means unlimited for the minute limits.
-func (lim Limits) caps(frac float64) (minR, minT, capR, capT int64) {
-	minR, minT = int64(lim.RPM), int64(lim.TPM)
-	capR, capT = burstCap(lim.RPM, frac), burstCap(lim.TPM, frac)
-	if lim.Keep <= 0 {
-		return
+// minute returns the per-minute limits as a vector (0: unlimited).
+func (lim Limits) minute() Vec {
+	v := Vec{int64(lim.RPM), int64(lim.TPM)}
+	for i, u := range lim.Units {
+		v[2+i] = int64(u)
 	}
-	keep := func(limit int64, least int) int64 {
-		share := int64(math.Ceil(float64(limit) * lim.Keep))
-		return max(share, min(int64(least), limit/10))
+	return v
+}
+
+// Limited reports whether any dimension has a limit.
+func (lim Limits) Limited() bool { return lim.minute().any() }
+
+// caps returns the effective per-minute limits (0: unlimited) and
+// per-second caps (math.MaxInt64: none) of every dimension, after the room
+// kept.
+func (lim Limits) caps(frac float64) (mins, caps Vec) {
+	mins = lim.minute()
+	least := lim.KeepAtLeast.vec()
+	for d, limit := range mins {
+		caps[d] = burstCap(int(limit), frac)
+		if lim.Keep > 0 && limit > 0 {
+			keep := func(limit int64) int64 {
+				share := int64(math.Ceil(float64(limit) * lim.Keep))
+				return max(share, min(least[d], limit/10))
+			}
+			mins[d] = max(limit-keep(limit), 1)
+			caps[d] -= keep(caps[d])
+		}
 	}
-	if lim.RPM > 0 {
-		minR = max(minR-keep(minR, lim.KeepAtLeast.Requests), 1)
-		capR -= keep(capR, lim.KeepAtLeast.Requests)
+	// A quantum learned from the provider replaces the derived cap.
+	if lim.BurstRequests > 0 && mins[0] > 0 {
+		caps[0] = int64(lim.BurstRequests)
 	}
-	if lim.TPM > 0 {
-		minT = max(minT-keep(minT, lim.KeepAtLeast.Tokens), 1)
-		capT -= keep(capT, lim.KeepAtLeast.Tokens)
+	if lim.BurstTokens > 0 && mins[1] > 0 {
+		caps[1] = int64(lim.BurstTokens)
 	}
-	return
+	return mins, caps
 }
 
 // Cost is what one job reserves.
 type Cost struct {
 	Requests int
 	Tokens   int
+	// Units are amounts of the key's other units, by index (the indices
+	// of Limits.Units).
+	Units [MaxUnits]int
+}
+
+func (c Cost) vec() Vec {
+	v := Vec{int64(c.Requests), int64(c.Tokens)}
+	for i, u := range c.Units {
+		v[2+i] = int64(u)
+	}
+	return v
+}
+
+func costOf(v Vec) Cost {
+	c := Cost{Requests: int(v[0]), Tokens: int(v[1])}
+	for i := range c.Units {
+		c.Units[i] = int(v[2+i])
+	}
+	return c
+}
+
+// Plus returns c + o in every dimension.
+func (c Cost) Plus(o Cost) Cost {
+	c.Requests += o.Requests
+	c.Tokens += o.Tokens
+	for i := range c.Units {
+		c.Units[i] += o.Units[i]
+	}
+	return c
+}
+
+// Minus returns c - o in every dimension.
+func (c Cost) Minus(o Cost) Cost {
+	c.Requests -= o.Requests
+	c.Tokens -= o.Tokens
+	for i := range c.Units {
+		c.Units[i] -= o.Units[i]
+	}
+	return c
+}
+
+// Positive reports whether some dimension is above zero.
+func (c Cost) Positive() bool { return c.vec().any() }
+
+// Within reports whether c is at most room in every dimension.
+func (c Cost) Within(room Cost) bool {
+	if c.Requests > room.Requests || c.Tokens > room.Tokens {
+		return false
+	}
+	for i, u := range c.Units {
+		if u > room.Units[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // Params shape the windows. They must be the same in every process.
@@ -131,15 +260,22 @@ func (p Params) burstSlices() int64 {
 	return n
 }
 
-// Window is the shared state of one key: usage per slice index.
+// Window is the shared state of one key: usage per slice index, in every
+// dimension ([0] requests, [1] tokens, [2+i] unit i).
+//
+// Its JSON is {"s": {"<slice>": [requests, tokens, units...]}, "p":
+// [{"a": at, "r": requests, "t": tokens, "u": [units...]}], "tat": [...],
+// "last": at}; trailing zero units are left out, so a window without units
+// reads and writes as it did before units existed, and one written with
+// them loses only its units when an older process reads it.
 type Window struct {
-	Slices map[int64][2]int64 `json:"s"`
+	Slices map[int64]Vec
 	// Paced stores only: the placements of the last short window and those
-	// ahead, in time order; the theoretical arrival time of requests and
-	// tokens (unix microseconds); the newest placement.
-	P    []planned `json:"p,omitempty"`
-	TAT  [2]int64  `json:"tat,omitzero"`
-	Last int64     `json:"last,omitempty"`
+	// ahead, in time order; the theoretical arrival time of each dimension
+	// (unix microseconds); the newest placement.
+	P    []planned
+	TAT  Vec
+	Last int64
 }
 
 // Grant is the result of Take.
@@ -240,7 +376,7 @@ func (s *Store) TakeAt(ctx context.Context, key string, lim Limits, costs []Cost
 // Settle charges extra tokens to the slice a reservation was made in (the
 // provider counted more than was reserved). Extra <= 0 does nothing.
 func (s *Store) Settle(ctx context.Context, key string, slice int64, extra Cost) error {
-	if extra.Requests <= 0 && extra.Tokens <= 0 {
+	if !extra.Positive() {
 		return nil
 	}
 	return s.modify(ctx, key, "settle", func(w *Window, cur int64) bool {
@@ -248,8 +384,9 @@ func (s *Store) Settle(ctx context.Context, key string, slice int64, extra Cost)
 			return false // already out of every window
 		}
 		v := w.Slices[slice]
-		v[0] += int64(max(extra.Requests, 0))
-		v[1] += int64(max(extra.Tokens, 0))
+		for d, x := range extra.vec() {
+			v[d] += max(x, 0)
+		}
 		w.Slices[slice] = v
 		return true
 	})
@@ -285,7 +422,8 @@ func (s *Store) modify(ctx context.Context, key, what string, fn func(w *Window,
 	return fmt.Errorf("%w: %s %s: lost %d compare-and-sets in a row", ErrUnavailable, what, key, maxAttempts)
 }
 
-// Used returns the requests and tokens in key's window now (for visibility).
+// Used returns what key's window holds now in every dimension (for
+// visibility).
 func (s *Store) Used(ctx context.Context, key string) (Cost, error) {
 	w, _, err := s.load(ctx, key)
 	if err != nil {
@@ -293,80 +431,91 @@ func (s *Store) Used(ctx context.Context, key string) (Cost, error) {
 	}
 	cur := s.sliceOf(s.now())
 	w.prune(cur - s.p.Span() + 1)
-	r, t := w.sum(math.MinInt64)
-	return Cost{Requests: int(r), Tokens: int(t)}, nil
+	return costOf(w.sum(math.MinInt64)), nil
 }
 
 // plan grants costs in order and records them in w's current slice.
 func (s *Store) plan(w *Window, lim Limits, costs []Cost, cur int64) Grant {
-	usedR, usedT := w.sum(math.MinInt64)
-	burstFrom := cur - s.p.burstSlices() + 1
-	burstR, burstT := w.sum(burstFrom)
-	minR, minT, capR, capT := lim.caps(s.p.BurstFraction)
+	used := w.sum(math.MinInt64)
+	burst := w.sum(cur - s.p.burstSlices() + 1)
+	mins, caps := lim.caps(s.p.BurstFraction)
 	g := Grant{Slice: cur, ValidUntil: s.sliceStart(cur + 1).Add(s.p.DispatchGrace)}
-	var addR, addT int64
+	var added Vec
 	for _, c := range costs {
-		r, t := int64(c.Requests), int64(c.Tokens)
-		switch {
-		case lim.RPM > 0 && usedR+addR+r > minR:
-			g.Reason = "rpm"
-		case lim.TPM > 0 && usedT+addT+t > minT:
-			g.Reason = "tpm"
-		case lim.RPM > 0 && burstR+addR > 0 && burstR+addR+r > capR:
-			g.Reason = "burst"
-		case lim.TPM > 0 && burstT+addT > 0 && burstT+addT+t > capT:
-			g.Reason = "burst"
+		v := c.vec()
+		// The minute limits first (requests, tokens, units), then the
+		// per-second caps.
+		for d := range v {
+			if mins[d] > 0 && used[d]+added[d]+v[d] > mins[d] {
+				g.Reason = reasonOf(d)
+				break
+			}
+		}
+		for d := range v {
+			if g.Reason == "" && mins[d] > 0 && burst[d]+added[d] > 0 && burst[d]+added[d]+v[d] > caps[d] {
+				g.Reason = "burst"
+			}
 		}
 		if g.Reason != "" {
-			g.RetryAt = s.retryAt(w, lim, c, cur, addR, addT, g.Reason)
+			g.RetryAt = s.retryAt(w, lim, v, cur, added, g.Reason)
 			break
 		}
-		addR += r
-		addT += t
+		added.add(v)
 		g.N++
 	}
 	if g.N > 0 {
 		v := w.Slices[cur]
-		v[0] += addR
-		v[1] += addT
+		v.add(added)
 		w.Slices[cur] = v
 	}
 	return g
 }
 
+// reasonOf names the minute limit of dimension d in a Grant's Reason.
+func reasonOf(d int) string {
+	switch d {
+	case 0:
+		return "rpm"
+	case 1:
+		return "tpm"
+	}
+	return "units"
+}
+
 // retryAt finds when cost c could fit: for the minute limits, the end of the
 // window of the oldest slices that must expire; for the burst cap, the next
 // slice.
-func (s *Store) retryAt(w *Window, lim Limits, c Cost, cur, addR, addT int64, reason string) time.Time {
+func (s *Store) retryAt(w *Window, lim Limits, c Vec, cur int64, added Vec, reason string) time.Time {
 	next := s.sliceStart(cur + 1)
 	if reason == "burst" {
 		return next
 	}
-	usedR, usedT := w.sum(math.MinInt64)
-	usedR += addR
-	usedT += addT
-	minR, minT, _, _ := lim.caps(s.p.BurstFraction)
-	needR := usedR + int64(c.Requests) - minR
-	needT := usedT + int64(c.Tokens) - minT
-	if lim.RPM == 0 {
-		needR = 0
+	used := w.sum(math.MinInt64)
+	mins, _ := lim.caps(s.p.BurstFraction)
+	var need Vec
+	for d := range need {
+		if mins[d] > 0 {
+			need[d] = used[d] + added[d] + c[d] - mins[d]
+		}
 	}
-	if lim.TPM == 0 {
-		needT = 0
+	var freed Vec
+	covered := func() bool {
+		for d := range need {
+			if freed[d] < need[d] {
+				return false
+			}
+		}
+		return true
 	}
-	keys := w.keys()
-	var freedR, freedT int64
-	for _, k := range keys {
-		if freedR >= needR && freedT >= needT {
+	for _, k := range w.keys() {
+		if covered() {
 			break
 		}
-		v := w.Slices[k]
-		freedR += v[0]
-		freedT += v[1]
+		freed.add(w.Slices[k])
 		// slice k leaves the window when the current slice is k+Span.
 		next = s.sliceStart(k + s.p.Span())
 	}
-	if freedR < needR || freedT < needT {
+	if !covered() {
 		// The cost exceeds the limit even with an empty window; admission
 		// rejects such jobs before they get here. Retry in a full window.
 		return s.sliceStart(cur + s.p.Span())
@@ -389,14 +538,13 @@ func (w *Window) prune(from int64) {
 	}
 }
 
-func (w *Window) sum(from int64) (r, t int64) {
+func (w *Window) sum(from int64) (sum Vec) {
 	for k, v := range w.Slices {
 		if k >= from {
-			r += v[0]
-			t += v[1]
+			sum.add(v)
 		}
 	}
-	return r, t
+	return sum
 }
 
 func (w *Window) keys() []int64 {
@@ -414,7 +562,7 @@ var errConflict = errors.New("budget: revision conflict")
 const maxAttempts = 51
 
 func (s *Store) load(ctx context.Context, key string) (Window, uint64, error) {
-	w := Window{Slices: map[int64][2]int64{}}
+	w := Window{Slices: map[int64]Vec{}}
 	e, err := s.kv.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return w, 0, nil
@@ -423,29 +571,134 @@ func (s *Store) load(ctx context.Context, key string) (Window, uint64, error) {
 		return w, 0, fmt.Errorf("%w: get %s: %v", ErrUnavailable, key, err)
 	}
 	if len(e.Value()) > 0 {
-		var raw struct {
-			S    map[string][2]int64 `json:"s"`
-			P    []planned           `json:"p"`
-			TAT  [2]int64            `json:"tat"`
-			Last int64               `json:"last"`
-		}
-		if err := json.Unmarshal(e.Value(), &raw); err != nil {
+		if err := json.Unmarshal(e.Value(), &w); err != nil {
 			return w, 0, fmt.Errorf("budget %s: corrupt window: %w", key, err)
-		}
-		w.P, w.TAT, w.Last = raw.P, raw.TAT, raw.Last
-		for k, v := range raw.S {
-			n, err := strconv.ParseInt(k, 10, 64)
-			if err != nil {
-				return w, 0, fmt.Errorf("budget %s: corrupt slice %q", key, k)
-			}
-			w.Slices[n] = v
 		}
 	}
 	return w, e.Revision(), nil
 }
 
+// windowJSON is a window's stored form (see Window). A JSON array decoded
+// into a longer Go array leaves the rest zero, and a longer one into a
+// shorter loses its tail: windows stored with fewer dimensions read as
+// windows whose other dimensions are zero.
+type windowJSON struct {
+	S    map[string]Vec `json:"s"`
+	P    []plannedJSON  `json:"p,omitempty"`
+	TAT  Vec            `json:"tat"`
+	Last int64          `json:"last,omitempty"`
+}
+
+type plannedJSON struct {
+	At int64   `json:"a"`
+	R  int64   `json:"r"`
+	T  int64   `json:"t"`
+	U  []int64 `json:"u,omitempty"`
+}
+
+// UnmarshalJSON reads a stored window.
+func (w *Window) UnmarshalJSON(data []byte) error {
+	var raw windowJSON
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return err
+	}
+	if w.Slices == nil {
+		w.Slices = make(map[int64]Vec, len(raw.S))
+	}
+	for k, v := range raw.S {
+		n, err := strconv.ParseInt(k, 10, 64)
+		if err != nil {
+			return fmt.Errorf("corrupt slice %q", k)
+		}
+		w.Slices[n] = v
+	}
+	w.P = make([]planned, len(raw.P))
+	for i, p := range raw.P {
+		w.P[i] = planned{At: p.At, V: Vec{p.R, p.T}}
+		copy(w.P[i].V[2:], p.U)
+	}
+	w.TAT, w.Last = raw.TAT, raw.Last
+	return nil
+}
+
+// MarshalJSON writes the stored form by hand: it is written at every
+// compare-and-set, and trailing zeros are left out of every vector.
+func (w Window) MarshalJSON() ([]byte, error) {
+	b := make([]byte, 0, 64+len(w.Slices)*32+len(w.P)*40)
+	b = append(b, `{"s":{`...)
+	first := true
+	for k, v := range w.Slices {
+		if !first {
+			b = append(b, ',')
+		}
+		first = false
+		b = append(b, '"')
+		b = strconv.AppendInt(b, k, 10)
+		b = append(b, `":`...)
+		b = appendVec(b, v[:], 2)
+	}
+	b = append(b, '}')
+	if len(w.P) > 0 {
+		b = append(b, `,"p":[`...)
+		for i, p := range w.P {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, `{"a":`...)
+			b = strconv.AppendInt(b, p.At, 10)
+			b = append(b, `,"r":`...)
+			b = strconv.AppendInt(b, p.V[0], 10)
+			b = append(b, `,"t":`...)
+			b = strconv.AppendInt(b, p.V[1], 10)
+			if p.V.any2() {
+				b = append(b, `,"u":`...)
+				b = appendVec(b, p.V[2:], 1)
+			}
+			b = append(b, '}')
+		}
+		b = append(b, ']')
+	}
+	if w.TAT != (Vec{}) {
+		b = append(b, `,"tat":`...)
+		b = appendVec(b, w.TAT[:], 2)
+	}
+	if w.Last != 0 {
+		b = append(b, `,"last":`...)
+		b = strconv.AppendInt(b, w.Last, 10)
+	}
+	return append(b, '}'), nil
+}
+
+// any2 reports whether some unit (a dimension after requests and tokens)
+// is not zero.
+func (v Vec) any2() bool {
+	for _, x := range v[2:] {
+		if x != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// appendVec appends v as a JSON array without its trailing zeros, but at
+// least least entries.
+func appendVec(b []byte, v []int64, least int) []byte {
+	n := len(v)
+	for n > least && v[n-1] == 0 {
+		n--
+	}
+	b = append(b, '[')
+	for i, x := range v[:n] {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, x, 10)
+	}
+	return append(b, ']')
+}
+
 func (s *Store) store(ctx context.Context, key string, w Window, rev uint64) error {
-	data, err := json.Marshal(w)
+	data, err := w.MarshalJSON()
 	if err != nil {
 		return err
 	}
@@ -492,7 +745,7 @@ func CalibrationKey(provider, modelToken string) string {
 // leftover). Usage never goes below zero; a slice already out of every
 // window is left alone.
 func (s *Store) Return(ctx context.Context, key string, slice int64, c Cost) error {
-	if c.Requests <= 0 && c.Tokens <= 0 {
+	if !c.Positive() {
 		return nil
 	}
 	return s.modify(ctx, key, "return", func(w *Window, cur int64) bool {
@@ -503,8 +756,7 @@ func (s *Store) Return(ctx context.Context, key string, slice int64, c Cost) err
 		if !ok {
 			return false
 		}
-		v[0] = max(v[0]-int64(max(c.Requests, 0)), 0)
-		v[1] = max(v[1]-int64(max(c.Tokens, 0)), 0)
+		v.sub(c.vec())
 		w.Slices[slice] = v
 		return true
 	})

@@ -463,7 +463,7 @@ func TestSettle(t *testing.T) {
 			t.Fatalf("Settle: %v", err)
 		}
 		w := window(t, b)
-		if got, want := w.Slices[k], [2]int64{1, 1250}; got != want {
+		if got, want := w.Slices[k], (budget.Vec{1, 1250}); got != want {
 			t.Errorf("slice %d: got %v, want %v", k, got, want)
 		}
 		if got, want := len(w.Slices), 1; got != want {
@@ -486,7 +486,7 @@ func TestSettle(t *testing.T) {
 		if err := b.store.Settle(ctx, key, k, budget.Cost{Requests: 1, Tokens: -500}); err != nil {
 			t.Fatalf("Settle: %v", err)
 		}
-		if got, want := window(t, b).Slices[k], [2]int64{2, 1000}; got != want {
+		if got, want := window(t, b).Slices[k], (budget.Vec{2, 1000}); got != want {
 			t.Errorf("slice %d: got %v, want %v", k, got, want)
 		}
 	})
@@ -512,7 +512,7 @@ func TestSettle(t *testing.T) {
 		if err := b.store.Settle(ctx, key, k, budget.Cost{Tokens: 1}); err != nil {
 			t.Fatalf("Settle: %v", err)
 		}
-		if got, want := window(t, b).Slices[k], [2]int64{1, 1001}; got != want {
+		if got, want := window(t, b).Slices[k], (budget.Vec{1, 1001}); got != want {
 			t.Errorf("slice %d: got %v, want %v", k, got, want)
 		}
 	})
@@ -541,7 +541,7 @@ func TestSettle(t *testing.T) {
 		if err := b.store.Settle(ctx, key, k, budget.Cost{Tokens: 7}); err != nil {
 			t.Fatalf("Settle: %v", err)
 		}
-		if got, want := window(t, b).Slices[k], [2]int64{0, 7}; got != want {
+		if got, want := window(t, b).Slices[k], (budget.Vec{0, 7}); got != want {
 			t.Errorf("slice %d: got %v, want %v", k, got, want)
 		}
 	})

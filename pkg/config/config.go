@@ -17,6 +17,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluice-dev/sluice/pkg/budget"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -299,6 +300,13 @@ type Model struct {
 	RPM            int    `yaml:"rpm"`
 	TPM            int    `yaml:"tpm"`
 	MaxConcurrency int    `yaml:"max_concurrency"`
+	// Units are per-minute limits on units other than requests and tokens
+	// (images: 50, audio_seconds: 600, tasks: 100), at most job.MaxUnits,
+	// each named by 1-32 of a-z, 0-9 and '_' (0 = counted, no limit). A
+	// job states its cost in them (job.Job.Cost, X-Sluice-Cost); a unit it
+	// does not name costs job.DefaultUnitCost. Paced, quantized and leased
+	// like requests and tokens; not adapted to the provider.
+	Units map[string]int `yaml:"units"`
 	// Adaptive: absent, Sluice lowers the limits in effect when the
 	// provider states lower ones or refuses calls for rate, and recovers
 	// toward the configured ones (never above them); 0 stays unlimited.
@@ -307,6 +315,25 @@ type Model struct {
 	// they are.
 	Adaptive *bool `yaml:"adaptive"`
 }
+
+// UnitNames returns the model's units in the order budgets index them:
+// sorted by name.
+func (m Model) UnitNames() []string { return job.UnitNames(m.Units) }
+
+// UnitLimits returns the model's unit limits by index (see UnitNames).
+func (m Model) UnitLimits() [budget.MaxUnits]int {
+	var out [budget.MaxUnits]int
+	for i, name := range m.UnitNames() {
+		out[i] = m.Units[name]
+	}
+	return out
+}
+
+// The budgets count as many units as a job may name.
+const (
+	_ uint = budget.MaxUnits - job.MaxUnits
+	_ uint = job.MaxUnits - budget.MaxUnits
+)
 
 // Adapts reports whether the model's limits adapt to the provider.
 func (m Model) Adapts() bool { return m.Adaptive == nil || *m.Adaptive }
@@ -670,6 +697,17 @@ func (c *Config) problems() Problems {
 			if m.MaxConcurrency < 0 {
 				fail(mk+".max_concurrency", "must be > 0, got %d", m.MaxConcurrency)
 			}
+			if len(m.Units) > job.MaxUnits {
+				fail(mk+".units", "names %d units; at most %d", len(m.Units), job.MaxUnits)
+			}
+			for _, name := range m.UnitNames() {
+				if !job.ValidUnitName(name) {
+					fail(mk+".units", "%q: a unit is named by 1-32 of a-z, 0-9 and '_' (requests and tokens are rpm and tpm)", clipName(name))
+				}
+				if v := m.Units[name]; v < 0 || v > job.MaxUnitCost {
+					fail(mk+".units."+name, "must be between 0 (no limit) and %d per minute, got %d", job.MaxUnitCost, v)
+				}
+			}
 		}
 	}
 	seenT := map[string]bool{}
@@ -743,6 +781,14 @@ func envName(s string) bool {
 		}
 	}
 	return true
+}
+
+// clipName shortens a name for an error message.
+func clipName(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "…"
+	}
+	return s
 }
 
 // clip shortens a value that failed to be an environment variable name: it

@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -81,7 +82,7 @@ func TestParseReadmeExample(t *testing.T) {
 		{"queues.queue", c.Queues.Queue, config.StreamBounds{MaxMsgs: 500_000, MaxBytes: 1 << 30, MaxPerTenant: 100_000}},
 		{"retry classes", len(c.Retry), 3},
 	} {
-		if tc.got != tc.want {
+		if !reflect.DeepEqual(tc.got, tc.want) {
 			t.Errorf("%s: got %v, want %v", tc.what, tc.got, tc.want)
 		}
 	}
@@ -250,6 +251,26 @@ func TestParseErrors(t *testing.T) {
 			name: "negative tpm",
 			yaml: "providers:\n" + provider("openai", model("m1")+"        tpm: -200\n"),
 			want: []string{"providers[0].models[0].tpm: ", "must be >= 0", "got -200"},
+		},
+		{
+			name: "negative unit limit",
+			yaml: "providers:\n" + provider("openai", model("m1")+"        units: {images: 5, audio_seconds: -1}\n"),
+			want: []string{"providers[0].models[0].units.audio_seconds: ", "got -1"},
+		},
+		{
+			name: "bad unit name",
+			yaml: "providers:\n" + provider("openai", model("m1")+"        units: {Images: 5}\n"),
+			want: []string{"providers[0].models[0].units: ", `"Images"`, "a-z, 0-9 and '_'"},
+		},
+		{
+			name: "unit named like a built-in dimension",
+			yaml: "providers:\n" + provider("openai", model("m1")+"        units: {tokens: 5}\n"),
+			want: []string{"providers[0].models[0].units: ", `"tokens"`},
+		},
+		{
+			name: "too many units",
+			yaml: "providers:\n" + provider("openai", model("m1")+"        units: {a: 1, b: 1, c: 1, d: 1, e: 1}\n"),
+			want: []string{"providers[0].models[0].units: ", "names 5 units; at most 4"},
 		},
 		{
 			name: "negative max_concurrency",
@@ -766,5 +787,30 @@ func TestDLQRetentionFollowsResults(t *testing.T) {
 		if got := c.Limits.DLQRetention.D(); got != tc.want {
 			t.Errorf("Parse(%q): dlq_retention got %v, want %v", tc.yaml, got, tc.want)
 		}
+	}
+}
+
+func TestParseUnits(t *testing.T) {
+	t.Parallel()
+	c, err := config.Parse([]byte(`
+providers:
+  - name: p
+    base_url: http://127.0.0.1:1/v1
+    models:
+      - {name: img, rpm: 1000, units: {tasks: 0, images: 50, audio_seconds: 600}}
+      - {name: plain, rpm: 10}
+`))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	m := c.Providers[0].Models[0]
+	if got, want := m.UnitNames(), []string{"audio_seconds", "images", "tasks"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("unit names: got %v, want %v (sorted: the budgets' indices)", got, want)
+	}
+	if got, want := m.UnitLimits(), [4]int{600, 50, 0, 0}; got != want {
+		t.Errorf("unit limits: got %v, want %v", got, want)
+	}
+	if got := c.Providers[0].Models[1].UnitNames(); len(got) != 0 {
+		t.Errorf("a model without units: got %v", got)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -63,6 +64,12 @@ type Job struct {
 	// EndpointChat) for chat completions, EndpointEmbeddings for embeddings.
 	Endpoint string          `json:"endpoint,omitempty"`
 	Request  json.RawMessage `json:"request"`
+	// Cost states what the job uses of its model's units besides requests
+	// and tokens (config providers[].models[].units), by unit name:
+	// {"images": 2}. A unit the model limits and the job does not name
+	// costs DefaultUnitCost; naming a unit the model does not limit is
+	// refused at ingest.
+	Cost map[string]int `json:"cost,omitempty"`
 
 	// Set by Sluice.
 	SubmittedAt time.Time    `json:"submitted_at,omitzero"`
@@ -97,10 +104,69 @@ func (j *Job) TaskType() string {
 	return j.Task
 }
 
-// Estimate is the token cost ingest computed for a job.
+// Estimate is the cost ingest computed for a job: its tokens and, for a
+// model that limits other units, its amount of each (every unit the model
+// limits, from the job's Cost or DefaultUnitCost). The seal covers all of
+// it.
 type Estimate struct {
-	PromptTokens int `json:"prompt_tokens"`
-	MaxTokens    int `json:"max_tokens"`
+	PromptTokens int            `json:"prompt_tokens"`
+	MaxTokens    int            `json:"max_tokens"`
+	Units        map[string]int `json:"units,omitempty"`
+}
+
+// MaxUnits is how many units a job's cost may name (and a model may limit)
+// besides requests and tokens.
+const MaxUnits = 4
+
+// MaxUnitCost bounds one unit's amount in a job's cost.
+const MaxUnitCost = 1 << 30
+
+// DefaultUnitCost is what a job costs of a unit its model limits when its
+// Cost does not name the unit: one, as every call costs one request.
+const DefaultUnitCost = 1
+
+// ValidUnitName reports whether s may name a unit: 1-32 of a-z, 0-9 and
+// '_', and neither "requests" nor "tokens" (those are always counted).
+func ValidUnitName(s string) bool {
+	if len(s) == 0 || len(s) > 32 || s == "requests" || s == "tokens" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// UnitNames returns the names in units, sorted.
+func UnitNames(units map[string]int) []string {
+	names := make([]string, 0, len(units))
+	for name := range units {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// CheckUnits checks a map of unit amounts (a job's cost, an estimate's or
+// a reservation's units): at most MaxUnits valid names, amounts in [0,
+// MaxUnitCost]. field names it in the error ("cost").
+func CheckUnits(field string, units map[string]int) error {
+	if len(units) > MaxUnits {
+		return invalid(field, "names %d units; at most %d", len(units), MaxUnits)
+	}
+	for _, name := range UnitNames(units) {
+		n := units[name]
+		if !ValidUnitName(name) {
+			return invalid(field, "unit %q: a unit is named by 1-32 of a-z, 0-9 and '_' (not requests or tokens)", clip(name))
+		}
+		if n < 0 || n > MaxUnitCost {
+			return invalid(field+"."+name, "must be between 0 and %d, got %d", MaxUnitCost, n)
+		}
+	}
+	return nil
 }
 
 // Cost is what a provider charges against TPM at arrival: prompt plus max output.
@@ -108,10 +174,12 @@ func (e Estimate) Cost() int { return e.PromptTokens + e.MaxTokens }
 
 // Reservation is the budget admission reserved for one dispatch.
 type Reservation struct {
-	ID         string    `json:"id"`
-	Requests   int       `json:"requests"`
-	Tokens     int       `json:"tokens"`
-	ReservedAt time.Time `json:"reserved_at"`
+	ID       string `json:"id"`
+	Requests int    `json:"requests"`
+	Tokens   int    `json:"tokens"`
+	// Units are the amounts reserved of the model's other units.
+	Units      map[string]int `json:"units,omitempty"`
+	ReservedAt time.Time      `json:"reserved_at"`
 	// ValidUntil is the latest moment the provider call may start; an executor
 	// that picks the job up later sends it back for a new reservation.
 	ValidUntil time.Time `json:"valid_until"`
@@ -336,7 +404,7 @@ func Decode(data []byte, lim Limits) (*Job, error) {
 }
 
 // EnvelopeFields are the fields a producer may set in a job envelope.
-var EnvelopeFields = []string{"id", "tenant", "priority", "idempotency_key", "deadline", "task", "endpoint", "request"}
+var EnvelopeFields = []string{"id", "tenant", "priority", "idempotency_key", "deadline", "task", "endpoint", "request", "cost"}
 
 // CanonicalID reports whether s is a UUID in its canonical form
 // (8-4-4-4-12 lower-case hex): the only form that is also a valid KV key
@@ -363,6 +431,9 @@ func (j *Job) Check(lim Limits) error {
 	}
 	if len(j.IdempotencyKey) > 256 {
 		return invalid("idempotency_key", "is %d bytes; at most 256", len(j.IdempotencyKey))
+	}
+	if err := CheckUnits("cost", j.Cost); err != nil {
+		return err
 	}
 	switch j.Endpoint {
 	case "", EndpointChat:

@@ -434,3 +434,43 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+func TestDecodeCost(t *testing.T) {
+	t.Parallel()
+	const req = `"request":{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+	for _, tc := range []struct {
+		name, cost string
+		want       map[string]int
+		field      string // of the error; "" for none
+	}{
+		{"images", `{"images": 2}`, map[string]int{"images": 2}, ""},
+		{"zero is a cost", `{"images": 0, "audio_seconds": 30}`, map[string]int{"images": 0, "audio_seconds": 30}, ""},
+		{"negative", `{"images": -1}`, nil, "cost.images"},
+		{"too large", `{"images": 2000000000}`, nil, "cost.images"},
+		{"upper case name", `{"Images": 1}`, nil, "cost"},
+		{"a built-in dimension", `{"tokens": 1}`, nil, "cost"},
+		{"too many", `{"a": 1, "b": 1, "c": 1, "d": 1, "e": 1}`, nil, "cost"},
+		{"not a number", `{"images": "two"}`, nil, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			j, err := job.Decode([]byte(`{"tenant":"t",`+req+`,"cost":`+tc.cost+`}`), job.DefaultLimits)
+			if tc.want != nil {
+				if err != nil {
+					t.Fatalf("Decode: %v", err)
+				}
+				if fmt.Sprint(j.Cost) != fmt.Sprint(tc.want) {
+					t.Errorf("cost: got %v, want %v", j.Cost, tc.want)
+				}
+				return
+			}
+			var ve *job.ValidationError
+			if !errors.As(err, &ve) || ve.Code != job.CodeInvalidRequest {
+				t.Fatalf("Decode: got %v, want an invalid_request", err)
+			}
+			if tc.field != "" && ve.Field != tc.field {
+				t.Errorf("field: got %q, want %q (%v)", ve.Field, tc.field, err)
+			}
+		})
+	}
+}

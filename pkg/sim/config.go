@@ -55,6 +55,9 @@ type ModelLimits struct {
 	Name string // model name as callers send it, e.g. "gpt-4o-mini"
 	RPM  int    // requests per minute (0 = unlimited)
 	TPM  int    // tokens per minute (0 = unlimited)
+	// Units are per-minute limits on other units (images, audio seconds),
+	// by name; see units.go for how they are enforced (0 = counted only).
+	Units map[string]int
 }
 
 // Config shapes a simulated provider.
@@ -97,6 +100,11 @@ type Config struct {
 	// Default: a deterministic value in [max/4, max/2] (at least 1) derived
 	// from a hash of the body. It must be safe for concurrent use.
 	OutputTokens func(maxTokens int, body []byte) int
+	// UnitsOf reads what a request costs of its model's units from its
+	// body (a unit it leaves out costs DefaultUnitCost). Default: the
+	// body's top-level "sim_units" object, {"images": 2}. It must be safe
+	// for concurrent use.
+	UnitsOf func(body []byte) map[string]int
 	// DefaultMaxTokens is the output limit of a request that names neither
 	// max_tokens nor max_completion_tokens (default 256).
 	DefaultMaxTokens int
@@ -172,6 +180,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.OutputTokens == nil {
 		c.OutputTokens = hashedOutputTokens
 	}
+	if c.UnitsOf == nil {
+		c.UnitsOf = bodyUnits
+	}
 	return c, c.check()
 }
 
@@ -188,6 +199,11 @@ func (c Config) check() error {
 			return fmt.Errorf("models[%d]: model %q listed twice", i, m.Name)
 		case m.RPM < 0 || m.TPM < 0:
 			return fmt.Errorf("model %q: limits must be >= 0 (RPM %d, TPM %d)", m.Name, m.RPM, m.TPM)
+		}
+		for name, limit := range m.Units {
+			if name == "" || limit < 0 {
+				return fmt.Errorf("model %q: unit %q: a unit needs a name and a limit >= 0, got %d", m.Name, name, limit)
+			}
 		}
 		seen[m.Name] = true
 	}

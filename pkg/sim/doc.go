@@ -38,6 +38,12 @@
 // than the cap still runs if the minute has room. A request larger than TPM
 // can never run and is rejected as too large, without Retry-After.
 //
+// A model may also limit other units per minute (ModelLimits.Units:
+// images, audio seconds). Under every profile a unit is enforced as
+// quantized enforces requests and tokens, the request's amounts read from
+// its body by Config.UnitsOf (default: the "sim_units" field; a unit it
+// does not name costs 1), and counted per unit in Stats (see units.go).
+//
 // A window (t-60s, t] holds every charge made after t-60s. The simulator
 // keeps an exact log of charges (arrival instants are taken to the
 // millisecond; one entry per distinct millisecond), so admission is exact:

@@ -233,6 +233,7 @@ type modelState struct {
 	lim    limits
 	start  int64 // generation start, unix nanoseconds
 	status statusCounts
+	units  *unitLimiter // nil unless the model limits units (units.go)
 
 	mu              sync.Mutex
 	log             chargeLog

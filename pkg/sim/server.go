@@ -230,10 +230,14 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, g *generatio
 // execute charges c and, if admitted and not faulted, completes it. e is
 // the ledger entry c owns, if it has an Idempotency-Key.
 func (s *Server) execute(w http.ResponseWriter, r *http.Request, g *generation, m *modelState, c *call, e *entry) {
-	d := m.admit(s.now(), c.cost)
+	d, unitErr := s.admit(m, c)
 	d.rate.set(w.Header(), s.form)
 	if !d.admitted {
 		g.release(c.key, e)
+		if unitErr != nil {
+			s.failUnit(w, g, m, d, unitErr)
+			return
+		}
 		if !d.tooLarge {
 			setRetryAfter(w.Header(), d.retry)
 		}

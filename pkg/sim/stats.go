@@ -100,6 +100,9 @@ type ModelStats struct {
 	// Timeline has one entry per second that has fully elapsed since
 	// StartedAt: Timeline[i] covers [StartedAt+i s, StartedAt+(i+1) s).
 	Timeline []Second `json:"timeline,omitempty"`
+	// Units are the model's units other than requests and tokens, by
+	// name (ModelLimits.Units).
+	Units map[string]UnitStats `json:"units,omitempty"`
 }
 
 // Second is what happened to one model's arrivals in one second. Successes
@@ -225,6 +228,7 @@ func (m *modelState) snapshot(now int64) ModelStats {
 	}
 	ms.SuccessRequests, ms.SuccessTokens = m.successRequests, m.successTokens
 	ms.Timeline = m.elapsedTimeline(now)
+	ms.Units = m.units.snapshot()
 	return ms
 }
 

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"runtime/debug"
 	"strings"
@@ -102,6 +103,15 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	return s, nil
 }
 
+// UnitQuantum is the per-second cap of a unit limited to limit per minute:
+// limit x burst_fraction, rounded up (0: unlimited).
+func UnitQuantum(limit int, burstFraction float64) int {
+	if limit <= 0 {
+		return 0
+	}
+	return max(int(math.Ceil(float64(limit)*burstFraction)), 1)
+}
+
 // ModelParams are the paced windows of provider models: the same in every
 // process (admission plans, executors settle).
 func ModelParams(a config.Admission) budget.Params {
@@ -155,6 +165,13 @@ func (s *Service) effective(ctx context.Context, ms *modelState, model config.Mo
 		for i, d := range []string{"requests_per_minute", "tokens_per_minute", "requests_per_second", "tokens_per_second"} {
 			v := [4]int{e.PerMinute[0], e.PerMinute[1], e.PerSecond[0], e.PerSecond[1]}[i]
 			s.m.LimitEffective.WithLabelValues(ms.provider, ms.model, d).Set(float64(v))
+		}
+		// Units: configured, not adapted; the per-second quantum as
+		// admission.burst_fraction derives it.
+		for i, name := range ms.units {
+			limit := ms.unitLimits[i]
+			s.m.LimitEffective.WithLabelValues(ms.provider, ms.model, name+"_per_minute").Set(float64(limit))
+			s.m.LimitEffective.WithLabelValues(ms.provider, ms.model, name+"_per_second").Set(float64(UnitQuantum(limit, s.cfg.App.Admission.BurstFraction)))
 		}
 	}
 	return e
@@ -358,7 +375,7 @@ func (s *Service) admit(ctx context.Context, msgs []jetstream.Msg) {
 			continue
 		}
 		delete(s.notBefore, j.ID)
-		s.hold(&Candidate{Job: j, Msg: msg, Cost: budget.Cost{Requests: 1, Tokens: j.Estimate.Cost()}}, now)
+		s.hold(&Candidate{Job: j, Msg: msg}, now)
 	}
 	s.dispatchAll(ctx)
 }
@@ -462,13 +479,30 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 	}
 	eff := s.effective(ctx, ms, *model)
 	lim := eff.Limits()
+	// Units are paced like requests and tokens at their configured limits
+	// (not learned from the provider).
+	lim.Units = ms.unitLimits
 	urgent := byCand[allowed[0]].Urgent
 	if h := s.cfg.App.Admission.HeadroomShare(); h > 0 && !urgent && s.now().Sub(ms.lastUrgent) < UrgentMemory {
 		// Work that should not wait is about: backlogs leave it room.
 		lim.Keep, lim.KeepAtLeast = h, budget.Cost{Requests: 1, Tokens: ms.urgentCost}
+		for i := range ms.units {
+			lim.KeepAtLeast.Units[i] = 1
+		}
 	}
 	n, _ := ms.sched.Len()
 	backlog := budget.Cost{Requests: n, Tokens: ms.sched.Tokens()}
+	if len(ms.units) > 0 {
+		// The scheduler counts tokens only: the backlog's units are
+		// those of the jobs at hand, per job, times the backlog.
+		var sum budget.Cost
+		for _, c := range allowed {
+			sum = sum.Plus(c.Cost)
+		}
+		for i := range ms.units {
+			backlog.Units[i] = (sum.Units[i]*n + len(allowed) - 1) / len(allowed)
+		}
+	}
 	if !urgent {
 		// Placements are monotone: a backlog planned far ahead would queue
 		// the next interactive job behind it. It plans BacklogHorizon
@@ -502,7 +536,13 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 			ID: fmt.Sprintf("%d-%d", s.store.SliceOf(at), i), Requests: c.Cost.Requests, Tokens: c.Cost.Tokens,
 			ReservedAt: now.UTC(), ValidUntil: at.Add(s.cfg.App.Admission.SendTolerance.D()).UTC(), SendAt: at.UTC(),
 		}
-		if lim.RPM <= 0 && lim.TPM <= 0 {
+		if len(ms.units) > 0 {
+			j.Reservation.Units = make(map[string]int, len(ms.units))
+			for k, name := range ms.units {
+				j.Reservation.Units[name] = c.Cost.Units[k]
+			}
+		}
+		if !lim.Limited() {
 			// Unlimited: nothing to pace, so no instant to keep.
 			j.Reservation.SendAt, j.Reservation.ValidUntil = time.Time{}, now.Add(s.cfg.App.Admission.DispatchGrace.D()).UTC()
 		}
@@ -666,14 +706,20 @@ const leaseChunks = 4
 // demandChunks splits an expected extra demand into up to leaseChunks
 // pieces of whole average jobs (each with its share of the tokens), so a
 // partly full window grants some of it and what it grants fits jobs.
-func demandChunks(requests, tokens int) []budget.Cost {
-	if requests <= 0 || tokens <= 0 {
+func demandChunks(d budget.Cost) []budget.Cost {
+	if d.Requests <= 0 || d.Tokens <= 0 {
 		return nil
 	}
-	k := min(requests, leaseChunks)
+	k := min(d.Requests, leaseChunks)
+	piece := budget.Cost{Requests: d.Requests / k, Tokens: d.Tokens / k}
+	for i, u := range d.Units {
+		// Rounded up: a unit's amounts are small, and a piece with none
+		// would fit no job that costs one.
+		piece.Units[i] = (max(u, 0) + k - 1) / k
+	}
 	out := make([]budget.Cost, k)
 	for i := range out {
-		out[i] = budget.Cost{Requests: requests / k, Tokens: tokens / k}
+		out[i] = piece
 	}
 	return out
 }
@@ -700,7 +746,7 @@ type leaseGrant struct {
 func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cands []*Candidate, backlog budget.Cost, urgent bool) (leaseGrant, error) {
 	now := s.now()
 	var g leaseGrant
-	if lim.RPM <= 0 && lim.TPM <= 0 {
+	if !lim.Limited() {
 		g.N, g.SendAt = len(cands), make([]time.Time, len(cands))
 		for i := range g.SendAt {
 			g.SendAt[i] = now
@@ -744,25 +790,27 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 	var need budget.Cost
 	for _, c := range rest {
 		costs = append(costs, c.Cost)
-		need.Requests += c.Cost.Requests
-		need.Tokens += c.Cost.Tokens
+		need = need.Plus(c.Cost)
 	}
 	var extra []budget.Cost
 	var spread time.Duration
 	if backlog.Requests > 0 {
 		// Jobs wait behind these: ask for room for them too, one average
-		// job per chunk, so what fits is spent locally without more round
-		// trips.
-		avg := max(backlog.Tokens/backlog.Requests, 1)
+		// job per chunk (units rounded up), so what fits is spent locally
+		// without more round trips.
+		avg := budget.Cost{Requests: 1, Tokens: max(backlog.Tokens/backlog.Requests, 1)}
+		for i, u := range backlog.Units {
+			avg.Units[i] = (u + backlog.Requests - 1) / backlog.Requests
+		}
 		for range min(backlog.Requests, backlogChunks) {
-			extra = append(extra, budget.Cost{Requests: 1, Tokens: avg})
+			extra = append(extra, avg)
 		}
 	} else {
 		// Room for the demand expected in the slice (for urgent work too:
 		// a steady interactive stream would otherwise cost a
 		// compare-and-set per job).
 		d := l.Demand(urgent, now)
-		extra = demandChunks(d.Requests-need.Requests, d.Tokens-need.Tokens)
+		extra = demandChunks(d.Minus(need))
 		spread = s.store.Params().Slice
 	}
 	tg, err := l.Take(ctx, lim, costs, extra, urgent, spread)
@@ -811,7 +859,8 @@ func (s *Service) tenantGate(ctx context.Context, cands []*Candidate) ([]*Candid
 		}
 		costs := make([]budget.Cost, len(group))
 		for i, c := range group {
-			costs[i] = c.Cost
+			// Tenant budgets count requests and tokens only.
+			costs[i] = budget.Cost{Requests: c.Cost.Requests, Tokens: c.Cost.Tokens}
 		}
 		h := &tenantHold{minKey: "tenant." + name + ".minute", dayKey: "tenant." + name + ".day", costs: map[*Candidate]budget.Cost{}}
 		n := len(group)
@@ -833,8 +882,7 @@ func (s *Service) tenantGate(ctx context.Context, cands []*Candidate) ([]*Candid
 			if g.N < n {
 				var back budget.Cost
 				for _, c := range costs[g.N:n] {
-					back.Requests += c.Requests
-					back.Tokens += c.Tokens
+					back = back.Plus(c)
 				}
 				if t.RPM > 0 || t.TPM > 0 {
 					s.tenantReturn(ctx, s.tenantMin, h.minKey, h.minSlice, back)
@@ -844,7 +892,7 @@ func (s *Service) tenantGate(ctx context.Context, cands []*Candidate) ([]*Candid
 		}
 		for i, c := range group {
 			if i < n {
-				h.costs[c] = c.Cost
+				h.costs[c] = costs[i]
 				continue
 			}
 			refused[c] = true
@@ -893,11 +941,10 @@ func (s *Service) tenantTake(ctx context.Context, st *budget.Store, key string, 
 	}
 	var need budget.Cost
 	for _, c := range rest {
-		need.Requests += c.Requests
-		need.Tokens += c.Tokens
+		need = need.Plus(c)
 	}
 	d := l.Demand(false, now)
-	tg, err := l.Take(ctx, lim, rest, demandChunks(d.Requests-need.Requests, d.Tokens-need.Tokens), false, 0)
+	tg, err := l.Take(ctx, lim, rest, demandChunks(d.Minus(need)), false, 0)
 	if err != nil {
 		return g, err
 	}
@@ -930,10 +977,7 @@ func (s *Service) giveBack(ctx context.Context, held map[string]*tenantHold, ref
 			continue
 		}
 		if cost, ok := h.costs[c]; ok {
-			b := back[c.Job.Tenant]
-			b.Requests += cost.Requests
-			b.Tokens += cost.Tokens
-			back[c.Job.Tenant] = b
+			back[c.Job.Tenant] = back[c.Job.Tenant].Plus(cost)
 		}
 	}
 	for name, b := range back {

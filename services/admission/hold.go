@@ -32,6 +32,20 @@ type modelState struct {
 	// UrgentMemory). While they are about, backlogged work leaves headroom.
 	lastUrgent time.Time
 	urgentCost int
+	// units are the model's units in the budgets' index order (config:
+	// sorted by name), and unitLimits their per-minute limits.
+	units      []string
+	unitLimits [budget.MaxUnits]int
+}
+
+// costOf is what job j reserves on this model's schedule: one request, its
+// estimated tokens and its estimate of each of the model's units.
+func (ms *modelState) costOf(j *job.Job) budget.Cost {
+	c := budget.Cost{Requests: 1, Tokens: j.Estimate.Cost()}
+	for i, name := range ms.units {
+		c.Units[i] = j.Estimate.Units[name]
+	}
+	return c
 }
 
 // UrgentMemory is how long after the last interactive or new-flow arrival
@@ -52,7 +66,7 @@ type pauseSignal struct {
 // Waiting says why a job has not been dispatched yet.
 type Waiting struct {
 	JobID    string    `json:"job_id"`
-	Reason   string    `json:"reason"` // rpm, tpm, burst, tenant_*, paused_provider, not_before, budget_store, queued
+	Reason   string    `json:"reason"` // rpm, tpm, units, burst, tenant_*, paused_provider, not_before, budget_store, queued
 	Until    time.Time `json:"until,omitzero"`
 	Position int       `json:"position,omitempty"` // jobs of this model held ahead of it, roughly
 }
@@ -69,6 +83,9 @@ func (s *Service) model(key string, j *job.Job) *modelState {
 		floors := map[job.Priority]float64{job.Standard: a.Floors.Standard, job.Batch: a.Floors.Batch}
 		ms = &modelState{key: key, provider: j.Provider, model: j.Model,
 			sched: NewScheduler(a.Quantum, s.weight, floors, time.Minute)}
+		if _, m, ok := s.cfg.App.ModelRef(j.Model); ok {
+			ms.units, ms.unitLimits = m.UnitNames(), m.UnitLimits()
+		}
 		s.models[key] = ms
 	}
 	return ms
@@ -91,6 +108,7 @@ func (s *Service) hold(c *Candidate, now time.Time) {
 	}
 	key := budget.ModelKey(c.Job.Provider, job.ModelToken(c.Job.Model))
 	ms := s.model(key, c.Job)
+	c.Cost = ms.costOf(c.Job)
 	c.touched = now
 	urgent := c.Job.Priority == job.Interactive || ms.sched.IsNew(c.Job.Tenant, c.Job.Priority)
 	if urgent {

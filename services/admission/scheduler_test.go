@@ -216,18 +216,27 @@ func TestNewFlowGoesFirst(t *testing.T) {
 // jobs, so what a partly full window grants fits jobs.
 func TestDemandChunks(t *testing.T) {
 	t.Parallel()
+	units := func(u ...int) (out [budget.MaxUnits]int) {
+		copy(out[:], u)
+		return out
+	}
 	for _, tc := range []struct {
-		r, tok int
-		want   []budget.Cost
+		d    budget.Cost
+		want []budget.Cost
 	}{
-		{0, 500, nil},
-		{3, 0, nil},
-		{1, 90, []budget.Cost{{Requests: 1, Tokens: 90}}},
-		{2, 60, []budget.Cost{{Requests: 1, Tokens: 30}, {Requests: 1, Tokens: 30}}},
-		{10, 1000, []budget.Cost{{Requests: 2, Tokens: 250}, {Requests: 2, Tokens: 250}, {Requests: 2, Tokens: 250}, {Requests: 2, Tokens: 250}}},
+		{budget.Cost{Requests: 0, Tokens: 500}, nil},
+		{budget.Cost{Requests: 3, Tokens: 0}, nil},
+		{budget.Cost{Requests: 1, Tokens: 90}, []budget.Cost{{Requests: 1, Tokens: 90}}},
+		{budget.Cost{Requests: 2, Tokens: 60}, []budget.Cost{{Requests: 1, Tokens: 30}, {Requests: 1, Tokens: 30}}},
+		{budget.Cost{Requests: 10, Tokens: 1000}, []budget.Cost{{Requests: 2, Tokens: 250}, {Requests: 2, Tokens: 250}, {Requests: 2, Tokens: 250}, {Requests: 2, Tokens: 250}}},
+		// Units are rounded up, so every piece fits a job of one; a
+		// negative unit (less demand than need) asks none.
+		{budget.Cost{Requests: 8, Tokens: 800, Units: units(6, -2)}, []budget.Cost{
+			{Requests: 2, Tokens: 200, Units: units(2)}, {Requests: 2, Tokens: 200, Units: units(2)},
+			{Requests: 2, Tokens: 200, Units: units(2)}, {Requests: 2, Tokens: 200, Units: units(2)}}},
 	} {
-		if got := demandChunks(tc.r, tc.tok); fmt.Sprint(got) != fmt.Sprint(tc.want) {
-			t.Errorf("demandChunks(%d, %d) = %v, want %v", tc.r, tc.tok, got, tc.want)
+		if got := demandChunks(tc.d); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("demandChunks(%+v) = %v, want %v", tc.d, got, tc.want)
 		}
 	}
 }

@@ -687,9 +687,11 @@ func (s *Service) throttled(ctx context.Context, msg jetstream.Msg, j *job.Job, 
 			s.m.LimitCuts.WithLabelValues(j.Provider, j.Model, reason).Inc()
 			s.log.Info("limits cut", "provider", j.Provider, "model", j.Model, "reason", reason)
 		}
-		// The provider charged the request but none of its tokens.
-		if !j.Reservation.SendAt.IsZero() && j.Reservation.Tokens > 0 {
-			if err := s.store.ReturnAt(ctx, key, j.Reservation.SendAt, budget.Cost{Tokens: j.Reservation.Tokens}); err != nil {
+		// The provider charged the request but none of its tokens, nor
+		// of its other units (nothing was generated).
+		back := budget.Cost{Tokens: j.Reservation.Tokens, Units: reservedUnits(j.Reservation, model)}
+		if !j.Reservation.SendAt.IsZero() && back.Positive() {
+			if err := s.store.ReturnAt(ctx, key, j.Reservation.SendAt, back); err != nil {
 				s.log.Debug("return refused tokens", "err", err)
 			}
 		}
@@ -788,11 +790,26 @@ func (s *Service) reroute(ctx context.Context, msg jetstream.Msg, j *job.Job, op
 	}
 	s.m.Fallbacks.WithLabelValues(j.Provider, d.Target.Provider, d.Reason).Inc()
 	s.log.Info("fallback", "job_id", j.ID, "from", j.Provider+"/"+j.Model, "to", d.Target.String(), "reason", d.Reason)
+	if _, m, ok := s.cfg.App.ModelRef(d.Target.Model); ok {
+		// The units the new model limits, from the job's cost; units only
+		// the first model limited cost nothing there. One its minute
+		// cannot hold is refused by admission.
+		est.Units, _ = guard.UnitCost(j.Cost, m, false)
+	}
 	j.Request, j.Provider, j.Model, j.Estimate = body, d.Target.Provider, d.Target.Model, &est
 	j.Reservation, j.NotBefore = nil, nil
 	s.guard.Seal(j)
 	s.requeueOp(ctx, opKey, j, "reroute")
 	return s.mesh.Enqueue(ctx, j, "fallback:"+j.ID+":"+dispatchSeq(msg))
+}
+
+// reservedUnits returns a reservation's units by the model's budget index
+// (its unit names, sorted).
+func reservedUnits(r *job.Reservation, m *config.Model) (u [budget.MaxUnits]int) {
+	for i, name := range m.UnitNames() {
+		u[i] = r.Units[name]
+	}
+	return u
 }
 
 // withModel returns body with its "model" replaced.

@@ -123,6 +123,14 @@ func (s *Service) chat(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 		}
 		j.Deadline = &t
 	}
+	if v := r.Header.Values(CostHeader); len(v) > 0 {
+		c, err := ParseCost(strings.Join(v, ","))
+		if err != nil {
+			s.fail(w, "openai", err)
+			return
+		}
+		j.Cost = c
+	}
 	acc, err := s.acceptHTTP(r, j, body)
 	if err != nil {
 		s.fail(w, "openai", err)

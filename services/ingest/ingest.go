@@ -184,6 +184,9 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 		return Accepted{}, &job.ValidationError{Code: job.CodeTooLarge, Field: "request",
 			Message: fmt.Sprintf("needs %d tokens (%d prompt + %d max output), above the model's limit of %d tokens per minute", est.Cost(), est.PromptTokens, est.MaxTokens, model.TPM)}
 	}
+	if est.Units, err = guard.UnitCost(j.Cost, model, true); err != nil {
+		return Accepted{}, err
+	}
 	if t, _ := s.cfg.App.Tenant(j.Tenant); t != nil {
 		for _, l := range []struct {
 			name  string

@@ -60,7 +60,8 @@ func setup(t *testing.T) *fixture {
 providers:
   - name: p
     base_url: http://127.0.0.1:1/v1
-    models: [{name: fast, rpm: 100000, tpm: 100000000}, {name: slow, rpm: 2, tpm: 1000000}]
+    models: [{name: fast, rpm: 100000, tpm: 100000000}, {name: slow, rpm: 2, tpm: 1000000},
+      {name: painter, rpm: 100000, tpm: 100000000, units: {images: 50, tasks: 0}}]
 tenants: [{name: acme}, {name: beta}]
 `))
 	if err != nil {
@@ -387,5 +388,108 @@ func TestJobRefusedForAnyReasonLeavesNoRecords(t *testing.T) {
 	acc, err := f.svc.Accept(ctx, retry)
 	if err != nil || acc.Joined || acc.JobID != retry.ID {
 		t.Fatalf("retry with the same Idempotency-Key: %+v, %v; want a new job %s", acc, err, retry.ID)
+	}
+}
+
+// TestAcceptResolvesCost: a job for a model with units gets every unit
+// the model limits in its sealed estimate (the amount stated, or 1), and
+// a cost naming a unit the model does not limit is refused naming it.
+func TestAcceptResolvesCost(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	painter := func(cost map[string]int) *job.Job {
+		return &job.Job{ID: job.NewID(), Tenant: "beta", Cost: cost,
+			Request: json.RawMessage(`{"model":"painter","max_tokens":16,"messages":[{"role":"user","content":"a cat"}]}`)}
+	}
+	for _, tc := range []struct {
+		name string
+		j    *job.Job
+		want map[string]int
+	}{
+		{"stated", painter(map[string]int{"images": 2}), map[string]int{"images": 2, "tasks": 1}},
+		{"defaulted", painter(nil), map[string]int{"images": 1, "tasks": 1}},
+	} {
+		if _, err := f.svc.Accept(ctx, tc.j); err != nil {
+			t.Fatalf("%s: Accept: %v", tc.name, err)
+		}
+		if got := tc.j.Estimate.Units; len(got) != len(tc.want) || got["images"] != tc.want["images"] || got["tasks"] != tc.want["tasks"] {
+			t.Errorf("%s: estimated units %v, want %v", tc.name, got, tc.want)
+		}
+		if !f.svc.cfg.Guard.Sealed(tc.j) {
+			t.Errorf("%s: the estimate is not sealed", tc.name)
+		}
+	}
+	for _, tc := range []struct {
+		name        string
+		j           *job.Job
+		code, field string
+		inMsg       string
+	}{
+		{"a unit the model does not limit", painter(map[string]int{"audio_seconds": 3}), job.CodeInvalidRequest, "cost.audio_seconds", `does not limit unit "audio_seconds" (it limits images, tasks)`},
+		{"a unit on a model without units", newJobWithCost(map[string]int{"images": 1}), job.CodeInvalidRequest, "cost.images", `model "fast" does not limit unit "images"`},
+		{"above the unit's minute", painter(map[string]int{"images": 51}), job.CodeTooLarge, "cost.images", "allows 50 images per minute"},
+	} {
+		_, err := f.svc.Accept(ctx, tc.j)
+		var ve *job.ValidationError
+		if !errors.As(err, &ve) || ve.Code != tc.code || ve.Field != tc.field || !strings.Contains(ve.Message, tc.inMsg) {
+			t.Errorf("%s: got %v, want a %s error on %s containing %q", tc.name, err, tc.code, tc.field, tc.inMsg)
+		}
+	}
+
+	// Over HTTP: X-Sluice-Cost states the cost of a chat completion.
+	mux := http.NewServeMux()
+	f.svc.Routes(mux, api.Auth{Tenants: []string{"acme", "beta"}, Open: true})
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(`{"model":"painter","messages":[{"role":"user","content":"a cat"}]}`))
+	req.Header.Set("X-Sluice-Tenant", "beta")
+	req.Header.Set(CostHeader, "images=2, videos=1")
+	rec := httptest.NewRecorder()
+	mux.ServeHTTP(rec, req)
+	if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), `does not limit unit \"videos\"`) {
+		t.Errorf("X-Sluice-Cost naming an unknown unit: %d %s; want 400 naming the unit", rec.Code, rec.Body)
+	}
+}
+
+func newJobWithCost(cost map[string]int) *job.Job {
+	j := newJob("beta", "")
+	j.Cost = cost
+	return j
+}
+
+func TestParseCost(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in   string
+		want map[string]int // nil: an error
+	}{
+		{"images=2", map[string]int{"images": 2}},
+		{" images = 2 , audio_seconds=30,", map[string]int{"images": 2, "audio_seconds": 30}},
+		{"images=0", map[string]int{"images": 0}},
+		{"images", nil},
+		{"images=two", nil},
+		{"images=-1", nil},
+		{"images=1,images=2", nil},
+		{"Images=1", nil},
+		{"=1", nil},
+		{"", nil},
+		{"a=1,b=1,c=1,d=1,e=1", nil},
+	} {
+		got, err := ParseCost(tc.in)
+		if tc.want == nil {
+			var ve *job.ValidationError
+			if !errors.As(err, &ve) || ve.Code != job.CodeInvalidRequest {
+				t.Errorf("ParseCost(%q) = %v, %v; want an invalid_request", tc.in, got, err)
+			}
+			continue
+		}
+		if err != nil || len(got) != len(tc.want) {
+			t.Errorf("ParseCost(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+			continue
+		}
+		for k, v := range tc.want {
+			if got[k] != v {
+				t.Errorf("ParseCost(%q) = %v; want %v", tc.in, got, tc.want)
+			}
+		}
 	}
 }
