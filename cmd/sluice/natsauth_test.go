@@ -284,7 +284,11 @@ func TestNATSURLRedacted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	err := run(ctx, []string{"up", "--nats-url", "nats://alice:hunter2@127.0.0.1:1", "--http", "off", "--data", t.TempDir(), "--log-level", "debug"},
+	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte("providers: [{name: p, base_url: http://127.0.0.1:1/v1, models: [{name: m}]}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := run(ctx, []string{"up", "--config", cfg, "--nats-url", "nats://alice:hunter2@127.0.0.1:1", "--http", "off", "--data", t.TempDir(), "--log-level", "debug"},
 		func(string) string { return "" }, &stdout, &stderr)
 	all := fmt.Sprint(err) + stdout.String() + stderr.String()
 	if err == nil {
