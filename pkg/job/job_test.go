@@ -76,7 +76,7 @@ func decodeCases() []decodeCase {
 		{name: "max_tokens not a number", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":"10"}`), wantCode: job.CodeInvalidRequest, wantField: "request", wantMsg: "malformed chat-completions body", wantJob: true},
 		{name: "n=2", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":2}`), wantCode: job.CodeUnsupported, wantField: "request.n", wantMsg: "only n=1", wantJob: true},
 		{name: "n=0", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":0}`), wantCode: job.CodeUnsupported, wantField: "request.n", wantMsg: "only n=1", wantJob: true},
-		{name: "stream", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`), wantCode: job.CodeUnsupported, wantField: "request.stream", wantMsg: "stream=false", wantJob: true},
+		{name: "stream_options without stream", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream_options":{"include_usage":true}}`), wantCode: job.CodeInvalidRequest, wantField: "request.stream_options", wantMsg: "only allowed with stream=true", wantJob: true},
 		{name: "bad id", data: envelope(`"id":"job-42"`, minimalRequest), wantCode: job.CodeInvalidRequest, wantField: "id", wantMsg: `must be a UUID in canonical form`, wantJob: true},
 		{name: "long bad id is clipped", data: envelope(`"id":"`+strings.Repeat("x", 100)+`"`, minimalRequest), wantCode: job.CodeInvalidRequest, wantField: "id", wantMsg: strings.Repeat("x", 64) + "…", wantJob: true},
 		{name: "unknown field is named", data: envelope(`"priorty":"batch"`, minimalRequest), wantCode: job.CodeInvalidRequest, wantField: "priorty", wantMsg: "is not a field of the job envelope"},
