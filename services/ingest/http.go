@@ -118,6 +118,10 @@ func (s *Service) chat(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 	}
 	s.m.JobsAccepted.WithLabelValues(tenant, "openai").Inc()
 	w.Header().Set("X-Sluice-Job-Id", acc.JobID)
+	if stream, usage := wantsStream(body); stream {
+		s.streamChat(w, r, j, acc, usage) // stream.go
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), wait)
 	defer cancel()
 	res, err := s.mesh.Wait(ctx, tenant, acc.JobID)
