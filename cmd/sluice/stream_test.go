@@ -311,3 +311,39 @@ func TestStreamGoClient(t *testing.T) {
 		t.Errorf("invalid job: %v, want its validation error", last)
 	}
 }
+
+// TestStreamTimeouts: a stream silent before its first token past
+// first_token_timeout is retried unseen; one silent after it past
+// idle_timeout ends interrupted (reason idle_timeout).
+func TestStreamTimeouts(t *testing.T) {
+	t.Parallel()
+	extra := "streaming: {first_token_timeout: 300ms, idle_timeout: 300ms}\n"
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	firstSim, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 200000}}, APIKeys: []string{"sim-secret"},
+		Faults: sim.Faults{RateStreamStall: 1, StreamStallAfter: 0, MaxFaults: 1, HangFor: 10 * time.Second}})
+	n := startUp(t, simConfig(simURL, "gpt-4o-mini", 600, 200000, extra), testEnv)
+	got := readStream(ctx, sdkClient(n), streamParams("Slow start.", 30), 0)
+	if got.err != nil || got.text == "" {
+		t.Errorf("first-token timeout: text %q, err %v; want the answer of the retry", got.text, got.err)
+	}
+	if st := firstSim.Stats(); st.StreamStalls != 1 || st.Streamed != 2 {
+		t.Errorf("first-token timeout: %d stalls, %d streams; want 1, 2", st.StreamStalls, st.Streamed)
+	}
+
+	idleSim, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 200000}}, APIKeys: []string{"sim-secret"},
+		Faults: sim.Faults{RateStreamStall: 1, StreamStallAfter: 2, HangFor: 10 * time.Second}})
+	n = startUp(t, simConfig(simURL, "gpt-4o-mini", 600, 200000, extra), testEnv)
+	got = readStream(ctx, sdkClient(n), streamParams("Stall midway.", 30), 0)
+	if got.err == nil || len(strings.Fields(got.text)) != 2 {
+		t.Errorf("idle timeout: text %q, err %v; want 2 words and an error", got.text, got.err)
+	}
+	r := jobResult(t, n, got.jobID)
+	if r.Status != job.StatusInterrupted || r.Error == nil || !strings.Contains(r.Error.Message, "idle_timeout") {
+		t.Errorf("idle timeout: result %s (%+v), want interrupted by idle_timeout", r.Status, r.Error)
+	}
+	if st := idleSim.Stats(); st.Streamed != 1 {
+		t.Errorf("idle timeout: %d streams, want 1 (never retried)", st.Streamed)
+	}
+}
