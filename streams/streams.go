@@ -24,11 +24,12 @@ var files embed.FS
 
 // Names of the objects.
 const (
-	Intake   = "INTAKE"
-	Queue    = "QUEUE"
-	Dispatch = "DISPATCH"
-	Results  = "RESULTS"
-	DLQ      = "DLQ"
+	Intake       = "INTAKE"
+	Queue        = "QUEUE"
+	Dispatch     = "DISPATCH"
+	Results      = "RESULTS"
+	DLQ          = "DLQ"
+	StreamChunks = "STREAMS" // chunks of streamed answers (memory, minutes)
 
 	BucketBudgets     = "budgets"
 	BucketIdempotency = "idempotency"
@@ -40,6 +41,7 @@ type Options struct {
 	Replicas        int           // 0 keeps the file's value
 	ResultRetention time.Duration // RESULTS max_age and results/idempotency TTL; 0 keeps the files'
 	DLQRetention    time.Duration // DLQ max_age; 0 keeps the file's
+	StreamReplay    time.Duration // STREAMS max_age; 0 keeps the file's
 	Intake, Queue   Bounds        // INTAKE's and QUEUE's limits
 	// JobMsgBytes and ResultMsgBytes set max_msg_size: of the streams
 	// that carry jobs (INTAKE, QUEUE, DISPATCH, DLQ) and of RESULTS.
@@ -153,6 +155,9 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opt Options) error {
 		if c.Name == DLQ && opt.DLQRetention > 0 {
 			c.MaxAge = opt.DLQRetention
 		}
+		if c.Name == StreamChunks && opt.StreamReplay > 0 {
+			c.MaxAge = opt.StreamReplay
+		}
 		switch c.Name {
 		case Intake:
 			opt.Intake.apply(&c)
@@ -162,7 +167,7 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opt Options) error {
 		switch {
 		case c.Name == Results && opt.ResultMsgBytes > 0:
 			c.MaxMsgSize = opt.ResultMsgBytes
-		case c.Name != Results && opt.JobMsgBytes > 0:
+		case c.Name != Results && c.Name != StreamChunks && opt.JobMsgBytes > 0:
 			c.MaxMsgSize = opt.JobMsgBytes
 		}
 		if err := checkPerSubject(ctx, js, c); err != nil {

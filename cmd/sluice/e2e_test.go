@@ -255,7 +255,8 @@ func TestBadInput(t *testing.T) {
 		{"unknown tenant key", "/v1/chat/completions", "nobody-key", `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`, 401, "invalid_api_key"},
 		{"body over the size limit", "/v1/chat/completions", "acme-key", huge, 413, "request_too_large"},
 		{"job for another tenant", "/v1/jobs", "acme-key", `{"tenant":"globex","request":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}}`, 403, "unknown_tenant"},
-		{"streaming not yet", "/v1/chat/completions", "acme-key", `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hi"}]}`, 400, "unsupported"},
+		{"stream_options without stream", "/v1/chat/completions", "acme-key", `{"model":"gpt-4o-mini","stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request"},
+		{"a stream of n=2", "/v1/chat/completions", "acme-key", `{"model":"gpt-4o-mini","stream":true,"n":2,"messages":[{"role":"user","content":"hi"}]}`, 400, "unsupported"},
 	}
 	for _, tc := range cases {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, n.HTTP+tc.path, strings.NewReader(tc.body))

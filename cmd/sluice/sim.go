@@ -60,6 +60,10 @@ func runSim(ctx context.Context, args []string, getenv func(string) string, stdo
 	f503 := fs.Float64("fault-503", 0, "fraction answered 503 server_is_overloaded")
 	fReset := fs.Float64("fault-reset", 0, "fraction whose connection is reset before any response")
 	fHang := fs.Float64("fault-hang", 0, "fraction that never get an answer")
+	fCut := fs.Float64("fault-stream-cut", 0, "fraction of streamed answers cut (connection reset) after --stream-cut-after tokens")
+	cutAfter := fs.Int("stream-cut-after", 0, "tokens a cut stream delivers first (0: cut before the first token)")
+	fStall := fs.Float64("fault-stream-stall", 0, "fraction of streamed answers that stop, silent, after --stream-stall-after tokens")
+	stallAfter := fs.Int("stream-stall-after", 0, "tokens a stalled stream delivers first")
 	quota := fs.String("quota-models", "", "comma-separated models that answer 429 insufficient_quota")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
@@ -73,7 +77,8 @@ func runSim(ctx context.Context, args []string, getenv func(string) string, stdo
 	}
 	cfg := sim.Config{Models: ml, Profile: *profile, BurstFraction: *burst, BucketSeconds: *bucket, NoRateHeaders: *noHeaders,
 		TTFT: *ttft, PerToken: *perToken,
-		Faults: sim.Faults{Seed: *seed, Rate500: *f500, Rate502: *f502, Rate503: *f503, RateReset: *fReset, RateHang: *fHang}}
+		Faults: sim.Faults{Seed: *seed, Rate500: *f500, Rate502: *f502, Rate503: *f503, RateReset: *fReset, RateHang: *fHang,
+			RateStreamCut: *fCut, StreamCutAfter: *cutAfter, RateStreamStall: *fStall, StreamStallAfter: *stallAfter}}
 	if *apiKey != "" {
 		cfg.APIKeys = []string{*apiKey}
 	}

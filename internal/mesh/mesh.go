@@ -182,7 +182,10 @@ type OpRecord struct {
 	Usage     *job.Usage `json:"usage,omitempty"`
 	ResultRef string     `json:"result_ref,omitempty"` // subject of the stored result
 	Joiners   []string   `json:"joiners,omitempty"`    // later jobs that share this operation
-	UpdatedAt time.Time  `json:"updated_at"`
+	// Cancelled: the caller went away (a streaming HTTP client); an
+	// executor that has not called the provider yet does not.
+	Cancelled bool      `json:"cancelled,omitempty"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // OpKey derives the idempotency bucket key for a tenant and idempotency key.

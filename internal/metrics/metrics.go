@@ -47,6 +47,9 @@ type Set struct {
 	RateLimitRequeues   *prometheus.CounterVec   // provider, model, outcome
 	SendLateness        *prometheus.HistogramVec // provider, model
 	RateLimitKinds      *prometheus.CounterVec   // provider, model, kind
+	TimeToFirstToken    *prometheus.HistogramVec // provider, model
+	StreamInterrupted   *prometheus.CounterVec   // provider, model, reason
+	StreamDuration      *prometheus.HistogramVec // provider, model, outcome
 }
 
 // New makes and registers the metrics on reg.
@@ -89,12 +92,18 @@ func New(reg prometheus.Registerer) *Set {
 		RateLimitKinds:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_rate_limit_refusals_total", Help: "429 rate-limit answers by what they say (kind: burst, minute, concurrency, acceleration, quota, unknown)."}, []string{"provider", "model", "kind"}),
 		SendLateness: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_send_lateness_seconds", Help: "How long after its planned instant a paced call left the executor.",
 			Buckets: []float64{.0005, .001, .002, .005, .01, .015, .02, .025, .05, .1, .25, 1}}, []string{"provider", "model"}),
+		TimeToFirstToken: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "llm_time_to_first_token_seconds", Help: "From sending a streamed call to its first content or tool-call delta.",
+			Buckets: []float64{.025, .05, .1, .25, .5, 1, 2, 4, 8, 15, 30, 60}}, []string{"provider", "model"}),
+		StreamInterrupted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llm_stream_interrupted_total", Help: "Streams that broke after their first token (reason: cut, idle_timeout, total_timeout, error_event, cancelled); the job ends interrupted (cancelled for cancelled) and is never retried."}, []string{"provider", "model", "reason"}),
+		StreamDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "llm_stream_duration_seconds", Help: "Streamed calls from sending to their end, by outcome (succeeded, interrupted, cancelled).",
+			Buckets: prometheus.ExponentialBuckets(0.05, 2, 14)}, []string{"provider", "model", "outcome"}),
 	}
 	reg.MustRegister(s.JobsAccepted, s.JobsRejected, s.Results, s.Requests, s.TokensReserved, s.TokensUsed,
 		s.Retries, s.RateLimitHits, s.Fallbacks, s.DupSuppressed, s.QueueDepth, s.QueueWait, s.AdmissionWaits,
 		s.BudgetWrites, s.BudgetConflict, s.BudgetErrors, s.ReservationsExpired, s.TenantRequests, s.TenantTokens,
 		s.InFlight, s.ProviderLatency, s.ConcLeased, s.ModelLimit, s.DeadLetters, s.EstimateRatio, s.Corrections, s.Pauses, s.Shed, s.Held,
-		s.LimitEffective, s.LimitCuts, s.RateLimitRequeues, s.SendLateness, s.RateLimitKinds)
+		s.LimitEffective, s.LimitCuts, s.RateLimitRequeues, s.SendLateness, s.RateLimitKinds,
+		s.TimeToFirstToken, s.StreamInterrupted, s.StreamDuration)
 	return s
 }
 

@@ -122,6 +122,18 @@ func streamRead(stream string) perms {
 	return perms{pub: []string{api + "STREAM.MSG.GET." + stream, api + "DIRECT.GET." + stream, api + "DIRECT.GET." + stream + ".>"}}
 }
 
+// follow reads streamed jobs' chunks from STREAMS with ephemeral ordered
+// consumers (client.Follow), whose names the client library makes up.
+func follow() perms {
+	p := streamRead(streams.StreamChunks)
+	p.pub = append(p.pub,
+		api+"CONSUMER.CREATE."+streams.StreamChunks+".>",
+		api+"CONSUMER.MSG.NEXT."+streams.StreamChunks+".*",
+		api+"CONSUMER.INFO."+streams.StreamChunks+".*",
+		api+"CONSUMER.DELETE."+streams.StreamChunks+".*")
+	return p
+}
+
 func kvRead(bucket string) perms { return streamRead("KV_" + bucket) }
 
 func kvWrite(bucket string) perms {
@@ -134,7 +146,7 @@ func kvWrite(bucket string) perms {
 // and counts, no messages): binding a bucket or stream reads its info.
 func info() perms {
 	var p perms
-	for _, s := range []string{streams.Intake, streams.Queue, streams.Dispatch, streams.Results, streams.DLQ,
+	for _, s := range []string{streams.Intake, streams.Queue, streams.Dispatch, streams.Results, streams.DLQ, streams.StreamChunks,
 		"KV_" + streams.BucketBudgets, "KV_" + streams.BucketIdempotency, "KV_" + streams.BucketResults} {
 		p.pub = append(p.pub, api+"STREAM.INFO."+s)
 	}
@@ -154,8 +166,10 @@ func rolePerms(role string) perms {
 		p.add(kvWrite(streams.BucketIdempotency))
 		p.add(kvRead(streams.BucketBudgets)) // estimate calibration
 		p.add(streamRead(streams.Results))   // HTTP waits read a stored result
+		p.add(follow())                      // HTTP streams relay any job's chunks
 		p.add(perms{
-			pub: []string{job.QueuePrefix + ">", job.StorePrefix + ">", job.ResultPrefix + ">", job.IntakePrefix + ">"},
+			pub: []string{job.QueuePrefix + ">", job.StorePrefix + ">", job.ResultPrefix + ">", job.IntakePrefix + ">",
+				job.CancelPrefix + ">"}, // a streaming client went away
 			// wait hints (queue group ingest) and results the HTTP API waits for
 			sub:       []string{job.WaitPrefix + "*", job.ResultPrefix + ">"},
 			responses: true,
@@ -173,7 +187,10 @@ func rolePerms(role string) perms {
 		p.add(perms{pub: []string{api + "CONSUMER.PAUSE." + streams.Dispatch + ".*"}})
 		p.add(kvWrite(streams.BucketBudgets))
 		p.add(kvWrite(streams.BucketIdempotency))
-		p.add(perms{pub: []string{job.QueuePrefix + ">", job.StorePrefix + ">", job.DLQPrefix + ">", pauseSubjects}})
+		p.add(perms{
+			pub: []string{job.QueuePrefix + ">", job.StorePrefix + ">", job.DLQPrefix + ">", pauseSubjects, job.StreamPrefix + ">"},
+			sub: []string{job.CancelPrefix + ">"},
+		})
 	case Result:
 		p.add(consumer(streams.Results, "result", false))
 		p.add(kvWrite(streams.BucketResults))
@@ -210,11 +227,12 @@ func ServicePermissions(set string) (*server.Permissions, error) {
 }
 
 // TenantPermissions are a tenant's: publish its jobs, ask for a wait hint,
-// read its own results and its own replies; nothing else.
+// read its own results, its own streamed chunks (live, as published) and
+// its own replies; nothing else.
 func TenantPermissions(tenant string) *server.Permissions {
 	p := perms{
 		pub: []string{job.IntakeSubject(tenant), job.WaitSubject(tenant)},
-		sub: []string{job.ResultPrefix + tenant + ".>", client.InboxPrefix(tenant) + ".>"},
+		sub: []string{job.ResultPrefix + tenant + ".>", job.StreamPrefix + tenant + ".>", client.InboxPrefix(tenant) + ".>"},
 	}
 	return p.permissions()
 }

@@ -301,7 +301,7 @@ func streamOptions(c *config.Config) streams.Options {
 	bounds := func(b config.StreamBounds) streams.Bounds {
 		return streams.Bounds{MaxMsgs: b.MaxMsgs, MaxBytes: b.MaxBytes, MaxMsgsPerSubject: b.MaxPerTenant}
 	}
-	return streams.Options{Replicas: c.Server.Replicas, ResultRetention: c.Limits.ResultRetention.D(),
+	return streams.Options{Replicas: c.Server.Replicas, ResultRetention: c.Limits.ResultRetention.D(), StreamReplay: c.Streaming.Replay.D(),
 		DLQRetention: c.Limits.DLQRetention.D(), Intake: bounds(c.Queues.Intake), Queue: bounds(c.Queues.Queue),
 		JobMsgBytes: int32(c.Limits.JobMsgBytes()), ResultMsgBytes: int32(c.Limits.ResultMsgBytes())}
 }

@@ -32,6 +32,37 @@ type Config struct {
 	Tenants   []Tenant          `yaml:"tenants"`
 	Retry     map[string]Policy `yaml:"retry"`
 	Routes    []Route           `yaml:"routes"`
+	Streaming Streaming         `yaml:"streaming"`
+}
+
+// Streaming configures streamed answers (stream: true).
+type Streaming struct {
+	// FirstTokenTimeout bounds the wait for a stream's first token; a
+	// stream without one by then is retried like any failed call.
+	FirstTokenTimeout Duration `yaml:"first_token_timeout"`
+	// IdleTimeout bounds the gap between two chunks after the first token;
+	// a stream silent longer ends interrupted. (The provider's timeout
+	// bounds the whole call.)
+	IdleTimeout Duration `yaml:"idle_timeout"`
+	// FlushInterval: chunks are published to NATS at most this often,
+	// batched (the first token at once).
+	FlushInterval Duration `yaml:"flush_interval"`
+	// KeepAlive: an SSE comment is sent to HTTP clients after this long
+	// without a chunk, so proxies keep a queued stream's connection.
+	KeepAlive Duration `yaml:"keepalive"`
+	// Replay is how long a job's chunks stay readable (STREAMS max_age).
+	Replay Duration `yaml:"replay"`
+	// CancelOnDisconnect, by priority: when a streaming HTTP client goes
+	// away, stop its provider call and end the job cancelled (default:
+	// true for every priority).
+	CancelOnDisconnect map[string]bool `yaml:"cancel_on_disconnect"`
+}
+
+// Cancels reports whether a job of priority p is cancelled when its
+// streaming client disconnects.
+func (s Streaming) Cancels(p job.Priority) bool {
+	v, ok := s.CancelOnDisconnect[string(p)]
+	return !ok || v
 }
 
 // Server settings; flags and SLUICE_* variables override them.
@@ -533,6 +564,16 @@ func (c *Config) withDefaults() {
 			c.Tenants[i].Weight = 1
 		}
 	}
+	st := &c.Streaming
+	for _, d := range []struct {
+		v   *Duration
+		def time.Duration
+	}{{&st.FirstTokenTimeout, 60 * time.Second}, {&st.IdleTimeout, 30 * time.Second}, {&st.FlushInterval, 25 * time.Millisecond},
+		{&st.KeepAlive, 15 * time.Second}, {&st.Replay, 5 * time.Minute}} {
+		if *d.v == 0 {
+			*d.v = Duration(d.def)
+		}
+	}
 	if c.Retry == nil {
 		c.Retry = map[string]Policy{}
 	}
@@ -628,6 +669,23 @@ func (c *Config) problems() Problems {
 	}
 	if c.Admission.Batch < 1 {
 		fail("admission.batch", "must be positive, got %d", c.Admission.Batch)
+	}
+	st := c.Streaming
+	for _, d := range []struct {
+		key      string
+		v        Duration
+		min, max time.Duration
+	}{{"first_token_timeout", st.FirstTokenTimeout, time.Millisecond, time.Hour}, {"idle_timeout", st.IdleTimeout, time.Millisecond, time.Hour},
+		{"flush_interval", st.FlushInterval, time.Millisecond, time.Second}, {"keepalive", st.KeepAlive, 100 * time.Millisecond, 10 * time.Minute},
+		{"replay", st.Replay, 10 * time.Second, 24 * time.Hour}} {
+		if d.v.D() < d.min || d.v.D() > d.max {
+			fail("streaming."+d.key, "must be between %s and %s, got %s", d.min, d.max, d.v.D())
+		}
+	}
+	for k := range st.CancelOnDisconnect {
+		if !job.Priority(k).Valid() {
+			fail("streaming.cancel_on_disconnect."+clip(k), "is not a priority (interactive, standard, batch)")
+		}
 	}
 	for _, q := range []struct {
 		key string

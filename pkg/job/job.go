@@ -43,11 +43,24 @@ const (
 	StatusFailed       Status = "failed"
 	StatusExpired      Status = "expired"
 	StatusDeadLettered Status = "dead_lettered"
+	// StatusInterrupted: a streamed answer broke after its first token
+	// reached the caller (a cut, a reset, an idle timeout or an error event
+	// from the provider). The result holds the text received; the job is
+	// never retried, since replaying would repeat text the caller saw and
+	// pay twice.
+	StatusInterrupted Status = "interrupted"
+	// StatusCancelled: the caller went away (a streaming HTTP client that
+	// disconnected) and the provider call was stopped, or never made.
+	StatusCancelled Status = "cancelled"
 )
 
 // Terminal reports whether s ends a job.
 func (s Status) Terminal() bool {
-	return s == StatusSucceeded || s == StatusFailed || s == StatusExpired || s == StatusDeadLettered
+	switch s {
+	case StatusSucceeded, StatusFailed, StatusExpired, StatusDeadLettered, StatusInterrupted, StatusCancelled:
+		return true
+	}
+	return false
 }
 
 // Job is the envelope a producer publishes to sluice.intake.<tenant> (or POSTs
@@ -244,6 +257,10 @@ const (
 	// limits.max_response_bytes; the answer is not stored and the call is
 	// never repeated.
 	CodeResponseTooLarge = "response_too_large"
+	// CodeStreamInterrupted: a streamed answer broke after its first token.
+	CodeStreamInterrupted = "stream_interrupted"
+	// CodeCancelled: the caller cancelled the job.
+	CodeCancelled = "cancelled"
 )
 
 // Result is the one terminal outcome of a job, published on
@@ -290,9 +307,19 @@ type ChatRequest struct {
 	MaxTokens           *int            `json:"max_tokens,omitempty"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens,omitempty"`
 	Stream              bool            `json:"stream,omitempty"`
+	StreamOptions       *StreamOptions  `json:"stream_options,omitempty"`
 	N                   *int            `json:"n,omitempty"`
 	Tools               json.RawMessage `json:"tools,omitempty"`
 }
+
+// StreamOptions are a streamed request's options.
+type StreamOptions struct {
+	// IncludeUsage asks for a last chunk with the usage and no choices.
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// WantsUsage reports whether a streamed request asked for the usage chunk.
+func (r ChatRequest) WantsUsage() bool { return r.StreamOptions != nil && r.StreamOptions.IncludeUsage }
 
 // ChatMessage is one message; content may be a string or an array of parts.
 type ChatMessage struct {
@@ -489,8 +516,11 @@ func ParseRequest(body []byte, lim Limits) (*ChatRequest, error) {
 	if r.N != nil && (*r.N < 1 || *r.N > MaxChoices) {
 		return nil, invalid("request.n", "must be between 1 and %d, got %d", MaxChoices, *r.N)
 	}
-	if r.Stream {
-		return nil, &ValidationError{Code: CodeUnsupported, Field: "request.stream", Message: "streaming is not supported yet; send stream=false"}
+	if r.StreamOptions != nil && !r.Stream {
+		return nil, invalid("request.stream_options", "is only allowed with stream=true")
+	}
+	if r.Stream && r.Choices() > 1 {
+		return nil, &ValidationError{Code: CodeUnsupported, Field: "request.n", Message: "streamed requests support only n=1; send n>1 without stream"}
 	}
 	return &r, nil
 }

@@ -156,6 +156,7 @@ type anRequest struct {
 	Tools         []anTool       `json:"tools,omitempty"`
 	ToolChoice    map[string]any `json:"tool_choice,omitempty"`
 	Metadata      *anMetadata    `json:"metadata,omitempty"`
+	Stream        bool           `json:"stream,omitempty"`
 }
 
 type anMessage struct {
@@ -519,15 +520,7 @@ func fromAnthropic(body []byte, now time.Time) ([]byte, job.Usage, error) {
 		s := text.String()
 		msg.Content = &s
 	}
-	finish := "stop"
-	switch in.StopReason {
-	case "max_tokens", "model_context_window_exceeded":
-		finish = "length"
-	case "tool_use":
-		finish = "tool_calls"
-	case "refusal":
-		finish = "content_filter"
-	}
+	finish := finishReason(in.StopReason)
 	u := in.Usage
 	out := oaCompletion{
 		ID: in.ID, Object: "chat.completion", Created: now.Unix(), Model: in.Model,

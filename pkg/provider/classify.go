@@ -118,6 +118,7 @@ var Rules = []Rule{
 	{Phase: PhaseConnect, Class: ConnectFailed, Safe: true, Note: "dial, TLS or connect timeout, or no byte written: the request never left"},
 	{Phase: PhaseAwaitHeaders, Class: Unknown, Note: "sent, but no headers (header timeout, reset, EOF): outcome unknown, reconcile"},
 	{Phase: PhaseBody, Class: Unknown, Note: "body cut or too large: the provider almost surely did the work (WorkDone)"},
+	{Phase: PhaseStreamStart, Class: Overloaded, Note: "a stream broke or timed out before its first token: the caller saw nothing; retried (after the first token: interrupted, never retried)"},
 
 	{Status: Status2xx, Class: Success},
 
@@ -275,7 +276,7 @@ func classifyError(err error) Outcome {
 	var te *TransportError
 	if errors.As(err, &te) {
 		switch te.Phase {
-		case PhaseBuild, PhaseConnect, PhaseAwaitHeaders, PhaseBody:
+		case PhaseBuild, PhaseConnect, PhaseAwaitHeaders, PhaseBody, PhaseStreamStart:
 			phase = te.Phase
 		}
 	}
@@ -322,6 +323,12 @@ func transportCode(phase Phase, err error) string {
 	}
 	if errors.Is(err, ErrBodyTooLarge) {
 		return "body_too_large"
+	}
+	if errors.Is(err, ErrFirstTokenTimeout) {
+		return "first_token_timeout"
+	}
+	if errors.Is(err, ErrIdleTimeout) {
+		return "idle_timeout"
 	}
 	return "stream_cut"
 }

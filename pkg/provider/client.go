@@ -87,6 +87,19 @@ const (
 	// PhaseBody: headers arrived and the body was cut (or was too large). The
 	// provider almost surely did the work.
 	PhaseBody Phase = "body"
+	// PhaseStreamStart: a streamed answer's headers arrived, then the
+	// stream broke (cut, reset, an error event) or its first token did not
+	// come in time, before any output: nothing reached the caller, so the
+	// call is retried like a server error. (After the first token a broken
+	// stream is never retried: the job ends interrupted.)
+	PhaseStreamStart Phase = "stream_start"
+)
+
+// ErrFirstTokenTimeout and ErrIdleTimeout end a stream whose first token,
+// or next chunk, took longer than allowed.
+var (
+	ErrFirstTokenTimeout = errors.New("no first token within the first-token timeout")
+	ErrIdleTimeout       = errors.New("no chunk within the idle timeout")
 )
 
 // TransportError is the only kind of error a Client returns. Err never holds
@@ -244,15 +257,40 @@ func endpoint(base, path string) (string, error) {
 // send performs one POST and reads the response body in full. It never
 // retries.
 func send(ctx context.Context, rt http.RoundTripper, target string, body []byte, hdr http.Header, maxResp int) (status int, h http.Header, respBody []byte, err error) {
+	resp, err := open(ctx, rt, target, body, hdr)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := readBody(ctx, resp, maxResp)
+	return resp.StatusCode, resp.Header, b, err
+}
+
+// readBody reads a response body in full, up to maxResp bytes (0:
+// MaxBodyBytes).
+func readBody(ctx context.Context, resp *http.Response, maxResp int) ([]byte, error) {
 	if maxResp <= 0 {
 		maxResp = MaxBodyBytes
 	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, int64(maxResp)+1))
+	if err != nil {
+		return nil, transportErr(ctx, PhaseBody, err)
+	}
+	if len(b) > maxResp {
+		return nil, &TransportError{Phase: PhaseBody, Err: ErrBodyTooLarge}
+	}
+	return b, nil
+}
+
+// open performs one POST and returns the response with its body unread.
+// It never retries.
+func open(ctx context.Context, rt http.RoundTripper, target string, body []byte, hdr http.Header) (*http.Response, error) {
 	_, ours := rt.(*builtinTransport)
 	tr := &tracker{ours: ours}
 	ctx = httptrace.WithClientTrace(ctx, tr.trace())
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, nil)
 	if err != nil {
-		return 0, nil, nil, buildErr("building request: invalid URL")
+		return nil, buildErr("building request: invalid URL")
 	}
 	req.Header = hdr
 	// The body is set by hand, without GetBody. http.Transport silently
@@ -270,17 +308,9 @@ func send(ctx context.Context, rt http.RoundTripper, target string, body []byte,
 
 	resp, err := rt.RoundTrip(req)
 	if err != nil {
-		return 0, nil, nil, transportErr(ctx, tr.failedPhase(), err)
+		return nil, transportErr(ctx, tr.failedPhase(), err)
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, int64(maxResp)+1))
-	if err != nil {
-		return resp.StatusCode, resp.Header, nil, transportErr(ctx, PhaseBody, err)
-	}
-	if len(b) > maxResp {
-		return resp.StatusCode, resp.Header, nil, &TransportError{Phase: PhaseBody, Err: ErrBodyTooLarge}
-	}
-	return resp.StatusCode, resp.Header, b, nil
+	return resp, nil
 }
 
 func baseHeader(c Call) http.Header {

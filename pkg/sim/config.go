@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/sluice-dev/sluice/pkg/job"
 )
 
 // Profiles: how a simulated provider enforces its per-minute limits. Every
@@ -125,7 +127,9 @@ type Config struct {
 
 // Faults injects provider failures. Rates are probabilities per admitted
 // request, drawn from a sequence fixed by Seed; at most one fault applies to a
-// request, so the rates (except RateStreamCut) must sum to at most 1.
+// request, so the rates must sum to at most 1. The stream faults apply only
+// to streamed requests (a non-streamed request that draws one is answered
+// normally); RateReset resets streamed requests too, before the first byte.
 type Faults struct {
 	Seed                      int64
 	Rate500, Rate502, Rate503 float64
@@ -135,8 +139,20 @@ type Faults struct {
 	// dropped when the client gives up or after HangFor (default 2m).
 	RateHang float64
 	HangFor  time.Duration
-	// RateStreamCut is reserved for streaming responses and ignored for now.
-	RateStreamCut float64
+	// RateStreamCut cuts a streamed answer (the connection is reset) after
+	// StreamCutAfter content chunks; 0 cuts it after the headers and the
+	// role chunk, before the first token.
+	RateStreamCut  float64
+	StreamCutAfter int
+	// RateStreamStall stops a streamed answer after StreamStallAfter
+	// content chunks and holds the connection open, silent, until the
+	// client gives up or HangFor passes.
+	RateStreamStall  float64
+	StreamStallAfter int
+	// MaxFaults, when positive, is how many faults are injected in all
+	// (since start or Reset); later requests draw none. With a rate of 1,
+	// MaxFaults 1 faults exactly the first admitted request.
+	MaxFaults int
 	// QuotaModels and QuotaKeys answer 429 insufficient_quota (no
 	// Retry-After, nothing charged) for these models and API keys.
 	QuotaModels []string
@@ -144,7 +160,7 @@ type Faults struct {
 }
 
 func (f Faults) any() bool {
-	return f.Rate500+f.Rate502+f.Rate503+f.RateReset+f.RateHang > 0
+	return f.Rate500+f.Rate502+f.Rate503+f.RateReset+f.RateHang+f.RateStreamCut+f.RateStreamStall > 0
 }
 
 // withDefaults returns a copy of c with defaults filled in, or the first
@@ -248,13 +264,16 @@ func (c Config) check() error {
 }
 
 func (f Faults) check() error {
-	rates := []float64{f.Rate500, f.Rate502, f.Rate503, f.RateReset, f.RateHang, f.RateStreamCut}
+	rates := []float64{f.Rate500, f.Rate502, f.Rate503, f.RateReset, f.RateHang, f.RateStreamCut, f.RateStreamStall}
 	for _, r := range rates {
 		if r < 0 || r > 1 {
 			return fmt.Errorf("fault rates must be in [0, 1], got %g", r)
 		}
 	}
-	if sum := f.Rate500 + f.Rate502 + f.Rate503 + f.RateReset + f.RateHang; sum > 1+1e-9 {
+	if f.StreamCutAfter < 0 || f.StreamStallAfter < 0 || f.MaxFaults < 0 {
+		return errors.New("stream fault positions and max faults must be >= 0")
+	}
+	if sum := f.Rate500 + f.Rate502 + f.Rate503 + f.RateReset + f.RateHang + f.RateStreamCut + f.RateStreamStall; sum > 1+1e-9 {
 		return fmt.Errorf("fault rates sum to %g; at most 1", sum)
 	}
 	if f.HangFor < 0 {
@@ -264,8 +283,11 @@ func (f Faults) check() error {
 }
 
 // hashedOutputTokens is the default Config.OutputTokens: a value in
-// [max/4, max/2], at least 1, fixed by the body's FNV-1a hash.
+// [max/4, max/2], at least 1, fixed by the body's FNV-1a hash. The body is
+// hashed without its stream and stream_options members, so the same
+// request gets the same answer streamed or not.
 func hashedOutputTokens(maxTokens int, body []byte) int {
+	body = job.WithoutMembers(body, "stream", "stream_options")
 	lo, hi := maxTokens/4, maxTokens/2
 	if hi < 1 {
 		return 1

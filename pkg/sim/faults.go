@@ -17,6 +17,8 @@ const (
 	fault503
 	faultReset
 	faultHang
+	faultStreamCut
+	faultStreamStall
 )
 
 // roll decides the fault of the n-th admitted request: a pure function of
@@ -26,7 +28,8 @@ func (f Faults) roll(n uint64) fault {
 	for _, o := range []struct {
 		rate float64
 		f    fault
-	}{{f.Rate500, fault500}, {f.Rate502, fault502}, {f.Rate503, fault503}, {f.RateReset, faultReset}, {f.RateHang, faultHang}} {
+	}{{f.Rate500, fault500}, {f.Rate502, fault502}, {f.Rate503, fault503}, {f.RateReset, faultReset}, {f.RateHang, faultHang},
+		{f.RateStreamCut, faultStreamCut}, {f.RateStreamStall, faultStreamStall}} {
 		if u < o.rate {
 			return o.f
 		}

@@ -17,6 +17,9 @@ type generation struct {
 	completed, replayed, duplicates atomic.Int64
 	clientGone, connResets, hangs   atomic.Int64
 	faultSeq                        atomic.Uint64
+	faults                          atomic.Int64 // faults injected (Faults.MaxFaults)
+	streamCuts, streamStalls        atomic.Int64
+	streamed                        atomic.Int64
 
 	mu      sync.Mutex
 	ledger  map[string]*entry // by Idempotency-Key

@@ -135,7 +135,9 @@ type call struct {
 	key    string // Idempotency-Key
 	jobID  string // X-Sluice-Job-Id
 	// embed is set for an embeddings call (no output tokens).
-	embed *job.EmbeddingsRequest
+	embed  *job.EmbeddingsRequest
+	stream bool // stream: true
+	usage  bool // stream_options.include_usage
 }
 
 // serveCall answers a chat-completions or embeddings request: parse reads
@@ -189,7 +191,8 @@ func (s *Server) parseChat(body []byte) (*call, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &call{model: req.Model, prompt: tokens.Prompt(req), maxOut: req.OutputLimit(s.cfg.DefaultMaxTokens), n: req.Choices()}
+	c := &call{model: req.Model, prompt: tokens.Prompt(req), maxOut: req.OutputLimit(s.cfg.DefaultMaxTokens), n: req.Choices(),
+		stream: req.Stream, usage: req.WantsUsage()}
 	c.cost = int64(c.prompt) + int64(c.n)*int64(c.maxOut)
 	return c, nil
 }
@@ -221,6 +224,10 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, g *generatio
 			return
 		}
 		if e.resp != nil {
+			if c.stream {
+				s.replayStream(w, g, m, c, e.resp)
+				return
+			}
 			s.replay(w, g, m, e.resp)
 			return
 		}
@@ -244,9 +251,19 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request, g *generation, 
 		s.fail(w, g, m, http.StatusTooManyRequests, rateLimitError(c.model, d, m.lim, s.cfg.Profile == ProfileHidden))
 		return
 	}
-	if f := s.fault(g); f != noFault {
+	f := s.fault(g, c.stream)
+	switch f {
+	case noFault:
+	case faultStreamCut, faultStreamStall:
+		s.streamCompletion(w, r, g, m, c, e, d.at, f)
+		return
+	default:
 		g.release(c.key, e)
 		s.inject(w, r, g, m, f)
+		return
+	}
+	if c.stream {
+		s.streamCompletion(w, r, g, m, c, e, d.at, noFault)
 		return
 	}
 	s.complete(w, r, g, m, c, e, d.at)
@@ -293,12 +310,20 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	return ctx.Err() == nil
 }
 
-// fault rolls the fault of the next admitted request.
-func (s *Server) fault(g *generation) fault {
+// fault rolls the fault of the next admitted request; stream faults apply
+// only to streamed requests, and at most Faults.MaxFaults are injected.
+func (s *Server) fault(g *generation, stream bool) fault {
 	if !s.cfg.Faults.any() {
 		return noFault
 	}
-	return s.cfg.Faults.roll(g.faultSeq.Add(1))
+	f := s.cfg.Faults.roll(g.faultSeq.Add(1))
+	if !stream && (f == faultStreamCut || f == faultStreamStall) {
+		return noFault
+	}
+	if f != noFault && s.cfg.Faults.MaxFaults > 0 && g.faults.Add(1) > int64(s.cfg.Faults.MaxFaults) {
+		return noFault
+	}
+	return f
 }
 
 // inject answers an admitted request with fault f.

@@ -569,7 +569,7 @@ func TestRequestErrors(t *testing.T) {
 		{"unknown model", "POST", "/v1/chat/completions", body("gpt-9", "hi", 5), auth, 404, "invalid_request_error", "model_not_found", "", "`gpt-9` does not exist"},
 		{"no key", "POST", "/v1/chat/completions", body(model, "hi", 5), nil, 401, "invalid_request_error", "invalid_api_key", "", "didn't provide an API key"},
 		{"bad key", "POST", "/chat/completions", body(model, "hi", 5), []string{"Authorization", "Bearer sk-wrong-key-456"}, 401, "invalid_request_error", "invalid_api_key", "", "Incorrect API key provided: sk-*****-456"},
-		{"stream", "POST", "/v1/chat/completions", `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hi"}]}`, auth, 400, "invalid_request_error", "unsupported_value", "stream", "streaming is not supported"},
+		{"stream n=2", "POST", "/v1/chat/completions", `{"model":"gpt-4o-mini","n":2,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, auth, 400, "invalid_request_error", "unsupported_value", "n", "only n=1"},
 		{"malformed", "POST", "/v1/chat/completions", `{"model":`, auth, 400, "invalid_request_error", "", "", "malformed"},
 		{"no messages", "POST", "/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[]}`, auth, 400, "invalid_request_error", "", "messages", "at least one message"},
 		{"wrong method", "GET", "/v1/chat/completions", "", auth, 405, "invalid_request_error", "", "", "not allowed"},

@@ -29,6 +29,11 @@ type Stats struct {
 	// ConnResets and Hangs count the connection faults injected.
 	ConnResets int64 `json:"conn_resets"`
 	Hangs      int64 `json:"hangs"`
+	// StreamCuts and StreamStalls count the stream faults injected.
+	StreamCuts   int64 `json:"stream_cuts"`
+	StreamStalls int64 `json:"stream_stalls"`
+	// Streamed counts streamed answers started (200 and an event stream).
+	Streamed int64 `json:"streamed"`
 	// IdempotencyCompletions and JobCompletions count completions per
 	// Idempotency-Key and per X-Sluice-Job-Id header value.
 	IdempotencyCompletions map[string]int64 `json:"idempotency_completions,omitempty"`
@@ -252,6 +257,9 @@ func (g *generation) snapshot(now time.Time) Stats {
 		DuplicateCompletions: g.duplicates.Load(),
 		ClientGone:           g.clientGone.Load(),
 		ConnResets:           g.connResets.Load(),
+		StreamCuts:           g.streamCuts.Load(),
+		StreamStalls:         g.streamStalls.Load(),
+		Streamed:             g.streamed.Load(),
 		Hangs:                g.hangs.Load(),
 		StartedAt:            g.started,
 		Now:                  now,

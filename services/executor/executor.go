@@ -79,6 +79,8 @@ type Service struct {
 	learn       *adapt.Store
 	epochMu     sync.Mutex
 	epochs      map[string]epochView // learn key -> last cut, as last read
+	running     cancels              // streamed jobs in this process, for cancellation
+	ended       sync.Map             // job id -> true: its stream's end marker is published
 }
 
 // New builds the service; it does no I/O.
@@ -239,6 +241,16 @@ func (s *Service) Run(ctx context.Context) error {
 			ccs = append(ccs, cc)
 		}
 	}
+	// Streaming callers that go away ask for their call to stop; every
+	// executor hears it, the one running the job stops it.
+	cancelSub, err := s.mesh.JS.Conn().Subscribe(job.CancelPrefix+">", s.onCancel)
+	if err != nil {
+		for _, cc := range ccs {
+			cc.Stop()
+		}
+		return fmt.Errorf("subscribe %s>: %w", job.CancelPrefix, err)
+	}
+	defer func() { _ = cancelSub.Unsubscribe() }()
 	for _, t := range s.cfg.App.Tenants {
 		if t.MaxConcurrency <= 0 {
 			continue
@@ -360,8 +372,23 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		return s.readmit(ctx, msg, j)
 	}
 	attempt := len(j.Attempts) + 1
+	stream, wantUsage := streamed(j)
+	if stream {
+		// Registered before the operation is marked in flight, so a
+		// cancellation that finds the record unmarked is heard here.
+		var cancelJob context.CancelCauseFunc
+		ctx, cancelJob = context.WithCancelCause(ctx)
+		defer cancelJob(nil)
+		s.running.add(j.ID, cancelJob)
+		defer s.running.remove(j.ID)
+	}
+	cancelled := false
 	op, err := s.mesh.UpdateOp(ctx, opKey, func(r *mesh.OpRecord) bool {
 		if r.State == mesh.OpCompleted || r.State == mesh.OpFailed {
+			return false
+		}
+		if r.Cancelled {
+			cancelled = true
 			return false
 		}
 		r.State, r.Provider, r.Model, r.Attempt = mesh.OpInFlight, j.Provider, j.Model, attempt
@@ -377,6 +404,9 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		// Done before (a redelivery after a crash): its result is stored.
 		s.m.DupSuppressed.WithLabelValues(j.TaskType()).Inc()
 		return nil
+	}
+	if cancelled || context.Cause(ctx) == errCancelled {
+		return s.cancelBeforeCall(ctx, j, opKey)
 	}
 
 	prov, _, ok := s.cfg.App.ModelRef(j.Model)
@@ -440,11 +470,58 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	stop := keepAlive(callCtx, msg)
 	s.m.InFlight.WithLabelValues(labels...).Inc()
 	start := s.now()
-	resp, cerr := client.Do(callCtx, provider.Call{Provider: j.Provider, Model: j.Model, Endpoint: j.Endpoint, Body: j.Request, IdempotencyKey: mesh.ProviderKey(opKey), JobID: j.ID})
+	call := provider.Call{Provider: j.Provider, Model: j.Model, Endpoint: j.Endpoint, Body: j.Request, IdempotencyKey: mesh.ProviderKey(opKey), JobID: j.ID}
+	var resp *provider.Response
+	var cerr error
+	var end *streamEnd
+	var pub *chunkPublisher
+	if sc, ok := client.(provider.Streamer); stream && ok {
+		// Usage is always asked for: the budget settles from it, and the
+		// caller gets the usage chunk only if it asked.
+		call.Body = job.WithMember(j.Request, "stream_options", json.RawMessage(`{"include_usage":true}`))
+		pub = newChunkPublisher(s.mesh.JS, j, s.cfg.App.Streaming.FlushInterval.D(), s.now, func(err error) {
+			s.log.Warn("stream: chunks not published", "job_id", j.ID, "err", err)
+		})
+		resp, cerr, end = s.stream(callCtx, j, sc, call, wantUsage, pub)
+	} else {
+		resp, cerr = client.Do(callCtx, call)
+	}
 	elapsed := s.now().Sub(start)
 	s.m.InFlight.WithLabelValues(labels...).Dec()
 	stop()
 	s.m.ProviderLatency.WithLabelValues(labels...).Observe(elapsed.Seconds())
+	if end != nil {
+		// Past the first token (or a clean end, or cancelled): the job ends
+		// here whatever happened; it is never retried.
+		s.m.StreamDuration.WithLabelValues(j.Provider, j.Model, string(end.status)).Observe(elapsed.Seconds())
+		switch end.status {
+		case job.StatusSucceeded:
+			br.Record(true, probe)
+		case job.StatusInterrupted:
+			br.Record(false, probe)
+		default:
+			br.Release(probe)
+		}
+		status := "200"
+		if resp == nil {
+			status = "cancelled"
+		}
+		s.m.Requests.WithLabelValues(j.Provider, j.Model, status).Inc()
+		s.m.TenantRequests.WithLabelValues(j.Tenant).Inc()
+		outcome := provider.Success.String()
+		var aerr *job.Error
+		if end.status != job.StatusSucceeded {
+			outcome = string(end.status)
+			aerr = &job.Error{Code: end.reason, Message: fmt.Sprint(end.err)}
+		}
+		a := job.Attempt{N: attempt, Provider: j.Provider, Model: j.Model, StartedAt: start.UTC(), DurationMS: elapsed.Milliseconds(), Outcome: outcome, Error: aerr}
+		if resp != nil {
+			a.Status = resp.Status
+			s.seed(ctx, j, resp.RateLimit)
+		}
+		j.Attempts = append(j.Attempts, a)
+		return s.endStream(context.WithoutCancel(ctx), j, opKey, pub, end)
+	}
 
 	out := provider.Classify(resp, cerr, s.now())
 	status := out.Code
@@ -943,6 +1020,13 @@ func (s *Service) settle(ctx context.Context, j *job.Job, u job.Usage) {
 }
 
 func (s *Service) finish(ctx context.Context, j *job.Job, opKey string, r *job.Result) error {
+	if _, ended := s.ended.LoadAndDelete(j.ID); !ended && r.Status != job.StatusSucceeded {
+		if stream, _ := streamed(j); stream {
+			// A streamed job that ends before its first token: its stream
+			// subject says so too, for NATS readers.
+			newChunkPublisher(s.mesh.JS, j, 0, s.now, nil).end(r.Status, r.Error)
+		}
+	}
 	r.JobID, r.Tenant, r.Attempts = j.ID, j.Tenant, len(j.Attempts)
 	r.Provider, r.Model, r.SubmittedAt = j.Provider, j.Model, j.SubmittedAt
 	if len(r.Response) > s.cfg.App.Limits.MaxResponseBytes {

@@ -140,6 +140,12 @@ func (s *Service) chat(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 		s.m.JobsAccepted.WithLabelValues(tenant, "openai").Inc()
 	}
 	w.Header().Set("X-Sluice-Job-Id", acc.JobID)
+	if stream, usage := wantsStream(body); stream {
+		// A stream has no overall wait: its deadlines move with each
+		// event (stream.go).
+		s.streamChat(w, r, j, acc, usage) // stream.go
+		return
+	}
 	api.ExtendDeadlines(w, wait+deadlineSlack)
 	ctx, cancel := context.WithTimeout(r.Context(), wait)
 	defer cancel()

@@ -285,7 +285,9 @@ func messagesToChat(body []byte) ([]byte, string, error) {
 	}
 	out := map[string]any{"model": in.Model, "max_tokens": *in.MaxTokens}
 	if in.Stream {
-		out["stream"] = true // refused downstream with the chat endpoint's message
+		// Streams are relayed in OpenAI's chunk format only; translating
+		// them into Anthropic's event stream is not built.
+		return nil, "", errors.New("stream: streaming is not supported on /v1/messages yet; send stream: false, or stream from POST /v1/chat/completions")
 	}
 	if in.Temperature != nil {
 		out["temperature"] = *in.Temperature

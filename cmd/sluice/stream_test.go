@@ -1,0 +1,365 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/sluice-dev/sluice/pkg/client"
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/sim"
+)
+
+// streamParams is the seeded request the streaming tests send.
+func streamParams(prompt string, maxTokens int64) openai.ChatCompletionNewParams {
+	return openai.ChatCompletionNewParams{Model: "gpt-4o-mini", MaxTokens: openai.Int(maxTokens),
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(prompt)}}
+}
+
+type streamed struct {
+	text   string
+	usage  *openai.CompletionUsage
+	jobID  string
+	chunks int
+	err    error
+}
+
+// readStream streams p through Sluice with the official SDK to its end.
+func readStream(ctx context.Context, c openai.Client, p openai.ChatCompletionNewParams, stopAfter int) streamed {
+	var resp *http.Response
+	st := c.Chat.Completions.NewStreaming(ctx, p, option.WithResponseInto(&resp))
+	defer st.Close()
+	var out streamed
+	var b strings.Builder
+	for st.Next() {
+		ch := st.Current()
+		out.chunks++
+		for _, choice := range ch.Choices {
+			b.WriteString(choice.Delta.Content)
+		}
+		if ch.Usage.TotalTokens > 0 {
+			u := ch.Usage
+			out.usage = &u
+		}
+		if stopAfter > 0 && out.chunks >= stopAfter {
+			break
+		}
+	}
+	out.text, out.err = b.String(), st.Err()
+	if resp != nil {
+		out.jobID = resp.Header.Get("X-Sluice-Job-Id")
+	}
+	return out
+}
+
+func sdkClient(n upNode) openai.Client {
+	return openai.NewClient(option.WithBaseURL(n.HTTP+"/v1"), option.WithAPIKey("acme-key"), option.WithMaxRetries(0))
+}
+
+// jobResult reads GET /v1/jobs/{id}?wait=... as acme.
+func jobResult(t *testing.T, n upNode, id string) *job.Result {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, n.HTTP+"/v1/jobs/"+id+"?wait=20s", nil)
+	req.Header.Set("Authorization", "Bearer acme-key")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Status job.Status  `json:"status"`
+		Result *job.Result `json:"result"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatal(err)
+	}
+	if body.Result == nil {
+		t.Fatalf("job %s: no result (status %s)", id, body.Status)
+	}
+	return body.Result
+}
+
+func responseText(t *testing.T, r *job.Result) string {
+	t.Helper()
+	var c openai.ChatCompletion
+	if err := json.Unmarshal(r.Response, &c); err != nil || len(c.Choices) == 0 {
+		t.Fatalf("result response %s: %v", r.Response, err)
+	}
+	return c.Choices[0].Message.Content
+}
+
+// TestStreamThroughMesh: the official SDK streams through the whole mesh;
+// the text equals the unstreamed answer to the same request, the usage
+// chunk arrives, and a NATS subscriber to the job's stream subject sees
+// the same chunks in order, the last marking the end.
+func TestStreamThroughMesh(t *testing.T) {
+	t.Parallel()
+	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 200000}},
+		PerToken: 2 * time.Millisecond, APIKeys: []string{"sim-secret"}})
+	n := startUp(t, simConfig(simURL, "gpt-4o-mini", 600, 200000, ""), testEnv)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c := sdkClient(n)
+
+	whole, err := c.Chat.Completions.New(ctx, streamParams("Tell me about rivers.", 60))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// As the tenant's own NATS user: its permissions cover its stream
+	// subjects (live), nothing else.
+	nc, err := nats.Connect(n.NATS, client.TenantUser("acme", "acme-key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var mu sync.Mutex
+	var onNATS []job.StreamMessage
+	sub, err := nc.Subscribe(job.StreamPrefix+"acme.>", func(m *nats.Msg) {
+		var sm job.StreamMessage
+		if err := json.Unmarshal(m.Data, &sm); err != nil {
+			t.Errorf("stream message: %v", err)
+		}
+		mu.Lock()
+		onNATS = append(onNATS, sm)
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	p := streamParams("Tell me about rivers.", 60)
+	p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+	got := readStream(ctx, c, p, 0)
+	if got.err != nil {
+		t.Fatalf("stream: %v", got.err)
+	}
+	if want := whole.Choices[0].Message.Content; got.text != want || want == "" {
+		t.Errorf("streamed text %q, want the unstreamed answer %q", got.text, want)
+	}
+	if got.usage == nil || got.usage.CompletionTokens != whole.Usage.CompletionTokens || got.usage.PromptTokens != whole.Usage.PromptTokens {
+		t.Errorf("usage %+v, want %+v", got.usage, whole.Usage)
+	}
+	if got.jobID == "" {
+		t.Error("no X-Sluice-Job-Id header")
+	}
+	if r := jobResult(t, n, got.jobID); r.Status != job.StatusSucceeded || responseText(t, r) != got.text || r.Usage == nil || r.Usage.CompletionTokens != int(whole.Usage.CompletionTokens) {
+		t.Errorf("result %s, usage %+v; want succeeded with the streamed text and usage", r.Status, r.Usage)
+	}
+
+	// The NATS subscriber saw the same chunks, in order, and the end.
+	var text strings.Builder
+	mu.Lock()
+	msgs := append([]job.StreamMessage(nil), onNATS...)
+	mu.Unlock()
+	chunks := 0
+	for i, m := range msgs {
+		for _, raw := range m.Chunks {
+			var ch job.Chunk
+			if err := json.Unmarshal(raw, &ch); err != nil {
+				t.Fatal(err)
+			}
+			text.WriteString(ch.Text())
+			chunks++
+		}
+		if (m.End != "") != (i == len(msgs)-1) {
+			t.Errorf("message %d of %d: end %q; want the end on the last message only", i, len(msgs), m.End)
+		}
+	}
+	if text.String() != got.text || chunks != got.chunks || len(msgs) == 0 || msgs[len(msgs)-1].End != job.StatusSucceeded {
+		t.Errorf("over NATS: %d messages, %d chunks, text %q; want %d chunks with the streamed text, ending succeeded", len(msgs), chunks, text.String(), got.chunks)
+	}
+	if len(msgs) >= chunks {
+		t.Errorf("%d messages for %d chunks: chunks are not batched", len(msgs), chunks)
+	}
+
+	// Without include_usage the usage chunk is stripped.
+	if again := readStream(ctx, c, streamParams("Tell me about rivers.", 60), 0); again.err != nil || again.usage != nil || again.text != got.text {
+		t.Errorf("without include_usage: usage %+v, err %v, same text %v; want no usage chunk", again.usage, again.err, again.text == got.text)
+	}
+	if st := simSrv.Stats(); st.Streamed != 2 || st.DuplicateCompletions != 0 {
+		t.Errorf("simulator: %d streamed, %d duplicates; want 2, 0", st.Streamed, st.DuplicateCompletions)
+	}
+}
+
+// TestStreamFaultBeforeFirstToken: a stream cut before its first token is
+// retried and the client never sees it: one extra provider call, one
+// completion.
+func TestStreamFaultBeforeFirstToken(t *testing.T) {
+	t.Parallel()
+	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 200000}}, APIKeys: []string{"sim-secret"},
+		Faults: sim.Faults{RateStreamCut: 1, StreamCutAfter: 0, MaxFaults: 1}})
+	n := startUp(t, simConfig(simURL, "gpt-4o-mini", 600, 200000, ""), testEnv)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	got := readStream(ctx, sdkClient(n), streamParams("Once more.", 40), 0)
+	if got.err != nil || got.text == "" {
+		t.Fatalf("stream: text %q, err %v; want the whole answer", got.text, got.err)
+	}
+	st := simSrv.Stats()
+	if st.StreamCuts != 1 || st.Streamed != 2 || st.JobCompletions[got.jobID] != 1 {
+		t.Errorf("simulator: %d cuts, %d streams, %d completions of the job; want 1, 2, 1", st.StreamCuts, st.Streamed, st.JobCompletions[got.jobID])
+	}
+	if r := jobResult(t, n, got.jobID); r.Status != job.StatusSucceeded || r.Attempts != 2 || responseText(t, r) != got.text {
+		t.Errorf("result %s after %d attempts; want succeeded after 2", r.Status, r.Attempts)
+	}
+}
+
+// TestStreamCutAfterFirstToken: a cut after the first token reaches the
+// client as an error, the provider was called once, and the job's result
+// is interrupted with the text received.
+func TestStreamCutAfterFirstToken(t *testing.T) {
+	t.Parallel()
+	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 200000}}, APIKeys: []string{"sim-secret"},
+		Faults: sim.Faults{RateStreamCut: 1, StreamCutAfter: 3}})
+	n := startUp(t, simConfig(simURL, "gpt-4o-mini", 600, 200000, ""), testEnv)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	got := readStream(ctx, sdkClient(n), streamParams("Cut me off.", 40), 0)
+	if got.err == nil {
+		t.Fatal("a cut stream ended without an error")
+	}
+	if !strings.Contains(got.err.Error(), job.CodeStreamInterrupted) {
+		t.Errorf("error %v, want %s", got.err, job.CodeStreamInterrupted)
+	}
+	if words := len(strings.Fields(got.text)); words != 3 {
+		t.Errorf("client got %d words (%q), want the 3 sent", words, got.text)
+	}
+	r := jobResult(t, n, got.jobID)
+	if r.Status != job.StatusInterrupted || r.Error == nil || r.Error.Code != job.CodeStreamInterrupted || responseText(t, r) != got.text {
+		t.Errorf("result %s (%+v) with %q; want interrupted with %q", r.Status, r.Error, r.Response, got.text)
+	}
+	// Give a wrong retry time to show up before reading the ledger.
+	time.Sleep(time.Second)
+	if st := simSrv.Stats(); st.Streamed != 1 || st.JobCompletions[got.jobID] != 1 {
+		t.Errorf("simulator: %d streams, %d completions of the job; want exactly 1 provider call", st.Streamed, st.JobCompletions[got.jobID])
+	}
+}
+
+// TestStreamCancelOnDisconnect: a streaming client that goes away stops
+// the provider call and the job ends cancelled.
+func TestStreamCancelOnDisconnect(t *testing.T) {
+	t.Parallel()
+	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 200000}}, APIKeys: []string{"sim-secret"},
+		PerToken: 50 * time.Millisecond, OutputTokens: func(max int, _ []byte) int { return max }})
+	n := startUp(t, simConfig(simURL, "gpt-4o-mini", 600, 200000, ""), testEnv)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sctx, leave := context.WithCancel(ctx)
+	got := readStream(sctx, sdkClient(n), streamParams("A long one.", 400), 3) // 400 tokens: 20 s
+	leave()
+	if got.jobID == "" || got.chunks != 3 {
+		t.Fatalf("read %d chunks of job %q", got.chunks, got.jobID)
+	}
+	r := jobResult(t, n, got.jobID)
+	if r.Status != job.StatusCancelled || r.Error == nil || r.Error.Code != job.CodeCancelled {
+		t.Errorf("result %s (%+v), want cancelled", r.Status, r.Error)
+	}
+	if words := len(strings.Fields(responseText(t, r))); words == 0 || words >= 400 {
+		t.Errorf("cancelled result holds %d words, want the partial text", words)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for simSrv.Stats().ClientGone == 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if st := simSrv.Stats(); st.ClientGone != 1 || st.JobCompletions[got.jobID] != 1 {
+		t.Errorf("simulator: client gone %d, completions %d; want the call stopped (1, 1)", st.ClientGone, st.JobCompletions[got.jobID])
+	}
+}
+
+// TestStreamGoClient: pkg/client's Stream yields the chunks of a job
+// submitted over NATS.
+func TestStreamGoClient(t *testing.T) {
+	t.Parallel()
+	_, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 200000}}, APIKeys: []string{"sim-secret"}})
+	n := startUp(t, simConfig(simURL, "gpt-4o-mini", 600, 200000, ""), testEnv)
+	_, operator := natsClient(t, n.NATS)
+	tnc, err := nats.Connect(n.NATS, client.TenantUser("acme", "acme-key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tnc.Close()
+	tenant, err := client.New(tnc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// The operator's connection replays the stream from STREAMS; a
+	// tenant's (no JetStream reads) watches its subjects before submitting.
+	for name, cl := range map[string]*client.Client{"operator": operator, "tenant": tenant} {
+		body := []byte(`{"model":"gpt-4o-mini","max_tokens":30,"messages":[{"role":"user","content":"hi"}],"stream_options":{"include_usage":true}}`)
+		var text strings.Builder
+		var usage *job.ChunkUsage
+		for ch, err := range cl.Stream(ctx, &job.Job{Tenant: "acme", Request: body}) {
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			text.WriteString(ch.Text())
+			if ch.Usage != nil {
+				usage = ch.Usage
+			}
+		}
+		if text.Len() == 0 || usage == nil || usage.CompletionTokens != len(strings.Fields(text.String())) {
+			t.Errorf("%s: text %q, usage %+v", name, text.String(), usage)
+		}
+		// A job that cannot run ends the stream with its error.
+		bad := []byte(`{"model":"gpt-4o-mini","max_tokens":999999,"messages":[{"role":"user","content":"hi"}]}`)
+		var last error
+		for _, err := range cl.Stream(ctx, &job.Job{Tenant: "acme", Request: bad}) {
+			last = err
+		}
+		if last == nil || !strings.Contains(fmt.Sprint(last), "max_tokens") {
+			t.Errorf("%s: invalid job: %v, want its validation error", name, last)
+		}
+	}
+}
+
+// TestStreamTimeouts: a stream silent before its first token past
+// first_token_timeout is retried unseen; one silent after it past
+// idle_timeout ends interrupted (reason idle_timeout).
+func TestStreamTimeouts(t *testing.T) {
+	t.Parallel()
+	extra := "streaming: {first_token_timeout: 300ms, idle_timeout: 300ms}\n"
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	firstSim, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 200000}}, APIKeys: []string{"sim-secret"},
+		Faults: sim.Faults{RateStreamStall: 1, StreamStallAfter: 0, MaxFaults: 1, HangFor: 10 * time.Second}})
+	n := startUp(t, simConfig(simURL, "gpt-4o-mini", 600, 200000, extra), testEnv)
+	got := readStream(ctx, sdkClient(n), streamParams("Slow start.", 30), 0)
+	if got.err != nil || got.text == "" {
+		t.Errorf("first-token timeout: text %q, err %v; want the answer of the retry", got.text, got.err)
+	}
+	if st := firstSim.Stats(); st.StreamStalls != 1 || st.Streamed != 2 {
+		t.Errorf("first-token timeout: %d stalls, %d streams; want 1, 2", st.StreamStalls, st.Streamed)
+	}
+
+	idleSim, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 200000}}, APIKeys: []string{"sim-secret"},
+		Faults: sim.Faults{RateStreamStall: 1, StreamStallAfter: 2, HangFor: 10 * time.Second}})
+	n = startUp(t, simConfig(simURL, "gpt-4o-mini", 600, 200000, extra), testEnv)
+	got = readStream(ctx, sdkClient(n), streamParams("Stall midway.", 30), 0)
+	if got.err == nil || len(strings.Fields(got.text)) != 2 {
+		t.Errorf("idle timeout: text %q, err %v; want 2 words and an error", got.text, got.err)
+	}
+	r := jobResult(t, n, got.jobID)
+	if r.Status != job.StatusInterrupted || r.Error == nil || !strings.Contains(r.Error.Message, "idle_timeout") {
+		t.Errorf("idle timeout: result %s (%+v), want interrupted by idle_timeout", r.Status, r.Error)
+	}
+	if st := idleSim.Stats(); st.Streamed != 1 {
+		t.Errorf("idle timeout: %d streams, want 1 (never retried)", st.Streamed)
+	}
+}

@@ -1,0 +1,316 @@
+package provider
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"mime"
+	"net/http"
+	"time"
+
+	"github.com/openai/openai-go/v3/packages/ssestream"
+
+	"github.com/sluice-dev/sluice/pkg/job"
+)
+
+// Streamer is a Client that can also stream a call's answer.
+//
+// Stream sends c (whose Body asks for stream: true) and returns once the
+// response headers are in. A non-2xx answer comes back as a Response with
+// its body read in full and a nil *Stream, for Classify, exactly as Do
+// returns it. A 2xx answer comes back as a Response without a body and a
+// *Stream of OpenAI chat.completion.chunk objects. The error, as Do's, is
+// a *TransportError: the call never got headers.
+type Streamer interface {
+	Stream(ctx context.Context, c Call) (*Response, *Stream, error)
+}
+
+// ErrStreamCut is returned by Stream.Next when the provider's stream ends
+// without its end marker (OpenAI's data: [DONE], Anthropic's
+// message_stop): a connection closed mid-answer, which a plain SSE reader
+// takes for a clean end.
+var ErrStreamCut = errors.New("stream ended without its end marker")
+
+// StreamError is an error event inside a stream (OpenAI's data:
+// {"error": ...}, Anthropic's event: error). Body is the error in OpenAI's
+// shape, for Classify.
+type StreamError struct{ Body []byte }
+
+func (e *StreamError) Error() string {
+	ei := parseErrorBody(e.Body)
+	return "provider error event: " + firstNonEmpty(ei.code, ei.typ, "error") + ": " + cleanMessage(ei.msg)
+}
+
+// Stream reads a streamed answer. Next is not safe for concurrent use;
+// end a stream early by cancelling the context of the call that opened
+// it, and always Close it.
+type Stream struct {
+	body    io.Closer
+	dec     ssestream.Decoder
+	pending [][]byte
+	conv    func(ev ssestream.Event) (chunks [][]byte, done bool, err error)
+	done    bool
+	err     error
+}
+
+// Next returns the next chunk (an OpenAI chat.completion.chunk, JSON). It
+// returns io.EOF after the provider's end marker, ErrStreamCut when the
+// stream ends without one, a *StreamError for an error event, and a
+// *TransportError (PhaseBody) when reading fails; the first error stays.
+func (s *Stream) Next() ([]byte, error) {
+	for {
+		if len(s.pending) > 0 {
+			c := s.pending[0]
+			s.pending = s.pending[1:]
+			return c, nil
+		}
+		if s.err != nil {
+			return nil, s.err
+		}
+		if s.done {
+			s.err = io.EOF
+			return nil, s.err
+		}
+		if s.dec == nil || !s.dec.Next() {
+			s.err = ErrStreamCut
+			if s.dec != nil && s.dec.Err() != nil {
+				s.err = &TransportError{Phase: PhaseBody, Err: s.dec.Err()}
+			}
+			continue
+		}
+		ev := s.dec.Event()
+		ev.Data = bytes.TrimSpace(ev.Data)
+		chunks, done, err := s.conv(ev)
+		s.pending = append(s.pending, chunks...)
+		s.done = done
+		if err != nil {
+			s.err = err
+		}
+	}
+}
+
+// Close releases the connection.
+func (s *Stream) Close() error {
+	if s.body == nil {
+		return nil
+	}
+	return s.body.Close()
+}
+
+// openStream POSTs a streamed call. A non-2xx answer is read in full; a
+// 2xx answer that is not an event stream (a server that ignored stream:
+// true) is read in full and handed to whole, which returns its chunks.
+func openStream(ctx context.Context, rt http.RoundTripper, target string, body []byte, h http.Header, maxResp int,
+	conv func(ssestream.Event) ([][]byte, bool, error), whole func([]byte) [][]byte) (*Response, *Stream, error) {
+	h.Set("Accept", "text/event-stream")
+	resp, err := open(ctx, rt, target, body, h)
+	if err != nil {
+		return nil, nil, err
+	}
+	r := &Response{Status: resp.StatusCode, Header: resp.Header, RateLimit: ParseRateLimit(resp.Header, time.Now())}
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	if resp.StatusCode < 200 || resp.StatusCode > 299 || mt != "text/event-stream" {
+		defer resp.Body.Close()
+		b, err := readBody(ctx, resp, maxResp)
+		if err != nil {
+			return nil, nil, err
+		}
+		r.Body = b
+		if resp.StatusCode < 200 || resp.StatusCode > 299 {
+			return r, nil, nil
+		}
+		return r, &Stream{pending: whole(b), done: true}, nil
+	}
+	return r, &Stream{body: resp.Body, dec: ssestream.NewDecoder(resp), conv: conv}, nil
+}
+
+// Stream POSTs c.Body (which asks for stream: true), untouched, to
+// {BaseURL}/chat/completions and reads OpenAI's chunks.
+func (o *OpenAI) Stream(ctx context.Context, c Call) (*Response, *Stream, error) {
+	target, err := endpoint(o.baseURL, "/chat/completions")
+	if err != nil {
+		return nil, nil, buildErr("%v", err)
+	}
+	h := baseHeader(c)
+	if o.apiKey != "" {
+		h.Set("Authorization", "Bearer "+o.apiKey)
+	}
+	return openStream(ctx, o.rt, target, c.Body, h, o.maxResp, openAIEvent, func(b []byte) [][]byte { return raw(job.CompletionChunks(b, true)) })
+}
+
+func raw(in []json.RawMessage) [][]byte {
+	out := make([][]byte, len(in))
+	for i, c := range in {
+		out[i] = c
+	}
+	return out
+}
+
+// openAIEvent reads one OpenAI stream event: a chunk, [DONE], or an
+// error object.
+func openAIEvent(ev ssestream.Event) ([][]byte, bool, error) {
+	if bytes.Equal(ev.Data, []byte("[DONE]")) {
+		return nil, true, nil
+	}
+	var probe struct {
+		Error json.RawMessage `json:"error"`
+	}
+	if err := json.Unmarshal(ev.Data, &probe); err != nil {
+		return nil, false, &StreamError{Body: []byte(`{"error":{"message":"undecodable stream event","type":"server_error"}}`)}
+	}
+	if len(probe.Error) > 0 && string(probe.Error) != "null" {
+		return nil, false, &StreamError{Body: append([]byte(nil), ev.Data...)}
+	}
+	return [][]byte{append([]byte(nil), ev.Data...)}, false, nil
+}
+
+// Stream converts c.Body to a streamed Messages API body, POSTs it to
+// {BaseURL}/messages and translates Anthropic's events (message_start,
+// content_block_start/delta, message_delta with the usage, message_stop,
+// error) into OpenAI chunks: a role chunk, content and tool-call deltas, a
+// finish chunk and a usage chunk (always; the caller drops it when its
+// client did not ask for usage).
+func (a *Anthropic) Stream(ctx context.Context, c Call) (*Response, *Stream, error) {
+	target, err := endpoint(a.baseURL, "/messages")
+	if err != nil {
+		return nil, nil, buildErr("%v", err)
+	}
+	body, err := toAnthropic(job.WithoutMembers(c.Body, "stream", "stream_options"), c.Model)
+	if err != nil {
+		return nil, nil, buildErr("converting request for the Messages API: %v", err)
+	}
+	body = job.WithMember(body, "stream", json.RawMessage("true"))
+	h := baseHeader(c)
+	h.Set("X-Api-Key", a.apiKey)
+	h.Set("Anthropic-Version", a.version)
+	tr := &anStream{created: time.Now().Unix(), tools: map[int]int{}}
+	r, st, err := openStream(ctx, a.rt, target, body, h, a.maxResp, tr.event, func(b []byte) [][]byte {
+		conv, _, err := fromAnthropic(b, time.Now())
+		if err != nil {
+			return nil
+		}
+		return raw(job.CompletionChunks(conv, true))
+	})
+	if r != nil && st == nil {
+		if conv, ok := anthropicErrorToOpenAI(r.Body); ok {
+			r.Body = conv
+		}
+	}
+	return r, st, err
+}
+
+// anStream translates one Anthropic stream to OpenAI chunks.
+type anStream struct {
+	id, model string
+	created   int64
+	usage     oaUsage
+	tools     map[int]int // content block index -> tool call index
+}
+
+func (t *anStream) chunk(delta map[string]any, finish *string) []byte {
+	b, _ := json.Marshal(map[string]any{"id": t.id, "object": "chat.completion.chunk", "created": t.created, "model": t.model,
+		"choices": []any{map[string]any{"index": 0, "delta": delta, "logprobs": nil, "finish_reason": finish}}})
+	return b
+}
+
+func (t *anStream) event(ev ssestream.Event) ([][]byte, bool, error) {
+	var e struct {
+		Type    string `json:"type"`
+		Index   int    `json:"index"`
+		Message struct {
+			ID    string `json:"id"`
+			Model string `json:"model"`
+			Usage struct {
+				InputTokens              int `json:"input_tokens"`
+				OutputTokens             int `json:"output_tokens"`
+				CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
+				CacheReadInputTokens     int `json:"cache_read_input_tokens"`
+			} `json:"usage"`
+		} `json:"message"`
+		ContentBlock struct {
+			Type string `json:"type"`
+			ID   string `json:"id"`
+			Name string `json:"name"`
+		} `json:"content_block"`
+		Delta struct {
+			Type        string `json:"type"`
+			Text        string `json:"text"`
+			PartialJSON string `json:"partial_json"`
+			StopReason  string `json:"stop_reason"`
+		} `json:"delta"`
+		Usage *struct {
+			OutputTokens int `json:"output_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(ev.Data, &e); err != nil {
+		return nil, false, &StreamError{Body: []byte(`{"error":{"message":"undecodable stream event","type":"api_error"}}`)}
+	}
+	typ := e.Type
+	if typ == "" {
+		typ = ev.Type
+	}
+	switch typ {
+	case "message_start":
+		m := e.Message
+		t.id, t.model = m.ID, m.Model
+		u := m.Usage
+		t.usage.PromptTokens = max(u.InputTokens+u.CacheCreationInputTokens+u.CacheReadInputTokens, 0)
+		t.usage.PromptTokensDetails.CachedTokens = max(u.CacheReadInputTokens, 0)
+		t.usage.CompletionTokens = max(u.OutputTokens, 0)
+		return [][]byte{t.chunk(map[string]any{"role": "assistant", "content": ""}, nil)}, false, nil
+	case "content_block_start":
+		if e.ContentBlock.Type != "tool_use" {
+			return nil, false, nil
+		}
+		n := len(t.tools)
+		t.tools[e.Index] = n
+		return [][]byte{t.chunk(map[string]any{"tool_calls": []any{map[string]any{"index": n, "id": e.ContentBlock.ID, "type": "function",
+			"function": map[string]any{"name": e.ContentBlock.Name, "arguments": ""}}}}, nil)}, false, nil
+	case "content_block_delta":
+		switch e.Delta.Type {
+		case "text_delta":
+			return [][]byte{t.chunk(map[string]any{"content": e.Delta.Text}, nil)}, false, nil
+		case "input_json_delta":
+			n, ok := t.tools[e.Index]
+			if !ok {
+				return nil, false, nil
+			}
+			return [][]byte{t.chunk(map[string]any{"tool_calls": []any{map[string]any{"index": n, "function": map[string]any{"arguments": e.Delta.PartialJSON}}}}, nil)}, false, nil
+		}
+		return nil, false, nil // thinking and signature deltas have no OpenAI form
+	case "message_delta":
+		if e.Usage != nil {
+			t.usage.CompletionTokens = max(e.Usage.OutputTokens, 0)
+		}
+		if e.Delta.StopReason == "" {
+			return nil, false, nil
+		}
+		finish := finishReason(e.Delta.StopReason)
+		t.usage.TotalTokens = t.usage.PromptTokens + t.usage.CompletionTokens
+		u, _ := json.Marshal(map[string]any{"id": t.id, "object": "chat.completion.chunk", "created": t.created, "model": t.model, "choices": []any{}, "usage": t.usage})
+		return [][]byte{t.chunk(map[string]any{}, &finish), u}, false, nil
+	case "message_stop":
+		return nil, true, nil
+	case "error":
+		if conv, ok := anthropicErrorToOpenAI(ev.Data); ok {
+			return nil, false, &StreamError{Body: conv}
+		}
+		return nil, false, &StreamError{Body: []byte(`{"error":{"message":"error event","type":"api_error"}}`)}
+	}
+	return nil, false, nil // ping, content_block_stop, and events added later
+}
+
+// finishReason maps Anthropic's stop_reason to OpenAI's finish_reason.
+func finishReason(stop string) string {
+	switch stop {
+	case "max_tokens", "model_context_window_exceeded":
+		return "length"
+	case "tool_use":
+		return "tool_calls"
+	case "refusal":
+		return "content_filter"
+	}
+	return "stop"
+}

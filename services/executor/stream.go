@@ -1,0 +1,317 @@
+package executor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/pkg/budget"
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/provider"
+)
+
+// errCancelled is the cause of a call stopped because its caller cancelled.
+var errCancelled = errors.New("cancelled by the caller")
+
+// streamFlags is what the executor reads of a streamed request.
+type streamFlags struct {
+	Stream        bool `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+// streamed reports whether j asks for a streamed answer, and whether its
+// caller asked for the usage chunk.
+func streamed(j *job.Job) (stream, usage bool) {
+	var f streamFlags
+	if json.Unmarshal(j.Request, &f) != nil {
+		return false, false
+	}
+	return f.Stream, f.Stream && f.StreamOptions != nil && f.StreamOptions.IncludeUsage
+}
+
+// cancels maps the jobs this process is running to their cancel functions,
+// for sluice.cancel.<tenant>.<job_id>.
+type cancels struct {
+	mu sync.Mutex
+	m  map[string]context.CancelCauseFunc
+}
+
+func (c *cancels) add(id string, f context.CancelCauseFunc) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]context.CancelCauseFunc{}
+	}
+	c.m[id] = f
+}
+
+func (c *cancels) remove(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, id)
+}
+
+func (c *cancels) cancel(id string) bool {
+	c.mu.Lock()
+	f := c.m[id]
+	c.mu.Unlock()
+	if f != nil {
+		f(errCancelled)
+	}
+	return f != nil
+}
+
+// onCancel handles sluice.cancel.<tenant>.<job_id>.
+func (s *Service) onCancel(m *nats.Msg) {
+	i := strings.LastIndexByte(m.Subject, '.')
+	if i < 0 {
+		return
+	}
+	if s.running.cancel(m.Subject[i+1:]) {
+		s.log.Info("stream cancelled by its caller", "job_id", m.Subject[i+1:])
+	}
+}
+
+// streamEnd is how a streamed call ended once it got past its first token
+// (or ended cleanly, or was cancelled): the job ends here, never retried.
+type streamEnd struct {
+	status job.Status // succeeded, interrupted or cancelled
+	reason string     // interrupted: cut, idle_timeout, total_timeout, error_event; cancelled
+	tr     *job.Transcript
+	err    error // what broke the stream
+}
+
+// stream runs a streamed call. Before the first token (a content,
+// refusal or tool-call delta) nothing is published and a failure comes
+// back as resp and cerr for Classify, exactly as a non-streamed call's;
+// end is then nil. After it, chunks go to the job's stream subject as they
+// come, batched by time, and end says how the stream ended.
+func (s *Service) stream(ctx context.Context, j *job.Job, client provider.Streamer, call provider.Call, wantUsage bool, pub *chunkPublisher) (resp *provider.Response, cerr error, end *streamEnd) {
+	cfg := s.cfg.App.Streaming
+	sctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	// One timer: the first-token timeout, then the idle timeout.
+	var first atomic.Bool
+	timer := time.AfterFunc(cfg.FirstTokenTimeout.D(), func() {
+		if first.Load() {
+			cancel(provider.ErrIdleTimeout)
+			return
+		}
+		cancel(provider.ErrFirstTokenTimeout)
+	})
+	defer timer.Stop()
+	start := s.now()
+	labels := []string{j.Provider, j.Model}
+
+	resp, st, err := client.Stream(sctx, call)
+	if err != nil || st == nil {
+		if errors.Is(context.Cause(sctx), errCancelled) {
+			return resp, err, &streamEnd{status: job.StatusCancelled, reason: "cancelled", tr: &job.Transcript{}, err: errCancelled}
+		}
+		return resp, err, nil
+	}
+	defer st.Close()
+	tr := &job.Transcript{}
+	var held []json.RawMessage // chunks before the first token
+	for {
+		c, err := st.Next()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				// A clean end, with or without output.
+				pub.add(held...)
+				return resp, nil, &streamEnd{status: job.StatusSucceeded, tr: tr}
+			}
+			cause := context.Cause(sctx)
+			reason, broke := streamBreak(err, cause)
+			if errors.Is(cause, errCancelled) {
+				return resp, nil, &streamEnd{status: job.StatusCancelled, reason: "cancelled", tr: tr, err: errCancelled}
+			}
+			if !tr.Started() {
+				var se *provider.StreamError
+				if errors.As(err, &se) {
+					// An error event before any output: classified as the
+					// server error it reports.
+					return &provider.Response{Status: 500, Header: resp.Header, Body: se.Body, RateLimit: resp.RateLimit}, nil, nil
+				}
+				return resp, &provider.TransportError{Phase: provider.PhaseStreamStart, Err: broke}, nil
+			}
+			return resp, nil, &streamEnd{status: job.StatusInterrupted, reason: reason, tr: tr, err: broke}
+		}
+		var ch job.Chunk
+		if json.Unmarshal(c, &ch) != nil {
+			continue // not a chunk: nothing a client could read
+		}
+		started := tr.Started()
+		tr.Add(&ch)
+		if ch.UsageOnly() && !wantUsage {
+			continue // Sluice asked for usage; the caller did not
+		}
+		switch {
+		case tr.Started() && !started:
+			s.m.TimeToFirstToken.WithLabelValues(labels...).Observe(s.now().Sub(start).Seconds())
+			first.Store(true)
+			timer.Reset(cfg.IdleTimeout.D())
+			pub.add(append(held, c)...)
+			held = nil
+		case started:
+			timer.Reset(cfg.IdleTimeout.D())
+			pub.add(c)
+		default:
+			held = append(held, c)
+		}
+	}
+}
+
+// streamBreak names why a stream broke and the error to report.
+func streamBreak(err, cause error) (reason string, broke error) {
+	var se *provider.StreamError
+	switch {
+	case errors.Is(cause, provider.ErrFirstTokenTimeout):
+		return "first_token_timeout", provider.ErrFirstTokenTimeout
+	case errors.Is(cause, provider.ErrIdleTimeout):
+		return "idle_timeout", provider.ErrIdleTimeout
+	case errors.Is(cause, context.DeadlineExceeded):
+		return "total_timeout", fmt.Errorf("the call's timeout passed: %w", context.DeadlineExceeded)
+	case errors.As(err, &se):
+		return "error_event", err
+	}
+	return "cut", err
+}
+
+// endStream ends a streamed job that got past its first token (or ended
+// cleanly or was cancelled): the last stream message, then the result
+// with the text received and the usage known. Usage the provider
+// reported settles the budget; a stream cut before its usage chunk stays
+// charged its reservation.
+func (s *Service) endStream(ctx context.Context, j *job.Job, opKey string, pub *chunkPublisher, e *streamEnd) error {
+	r := &job.Result{Status: e.status, Usage: e.tr.Usage()}
+	if e.tr.Started() || e.status == job.StatusSucceeded {
+		r.Response = e.tr.Completion()
+	}
+	switch e.status {
+	case job.StatusInterrupted:
+		s.m.StreamInterrupted.WithLabelValues(j.Provider, j.Model, e.reason).Inc()
+		r.Error = &job.Error{Code: job.CodeStreamInterrupted, Message: fmt.Sprintf(
+			"the provider's stream broke after the first token (%s): the text received is in the response; not retried, since that would repeat text already delivered and pay twice", e.reason)}
+	case job.StatusCancelled:
+		s.m.StreamInterrupted.WithLabelValues(j.Provider, j.Model, "cancelled").Inc()
+		r.Error = &job.Error{Code: job.CodeCancelled, Message: "the caller went away; the provider call was stopped"}
+	}
+	if u := e.tr.Usage(); u != nil {
+		s.settle(ctx, j, *u)
+	}
+	pub.end(r.Status, r.Error)
+	s.ended.Store(j.ID, true)
+	return s.finish(ctx, j, opKey, r)
+}
+
+// chunkPublisher publishes a job's chunks to its stream subject, batched:
+// the first at once, then at most every interval (the flush interval), so
+// a reader gets tokens as they come at a few messages per second rather
+// than one per token.
+type chunkPublisher struct {
+	js       jetstream.JetStream
+	subject  string
+	jobID    string
+	interval time.Duration
+	now      func() time.Time
+	onErr    func(error)
+
+	mu      sync.Mutex
+	pending []json.RawMessage
+	size    int
+	last    time.Time
+	timer   *time.Timer
+	seq     int
+	ended   bool
+}
+
+// maxBatchBytes flushes a batch early, well under STREAMS' message size.
+const maxBatchBytes = 256 << 10
+
+func newChunkPublisher(js jetstream.JetStream, j *job.Job, interval time.Duration, now func() time.Time, onErr func(error)) *chunkPublisher {
+	return &chunkPublisher{js: js, subject: job.StreamSubject(j.Tenant, j.ID), jobID: j.ID, interval: interval, now: now, onErr: onErr}
+}
+
+func (p *chunkPublisher) add(chunks ...json.RawMessage) {
+	if len(chunks) == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ended {
+		return
+	}
+	for _, c := range chunks {
+		p.pending = append(p.pending, c)
+		p.size += len(c)
+	}
+	if wait := p.interval - p.now().Sub(p.last); wait <= 0 || p.size >= maxBatchBytes {
+		p.flushLocked("", nil)
+	} else if p.timer == nil {
+		p.timer = time.AfterFunc(wait, func() {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			p.timer = nil
+			if !p.ended && len(p.pending) > 0 {
+				p.flushLocked("", nil)
+			}
+		})
+	}
+}
+
+// end publishes what is pending with the stream's end marker.
+func (p *chunkPublisher) end(status job.Status, e *job.Error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ended {
+		return
+	}
+	if p.timer != nil {
+		p.timer.Stop()
+		p.timer = nil
+	}
+	p.flushLocked(status, e)
+	p.ended = true
+}
+
+func (p *chunkPublisher) flushLocked(end job.Status, e *job.Error) {
+	p.seq++
+	data, _ := json.Marshal(job.StreamMessage{Chunks: p.pending, End: end, Error: e})
+	p.pending, p.size, p.last = nil, 0, p.now()
+	msg := nats.NewMsg(p.subject)
+	msg.Data = data
+	msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("stream:%s:%d", p.jobID, p.seq))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := p.js.PublishMsg(ctx, msg); err != nil && p.onErr != nil {
+		p.onErr(err)
+	}
+}
+
+// cancelBeforeCall ends a streamed job whose caller went away before its
+// provider call: nothing is sent, and the reservation's tokens go back to
+// the window (the request it reserved stays spent: its slot has passed).
+func (s *Service) cancelBeforeCall(ctx context.Context, j *job.Job, opKey string) error {
+	ctx = context.WithoutCancel(ctx)
+	if r := j.Reservation; r != nil && !r.SendAt.IsZero() && r.Tokens > 0 {
+		key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
+		if err := s.store.ReturnAt(ctx, key, r.SendAt, budget.Cost{Tokens: r.Tokens}); err != nil {
+			s.log.Debug("return cancelled tokens", "err", err)
+		}
+	}
+	s.m.StreamInterrupted.WithLabelValues(j.Provider, j.Model, "cancelled").Inc()
+	e := &job.Error{Code: job.CodeCancelled, Message: "the caller went away before the provider was called"}
+	return s.finish(ctx, j, opKey, &job.Result{Status: job.StatusCancelled, Error: e})
+}
