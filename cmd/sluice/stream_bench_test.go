@@ -31,6 +31,8 @@ providers:
       - {name: gpt-4o-mini, rpm: 0, tpm: 0, max_concurrency: %d}
 tenants:
   - {name: acme, api_key_env: ACME_KEY}
+limits:
+  max_waiters_per_tenant: 1000   # one tenant holds every stream
 `, simURL, conc)
 }
 
@@ -151,6 +153,7 @@ func BenchmarkStream500(b *testing.B) {
 		var mu sync.Mutex
 		var ttfts []time.Duration
 		var failed int
+		var firstErr error
 		var peakHeap uint64
 		stop := make(chan struct{})
 		go func() { // sample the heap while streams run
@@ -177,7 +180,9 @@ func BenchmarkStream500(b *testing.B) {
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {
-					failed++
+					if failed++; firstErr == nil {
+						firstErr = err
+					}
 					return
 				}
 				ttfts = append(ttfts, d)
@@ -190,7 +195,7 @@ func BenchmarkStream500(b *testing.B) {
 		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
 		cpu := time.Duration(ru1.Utime.Nano()+ru1.Stime.Nano()-ru0.Utime.Nano()-ru0.Stime.Nano()) * time.Nanosecond
 		if failed > 0 || len(ttfts) != streams {
-			b.Fatalf("%d of %d streams failed", failed, streams)
+			b.Fatalf("%d of %d streams failed; the first: %v", failed, streams, firstErr)
 		}
 		b.ReportMetric(ms(quantile(ttfts, 0.5)), "ttft_p50_ms")
 		b.ReportMetric(ms(quantile(ttfts, 0.99)), "ttft_p99_ms")
