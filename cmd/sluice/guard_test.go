@@ -40,6 +40,7 @@ func getJobAs(t testing.TB, base, id string) (int, map[string]any) {
 func waitJobAs(t testing.TB, base, id string) map[string]any {
 	t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
+	var last map[string]any
 	for time.Now().Before(deadline) {
 		code, v := getJobAs(t, base, id)
 		if code == http.StatusOK {
@@ -47,9 +48,10 @@ func waitJobAs(t testing.TB, base, id string) map[string]any {
 				return v
 			}
 		}
+		last = v
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("job %s did not finish in 90s", id)
+	t.Fatalf("job %s did not finish in 90s; last seen: %v", id, last)
 	return nil
 }
 
@@ -86,8 +88,7 @@ next:
 func TestForgedMessagesNeverReachTheProvider(t *testing.T) {
 	t.Parallel()
 	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 1_000_000}}, APIKeys: []string{"sim-secret"}})
-	n := startUp(t, simConfig(simURL, "gpt-4o-mini", 600, 1_000_000, "limits: {max_tokens: 4096}\n"), testEnv)
-	waitReady(t, n.HTTP)
+	n := startUpLogged(t, simConfig(simURL, "gpt-4o-mini", 600, 1_000_000, "limits: {max_tokens: 4096}\n"), testEnv)
 	nc, _ := natsClient(t, n.NATS)
 	js, err := jetstream.New(nc)
 	if err != nil {

@@ -112,6 +112,21 @@ func startUp(t testing.TB, yaml string, env map[string]string) upNode {
 	return n
 }
 
+// startUpLogged is startUp at log level info, whose log is printed if the
+// test fails.
+func startUpLogged(t testing.TB, yaml string, env map[string]string) upNode {
+	t.Helper()
+	var log syncBuffer
+	n := startUpWith(t, yaml, env, []string{"--log-level", "info"}, &log)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("sluice up log:\n%s", log.String())
+		}
+	})
+	waitReady(t, n.HTTP)
+	return n
+}
+
 // startUpWith is startUp with extra flags and the node's stderr (its log);
 // it does not wait for /readyz.
 func startUpWith(t testing.TB, yaml string, env map[string]string, extra []string, stderr io.Writer) upNode {
