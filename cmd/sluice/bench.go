@@ -42,7 +42,10 @@ takes about 14 minutes; --scale 0.2 --run-timeout 10s makes a quick smoke run.
 
 sluice bench overhead measures what the mesh adds between accepting a job and
 the provider receiving it, and jobs per second, against a zero-latency
-simulator with no limits.
+simulator with no limits. It also measures JetStream's own rates on the same
+embedded server configuration (synchronous publish, pull and double ack, KV
+put), before and after the run, and prints Sluice's throughput as a ratio to
+a naive durable pipeline's: 1 / (2/sync_publish + 1/pull_ack) jobs/s.
 
 Flags:
 `
@@ -283,14 +286,19 @@ func runBenchOverhead(ctx context.Context, args []string, stdout, stderr io.Writ
 	warmup := fs.Int("warmup", 20, "one-at-a-time jobs run first and not counted")
 	closed := fs.Bool("closed", false, "each submitter awaits its job's result before submitting the next (default: submit without waiting)")
 	secure := fs.Bool("auth-tls", false, "run NATS with authentication (service nkeys, the submitters as the tenant's user) and TLS (default: neither)")
+	jsOps := fs.Int("jetstream-ops", 2000, "operations of each kind measuring JetStream's own rates (without authentication or TLS), before and after the run, for the naive pipeline ceiling; 0 skips it")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run (runtime/pprof) to this file")
 	jsonPath := fs.String("json", "", "write the figures here as JSON")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}
-	if *jobs < 1 || *conc < 1 || *serial < 0 || *warmup < 0 || *timeout <= 0 {
-		return errors.New("want --jobs >= 1, --concurrency >= 1, --serial >= 0, --warmup >= 0 and --timeout > 0")
+	if *jobs < 1 || *conc < 1 || *serial < 0 || *warmup < 0 || *jsOps < 0 || *timeout <= 0 {
+		return errors.New("want --jobs >= 1, --concurrency >= 1, --serial >= 0, --warmup >= 0, --jetstream-ops >= 0 and --timeout > 0")
+	}
+	jetStreamOps := *jsOps
+	if jetStreamOps == 0 {
+		jetStreamOps = -1 // skip (0 means the default to bench.Overhead)
 	}
 	fmt.Fprintf(stdout, "sluice bench overhead: one in-process node (embedded NATS, every service), zero-latency simulator, no limits\n")
 	fmt.Fprintf(stdout, "added latency = the provider receiving the call (X-Sluice-Job-Id) - the moment before client.Submit\n")
@@ -311,7 +319,7 @@ func runBenchOverhead(ctx context.Context, args []string, stdout, stderr io.Writ
 	}
 	began := time.Now()
 	rep, err := bench.Overhead(ctx, bench.OverheadOptions{Jobs: *jobs, Concurrency: *conc, Serial: *serial, Warmup: *warmup,
-		Closed: *closed, Secure: *secure, Timeout: *timeout}, nil)
+		Closed: *closed, Secure: *secure, JetStreamOps: jetStreamOps, Timeout: *timeout}, nil)
 	if perr := stopProfile(); perr != nil && err == nil {
 		err = fmt.Errorf("--cpuprofile: %w", perr)
 	}

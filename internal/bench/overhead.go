@@ -24,9 +24,13 @@ type OverheadOptions struct {
 	Closed bool
 	// Secure runs NATS with authentication and TLS, the submitters
 	// connected as the tenant's user; otherwise with neither.
-	Secure  bool
-	Timeout time.Duration
-	Log     *slog.Logger
+	Secure bool
+	// JetStreamOps is how many operations of each kind measure
+	// JetStream's own rates (before and after Sluice's run, on a server of
+	// its own); 0 means 2,000, negative skips the measurement.
+	JetStreamOps int
+	Timeout      time.Duration
+	Log          *slog.Logger
 }
 
 func (o OverheadOptions) withDefaults() OverheadOptions {
@@ -44,6 +48,9 @@ func (o OverheadOptions) withDefaults() OverheadOptions {
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 5 * time.Minute
+	}
+	if o.JetStreamOps == 0 {
+		o.JetStreamOps = 2000
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
@@ -91,6 +98,16 @@ type OverheadReport struct {
 	// SerialEndToEnd its submission-to-result latency.
 	Serial         Quantiles `json:"serial_added"`
 	SerialEndToEnd Quantiles `json:"serial_end_to_end"`
+	// JetStream is JetStream's own rates (the mean of JetStreamBefore and
+	// JetStreamAfter, measured just before and just after Sluice's run);
+	// CeilingJobsPerS the naive pipeline's throughput at those rates
+	// (JetStreamRates.Ceiling) and CeilingRatio JobsPerSec over it. Zero
+	// when not measured.
+	JetStream       JetStreamRates `json:"jetstream"`
+	JetStreamBefore JetStreamRates `json:"jetstream_before"`
+	JetStreamAfter  JetStreamRates `json:"jetstream_after"`
+	CeilingJobsPerS float64        `json:"ceiling_jobs_per_s"`
+	CeilingRatio    float64        `json:"ceiling_ratio"`
 }
 
 // arrival is a result's arrival at the caller.
@@ -140,6 +157,14 @@ func Overhead(ctx context.Context, opt OverheadOptions, progress func()) (*Overh
 	opt = opt.withDefaults()
 	ctx, cancel := context.WithTimeout(ctx, opt.Timeout)
 	defer cancel()
+	rep := &OverheadReport{Jobs: opt.Jobs, Concurrency: opt.Concurrency, Closed: opt.Closed, Secure: opt.Secure}
+	if opt.JetStreamOps > 0 {
+		r, err := MeasureJetStream(ctx, opt.JetStreamOps)
+		if err != nil {
+			return nil, fmt.Errorf("jetstream rates: %w", err)
+		}
+		rep.JetStreamBefore = r
+	}
 	s, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: Model}}})
 	if err != nil {
 		return nil, err
@@ -200,7 +225,6 @@ func Overhead(ctx context.Context, opt OverheadOptions, progress func()) (*Overh
 		}
 	}
 
-	rep := &OverheadReport{Jobs: opt.Jobs, Concurrency: opt.Concurrency, Closed: opt.Closed, Secure: opt.Secure}
 	// Serial, unloaded: one job at a time (after a warm-up).
 	var added, e2e []time.Duration
 	for k := range opt.Warmup + opt.Serial {
@@ -304,6 +328,17 @@ feed:
 	if firstErr != nil {
 		return rep, fmt.Errorf("overhead (timeout %s): %w", opt.Timeout, firstErr)
 	}
+	if opt.JetStreamOps > 0 {
+		r, err := MeasureJetStream(ctx, opt.JetStreamOps)
+		if err != nil {
+			return rep, fmt.Errorf("jetstream rates: %w", err)
+		}
+		rep.JetStreamAfter = r
+		rep.JetStream = meanRates(rep.JetStreamBefore, rep.JetStreamAfter)
+		if rep.CeilingJobsPerS = rep.JetStream.Ceiling(); rep.CeilingJobsPerS > 0 {
+			rep.CeilingRatio = rep.JobsPerSec / rep.CeilingJobsPerS
+		}
+	}
 	return rep, nil
 }
 
@@ -327,5 +362,14 @@ func WriteOverhead(out io.Writer, r *OverheadReport) {
 		r.Completed, r.Failed, r.WallS, r.JobsPerSec)
 	if r.CPUPerJobMS > 0 {
 		fmt.Fprintf(out, "cpu: %.3f ms of process CPU (user + system) per job in the loaded test\n", r.CPUPerJobMS)
+	}
+	if r.CeilingJobsPerS > 0 {
+		js, b, a := r.JetStream, r.JetStreamBefore, r.JetStreamAfter
+		fmt.Fprintf(out, "jetstream alone (same embedded server config, file store, one loopback connection, one op at a time; mean of before / after):\n")
+		fmt.Fprintf(out, "                     sync publish %.0f/s (%.0f / %.0f)  async publish %.0f/s  pull + double ack %.0f/s (%.0f / %.0f)  kv put %.0f/s\n",
+			js.SyncPublishPerS, b.SyncPublishPerS, a.SyncPublishPerS, js.AsyncPublishPerS, js.PullAckPerS, b.PullAckPerS, a.PullAckPerS, js.KVPutPerS)
+		fmt.Fprintf(out, "naive pipeline ceiling = 1 / (2/sync_publish + 1/pull_ack) = %.0f jobs/s (%.2f ms per job serially)\n",
+			r.CeilingJobsPerS, 1000/r.CeilingJobsPerS)
+		fmt.Fprintf(out, "sluice / ceiling: %.2f\n", r.CeilingRatio)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -62,6 +63,49 @@ type Record struct {
 // opKey names the job's idempotency record (mesh.OpKey), so the result
 // service can settle it; "" when the job never had one.
 func (m *Mesh) PublishResult(ctx context.Context, r *job.Result, opKey string) error {
+	return m.PublishResultWith(ctx, r, opKey, ResultHints{})
+}
+
+// ResultHints let the result service update a job's records by
+// compare-and-set without reading them first (see job.Revs). They ride on
+// the result message as headers; the result service checks them (a stale
+// or forged hint fails the compare-and-set or the checks, and it then
+// reads the records as without hints).
+type ResultHints struct {
+	// RecordRev is the revision of the job's record as ingest created it
+	// (job.Revs.Record); 0: none.
+	RecordRev uint64
+	// Op is the operation record as the sender last wrote it, at OpRev;
+	// nil: none.
+	Op    *OpRecord
+	OpRev uint64
+}
+
+// Result hint headers.
+const (
+	RecRevHeader   = "Sluice-Rec-Rev"
+	OpRevHeader    = "Sluice-Op-Rev"
+	OpRecordHeader = "Sluice-Op-Record"
+)
+
+// Hints reads a result message's hints; what does not parse is left out.
+func Hints(h nats.Header) ResultHints {
+	var out ResultHints
+	if v := h.Get(RecRevHeader); v != "" {
+		out.RecordRev, _ = strconv.ParseUint(v, 10, 64)
+	}
+	if v := h.Get(OpRevHeader); v != "" {
+		rev, err := strconv.ParseUint(v, 10, 64)
+		var op OpRecord
+		if err == nil && rev > 0 && json.Unmarshal([]byte(h.Get(OpRecordHeader)), &op) == nil {
+			out.Op, out.OpRev = &op, rev
+		}
+	}
+	return out
+}
+
+// PublishResultWith is PublishResult with hints for the result service.
+func (m *Mesh) PublishResultWith(ctx context.Context, r *job.Result, opKey string, h ResultHints) error {
 	if r.CompletedAt.IsZero() {
 		r.CompletedAt = time.Now().UTC()
 	}
@@ -74,6 +118,15 @@ func (m *Mesh) PublishResult(ctx context.Context, r *job.Result, opKey string) e
 	msg.Header.Set(jetstream.MsgIDHeader, "result:"+r.JobID)
 	if opKey != "" {
 		msg.Header.Set(OpKeyHeader, opKey)
+		if h.Op != nil && h.OpRev > 0 {
+			if op, err := json.Marshal(h.Op); err == nil {
+				msg.Header.Set(OpRevHeader, strconv.FormatUint(h.OpRev, 10))
+				msg.Header.Set(OpRecordHeader, string(op))
+			}
+		}
+	}
+	if h.RecordRev > 0 {
+		msg.Header.Set(RecRevHeader, strconv.FormatUint(h.RecordRev, 10))
 	}
 	_, err = m.JS.PublishMsg(ctx, msg)
 	if err != nil && IsPerSubjectLimit(err) {
@@ -228,25 +281,45 @@ func (m *Mesh) GetOp(ctx context.Context, bucketKey string) (*OpRecord, uint64, 
 // UpdateOp applies fn to the record by compare-and-set, retrying on
 // conflict. fn returns false to leave the record unchanged.
 func (m *Mesh) UpdateOp(ctx context.Context, bucketKey string, fn func(r *OpRecord) bool) (*OpRecord, error) {
+	r, _, err := m.UpdateOpRev(ctx, bucketKey, fn)
+	return r, err
+}
+
+// UpdateOpRev is UpdateOp that also returns the record's revision after
+// the call.
+func (m *Mesh) UpdateOpRev(ctx context.Context, bucketKey string, fn func(r *OpRecord) bool) (*OpRecord, uint64, error) {
 	for attempt := 0; attempt < 20; attempt++ {
 		r, rev, err := m.GetOp(ctx, bucketKey)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		if !fn(r) {
-			return r, nil
+			return r, rev, nil
 		}
-		r.UpdatedAt = time.Now().UTC()
-		data, _ := json.Marshal(r)
-		_, err = m.Idempotency.Update(ctx, bucketKey, data, rev)
+		rev, err = m.PutOpAt(ctx, bucketKey, r, rev)
 		if err == nil {
-			return r, nil
+			return r, rev, nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			return nil, fmt.Errorf("update op %s: %w", bucketKey, err)
+			return nil, 0, fmt.Errorf("update op %s: %w", bucketKey, err)
 		}
 	}
-	return nil, fmt.Errorf("update op %s: too many conflicts", bucketKey)
+	return nil, 0, fmt.Errorf("update op %s: too many conflicts", bucketKey)
+}
+
+// PutOpAt writes r over the record only if it is still at revision rev
+// (compare-and-set) and returns the new revision;
+// jetstream.ErrKeyRevisionMismatch when it is not. It is how a service
+// that knows a record's revision (job.Revs, ResultHints) updates it
+// without reading it first: the record at a revision is the one written
+// at it.
+func (m *Mesh) PutOpAt(ctx context.Context, bucketKey string, r *OpRecord, rev uint64) (uint64, error) {
+	r.UpdatedAt = time.Now().UTC()
+	data, err := json.Marshal(r)
+	if err != nil {
+		return 0, err
+	}
+	return m.Idempotency.Update(ctx, bucketKey, data, rev)
 }
 
 // Wait returns the job's terminal result, waiting until ctx ends. It

@@ -100,13 +100,29 @@ type Job struct {
 	// with the fleet key, see internal/guard): admission trusts an estimate
 	// only under a valid seal and recomputes it otherwise.
 	Seal string `json:"seal,omitempty"`
+	// Revs are hints ingest leaves for the services that later update the
+	// job's records (see Revs).
+	Revs *Revs `json:"revs,omitempty"`
+}
+
+// Revs are the revisions at which ingest created a job's record (results
+// bucket) and its operation record (idempotency bucket). The executor and
+// the result service update those records by compare-and-set at these
+// revisions without reading them first: a record still at the revision
+// ingest created it at is exactly what ingest wrote. A hint that is stale
+// (the record changed: a joiner, a cancel, an earlier attempt) or forged
+// only fails the compare-and-set, and the service then reads the record as
+// it would without a hint. Nothing is trusted from a hint but a revision.
+type Revs struct {
+	Record uint64 `json:"record,omitempty"`
+	Op     uint64 `json:"op,omitempty"`
 }
 
 // ClearInternal resets every field Sluice sets, so nothing a producer
 // wrote there is believed: ingest calls it on every envelope it accepts.
 func (j *Job) ClearInternal() {
 	j.SubmittedAt, j.Provider, j.Model, j.Estimate, j.NotBefore = time.Time{}, "", "", nil, nil
-	j.Attempts, j.Reservation, j.RateLimited, j.Seal = nil, nil, 0, ""
+	j.Attempts, j.Reservation, j.RateLimited, j.Seal, j.Revs = nil, nil, 0, "", nil
 }
 
 // TaskType is the job's task for metric labels: its Task, or "default".

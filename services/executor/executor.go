@@ -383,22 +383,17 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		defer s.running.remove(j.ID)
 	}
 	cancelled := false
-	op, err := s.mesh.UpdateOp(ctx, opKey, func(r *mesh.OpRecord) bool {
-		if r.State == mesh.OpCompleted || r.State == mesh.OpFailed {
-			return false
-		}
-		if r.Cancelled {
-			cancelled = true
-			return false
-		}
-		r.State, r.Provider, r.Model, r.Attempt = mesh.OpInFlight, j.Provider, j.Model, attempt
-		return true
-	})
+	op, opRev, err := s.markInFlight(ctx, j, opKey, attempt, &cancelled)
 	if errors.Is(err, job.ErrNotFound) {
-		op, err = &mesh.OpRecord{State: mesh.OpInFlight}, nil // records expire; the job still runs
+		op, opRev, err = &mesh.OpRecord{State: mesh.OpInFlight}, 0, nil // records expire; the job still runs
 	}
 	if err != nil {
 		return fmt.Errorf("mark in flight: %w", err)
+	}
+	if j.Revs != nil {
+		// Ingest's revision of the operation record is spent: a job that
+		// goes back to admission from here carries no stale hint.
+		j.Revs.Op = 0
 	}
 	if op.State == mesh.OpCompleted || op.State == mesh.OpFailed {
 		// Done before (a redelivery after a crash): its result is stored.
@@ -587,8 +582,12 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	}
 	if out.Class == provider.Success {
 		s.settle(ctx, j, resp.Usage)
-		return s.finish(ctx, j, opKey, &job.Result{Status: job.StatusSucceeded, Response: resp.Body, Usage: &resp.Usage,
-			ProviderRequestID: provider.RequestID(resp.Header)})
+		var inFlight *mesh.OpRecord
+		if opRev > 0 {
+			inFlight = op
+		}
+		return s.finishHinted(ctx, j, opKey, &job.Result{Status: job.StatusSucceeded, Response: resp.Body, Usage: &resp.Usage,
+			ProviderRequestID: provider.RequestID(resp.Header)}, inFlight, opRev)
 	}
 
 	pol := s.cfg.App.Policy(j.Priority)
@@ -1020,6 +1019,43 @@ func (s *Service) settle(ctx context.Context, j *job.Job, u job.Usage) {
 }
 
 func (s *Service) finish(ctx context.Context, j *job.Job, opKey string, r *job.Result) error {
+	return s.finishHinted(ctx, j, opKey, r, nil, 0)
+}
+
+// markInFlight marks the operation in flight for this attempt. With
+// ingest's revision of the record (job.Revs), it writes the in-flight
+// record by compare-and-set at that revision without reading it: a record
+// still at the revision ingest created it at is queued, unjoined and not
+// cancelled, and its key, job and tenant are the job's. Otherwise (no
+// hint, or the record changed since) it reads and updates the record. It
+// returns the record as written (or as found, when it is done or
+// cancelled: then *cancelled says which) and its revision.
+func (s *Service) markInFlight(ctx context.Context, j *job.Job, opKey string, attempt int, cancelled *bool) (*mesh.OpRecord, uint64, error) {
+	if j.Revs != nil && j.Revs.Op > 0 {
+		_, key := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
+		r := &mesh.OpRecord{Key: key, JobID: j.ID, Tenant: j.Tenant, State: mesh.OpInFlight, Provider: j.Provider, Model: j.Model, Attempt: attempt}
+		if rev, err := s.mesh.PutOpAt(ctx, opKey, r, j.Revs.Op); err == nil {
+			return r, rev, nil
+		}
+		// Changed since, gone, or not known to be written: read it.
+	}
+	return s.mesh.UpdateOpRev(ctx, opKey, func(r *mesh.OpRecord) bool {
+		if r.State == mesh.OpCompleted || r.State == mesh.OpFailed {
+			return false
+		}
+		if r.Cancelled {
+			*cancelled = true
+			return false
+		}
+		r.State, r.Provider, r.Model, r.Attempt = mesh.OpInFlight, j.Provider, j.Model, attempt
+		return true
+	})
+}
+
+// finishHinted is finish; inFlight (at opRev) is the operation record as
+// this attempt wrote it, passed on to the result service so it can settle
+// the record without reading it (nil: not known).
+func (s *Service) finishHinted(ctx context.Context, j *job.Job, opKey string, r *job.Result, inFlight *mesh.OpRecord, opRev uint64) error {
 	if _, ended := s.ended.LoadAndDelete(j.ID); !ended && r.Status != job.StatusSucceeded {
 		if stream, _ := streamed(j); stream {
 			// A streamed job that ends before its first token: its stream
@@ -1032,13 +1068,17 @@ func (s *Service) finish(ctx context.Context, j *job.Job, opKey string, r *job.R
 	if len(r.Response) > s.cfg.App.Limits.MaxResponseBytes {
 		r.Status, r.Response, r.Error = job.StatusFailed, nil, s.tooLarge()
 	}
-	err := s.mesh.PublishResult(ctx, r, opKey)
+	hints := mesh.ResultHints{Op: inFlight, OpRev: opRev}
+	if j.Revs != nil {
+		hints.RecordRev = j.Revs.Record
+	}
+	err := s.mesh.PublishResultWith(ctx, r, opKey, hints)
 	if err != nil && r.Response != nil && mesh.IsTooLarge(err) {
 		// Whatever the sizes agreed at start, an answer that cannot be
 		// stored must not be redelivered: each delivery would pay again.
 		s.log.Warn("result too large to store; ending the job response_too_large", "job_id", j.ID, "bytes", len(r.Response))
 		r.Status, r.Response, r.Error = job.StatusFailed, nil, s.tooLarge()
-		err = s.mesh.PublishResult(ctx, r, opKey)
+		err = s.mesh.PublishResultWith(ctx, r, opKey, hints)
 	}
 	return err
 }

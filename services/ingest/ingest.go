@@ -273,6 +273,12 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 		break
 	}
 
+	// Hints for the executor and the result service: the records are at
+	// these revisions until one of them (or a joiner) changes them.
+	j.Revs = nil
+	if made.job != 0 || made.op != 0 {
+		j.Revs = &job.Revs{Record: made.job, Op: made.op}
+	}
 	if err := s.mesh.Enqueue(ctx, j, "job:"+j.ID); err != nil {
 		var refusal error = &transientError{err}
 		if mesh.IsStreamFull(err) {
@@ -494,17 +500,31 @@ func (s *Service) join(ctx context.Context, opKey string, j *job.Job) (string, e
 	return rec.JobID, nil
 }
 
+// IntakeParallel bounds the INTAKE messages one ingest process handles at
+// once.
+const IntakeParallel = 32
+
 // Run consumes INTAKE until ctx ends.
 func (s *Service) Run(ctx context.Context) error {
 	cons, err := streams.EnsureConsumer(ctx, s.mesh.JS, streams.Intake, "ingest", "", "")
 	if err != nil {
 		return err
 	}
+	// Each accept waits on three round trips (two records, then QUEUE);
+	// handled one at a time, they bound ingest to one job per three round
+	// trips whatever the cores. Up to IntakeParallel run at once: jobs are
+	// independent (accept is idempotent per job id), so only the order in
+	// which concurrently delivered jobs reach QUEUE may differ from INTAKE's.
 	var wg sync.WaitGroup
+	sem := make(chan struct{}, IntakeParallel)
 	cc, err := cons.Consume(func(msg jetstream.Msg) {
+		sem <- struct{}{}
 		wg.Add(1)
-		defer wg.Done()
-		s.handle(ctx, msg)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			s.handle(ctx, msg)
+		}()
 	}, jetstream.PullMaxMessages(512), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
 			s.log.Debug("intake consume", "err", err)

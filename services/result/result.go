@@ -110,12 +110,13 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) error {
 		s.log.Error("result: undecodable result skipped", "subject", msg.Subject(), "err", err)
 		return nil
 	}
-	first, err := s.record(ctx, &r)
+	hints := mesh.Hints(msg.Headers())
+	first, err := s.record(ctx, &r, hints.RecordRev)
 	if err != nil {
 		return err
 	}
 	if opKey := msg.Headers().Get(mesh.OpKeyHeader); opKey != "" {
-		if err := s.settleOp(ctx, opKey, &r); err != nil {
+		if err := s.settleOp(ctx, opKey, &r, hints); err != nil {
 			return err
 		}
 	}
@@ -143,8 +144,19 @@ func (s *Service) tenantLabel(name string) string {
 }
 
 // record writes the job's terminal record once; it reports whether this
-// call wrote it.
-func (s *Service) record(ctx context.Context, r *job.Result) (bool, error) {
+// call wrote it. hint is the revision at which ingest created the record
+// (0: none): a record still at it is the queued record ingest wrote, with
+// no result, so the terminal record is written over it by compare-and-set
+// without reading it; otherwise the record is read first.
+func (s *Service) record(ctx context.Context, r *job.Result, hint uint64) (bool, error) {
+	if hint > 0 {
+		data, _ := json.Marshal(&mesh.Record{JobID: r.JobID, Tenant: r.Tenant, Status: r.Status, SubmittedAt: r.SubmittedAt, Result: r})
+		if _, err := s.mesh.Results.Update(ctx, r.JobID, data, hint); err == nil {
+			return true, nil
+		}
+		// Changed since (a result already written, a withdrawal), gone, or
+		// not known to be written: read it.
+	}
 	for attempt := 0; attempt < 20; attempt++ {
 		rec, rev, err := s.mesh.Lookup(ctx, r.JobID)
 		if errors.Is(err, job.ErrNotFound) {
@@ -173,23 +185,26 @@ func (s *Service) record(ctx context.Context, r *job.Result) (bool, error) {
 }
 
 // settleOp marks the operation done and answers the jobs that joined it.
-func (s *Service) settleOp(ctx context.Context, opKey string, r *job.Result) error {
+// With the record the executor wrote (hints.Op at hints.OpRev), checked to
+// be this job's in-flight, unjoined, uncancelled operation under opKey, it
+// settles it by compare-and-set at that revision without reading it; a
+// record that changed since (a joiner, a cancel) is read and updated.
+func (s *Service) settleOp(ctx context.Context, opKey string, r *job.Result, hints mesh.ResultHints) error {
+	if o := hints.Op; o != nil && o.JobID == r.JobID && o.Tenant == r.Tenant && o.State == mesh.OpInFlight &&
+		len(o.Joiners) == 0 && !o.Cancelled {
+		if k, _ := mesh.OpKey(o.Tenant, o.Key, ""); k == opKey && settle(o, r) {
+			if _, err := s.mesh.PutOpAt(ctx, opKey, o, hints.OpRev); err == nil {
+				return nil
+			}
+		}
+	}
 	var joiners []string
 	op, err := s.mesh.UpdateOp(ctx, opKey, func(o *mesh.OpRecord) bool {
 		if o.JobID != r.JobID {
 			return false
 		}
 		joiners = o.Joiners
-		if o.State == mesh.OpCompleted || o.State == mesh.OpFailed {
-			return false
-		}
-		o.State = mesh.OpFailed
-		if r.Status == job.StatusSucceeded {
-			o.State = mesh.OpCompleted
-		}
-		o.Usage = r.Usage
-		o.ResultRef = job.StoreSubject(r.Tenant, r.JobID)
-		return true
+		return settle(o, r)
 	})
 	if errors.Is(err, job.ErrNotFound) {
 		return nil
@@ -208,6 +223,20 @@ func (s *Service) settleOp(ctx context.Context, opKey string, r *job.Result) err
 		}
 	}
 	return nil
+}
+
+// settle marks o done by r; false when it already is.
+func settle(o *mesh.OpRecord, r *job.Result) bool {
+	if o.State == mesh.OpCompleted || o.State == mesh.OpFailed {
+		return false
+	}
+	o.State = mesh.OpFailed
+	if r.Status == job.StatusSucceeded {
+		o.State = mesh.OpCompleted
+	}
+	o.Usage = r.Usage
+	o.ResultRef = job.StoreSubject(r.Tenant, r.JobID)
+	return true
 }
 
 // Routes registers the result API on mux.

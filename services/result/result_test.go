@@ -137,3 +137,106 @@ func count(c prometheus.Counter) float64 {
 	_ = c.Write(&m)
 	return m.GetCounter().GetValue()
 }
+
+// The executor and ingest leave revisions (job.Revs, mesh.ResultHints) so
+// the result service writes the job's record and settles its operation by
+// compare-and-set without reading them. A hint that is stale (a joiner
+// changed the operation since) or does not match (a forged record) is not
+// used: the records are read and updated as without hints, and a joiner
+// still gets its copy.
+func TestResultHints(t *testing.T) {
+	t.Parallel()
+	f := setup(t, "")
+	for _, tc := range []struct {
+		name string
+		// change runs after the in-flight write, before the result.
+		change func(t *testing.T, ctx context.Context, opKey string, joiner string)
+		// forge edits the hinted record.
+		forge      func(op *mesh.OpRecord)
+		staleRec   bool
+		wantJoiner bool
+	}{
+		{name: "fresh"},
+		{name: "stale record revision", staleRec: true},
+		{name: "joined since", wantJoiner: true, change: func(t *testing.T, ctx context.Context, opKey, joiner string) {
+			if _, err := f.mesh.UpdateOp(ctx, opKey, func(r *mesh.OpRecord) bool { r.Joiners = append(r.Joiners, joiner); return true }); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "forged key", forge: func(op *mesh.OpRecord) { op.Key = "another operation" }},
+		{name: "forged job", forge: func(op *mesh.OpRecord) { op.JobID = job.NewID() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			id, joiner := job.NewID(), job.NewID()
+			opKey, key := mesh.OpKey("acme", "", id)
+			recRev, err := f.mesh.Results.Create(ctx, id, []byte(`{"job_id":"`+id+`","tenant":"acme","status":"queued"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.mesh.Results.Create(ctx, joiner, []byte(`{"job_id":"`+joiner+`","tenant":"acme","status":"queued"}`)); err != nil {
+				t.Fatal(err)
+			}
+			opData := []byte(`{"key":"` + key + `","job_id":"` + id + `","tenant":"acme","state":"queued"}`)
+			opRev, err := f.mesh.Idempotency.Create(ctx, opKey, opData)
+			if err != nil {
+				t.Fatal(err)
+			}
+			inFlight := &mesh.OpRecord{Key: key, JobID: id, Tenant: "acme", State: mesh.OpInFlight, Provider: "p", Model: "m", Attempt: 1}
+			if opRev, err = f.mesh.PutOpAt(ctx, opKey, inFlight, opRev); err != nil {
+				t.Fatal(err)
+			}
+			if tc.change != nil {
+				tc.change(t, ctx, opKey, joiner)
+			}
+			hinted := *inFlight
+			if tc.forge != nil {
+				tc.forge(&hinted)
+			}
+			if tc.staleRec {
+				recRev += 1000
+			}
+			res := &job.Result{JobID: id, Tenant: "acme", Status: job.StatusSucceeded, Usage: &job.Usage{PromptTokens: 3, CompletionTokens: 4, TotalTokens: 7}}
+			if err := f.mesh.PublishResultWith(ctx, res, opKey, mesh.ResultHints{RecordRev: recRev, Op: &hinted, OpRev: opRev}); err != nil {
+				t.Fatal(err)
+			}
+			rec := awaitRecord(t, ctx, f.mesh, id)
+			if rec.Status != job.StatusSucceeded || rec.Result.JobID != id || rec.Tenant != "acme" {
+				t.Errorf("record = %+v, want succeeded for %s of acme", rec, id)
+			}
+			// The record is written before the operation is settled.
+			op, _, err := f.mesh.GetOp(ctx, opKey)
+			for err == nil && op.State == mesh.OpInFlight && ctx.Err() == nil {
+				time.Sleep(10 * time.Millisecond)
+				op, _, err = f.mesh.GetOp(ctx, opKey)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if op.State != mesh.OpCompleted || op.Key != key || op.JobID != id || op.Usage == nil || op.Usage.TotalTokens != 7 {
+				t.Errorf("operation = %+v, want completed with the job's key, id and usage", op)
+			}
+			if tc.wantJoiner {
+				if jr := awaitRecord(t, ctx, f.mesh, joiner); jr.Result.DuplicateOf != id {
+					t.Errorf("joiner's record = %+v, want a copy of %s", jr.Result, id)
+				}
+			}
+		})
+	}
+}
+
+// awaitRecord polls a job's record until it holds a result.
+func awaitRecord(t *testing.T, ctx context.Context, m *mesh.Mesh, id string) *mesh.Record {
+	t.Helper()
+	for {
+		rec, _, err := m.Lookup(ctx, id)
+		if err == nil && rec.Result != nil {
+			return rec
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("no result recorded for %s: %v", id, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
