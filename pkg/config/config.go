@@ -38,6 +38,13 @@ type Config struct {
 type Server struct {
 	NATSURL    string `yaml:"nats_url"`
 	NATSListen string `yaml:"nats_listen"`
+	// NATSCluster is the embedded server's cluster (route) listener,
+	// host:port; set, the embedded server joins a JetStream cluster with
+	// NATSRoutes (comma-separated nats://host:port URLs of every node's
+	// cluster listener, its own may be among them) under NATSName.
+	NATSCluster string `yaml:"nats_cluster"`
+	NATSRoutes  string `yaml:"nats_routes"`
+	NATSName    string `yaml:"nats_name"`
 	HTTP       string `yaml:"http"`
 	Data       string `yaml:"data"`
 	Services   string `yaml:"services"`
