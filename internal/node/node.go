@@ -52,11 +52,11 @@ type Options struct {
 	NATSCluster string
 	NATSRoutes  []string
 	NATSName    string
-	HTTP       string // API address; empty disables HTTP
-	Data       string // data directory (embedded JetStream store)
-	Services   []string
-	Getenv     func(string) string
-	Log        *slog.Logger
+	HTTP        string // API address; empty disables HTTP
+	Data        string // data directory (embedded JetStream store)
+	Services    []string
+	Getenv      func(string) string
+	Log         *slog.Logger
 	// Executor overrides executor settings (tests).
 	Executor func(*executor.Config)
 	// OnReady is called once everything is serving.
