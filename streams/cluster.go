@@ -138,3 +138,10 @@ func RetryNotify(ctx context.Context, fn func(context.Context) error, notify fun
 		wait = min(2*wait, 2*time.Second)
 	}
 }
+
+// PullExpiry is the option every service's Consume takes: a pull request
+// lives 5 s (nats.go's default is 30 s) with a heartbeat every 2.5 s, so
+// a consumer whose leader died without a word (SIGKILL, a lost node)
+// notices within about 5 s and pulls from the new leader, instead of
+// waiting 30 s for two missed heartbeats.
+func PullExpiry() jetstream.PullConsumeOpt { return jetstream.PullExpiry(5 * time.Second) }

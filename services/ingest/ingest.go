@@ -505,7 +505,7 @@ func (s *Service) Run(ctx context.Context) error {
 		wg.Add(1)
 		defer wg.Done()
 		s.handle(ctx, msg)
-	}, jetstream.PullMaxMessages(512), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+	}, jetstream.PullMaxMessages(512), streams.PullExpiry(), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
 			s.log.Debug("intake consume", "err", err)
 		}
