@@ -64,7 +64,7 @@ func freePorts(t testing.TB, n int) []int {
 // startCluster starts three nodes with the configuration yaml. routeAddr,
 // when not nil, maps node i's route URL as node j dials it (a proxy in
 // between, for partitions); nil dials directly.
-func startCluster(t *testing.T, yaml string, routeAddr func(from, to int, direct string) string) *cluster {
+func startCluster(t *testing.T, yaml string, routeAddr func(from, to int, direct string) string, extra []string) *cluster {
 	t.Helper()
 	c := &cluster{t: t, bin: sluiceBinary(t), dir: t.TempDir()}
 	cfgPath := filepath.Join(c.dir, "sluice.yaml")
@@ -103,6 +103,7 @@ func startCluster(t *testing.T, yaml string, routeAddr func(from, to int, direct
 			"--config", cfgPath, "--data", data, "--http", "127.0.0.1:0", "--log-level", "debug",
 			"--nats-listen", fmt.Sprintf("127.0.0.1:%d", ports[i]), "--nats-cluster", fmt.Sprintf("127.0.0.1:%d", ports[3+i]),
 			"--nats-routes", strings.Join(routes, ","), "--nats-name", name, "--replicas", "3"}})
+		c.nodes[i].args = append(c.nodes[i].args, extra...)
 	}
 	var waits []func() *child
 	for _, n := range c.nodes {
@@ -302,11 +303,11 @@ func (l *clusterLoad) verify(ctx context.Context) {
 
 // clusterSetup is the provider, the cluster and a load generator: the
 // simulator enforces RPM rpm with its per-second quantum (rpm/60).
-func clusterSetup(t *testing.T, rpm int, routeAddr func(from, to int, direct string) string) (*cluster, *clusterLoad, jetstream.JetStream) {
+func clusterSetup(t *testing.T, rpm int, routeAddr func(from, to int, direct string) string, extra ...string) (*cluster, *clusterLoad, jetstream.JetStream) {
 	const model = "gpt-4o-mini"
 	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: rpm, TPM: 100_000_000}},
 		TTFT: 50 * time.Millisecond, PerToken: 200 * time.Microsecond, APIKeys: []string{"sim-secret"}})
-	c := startCluster(t, simConfig(simURL, model, rpm, 100_000_000, ""), routeAddr)
+	c := startCluster(t, simConfig(simURL, model, rpm, 100_000_000, ""), routeAddr, extra)
 	_, cl, js := c.connect()
 	return c, &clusterLoad{t: t, sim: simSrv, cl: cl, model: model, rpm: rpm, js: js}, js
 }
@@ -402,6 +403,159 @@ func TestClusterRollingRestart(t *testing.T) {
 		for _, name := range []string{streams.Intake, streams.Queue, streams.Dispatch, streams.Results} {
 			t.Logf("%s: %s", name, streamCluster(context.Background(), js, name))
 		}
+		t.Fatal(err)
+	}
+	load.verify(ctx)
+}
+
+// routeProxy forwards one node's route connections to another's cluster
+// listener; cut closes them and refuses new ones until healed: a network
+// partition on loopback, one direction of one link at a time.
+type routeProxy struct {
+	l      net.Listener
+	target string
+	mu     sync.Mutex
+	cut    bool
+	conns  []net.Conn
+}
+
+func newRouteProxy(t testing.TB, target string) *routeProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &routeProxy{l: l, target: target}
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		l.Close()
+		p.setCut(true)
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			if p.cut {
+				p.mu.Unlock()
+				in.Close()
+				continue
+			}
+			out, err := net.DialTimeout("tcp", target, 2*time.Second)
+			if err != nil {
+				p.mu.Unlock()
+				in.Close()
+				continue
+			}
+			p.conns = append(p.conns, in, out)
+			p.mu.Unlock()
+			wg.Add(2)
+			pipe := func(dst, src net.Conn) {
+				defer wg.Done()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := src.Read(buf)
+					if n > 0 {
+						if _, werr := dst.Write(buf[:n]); werr != nil {
+							break
+						}
+					}
+					if err != nil {
+						break
+					}
+				}
+				dst.Close()
+				src.Close()
+			}
+			go pipe(out, in)
+			go pipe(in, out)
+		}
+	}()
+	return p
+}
+
+func (p *routeProxy) addr() string { return p.l.Addr().String() }
+
+func (p *routeProxy) setCut(cut bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = cut
+	if cut {
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.conns = nil
+	}
+}
+
+// TestClusterPartition cuts one node off from the other two (every route
+// link through a proxy that stops forwarding) under load, for 20 s, then
+// heals the links. The cut-off node is the minority: it has no quorum, so
+// it can neither reserve budget nor publish to DISPATCH nor record an
+// operation, and its executor makes no provider call; the majority elects
+// new leaders and goes on. Afterwards every job has exactly one result
+// and no operation was completed twice at the provider.
+func TestClusterPartition(t *testing.T) {
+	t.Parallel()
+	// 20 calls/s at most, offered at 60/s: a backlog the majority works
+	// through during the cut, whichever node the producer is connected to.
+	const jobs, rpm = 600, 1200
+	proxies := map[[2]int]*routeProxy{}
+	var mu sync.Mutex
+	// Each node dials every other through its own proxy, and advertises a
+	// route address nobody listens on, so no node learns a way around the
+	// proxies by gossip (all routes are configured).
+	c, load, js := clusterSetup(t, rpm, func(from, to int, direct string) string {
+		if from == to {
+			return direct
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		p := newRouteProxy(t, direct)
+		proxies[[2]int{from, to}] = p
+		return p.addr()
+	}, "--nats-cluster-advertise", "127.0.0.1:1")
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+	defer cancel()
+	offered := make(chan error, 1)
+	go func() { offered <- load.offer(ctx, jobs, 60) }()
+	waitCompleted(ctx, t, load.sim, jobs/5)
+
+	x := c.leader(ctx, js, streams.Queue) // the minority: QUEUE's leader
+	if x < 0 {
+		t.Fatal("no QUEUE leader")
+	}
+	minority := c.nodes[x].proc.HTTP
+	for k, p := range proxies {
+		if k[0] == x || k[1] == x {
+			p.setCut(true)
+		}
+	}
+	cutAt := load.sim.Stats().Completed
+	t.Logf("cut %s (QUEUE leader) off at %d provider completions", c.nodes[x].name, cutAt)
+	// Calls it had started may finish; after that it must make none.
+	time.Sleep(10 * time.Second)
+	before := metricSum(t, minority, "llm_requests_total")
+	midCut := load.sim.Stats().Completed
+	time.Sleep(10 * time.Second)
+	after := metricSum(t, minority, "llm_requests_total")
+	healAt := load.sim.Stats().Completed
+	t.Logf("during the cut's last 10 s: the majority completed %d calls, the minority made %v", healAt-midCut, after-before)
+	if after != before {
+		t.Errorf("the cut-off node made %v provider calls without a quorum", after-before)
+	}
+	if healAt <= midCut {
+		t.Error("the majority made no progress during the partition")
+	}
+	for _, p := range proxies {
+		p.setCut(false)
+	}
+	if err := <-offered; err != nil {
 		t.Fatal(err)
 	}
 	load.verify(ctx)

@@ -21,7 +21,7 @@ import (
 // > default).
 type upFlags struct {
 	config, natsURL, natsListen, http, data, services, logLevel string
-	natsCluster, natsRoutes, natsName                           string
+	natsCluster, natsRoutes, natsName, natsAdvertise            string
 	metrics, tlsCert, tlsKey                                    string
 	replicas                                                    int
 	open                                                        bool
@@ -37,6 +37,7 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 	fs.StringVar(&f.natsCluster, "nats-cluster", "", "the embedded NATS server's cluster (route) listener, HOST:PORT: with --nats-routes it joins a JetStream cluster (SLUICE_NATS_CLUSTER)")
 	fs.StringVar(&f.natsRoutes, "nats-routes", "", "every cluster node's route URL, nats://HOST:PORT,... (this node's may be among them) (SLUICE_NATS_ROUTES)")
 	fs.StringVar(&f.natsName, "nats-name", "", "the embedded NATS server's name, unique in the cluster (SLUICE_NATS_NAME, default sluice-HOST-PORT of --nats-cluster)")
+	fs.StringVar(&f.natsAdvertise, "nats-cluster-advertise", "", "the route address other nodes are told to dial for this one, HOST:PORT (behind NAT or a proxy) (SLUICE_NATS_CLUSTER_ADVERTISE, default --nats-cluster)")
 	fs.StringVar(&f.http, "http", "", "HTTP API, /healthz, /readyz and /metrics address (SLUICE_HTTP, default 127.0.0.1:8080); 'off' disables")
 	fs.StringVar(&f.data, "data", "", "data directory for the embedded JetStream store (SLUICE_DATA, default ./data)")
 	fs.StringVar(&f.services, "services", "", "services to run: all, or some of ingest,admission,executor,result (SLUICE_SERVICES)")
@@ -75,6 +76,7 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 	pick("nats-cluster", "SLUICE_NATS_CLUSTER", f.natsCluster, &s.NATSCluster, "")
 	pick("nats-routes", "SLUICE_NATS_ROUTES", f.natsRoutes, &s.NATSRoutes, "")
 	pick("nats-name", "SLUICE_NATS_NAME", f.natsName, &s.NATSName, "")
+	pick("nats-cluster-advertise", "SLUICE_NATS_CLUSTER_ADVERTISE", f.natsAdvertise, &s.NATSClusterAdvertise, "")
 	pick("http", "SLUICE_HTTP", f.http, &s.HTTP, "127.0.0.1:8080")
 	pick("data", "SLUICE_DATA", f.data, &s.Data, "./data")
 	pick("services", "SLUICE_SERVICES", f.services, &s.Services, "all")
@@ -132,7 +134,7 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	return node.Run(ctx, node.Options{
 		Config: cfg, NATSURL: s.NATSURL, NATSListen: s.NATSListen, HTTP: httpAddr, Data: s.Data,
-		NATSCluster: s.NATSCluster, NATSRoutes: routes, NATSName: s.NATSName,
+		NATSCluster: s.NATSCluster, NATSRoutes: routes, NATSName: s.NATSName, NATSClusterAdvertise: s.NATSClusterAdvertise,
 		Services: services, Getenv: getenv, Log: log,
 		OnReady: func(i node.Info) {
 			fmt.Fprintf(stdout, "sluice up: nats %s, http %s, services %v", natsauth.RedactURL(i.NATSURL), orNone(i.HTTPAddr), services)
@@ -149,8 +151,8 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 // unique among the nodes.
 func clusterRoutes(s *config.Server) ([]string, error) {
 	if s.NATSCluster == "" {
-		if s.NATSRoutes != "" || s.NATSName != "" {
-			return nil, errors.New("--nats-routes and --nats-name need --nats-cluster (server.nats_cluster), the cluster listener")
+		if s.NATSRoutes != "" || s.NATSName != "" || s.NATSClusterAdvertise != "" {
+			return nil, errors.New("--nats-routes, --nats-name and --nats-cluster-advertise need --nats-cluster (server.nats_cluster), the cluster listener")
 		}
 		return nil, nil
 	}

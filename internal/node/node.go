@@ -52,11 +52,14 @@ type Options struct {
 	NATSCluster string
 	NATSRoutes  []string
 	NATSName    string
-	HTTP        string // API address; empty disables HTTP
-	Data        string // data directory (embedded JetStream store)
-	Services    []string
-	Getenv      func(string) string
-	Log         *slog.Logger
+	// NATSClusterAdvertise is the route address the other nodes learn
+	// for this one; "" is NATSCluster.
+	NATSClusterAdvertise string
+	HTTP                 string // API address; empty disables HTTP
+	Data                 string // data directory (embedded JetStream store)
+	Services             []string
+	Getenv               func(string) string
+	Log                  *slog.Logger
 	// Executor overrides executor settings (tests).
 	Executor func(*executor.Config)
 	// OnReady is called once everything is serving.
@@ -133,7 +136,8 @@ func Run(ctx context.Context, o Options) error {
 			return err
 		}
 		ns, err = natstest.Start(natstest.Options{Listen: o.NATSListen, StoreDir: filepath.Join(o.Data, "jetstream"), Configure: emb.Apply,
-			Name: o.NATSName, Cluster: o.NATSCluster, Routes: o.NATSRoutes, Logger: serverLogger(o, log)})
+			Name: o.NATSName, Cluster: o.NATSCluster, Routes: o.NATSRoutes, Logger: serverLogger(o, log),
+			ClusterAdvertise: o.NATSClusterAdvertise})
 		if err != nil {
 			return err
 		}

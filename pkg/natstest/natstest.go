@@ -34,6 +34,9 @@ type Options struct {
 	Cluster     string
 	Routes      []string
 	ClusterName string
+	// ClusterAdvertise is the route address gossiped to the other nodes;
+	// "" is the listener's.
+	ClusterAdvertise string
 	// Configure, when set, adjusts the server options before the server
 	// is made: users, nkeys and permissions, TLS, route credentials.
 	Configure func(*server.Options)
@@ -98,6 +101,7 @@ func Start(o Options) (*server.Server, error) {
 			opts.Cluster.Name = "sluice"
 		}
 		opts.Cluster.Host, opts.Cluster.Port = h, p
+		opts.Cluster.Advertise = o.ClusterAdvertise
 		for _, r := range o.Routes {
 			u, err := url.Parse(strings.TrimSpace(r))
 			if err != nil || u.Host == "" {
