@@ -283,6 +283,7 @@ func runBenchOverhead(ctx context.Context, args []string, stdout, stderr io.Writ
 	warmup := fs.Int("warmup", 20, "one-at-a-time jobs run first and not counted")
 	closed := fs.Bool("closed", false, "each submitter awaits its job's result before submitting the next (default: submit without waiting)")
 	secure := fs.Bool("auth-tls", false, "run NATS with authentication (service nkeys, the submitters as the tenant's user) and TLS (default: neither)")
+	cluster := fs.Int("cluster", 1, "run a JetStream cluster of this many in-process nodes on loopback (R=this many; each node every service); 1: one node")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run (runtime/pprof) to this file")
 	jsonPath := fs.String("json", "", "write the figures here as JSON")
@@ -292,7 +293,14 @@ func runBenchOverhead(ctx context.Context, args []string, stdout, stderr io.Writ
 	if *jobs < 1 || *conc < 1 || *serial < 0 || *warmup < 0 || *timeout <= 0 {
 		return errors.New("want --jobs >= 1, --concurrency >= 1, --serial >= 0, --warmup >= 0 and --timeout > 0")
 	}
-	fmt.Fprintf(stdout, "sluice bench overhead: one in-process node (embedded NATS, every service), zero-latency simulator, no limits\n")
+	if *cluster < 1 || *cluster > 5 || (*cluster > 1 && *secure) {
+		return errors.New("want --cluster from 1 to 5, and --cluster 1 with --auth-tls")
+	}
+	if *cluster > 1 {
+		fmt.Fprintf(stdout, "sluice bench overhead: a %d-node JetStream cluster in-process on loopback (R%d, each node embedded NATS and every service), zero-latency simulator, no limits\n", *cluster, *cluster)
+	} else {
+		fmt.Fprintf(stdout, "sluice bench overhead: one in-process node (embedded NATS, every service), zero-latency simulator, no limits\n")
+	}
 	fmt.Fprintf(stdout, "added latency = the provider receiving the call (X-Sluice-Job-Id) - the moment before client.Submit\n")
 	stopProfile := func() error { return nil }
 	if *cpuProfile != "" {
@@ -311,7 +319,7 @@ func runBenchOverhead(ctx context.Context, args []string, stdout, stderr io.Writ
 	}
 	began := time.Now()
 	rep, err := bench.Overhead(ctx, bench.OverheadOptions{Jobs: *jobs, Concurrency: *conc, Serial: *serial, Warmup: *warmup,
-		Closed: *closed, Secure: *secure, Timeout: *timeout}, nil)
+		Closed: *closed, Secure: *secure, Timeout: *timeout, Cluster: *cluster}, nil)
 	if perr := stopProfile(); perr != nil && err == nil {
 		err = fmt.Errorf("--cpuprofile: %w", perr)
 	}
