@@ -421,10 +421,10 @@ func (l slogServer) Warnf(f string, v ...any) {
 	}
 	l.log.Warn(msg)
 }
-func (l slogServer) Fatalf(f string, v ...any)  { l.log.Error(fmt.Sprintf(f, v...)) }
-func (l slogServer) Errorf(f string, v ...any)  { l.log.Error(fmt.Sprintf(f, v...)) }
-func (l slogServer) Debugf(f string, v ...any)  {}
-func (l slogServer) Tracef(f string, v ...any)  {}
+func (l slogServer) Fatalf(f string, v ...any) { l.log.Error(fmt.Sprintf(f, v...)) }
+func (l slogServer) Errorf(f string, v ...any) { l.log.Error(fmt.Sprintf(f, v...)) }
+func (l slogServer) Debugf(f string, v ...any) {}
+func (l slogServer) Tracef(f string, v ...any) {}
 
 // natsErrorLogger logs what the NATS server reports asynchronously:
 // permission violations name the subject a role was refused.
