@@ -188,8 +188,8 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opt Options) error {
 		if c.TTL > 0 && opt.ResultRetention > 0 && c.Bucket != BucketBudgets {
 			c.TTL = opt.ResultRetention
 		}
-		if _, err := js.CreateOrUpdateKeyValue(ctx, c); err != nil {
-			return fmt.Errorf("ensure bucket %s: %w", c.Bucket, err)
+		if err := ensureBucket(ctx, js, c); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -247,7 +247,15 @@ func EnsureConsumer(ctx context.Context, js jetstream.JetStream, stream, templat
 	if filter != "" {
 		c.FilterSubject = filter
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, stream, c)
+	// A leader election (a node lost, a cluster forming) is ridden out
+	// for up to a minute; a consumer that cannot be made is then an error.
+	var cons jetstream.Consumer
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	err = Retry(rctx, func(ctx context.Context) (err error) {
+		cons, err = js.CreateOrUpdateConsumer(ctx, stream, c)
+		return err
+	})
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) && apiErr.ErrorCode == errConsumerNotUnique {
 		return nil, fmt.Errorf("ensure consumer %s on %s: %w%s", c.Durable, stream, err, overlapping(ctx, js, stream, c))

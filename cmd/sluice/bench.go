@@ -287,6 +287,7 @@ func runBenchOverhead(ctx context.Context, args []string, stdout, stderr io.Writ
 	closed := fs.Bool("closed", false, "each submitter awaits its job's result before submitting the next (default: submit without waiting)")
 	secure := fs.Bool("auth-tls", false, "run NATS with authentication (service nkeys, the submitters as the tenant's user) and TLS (default: neither)")
 	jsOps := fs.Int("jetstream-ops", 2000, "operations of each kind measuring JetStream's own rates (without authentication or TLS), before and after the run, for the naive pipeline ceiling; 0 skips it")
+	cluster := fs.Int("cluster", 1, "run a JetStream cluster of this many in-process nodes on loopback (R=this many; each node every service); 1: one node")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run (runtime/pprof) to this file")
 	jsonPath := fs.String("json", "", "write the figures here as JSON")
@@ -300,7 +301,14 @@ func runBenchOverhead(ctx context.Context, args []string, stdout, stderr io.Writ
 	if jetStreamOps == 0 {
 		jetStreamOps = -1 // skip (0 means the default to bench.Overhead)
 	}
-	fmt.Fprintf(stdout, "sluice bench overhead: one in-process node (embedded NATS, every service), zero-latency simulator, no limits\n")
+	if *cluster < 1 || *cluster > 5 || (*cluster > 1 && *secure) {
+		return errors.New("want --cluster from 1 to 5, and --cluster 1 with --auth-tls")
+	}
+	if *cluster > 1 {
+		fmt.Fprintf(stdout, "sluice bench overhead: a %d-node JetStream cluster in-process on loopback (R%d, each node embedded NATS and every service), zero-latency simulator, no limits\n", *cluster, *cluster)
+	} else {
+		fmt.Fprintf(stdout, "sluice bench overhead: one in-process node (embedded NATS, every service), zero-latency simulator, no limits\n")
+	}
 	fmt.Fprintf(stdout, "added latency = the provider receiving the call (X-Sluice-Job-Id) - the moment before client.Submit\n")
 	stopProfile := func() error { return nil }
 	if *cpuProfile != "" {
@@ -319,7 +327,7 @@ func runBenchOverhead(ctx context.Context, args []string, stdout, stderr io.Writ
 	}
 	began := time.Now()
 	rep, err := bench.Overhead(ctx, bench.OverheadOptions{Jobs: *jobs, Concurrency: *conc, Serial: *serial, Warmup: *warmup,
-		Closed: *closed, Secure: *secure, JetStreamOps: jetStreamOps, Timeout: *timeout}, nil)
+		Closed: *closed, Secure: *secure, JetStreamOps: jetStreamOps, Timeout: *timeout, Cluster: *cluster}, nil)
 	if perr := stopProfile(); perr != nil && err == nil {
 		err = fmt.Errorf("--cpuprofile: %w", perr)
 	}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/sluice-dev/sluice/internal/natsauth"
 	"github.com/sluice-dev/sluice/pkg/config"
 	"github.com/sluice-dev/sluice/pkg/natstest"
 )
@@ -77,8 +78,11 @@ func reportCheck(w io.Writer, path string, c *config.Config, ps config.Problems,
 	}
 	if s.NATSURL == "" {
 		fmt.Fprintf(w, "  nats      embedded, listening on %s, store %s\n", s.NATSListen, filepath.Join(s.Data, "jetstream"))
+		if s.NATSCluster != "" {
+			fmt.Fprintf(w, "  cluster   node %s, routes on %s, peers %s (%d replicas)\n", s.NATSName, s.NATSCluster, natsauth.RedactURL(s.NATSRoutes), max(s.Replicas, 1))
+		}
 	} else {
-		fmt.Fprintf(w, "  nats      %s (%d replicas)\n", s.NATSURL, max(s.Replicas, 1))
+		fmt.Fprintf(w, "  nats      %s (%d replicas)\n", natsauth.RedactURL(s.NATSURL), max(s.Replicas, 1))
 	}
 	fmt.Fprintf(w, "  http      %s\n", s.HTTP)
 	fmt.Fprintf(w, "  services  %s\n", strings.Join(services, ","))

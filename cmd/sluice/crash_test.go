@@ -55,6 +55,14 @@ type child struct {
 
 func startChild(t testing.TB, bin string, args []string, env map[string]string) *child {
 	t.Helper()
+	return spawnChild(t, bin, args, env)()
+}
+
+// spawnChild starts a `sluice up` process and returns a function that
+// waits until it is ready (so that cluster nodes, which wait for each
+// other, start together).
+func spawnChild(t testing.TB, bin string, args []string, env map[string]string) func() *child {
+	t.Helper()
 	cmd := exec.Command(bin, append([]string{"up"}, args...)...)
 	cmd.Env = os.Environ()
 	for k, v := range env {
@@ -85,12 +93,15 @@ func startChild(t testing.TB, bin string, args []string, env map[string]string) 
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
-	n := waitUp(t, out)
-	if i := slices.Index(args, "--data"); i >= 0 && i+1 < len(args) && !slices.Contains(args, "--nats-url") {
-		nodeData.Store(n.NATS, args[i+1])
+	return func() *child {
+		t.Helper()
+		n := waitUp(t, out)
+		if i := slices.Index(args, "--data"); i >= 0 && i+1 < len(args) && !slices.Contains(args, "--nats-url") {
+			nodeData.Store(n.NATS, args[i+1])
+		}
+		waitReady(t, n.HTTP)
+		return &child{cmd: cmd, upNode: n, log: logf.Name()}
 	}
-	waitReady(t, n.HTTP)
-	return &child{cmd: cmd, upNode: n, log: logf.Name()}
 }
 
 // TestCrashRecovery kills a `sluice up` process with SIGKILL while jobs are

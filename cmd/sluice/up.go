@@ -2,13 +2,18 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/url"
 	"strconv"
+	"strings"
 
 	"github.com/sluice-dev/sluice/internal/natsauth"
 	"github.com/sluice-dev/sluice/internal/node"
+	"github.com/sluice-dev/sluice/pkg/config"
 )
 
 // upFlags are the settings of `sluice up`; each also comes from the config
@@ -16,6 +21,7 @@ import (
 // > default).
 type upFlags struct {
 	config, natsURL, natsListen, http, data, services, logLevel string
+	natsCluster, natsRoutes, natsName, natsAdvertise            string
 	metrics, tlsCert, tlsKey                                    string
 	replicas                                                    int
 	open                                                        bool
@@ -28,6 +34,10 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 	fs.StringVar(&f.config, "config", getenv("SLUICE_CONFIG"), "YAML configuration file (SLUICE_CONFIG)")
 	fs.StringVar(&f.natsURL, "nats-url", "", "join this NATS server; empty embeds one (SLUICE_NATS_URL)")
 	fs.StringVar(&f.natsListen, "nats-listen", "", "the embedded NATS server's address (SLUICE_NATS_LISTEN, default 127.0.0.1:4222)")
+	fs.StringVar(&f.natsCluster, "nats-cluster", "", "the embedded NATS server's cluster (route) listener, HOST:PORT: with --nats-routes it joins a JetStream cluster (SLUICE_NATS_CLUSTER)")
+	fs.StringVar(&f.natsRoutes, "nats-routes", "", "every cluster node's route URL, nats://HOST:PORT,... (this node's may be among them) (SLUICE_NATS_ROUTES)")
+	fs.StringVar(&f.natsName, "nats-name", "", "the embedded NATS server's name, unique in the cluster (SLUICE_NATS_NAME, default sluice-HOST-PORT of --nats-cluster)")
+	fs.StringVar(&f.natsAdvertise, "nats-cluster-advertise", "", "the route address other nodes are told to dial for this one, HOST:PORT (behind NAT or a proxy) (SLUICE_NATS_CLUSTER_ADVERTISE, default --nats-cluster)")
 	fs.StringVar(&f.http, "http", "", "HTTP API, /healthz, /readyz and /metrics address (SLUICE_HTTP, default 127.0.0.1:8080); 'off' disables")
 	fs.StringVar(&f.data, "data", "", "data directory for the embedded JetStream store (SLUICE_DATA, default ./data)")
 	fs.StringVar(&f.services, "services", "", "services to run: all, or some of ingest,admission,executor,result (SLUICE_SERVICES)")
@@ -63,6 +73,10 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	pick("nats-url", "SLUICE_NATS_URL", f.natsURL, &s.NATSURL, "")
 	pick("nats-listen", "SLUICE_NATS_LISTEN", f.natsListen, &s.NATSListen, "127.0.0.1:4222")
+	pick("nats-cluster", "SLUICE_NATS_CLUSTER", f.natsCluster, &s.NATSCluster, "")
+	pick("nats-routes", "SLUICE_NATS_ROUTES", f.natsRoutes, &s.NATSRoutes, "")
+	pick("nats-name", "SLUICE_NATS_NAME", f.natsName, &s.NATSName, "")
+	pick("nats-cluster-advertise", "SLUICE_NATS_CLUSTER_ADVERTISE", f.natsAdvertise, &s.NATSClusterAdvertise, "")
 	pick("http", "SLUICE_HTTP", f.http, &s.HTTP, "127.0.0.1:8080")
 	pick("data", "SLUICE_DATA", f.data, &s.Data, "./data")
 	pick("services", "SLUICE_SERVICES", f.services, &s.Services, "all")
@@ -96,6 +110,10 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 	if s.Replicas < 0 || s.Replicas > 5 {
 		return fmt.Errorf("--replicas: want 1 to 5, got %d", s.Replicas)
 	}
+	routes, err := clusterRoutes(s)
+	if err != nil {
+		return err
+	}
 	services, err := node.ParseServices(s.Services)
 	if err != nil {
 		return fmt.Errorf("--services: %w", err)
@@ -116,6 +134,7 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	return node.Run(ctx, node.Options{
 		Config: cfg, NATSURL: s.NATSURL, NATSListen: s.NATSListen, HTTP: httpAddr, Data: s.Data,
+		NATSCluster: s.NATSCluster, NATSRoutes: routes, NATSName: s.NATSName, NATSClusterAdvertise: s.NATSClusterAdvertise,
 		Services: services, Getenv: getenv, Log: log,
 		OnReady: func(i node.Info) {
 			fmt.Fprintf(stdout, "sluice up: nats %s, http %s, services %v", natsauth.RedactURL(i.NATSURL), orNone(i.HTTPAddr), services)
@@ -125,6 +144,43 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 			fmt.Fprintln(stdout)
 		},
 	})
+}
+
+// clusterRoutes checks the cluster settings and splits the route list.
+// A cluster node gets a default name from its cluster address, which is
+// unique among the nodes.
+func clusterRoutes(s *config.Server) ([]string, error) {
+	if s.NATSCluster == "" {
+		if s.NATSRoutes != "" || s.NATSName != "" || s.NATSClusterAdvertise != "" {
+			return nil, errors.New("--nats-routes, --nats-name and --nats-cluster-advertise need --nats-cluster (server.nats_cluster), the cluster listener")
+		}
+		return nil, nil
+	}
+	if s.NATSURL != "" {
+		return nil, errors.New("--nats-cluster makes the embedded server a cluster node; with --nats-url there is no embedded server")
+	}
+	host, port, err := net.SplitHostPort(s.NATSCluster)
+	if err != nil {
+		return nil, fmt.Errorf("--nats-cluster %q: want HOST:PORT", s.NATSCluster)
+	}
+	if s.NATSName == "" {
+		s.NATSName = "sluice-" + host + "-" + port
+	}
+	var routes []string
+	for _, r := range strings.Split(s.NATSRoutes, ",") {
+		if r = strings.TrimSpace(r); r == "" {
+			continue
+		}
+		u, err := url.Parse(r)
+		if err != nil || u.Host == "" || (u.Scheme != "nats" && u.Scheme != "nats-route") {
+			return nil, fmt.Errorf("--nats-routes: %q: want nats://HOST:PORT", natsauth.RedactURL(r))
+		}
+		routes = append(routes, r)
+	}
+	if len(routes) == 0 {
+		return nil, errors.New("--nats-cluster needs --nats-routes (server.nats_routes): the other nodes' cluster URLs")
+	}
+	return routes, nil
 }
 
 // redactURL hides credentials in a URL: a password ("nats://user:xxxxx@host")

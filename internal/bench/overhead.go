@@ -31,6 +31,10 @@ type OverheadOptions struct {
 	JetStreamOps int
 	Timeout      time.Duration
 	Log          *slog.Logger
+	// Cluster > 1 runs a JetStream cluster of that many in-process nodes
+	// on loopback (streams and buckets replicated as many times), each
+	// with every service; not with Secure.
+	Cluster int
 }
 
 func (o OverheadOptions) withDefaults() OverheadOptions {
@@ -176,7 +180,7 @@ func Overhead(ctx context.Context, opt OverheadOptions, progress func()) (*Overh
 	}
 	defer stopSim()
 	n, err := startNode(ctx, nodeSpec{providerURL: url + "/v1", maxConcurrency: max(opt.Concurrency, 64) * 4,
-		retry: DefaultRetry, maxElapsed: time.Minute, log: opt.Log, nats: map[bool]natsMode{false: natsOpen, true: natsSecure}[opt.Secure]})
+		retry: DefaultRetry, maxElapsed: time.Minute, log: opt.Log, nats: map[bool]natsMode{false: natsOpen, true: natsSecure}[opt.Secure], cluster: opt.Cluster})
 	if err != nil {
 		return nil, err
 	}

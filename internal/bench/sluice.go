@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -41,6 +43,10 @@ type nodeSpec struct {
 	// natsOpen (no authentication, no TLS), or natsSecure (authentication
 	// and TLS, the benchmark's client connected as the tenant).
 	nats natsMode
+	// cluster > 1 runs that many in-process nodes, each embedding one
+	// node of a JetStream cluster with every service, streams and
+	// buckets replicated cluster times (natsOpen only).
+	cluster int
 }
 
 type natsMode int
@@ -196,6 +202,29 @@ func startFleet(ctx context.Context, s nodeSpec) (*meshNode, error) {
 		return errors.Join(errs...)
 	}
 	n.stop = stopAll
+	if s.cluster > 1 {
+		procs, err := launchCluster(ctx, cfg, dir, s.cluster, getenv, s.log)
+		if err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+		n.procs = procs
+		var urls []string
+		for _, p := range procs {
+			urls = append(urls, p.info.NATSURL)
+		}
+		nc, err := nats.Connect(strings.Join(urls, ","), nats.Name("sluice bench"), nats.MaxReconnects(-1))
+		if err != nil {
+			_ = stopAll()
+			return nil, fmt.Errorf("connect to sluice: %w", err)
+		}
+		n.nc = nc
+		if n.cl, err = client.New(nc); err != nil {
+			_ = stopAll()
+			return nil, err
+		}
+		return n, nil
+	}
 	first, err := launch(ctx, node.Options{Config: cfg, NATSListen: "127.0.0.1:0", Data: dir, Services: node.AllServices,
 		Getenv: getenv, Log: s.log.With("node", 0)})
 	if err != nil {
@@ -360,3 +389,48 @@ func (m *mesh) close() error {
 }
 
 var _ strategy = (*mesh)(nil)
+
+// launchCluster starts size in-process nodes of one JetStream cluster on
+// loopback, together (each waits for a quorum before it is ready), every
+// one with every service.
+func launchCluster(ctx context.Context, cfg *config.Config, dir string, size int, getenv func(string) string, log *slog.Logger) ([]*process, error) {
+	var ls []net.Listener
+	for range 2 * size {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+	}
+	var routes []string
+	for i := range size {
+		routes = append(routes, "nats://"+ls[size+i].Addr().String())
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	c := *cfg
+	c.Server.Replicas = size
+	procs := make([]*process, size)
+	errs := make([]error, size)
+	var wg sync.WaitGroup
+	for i := range size {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			procs[i], errs[i] = launch(ctx, node.Options{Config: &c, NATSListen: ls[i].Addr().String(), Data: filepath.Join(dir, fmt.Sprintf("n%d", i+1)),
+				NATSCluster: ls[size+i].Addr().String(), NATSRoutes: routes, NATSName: fmt.Sprintf("n%d", i+1),
+				Services: node.AllServices, Getenv: getenv, Log: log.With("node", i)})
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, p := range procs {
+			if p != nil {
+				_ = p.halt()
+			}
+		}
+		return nil, err
+	}
+	return procs, nil
+}

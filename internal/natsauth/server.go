@@ -1,8 +1,11 @@
 package natsauth
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"fmt"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -80,9 +83,40 @@ func tenantKey(t config.Tenant, getenv func(string) string) string {
 	return strings.TrimSpace(getenv(t.APIKeyEnv))
 }
 
-// Apply sets the server options.
+// RouteUser is the user cluster routes authenticate as when the embedded
+// server requires authentication; its password is RoutePassword.
+const RouteUser = "sluice-route"
+
+// RoutePassword derives the cluster routes' password from the operator's
+// seed: nodes that share the secrets file (as they must, so that a service
+// reconnecting to another node is known there) share it, and no other
+// secret has to be handed out.
+func (s *Secrets) RoutePassword() (string, error) {
+	seed, ok := s.Seeds[Operator]
+	if !ok {
+		return "", fmt.Errorf("no %s identity in %s", Operator, SecretsFile)
+	}
+	sum := sha256.Sum256([]byte("sluice-route\x00" + seed))
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// Apply sets the server options. With a cluster listener and
+// authentication on, routes require RouteUser and the password derived
+// from the shared secrets, and present them to the nodes they dial.
 func (e *Embedded) Apply(o *server.Options) {
 	o.Users, o.Nkeys = e.Users, e.Nkeys
+	if o.Cluster.Port != 0 && e.Secrets != nil {
+		if pass, err := e.Secrets.RoutePassword(); err == nil {
+			o.Cluster.Username, o.Cluster.Password = RouteUser, pass
+			for i, r := range o.Routes {
+				if r.User == nil {
+					u := *r
+					u.User = url.UserPassword(RouteUser, pass)
+					o.Routes[i] = &u
+				}
+			}
+		}
+	}
 	if e.TLS != nil {
 		o.TLSConfig, o.TLS = e.TLS, true
 		o.TLSVerify = e.TLS.ClientAuth == tls.RequireAndVerifyClientCert

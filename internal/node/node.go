@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"path/filepath"
@@ -45,11 +46,20 @@ type Options struct {
 	Config     *config.Config
 	NATSURL    string // join this NATS; empty embeds a server
 	NATSListen string // the embedded server's address
-	HTTP       string // API address; empty disables HTTP
-	Data       string // data directory (embedded JetStream store)
-	Services   []string
-	Getenv     func(string) string
-	Log        *slog.Logger
+	// NATSCluster, NATSRoutes and NATSName make the embedded server a
+	// node of a JetStream cluster: its route listener, every node's route
+	// URL (nats://host:port), and its unique name.
+	NATSCluster string
+	NATSRoutes  []string
+	NATSName    string
+	// NATSClusterAdvertise is the route address the other nodes learn
+	// for this one; "" is NATSCluster.
+	NATSClusterAdvertise string
+	HTTP                 string // API address; empty disables HTTP
+	Data                 string // data directory (embedded JetStream store)
+	Services             []string
+	Getenv               func(string) string
+	Log                  *slog.Logger
 	// Executor overrides executor settings (tests).
 	Executor func(*executor.Config)
 	// OnReady is called once everything is serving.
@@ -118,13 +128,21 @@ func Run(ctx context.Context, o Options) error {
 	natsURL := o.NATSURL
 	var ns *server.Server
 	if natsURL == "" {
+		if err := checkClusterSecrets(o); err != nil {
+			return err
+		}
 		emb, err := natsauth.ForEmbedded(o.Config, o.Data, o.Getenv)
 		if err != nil {
 			return err
 		}
-		ns, err = natstest.Start(natstest.Options{Listen: o.NATSListen, StoreDir: filepath.Join(o.Data, "jetstream"), Configure: emb.Apply})
+		ns, err = natstest.Start(natstest.Options{Listen: o.NATSListen, StoreDir: filepath.Join(o.Data, "jetstream"), Configure: emb.Apply,
+			Name: o.NATSName, Cluster: o.NATSCluster, Routes: o.NATSRoutes, Logger: serverLogger(o, log),
+			ClusterAdvertise: o.NATSClusterAdvertise})
 		if err != nil {
 			return err
+		}
+		if o.NATSCluster != "" {
+			log.Info("embedded nats: cluster node", "name", ns.Name(), "cluster", ns.ClusterAddr().String(), "routes", natsauth.RedactURL(strings.Join(o.NATSRoutes, ",")))
 		}
 		defer func() {
 			ns.Shutdown()
@@ -163,7 +181,13 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	// A cluster node may wait for the others to start (a quorum) before
+	// it can make or bind the streams.
+	setup := 30 * time.Second
+	if o.NATSCluster != "" || o.Config.Server.Replicas > 1 {
+		setup = 2 * time.Minute
+	}
+	setupCtx, cancel := context.WithTimeout(ctx, setup)
 	defer cancel()
 	if err := waitConnected(setupCtx, nc); err != nil {
 		return fmt.Errorf("connect nats %s as %s: %w (last error: %v)", natsauth.RedactURL(natsURL), ident, err, nc.LastError())
@@ -174,16 +198,22 @@ func Run(ctx context.Context, o Options) error {
 	if err := ensureStreams(setupCtx, o, natsURL, js, ident, opOpts, log); err != nil {
 		return err
 	}
-	m, err := mesh.Open(setupCtx, js)
-	if err != nil {
+	var m *mesh.Mesh
+	if err := streams.Retry(setupCtx, func(ctx context.Context) (err error) {
+		m, err = mesh.Open(ctx, js)
+		return err
+	}); err != nil {
 		return err
 	}
 	// The services that seal, sign or verify jobs need the fleet key; the
 	// result service alone may not even read it.
 	var gd *guard.Guard
 	if slices.ContainsFunc(o.Services, func(s string) bool { return s != "result" }) {
-		key, err := guard.LoadKey(setupCtx, m.Budgets)
-		if err != nil {
+		var key []byte
+		if err := streams.Retry(setupCtx, func(ctx context.Context) (err error) {
+			key, err = guard.LoadKey(ctx, m.Budgets)
+			return err
+		}); err != nil {
 			return err
 		}
 		gd = guard.New(o.Config, key)
@@ -325,21 +355,76 @@ func ensureStreams(ctx context.Context, o Options, natsURL string, js jetstream.
 			return err
 		}
 	}
-	if err := streams.Ensure(ctx, js, streamOptions(o.Config)); err != nil {
+	// Every node of a cluster runs this at start, possibly before the
+	// cluster has a quorum: transient errors are retried until ctx ends.
+	err := streams.RetryNotify(ctx, func(ctx context.Context) error {
+		if err := streams.Ensure(ctx, js, streamOptions(o.Config)); err != nil {
+			return err
+		}
+		// The fleet key is made here too, with the identity that may
+		// write it: a process whose services may only read it (ingest)
+		// finds it.
+		kv, err := js.KeyValue(ctx, streams.BucketBudgets)
+		if err != nil {
+			return fmt.Errorf("bind bucket %s: %w", streams.BucketBudgets, err)
+		}
+		_, err = guard.LoadKey(ctx, kv)
+		return err
+	}, func(err error) { log.Debug("ensure streams: will retry", "err", err) })
+	if err != nil {
 		if ident.Method != "none" && errors.Is(err, context.DeadlineExceeded) {
 			return fmt.Errorf("%w (this NATS identity may not be allowed to manage streams: use the operator's, or set server.nats.manage_streams: false once they exist)", err)
 		}
 		return err
 	}
-	// The fleet key is made here too, with the identity that may write
-	// it: a process whose services may only read it (ingest) finds it.
-	kv, err := js.KeyValue(ctx, streams.BucketBudgets)
-	if err != nil {
-		return fmt.Errorf("bind bucket %s: %w", streams.BucketBudgets, err)
-	}
-	_, err = guard.LoadKey(ctx, kv)
-	return err
+	return nil
 }
+
+// checkClusterSecrets refuses to start a cluster node with authentication
+// on and no secrets file: each node would make its own service identities
+// and route password, the routes would refuse each other, and a service
+// reconnecting to another node would be unknown there. Every node must
+// hold the same file.
+func checkClusterSecrets(o Options) error {
+	if o.NATSCluster == "" || !natsauth.AuthOn(o.Config) {
+		return nil
+	}
+	if _, err := natsauth.LoadSecrets(o.Data); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("cluster node with NATS authentication: no %s; every node needs the same one: make it once (sluice nats-auth --data DIR > /dev/null) and copy it to each node's data directory, mode 0600", natsauth.SecretsPath(o.Data))
+		}
+		return err
+	}
+	return nil
+}
+
+// serverLogger passes a cluster node's server log (routes, elections,
+// leadership changes) to the node's log: warnings and errors always,
+// notices at debug level. A single server logs nothing.
+func serverLogger(o Options, log *slog.Logger) server.Logger {
+	if o.NATSCluster == "" {
+		return nil
+	}
+	return slogServer{log.With("component", "nats")}
+}
+
+type slogServer struct{ log *slog.Logger }
+
+func (l slogServer) Noticef(f string, v ...any) { l.log.Debug(fmt.Sprintf(f, v...)) }
+func (l slogServer) Warnf(f string, v ...any) {
+	msg := fmt.Sprintf(f, v...)
+	if strings.HasPrefix(msg, "Plaintext passwords detected") {
+		// The embedded server's users live in memory, made from the
+		// environment at start: nothing is in a configuration file.
+		l.log.Debug(msg)
+		return
+	}
+	l.log.Warn(msg)
+}
+func (l slogServer) Fatalf(f string, v ...any) { l.log.Error(fmt.Sprintf(f, v...)) }
+func (l slogServer) Errorf(f string, v ...any) { l.log.Error(fmt.Sprintf(f, v...)) }
+func (l slogServer) Debugf(f string, v ...any) {}
+func (l slogServer) Tracef(f string, v ...any) {}
 
 // natsErrorLogger logs what the NATS server reports asynchronously:
 // permission violations name the subject a role was refused.

@@ -69,11 +69,22 @@ func (s Streaming) Cancels(p job.Priority) bool {
 type Server struct {
 	NATSURL    string `yaml:"nats_url"`
 	NATSListen string `yaml:"nats_listen"`
-	HTTP       string `yaml:"http"`
-	Data       string `yaml:"data"`
-	Services   string `yaml:"services"`
-	LogLevel   string `yaml:"log_level"`
-	Replicas   int    `yaml:"replicas"`
+	// NATSCluster is the embedded server's cluster (route) listener,
+	// host:port; set, the embedded server joins a JetStream cluster with
+	// NATSRoutes (comma-separated nats://host:port URLs of every node's
+	// cluster listener, its own may be among them) under NATSName.
+	NATSCluster string `yaml:"nats_cluster"`
+	NATSRoutes  string `yaml:"nats_routes"`
+	NATSName    string `yaml:"nats_name"`
+	// NATSClusterAdvertise is the route address the other nodes are told
+	// to dial for this one (behind NAT, a proxy or a container name);
+	// empty: the cluster listener's.
+	NATSClusterAdvertise string `yaml:"nats_cluster_advertise"`
+	HTTP                 string `yaml:"http"`
+	Data                 string `yaml:"data"`
+	Services             string `yaml:"services"`
+	LogLevel             string `yaml:"log_level"`
+	Replicas             int    `yaml:"replicas"`
 	// Open is development mode: the HTTP API serves requests without an
 	// API key (the tenant from X-Sluice-Tenant, the only tenant, or
 	// DefaultTenant when none is configured). Without it, a process that

@@ -218,7 +218,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		case in <- msg:
 		case <-ctx.Done():
 		}
-	}, jetstream.PullMaxMessages(batch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+	}, jetstream.PullMaxMessages(batch), streams.PullExpiry(), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
 			s.log.Debug("queue consume", "err", err)
 		}

@@ -230,7 +230,7 @@ func (s *Service) Run(ctx context.Context) error {
 					defer pool.Release()
 					s.handle(callCtx, msg)
 				}()
-			}, jetstream.PullMaxMessages(max(2, m.MaxConcurrency)), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			}, jetstream.PullMaxMessages(max(2, m.MaxConcurrency)), streams.PullExpiry(), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 				if !errors.Is(err, jetstream.ErrNoHeartbeat) {
 					s.log.Debug("dispatch consume", "err", err)
 				}

@@ -525,7 +525,7 @@ func (s *Service) Run(ctx context.Context) error {
 			defer func() { <-sem }()
 			s.handle(ctx, msg)
 		}()
-	}, jetstream.PullMaxMessages(512), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+	}, jetstream.PullMaxMessages(512), streams.PullExpiry(), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
 			s.log.Debug("intake consume", "err", err)
 		}

@@ -86,7 +86,7 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 			_ = msg.Ack()
 		}()
-	}, jetstream.PullMaxMessages(256), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+	}, jetstream.PullMaxMessages(256), streams.PullExpiry(), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
 			s.log.Debug("results consume", "err", err)
 		}

@@ -1,0 +1,562 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/internal/natsauth"
+	"github.com/sluice-dev/sluice/pkg/client"
+	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/sim"
+	"github.com/sluice-dev/sluice/streams"
+)
+
+// cluster is three `sluice up` processes, each embedding one node of a
+// 3-node JetStream cluster (R3 streams and buckets) and running every
+// service, on loopback ports.
+type cluster struct {
+	t     *testing.T
+	bin   string
+	nodes []*clusterNode
+	urls  []string // client URLs of every node
+	dir   string   // holds the shared secrets file
+}
+
+type clusterNode struct {
+	name string
+	args []string
+	mu   sync.Mutex
+	proc *child // nil while stopped
+}
+
+// freePorts reserves n loopback ports by listening and closing.
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	var ls []net.Listener
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return ports
+}
+
+// startCluster starts three nodes with the configuration yaml. routeAddr,
+// when not nil, maps node i's route URL as node j dials it (a proxy in
+// between, for partitions); nil dials directly.
+func startCluster(t *testing.T, yaml string, routeAddr func(from, to int, direct string) string, extra []string) *cluster {
+	t.Helper()
+	c := &cluster{t: t, bin: sluiceBinary(t), dir: t.TempDir()}
+	cfgPath := filepath.Join(c.dir, "sluice.yaml")
+	if err := os.WriteFile(cfgPath, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Every node holds the same service identities (and so the same route
+	// password): make them once, copy them to each data directory.
+	if _, err := natsauth.EnsureSecrets(c.dir); err != nil {
+		t.Fatal(err)
+	}
+	secrets, err := os.ReadFile(natsauth.SecretsPath(c.dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports := freePorts(t, 6) // client and cluster port per node
+	for i := range 3 {
+		var routes []string
+		for j := range 3 {
+			direct := fmt.Sprintf("127.0.0.1:%d", ports[3+j])
+			if routeAddr != nil {
+				direct = routeAddr(i, j, direct)
+			}
+			routes = append(routes, "nats://"+direct)
+		}
+		data := filepath.Join(c.dir, fmt.Sprintf("n%d", i+1))
+		if err := os.MkdirAll(filepath.Dir(natsauth.SecretsPath(data)), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(natsauth.SecretsPath(data), secrets, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		name := fmt.Sprintf("n%d", i+1)
+		c.urls = append(c.urls, fmt.Sprintf("nats://127.0.0.1:%d", ports[i]))
+		c.nodes = append(c.nodes, &clusterNode{name: name, args: []string{
+			"--config", cfgPath, "--data", data, "--http", "127.0.0.1:0", "--log-level", "debug",
+			"--nats-listen", fmt.Sprintf("127.0.0.1:%d", ports[i]), "--nats-cluster", fmt.Sprintf("127.0.0.1:%d", ports[3+i]),
+			"--nats-routes", strings.Join(routes, ","), "--nats-name", name, "--replicas", "3"}})
+		c.nodes[i].args = append(c.nodes[i].args, extra...)
+	}
+	var waits []func() *child
+	for _, n := range c.nodes {
+		waits = append(waits, spawnChild(t, c.bin, n.args, testEnv))
+	}
+	for i, w := range waits {
+		c.nodes[i].proc = w()
+	}
+	return c
+}
+
+// kill stops node i with SIGKILL.
+func (c *cluster) kill(i int) {
+	n := c.nodes[i]
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.proc == nil {
+		return
+	}
+	_ = n.proc.cmd.Process.Signal(syscall.SIGKILL)
+	_ = n.proc.cmd.Wait()
+	n.proc = nil
+}
+
+// restart starts node i again on its data directory and waits until it
+// serves.
+func (c *cluster) restart(i int) {
+	c.t.Helper()
+	n := c.nodes[i]
+	p := startChild(c.t, c.bin, n.args, testEnv)
+	n.mu.Lock()
+	n.proc = p
+	n.mu.Unlock()
+}
+
+// connect is an operator connection that knows every node.
+func (c *cluster) connect() (*nats.Conn, *client.Client, jetstream.JetStream) {
+	c.t.Helper()
+	opts, _, err := natsauth.Conn{Config: &config.Config{}, DataDir: c.dir, Set: natsauth.Operator}.Options()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	nc, err := nats.Connect(strings.Join(c.urls, ","), append(opts, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))...)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(nc.Close)
+	cl, err := client.New(nc)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return nc, cl, js
+}
+
+// leader is the index of the node leading a stream, -1 when unknown.
+func (c *cluster) leader(ctx context.Context, js jetstream.JetStream, stream string) int {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return -1
+	}
+	info := st.CachedInfo()
+	if info.Cluster == nil {
+		return -1
+	}
+	for i, n := range c.nodes {
+		if n.name == info.Cluster.Leader {
+			return i
+		}
+	}
+	return -1
+}
+
+// clusterLoad offers jobs to a cluster and checks the guarantees at the
+// end: every job one successful result, no operation completed twice at
+// the provider, the provider's limits kept.
+type clusterLoad struct {
+	t      *testing.T
+	sim    *sim.Server
+	cl     *client.Client
+	model  string
+	rpm    int
+	mu     sync.Mutex
+	ids    []string
+	failed atomic.Int64 // submits that had to be retried
+	js     jetstream.JetStream
+}
+
+// streamCluster describes a stream's leader and replicas, for logs.
+func streamCluster(ctx context.Context, js jetstream.JetStream, name string) string {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		return err.Error()
+	}
+	info := st.CachedInfo()
+	if info.Cluster == nil {
+		return "no cluster info"
+	}
+	s := "leader " + info.Cluster.Leader
+	for _, p := range info.Cluster.Replicas {
+		s += fmt.Sprintf(", %s current=%v offline=%v lag=%d", p.Name, p.Current, p.Offline, p.Lag)
+	}
+	return fmt.Sprintf("%s; msgs %d", s, info.State.Msgs)
+}
+
+// offer submits n jobs at perSecond, retrying a submit the cluster could
+// not take (a leader election) with the same job id: INTAKE's duplicate
+// window makes the retry harmless if the first one was stored.
+func (l *clusterLoad) offer(ctx context.Context, n int, perSecond float64) error {
+	interval := time.Duration(float64(time.Second) / perSecond)
+	start := time.Now()
+	for i := range n {
+		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+			time.Sleep(d)
+		}
+		if l.js != nil && i == n/2 {
+			// Where INTAKE lives now, for the log.
+			l.t.Logf("INTAKE at submit #%d: %s", i, streamCluster(ctx, l.js, streams.Intake))
+		}
+		j := &job.Job{Tenant: []string{"acme", "globex", "initech"}[i%3], Request: chatBody(l.model, 10+i%40, 40)}
+		for {
+			// A publish whose stream leader dies never hears back: bound
+			// each attempt, as a producer must.
+			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			id, err := l.cl.Submit(sctx, j)
+			cancel()
+			if err == nil {
+				l.mu.Lock()
+				l.ids = append(l.ids, id)
+				l.mu.Unlock()
+				break
+			}
+			if ctx.Err() != nil {
+				return fmt.Errorf("submit #%d: %w", i, err)
+			}
+			if n := l.failed.Add(1); n == 1 || n%25 == 0 {
+				l.t.Logf("submit #%d refused (%d refusals so far): %v", i, n, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// verify waits for every job's result and checks the guarantees.
+func (l *clusterLoad) verify(ctx context.Context) {
+	t := l.t
+	l.mu.Lock()
+	ids := append([]string(nil), l.ids...)
+	l.mu.Unlock()
+	for _, id := range ids {
+		for {
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			r, err := l.cl.Lookup(rctx, id)
+			cancel()
+			if err == nil && r != nil {
+				if r.Status != job.StatusSucceeded {
+					t.Errorf("job %s ended %s (%+v)", id, r.Status, r.Error)
+				}
+				break
+			}
+			if ctx.Err() != nil {
+				for _, name := range []string{streams.Intake, streams.Queue, streams.Dispatch, streams.Results} {
+					t.Logf("%s: %s", name, streamCluster(context.Background(), l.js, name))
+				}
+				t.Fatalf("job %s has no result (last: %v); the cluster lost it or stalled", id, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	st := l.sim.Stats()
+	ms := st.Models[l.model]
+	t.Logf("%d jobs; submits retried %d times; provider: %d completed, %d duplicate completions, 429s %d, busiest 60 s %d requests (limit %d), per-second cap %d",
+		len(ids), l.failed.Load(), st.Completed, st.DuplicateCompletions, ms.RateLimited, ms.MaxRequestsIn60s, ms.RPM, ms.BurstRequests)
+	if st.DuplicateCompletions != 0 {
+		t.Errorf("provider completed %d operations twice", st.DuplicateCompletions)
+	}
+	for _, id := range ids {
+		if n := st.JobCompletions[id]; n != 1 {
+			t.Errorf("job %s completed %d times at the provider, want 1", id, n)
+		}
+	}
+	if ms.MaxRequestsIn60s > ms.RPM {
+		t.Errorf("a 60-s window held %d requests, above the limit %d", ms.MaxRequestsIn60s, ms.RPM)
+	}
+	if attempts := ms.Admitted + ms.RateLimited; float64(ms.RateLimited) > 0.005*float64(attempts) {
+		t.Errorf("%d of %d attempts answered 429 (the per-second quantum exceeded), want at most 0.5 %%", ms.RateLimited, attempts)
+	}
+}
+
+// clusterSetup is the provider, the cluster and a load generator: the
+// simulator enforces RPM rpm with its per-second quantum (rpm/60).
+func clusterSetup(t *testing.T, rpm int, routeAddr func(from, to int, direct string) string, extra ...string) (*cluster, *clusterLoad, jetstream.JetStream) {
+	const model = "gpt-4o-mini"
+	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: rpm, TPM: 100_000_000}},
+		TTFT: 50 * time.Millisecond, PerToken: 200 * time.Microsecond, APIKeys: []string{"sim-secret"}})
+	c := startCluster(t, simConfig(simURL, model, rpm, 100_000_000, ""), routeAddr, extra)
+	_, cl, js := c.connect()
+	return c, &clusterLoad{t: t, sim: simSrv, cl: cl, model: model, rpm: rpm, js: js}, js
+}
+
+// waitCompleted waits until the provider has completed n calls.
+func waitCompleted(ctx context.Context, t *testing.T, s *sim.Server, n int64) {
+	t.Helper()
+	for s.Stats().Completed < n {
+		if ctx.Err() != nil {
+			t.Fatalf("provider completed %d calls, waited for %d", s.Stats().Completed, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestClusterNodeLoss runs a 3-node cluster (R3), every node running every
+// service, under load; SIGKILLs the node leading QUEUE mid-run and
+// restarts it later. No job may be lost, none completed twice at the
+// provider, and the provider's limits hold. It logs how long the cluster
+// took to dispatch again after the kill.
+func TestClusterNodeLoss(t *testing.T) {
+	t.Parallel()
+	const jobs, rpm = 600, 3000 // 50 requests/s at most: about 12 s of work
+	c, load, js := clusterSetup(t, rpm, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+
+	offered := make(chan error, 1)
+	go func() { offered <- load.offer(ctx, jobs, 60) }()
+	waitCompleted(ctx, t, load.sim, jobs/4)
+	victim := c.leader(ctx, js, streams.Queue)
+	if victim < 0 {
+		t.Fatal("no QUEUE leader")
+	}
+	budgetsLeader := c.leader(ctx, js, "KV_"+streams.BucketBudgets)
+	atKill := load.sim.Stats().Completed
+	killed := time.Now()
+	c.kill(victim)
+	t.Logf("killed %s (QUEUE leader; budgets leader %d) after %d provider completions", c.nodes[victim].name, budgetsLeader+1, atKill)
+	var newLeader time.Duration
+	for c.leader(ctx, js, streams.Queue) < 0 && ctx.Err() == nil {
+		time.Sleep(50 * time.Millisecond)
+	}
+	newLeader = time.Since(killed)
+	waitCompleted(ctx, t, load.sim, load.sim.Stats().Completed+10)
+	t.Logf("recovery: QUEUE had a new leader %v after the kill; the provider saw 10 more completions %v after it",
+		newLeader.Round(10*time.Millisecond), time.Since(killed).Round(10*time.Millisecond))
+	if load.sim.Stats().Completed >= jobs {
+		t.Error("every job finished before the kill; the test proves nothing")
+	}
+	time.Sleep(3 * time.Second)
+	start := time.Now()
+	c.restart(victim)
+	t.Logf("%s restarted and ready in %v", c.nodes[victim].name, time.Since(start).Round(10*time.Millisecond))
+	if err := <-offered; err != nil {
+		for _, name := range []string{streams.Intake, streams.Queue, streams.Dispatch, streams.Results} {
+			t.Logf("%s: %s", name, streamCluster(context.Background(), js, name))
+		}
+		t.Fatal(err)
+	}
+	load.verify(ctx)
+}
+
+// TestClusterRollingRestart restarts the three nodes one at a time (a
+// clean stop, then a start on the same data) under load, each once the
+// previous is back; the same guarantees as a node loss.
+func TestClusterRollingRestart(t *testing.T) {
+	t.Parallel()
+	const jobs, rpm = 600, 3000
+	c, load, js := clusterSetup(t, rpm, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	offered := make(chan error, 1)
+	go func() { offered <- load.offer(ctx, jobs, 40) }()
+	for i := range c.nodes {
+		waitCompleted(ctx, t, load.sim, int64((i+1)*jobs/5))
+		n := c.nodes[i]
+		start := time.Now()
+		n.mu.Lock()
+		_ = n.proc.cmd.Process.Signal(syscall.SIGTERM)
+		_ = n.proc.cmd.Wait()
+		n.proc = nil
+		n.mu.Unlock()
+		stopped := time.Since(start)
+		c.restart(i)
+		t.Logf("%s: stopped in %v, back and ready %v later, at %d provider completions", n.name, stopped.Round(10*time.Millisecond),
+			(time.Since(start) - stopped).Round(10*time.Millisecond), load.sim.Stats().Completed)
+	}
+	if load.sim.Stats().Completed >= jobs {
+		t.Error("every job finished before the last restart; the test proves nothing")
+	}
+	if err := <-offered; err != nil {
+		for _, name := range []string{streams.Intake, streams.Queue, streams.Dispatch, streams.Results} {
+			t.Logf("%s: %s", name, streamCluster(context.Background(), js, name))
+		}
+		t.Fatal(err)
+	}
+	load.verify(ctx)
+}
+
+// routeProxy forwards one node's route connections to another's cluster
+// listener; cut closes them and refuses new ones until healed: a network
+// partition on loopback, one direction of one link at a time.
+type routeProxy struct {
+	l      net.Listener
+	target string
+	mu     sync.Mutex
+	cut    bool
+	conns  []net.Conn
+}
+
+func newRouteProxy(t testing.TB, target string) *routeProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &routeProxy{l: l, target: target}
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		l.Close()
+		p.setCut(true)
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			if p.cut {
+				p.mu.Unlock()
+				in.Close()
+				continue
+			}
+			out, err := net.DialTimeout("tcp", target, 2*time.Second)
+			if err != nil {
+				p.mu.Unlock()
+				in.Close()
+				continue
+			}
+			p.conns = append(p.conns, in, out)
+			p.mu.Unlock()
+			wg.Add(2)
+			pipe := func(dst, src net.Conn) {
+				defer wg.Done()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := src.Read(buf)
+					if n > 0 {
+						if _, werr := dst.Write(buf[:n]); werr != nil {
+							break
+						}
+					}
+					if err != nil {
+						break
+					}
+				}
+				dst.Close()
+				src.Close()
+			}
+			go pipe(out, in)
+			go pipe(in, out)
+		}
+	}()
+	return p
+}
+
+func (p *routeProxy) addr() string { return p.l.Addr().String() }
+
+func (p *routeProxy) setCut(cut bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = cut
+	if cut {
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.conns = nil
+	}
+}
+
+// TestClusterPartition cuts one node off from the other two (every route
+// link through a proxy that stops forwarding) under load, for 20 s, then
+// heals the links. The cut-off node is the minority: it has no quorum, so
+// it can neither reserve budget nor publish to DISPATCH nor record an
+// operation, and its executor makes no provider call; the majority elects
+// new leaders and goes on. Afterwards every job has exactly one result
+// and no operation was completed twice at the provider.
+func TestClusterPartition(t *testing.T) {
+	t.Parallel()
+	// 20 calls/s at most, offered at 60/s: a backlog the majority works
+	// through during the cut, whichever node the producer is connected to.
+	const jobs, rpm = 600, 1200
+	proxies := map[[2]int]*routeProxy{}
+	var mu sync.Mutex
+	// Each node dials every other through its own proxy, and advertises a
+	// route address nobody listens on, so no node learns a way around the
+	// proxies by gossip (all routes are configured).
+	c, load, js := clusterSetup(t, rpm, func(from, to int, direct string) string {
+		if from == to {
+			return direct
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		p := newRouteProxy(t, direct)
+		proxies[[2]int{from, to}] = p
+		return p.addr()
+	}, "--nats-cluster-advertise", "127.0.0.1:1")
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+	defer cancel()
+	offered := make(chan error, 1)
+	go func() { offered <- load.offer(ctx, jobs, 60) }()
+	waitCompleted(ctx, t, load.sim, jobs/5)
+
+	x := c.leader(ctx, js, streams.Queue) // the minority: QUEUE's leader
+	if x < 0 {
+		t.Fatal("no QUEUE leader")
+	}
+	minority := c.nodes[x].proc.HTTP
+	for k, p := range proxies {
+		if k[0] == x || k[1] == x {
+			p.setCut(true)
+		}
+	}
+	cutAt := load.sim.Stats().Completed
+	t.Logf("cut %s (QUEUE leader) off at %d provider completions", c.nodes[x].name, cutAt)
+	// Calls it had started may finish; after that it must make none.
+	time.Sleep(10 * time.Second)
+	before := metricSum(t, minority, "llm_requests_total")
+	midCut := load.sim.Stats().Completed
+	time.Sleep(10 * time.Second)
+	after := metricSum(t, minority, "llm_requests_total")
+	healAt := load.sim.Stats().Completed
+	t.Logf("during the cut's last 10 s: the majority completed %d calls, the minority made %v", healAt-midCut, after-before)
+	if after != before {
+		t.Errorf("the cut-off node made %v provider calls without a quorum", after-before)
+	}
+	if healAt <= midCut {
+		t.Error("the majority made no progress during the partition")
+	}
+	for _, p := range proxies {
+		p.setCut(false)
+	}
+	if err := <-offered; err != nil {
+		t.Fatal(err)
+	}
+	load.verify(ctx)
+}

@@ -1,0 +1,147 @@
+package streams
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// LeaderReadBuckets take compare-and-set traffic: replicated, they read
+// from the stream leader (AllowDirect off), never from a follower that may
+// not have applied the last write yet. A stale read cannot break a
+// compare-and-set (the revision check is the leader's), but every stale
+// read is a wasted round trip and a conflict, and a plain read of a
+// record written a moment ago (a result, an operation) must see it.
+var LeaderReadBuckets = []string{BucketBudgets, BucketIdempotency, BucketResults}
+
+// ensureBucket creates or updates a bucket, then turns direct gets off
+// when it is replicated and takes compare-and-set traffic. A bucket that
+// already has the settings asked for is left alone: nats.go's update
+// turns direct gets back on, and a process binding the bucket in that
+// moment would read from followers for its whole life.
+func ensureBucket(ctx context.Context, js jetstream.JetStream, c jetstream.KeyValueConfig) error {
+	leaderReads := c.Replicas > 1 && slices.Contains(LeaderReadBuckets, c.Bucket)
+	if kv, err := js.KeyValue(ctx, c.Bucket); err == nil {
+		st, err := kv.Status(ctx)
+		if err != nil {
+			return fmt.Errorf("ensure bucket %s: %w", c.Bucket, err)
+		}
+		if s, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+			cur := s.StreamInfo().Config
+			if cur.Replicas == max(c.Replicas, 1) && cur.MaxAge == c.TTL && cur.MaxMsgsPerSubject == int64(max(c.History, 1)) &&
+				cur.Description == c.Description && cur.SubjectDeleteMarkerTTL == c.LimitMarkerTTL && cur.AllowDirect == !leaderReads {
+				return nil
+			}
+		}
+	} else if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return fmt.Errorf("ensure bucket %s: %w", c.Bucket, err)
+	}
+	if _, err := js.CreateOrUpdateKeyValue(ctx, c); err != nil {
+		return fmt.Errorf("ensure bucket %s: %w", c.Bucket, err)
+	}
+	if !leaderReads {
+		return nil
+	}
+	st, err := js.Stream(ctx, "KV_"+c.Bucket)
+	if err != nil {
+		return fmt.Errorf("ensure bucket %s: %w", c.Bucket, err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.AllowDirect = false
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("ensure bucket %s: leader reads: %w", c.Bucket, err)
+	}
+	return nil
+}
+
+// IsTransient reports an error a JetStream cluster gives while it forms,
+// elects a leader or loses a node: no responders, timeouts, "JetStream
+// system temporarily unavailable", too few peers for the replicas asked
+// for, a connection being re-established. Retried, it goes away once the
+// cluster has a quorum again.
+func IsTransient(err error) bool {
+	if err == nil {
+		return false
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case 10008, // JetStream system temporarily unavailable
+			10023, // insufficient resources (peers) for the replicas
+			10005, // no suitable peers for placement
+			10074, // cluster not ready / no leader
+			10076: // jetstream not enabled (yet, on a forming cluster)
+			return true
+		}
+		if apiErr.Code == 503 {
+			return true
+		}
+	}
+	switch {
+	case errors.Is(err, nats.ErrNoResponders), errors.Is(err, jetstream.ErrNoStreamResponse),
+		errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, nats.ErrConnectionReconnecting),
+		errors.Is(err, jetstream.ErrJetStreamNotEnabled), errors.Is(err, nats.ErrJetStreamNotEnabled),
+		errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, syscall.ECONNREFUSED):
+		return true
+	}
+	s := err.Error()
+	for _, m := range []string{"temporarily unavailable", "no responders", "insufficient resources", "no suitable peers",
+		"timeout", "jetstream not enabled", "leader", "no quorum"} {
+		if strings.Contains(s, m) {
+			return true
+		}
+	}
+	return false
+}
+
+// Retry runs fn until it succeeds, fails with an error that is not
+// transient, or ctx ends (then the last error is returned, wrapping
+// ctx's). The wait between attempts grows from 100 ms to 2 s.
+func Retry(ctx context.Context, fn func(context.Context) error) error {
+	return RetryNotify(ctx, fn, nil)
+}
+
+// AttemptTimeout bounds one attempt of Retry: a request lost with a
+// leader (a forming cluster drops some without an answer) costs this
+// much, not the caller's whole deadline. fn must make progress in it;
+// Ensure does, since what it made in an attempt stays made.
+const AttemptTimeout = 5 * time.Second
+
+// RetryNotify is Retry, calling notify (when not nil) with each
+// transient error before waiting.
+func RetryNotify(ctx context.Context, fn func(context.Context) error, notify func(error)) error {
+	wait := 100 * time.Millisecond
+	for {
+		actx, cancel := context.WithTimeout(ctx, AttemptTimeout)
+		err := fn(actx)
+		cancel()
+		if err == nil || !IsTransient(err) {
+			return err
+		}
+		if notify != nil {
+			notify(err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %w)", ctx.Err(), err)
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// PullExpiry is the option every service's Consume takes: a pull request
+// lives 5 s (nats.go's default is 30 s) with a heartbeat every 2.5 s, so
+// a consumer whose leader died without a word (SIGKILL, a lost node)
+// notices within about 5 s and pulls from the new leader, instead of
+// waiting 30 s for two missed heartbeats.
+func PullExpiry() jetstream.PullConsumeOpt { return jetstream.PullExpiry(5 * time.Second) }
