@@ -329,7 +329,7 @@ func waitCompleted(ctx context.Context, t *testing.T, s *sim.Server, n int64) {
 // provider, and the provider's limits hold. It logs how long the cluster
 // took to dispatch again after the kill.
 func TestClusterNodeLoss(t *testing.T) {
-	t.Parallel()
+	// Not parallel: three replicated nodes need the cores to form a quorum.
 	const jobs, rpm = 600, 3000 // 50 requests/s at most: about 12 s of work
 	c, load, js := clusterSetup(t, rpm, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -375,7 +375,7 @@ func TestClusterNodeLoss(t *testing.T) {
 // clean stop, then a start on the same data) under load, each once the
 // previous is back; the same guarantees as a node loss.
 func TestClusterRollingRestart(t *testing.T) {
-	t.Parallel()
+	// Not parallel: three replicated nodes need the cores to form a quorum.
 	const jobs, rpm = 600, 3000
 	c, load, js := clusterSetup(t, rpm, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -501,7 +501,7 @@ func (p *routeProxy) setCut(cut bool) {
 // new leaders and goes on. Afterwards every job has exactly one result
 // and no operation was completed twice at the provider.
 func TestClusterPartition(t *testing.T) {
-	t.Parallel()
+	// Not parallel: three replicated nodes need the cores to form a quorum.
 	// 20 calls/s at most, offered at 60/s: a backlog the majority works
 	// through during the cut, whichever node the producer is connected to.
 	const jobs, rpm = 600, 1200

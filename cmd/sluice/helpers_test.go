@@ -97,8 +97,10 @@ func waitUp(t testing.TB, r io.Reader) upNode {
 	select {
 	case n := <-found:
 		return n
-	case <-time.After(60 * time.Second):
-		t.Fatal("sluice up did not become ready in 60s")
+	case <-time.After(150 * time.Second):
+		// Generous: a cluster node is ready only once the replicated streams
+		// exist, which takes a quorum under a loaded CI machine.
+		t.Fatal("sluice up did not become ready in 150s")
 	}
 	return upNode{}
 }
