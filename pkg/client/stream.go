@@ -119,46 +119,24 @@ func (c *Client) followLive(ctx context.Context, j *job.Job, usage bool) (iter.S
 	}
 	return func(yield func(*job.StreamMessage, error) bool) {
 		defer stop()
-		var res *job.Result
-		seen := false
-		var grace <-chan time.Time
-		for {
-			select {
-			case m := <-chunks:
-				seen = true
-				var sm job.StreamMessage
-				if err := json.Unmarshal(m.Data, &sm); err != nil {
-					yield(nil, fmt.Errorf("sluice: stream message of job %s: %w", id, err))
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel() // ends the forwarder below
+		data := make(chan []byte)
+		go func() {
+			for {
+				select {
+				case m := <-chunks:
+					select {
+					case data <- m.Data:
+					case <-ctx.Done():
+						return
+					}
+				case <-ctx.Done():
 					return
 				}
-				if !yield(&sm, nil) || sm.End != "" {
-					return
-				}
-			case m := <-results:
-				if res != nil {
-					continue
-				}
-				var r job.Result
-				if err := json.Unmarshal(m.Data, &r); err != nil {
-					yield(nil, fmt.Errorf("sluice: result %s: %w", id, err))
-					return
-				}
-				res = &r
-				if !seen && len(chunks) == 0 {
-					// The end marker is published before the result: a
-					// job with nothing streamed ended without a stream.
-					yield(resultMessage(res, usage), nil)
-					return
-				}
-				grace = time.After(resultGrace)
-			case <-grace:
-				yield(resultMessage(res, usage), nil)
-				return
-			case <-ctx.Done():
-				yield(nil, ctx.Err())
-				return
 			}
-		}
+		}()
+		relay(ctx, id, usage, data, results, nil, func() bool { return len(chunks) > 0 }, yield)
 	}, id, nil
 }
 
@@ -192,10 +170,10 @@ func Follow(ctx context.Context, js jetstream.JetStream, tenant, id string, usag
 			yield(nil, fmt.Errorf("sluice: follow stream: %w", err))
 			return
 		}
-		msgs := make(chan jetstream.Msg, 64)
+		msgs := make(chan []byte, 64)
 		cc, err := cons.Consume(func(m jetstream.Msg) {
 			select {
-			case msgs <- m:
+			case msgs <- m.Data():
 			case <-ctx.Done():
 			}
 		})
@@ -209,56 +187,63 @@ func Follow(ctx context.Context, js jetstream.JetStream, tenant, id string, usag
 		if r, err := storedResult(ctx, js, tenant, id); err == nil {
 			res = r
 		}
-		seen := false
-		var grace <-chan time.Time
-		fromResult := func() bool {
-			// Nothing was streamed (or its end was lost): the result says how
-			// the job ended.
+		relay(ctx, id, usage, msgs, results, res, func() bool { return hasChunks(ctx, js, tenant, id) }, yield)
+	}
+}
+
+// relay yields a job's stream messages (chunks, as published) until its
+// end marker. When its result arrives (res, if already stored) and nothing
+// was streamed (pending reports whether chunks are on their way), the
+// result is rendered as the stream; otherwise the end marker is waited
+// for, at most resultGrace.
+func relay(ctx context.Context, id string, usage bool, chunks <-chan []byte, results <-chan *nats.Msg, res *job.Result, pending func() bool, yield func(*job.StreamMessage, error) bool) {
+	seen := false
+	var grace <-chan time.Time
+	// onResult reports whether to go on reading the stream.
+	onResult := func() bool {
+		if seen || pending() {
+			grace = time.After(resultGrace)
+			return true
+		}
+		// Nothing was streamed (the end marker is published before the
+		// result): the result says how the job ended.
+		yield(resultMessage(res, usage), nil)
+		return false
+	}
+	if res != nil && !onResult() {
+		return
+	}
+	for {
+		select {
+		case data := <-chunks:
+			seen = true
+			var sm job.StreamMessage
+			if err := json.Unmarshal(data, &sm); err != nil {
+				yield(nil, fmt.Errorf("sluice: stream message of job %s: %w", id, err))
+				return
+			}
+			if !yield(&sm, nil) || sm.End != "" {
+				return
+			}
+		case m := <-results:
+			if res != nil {
+				continue
+			}
+			var r job.Result
+			if err := json.Unmarshal(m.Data, &r); err != nil {
+				yield(nil, fmt.Errorf("sluice: result %s: %w", id, err))
+				return
+			}
+			res = &r
+			if !onResult() {
+				return
+			}
+		case <-grace:
 			yield(resultMessage(res, usage), nil)
-			return false
-		}
-		onResult := func() bool {
-			if seen || hasChunks(ctx, js, tenant, id) {
-				grace = time.After(resultGrace)
-				return true
-			}
-			return fromResult()
-		}
-		if res != nil && !onResult() {
 			return
-		}
-		for {
-			select {
-			case m := <-msgs:
-				seen = true
-				var sm job.StreamMessage
-				if err := json.Unmarshal(m.Data(), &sm); err != nil {
-					yield(nil, fmt.Errorf("sluice: stream message of job %s: %w", id, err))
-					return
-				}
-				if !yield(&sm, nil) || sm.End != "" {
-					return
-				}
-			case m := <-results:
-				if res != nil {
-					continue
-				}
-				var r job.Result
-				if err := json.Unmarshal(m.Data, &r); err != nil {
-					yield(nil, fmt.Errorf("sluice: result %s: %w", id, err))
-					return
-				}
-				res = &r
-				if !onResult() {
-					return
-				}
-			case <-grace:
-				fromResult()
-				return
-			case <-ctx.Done():
-				yield(nil, ctx.Err())
-				return
-			}
+		case <-ctx.Done():
+			yield(nil, ctx.Err())
+			return
 		}
 	}
 }
