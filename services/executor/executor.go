@@ -180,17 +180,32 @@ func (s *Service) Run(ctx context.Context) error {
 			// responses the provider is already billing for.
 			callCtx := context.WithoutCancel(ctx)
 			cc, err := cons.Consume(func(msg jetstream.Msg) {
-				if r := peekReservation(msg.Data()); !r.SendAt.IsZero() {
-					// A paced call: it waits for its instant without a slot
-					// (admission plans at most plan_horizon ahead, which
-					// bounds how many wait), takes one just before, and
-					// goes back to admission if none frees in time.
+				// Decoded once, here: the envelope carries the request, and
+				// a large one is the costliest thing an executor parses.
+				j, ok := s.decode(msg)
+				if !ok {
+					return
+				}
+				if r := j.Reservation; r != nil && !r.SendAt.IsZero() {
+					// A paced call: it is checked now, while it waits for its
+					// instant without a slot (admission plans at most
+					// plan_horizon ahead, which bounds how many wait), takes
+					// one just before, and goes back to admission if none
+					// frees in time. Checking first keeps the work between
+					// waking and sending small: a large request verified
+					// after waking missed its send tolerance on a loaded
+					// machine every time, and was planned again for ever.
 					if !startCall() {
 						_ = msg.NakWithDelay(time.Second)
 						return
 					}
 					go func() {
 						defer calls.Done()
+						if err := s.verify(callCtx, msg, j); err != nil {
+							s.unverified(msg, j, err)
+							return
+						}
+						r := j.Reservation
 						if !sleepUntil(ctx, r.SendAt.Add(-slotAhead)) {
 							_ = msg.NakWithDelay(time.Second)
 							return
@@ -205,9 +220,9 @@ func (s *Service) Run(ctx context.Context) error {
 						if err == nil {
 							defer pool.Release()
 						}
-						// Without a slot by ValidUntil, handle finds the
+						// Without a slot by ValidUntil, execute finds the
 						// reservation lapsed and re-admits the job.
-						s.handle(callCtx, msg)
+						s.run(callCtx, msg, j)
 					}()
 					return
 				}
@@ -228,7 +243,11 @@ func (s *Service) Run(ctx context.Context) error {
 				go func() {
 					defer calls.Done()
 					defer pool.Release()
-					s.handle(callCtx, msg)
+					if err := s.verify(callCtx, msg, j); err != nil {
+						s.unverified(msg, j, err)
+						return
+					}
+					s.run(callCtx, msg, j)
 				}()
 			}, jetstream.PullMaxMessages(max(2, m.MaxConcurrency)), streams.PullExpiry(), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 				if !errors.Is(err, jetstream.ErrNoHeartbeat) {
@@ -275,27 +294,36 @@ func (s *Service) Run(ctx context.Context) error {
 	return nil
 }
 
-func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
+// decode reads a dispatched job; one that does not decode is terminated
+// (it can never become valid) and decode reports false.
+func (s *Service) decode(msg jetstream.Msg) (*job.Job, bool) {
 	var j job.Job
 	if err := json.Unmarshal(msg.Data(), &j); err != nil || j.ID == "" {
 		s.log.Error("dispatch: undecodable job dropped", "subject", msg.Subject(), "err", err)
 		s.m.JobsRejected.WithLabelValues("dispatch", "undecodable").Inc()
 		_ = msg.Term()
+		return nil, false
+	}
+	return &j, true
+}
+
+// unverified settles a message verify did not pass: nothing more when
+// verify dealt with it, else a redelivery.
+func (s *Service) unverified(msg jetstream.Msg, j *job.Job, err error) {
+	if errors.Is(err, errHandled) {
 		return
 	}
-	if err := s.verify(ctx, msg, &j); err != nil {
-		if errors.Is(err, errHandled) {
-			return
-		}
-		s.log.Warn("dispatch: will retry", "job_id", j.ID, "err", err)
-		_ = msg.NakWithDelay(time.Second)
-		return
-	}
-	if err := s.execute(ctx, msg, &j); err != nil {
+	s.log.Warn("dispatch: will retry", "job_id", j.ID, "err", err)
+	_ = msg.NakWithDelay(time.Second)
+}
+
+// run executes a verified job and settles its message.
+func (s *Service) run(ctx context.Context, msg jetstream.Msg, j *job.Job) {
+	if err := s.execute(ctx, msg, j); err != nil {
 		if md, merr := msg.Metadata(); merr == nil && md.NumDelivered >= MaxDeliveries {
 			opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
 			e := &job.Error{Code: "max_deliveries", Message: fmt.Sprintf("gave up after %d deliveries; last error: %v", md.NumDelivered, err)}
-			if terr := s.terminal(ctx, &j, opKey, job.StatusDeadLettered, "max_deliveries", e); terr == nil {
+			if terr := s.terminal(ctx, j, opKey, job.StatusDeadLettered, "max_deliveries", e); terr == nil {
 				_ = msg.Ack()
 				return
 			}
@@ -651,18 +679,6 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 // slotAhead is how long before its send instant a paced call takes its
 // concurrency slot.
 const slotAhead = 10 * time.Millisecond
-
-// peekReservation reads only a dispatch's reservation (nil fields when
-// the message has none or does not decode; handle then deals with it).
-func peekReservation(data []byte) job.Reservation {
-	var v struct {
-		Reservation *job.Reservation `json:"reservation"`
-	}
-	if json.Unmarshal(data, &v) != nil || v.Reservation == nil {
-		return job.Reservation{}
-	}
-	return *v.Reservation
-}
 
 // sleepUntil waits until t or ctx ends; it reports whether ctx is live.
 func sleepUntil(ctx context.Context, t time.Time) bool {
