@@ -59,6 +59,11 @@ type Conn struct {
 	// Embedded is the listener's TLS when the process dials its own
 	// embedded server: its certificate is trusted when no CA is given.
 	Embedded bool
+	// InProcess: the connection is a pipe to the embedded server inside
+	// this process (nats.InProcessServer). It authenticates as any other,
+	// and its permissions hold, but it never leaves the process: there is
+	// nothing for TLS to protect, and the server does not ask for it.
+	InProcess bool
 }
 
 // Options returns the nats.Options that authenticate and secure the
@@ -116,6 +121,9 @@ func (c Conn) Options() ([]nats.Option, Identity, error) {
 		// A configured identity is expected to hold the permissions
 		// `sluice nats-auth` prints for this role set, inbox included.
 		opts = append(opts, nats.CustomInboxPrefix(ServiceInboxPrefix(c.Set)))
+	}
+	if c.InProcess {
+		return opts, id, nil
 	}
 	tc, err := c.tlsConfig(n)
 	if err != nil {

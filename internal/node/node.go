@@ -159,18 +159,35 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}
 	set := natsauth.SetName(o.Services)
-	conn := natsauth.Conn{Config: o.Config, DataDir: o.Data, Getenv: o.Getenv, Set: set, Embedded: ns != nil}
+	// A single embedded node's services reach its server through an
+	// in-process pipe: the same authentication and permissions as over
+	// TCP, without the loopback socket or TLS on every message (TLS
+	// guards the listener, where producers and other processes connect).
+	// A cluster node dials its listener, so its connection can move to
+	// another node's.
+	inProcess := ns != nil && o.NATSCluster == ""
+	conn := natsauth.Conn{Config: o.Config, DataDir: o.Data, Getenv: o.Getenv, Set: set, Embedded: ns != nil, InProcess: inProcess}
 	authOpts, ident, err := conn.Options()
 	if err != nil {
 		return err
 	}
+	if inProcess {
+		authOpts = append(authOpts, nats.InProcessServer(ns))
+	}
 	opConn := conn
 	opConn.Set = natsauth.Operator
+	opConn.InProcess = false // it dials the listener
 	opOpts, _, err := opConn.Options()
 	if err != nil {
 		return err
 	}
-	nc, err := nats.Connect(natsURL, append(authOpts, nats.Name("sluice "+strings.Join(o.Services, ",")),
+	dial := natsURL
+	if inProcess {
+		// The pipe is never TLS: a tls:// scheme would make the client ask
+		// for it.
+		dial = "nats://" + strings.TrimPrefix(strings.TrimPrefix(natsURL, "tls://"), "nats://")
+	}
+	nc, err := nats.Connect(dial, append(authOpts, nats.Name("sluice "+strings.Join(o.Services, ",")),
 		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond), nats.RetryOnFailedConnect(true),
 		nats.ErrorHandler(natsErrorLogger(log)))...)
 	if err != nil {

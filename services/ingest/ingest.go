@@ -220,35 +220,62 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 	j.Provider, j.Model, j.Estimate = prov.Name, model.Name, &est
 	s.cfg.Guard.Seal(j)
 
-	// The job record: created once; a repeat of the same job id (a redelivered
-	// intake message, a client retrying its POST) continues where it stopped.
+	// Two records, written at once (one round trip, not two): the job
+	// record, created once (a repeat of the same job id, a redelivered
+	// intake message or a client retrying its POST, continues where it
+	// stopped), and the operation record, which a different job with the
+	// same idempotency key joins.
+	opKey, key := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
+	op := mesh.OpRecord{Key: key, JobID: j.ID, Tenant: j.Tenant, State: mesh.OpQueued, Provider: prov.Name, Model: model.Name, UpdatedAt: now}
+	opData, _ := json.Marshal(op)
+	type createResult struct {
+		rev uint64
+		err error
+	}
+	opCh := make(chan createResult, 1)
+	go func() {
+		rev, err := s.mesh.Idempotency.Create(ctx, opKey, opData)
+		opCh <- createResult{rev, err}
+	}()
 	var made created
 	rec := mesh.Record{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusQueued, SubmittedAt: j.SubmittedAt}
 	data, _ := json.Marshal(rec)
-	if rev, err := s.mesh.Results.Create(ctx, j.ID, data); err == nil {
-		made.job = rev
+	jobRev, jobErr := s.mesh.Results.Create(ctx, j.ID, data)
+	first := <-opCh
+	// An operation record this call created for a job it does not take on
+	// goes again (only at the revision written here).
+	dropOp := func() {
+		if first.err == nil {
+			_ = withdraw(context.WithoutCancel(ctx), s.mesh.Idempotency, opKey, first.rev)
+		}
+	}
+	if jobErr == nil {
+		made.job = jobRev
 	} else {
-		if !errors.Is(err, jetstream.ErrKeyExists) {
-			return Accepted{}, &transientError{fmt.Errorf("record job: %w", err)}
+		if !errors.Is(jobErr, jetstream.ErrKeyExists) {
+			dropOp()
+			return Accepted{}, &transientError{fmt.Errorf("record job: %w", jobErr)}
 		}
 		old, _, lerr := s.mesh.Lookup(ctx, j.ID)
 		if lerr != nil {
+			dropOp()
 			return Accepted{}, &transientError{lerr}
 		}
 		if old.Tenant != j.Tenant {
+			dropOp()
 			return Accepted{}, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "id", Message: "is already used"}
 		}
 		if old.Status.Terminal() {
+			dropOp()
 			return Accepted{JobID: j.ID, Tenant: j.Tenant, Joined: true}, nil
 		}
 	}
 
-	// The operation record: a different job with the same idempotency key joins.
-	opKey, key := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
-	op := mesh.OpRecord{Key: key, JobID: j.ID, Tenant: j.Tenant, State: mesh.OpQueued, Provider: prov.Name, Model: model.Name, UpdatedAt: now}
-	data, _ = json.Marshal(op)
 	for attempt := 1; ; attempt++ {
-		rev, err := s.mesh.Idempotency.Create(ctx, opKey, data)
+		rev, err := first.rev, first.err
+		if attempt > 1 {
+			rev, err = s.mesh.Idempotency.Create(ctx, opKey, opData)
+		}
 		if err == nil {
 			made.op = rev
 			break
@@ -558,6 +585,8 @@ func (s *Service) Run(ctx context.Context) error {
 func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 	tenant, _ := job.TenantFromIntake(msg.Subject())
 	j, derr := job.Decode(msg.Data(), s.lim)
+	if j != nil {
+	}
 	if j == nil {
 		j = &job.Job{}
 	}
