@@ -330,13 +330,13 @@ func waitCompleted(ctx context.Context, t *testing.T, s *sim.Server, n int64) {
 // took to dispatch again after the kill.
 func TestClusterNodeLoss(t *testing.T) {
 	// Not parallel: three replicated nodes need the cores to form a quorum.
-	const jobs, rpm = 600, 3000 // 50 requests/s at most: about 12 s of work
+	const jobs, rpm = 2000, 9000 // 150 requests/s at most: about 13 s of work
 	c, load, js := clusterSetup(t, rpm, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
 	offered := make(chan error, 1)
-	go func() { offered <- load.offer(ctx, jobs, 60) }()
+	go func() { offered <- load.offer(ctx, jobs, 150) }()
 	waitCompleted(ctx, t, load.sim, jobs/4)
 	victim := c.leader(ctx, js, streams.Queue)
 	if victim < 0 {
@@ -376,12 +376,12 @@ func TestClusterNodeLoss(t *testing.T) {
 // previous is back; the same guarantees as a node loss.
 func TestClusterRollingRestart(t *testing.T) {
 	// Not parallel: three replicated nodes need the cores to form a quorum.
-	const jobs, rpm = 600, 3000
+	const jobs, rpm = 2000, 9000
 	c, load, js := clusterSetup(t, rpm, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	offered := make(chan error, 1)
-	go func() { offered <- load.offer(ctx, jobs, 40) }()
+	go func() { offered <- load.offer(ctx, jobs, 120) }()
 	for i := range c.nodes {
 		waitCompleted(ctx, t, load.sim, int64((i+1)*jobs/5))
 		n := c.nodes[i]
