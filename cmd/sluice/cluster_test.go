@@ -213,7 +213,21 @@ func streamCluster(ctx context.Context, js jetstream.JetStream, name string) str
 	for _, p := range info.Cluster.Replicas {
 		s += fmt.Sprintf(", %s current=%v offline=%v lag=%d", p.Name, p.Current, p.Offline, p.Lag)
 	}
-	return fmt.Sprintf("%s; msgs %d", s, info.State.Msgs)
+	s = fmt.Sprintf("%s; msgs %d", s, info.State.Msgs)
+	// The consumers' view: what is pending, waiting for an ack, redelivered.
+	lister := st.ListConsumers(ctx)
+	for ci := range lister.Info() {
+		s += fmt.Sprintf("; consumer %s: pending %d, ack pending %d, redelivered %d, waiting pulls %d, leader %s",
+			ci.Name, ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting, clusterLeader(ci.Cluster))
+	}
+	return s
+}
+
+func clusterLeader(c *jetstream.ClusterInfo) string {
+	if c == nil {
+		return "-"
+	}
+	return c.Leader
 }
 
 // offer submits n jobs at perSecond, retrying a submit the cluster could
@@ -276,7 +290,9 @@ func (l *clusterLoad) verify(ctx context.Context) {
 				for _, name := range []string{streams.Intake, streams.Queue, streams.Dispatch, streams.Results} {
 					t.Logf("%s: %s", name, streamCluster(context.Background(), l.js, name))
 				}
-				t.Fatalf("job %s has no result (last: %v); the cluster lost it or stalled", id, err)
+				st := l.sim.Stats()
+				t.Fatalf("job %s has no result (last: %v; the provider completed it %d times, %d calls in all); the cluster lost it or stalled",
+					id, err, st.JobCompletions[id], st.Completed)
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
@@ -332,7 +348,7 @@ func TestClusterNodeLoss(t *testing.T) {
 	// Not parallel: three replicated nodes need the cores to form a quorum.
 	const jobs, rpm = 2000, 9000 // 150 requests/s at most: about 13 s of work
 	c, load, js := clusterSetup(t, rpm, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
 	offered := make(chan error, 1)
@@ -378,7 +394,7 @@ func TestClusterRollingRestart(t *testing.T) {
 	// Not parallel: three replicated nodes need the cores to form a quorum.
 	const jobs, rpm = 2000, 9000
 	c, load, js := clusterSetup(t, rpm, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	offered := make(chan error, 1)
 	go func() { offered <- load.offer(ctx, jobs, 120) }()

@@ -290,6 +290,9 @@ func Run(ctx context.Context, o Options) error {
 			services = append(services, s)
 		}
 	}
+	if ns != nil && o.NATSCluster != "" && o.Config.Server.Replicas > 1 {
+		readiness = append(readiness, (&catchUp{js: js, server: ns.Name()}).Ready)
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !nc.IsConnected() {
