@@ -217,6 +217,9 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		select {
 		case in <- msg:
 		case <-ctx.Done():
+			// Shutting down: another admission process takes it now,
+			// not after the ack wait.
+			_ = msg.Nak()
 		}
 	}, jetstream.PullMaxMessages(batch), streams.PullExpiry(), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
@@ -233,7 +236,24 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		s.watchDepth(ctx)
 	}()
 	defer func() {
-		cc.Stop()
+		// Messages pulled but not handed over yet go back at once (the
+		// handler NAKs them once ctx is done), so a rolling restart does
+		// not hold up to a batch of jobs for the 30 s ack wait.
+		cc.Drain()
+		select {
+		case <-cc.Closed():
+		case <-time.After(2 * time.Second):
+			cc.Stop()
+		}
+		for {
+			select {
+			case m := <-in:
+				_ = m.Nak()
+				continue
+			default:
+			}
+			break
+		}
 		wg.Wait()
 	}()
 	pauses := make(chan pauseSignal, 64)
