@@ -301,3 +301,48 @@ func TestNATSURLRedacted(t *testing.T) {
 		t.Errorf("the URL is not named (redacted) in what went wrong: %s", all)
 	}
 }
+
+// TestUpOverTLS: a single node with its embedded listener over TLS. Its own
+// services reach the server through the in-process pipe (no TLS, same
+// permissions); everyone else must use TLS: a tenant over TLS submits and
+// gets its result, a plain connection is refused, and the node's jobs run.
+func TestUpOverTLS(t *testing.T) {
+	t.Parallel()
+	const model = "gpt-4o-mini"
+	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 100000, TPM: 10000000}}, APIKeys: []string{"sim-secret"}})
+	cert, key, err := natsauth.SelfSigned(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := startUpLogged(t, simConfig(simURL, model, 100000, 10000000,
+		fmt.Sprintf("server:\n  nats:\n    listen_tls: {cert: %q, key: %q}\n", cert, key)), testEnv)
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	defer cancel()
+
+	plain := strings.Replace(n.NATS, "tls://", "nats://", 1)
+	if nc, err := nats.Connect(plain, client.TenantUser("acme", testEnv["ACME_KEY"]), nats.Timeout(3*time.Second)); err == nil {
+		nc.Close()
+		t.Error("a tenant connected without TLS to a TLS listener")
+	}
+	nc, err := nats.Connect(n.NATS, client.TenantUser("acme", testEnv["ACME_KEY"]), nats.RootCAs(cert))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := nc.TLSConnectionState(); err != nil {
+		t.Errorf("the tenant's connection is not TLS: %v", err)
+	}
+	cl, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: chatBody(model, 5+i, 16)})
+		if err != nil || res.Status != job.StatusSucceeded {
+			t.Fatalf("job %d over TLS: %+v, %v; want succeeded", i, res, err)
+		}
+	}
+	if got := simSrv.Stats().Completed; got != 3 {
+		t.Errorf("provider completed %d calls, want 3", got)
+	}
+}
