@@ -120,6 +120,7 @@ tenants:
 		mu       sync.Mutex
 		statuses = map[job.Status]int{}
 		codes    = map[string]int{}
+		refusals = map[string]int{}
 		done     atomic.Int64
 	)
 	sub, err := nc.Subscribe(job.ResultPrefix+">", func(m *nats.Msg) {
@@ -144,18 +145,30 @@ tenants:
 	fmt.Fprintf(stdout, "Sluice demo: %d jobs from 3 tenants (%d tokens reserved in all, %.1fx the minute's limit)\n",
 		len(jobs), totalCost(jobs), *load)
 	fmt.Fprintf(stdout, "provider simulator: %s limited to %d RPM / %d TPM, answering 429 beyond that\n", demoModel, *rpm, *tpm)
-	fmt.Fprintf(stdout, "acme calls POST /v1/chat/completions (OpenAI API), globex publishes to NATS, initech uses POST /v1/jobs\n\n")
+	fmt.Fprintf(stdout, "acme calls POST /v1/chat/completions (OpenAI API, %d calls at a time), globex publishes to NATS, initech uses POST /v1/jobs\n\n", demoSyncCallers)
 
 	start := time.Now()
 	base := "http://" + info.HTTPAddr
 	var refused atomic.Int64
 	var wg sync.WaitGroup
+	// acme is an application with a pool of callers, each waiting for its
+	// answer: a waiting call holds one of the tenant's waiter places
+	// (limits.max_waiters_per_tenant, 100 by default), so it calls a
+	// bounded number at a time, as a real client would.
+	callers := make(chan struct{}, demoSyncCallers)
 	for _, dj := range jobs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			if dj.tenant == "acme" {
+				callers <- struct{}{}
+				defer func() { <-callers }()
+			}
 			if err := submitDemoJob(ctx, cl, base, dj); err != nil {
 				refused.Add(1)
+				mu.Lock()
+				refusals[err.Error()]++
+				mu.Unlock()
 			}
 		}()
 	}
@@ -223,9 +236,19 @@ tenants:
 	if ms.MaxTokensIn60s > *tpm || ms.MaxRequestsIn60s > *rpm || ms.RateLimited > 0 {
 		return errors.New("the provider's limits were exceeded")
 	}
+	if n := refused.Load(); n > 0 {
+		for why, k := range refusals {
+			fmt.Fprintf(stdout, "  refused        %d: %s\n", k, why)
+		}
+		return fmt.Errorf("%d jobs were refused at submission", n)
+	}
 	fmt.Fprintln(stdout, "\nEvery job got exactly one result; the provider never saw more than its limits.")
 	return nil
 }
+
+// demoSyncCallers is how many of acme's calls wait for their answers at
+// once.
+const demoSyncCallers = 32
 
 type demoJob struct {
 	tenant   string
@@ -278,6 +301,10 @@ func submitDemoJob(ctx context.Context, cl *client.Client, base string, dj demoJ
 		}
 		defer resp.Body.Close()
 		_, _ = io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != http.StatusOK && resp.Header.Get("X-Sluice-Job-Id") == "" {
+			// Refused before a job existed: no result will come.
+			return fmt.Errorf("HTTP %d", resp.StatusCode)
+		}
 		return nil
 	case "globex": // NATS
 		_, err := cl.Submit(ctx, &job.Job{Tenant: dj.tenant, Priority: dj.priority, Request: dj.body})

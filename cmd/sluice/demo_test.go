@@ -1,0 +1,37 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDemoFinishes runs `sluice demo`, the README's first command, on a
+// smaller load: every job gets its result (none refused at submission, none
+// lost), the provider's limits hold, and the bad inputs get their own
+// errors. The demo once waited forever for 76 results because its
+// OpenAI-API tenant waited on more calls at once than a tenant may
+// (limits.max_waiters_per_tenant) and the refused calls were not counted.
+func TestDemoFinishes(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	if err := run(ctx, []string{"demo", "--load", "0.4", "--timeout", "150s"}, func(string) string { return "" }, &out, &errOut); err != nil {
+		t.Fatalf("demo: %v\n%s\n%s", err, out.String(), errOut.String())
+	}
+	s := out.String()
+	for _, want := range []string{
+		"Every job got exactly one result",
+		" 0 refused at submission",
+		"paid twice     0 operations",
+		"HTTP 400 invalid_request",
+		"HTTP 404 unknown_model",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("demo output lacks %q:\n%s", want, s)
+		}
+	}
+}
