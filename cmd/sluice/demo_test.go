@@ -15,7 +15,9 @@ import (
 // OpenAI-API tenant waited on more calls at once than a tenant may
 // (limits.max_waiters_per_tenant) and the refused calls were not counted.
 func TestDemoFinishes(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it is a whole mesh at full pace for half a minute, and
+	// beside the parallel tests that hold the provider to 0 429s it
+	// starved them (one 429 in TestEndToEnd in a clean-clone CI run).
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var out, errOut bytes.Buffer
