@@ -31,6 +31,14 @@ type Mesh struct {
 	results     jetstream.Stream // bound lazily by StoredResult, under resultsMu
 }
 
+// PublishAckWait is how long an asynchronous publish waits for its stream's
+// acknowledgement before it counts as failed. A leader election takes a few
+// seconds; a publish lost with a leader, or sent into a route that was cut
+// without being closed, is never acknowledged at all, and a future waited on
+// without a bound would stop its service for good. Connections that publish
+// asynchronously set it with jetstream.WithPublishAsyncTimeout.
+const PublishAckWait = 5 * time.Second
+
 // Open binds the buckets (they must exist: streams.Ensure made them).
 func Open(ctx context.Context, js jetstream.JetStream) (*Mesh, error) {
 	m := &Mesh{JS: js}

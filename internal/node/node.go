@@ -194,7 +194,7 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("connect nats %s: %w", natsauth.RedactURL(natsURL), err)
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(mesh.PublishAckWait))
 	if err != nil {
 		return err
 	}

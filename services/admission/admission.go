@@ -8,6 +8,7 @@
 package admission
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -41,6 +42,10 @@ type Config struct {
 	// Guard re-validates jobs read from QUEUE and signs reservations; nil:
 	// Run makes one with the fleet key from the budgets bucket.
 	Guard *guard.Guard
+	// AckWait bounds how long a batch waits for DISPATCH to confirm its
+	// publishes before the unconfirmed jobs go back to QUEUE (0:
+	// mesh.PublishAckWait).
+	AckWait time.Duration
 }
 
 // Candidate is a job ready for a reservation.
@@ -76,6 +81,7 @@ type Service struct {
 	budgetErr atomic.Value             // last budget store error (string), "" when healthy
 	failed    atomic.Value             // why the scheduler stopped (string), "" while it runs
 	guard     *guard.Guard
+	ackWait   time.Duration
 }
 
 // New builds the service; it does no I/O.
@@ -98,6 +104,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 		x.Writes, x.Conflicts = ms.BudgetWrites.Inc, ms.BudgetConflict.Inc
 	}
 	s := &Service{cfg: cfg, guard: cfg.Guard, mesh: m, store: st, learn: adapt.NewStore(m.Budgets, now), learned: map[string]*learnCache{}, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, heldIdx: map[string]string{}, heldJobs: map[string]*Candidate{}, notBefore: map[string]time.Time{}, leases: map[string]*budget.Lease{}, tblocks: map[string]*budget.Lease{}}
+	s.ackWait = cmp.Or(cfg.AckWait, mesh.PublishAckWait)
 	s.budgetErr.Store("")
 	s.failed.Store("")
 	return s, nil

@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/pkg/budget"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -195,18 +197,47 @@ func (s *Service) dispatchAll(ctx context.Context) {
 			pending = append(pending, s.reserve(ctx, ms, []*Item{it})...)
 		}
 	}
+	if len(pending) == 0 {
+		return
+	}
+	// An acknowledgement that never comes (a stream leader lost with the
+	// message, a route cut without a close) must not stop the scheduler:
+	// after the wait, what is unconfirmed goes back to QUEUE, and DISPATCH's
+	// duplicate window drops the second copy if the first was stored.
+	wait := time.NewTimer(s.ackWait)
+	defer wait.Stop()
+	late := false
 	for _, p := range pending {
+		if !late {
+			select {
+			case <-p.fut.Ok():
+				_ = p.msg.Ack()
+				continue
+			case err := <-p.fut.Err():
+				s.dispatchFailed(p, err)
+				continue
+			case <-wait.C:
+				late = true
+			case <-ctx.Done():
+				return
+			}
+		}
 		select {
 		case <-p.fut.Ok():
 			_ = p.msg.Ack()
 		case err := <-p.fut.Err():
-			// The reservation is spent either way; the job waits and tries again.
-			s.log.Warn("dispatch publish failed", "job_id", p.id, "err", err)
-			_ = p.msg.NakWithDelay(time.Second)
-		case <-ctx.Done():
-			return
+			s.dispatchFailed(p, err)
+		default:
+			s.dispatchFailed(p, jetstream.ErrAsyncPublishTimeout)
 		}
 	}
+}
+
+// dispatchFailed sends a job whose dispatch was not confirmed back to wait:
+// its reservation is spent either way, and it tries again.
+func (s *Service) dispatchFailed(p *pub, err error) {
+	s.log.Warn("dispatch publish not confirmed; the job waits and tries again", "job_id", p.id, "err", err)
+	_ = p.msg.NakWithDelay(time.Second)
 }
 
 // expireHeld ends held jobs whose deadline passed.

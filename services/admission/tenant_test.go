@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -89,5 +90,100 @@ tenants: [{name: t, rpm: 25}]
 	time.Sleep(4 * time.Second)
 	if n := dispatched(); n != 25 {
 		t.Errorf("two processes dispatched %d of tenant t's jobs within the minute, want its rpm, 25", n)
+	}
+}
+
+// TestUnconfirmedDispatch: DISPATCH's acknowledgement never comes (here
+// the stream is gone and something else swallows its subject, as when a
+// leader is lost with the message or a route is cut without a close).
+// Admission must neither stop nor lose the job: after its ack wait the job
+// goes back to QUEUE, and once DISPATCH is back it is dispatched.
+func TestUnconfirmedDispatch(t *testing.T) {
+	t.Parallel()
+	s := natstest.Server(t)
+	nc := natstest.Conn(t, s)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(ctx, streams.Dispatch); err != nil {
+		t.Fatal(err)
+	}
+	swallowed := make(chan struct{}, 16)
+	sink, err := nc.Subscribe("sluice.dispatch.>", func(*nats.Msg) {
+		select {
+		case swallowed <- struct{}{}:
+		default:
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Parse([]byte(`
+providers:
+  - name: p
+    base_url: http://127.0.0.1:1/v1
+    models: [{name: m, rpm: 100000, tpm: 100000000}]
+tenants: [{name: t}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := mesh.Open(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := admission.New(admission.Config{App: cfg, AckWait: 300 * time.Millisecond}, m, slog.New(slog.DiscardHandler), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(runCtx) }()
+	defer func() {
+		stop()
+		<-done
+	}()
+	if _, err := js.Publish(ctx, job.QueueSubject(job.Standard, "t"), queued(1)); err != nil {
+		t.Fatal(err)
+	}
+	// The dispatch went out and was never confirmed.
+	select {
+	case <-swallowed:
+	case <-ctx.Done():
+		t.Fatal("admission never dispatched the job")
+	}
+	// Admission gave up on the acknowledgement and put the job back: it is
+	// dispatched again (and swallowed again).
+	select {
+	case <-swallowed:
+	case <-ctx.Done():
+		t.Fatal("admission never dispatched the job again: it waits for an acknowledgement that will not come")
+	}
+	// DISPATCH is back: the job lands there.
+	if err := sink.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, streams.Dispatch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		info, err := st.Info(ctx)
+		if err == nil && info.State.Msgs == 1 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the job never reached DISPATCH once it was back (last: %v)", err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
