@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -140,11 +141,22 @@ func strictUnmarshal(data []byte, v any) error {
 
 // Ensure creates or updates every stream and bucket. It is idempotent: run it
 // at every start, from any number of processes.
+//
+// The objects are made concurrently. On a forming cluster every node runs
+// Ensure at once, and a create whose twin from another node won the race
+// may never be answered: made one after another, each object would cost an
+// attempt's timeout (about a minute for the lot on three nodes); made
+// together, they cost one.
 func Ensure(ctx context.Context, js jetstream.JetStream, opt Options) error {
 	ss, err := Streams()
 	if err != nil {
 		return err
 	}
+	bs, err := Buckets()
+	if err != nil {
+		return err
+	}
+	var jobs []func() error
 	for _, c := range ss {
 		if opt.Replicas > 0 {
 			c.Replicas = opt.Replicas
@@ -170,16 +182,15 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opt Options) error {
 		case c.Name != Results && c.Name != StreamChunks && opt.JobMsgBytes > 0:
 			c.MaxMsgSize = opt.JobMsgBytes
 		}
-		if err := checkPerSubject(ctx, js, c); err != nil {
-			return err
-		}
-		if _, err := js.CreateOrUpdateStream(ctx, c); err != nil {
-			return fmt.Errorf("ensure stream %s: %w", c.Name, err)
-		}
-	}
-	bs, err := Buckets()
-	if err != nil {
-		return err
+		jobs = append(jobs, func() error {
+			if err := checkPerSubject(ctx, js, c); err != nil {
+				return err
+			}
+			if _, err := js.CreateOrUpdateStream(ctx, c); err != nil {
+				return fmt.Errorf("ensure stream %s: %w", c.Name, err)
+			}
+			return nil
+		})
 	}
 	for _, c := range bs {
 		if opt.Replicas > 0 {
@@ -188,11 +199,27 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opt Options) error {
 		if c.TTL > 0 && opt.ResultRetention > 0 && c.Bucket != BucketBudgets {
 			c.TTL = opt.ResultRetention
 		}
-		if err := ensureBucket(ctx, js, c); err != nil {
+		jobs = append(jobs, func() error { return ensureBucket(ctx, js, c) })
+	}
+	errs := make([]error, len(jobs))
+	var wg sync.WaitGroup
+	for i, fn := range jobs {
+		wg.Go(func() { errs[i] = fn() })
+	}
+	wg.Wait()
+	// A lasting error first (a caller retries transient ones, and would
+	// retry a lasting one hidden behind them until its deadline).
+	var transient error
+	for _, err := range errs {
+		switch {
+		case err == nil:
+		case !IsTransient(err):
 			return err
+		case transient == nil:
+			transient = err
 		}
 	}
-	return nil
+	return transient
 }
 
 // checkPerSubject refuses to lower a stream's max_msgs_per_subject below
