@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/natsauth"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/config"
@@ -289,6 +290,12 @@ func (l *clusterLoad) verify(ctx context.Context) {
 			if ctx.Err() != nil {
 				for _, name := range []string{streams.Intake, streams.Queue, streams.Dispatch, streams.Results} {
 					t.Logf("%s: %s", name, streamCluster(context.Background(), l.js, name))
+				}
+				// Whoever holds it says why it waits.
+				if m, err := l.js.Conn().Request(mesh.WhySubjectPrefix+id, nil, 2*time.Second); err == nil {
+					t.Logf("job %s: its admission process says %s", id, m.Data)
+				} else {
+					t.Logf("job %s: no admission process holds it (%v)", id, err)
 				}
 				st := l.sim.Stats()
 				t.Fatalf("job %s has no result (last: %v; the provider completed it %d times, %d calls in all); the cluster lost it or stalled",

@@ -78,6 +78,11 @@ func spawnChild(t testing.TB, bin string, args []string, env map[string]string) 
 	}
 	cmd.Stderr = logf
 	t.Cleanup(func() {
+		if dir := os.Getenv("SLUICE_TEST_LOGS"); dir != "" {
+			// Every child's whole log, kept to study later.
+			data, _ := os.ReadFile(logf.Name())
+			_ = os.WriteFile(filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")+"-"+filepath.Base(logf.Name())), data, 0o600)
+		}
 		if t.Failed() {
 			data, _ := os.ReadFile(logf.Name())
 			if len(data) > 20000 {
