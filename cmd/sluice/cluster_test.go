@@ -37,10 +37,11 @@ type cluster struct {
 }
 
 type clusterNode struct {
-	name string
-	args []string
-	mu   sync.Mutex
-	proc *child // nil while stopped
+	name   string
+	args   []string
+	prefix []string // runs it in its network namespace; nil: on loopback
+	mu     sync.Mutex
+	proc   *child // nil while stopped
 }
 
 // freePorts reserves n loopback ports by listening and closing.
@@ -62,10 +63,11 @@ func freePorts(t testing.TB, n int) []int {
 	return ports
 }
 
-// startCluster starts three nodes with the configuration yaml. routeAddr,
-// when not nil, maps node i's route URL as node j dials it (a proxy in
-// between, for partitions); nil dials directly.
-func startCluster(t *testing.T, yaml string, routeAddr func(from, to int, direct string) string, extra []string) *cluster {
+// startCluster starts three nodes with the configuration yaml: on
+// loopback, or with lab each in its network namespace. routeAddr, when not
+// nil, maps node i's route URL as node j dials it (a proxy in between, for
+// partitions on loopback); nil dials directly.
+func startCluster(t *testing.T, yaml string, lab *netLab, routeAddr func(from, to int, direct string) string, extra []string) *cluster {
 	t.Helper()
 	c := &cluster{t: t, bin: sluiceBinary(t), dir: t.TempDir()}
 	cfgPath := filepath.Join(c.dir, "sluice.yaml")
@@ -81,11 +83,26 @@ func startCluster(t *testing.T, yaml string, routeAddr func(from, to int, direct
 	if err != nil {
 		t.Fatal(err)
 	}
-	ports := freePorts(t, 6) // client and cluster port per node
+	// Each node's client, route and HTTP address.
+	var clientAddr, routeListen, httpAddr []string
+	if lab != nil {
+		for i := range 3 {
+			clientAddr = append(clientAddr, lab.ip(i)+":4222")
+			routeListen = append(routeListen, lab.ip(i)+":6222")
+			httpAddr = append(httpAddr, lab.ip(i)+":8080")
+		}
+	} else {
+		ports := freePorts(t, 6)
+		for i := range 3 {
+			clientAddr = append(clientAddr, fmt.Sprintf("127.0.0.1:%d", ports[i]))
+			routeListen = append(routeListen, fmt.Sprintf("127.0.0.1:%d", ports[3+i]))
+			httpAddr = append(httpAddr, "127.0.0.1:0")
+		}
+	}
 	for i := range 3 {
 		var routes []string
 		for j := range 3 {
-			direct := fmt.Sprintf("127.0.0.1:%d", ports[3+j])
+			direct := routeListen[j]
 			if routeAddr != nil {
 				direct = routeAddr(i, j, direct)
 			}
@@ -99,16 +116,20 @@ func startCluster(t *testing.T, yaml string, routeAddr func(from, to int, direct
 			t.Fatal(err)
 		}
 		name := fmt.Sprintf("n%d", i+1)
-		c.urls = append(c.urls, fmt.Sprintf("nats://127.0.0.1:%d", ports[i]))
-		c.nodes = append(c.nodes, &clusterNode{name: name, args: []string{
-			"--config", cfgPath, "--data", data, "--http", "127.0.0.1:0", "--log-level", "debug",
-			"--nats-listen", fmt.Sprintf("127.0.0.1:%d", ports[i]), "--nats-cluster", fmt.Sprintf("127.0.0.1:%d", ports[3+i]),
-			"--nats-routes", strings.Join(routes, ","), "--nats-name", name, "--replicas", "3"}})
-		c.nodes[i].args = append(c.nodes[i].args, extra...)
+		c.urls = append(c.urls, "nats://"+clientAddr[i])
+		n := &clusterNode{name: name, args: []string{
+			"--config", cfgPath, "--data", data, "--http", httpAddr[i], "--log-level", "debug",
+			"--nats-listen", clientAddr[i], "--nats-cluster", routeListen[i],
+			"--nats-routes", strings.Join(routes, ","), "--nats-name", name, "--replicas", "3"}}
+		if lab != nil {
+			n.prefix = lab.exec(i)
+		}
+		n.args = append(n.args, extra...)
+		c.nodes = append(c.nodes, n)
 	}
 	var waits []func() *child
 	for _, n := range c.nodes {
-		waits = append(waits, spawnChild(t, c.bin, n.args, testEnv))
+		waits = append(waits, spawnChildIn(t, n.prefix, c.bin, n.args, testEnv))
 	}
 	for i, w := range waits {
 		c.nodes[i].proc = w()
@@ -134,7 +155,7 @@ func (c *cluster) kill(i int) {
 func (c *cluster) restart(i int) {
 	c.t.Helper()
 	n := c.nodes[i]
-	p := startChild(c.t, c.bin, n.args, testEnv)
+	p := spawnChildIn(c.t, n.prefix, c.bin, n.args, testEnv)()
 	n.mu.Lock()
 	n.proc = p
 	n.mu.Unlock()
@@ -326,11 +347,20 @@ func (l *clusterLoad) verify(ctx context.Context) {
 
 // clusterSetup is the provider, the cluster and a load generator: the
 // simulator enforces RPM rpm with its per-second quantum (rpm/60).
-func clusterSetup(t *testing.T, rpm int, routeAddr func(from, to int, direct string) string, extra ...string) (*cluster, *clusterLoad, jetstream.JetStream) {
+// With lab, the nodes run in its namespaces and the simulator listens on
+// the test's address there.
+func clusterSetup(t *testing.T, rpm int, lab *netLab, routeAddr func(from, to int, direct string) string, extra ...string) (*cluster, *clusterLoad, jetstream.JetStream) {
 	const model = "gpt-4o-mini"
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: rpm, TPM: 100_000_000}},
-		TTFT: 50 * time.Millisecond, PerToken: 200 * time.Microsecond, APIKeys: []string{"sim-secret"}})
-	c := startCluster(t, simConfig(simURL, model, rpm, 100_000_000, ""), routeAddr, extra)
+	simCfg := sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: rpm, TPM: 100_000_000}},
+		TTFT: 50 * time.Millisecond, PerToken: 200 * time.Microsecond, APIKeys: []string{"sim-secret"}}
+	var simSrv *sim.Server
+	var simURL string
+	if lab != nil {
+		simSrv, simURL = startSimOn(t, simCfg, lab.hostIP()+":0")
+	} else {
+		simSrv, simURL = startSim(t, simCfg)
+	}
+	c := startCluster(t, simConfig(simURL, model, rpm, 100_000_000, ""), lab, routeAddr, extra)
 	_, cl, js := c.connect()
 	return c, &clusterLoad{t: t, sim: simSrv, cl: cl, model: model, rpm: rpm, js: js}, js
 }
@@ -354,7 +384,7 @@ func waitCompleted(ctx context.Context, t *testing.T, s *sim.Server, n int64) {
 func TestClusterNodeLoss(t *testing.T) {
 	// Not parallel: three replicated nodes need the cores to form a quorum.
 	const jobs, rpm = 2000, 9000 // 150 requests/s at most: about 13 s of work
-	c, load, js := clusterSetup(t, rpm, nil)
+	c, load, js := clusterSetup(t, rpm, nil, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
@@ -400,7 +430,7 @@ func TestClusterNodeLoss(t *testing.T) {
 func TestClusterRollingRestart(t *testing.T) {
 	// Not parallel: three replicated nodes need the cores to form a quorum.
 	const jobs, rpm = 2000, 9000
-	c, load, js := clusterSetup(t, rpm, nil)
+	c, load, js := clusterSetup(t, rpm, nil, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	offered := make(chan error, 1)
@@ -516,33 +546,56 @@ func (p *routeProxy) setCut(cut bool) {
 	}
 }
 
-// TestClusterPartition cuts one node off from the other two (every route
-// link through a proxy that stops forwarding) under load, for 20 s, then
-// heals the links. The cut-off node is the minority: it has no quorum, so
-// it can neither reserve budget nor publish to DISPATCH nor record an
-// operation, and its executor makes no provider call; the majority elects
-// new leaders and goes on. Afterwards every job has exactly one result
-// and no operation was completed twice at the provider.
+// TestClusterPartition cuts one node off from the other two under load,
+// for 20 s, then heals the cut. Where the machine allows network
+// namespaces (root, iproute2), each node is a host of its own and the cut
+// drops its packets to and from the others silently; elsewhere every route
+// link goes through a proxy on loopback that closes it. The cut-off node is
+// the minority: it has no quorum, so it can neither reserve budget nor
+// publish to DISPATCH nor record an operation, and its executor makes no
+// provider call; the majority elects new leaders and goes on. Afterwards
+// every job has exactly one result and no operation was completed twice at
+// the provider.
 func TestClusterPartition(t *testing.T) {
 	// Not parallel: three replicated nodes need the cores to form a quorum.
 	// 20 calls/s at most, offered at 60/s: a backlog the majority works
 	// through during the cut, whichever node the producer is connected to.
 	const jobs, rpm = 600, 1200
-	proxies := map[[2]int]*routeProxy{}
-	var mu sync.Mutex
-	// Each node dials every other through its own proxy, and advertises a
-	// route address nobody listens on, so no node learns a way around the
-	// proxies by gossip (all routes are configured).
-	c, load, js := clusterSetup(t, rpm, func(from, to int, direct string) string {
-		if from == to {
-			return direct
+	var (
+		c      *cluster
+		load   *clusterLoad
+		js     jetstream.JetStream
+		setCut func(x int, cut bool)
+	)
+	if lab, err := newNetLab(t, 3); err == nil {
+		t.Logf("nodes in %s", lab)
+		c, load, js = clusterSetup(t, rpm, lab, nil)
+		setCut = func(x int, cut bool) { lab.isolate(x, 3, cut) }
+	} else {
+		t.Logf("no network namespaces here (%v): route links go through proxies on loopback", err)
+		proxies := map[[2]int]*routeProxy{}
+		var mu sync.Mutex
+		// Each node dials every other through its own proxy, and
+		// advertises a route address nobody listens on, so no node learns
+		// a way around the proxies by gossip (all routes are configured).
+		c, load, js = clusterSetup(t, rpm, nil, func(from, to int, direct string) string {
+			if from == to {
+				return direct
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			p := newRouteProxy(t, direct)
+			proxies[[2]int{from, to}] = p
+			return p.addr()
+		}, "--nats-cluster-advertise", "127.0.0.1:1")
+		setCut = func(x int, cut bool) {
+			for k, p := range proxies {
+				if k[0] == x || k[1] == x {
+					p.setCut(cut)
+				}
+			}
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		p := newRouteProxy(t, direct)
-		proxies[[2]int{from, to}] = p
-		return p.addr()
-	}, "--nats-cluster-advertise", "127.0.0.1:1")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	offered := make(chan error, 1)
@@ -554,11 +607,7 @@ func TestClusterPartition(t *testing.T) {
 		t.Fatal("no QUEUE leader")
 	}
 	minority := c.nodes[x].proc.HTTP
-	for k, p := range proxies {
-		if k[0] == x || k[1] == x {
-			p.setCut(true)
-		}
-	}
+	setCut(x, true)
 	cutAt := load.sim.Stats().Completed
 	t.Logf("cut %s (QUEUE leader) off at %d provider completions", c.nodes[x].name, cutAt)
 	// Calls it had started may finish; after that it must make none.
@@ -575,9 +624,7 @@ func TestClusterPartition(t *testing.T) {
 	if healAt <= midCut {
 		t.Error("the majority made no progress during the partition")
 	}
-	for _, p := range proxies {
-		p.setCut(false)
-	}
+	setCut(x, false)
 	if err := <-offered; err != nil {
 		t.Fatal(err)
 	}

@@ -63,7 +63,15 @@ func startChild(t testing.TB, bin string, args []string, env map[string]string) 
 // other, start together).
 func spawnChild(t testing.TB, bin string, args []string, env map[string]string) func() *child {
 	t.Helper()
-	cmd := exec.Command(bin, append([]string{"up"}, args...)...)
+	return spawnChildIn(t, nil, bin, args, env)
+}
+
+// spawnChildIn is spawnChild run through prefix (a network namespace's
+// `ip netns exec NS`; nil: directly).
+func spawnChildIn(t testing.TB, prefix []string, bin string, args []string, env map[string]string) func() *child {
+	t.Helper()
+	argv := append(append(append([]string(nil), prefix...), bin, "up"), args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = os.Environ()
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)

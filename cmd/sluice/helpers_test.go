@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -32,6 +33,25 @@ func startSim(t testing.TB, cfg sim.Config) (*sim.Server, string) {
 		t.Fatal(err)
 	}
 	ts := httptest.NewServer(s)
+	t.Cleanup(ts.Close)
+	return s, ts.URL
+}
+
+// startSimOn is startSim listening on addr.
+func startSimOn(t testing.TB, cfg sim.Config, addr string) (*sim.Server, string) {
+	t.Helper()
+	s, err := sim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewUnstartedServer(s)
+	ts.Listener.Close()
+	ts.Listener = l
+	ts.Start()
 	t.Cleanup(ts.Close)
 	return s, ts.URL
 }
