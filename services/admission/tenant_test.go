@@ -19,19 +19,15 @@ import (
 	"github.com/sluice-dev/sluice/streams"
 )
 
-// TestTenantBudgetSharedByTwoProcesses: two admission services take the
-// same QUEUE and keep local blocks of one tenant's per-minute budget; over
-// the minute they dispatch exactly the tenant's rpm, no more and no less.
-func TestTenantBudgetSharedByTwoProcesses(t *testing.T) {
-	t.Parallel()
-	s := natstest.Server(t)
-	nc := natstest.Conn(t, s)
+// queueServer is an embedded server with Sluice's streams, and a
+// configuration with one model p/m (budget to spare) and tenant t as given.
+func queueServer(ctx context.Context, t *testing.T, tenant string) (*nats.Conn, jetstream.JetStream, *config.Config) {
+	t.Helper()
+	nc := natstest.Conn(t, natstest.Server(t))
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
 		t.Fatal(err)
 	}
@@ -40,11 +36,22 @@ providers:
   - name: p
     base_url: http://127.0.0.1:1/v1
     models: [{name: m, rpm: 100000, tpm: 100000000}]
-tenants: [{name: t, rpm: 25}]
+tenants: [` + tenant + `]
 `))
 	if err != nil {
 		t.Fatal(err)
 	}
+	return nc, js, cfg
+}
+
+// TestTenantBudgetSharedByTwoProcesses: two admission services take the
+// same QUEUE and keep local blocks of one tenant's per-minute budget; over
+// the minute they dispatch exactly the tenant's rpm, no more and no less.
+func TestTenantBudgetSharedByTwoProcesses(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, js, cfg := queueServer(ctx, t, "{name: t, rpm: 25}")
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 2)
 	for range 2 {
@@ -100,17 +107,9 @@ tenants: [{name: t, rpm: 25}]
 // goes back to QUEUE, and once DISPATCH is back it is dispatched.
 func TestUnconfirmedDispatch(t *testing.T) {
 	t.Parallel()
-	s := natstest.Server(t)
-	nc := natstest.Conn(t, s)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
-		t.Fatal(err)
-	}
+	nc, js, cfg := queueServer(ctx, t, "{name: t}")
 	if err := js.DeleteStream(ctx, streams.Dispatch); err != nil {
 		t.Fatal(err)
 	}
@@ -121,16 +120,6 @@ func TestUnconfirmedDispatch(t *testing.T) {
 		default:
 		}
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := config.Parse([]byte(`
-providers:
-  - name: p
-    base_url: http://127.0.0.1:1/v1
-    models: [{name: m, rpm: 100000, tpm: 100000000}]
-tenants: [{name: t}]
-`))
 	if err != nil {
 		t.Fatal(err)
 	}
