@@ -71,6 +71,10 @@ func IsTransient(err error) bool {
 	if err == nil {
 		return false
 	}
+	var pe passingError
+	if errors.As(err, &pe) {
+		return true
+	}
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		switch apiErr.ErrorCode {
@@ -101,6 +105,25 @@ func IsTransient(err error) bool {
 		}
 	}
 	return false
+}
+
+// passingError is an error known, where it was made, to pass: IsTransient
+// says so whatever it wraps.
+type passingError struct{ error }
+
+func (e passingError) Unwrap() error { return e.error }
+
+// raced marks what a concurrent Ensure on another node causes for a moment
+// as transient: an object it is making exists in the cluster's metadata
+// but is not served yet, so binding, reading or updating it answers "not
+// found". (Elsewhere a stream that is not found is a lasting error.)
+func raced(err error) error {
+	var apiErr *jetstream.APIError
+	if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound) ||
+		(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamNotFound) {
+		return passingError{err}
+	}
+	return err
 }
 
 // Retry runs fn until it succeeds, fails with an error that is not

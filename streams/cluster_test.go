@@ -24,6 +24,12 @@ func TestIsTransient(t *testing.T) {
 		{&jetstream.APIError{Code: 500, ErrorCode: 10023, Description: "insufficient resources"}, true},
 		{&jetstream.APIError{Code: 400, ErrorCode: 10058, Description: "stream name already in use with a different configuration"}, false},
 		{errors.New("ensure stream QUEUE: max_msgs_per_subject 5 is below the 9 messages"), false},
+		// Not found: lasting, except where Ensure knows another node is
+		// making the object.
+		{&jetstream.APIError{Code: 404, ErrorCode: 10059, Description: "stream not found"}, false},
+		{raced(fmt.Errorf("ensure bucket budgets: %w", &jetstream.APIError{Code: 404, ErrorCode: 10059, Description: "stream not found"})), true},
+		{raced(jetstream.ErrBucketNotFound), true},
+		{raced(errors.New("ensure stream QUEUE: max_msgs_per_subject 5 is below the 9 messages")), false},
 	} {
 		if got := IsTransient(tc.err); got != tc.want {
 			t.Errorf("IsTransient(%v): got %v, want %v", tc.err, got, tc.want)

@@ -184,10 +184,10 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opt Options) error {
 		}
 		jobs = append(jobs, func() error {
 			if err := checkPerSubject(ctx, js, c); err != nil {
-				return err
+				return raced(err)
 			}
 			if _, err := js.CreateOrUpdateStream(ctx, c); err != nil {
-				return fmt.Errorf("ensure stream %s: %w", c.Name, err)
+				return raced(fmt.Errorf("ensure stream %s: %w", c.Name, err))
 			}
 			return nil
 		})
@@ -199,7 +199,7 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opt Options) error {
 		if c.TTL > 0 && opt.ResultRetention > 0 && c.Bucket != BucketBudgets {
 			c.TTL = opt.ResultRetention
 		}
-		jobs = append(jobs, func() error { return ensureBucket(ctx, js, c) })
+		jobs = append(jobs, func() error { return raced(ensureBucket(ctx, js, c)) })
 	}
 	errs := make([]error, len(jobs))
 	var wg sync.WaitGroup
