@@ -22,24 +22,35 @@ import (
 // record written a moment ago (a result, an operation) must see it.
 var LeaderReadBuckets = []string{BucketBudgets, BucketIdempotency, BucketResults}
 
-// ensureBucket creates or updates a bucket, then turns direct gets off
-// when it is replicated and takes compare-and-set traffic. A bucket that
-// already has the settings asked for is left alone: nats.go's update
-// turns direct gets back on, and a process binding the bucket in that
-// moment would read from followers for its whole life.
+// ensureBucket creates or updates a bucket. A replicated bucket that takes
+// compare-and-set traffic is made as its stream, with direct gets off from
+// the start: nats.go makes (and, given a bucket that exists, "repairs")
+// every bucket with them on, and a process binding a bucket in the moment
+// they are on reads from followers for its whole life, and once they are
+// off, gets "no responders" for every read. On a forming cluster, where
+// every node runs Ensure at once, that moment came: a node's budget reads
+// failed for good after a partition healed. Other buckets go through
+// nats.go, left alone when they already have the settings asked for.
 func ensureBucket(ctx context.Context, js jetstream.JetStream, c jetstream.KeyValueConfig) error {
-	leaderReads := c.Replicas > 1 && slices.Contains(LeaderReadBuckets, c.Bucket)
+	if c.Replicas > 1 && slices.Contains(LeaderReadBuckets, c.Bucket) {
+		want := kvStreamConfig(c)
+		if st, err := js.Stream(ctx, want.Name); err == nil && sameBucketSettings(st.CachedInfo().Config, want) {
+			return nil
+		} else if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("ensure bucket %s: %w", c.Bucket, err)
+		}
+		if _, err := js.CreateOrUpdateStream(ctx, want); err != nil {
+			return fmt.Errorf("ensure bucket %s: %w", c.Bucket, err)
+		}
+		return nil
+	}
 	if kv, err := js.KeyValue(ctx, c.Bucket); err == nil {
 		st, err := kv.Status(ctx)
 		if err != nil {
 			return fmt.Errorf("ensure bucket %s: %w", c.Bucket, err)
 		}
-		if s, ok := st.(*jetstream.KeyValueBucketStatus); ok {
-			cur := s.StreamInfo().Config
-			if cur.Replicas == max(c.Replicas, 1) && cur.MaxAge == c.TTL && cur.MaxMsgsPerSubject == int64(max(c.History, 1)) &&
-				cur.Description == c.Description && cur.SubjectDeleteMarkerTTL == c.LimitMarkerTTL && cur.AllowDirect == !leaderReads {
-				return nil
-			}
+		if s, ok := st.(*jetstream.KeyValueBucketStatus); ok && sameBucketSettings(s.StreamInfo().Config, kvStreamConfig(c)) {
+			return nil
 		}
 	} else if !errors.Is(err, jetstream.ErrBucketNotFound) {
 		return fmt.Errorf("ensure bucket %s: %w", c.Bucket, err)
@@ -47,19 +58,52 @@ func ensureBucket(ctx context.Context, js jetstream.JetStream, c jetstream.KeyVa
 	if _, err := js.CreateOrUpdateKeyValue(ctx, c); err != nil {
 		return fmt.Errorf("ensure bucket %s: %w", c.Bucket, err)
 	}
-	if !leaderReads {
-		return nil
-	}
-	st, err := js.Stream(ctx, "KV_"+c.Bucket)
-	if err != nil {
-		return fmt.Errorf("ensure bucket %s: %w", c.Bucket, err)
-	}
-	cfg := st.CachedInfo().Config
-	cfg.AllowDirect = false
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		return fmt.Errorf("ensure bucket %s: leader reads: %w", c.Bucket, err)
-	}
 	return nil
+}
+
+// kvStreamConfig is the stream nats.go makes for bucket c (its
+// prepareKeyValueConfig, for the settings Sluice's buckets use), with
+// direct gets off for a replicated bucket that takes compare-and-set
+// traffic. TestKVStreamConfigMatchesNATS keeps it in step with nats.go.
+func kvStreamConfig(c jetstream.KeyValueConfig) jetstream.StreamConfig {
+	dup := 2 * time.Minute
+	if c.TTL > 0 && c.TTL < dup {
+		dup = c.TTL
+	}
+	maxBytes, maxMsgSize := c.MaxBytes, int32(c.MaxValueSize)
+	if maxBytes == 0 {
+		maxBytes = -1
+	}
+	if maxMsgSize == 0 {
+		maxMsgSize = -1
+	}
+	return jetstream.StreamConfig{
+		Name:                   "KV_" + c.Bucket,
+		Description:            c.Description,
+		Subjects:               []string{"$KV." + c.Bucket + ".>"},
+		MaxMsgsPerSubject:      int64(max(c.History, 1)),
+		MaxBytes:               maxBytes,
+		MaxAge:                 c.TTL,
+		MaxMsgSize:             maxMsgSize,
+		Storage:                c.Storage,
+		Replicas:               max(c.Replicas, 1),
+		AllowRollup:            true,
+		DenyDelete:             true,
+		Duplicates:             dup,
+		MaxMsgs:                -1,
+		MaxConsumers:           -1,
+		AllowDirect:            !(c.Replicas > 1 && slices.Contains(LeaderReadBuckets, c.Bucket)),
+		Discard:                jetstream.DiscardNew,
+		AllowMsgTTL:            c.LimitMarkerTTL != 0,
+		SubjectDeleteMarkerTTL: c.LimitMarkerTTL,
+	}
+}
+
+// sameBucketSettings reports whether a bucket's stream has the settings
+// Sluice asks for.
+func sameBucketSettings(cur, want jetstream.StreamConfig) bool {
+	return cur.Replicas == want.Replicas && cur.MaxAge == want.MaxAge && cur.MaxMsgsPerSubject == want.MaxMsgsPerSubject &&
+		cur.Description == want.Description && cur.SubjectDeleteMarkerTTL == want.SubjectDeleteMarkerTTL && cur.AllowDirect == want.AllowDirect
 }
 
 // IsTransient reports an error a JetStream cluster gives while it forms,
