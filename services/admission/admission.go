@@ -46,6 +46,10 @@ type Config struct {
 	// publishes before the unconfirmed jobs go back to QUEUE (0:
 	// mesh.PublishAckWait).
 	AckWait time.Duration
+	// LetGoAfter is how long the budget store may fail without a break
+	// before this process stops keeping its held jobs, so that JetStream
+	// hands them to a process that can reach it (0: LetGoAfter).
+	LetGoAfter time.Duration
 }
 
 // Candidate is a job ready for a reservation.
@@ -82,6 +86,12 @@ type Service struct {
 	failed    atomic.Value             // why the scheduler stopped (string), "" while it runs
 	guard     *guard.Guard
 	ackWait   time.Duration
+	letGo     time.Duration
+	// The budget store's outage as the scheduler sees it (its goroutine
+	// only): failing without a break since downSince, last failed at
+	// downLast.
+	downSince, downLast time.Time
+	lettingGo           bool
 }
 
 // New builds the service; it does no I/O.
@@ -105,6 +115,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	}
 	s := &Service{cfg: cfg, guard: cfg.Guard, mesh: m, store: st, learn: adapt.NewStore(m.Budgets, now), learned: map[string]*learnCache{}, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, heldIdx: map[string]string{}, heldJobs: map[string]*Candidate{}, notBefore: map[string]time.Time{}, leases: map[string]*budget.Lease{}, tblocks: map[string]*budget.Lease{}}
 	s.ackWait = cmp.Or(cfg.AckWait, mesh.PublishAckWait)
+	s.letGo = cmp.Or(cfg.LetGoAfter, LetGoAfter)
 	s.budgetErr.Store("")
 	s.failed.Store("")
 	return s, nil
@@ -333,6 +344,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 			s.returnLeases(ctx, false)
 			s.expireHeld(ctx)
 			s.dispatchAll(ctx)
+			s.checkStore(ctx)
 			continue
 		case <-touch.C:
 			s.keepAlive()
@@ -383,6 +395,11 @@ func (s *Service) Run(ctx context.Context) (err error) {
 func (s *Service) admit(ctx context.Context, msgs []jetstream.Msg) {
 	now := s.now()
 	for _, msg := range msgs {
+		if s.lettingGo {
+			// No budget store here: another process takes it.
+			_ = msg.NakWithDelay(time.Second + jitter(time.Second))
+			continue
+		}
 		j, ok := s.check(ctx, msg, now)
 		if !ok {
 			continue
@@ -553,7 +570,7 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 		putBack(allowed, s.now().Add(time.Second), "budget_store")
 		return nil
 	}
-	s.budgetErr.Store("")
+	s.storeUp()
 	now := s.now()
 	var out []*pub
 	for i, c := range allowed[:g.N] {
@@ -620,7 +637,56 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 func (s *Service) storeDown(key string, err error) {
 	s.m.BudgetErrors.Inc()
 	s.budgetErr.Store(err.Error())
+	now := s.now()
+	if s.downSince.IsZero() {
+		s.downSince = now
+	}
+	s.downLast = now
 	s.log.Warn("budget store unavailable; holding jobs", "key", key, "err", err)
+}
+
+func (s *Service) storeUp() {
+	s.budgetErr.Store("")
+	if s.lettingGo {
+		s.log.Info("budget store reachable again; taking jobs")
+	}
+	s.downSince, s.downLast, s.lettingGo = time.Time{}, time.Time{}, false
+}
+
+// LetGoAfter: a process whose budget store has failed this long without a
+// break (its node cut off from the others, its connection broken) lets its
+// held jobs go back to QUEUE, and sends back what it pulls, until the store
+// answers again: another admission process that can reserve takes them,
+// rather than one sick process holding them for as long as it lives. A
+// job it let go that it had dispatched after all is dropped by DISPATCH's
+// duplicate window, or found done in its operation record.
+const LetGoAfter = 10 * time.Second
+
+// checkStore, on every tick: a process whose store has failed for
+// LetGoAfter, and lately (held jobs are retried every second, so a failure
+// that is not recent is no outage), lets its jobs go; one letting go asks
+// the store once a second whether it is back.
+func (s *Service) checkStore(ctx context.Context) {
+	now := s.now()
+	if !s.lettingGo {
+		if s.downSince.IsZero() || now.Sub(s.downSince) < s.letGo || now.Sub(s.downLast) >= 3*time.Second {
+			return
+		}
+		s.lettingGo = true
+		s.log.Warn("budget store out of reach; letting held jobs go to other admission processes", "held", s.held, "since", s.downSince)
+		s.letGoAll()
+		return
+	}
+	if now.Sub(s.downLast) < time.Second {
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if _, err := s.mesh.Budgets.Get(pctx, "probe"); err == nil || errors.Is(err, jetstream.ErrKeyNotFound) {
+		s.storeUp()
+		return
+	}
+	s.downLast = now
 }
 
 // BacklogHorizon is how far ahead work that may wait is placed on a

@@ -276,6 +276,18 @@ func (s *Service) keepAlive() {
 	}
 }
 
+// letGoAll hands every held job back to JetStream, a little apart, and
+// forgets it (LetGoAfter).
+func (s *Service) letGoAll() {
+	for _, ms := range s.models {
+		for _, it := range ms.sched.Remove(func(*Item) bool { return true }) {
+			s.forget(ms, it)
+			_ = it.Value.(*Candidate).Msg.NakWithDelay(jitter(time.Second))
+		}
+		ms.wakeAt = time.Time{}
+	}
+}
+
 // releaseAll hands held jobs back to JetStream at shutdown, for another
 // admission process to take at once.
 func (s *Service) releaseAll() {

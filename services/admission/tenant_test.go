@@ -2,7 +2,9 @@ package admission_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/pkg/config"
@@ -174,5 +177,79 @@ func TestUnconfirmedDispatch(t *testing.T) {
 			t.Fatalf("the job never reached DISPATCH once it was back (last: %v)", err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestLetsGoWithoutBudgetStore: an admission process whose budget store
+// fails (here its handle names a bucket that is gone; in life, its node
+// cut off or its connection broken) must not hold jobs for as long as it
+// lives: after its LetGoAfter it sends them back, and a process that can
+// reserve dispatches them.
+func TestLetsGoWithoutBudgetStore(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	nc, js, cfg := queueServer(ctx, t, "{name: t}")
+	healthy, err := mesh.Open(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := guard.LoadKey(ctx, healthy.Budgets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sick, err := mesh.Open(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sick.Budgets, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "gone"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteKeyValue(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	start := func(m *mesh.Mesh) func() {
+		svc, err := admission.New(admission.Config{App: cfg, Guard: guard.New(cfg, key), LetGoAfter: time.Second},
+			m, slog.New(slog.DiscardHandler), metrics.New(prometheus.NewRegistry()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runCtx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- svc.Run(runCtx) }()
+		return func() {
+			stop()
+			<-done
+		}
+	}
+	defer start(sick)()
+	if _, err := js.Publish(ctx, job.QueueSubject(job.Standard, "t"), queued(1)); err != nil {
+		t.Fatal(err)
+	}
+	id := fmt.Sprintf("00000000-0000-7000-8000-%012d", 1)
+	// The sick process takes it and cannot reserve.
+	for {
+		if m, err := nc.Request(mesh.WhySubjectPrefix+id, nil, time.Second); err == nil && strings.Contains(string(m.Data), "budget_store") {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the sick process never held the job")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	defer start(healthy)()
+	st, err := js.Stream(ctx, streams.Dispatch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		info, err := st.Info(ctx)
+		if err == nil && info.State.Msgs == 1 {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the job never reached DISPATCH: the process that cannot reach its budget store kept it")
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
