@@ -14,11 +14,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-dev/sluice/internal/dlq"
+	"github.com/sluice-dev/sluice/internal/node"
+	"github.com/sluice-dev/sluice/pkg/client"
+	"github.com/sluice-dev/sluice/pkg/config"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
+	"github.com/sluice-dev/sluice/services/executor"
 )
 
 // TestQuotaErrorIsNeverRetried: insufficient_quota reaches the caller with
@@ -279,4 +285,88 @@ retry:
 	if statuses[job.StatusSucceeded]+len(dead) != jobs {
 		t.Errorf("%d succeeded + %d dead letters != %d jobs", statuses[job.StatusSucceeded], len(dead), jobs)
 	}
+}
+
+// TestLateExecutorGivesItsInstantBack: an executor late for a paced
+// call's instant (here its clock runs a second ahead for the first two
+// seconds) sends nothing and returns the instant's budget, so the job is
+// planned again at once. On a model allowed one request a minute, a kept
+// instant would hold the job back a whole minute. The provider sees the
+// one call, within its limit.
+func TestLateExecutorGivesItsInstantBack(t *testing.T) {
+	t.Parallel()
+	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 1, TPM: 1000000}}, APIKeys: []string{"sim-secret"}})
+	cfg, err := config.Parse([]byte(simConfig(simURL, "gpt-4o-mini", 1, 1000000, "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	ready := make(chan node.Info, 1)
+	nodeCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- node.Run(nodeCtx, node.Options{Config: cfg, NATSListen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Data: t.TempDir(),
+			Getenv: func(k string) string { return testEnv[k] }, OnReady: func(i node.Info) { ready <- i },
+			Executor: func(c *executor.Config) {
+				c.Now = func() time.Time {
+					if time.Since(start) < 2*time.Second {
+						return time.Now().Add(time.Second)
+					}
+					return time.Now()
+				}
+			}})
+	}()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("node: %v", err)
+		}
+	})
+	var info node.Info
+	select {
+	case info = <-ready:
+	case err := <-done:
+		done <- err // for the cleanup
+		t.Fatalf("node: %v", err)
+	}
+	nc, err := nats.Connect(info.NATSURL, info.NATSOptions...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	cl, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: chatBody("gpt-4o-mini", 5, 16)})
+	if err != nil || res.Status != job.StatusSucceeded {
+		t.Fatalf("job: %+v %v (a lapsed instant kept its budget: the next one is a minute away)", res, err)
+	}
+	if m := metricValue(t, info.Registry, "sluice_reservations_expired_total"); m == 0 {
+		t.Error("the executor was never late: the test proves nothing")
+	}
+	st := simSrv.Stats().Models["gpt-4o-mini"]
+	if st.Admitted != 1 || st.RateLimited != 0 {
+		t.Errorf("provider: %d admitted, %d refused; want the one call, admitted", st.Admitted, st.RateLimited)
+	}
+}
+
+// metricValue sums a counter's series in a registry.
+func metricValue(t testing.TB, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
 }

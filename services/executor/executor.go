@@ -397,6 +397,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	if j.Reservation == nil || now.After(j.Reservation.ValidUntil) {
 		// The reservation lapsed while the job waited for a slot; calling now
 		// could exceed the limit the provider sees. Re-admit it.
+		s.giveBackUnsent(ctx, msg, j)
 		return s.readmit(ctx, msg, j)
 	}
 	attempt := len(j.Attempts) + 1
@@ -484,6 +485,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		late := s.now().Sub(r.SendAt)
 		if s.now().After(r.ValidUntil) {
 			s.requeueOp(ctx, opKey, j, "late send")
+			s.giveBackUnsent(ctx, msg, j)
 			return s.readmit(ctx, msg, j)
 		}
 		s.m.SendLateness.WithLabelValues(labels...).Observe(late.Seconds())
@@ -737,6 +739,31 @@ func (s *Service) requeueOp(ctx context.Context, opKey string, j *job.Job, why s
 		return true
 	}); err != nil && !errors.Is(err, job.ErrNotFound) {
 		s.log.Debug(why+": op record", "job_id", j.ID, "err", err)
+	}
+}
+
+// giveBackUnsent returns to the model's schedule what a verified, paced
+// reservation planned at its instant, when this executor lets it lapse
+// without a call (late for the instant, or no slot in time): the provider
+// never saw it, and kept, it would push the job's next plan behind its own
+// lapsed one (on a model allowed one request a minute, by a minute). Only
+// on a dispatch's first delivery: a redelivered one may have been sent by
+// an executor that died before acknowledging it.
+func (s *Service) giveBackUnsent(ctx context.Context, msg jetstream.Msg, j *job.Job) {
+	r := j.Reservation
+	if r == nil || r.SendAt.IsZero() {
+		return
+	}
+	if md, err := msg.Metadata(); err != nil || md.NumDelivered != 1 {
+		return
+	}
+	_, model, ok := s.cfg.App.ModelRef(j.Model)
+	if !ok {
+		return
+	}
+	back := budget.Cost{Requests: r.Requests, Tokens: r.Tokens, Units: reservedUnits(r, model)}
+	if err := s.store.ReturnAt(ctx, budget.ModelKey(j.Provider, job.ModelToken(j.Model)), r.SendAt, back); err != nil {
+		s.log.Debug("return a lapsed reservation", "job_id", j.ID, "err", err)
 	}
 }
 
