@@ -164,20 +164,7 @@ func TestUnconfirmedDispatch(t *testing.T) {
 	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	st, err := js.Stream(ctx, streams.Dispatch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		info, err := st.Info(ctx)
-		if err == nil && info.State.Msgs == 1 {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("the job never reached DISPATCH once it was back (last: %v)", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitDispatched(ctx, t, js, "the job never reached DISPATCH once it was back")
 }
 
 // TestLetsGoWithoutBudgetStore: an admission process whose budget store
@@ -238,6 +225,12 @@ func TestLetsGoWithoutBudgetStore(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	defer start(healthy)()
+	waitDispatched(ctx, t, js, "the job never reached DISPATCH: the process that cannot reach its budget store kept it")
+}
+
+// waitDispatched waits until DISPATCH holds one job; failing says why.
+func waitDispatched(ctx context.Context, t *testing.T, js jetstream.JetStream, failing string) {
+	t.Helper()
 	st, err := js.Stream(ctx, streams.Dispatch)
 	if err != nil {
 		t.Fatal(err)
@@ -248,8 +241,8 @@ func TestLetsGoWithoutBudgetStore(t *testing.T) {
 			return
 		}
 		if ctx.Err() != nil {
-			t.Fatal("the job never reached DISPATCH: the process that cannot reach its budget store kept it")
+			t.Fatalf("%s (last: %v)", failing, err)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
 	}
 }
