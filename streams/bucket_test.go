@@ -130,7 +130,9 @@ func TestEnsureOnFormingCluster(t *testing.T) {
 	errs := make([]error, 3)
 	var ensure sync.WaitGroup
 	for i, js := range jss {
-		ensure.Go(func() { errs[i] = Retry(ctx, func(ctx context.Context) error { return Ensure(ctx, js, Options{Replicas: 3}) }) })
+		ensure.Go(func() {
+			errs[i] = Retry(ctx, func(ctx context.Context) error { return Ensure(ctx, js, Options{Replicas: 3}) })
+		})
 	}
 	ensure.Wait()
 	stopWatch()

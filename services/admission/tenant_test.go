@@ -130,17 +130,7 @@ func TestUnconfirmedDispatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := admission.New(admission.Config{App: cfg, AckWait: 300 * time.Millisecond}, m, slog.New(slog.DiscardHandler), metrics.New(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(runCtx) }()
-	defer func() {
-		stop()
-		<-done
-	}()
+	defer runAdmission(ctx, t, admission.Config{App: cfg, AckWait: 300 * time.Millisecond}, m)()
 	if _, err := js.Publish(ctx, job.QueueSubject(job.Standard, "t"), queued(1)); err != nil {
 		t.Fatal(err)
 	}
@@ -196,18 +186,7 @@ func TestLetsGoWithoutBudgetStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := func(m *mesh.Mesh) func() {
-		svc, err := admission.New(admission.Config{App: cfg, Guard: guard.New(cfg, key), LetGoAfter: time.Second},
-			m, slog.New(slog.DiscardHandler), metrics.New(prometheus.NewRegistry()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		runCtx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- svc.Run(runCtx) }()
-		return func() {
-			stop()
-			<-done
-		}
+		return runAdmission(ctx, t, admission.Config{App: cfg, Guard: guard.New(cfg, key), LetGoAfter: time.Second}, m)
 	}
 	defer start(sick)()
 	if _, err := js.Publish(ctx, job.QueueSubject(job.Standard, "t"), queued(1)); err != nil {
@@ -226,6 +205,23 @@ func TestLetsGoWithoutBudgetStore(t *testing.T) {
 	}
 	defer start(healthy)()
 	waitDispatched(ctx, t, js, "the job never reached DISPATCH: the process that cannot reach its budget store kept it")
+}
+
+// runAdmission runs an admission service on m until the returned stop is
+// called.
+func runAdmission(ctx context.Context, t *testing.T, cfg admission.Config, m *mesh.Mesh) (stop func()) {
+	t.Helper()
+	svc, err := admission.New(cfg, m, slog.New(slog.DiscardHandler), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(runCtx) }()
+	return func() {
+		cancel()
+		<-done
+	}
 }
 
 // waitDispatched waits until DISPATCH holds one job; failing says why.
