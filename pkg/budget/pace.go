@@ -283,14 +283,23 @@ func (s *Store) prunePlanned(w *Window, now time.Time) {
 }
 
 // ReturnAt gives back cost planned at instant at and not sent (a lease's
-// leftover, an instant an executor was too late for): from the minute's
-// slice and from the placement. Pacing is rewound only when that leaves the
-// placement empty and it was the last on the schedule: the next plan may
-// then take its place (kept, a lapsed instant on a model allowed one
-// request a minute would hold the next one back a whole minute). Later
-// placements were spaced after it, and then the time is simply not used.
-// The windows still bound every plan.
+// leftover, tokens a refused call was not charged): from the minute's slice
+// and from the placement. Pacing is not rewound: later placements were
+// spaced after it, and the time is simply not used.
 func (s *Store) ReturnAt(ctx context.Context, key string, at time.Time, c Cost) error {
+	return s.returnAt(ctx, key, at, c, false)
+}
+
+// ReturnLapsed is ReturnAt for an instant an executor let lapse without a
+// call; it also rewinds the pacing when that leaves the placement empty and
+// it was the last on the schedule, so the next plan may take its place
+// (kept, a lapsed instant on a model allowed one request a minute would
+// hold the job back a whole minute). The windows still bound every plan.
+func (s *Store) ReturnLapsed(ctx context.Context, key string, at time.Time, c Cost) error {
+	return s.returnAt(ctx, key, at, c, true)
+}
+
+func (s *Store) returnAt(ctx context.Context, key string, at time.Time, c Cost, rewind bool) error {
 	if !c.Positive() {
 		return nil
 	}
@@ -308,7 +317,7 @@ func (s *Store) ReturnAt(ctx context.Context, key string, at time.Time, c Cost) 
 		i := sort.Search(len(w.P), func(i int) bool { return w.P[i].At >= us })
 		if i < len(w.P) && w.P[i].At == us {
 			w.P[i].V.sub(cv)
-			last := !w.P[i].V.any()
+			last := rewind && !w.P[i].V.any()
 			for _, p := range w.P[i+1:] {
 				if p.V.any() {
 					last = false

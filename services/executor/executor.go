@@ -762,7 +762,7 @@ func (s *Service) giveBackUnsent(ctx context.Context, msg jetstream.Msg, j *job.
 		return
 	}
 	back := budget.Cost{Requests: r.Requests, Tokens: r.Tokens, Units: reservedUnits(r, model)}
-	if err := s.store.ReturnAt(ctx, budget.ModelKey(j.Provider, job.ModelToken(j.Model)), r.SendAt, back); err != nil {
+	if err := s.store.ReturnLapsed(ctx, budget.ModelKey(j.Provider, job.ModelToken(j.Model)), r.SendAt, back); err != nil {
 		s.log.Debug("return a lapsed reservation", "job_id", j.ID, "err", err)
 	}
 }
