@@ -287,6 +287,7 @@ func runBenchOverhead(ctx context.Context, args []string, stdout, stderr io.Writ
 	closed := fs.Bool("closed", false, "each submitter awaits its job's result before submitting the next (default: submit without waiting)")
 	secure := fs.Bool("auth-tls", false, "run NATS with authentication (service nkeys, the submitters as the tenant's user) and TLS (default: neither)")
 	jsOps := fs.Int("jetstream-ops", 2000, "operations of each kind measuring JetStream's own rates (without authentication or TLS), before and after the run, for the naive pipeline ceiling; 0 skips it")
+	floor := fs.Bool("floor", true, "after the loaded test, run the same jobs through the floor pipelines: Sluice's JetStream operations and provider call with nothing else (one node, no authentication or TLS; not with --cluster or --auth-tls)")
 	cluster := fs.Int("cluster", 1, "run a JetStream cluster of this many in-process nodes on loopback (R=this many; each node every service); 1: one node")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run (runtime/pprof) to this file")
@@ -325,9 +326,13 @@ func runBenchOverhead(ctx context.Context, args []string, stdout, stderr io.Writ
 			return f.Close()
 		}
 	}
+	floorJobs := 0 // the loaded test's
+	if !*floor {
+		floorJobs = -1
+	}
 	began := time.Now()
 	rep, err := bench.Overhead(ctx, bench.OverheadOptions{Jobs: *jobs, Concurrency: *conc, Serial: *serial, Warmup: *warmup,
-		Closed: *closed, Secure: *secure, JetStreamOps: jetStreamOps, Timeout: *timeout, Cluster: *cluster}, nil)
+		Closed: *closed, Secure: *secure, JetStreamOps: jetStreamOps, Timeout: *timeout, Cluster: *cluster, FloorJobs: floorJobs}, nil)
 	if perr := stopProfile(); perr != nil && err == nil {
 		err = fmt.Errorf("--cpuprofile: %w", perr)
 	}

@@ -93,6 +93,13 @@ func TestBenchOverhead(t *testing.T) {
 		`serial \(one job at a time, 300 jobs\): added latency p50 [0-9.]+ms  p99 [0-9.]+ms`,
 		`added latency p50 [0-9.]+ms  p90 [0-9.]+ms  p99 [0-9.]+ms`,
 		`200 jobs completed \(0 failed\) in [0-9.]+s from first submit to last result = [0-9]+ jobs/s`,
+		`sluice / ceiling: [0-9.]+`,
+		// The floor pipelines ran the same 200 jobs each.
+		`floor \(Sluice's JetStream operations per job and nothing else.*200 jobs, 64 submitters\)`,
+		`two records \(as Sluice\), no provider call +[0-9]+ jobs/s  cpu [0-9.]+ ms per job, [0-9.]+ of the ceiling`,
+		`two records \(as Sluice\), provider call +[0-9]+ jobs/s`,
+		`one record per job, +provider call +[0-9]+ jobs/s`,
+		`sluice / floor with the provider call: [0-9.]+`,
 	} {
 		if !regexp.MustCompile(re).MatchString(out) {
 			t.Errorf("output lacks %q:\n%s", re, out)

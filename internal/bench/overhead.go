@@ -31,6 +31,10 @@ type OverheadOptions struct {
 	JetStreamOps int
 	Timeout      time.Duration
 	Log          *slog.Logger
+	// FloorJobs is how many jobs each floor pipeline (MeasureFloor) runs,
+	// after Sluice's loaded test; 0 means Jobs, negative skips them. Not
+	// with Cluster or Secure (the floor runs on one plain node).
+	FloorJobs int
 	// Cluster > 1 runs a JetStream cluster of that many in-process nodes
 	// on loopback (streams and buckets replicated as many times), each
 	// with every service; not with Secure.
@@ -58,6 +62,12 @@ func (o OverheadOptions) withDefaults() OverheadOptions {
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.FloorJobs == 0 {
+		o.FloorJobs = o.Jobs
+	}
+	if o.Cluster > 1 || o.Secure {
+		o.FloorJobs = -1
 	}
 	return o
 }
@@ -112,6 +122,13 @@ type OverheadReport struct {
 	JetStreamAfter  JetStreamRates `json:"jetstream_after"`
 	CeilingJobsPerS float64        `json:"ceiling_jobs_per_s"`
 	CeilingRatio    float64        `json:"ceiling_ratio"`
+	// Floors are the floor pipelines' runs (MeasureFloor): Sluice's
+	// JetStream operations with two records, without and with the provider
+	// call, and with one record and the call. FloorRatio is JobsPerSec over
+	// the first with the call (Sluice's own operations and call, nothing
+	// else). Empty when not measured.
+	Floors     []Floor `json:"floors,omitempty"`
+	FloorRatio float64 `json:"floor_ratio,omitempty"`
 }
 
 // arrival is a result's arrival at the caller.
@@ -332,6 +349,21 @@ feed:
 	if firstErr != nil {
 		return rep, fmt.Errorf("overhead (timeout %s): %w", opt.Timeout, firstErr)
 	}
+	if opt.FloorJobs > 0 {
+		for _, v := range []struct {
+			url       string
+			oneRecord bool
+		}{{"", false}, {url + "/v1", false}, {url + "/v1", true}} {
+			f, err := MeasureFloor(ctx, opt.FloorJobs, opt.Concurrency, v.url, v.oneRecord)
+			if err != nil {
+				return rep, fmt.Errorf("floor: %w", err)
+			}
+			rep.Floors = append(rep.Floors, f)
+			if f.Call && !f.OneRecord && f.JobsPerSec > 0 {
+				rep.FloorRatio = rep.JobsPerSec / f.JobsPerSec
+			}
+		}
+	}
 	if opt.JetStreamOps > 0 {
 		r, err := MeasureJetStream(ctx, opt.JetStreamOps)
 		if err != nil {
@@ -374,6 +406,28 @@ func WriteOverhead(out io.Writer, r *OverheadReport) {
 			js.SyncPublishPerS, b.SyncPublishPerS, a.SyncPublishPerS, js.AsyncPublishPerS, js.PullAckPerS, b.PullAckPerS, a.PullAckPerS, js.KVPutPerS)
 		fmt.Fprintf(out, "naive pipeline ceiling = 1 / (2/sync_publish + 1/pull_ack) = %.0f jobs/s (%.2f ms per job serially)\n",
 			r.CeilingJobsPerS, 1000/r.CeilingJobsPerS)
+	}
+	if len(r.Floors) > 0 {
+		fmt.Fprintf(out, "floor (Sluice's JetStream operations per job and nothing else: its streams, consumers and buckets, opaque payloads of its sizes; %d jobs, %d submitters):\n", r.Floors[0].Jobs, r.Concurrency)
+		for _, f := range r.Floors {
+			what := "two records (as Sluice), no provider call"
+			switch {
+			case f.Call && f.OneRecord:
+				what = "one record per job,       provider call   "
+			case f.Call:
+				what = "two records (as Sluice), provider call   "
+			}
+			ceil := ""
+			if r.CeilingJobsPerS > 0 {
+				ceil = fmt.Sprintf(", %.2f of the ceiling", f.JobsPerSec/r.CeilingJobsPerS)
+			}
+			fmt.Fprintf(out, "                     %s %5.0f jobs/s  cpu %.3f ms per job%s\n", what, f.JobsPerSec, f.CPUPerJobMS, ceil)
+		}
+	}
+	if r.CeilingJobsPerS > 0 {
 		fmt.Fprintf(out, "sluice / ceiling: %.2f\n", r.CeilingRatio)
+	}
+	if r.FloorRatio > 0 {
+		fmt.Fprintf(out, "sluice / floor with the provider call: %.2f\n", r.FloorRatio)
 	}
 }

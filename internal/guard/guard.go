@@ -189,7 +189,7 @@ func (g *Guard) Floor(j *job.Job) (job.Estimate, error) {
 // not verify is recomputed (never lowered), a hold too far ahead is
 // shortened. corrected reports the estimate was recomputed.
 func (g *Guard) Queued(j *job.Job, now time.Time) (corrected bool, err error) {
-	model, err := g.static(j)
+	model, sealed, err := g.static(j)
 	if err != nil {
 		return false, err
 	}
@@ -197,7 +197,7 @@ func (g *Guard) Queued(j *job.Job, now time.Time) (corrected bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	if !g.Sealed(j) {
+	if !sealed {
 		floor, err := g.Floor(j)
 		if err != nil {
 			return false, err
@@ -232,13 +232,13 @@ func (g *Guard) Queued(j *job.Job, now time.Time) (corrected bool, err error) {
 // the provider: the job must be valid as Queued requires, and its seal and
 // reservation must verify (else ErrUnverified: admit it again).
 func (g *Guard) Dispatched(j *job.Job) error {
-	model, err := g.static(j)
+	model, sealed, err := g.static(j)
 	if err != nil {
 		return err
 	}
 	r := j.Reservation
 	switch {
-	case r == nil, !g.Sealed(j), r.Sig == "", !hmac.Equal([]byte(r.Sig), []byte(g.sign(j))):
+	case r == nil, !sealed, r.Sig == "", !hmac.Equal([]byte(r.Sig), []byte(g.sign(j))):
 		return ErrUnverified
 	case r.Requests < 1, r.Tokens < j.Estimate.Cost(), r.ValidUntil.Sub(r.ReservedAt) > g.maxValid:
 		return ErrUnverified
@@ -317,38 +317,50 @@ func sameUnits(a, b map[string]int) bool {
 }
 
 // static checks what needs no signature: the envelope, the tenant, the
-// model and the request against the limits.
-func (g *Guard) static(j *job.Job) (*config.Model, error) {
+// model and the request against the limits. The request body is parsed
+// only when the seal does not verify: a seal binds the body's hash to the
+// tenant, provider, model and endpoint, and only a holder of the fleet key
+// that checked the body (ingest, or admission's Queued) makes one. A large
+// prompt is the costliest thing a hop parses, and it was parsed three
+// times per hop before.
+func (g *Guard) static(j *job.Job) (model *config.Model, sealed bool, err error) {
 	if j.ID == "" || !job.CanonicalID(j.ID) {
-		return nil, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "id", Message: "must be a UUID in canonical form"}
+		return nil, false, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "id", Message: "must be a UUID in canonical form"}
 	}
-	if err := j.Check(g.lim); err != nil {
-		return nil, err
+	sealed = g.Sealed(j)
+	check := j.CheckEnvelope
+	if !sealed {
+		check = func() error { return j.Check(g.lim) }
+	}
+	if err := check(); err != nil {
+		return nil, false, err
 	}
 	if _, ok := g.cfg.Tenant(j.Tenant); !ok {
-		return nil, &job.ValidationError{Code: job.CodeUnknownTenant, Field: "tenant", Message: fmt.Sprintf("unknown tenant %q", clip(j.Tenant))}
+		return nil, false, &job.ValidationError{Code: job.CodeUnknownTenant, Field: "tenant", Message: fmt.Sprintf("unknown tenant %q", clip(j.Tenant))}
 	}
-	model := g.configured(j.Provider, j.Model)
+	model = g.configured(j.Provider, j.Model)
 	if model == nil {
-		return nil, &job.ValidationError{Code: job.CodeUnknownModel, Field: "model", Message: fmt.Sprintf("%q/%q is not a configured provider and model", clip(j.Provider), clip(j.Model))}
+		return nil, false, &job.ValidationError{Code: job.CodeUnknownModel, Field: "model", Message: fmt.Sprintf("%q/%q is not a configured provider and model", clip(j.Provider), clip(j.Model))}
 	}
-	name, err := requestModel(j)
-	if err != nil {
-		return nil, err
-	}
-	if name != j.Model {
-		return nil, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "request.model", Message: fmt.Sprintf("is %q but the job is routed to %q", clip(name), clip(j.Model))}
+	if !sealed {
+		name, err := requestModel(j)
+		if err != nil {
+			return nil, false, err
+		}
+		if name != j.Model {
+			return nil, false, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "request.model", Message: fmt.Sprintf("is %q but the job is routed to %q", clip(name), clip(j.Model))}
+		}
 	}
 	if e := j.Estimate; e != nil && (e.PromptTokens < 0 || e.MaxTokens < 0) {
-		j.Estimate = nil // recomputed by Queued; Dispatched finds no seal
+		j.Estimate, sealed = nil, false // recomputed by Queued; Dispatched finds no seal
 	}
 	if j.RateLimited < 0 {
 		j.RateLimited = 0
 	}
 	if len(j.Attempts) > MaxAttempts {
-		return nil, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "attempts", Message: fmt.Sprintf("lists %d attempts; at most %d", len(j.Attempts), MaxAttempts)}
+		return nil, false, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "attempts", Message: fmt.Sprintf("lists %d attempts; at most %d", len(j.Attempts), MaxAttempts)}
 	}
-	return model, nil
+	return model, sealed, nil
 }
 
 // requestModel is the model the job's request names (Check has parsed it

@@ -381,3 +381,50 @@ func TestUnitsAreSealedAndReserved(t *testing.T) {
 		t.Errorf("a reservation of fewer images than estimated: got %v, want ErrUnverified", err)
 	}
 }
+
+// TestSealedBodyIsNotParsedAgain: a hop parses the request body only when
+// the seal does not verify. A body changed after sealing breaks the seal
+// and is checked in full; a sealed body is not checked again, even against
+// limits stricter than the ones it was sealed under (the job was accepted
+// under those).
+func TestSealedBodyIsNotParsedAgain(t *testing.T) {
+	g, cfg := newGuard(t)
+	body := request("gpt-4o-mini", 20, `,"max_tokens":4000`)
+
+	// Sealed under these limits, checked under stricter ones: the same
+	// fleet key, max_tokens 1000.
+	strictCfg := *cfg
+	strictCfg.Limits.MaxTokens = 1000
+	strict := guard.New(&strictCfg, []byte(strings.Repeat("k", 32)))
+	if _, err := job.ParseRequest(body, strict.Limits()); err == nil {
+		t.Fatal("the body must fail the stricter limits for this test to mean anything")
+	}
+	j := ingested(g, body)
+	if _, err := strict.Queued(j, time.Now()); err != nil {
+		t.Fatalf("Queued(sealed) under stricter limits = %v; want nil (the seal stands for the check)", err)
+	}
+	if err := strict.Dispatched(admitted(g, j)); err != nil {
+		t.Fatalf("Dispatched(sealed) under stricter limits = %v; want nil", err)
+	}
+
+	// The same body with the seal broken is checked in full.
+	for name, mutate := range map[string]func(j *job.Job){
+		"body changed":  func(j *job.Job) { j.Request = request("gpt-4o-mini", 20, `,"max_tokens":4001`) },
+		"seal stripped": func(j *job.Job) { j.Seal = "" },
+		"model changed": func(j *job.Job) { j.Request = request("gpt-4o", 20, `,"max_tokens":4000`) },
+	} {
+		j := ingested(g, body)
+		mutate(j)
+		_, err := strict.Queued(j, time.Now())
+		var ve *job.ValidationError
+		if !errors.As(err, &ve) {
+			t.Errorf("%s: Queued = %v; want a validation error", name, err)
+		}
+	}
+	// Malformed JSON under a broken seal: refused, not passed.
+	j = ingested(g, body)
+	j.Request = json.RawMessage(`{"model":"gpt-4o-mini","messages":[`)
+	if err := g.Dispatched(admitted(g, j)); err == nil || errors.Is(err, guard.ErrUnverified) {
+		t.Errorf("Dispatched(malformed, resigned) = %v; want a validation error", err)
+	}
+}

@@ -221,6 +221,62 @@ func (m *Mesh) Enqueue(ctx context.Context, j *job.Job, msgID string) error {
 	return nil
 }
 
+// Created is the outcome of one record's creation in CreateRecords: its
+// revision, or the error jetstream.KeyValue.Create would return
+// (jetstream.ErrKeyExists when the key holds a record).
+type Created struct {
+	Rev uint64
+	Err error
+}
+
+// CreateRecords creates a job's record (in results) and its operation
+// record (in idempotency) at once: both as asynchronous publishes that
+// expect no earlier message on their key, awaited together, which is what
+// jetstream.KeyValue.Create sends, without a goroutine or a second round
+// trip's wait. A record the fast path does not create (its key holds a
+// record or a delete marker, an acknowledgement lost or late) is created
+// again with Create, which tells a key that exists from one deleted.
+func (m *Mesh) CreateRecords(ctx context.Context, jobID string, rec []byte, opKey string, op []byte) (job, operation Created) {
+	type one struct {
+		kv    jetstream.KeyValue
+		key   string
+		data  []byte
+		fut   jetstream.PubAckFuture
+		out   Created
+		retry bool
+	}
+	both := [2]*one{{kv: m.Results, key: jobID, data: rec}, {kv: m.Idempotency, key: opKey, data: op}}
+	for _, o := range both {
+		msg := &nats.Msg{Subject: "$KV." + o.kv.Bucket() + "." + o.key, Data: o.data, Header: nats.Header{}}
+		fut, err := m.JS.PublishMsgAsync(msg, jetstream.WithExpectLastSequencePerSubject(0))
+		o.fut, o.retry = fut, err != nil
+	}
+	wait := time.NewTimer(PublishAckWait)
+	defer wait.Stop()
+	for _, o := range both {
+		if o.retry {
+			continue
+		}
+		select {
+		case ack := <-o.fut.Ok():
+			o.out.Rev = ack.Sequence
+		case <-o.fut.Err():
+			o.retry = true
+		case <-wait.C:
+			o.retry = true
+			wait.Reset(0) // the other is late too
+		case <-ctx.Done():
+			o.out.Err = ctx.Err()
+		}
+	}
+	for _, o := range both {
+		if o.retry {
+			o.out.Rev, o.out.Err = o.kv.Create(ctx, o.key, o.data)
+		}
+	}
+	return both[0].out, both[1].out
+}
+
 // OpState is the state of one logical operation.
 type OpState string
 

@@ -421,6 +421,19 @@ func invalid(field, format string, args ...any) *ValidationError {
 // configuration: shape, id, priority, request body. Tenant and model are
 // checked against the configuration by ingest.
 func Decode(data []byte, lim Limits) (*Job, error) {
+	j, err := Parse(data, lim)
+	if err != nil {
+		return nil, err
+	}
+	if err := j.Check(lim); err != nil {
+		return j, err
+	}
+	return j, nil
+}
+
+// Parse is Decode without Check: the envelope's shape (its size, known
+// fields only, nothing after it), for a caller that checks the job itself.
+func Parse(data []byte, lim Limits) (*Job, error) {
 	if lim.MaxBodyBytes > 0 && len(data) > lim.MaxBodyBytes {
 		return nil, &ValidationError{Code: CodeTooLarge, Message: fmt.Sprintf("job is %d bytes; the limit is %d", len(data), lim.MaxBodyBytes)}
 	}
@@ -440,9 +453,6 @@ func Decode(data []byte, lim Limits) (*Job, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, invalid("", "malformed job JSON: data after the envelope")
 	}
-	if err := j.Check(lim); err != nil {
-		return &j, err
-	}
 	return &j, nil
 }
 
@@ -458,8 +468,25 @@ func CanonicalID(s string) bool {
 	return err == nil && u.String() == s
 }
 
-// Check validates a job already decoded, filling defaults (priority).
+// Check validates a job already decoded, filling defaults (priority):
+// CheckEnvelope, then the request body, parsed against lim.
 func (j *Job) Check(lim Limits) error {
+	if err := j.CheckEnvelope(); err != nil {
+		return err
+	}
+	if j.Endpoint == EndpointEmbeddings {
+		_, err := ParseEmbeddings(j.Request)
+		return err
+	}
+	_, err := ParseRequest(j.Request, lim)
+	return err
+}
+
+// CheckEnvelope is Check without parsing the request body: that one is
+// present, and the endpoint is known. It is for a caller that parses the
+// body itself anyway (ingest's token estimate, with the same checks), or
+// that holds a seal proving the body was checked (internal/guard).
+func (j *Job) CheckEnvelope() error {
 	if j.ID != "" && !CanonicalID(j.ID) {
 		return invalid("id", "must be a UUID in canonical form (like 0190f6c4-8b1e-7c3a-9d2e-4f5a6b7c8d9e, lower case), got %q", clip(j.ID))
 	}
@@ -483,14 +510,12 @@ func (j *Job) Check(lim Limits) error {
 		if len(j.Request) == 0 || string(j.Request) == "null" {
 			return invalid("request", "is required (an OpenAI chat-completions body)")
 		}
-		_, err := ParseRequest(j.Request, lim)
-		return err
+		return nil
 	case EndpointEmbeddings:
 		if len(j.Request) == 0 || string(j.Request) == "null" {
 			return invalid("request", "is required (an OpenAI embeddings body)")
 		}
-		_, err := ParseEmbeddings(j.Request)
-		return err
+		return nil
 	}
 	return invalid("endpoint", "must be %q or %q, got %q", EndpointChat, EndpointEmbeddings, clip(j.Endpoint))
 }

@@ -50,7 +50,7 @@ func (s *Service) postJob(w http.ResponseWriter, r *http.Request, auth api.Auth)
 		s.fail(w, "http", err)
 		return
 	}
-	j, err := job.Decode(body, s.lim)
+	j, err := job.Parse(body, s.lim) // accept checks it
 	if err != nil {
 		s.fail(w, "http", err)
 		return

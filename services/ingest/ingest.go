@@ -159,7 +159,9 @@ type created struct{ job, op uint64 }
 func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, error) {
 	// Sluice sets these; nothing a producer wrote there is believed.
 	j.ClearInternal()
-	if err := j.Check(s.lim); err != nil {
+	// The request body is parsed and checked once, by the token estimate
+	// below (the same checks as job.Check).
+	if err := j.CheckEnvelope(); err != nil {
 		return Accepted{}, err
 	}
 	if _, ok := s.cfg.App.Tenant(j.Tenant); !ok {
@@ -228,25 +230,16 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 	opKey, key := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
 	op := mesh.OpRecord{Key: key, JobID: j.ID, Tenant: j.Tenant, State: mesh.OpQueued, Provider: prov.Name, Model: model.Name, UpdatedAt: now}
 	opData, _ := json.Marshal(op)
-	type createResult struct {
-		rev uint64
-		err error
-	}
-	opCh := make(chan createResult, 1)
-	go func() {
-		rev, err := s.mesh.Idempotency.Create(ctx, opKey, opData)
-		opCh <- createResult{rev, err}
-	}()
 	var made created
 	rec := mesh.Record{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusQueued, SubmittedAt: j.SubmittedAt}
 	data, _ := json.Marshal(rec)
-	jobRev, jobErr := s.mesh.Results.Create(ctx, j.ID, data)
-	first := <-opCh
+	jobMade, first := s.mesh.CreateRecords(ctx, j.ID, data, opKey, opData)
+	jobRev, jobErr := jobMade.Rev, jobMade.Err
 	// An operation record this call created for a job it does not take on
 	// goes again (only at the revision written here).
 	dropOp := func() {
-		if first.err == nil {
-			_ = withdraw(context.WithoutCancel(ctx), s.mesh.Idempotency, opKey, first.rev)
+		if first.Err == nil {
+			_ = withdraw(context.WithoutCancel(ctx), s.mesh.Idempotency, opKey, first.Rev)
 		}
 	}
 	if jobErr == nil {
@@ -272,7 +265,7 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 	}
 
 	for attempt := 1; ; attempt++ {
-		rev, err := first.rev, first.err
+		rev, err := first.Rev, first.Err
 		if attempt > 1 {
 			rev, err = s.mesh.Idempotency.Create(ctx, opKey, opData)
 		}
@@ -584,9 +577,7 @@ func (s *Service) Run(ctx context.Context) error {
 
 func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 	tenant, _ := job.TenantFromIntake(msg.Subject())
-	j, derr := job.Decode(msg.Data(), s.lim)
-	if j != nil {
-	}
+	j, derr := job.Parse(msg.Data(), s.lim) // accept checks it
 	if j == nil {
 		j = &job.Job{}
 	}

@@ -1,0 +1,74 @@
+package mesh
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/natstest"
+	"github.com/sluice-dev/sluice/streams"
+)
+
+// CreateRecords creates both records in one wait, and answers as
+// KeyValue.Create does for a key that holds a record (ErrKeyExists) or only
+// a withdrawal's marker (created anew).
+func TestCreateRecords(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	js, err := jetstream.New(natstest.Conn(t, natstest.Server(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := Open(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := job.NewID()
+	opKey, _ := OpKey("acme", "", id)
+
+	rec, op := m.CreateRecords(ctx, id, []byte(`{"r":1}`), opKey, []byte(`{"o":1}`))
+	if rec.Err != nil || op.Err != nil || rec.Rev == 0 || op.Rev == 0 {
+		t.Fatalf("first create: %+v %+v; want both created", rec, op)
+	}
+	for _, c := range []struct {
+		kv  jetstream.KeyValue
+		key string
+		rev uint64
+		val string
+	}{{m.Results, id, rec.Rev, `{"r":1}`}, {m.Idempotency, opKey, op.Rev, `{"o":1}`}} {
+		e, err := c.kv.Get(ctx, c.key)
+		if err != nil || e.Revision() != c.rev || string(e.Value()) != c.val {
+			t.Fatalf("%s/%s: %v, %v; want %s at %d", c.kv.Bucket(), c.key, e, err, c.val, c.rev)
+		}
+	}
+
+	// Both exist: ErrKeyExists for each, nothing overwritten.
+	rec2, op2 := m.CreateRecords(ctx, id, []byte(`{"r":2}`), opKey, []byte(`{"o":2}`))
+	if !errors.Is(rec2.Err, jetstream.ErrKeyExists) || !errors.Is(op2.Err, jetstream.ErrKeyExists) {
+		t.Fatalf("second create: %+v %+v; want ErrKeyExists for both", rec2, op2)
+	}
+	if e, _ := m.Results.Get(ctx, id); e == nil || string(e.Value()) != `{"r":1}` {
+		t.Fatalf("job record overwritten: %v", e)
+	}
+
+	// The operation record withdrawn (purged, as ingest withdraws): it is
+	// created anew; the job record still exists.
+	if err := m.Idempotency.Purge(ctx, opKey, jetstream.LastRevision(op.Rev)); err != nil {
+		t.Fatal(err)
+	}
+	rec3, op3 := m.CreateRecords(ctx, id, []byte(`{"r":3}`), opKey, []byte(`{"o":3}`))
+	if !errors.Is(rec3.Err, jetstream.ErrKeyExists) || op3.Err != nil || op3.Rev <= op.Rev {
+		t.Fatalf("after a withdrawal: %+v %+v; want the job record existing, the operation record made anew", rec3, op3)
+	}
+	if e, _ := m.Idempotency.Get(ctx, opKey); e == nil || string(e.Value()) != `{"o":3}` {
+		t.Fatalf("operation record after re-create: %v", e)
+	}
+}
