@@ -64,6 +64,7 @@ func NewAnthropic(cfg AnthropicConfig) *Anthropic {
 // and converts the answer back to the OpenAI shape. A body it cannot convert
 // is a PhaseBuild error (nothing is sent).
 func (a *Anthropic) Do(ctx context.Context, c Call) (*Response, error) {
+	ctx = withSendBy(ctx, c)
 	if c.Endpoint == job.EndpointEmbeddings {
 		return nil, buildErr("the Anthropic API has no embeddings endpoint")
 	}

@@ -45,6 +45,31 @@ type Call struct {
 	IdempotencyKey string
 	// JobID is sent as the X-Sluice-Job-Id header when non-empty.
 	JobID string
+	// SendBy, when set, is the latest instant the request may start to
+	// leave: a paced call planned for an instant must reach the provider
+	// within its tolerance, or the plan no longer bounds what the provider
+	// sees. It is checked when the request's first byte is about to be
+	// written, after the connection was obtained (dialing, or waiting for
+	// one, can take longer than the tolerance on a loaded machine); a call
+	// that would leave later is not sent and Do returns a PhaseConnect
+	// TransportError wrapping ErrSendLate. With a transport other than the
+	// built-in one it is checked only before the round trip starts.
+	SendBy time.Time
+}
+
+// ErrSendLate is wrapped by the error of a call not sent because it would
+// have left after its Call.SendBy.
+var ErrSendLate = errors.New("the request would leave after its send deadline")
+
+// sendByKey carries Call.SendBy to open.
+type sendByKey struct{}
+
+// withSendBy returns ctx carrying c's SendBy for open, if it has one.
+func withSendBy(ctx context.Context, c Call) context.Context {
+	if c.SendBy.IsZero() {
+		return ctx
+	}
+	return context.WithValue(ctx, sendByKey{}, c.SendBy)
 }
 
 // Response is a provider's HTTP response, whatever its status.
@@ -161,16 +186,31 @@ type builtinTransport struct{ http.Transport }
 type countingConn struct {
 	net.Conn
 	writes atomic.Int64
+	// sendBy is the Call.SendBy (unix nanoseconds, 0: none) of the request
+	// the connection was just handed to; its first write checks it, and
+	// refuses (without writing or counting) if the instant has passed.
+	sendBy atomic.Int64
+	// late is set once a write was refused for sendBy: the connection is
+	// being discarded and writes nothing more (not even TLS's
+	// close_notify), so the round trip stays a PhaseConnect.
+	late atomic.Bool
 }
 
 func (c *countingConn) Write(p []byte) (int, error) {
+	if by := c.sendBy.Swap(0); by != 0 && time.Now().UnixNano() > by {
+		c.late.Store(true)
+	}
+	if c.late.Load() {
+		return 0, ErrSendLate
+	}
 	c.writes.Add(1)
 	return c.Conn.Write(p)
 }
 
 // tracker follows one round trip through httptrace to decide its Phase.
 type tracker struct {
-	ours      bool // the built-in transport: every connection is a countingConn
+	ours      bool  // the built-in transport: every connection is a countingConn
+	sendBy    int64 // Call.SendBy in unix nanoseconds, 0 if none
 	mu        sync.Mutex
 	getConn   bool // the transport began looking for a connection
 	gotConn   bool
@@ -193,6 +233,8 @@ func (t *tracker) trace() *httptrace.ClientTrace {
 			if cc, ok := c.(*countingConn); ok {
 				t.conn = cc
 				t.writes0 = cc.writes.Load()
+				// Set for every request, so none inherits another's.
+				cc.sendBy.Store(t.sendBy)
 			}
 		},
 		WroteHeaders: func() { t.mu.Lock(); t.wroteHdrs = true; t.mu.Unlock() },
@@ -287,6 +329,12 @@ func readBody(ctx context.Context, resp *http.Response, maxResp int) ([]byte, er
 func open(ctx context.Context, rt http.RoundTripper, target string, body []byte, hdr http.Header) (*http.Response, error) {
 	_, ours := rt.(*builtinTransport)
 	tr := &tracker{ours: ours}
+	if by, ok := ctx.Value(sendByKey{}).(time.Time); ok {
+		if time.Now().After(by) {
+			return nil, &TransportError{Phase: PhaseConnect, Err: ErrSendLate}
+		}
+		tr.sendBy = by.UnixNano()
+	}
 	ctx = httptrace.WithClientTrace(ctx, tr.trace())
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, nil)
 	if err != nil {
@@ -368,6 +416,7 @@ func NewOpenAI(cfg OpenAIConfig) *OpenAI {
 // Do POSTs c.Body, untouched, to {BaseURL}/chat/completions, or to
 // {BaseURL}/embeddings for an embeddings call.
 func (o *OpenAI) Do(ctx context.Context, c Call) (*Response, error) {
+	ctx = withSendBy(ctx, c)
 	path := "/chat/completions"
 	if c.Endpoint == job.EndpointEmbeddings {
 		path = "/embeddings"

@@ -129,6 +129,7 @@ func openStream(ctx context.Context, rt http.RoundTripper, target string, body [
 // Stream POSTs c.Body (which asks for stream: true), untouched, to
 // {BaseURL}/chat/completions and reads OpenAI's chunks.
 func (o *OpenAI) Stream(ctx context.Context, c Call) (*Response, *Stream, error) {
+	ctx = withSendBy(ctx, c)
 	target, err := endpoint(o.baseURL, "/chat/completions")
 	if err != nil {
 		return nil, nil, buildErr("%v", err)
@@ -173,6 +174,7 @@ func openAIEvent(ev ssestream.Event) ([][]byte, bool, error) {
 // finish chunk and a usage chunk (always; the caller drops it when its
 // client did not ask for usage).
 func (a *Anthropic) Stream(ctx context.Context, c Call) (*Response, *Stream, error) {
+	ctx = withSendBy(ctx, c)
 	target, err := endpoint(a.baseURL, "/messages")
 	if err != nil {
 		return nil, nil, buildErr("%v", err)

@@ -134,14 +134,18 @@ func (u *unitLimiter) amounts(stated map[string]int) []int64 {
 // on requests and tokens (m.admit), as one step under the units' lock. It
 // returns the decision and, for a refusal by a unit, the error to answer.
 func (s *Server) admit(m *modelState, c *call) (decision, *apiError) {
+	at := c.arrived
+	if at == 0 {
+		at = s.now()
+	}
 	u := m.units
 	if u == nil {
-		return m.admit(s.now(), c.cost), nil
+		return m.admit(at, c.cost), nil
 	}
 	amounts := u.amounts(s.cfg.UnitsOf(c.body))
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	now := max(s.now(), u.last)
+	now := max(at, u.last)
 	u.last = now
 	for i, us := range u.units {
 		us.arrived.add(now, amounts[i])

@@ -467,6 +467,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		until = *j.Deadline
 	}
 	labels := []string{j.Provider, j.Model}
+	var sendBy time.Time
 	if r := j.Reservation; !r.SendAt.IsZero() {
 		// The provider judges the instant the call arrives: not before the
 		// planned one, and not after the tolerance, or the plan that keeps
@@ -483,7 +484,12 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 			return errors.New("shutting down before the send instant")
 		}
 		late := s.now().Sub(r.SendAt)
-		if s.now().After(r.ValidUntil) {
+		// The call must also leave by then: checked again when its first
+		// byte is written, after the connection was dialed or taken from
+		// the pool (provider.Call.SendBy).
+		sendBy = r.ValidUntil
+		if s.now().After(sendBy) {
+			br.Release(probe)
 			s.requeueOp(ctx, opKey, j, "late send")
 			s.giveBackUnsent(ctx, msg, j)
 			return s.readmit(ctx, msg, j)
@@ -495,7 +501,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	stop := keepAlive(callCtx, msg)
 	s.m.InFlight.WithLabelValues(labels...).Inc()
 	start := s.now()
-	call := provider.Call{Provider: j.Provider, Model: j.Model, Endpoint: j.Endpoint, Body: j.Request, IdempotencyKey: mesh.ProviderKey(opKey), JobID: j.ID}
+	call := provider.Call{Provider: j.Provider, Model: j.Model, Endpoint: j.Endpoint, Body: j.Request, IdempotencyKey: mesh.ProviderKey(opKey), JobID: j.ID, SendBy: sendBy}
 	var resp *provider.Response
 	var cerr error
 	var end *streamEnd
@@ -514,6 +520,15 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	elapsed := s.now().Sub(start)
 	s.m.InFlight.WithLabelValues(labels...).Dec()
 	stop()
+	if errors.Is(cerr, provider.ErrSendLate) {
+		// Not sent: the connection came (or the request was built) after
+		// the instant it had to leave by. Like a call late on waking, it
+		// gives its instant back and goes back to admission.
+		br.Release(probe)
+		s.requeueOp(ctx, opKey, j, "late send")
+		s.giveBackUnsent(ctx, msg, j)
+		return s.readmit(ctx, msg, j)
+	}
 	s.m.ProviderLatency.WithLabelValues(labels...).Observe(elapsed.Seconds())
 	if end != nil {
 		// Past the first token (or a clean end, or cancelled): the job ends
