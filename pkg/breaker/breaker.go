@@ -23,7 +23,8 @@
 //
 // Every Allow that returns ok must be followed by exactly one Record or
 // Release with the probe flag Allow returned; otherwise a half-open breaker
-// keeps its probe slots taken and never closes.
+// keeps its probe slots taken and never closes. [Breaker.Take] returns a
+// [Ticket] that keeps that count: defer its Release, and Record the outcome.
 //
 // # States
 //
@@ -231,6 +232,47 @@ func (b *Breaker) Release(probe bool) {
 		b.inFlight = max(b.inFlight-1, 0)
 	}
 }
+
+// Ticket is a call Allow admitted, settled exactly once: by Record, or by
+// Release, which a caller defers right after Take so that every way out of
+// the call (an abandoned call, a shutdown, an early return added later)
+// gives a half-open breaker's probe slot back. Settling a ticket again does
+// nothing: a second Release must not free a slot another probe holds.
+type Ticket struct {
+	b       *Breaker
+	probe   bool
+	settled bool
+}
+
+// Take is Allow returning a Ticket (nil when the call is refused).
+func (b *Breaker) Take() (t *Ticket, retryAt time.Time) {
+	ok, probe, retryAt := b.Allow()
+	if !ok {
+		return nil, retryAt
+	}
+	return &Ticket{b: b, probe: probe}, time.Time{}
+}
+
+// Record settles the ticket with the call's outcome (Breaker.Record).
+func (t *Ticket) Record(success bool) {
+	if t == nil || t.settled {
+		return
+	}
+	t.settled = true
+	t.b.Record(success, t.probe)
+}
+
+// Release settles the ticket without an outcome (Breaker.Release).
+func (t *Ticket) Release() {
+	if t == nil || t.settled {
+		return
+	}
+	t.settled = true
+	t.b.Release(t.probe)
+}
+
+// Probe reports whether the ticket is a half-open breaker's probe.
+func (t *Ticket) Probe() bool { return t != nil && t.probe }
 
 // State returns the current state.
 func (b *Breaker) State() State {

@@ -307,3 +307,43 @@ func TestSet(t *testing.T) {
 		t.Errorf("keys: got %d, want 7", got)
 	}
 }
+
+// A ticket is settled once: its deferred Release gives a probe slot back on
+// any way out of a call, and after Record (or a first Release) it frees
+// nothing that another probe holds.
+func TestTicketSettlesOnce(t *testing.T) {
+	t.Parallel()
+	b, clk := setup(t, breaker.Config{Probes: 2})
+	trip(t, b)
+	clk.Advance(breaker.DefaultOpenFor)
+	abandoned := func() {
+		tk, _ := b.Take()
+		if !tk.Probe() {
+			t.Fatalf("half-open Take: got %+v, want a probe", tk)
+		}
+		defer tk.Release()
+		// The call is abandoned here (a drain, a shutdown): no Record.
+	}
+	for range 5 {
+		abandoned() // would hold both slots for good without the deferred Release
+	}
+	held, _ := b.Take()
+	other, _ := b.Take()
+	if held == nil || other == nil {
+		t.Fatalf("after abandoned probes: Take = %v, %v; want both slots free", held, other)
+	}
+	if tk, _ := b.Take(); tk != nil {
+		t.Fatalf("a third probe with 2 in flight was admitted")
+	}
+	held.Record(true)
+	held.Release() // settled already: must not free other's slot
+	held.Release()
+	if tk, _ := b.Take(); tk == nil {
+		t.Fatalf("the slot the recorded probe freed is not free")
+	} else if tk2, _ := b.Take(); tk2 != nil {
+		t.Fatalf("a settled ticket's second Release freed another probe's slot")
+	}
+	var none *breaker.Ticket
+	none.Release() // a refused call's nil ticket: nothing to settle
+	none.Record(false)
+}

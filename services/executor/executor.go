@@ -450,8 +450,11 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	}
 	target := config.Target{Provider: j.Provider, Model: j.Model}
 	br := s.breakers.Get(target.String())
-	allowed, probe, openUntil := br.Allow()
-	if !allowed {
+	tk, openUntil := br.Take()
+	// Every way out of the call settles the ticket: a half-open breaker's
+	// probe slot left taken would stop the model in this process for good.
+	defer tk.Release()
+	if tk == nil {
 		// The provider is failing: do not call it. Fall back if a route says
 		// so, otherwise wait (by redelivery delay) until the breaker probes.
 		if fb, ok := s.fallback(j, route.Situation{Current: target, Priority: string(j.Priority)}); ok {
@@ -489,7 +492,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		// the pool (provider.Call.SendBy).
 		sendBy = r.ValidUntil
 		if s.now().After(sendBy) {
-			br.Release(probe)
+			tk.Release()
 			s.requeueOp(ctx, opKey, j, "late send")
 			s.giveBackUnsent(ctx, msg, j)
 			return s.readmit(ctx, msg, j)
@@ -524,7 +527,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		// Not sent: the connection came (or the request was built) after
 		// the instant it had to leave by. Like a call late on waking, it
 		// gives its instant back and goes back to admission.
-		br.Release(probe)
+		tk.Release()
 		s.requeueOp(ctx, opKey, j, "late send")
 		s.giveBackUnsent(ctx, msg, j)
 		return s.readmit(ctx, msg, j)
@@ -536,11 +539,11 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		s.m.StreamDuration.WithLabelValues(j.Provider, j.Model, string(end.status)).Observe(elapsed.Seconds())
 		switch end.status {
 		case job.StatusSucceeded:
-			br.Record(true, probe)
+			tk.Record(true)
 		case job.StatusInterrupted:
-			br.Record(false, probe)
+			tk.Record(false)
 		default:
-			br.Release(probe)
+			tk.Release()
 		}
 		status := "200"
 		if resp == nil {
@@ -570,11 +573,11 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	}
 	switch out.Class {
 	case provider.Success:
-		br.Record(true, probe)
+		tk.Record(true)
 	case provider.Overloaded, provider.ConnectFailed, provider.Unknown:
-		br.Record(false, probe)
+		tk.Record(false)
 	default:
-		br.Release(probe) // 429s and request errors say nothing about the provider's health
+		tk.Release() // 429s and request errors say nothing about the provider's health
 	}
 	if out.Class == provider.AuthBroken {
 		s.markBroken(target)
