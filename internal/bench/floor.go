@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -17,7 +16,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/pkg/job"
-	"github.com/sluice-dev/sluice/pkg/natstest"
 	"github.com/sluice-dev/sluice/streams"
 )
 
@@ -59,19 +57,11 @@ const (
 // URL ("" for no provider call).
 func MeasureFloor(ctx context.Context, jobs, conc int, providerURL string, oneRecord bool) (Floor, error) {
 	f := Floor{OneRecord: oneRecord, Call: providerURL != "", Jobs: jobs}
-	dir, err := os.MkdirTemp("", "sluice-floor-")
+	ns, stop, err := freshServer("sluice-floor-")
 	if err != nil {
 		return f, err
 	}
-	defer os.RemoveAll(dir)
-	ns, err := natstest.Start(natstest.Options{StoreDir: dir})
-	if err != nil {
-		return f, err
-	}
-	defer func() {
-		ns.Shutdown()
-		ns.WaitForShutdown()
-	}()
+	defer stop()
 	svc, err := nats.Connect("", nats.InProcessServer(ns))
 	if err != nil {
 		return f, err
@@ -118,8 +108,8 @@ func MeasureFloor(ctx context.Context, jobs, conc int, providerURL string, oneRe
 	if err := prod.Flush(); err != nil {
 		return f, err
 	}
-	stop, err := pl.start(ctx)
-	defer stop()
+	stopStages, err := pl.start(ctx)
+	defer stopStages()
 	if err != nil {
 		return f, err
 	}

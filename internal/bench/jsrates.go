@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -60,24 +61,36 @@ func meanRates(a, b JetStreamRates) JetStreamRates {
 	}
 }
 
+// freshServer starts an embedded server, as the overhead benchmark's node
+// embeds, with a file store in a new temporary directory; stop shuts it
+// down and removes the directory.
+func freshServer(prefix string) (ns *server.Server, stop func(), err error) {
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		return nil, nil, err
+	}
+	ns, err = natstest.Start(natstest.Options{StoreDir: dir})
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	return ns, func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+		_ = os.RemoveAll(dir)
+	}, nil
+}
+
 // MeasureJetStream measures JetStreamRates with ops operations each (the
 // asynchronous publishes: ten times as many) on a fresh embedded server,
 // with messages of the size of a small job envelope.
 func MeasureJetStream(ctx context.Context, ops int) (JetStreamRates, error) {
 	rates := JetStreamRates{Ops: ops}
-	dir, err := os.MkdirTemp("", "sluice-jsrates-")
+	ns, stop, err := freshServer("sluice-jsrates-")
 	if err != nil {
 		return rates, err
 	}
-	defer os.RemoveAll(dir)
-	ns, err := natstest.Start(natstest.Options{StoreDir: dir})
-	if err != nil {
-		return rates, err
-	}
-	defer func() {
-		ns.Shutdown()
-		ns.WaitForShutdown()
-	}()
+	defer stop()
 	nc, err := nats.Connect(ns.ClientURL())
 	if err != nil {
 		return rates, err
