@@ -7,6 +7,8 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -39,7 +41,18 @@ func newNetLab(t testing.TB, n int) (*netLab, error) {
 	if _, err := exec.LookPath("ip"); err != nil {
 		return nil, errors.New("ip (iproute2) not installed")
 	}
-	l := &netLab{t: t, id: fmt.Sprintf("%04x", rand.N(1<<16)), subnet: fmt.Sprintf("198.18.%d", rand.N(256))}
+	// A lab whose test was killed (a CI timeout) stays behind; its owner's
+	// process id is in its name, so the next lab removes it, and never
+	// takes a subnet the machine already has.
+	removeStaleLabs()
+	used, _ := exec.Command("ip", "-o", "-4", "addr", "show").Output()
+	l := &netLab{t: t, id: labID(os.Getpid(), rand.N(256))}
+	for range 256 {
+		l.subnet = fmt.Sprintf("198.18.%d", rand.N(256))
+		if !strings.Contains(string(used), " "+l.subnet+".") {
+			break
+		}
+	}
 	hub := l.hub()
 	var nss []string
 	t.Cleanup(func() {
@@ -106,6 +119,51 @@ func newNetLab(t testing.TB, n int) (*netLab, error) {
 	return l, nil
 }
 
+// labID names a lab after its owner's process id (hex) and a random byte:
+// sl<pid>x<rr>-…, which keeps every interface name within the kernel's 15
+// characters.
+func labID(pid, r int) string { return fmt.Sprintf("%xx%02x", pid, r) }
+
+// labName matches a lab's namespaces and root-side link: its id, and the
+// owner's process id.
+var labName = regexp.MustCompile(`^sl(([0-9a-f]+)x[0-9a-f]{2})-(hub|n[0-9]+|r)$`)
+
+// removeStaleLabs deletes the namespaces and links of labs whose owner
+// process is gone.
+func removeStaleLabs() {
+	dead := func(name string) (id string, ok bool) {
+		m := labName.FindStringSubmatch(name)
+		if m == nil {
+			return "", false
+		}
+		pid, err := strconv.ParseInt(m[2], 16, 32)
+		if err != nil || pid <= 0 {
+			return "", false
+		}
+		return m[1], errors.Is(syscall.Kill(int(pid), 0), syscall.ESRCH)
+	}
+	out, _ := exec.Command("ip", "netns", "list").Output()
+	for _, line := range strings.Split(string(out), "\n") {
+		name, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+		if id, ok := dead(name); ok {
+			_ = exec.Command("ip", "netns", "del", name).Run()
+			_ = exec.Command("ip", "link", "del", "sl"+id+"-r").Run()
+		}
+	}
+	out, _ = exec.Command("ip", "-o", "link", "show").Output()
+	for _, line := range strings.Split(string(out), "\n") {
+		// "7: sl1a2bx0c-r@if6: <...>"
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
+		if _, ok := dead(name); ok {
+			_ = exec.Command("ip", "link", "del", name).Run()
+		}
+	}
+}
+
 func (l *netLab) hub() string         { return "sl" + l.id + "-hub" }
 func (l *netLab) ns(i int) string     { return fmt.Sprintf("sl%s-n%d", l.id, i) }
 func (l *netLab) hostIP() string      { return l.subnet + ".1" }
@@ -134,5 +192,42 @@ func (l *netLab) isolate(i, n int, cut bool) {
 				l.t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
 			}
 		}
+	}
+}
+
+// A lab left behind by a killed test is removed by the next one: its
+// namespaces and its link, and only those of a process that is gone.
+func TestStaleLabsRemoved(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for network namespaces")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs ip (iproute2)")
+	}
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	stale, live := labID(gone.Process.Pid, 1), labID(os.Getpid(), 2)
+	t.Cleanup(func() {
+		for _, id := range []string{stale, live} {
+			_ = exec.Command("ip", "netns", "del", "sl"+id+"-n0").Run()
+			_ = exec.Command("ip", "link", "del", "sl"+id+"-r").Run()
+		}
+	})
+	for _, id := range []string{stale, live} {
+		for _, args := range [][]string{{"netns", "add", "sl" + id + "-n0"}, {"link", "add", "sl" + id + "-r", "type", "veth", "peer", "name", "sl" + id + "-rh"}} {
+			if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+				t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+			}
+		}
+	}
+	removeStaleLabs()
+	has := func(args ...string) bool { return exec.Command("ip", args...).Run() == nil }
+	if has("netns", "exec", "sl"+stale+"-n0", "true") || has("link", "show", "sl"+stale+"-r") {
+		t.Errorf("the lab of a process that is gone (%s) is still there", stale)
+	}
+	if !has("netns", "exec", "sl"+live+"-n0", "true") || !has("link", "show", "sl"+live+"-r") {
+		t.Errorf("the lab of a live process (%s) was removed", live)
 	}
 }
