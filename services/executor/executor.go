@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -57,17 +58,20 @@ type Config struct {
 
 // Service is the executor service.
 type Service struct {
-	guard   *guard.Guard
-	cfg     Config
-	mesh    *mesh.Mesh
-	store   *budget.Store
-	log     *slog.Logger
-	m       *metrics.Set
-	now     func() time.Time
-	clients map[string]provider.Client
-	rndMu   sync.Mutex
-	rnd     *rand.Rand
-	holder  string // this process's name in concurrency leases
+	// givingBack holds, per model key, whether a lapsed instant is being
+	// returned (giveBackUnsent): one at a time.
+	givingBack sync.Map
+	guard      *guard.Guard
+	cfg        Config
+	mesh       *mesh.Mesh
+	store      *budget.Store
+	log        *slog.Logger
+	m          *metrics.Set
+	now        func() time.Time
+	clients    map[string]provider.Client
+	rndMu      sync.Mutex
+	rnd        *rand.Rand
+	holder     string // this process's name in concurrency leases
 
 	tenantPools map[string]*budget.Pool
 	router      *route.Router
@@ -779,8 +783,21 @@ func (s *Service) giveBackUnsent(ctx context.Context, msg jetstream.Msg, j *job.
 	if !ok {
 		return
 	}
+	key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
+	// One give-back per model at a time; the others keep their instants
+	// spent, which errs towards the limit. Each is a compare-and-set on the
+	// model's schedule, the key every admission process plans on: when
+	// executors fell behind (TestChaos, after executors were killed), every
+	// lapsed job returned its instant, the conflicts slowed planning and the
+	// sends, more instants lapsed, and no job reached the provider for
+	// minutes.
+	busy, _ := s.givingBack.LoadOrStore(key, new(atomic.Bool))
+	if !busy.(*atomic.Bool).CompareAndSwap(false, true) {
+		return
+	}
+	defer busy.(*atomic.Bool).Store(false)
 	back := budget.Cost{Requests: r.Requests, Tokens: r.Tokens, Units: reservedUnits(r, model)}
-	if err := s.store.ReturnLapsed(ctx, budget.ModelKey(j.Provider, job.ModelToken(j.Model)), r.SendAt, back); err != nil {
+	if err := s.store.ReturnLapsed(ctx, key, r.SendAt, back); err != nil {
 		s.log.Debug("return a lapsed reservation", "job_id", j.ID, "err", err)
 	}
 }
