@@ -321,8 +321,8 @@ func sameUnits(a, b map[string]int) bool {
 // only when the seal does not verify: a seal binds the body's hash to the
 // tenant, provider, model and endpoint, and only a holder of the fleet key
 // that checked the body (ingest, or admission's Queued) makes one. A large
-// prompt is the costliest thing a hop parses, and it was parsed three
-// times per hop before.
+// prompt is the costliest thing a hop parses, and this hop parsed it twice
+// (the checks, then the model name) before.
 func (g *Guard) static(j *job.Job) (model *config.Model, sealed bool, err error) {
 	if j.ID == "" || !job.CanonicalID(j.ID) {
 		return nil, false, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "id", Message: "must be a UUID in canonical form"}
