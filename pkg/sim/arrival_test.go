@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -57,5 +58,48 @@ func TestChargedAtArrival(t *testing.T) {
 	}
 	if ms := s.Stats().Models[model]; ms.MaxRequestsIn1s != 2 {
 		t.Errorf("busiest second held %d requests, want 2", ms.MaxRequestsIn1s)
+	}
+}
+
+// TestOnArrival: the hook sees every judged request with its headers, its
+// instant, its charge and what refused it.
+func TestOnArrival(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	var got []sim.Arrival
+	var mu sync.Mutex
+	s, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 60}}, Now: clk.Now, // 1 request a second
+		OnArrival: func(a sim.Arrival) { mu.Lock(); got = append(got, a); mu.Unlock() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := body(model, "hi", 10)
+	post := func(jobID string) int {
+		rec := httptest.NewRecorder()
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(b))
+		r.Header.Set("X-Sluice-Job-Id", jobID)
+		r.Header.Set("Idempotency-Key", "op-"+jobID)
+		s.ServeHTTP(rec, r)
+		return rec.Code
+	}
+	first := clk.Now()
+	if code := post("a"); code != http.StatusOK {
+		t.Fatalf("first request: status %d", code)
+	}
+	clk.Advance(300 * time.Millisecond)
+	if code := post("b"); code != http.StatusTooManyRequests {
+		t.Fatalf("second request in the same second: status %d, want 429", code)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 2 {
+		t.Fatalf("%d arrivals seen, want 2: %+v", len(got), got)
+	}
+	a, r := got[0], got[1]
+	if a.JobID != "a" || a.IdempotencyKey != "op-a" || !a.Admitted || a.Limit != "" || !a.At.Equal(first) || a.Cost != int64(cost(t, b)) || a.Model != model {
+		t.Errorf("admitted arrival %+v, want job a at %v costing %d", a, first, cost(t, b))
+	}
+	if r.JobID != "b" || r.Admitted || r.Limit != "requests_short_window" || !r.At.Equal(first.Add(300*time.Millisecond)) {
+		t.Errorf("refused arrival %+v, want job b refused by requests_short_window 300 ms later", r)
 	}
 }

@@ -123,6 +123,30 @@ type Config struct {
 	Now func() time.Time
 	// Faults injects provider failures.
 	Faults Faults
+	// OnArrival, if set, is called with every request a model's rate
+	// limits judged, admitted or refused, once they have judged it: the
+	// provider's view of each call, for tests and tools that compare it
+	// with the caller's plan. It runs on the request's goroutine and must
+	// be safe for concurrent use and quick.
+	OnArrival func(Arrival)
+}
+
+// Arrival is one request as the rate limits judged it.
+type Arrival struct {
+	Model string
+	// JobID and IdempotencyKey are the request's X-Sluice-Job-Id and
+	// Idempotency-Key headers ("" if absent).
+	JobID, IdempotencyKey string
+	// At is the instant it was judged at: when it reached the server.
+	At time.Time
+	// Cost is the tokens it was charged (or would have been): prompt plus
+	// n times its output limit.
+	Cost     int64
+	Admitted bool
+	// Limit is what refused it, named as in ModelStats.RateLimitedBy
+	// ("tokens_short_window", "too_large", ...) or by a unit's name; ""
+	// when admitted.
+	Limit string
 }
 
 // Faults injects provider failures. Rates are probabilities per admitted

@@ -250,6 +250,19 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, g *generatio
 // the ledger entry c owns, if it has an Idempotency-Key.
 func (s *Server) execute(w http.ResponseWriter, r *http.Request, g *generation, m *modelState, c *call, e *entry) {
 	d, unitErr := s.admit(m, c)
+	if s.cfg.OnArrival != nil {
+		a := Arrival{Model: c.model, JobID: c.jobID, IdempotencyKey: c.key, At: time.Unix(0, d.at), Cost: c.cost, Admitted: d.admitted}
+		switch {
+		case d.admitted:
+		case unitErr != nil:
+			a.Limit = unitErr.Type
+		case d.tooLarge:
+			a.Limit = reasonNames[reasonTooLarge]
+		default:
+			a.Limit = reasonNames[d.reason]
+		}
+		s.cfg.OnArrival(a)
+	}
 	d.rate.set(w.Header(), s.form)
 	if !d.admitted {
 		g.release(c.key, e)
