@@ -81,6 +81,60 @@ tenants:
 		}
 	})
 
+	t.Run("stream", func(t *testing.T) {
+		// stream: true relays the mesh's stream as Anthropic's events;
+		// the SDK folds them into the message a plain call returns.
+		params := anthropic.MessageNewParams{Model: "claude-sim", MaxTokens: 64,
+			Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("Stream, please."))}}
+		var httpResp *http.Response
+		st := c.Messages.NewStreaming(ctx, params, option.WithResponseInto(&httpResp))
+		var msg anthropic.Message
+		var types []string
+		for st.Next() {
+			ev := st.Current()
+			types = append(types, ev.Type)
+			if err := msg.Accumulate(ev); err != nil {
+				t.Fatalf("accumulating %s: %v", ev.Type, err)
+			}
+		}
+		if err := st.Err(); err != nil {
+			t.Fatalf("stream through Sluice: %v (events %v)", err, types)
+		}
+		deltas := 0
+		for _, typ := range types {
+			if typ == "content_block_delta" {
+				deltas++
+			}
+		}
+		if len(types) < 6 || types[0] != "message_start" || types[len(types)-1] != "message_stop" || deltas < 2 {
+			t.Errorf("events %v, want message_start, a text block with its deltas (more than one), message_delta, message_stop", types)
+		}
+		if len(msg.Content) != 1 || msg.Content[0].Type != "text" || msg.Content[0].Text == "" {
+			t.Errorf("content %+v, want one text block", msg.Content)
+		}
+		if !strings.HasPrefix(msg.ID, "msg_") || msg.Model != "claude-sim" || msg.Role != "assistant" {
+			t.Errorf("message id %q model %q role %q", msg.ID, msg.Model, msg.Role)
+		}
+		if msg.StopReason != anthropic.StopReasonEndTurn && msg.StopReason != anthropic.StopReasonMaxTokens {
+			t.Errorf("stop_reason %q", msg.StopReason)
+		}
+		if msg.Usage.InputTokens == 0 || msg.Usage.OutputTokens == 0 {
+			t.Errorf("usage %+v, want input and output tokens", msg.Usage)
+		}
+		if ct := httpResp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") || httpResp.Header.Get("X-Sluice-Job-Id") == "" {
+			t.Errorf("content type %q, job id %q: want an event stream and the job's id", ct, httpResp.Header.Get("X-Sluice-Job-Id"))
+		}
+		// A stream refused before it starts is a plain Anthropic error.
+		params.Model = "claude-9"
+		st = c.Messages.NewStreaming(ctx, params)
+		for st.Next() {
+		}
+		var apiErr *anthropic.Error
+		if !asErr(st.Err(), &apiErr) || apiErr.StatusCode != http.StatusNotFound || apiErr.Type() != anthropic.ErrorTypeNotFoundError {
+			t.Errorf("streaming an unknown model: %v, want a 404 not_found_error", st.Err())
+		}
+	})
+
 	t.Run("bad requests", func(t *testing.T) {
 		for _, tc := range []struct {
 			name   string

@@ -143,7 +143,11 @@ func (s *Service) chat(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 	if stream, usage := wantsStream(body); stream {
 		// A stream has no overall wait: its deadlines move with each
 		// event (stream.go).
-		s.streamChat(w, r, j, acc, usage) // stream.go
+		out, f := w, eventFormat(openAIEvents{})
+		if c, ok := w.(*captured); ok && c.stream != nil { // POST /v1/messages
+			out, f = c.beginStream(), c.stream
+		}
+		s.streamChat(out, r, j, acc, usage, f) // stream.go
 		return
 	}
 	api.ExtendDeadlines(w, wait+deadlineSlack)
@@ -193,23 +197,30 @@ func WriteOpenAIResult(w http.ResponseWriter, res *job.Result) {
 	if res.Error != nil {
 		code, msg = res.Error.Code, res.Error.Message
 	}
-	status := http.StatusBadGateway
-	switch {
-	case res.Status == job.StatusExpired:
-		status = http.StatusGatewayTimeout
-	case code == "insufficient_quota":
-		status = http.StatusTooManyRequests
-	case res.Status == job.StatusFailed:
-		status = api.StatusFor(code)
-		if status == http.StatusBadRequest && !strings.HasPrefix(code, "invalid") && code != job.CodeUnsupported && code != "context_length_exceeded" {
-			status = http.StatusBadGateway
-		}
-	}
+	status := failureStatus(res.Status, code)
 	// The job is over: Sluice already retried what could be retried, and
 	// an SDK that retries this answer submits a new job and pays again.
 	api.NoRetry(w)
 	w.Header().Set("X-Sluice-Job-Id", res.JobID)
 	api.Error(w, status, "sluice_"+string(res.Status), code, msg)
+}
+
+// failureStatus is the HTTP status of a job that ended with status and
+// error code code.
+func failureStatus(status job.Status, code string) int {
+	switch {
+	case status == job.StatusExpired:
+		return http.StatusGatewayTimeout
+	case code == "insufficient_quota":
+		return http.StatusTooManyRequests
+	case status == job.StatusFailed:
+		st := api.StatusFor(code)
+		if st == http.StatusBadRequest && !strings.HasPrefix(code, "invalid") && code != job.CodeUnsupported && code != "context_length_exceeded" {
+			return http.StatusBadGateway
+		}
+		return st
+	}
+	return http.StatusBadGateway
 }
 
 func (s *Service) fail(w http.ResponseWriter, via string, err error) {

@@ -76,16 +76,26 @@ func (s *Service) messages(w http.ResponseWriter, r *http.Request, auth api.Auth
 	r2 := r.Clone(r.Context())
 	r2.Body = io.NopCloser(bytes.NewReader(chat))
 	r2.ContentLength = int64(len(chat))
-	rec := &captured{h: http.Header{}}
+	rec := &captured{h: http.Header{}, real: w}
+	if stream, _ := wantsStream(chat); stream {
+		rec.stream = newAnthropicEvents(model)
+	}
 	s.chat(rec, r2, auth)
-	rec.writeAnthropic(w, model)
+	if !rec.streamed {
+		rec.writeAnthropic(w, model)
+	}
 }
 
-// captured holds an OpenAI-shaped answer so it can be rewritten.
+// captured holds an OpenAI-shaped answer so it can be rewritten. For a
+// stream, once the job is accepted, the relay writes Anthropic's events
+// (stream) to the client's writer (real) instead (beginStream).
 type captured struct {
-	h      http.Header
-	status int
-	body   bytes.Buffer
+	h        http.Header
+	status   int
+	body     bytes.Buffer
+	real     http.ResponseWriter
+	stream   *anthropicEvents
+	streamed bool
 }
 
 func (c *captured) Header() http.Header { return c.h }
@@ -285,9 +295,10 @@ func messagesToChat(body []byte) ([]byte, string, error) {
 	}
 	out := map[string]any{"model": in.Model, "max_tokens": *in.MaxTokens}
 	if in.Stream {
-		// Streams are relayed in OpenAI's chunk format only; translating
-		// them into Anthropic's event stream is not built.
-		return nil, "", errors.New("stream: streaming is not supported on /v1/messages yet; send stream: false, or stream from POST /v1/chat/completions")
+		// Relayed as Anthropic's events (messages_stream.go); the usage
+		// chunk gives message_delta its usage.
+		out["stream"] = true
+		out["stream_options"] = map[string]any{"include_usage": true}
 	}
 	if in.Temperature != nil {
 		out["temperature"] = *in.Temperature
@@ -494,13 +505,46 @@ type chatCompletion struct {
 		} `json:"message"`
 		FinishReason string `json:"finish_reason"`
 	} `json:"choices"`
-	Usage struct {
-		PromptTokens        int `json:"prompt_tokens"`
-		CompletionTokens    int `json:"completion_tokens"`
-		PromptTokensDetails *struct {
-			CachedTokens int `json:"cached_tokens"`
-		} `json:"prompt_tokens_details"`
-	} `json:"usage"`
+	Usage chatUsage `json:"usage"`
+}
+
+// chatUsage is a chat completion's (or a usage chunk's) usage.
+type chatUsage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	PromptTokensDetails *struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+// split returns the input tokens as Anthropic counts them: those not read
+// from the cache, and those read from it (cache_read_input_tokens).
+func (u chatUsage) split() (input, cached int) {
+	if d := u.PromptTokensDetails; d != nil {
+		cached = d.CachedTokens
+	}
+	return max(u.PromptTokens-cached, 0), cached
+}
+
+// stopReason maps an OpenAI finish_reason to Anthropic's stop_reason.
+func stopReason(finish string) string {
+	switch finish {
+	case "length":
+		return "max_tokens"
+	case "tool_calls", "function_call":
+		return "tool_use"
+	case "content_filter":
+		return "refusal"
+	}
+	return "end_turn"
+}
+
+// messageID makes a message id of a completion's: msg_ and its suffix.
+func messageID(id string) string {
+	if strings.HasPrefix(id, "msg_") {
+		return id
+	}
+	return "msg_" + strings.TrimPrefix(id, "chatcmpl-")
 }
 
 type anOutBlock struct {
@@ -538,31 +582,15 @@ func chatToMessage(body []byte, model string) ([]byte, error) {
 		}
 		content = append(content, anOutBlock{Type: "tool_use", ID: tc.ID, Name: tc.Function.Name, Input: input})
 	}
-	stop := "end_turn"
-	switch ch.FinishReason {
-	case "length":
-		stop = "max_tokens"
-	case "tool_calls", "function_call":
-		stop = "tool_use"
-	case "content_filter":
-		stop = "refusal"
-	}
-	id := in.ID
-	if !strings.HasPrefix(id, "msg_") {
-		id = "msg_" + strings.TrimPrefix(id, "chatcmpl-")
-	}
 	if in.Model != "" {
 		model = in.Model
 	}
-	cached := 0
-	if d := in.Usage.PromptTokensDetails; d != nil {
-		cached = d.CachedTokens
-	}
+	input, cached := in.Usage.split()
 	return json.Marshal(map[string]any{
-		"id": id, "type": "message", "role": "assistant", "model": model,
-		"content": content, "stop_reason": stop, "stop_sequence": nil,
+		"id": messageID(in.ID), "type": "message", "role": "assistant", "model": model,
+		"content": content, "stop_reason": stopReason(ch.FinishReason), "stop_sequence": nil,
 		"usage": map[string]any{
-			"input_tokens":                max(in.Usage.PromptTokens-cached, 0),
+			"input_tokens":                input,
 			"output_tokens":               in.Usage.CompletionTokens,
 			"cache_read_input_tokens":     cached,
 			"cache_creation_input_tokens": 0,

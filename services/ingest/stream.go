@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"time"
 
@@ -28,14 +29,15 @@ func wantsStream(body []byte) (stream, usage bool) {
 	return f.Stream, f.Stream && f.StreamOptions != nil && f.StreamOptions.IncludeUsage
 }
 
-// streamChat answers POST /v1/chat/completions with stream: true, for a job
-// already accepted: Server-Sent Events in OpenAI's chunk format, relayed
-// from the job's stream subject (any process serving HTTP can relay any
-// job), SSE comments while nothing comes (the job may wait in the queue),
-// data: [DONE] at a successful end, and an error event otherwise. When the
+// streamChat answers POST /v1/chat/completions (and /v1/messages) with
+// stream: true, for a job already accepted: Server-Sent Events in f's
+// format (OpenAI's chunks, or Anthropic's events), relayed from the job's
+// stream subject (any process serving HTTP can relay any job), keep-alives
+// while nothing comes (the job may wait in the queue), f's end marker at a
+// successful end, and an error event otherwise. When the
 // client goes away first, the job is cancelled if
 // streaming.cancel_on_disconnect says so for its priority.
-func (s *Service) streamChat(w http.ResponseWriter, r *http.Request, j *job.Job, acc Accepted, usage bool) {
+func (s *Service) streamChat(w http.ResponseWriter, r *http.Request, j *job.Job, acc Accepted, usage bool, f eventFormat) {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream; charset=utf-8")
 	h.Set("Cache-Control", "no-cache")
@@ -82,23 +84,23 @@ func (s *Service) streamChat(w http.ResponseWriter, r *http.Request, j *job.Job,
 					gone()
 					return
 				}
-				writeEvent(w, errorEvent("sluice_error", "unavailable", "the stream could not be read; the job goes on: GET /v1/jobs/"+acc.JobID))
+				f.fail(w, "sluice_error", "unavailable", "the stream could not be read; the job goes on: GET /v1/jobs/"+acc.JobID, http.StatusServiceUnavailable)
 				_ = rc.Flush()
 				return
 			}
 			ok = true
 			for _, c := range it.m.Chunks {
-				ok = ok && writeEvent(w, c)
+				ok = ok && f.chunk(w, c)
 			}
 			if end := it.m.End; end != "" {
 				if end == job.StatusSucceeded {
-					ok = ok && writeEvent(w, []byte("[DONE]"))
+					ok = ok && f.done(w)
 				} else {
 					code, msg := string(end), "the job did not succeed"
 					if e := it.m.Error; e != nil {
 						code, msg = e.Code, e.Message
 					}
-					ok = ok && writeEvent(w, errorEvent("sluice_"+string(end), code, msg))
+					ok = ok && f.fail(w, "sluice_"+string(end), code, msg, failureStatus(end, code))
 				}
 				_ = rc.Flush()
 				return
@@ -109,7 +111,7 @@ func (s *Service) streamChat(w http.ResponseWriter, r *http.Request, j *job.Job,
 			}
 			keepAlive.Reset(s.cfg.App.Streaming.KeepAlive.D())
 		case <-keepAlive.C:
-			if _, err := w.Write([]byte(": keep-alive\n\n")); err != nil || rc.Flush() != nil {
+			if !f.keepAlive(w) || rc.Flush() != nil {
 				gone()
 				return
 			}
@@ -120,7 +122,7 @@ func (s *Service) streamChat(w http.ResponseWriter, r *http.Request, j *job.Job,
 	}
 }
 
-func writeEvent(w http.ResponseWriter, data []byte) bool {
+func writeEvent(w io.Writer, data []byte) bool {
 	buf := make([]byte, 0, len(data)+8)
 	buf = append(buf, "data: "...)
 	buf = append(buf, data...)
