@@ -249,6 +249,36 @@ func TestStreamCutAfterFirstToken(t *testing.T) {
 	}
 }
 
+// TestStreamTooLargeIsPaidOnce: a streamed answer past
+// limits.max_response_bytes (here 1 MiB against a 64 KiB cap) is cut
+// there, ends the caller's stream with response_too_large after the text
+// already relayed, and is paid for once, through the SDK on its default
+// retries.
+func TestStreamTooLargeIsPaidOnce(t *testing.T) {
+	t.Parallel()
+	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 200000}}, APIKeys: []string{"sim-secret"},
+		PadResponseBytes: 1 << 20})
+	n := startUp(t, simConfig(simURL, "gpt-4o-mini", 600, 200000, "limits:\n  max_response_bytes: 65536\n"), testEnv)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c := openai.NewClient(option.WithBaseURL(n.HTTP+"/v1"), option.WithAPIKey("acme-key")) // default retries
+	got := readStream(ctx, c, streamParams("Tell me everything.", 16), 0)
+	if got.err == nil || !strings.Contains(got.err.Error(), job.CodeResponseTooLarge) {
+		t.Fatalf("stream ended with %v, want %s", got.err, job.CodeResponseTooLarge)
+	}
+	if got.text == "" || len(got.text) > 64<<10 {
+		t.Errorf("client got %d bytes of text, want the words before the cap and none of the padding past it", len(got.text))
+	}
+	r := jobResult(t, n, got.jobID)
+	if r.Status != job.StatusFailed || r.Error == nil || r.Error.Code != job.CodeResponseTooLarge || len(r.Response) != 0 {
+		t.Errorf("result %s (%+v) with %d bytes; want failed %s and nothing stored", r.Status, r.Error, len(r.Response), job.CodeResponseTooLarge)
+	}
+	time.Sleep(time.Second) // give a wrong retry time to show up
+	if st := simSrv.Stats(); st.Streamed != 1 || st.Completed != 1 {
+		t.Errorf("simulator: %d streams, %d completions; want exactly 1 provider call", st.Streamed, st.Completed)
+	}
+}
+
 // TestStreamCancelOnDisconnect: a streaming client that goes away stops
 // the provider call and the job ends cancelled.
 func TestStreamCancelOnDisconnect(t *testing.T) {

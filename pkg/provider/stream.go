@@ -123,7 +123,33 @@ func openStream(ctx context.Context, rt http.RoundTripper, target string, body [
 		}
 		return r, &Stream{pending: whole(b), done: true}, nil
 	}
+	// The cap holds for a stream as for a whole body: an answer that
+	// streams past it (a runaway provider, one huge event) stops there,
+	// a PhaseBody error with ErrBodyTooLarge, with at most the cap held.
+	if maxResp <= 0 {
+		maxResp = MaxBodyBytes
+	}
+	resp.Body = &cappedBody{ReadCloser: resp.Body, left: int64(maxResp)}
 	return r, &Stream{body: resp.Body, dec: ssestream.NewDecoder(resp), conv: conv}, nil
+}
+
+// cappedBody fails its reads with ErrBodyTooLarge once more than its cap
+// has been read.
+type cappedBody struct {
+	io.ReadCloser
+	left int64
+}
+
+func (c *cappedBody) Read(p []byte) (int, error) {
+	if c.left < 0 {
+		return 0, ErrBodyTooLarge
+	}
+	n, err := c.ReadCloser.Read(p)
+	c.left -= int64(n)
+	if c.left < 0 {
+		return n, ErrBodyTooLarge
+	}
+	return n, err
 }
 
 // Stream POSTs c.Body (which asks for stream: true), untouched, to

@@ -160,3 +160,47 @@ func TestAnthropicStream(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamCapped: a stream is held to MaxResponseBytes as a whole body
+// is. An upstream that streams on and on (here up to 4 MiB of 1 KiB chunks)
+// is cut at the cap with ErrBodyTooLarge, having delivered no more than
+// the cap, and the client stops reading.
+func TestStreamCapped(t *testing.T) {
+	t.Parallel()
+	const limit = 64 << 10
+	stopped := make(chan int, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		chunk := `data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"` + strings.Repeat("x", 1000) + `"}}]}` + "\n\n"
+		sent := 0
+		for sent < 4<<20 {
+			if _, err := io.WriteString(w, chunk); err != nil {
+				break
+			}
+			sent += len(chunk)
+			w.(http.Flusher).Flush()
+		}
+		stopped <- sent
+	}))
+	defer srv.Close()
+	for _, c := range []provider.Streamer{
+		provider.NewOpenAI(provider.OpenAIConfig{BaseURL: srv.URL + "/v1", MaxResponseBytes: limit}),
+	} {
+		_, st, err := c.Stream(context.Background(), provider.Call{Body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr, n, err := drain(t, st)
+		st.Close()
+		var te *provider.TransportError
+		if !errors.As(err, &te) || te.Phase != provider.PhaseBody || !errors.Is(err, provider.ErrBodyTooLarge) {
+			t.Fatalf("after %d chunks: %v, want a body-phase ErrBodyTooLarge", n, err)
+		}
+		if got := len(tr.Text()); got > limit || got < limit/2 {
+			t.Errorf("delivered %d bytes of text, want up to the %d-byte cap", got, limit)
+		}
+		if sent := <-stopped; sent >= 4<<20 {
+			t.Errorf("the upstream wrote all %d bytes: the client kept reading past the cap", sent)
+		}
+	}
+}

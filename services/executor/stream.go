@@ -86,8 +86,8 @@ func (s *Service) onCancel(m *nats.Msg) {
 // streamEnd is how a streamed call ended once it got past its first token
 // (or ended cleanly, or was cancelled): the job ends here, never retried.
 type streamEnd struct {
-	status job.Status // succeeded, interrupted or cancelled
-	reason string     // interrupted: cut, idle_timeout, total_timeout, error_event; cancelled
+	status job.Status // succeeded, interrupted, cancelled, or failed (too_large)
+	reason string     // interrupted: cut, idle_timeout, total_timeout, error_event; cancelled; too_large
 	tr     *job.Transcript
 	err    error // what broke the stream
 }
@@ -136,6 +136,12 @@ func (s *Service) stream(ctx context.Context, j *job.Job, client provider.Stream
 			reason, broke := streamBreak(err, cause)
 			if errors.Is(cause, errCancelled) {
 				return resp, nil, &streamEnd{status: job.StatusCancelled, reason: "cancelled", tr: tr, err: errCancelled}
+			}
+			if errors.Is(err, provider.ErrBodyTooLarge) && tr.Started() {
+				// Past limits.max_response_bytes: paid for, cut here, and
+				// never called again (before the first token, Classify
+				// ends the job the same way).
+				return resp, nil, &streamEnd{status: job.StatusFailed, reason: "too_large", tr: tr, err: err}
 			}
 			if !tr.Started() {
 				var se *provider.StreamError
@@ -200,6 +206,9 @@ func (s *Service) endStream(ctx context.Context, j *job.Job, opKey string, pub *
 		r.Response = e.tr.Completion()
 	}
 	switch e.status {
+	case job.StatusFailed: // too_large: what was received is not stored either
+		s.m.StreamInterrupted.WithLabelValues(j.Provider, j.Model, e.reason).Inc()
+		r.Response, r.Error = nil, s.tooLarge()
 	case job.StatusInterrupted:
 		s.m.StreamInterrupted.WithLabelValues(j.Provider, j.Model, e.reason).Inc()
 		r.Error = &job.Error{Code: job.CodeStreamInterrupted, Message: fmt.Sprintf(
