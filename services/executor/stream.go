@@ -217,6 +217,11 @@ func (s *Service) endStream(ctx context.Context, j *job.Job, opKey string, pub *
 		s.m.StreamInterrupted.WithLabelValues(j.Provider, j.Model, "cancelled").Inc()
 		r.Error = &job.Error{Code: job.CodeCancelled, Message: "the caller went away; the provider call was stopped"}
 	}
+	if len(r.Response) > s.cfg.App.Limits.MaxResponseBytes {
+		// The stream's end must say what the result will: finish would
+		// store this as response_too_large.
+		r.Status, r.Response, r.Error = job.StatusFailed, nil, s.tooLarge()
+	}
 	if u := e.tr.Usage(); u != nil {
 		s.settle(ctx, j, *u)
 	}
