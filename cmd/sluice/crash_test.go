@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,8 +16,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/openai/openai-go/v3/option"
 
 	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/natstest"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
 
@@ -228,5 +231,74 @@ func dumpStreams(t *testing.T, url string) {
 		for ci := range st.ListConsumers(ctx).Info() {
 			t.Logf("  consumer %s: delivered=%d ackfloor=%d pending=%d ackpending=%d redelivered=%d waiting=%d", ci.Name, ci.Delivered.Stream, ci.AckFloor.Stream, ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting)
 		}
+	}
+}
+
+// TestStreamExecutorLost: the executor streaming a job is killed after the
+// first tokens reached the caller. The job is not called again (that would
+// pay twice and follow the relayed text with a second answer): another
+// executor picks up the redelivery and ends it interrupted from what
+// STREAMS holds, and the caller's stream ends with that error.
+func TestStreamExecutorLost(t *testing.T) {
+	t.Parallel()
+	bin := sluiceBinary(t)
+	const model = "gpt-4o-mini"
+	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 600, TPM: 200000}}, APIKeys: []string{"sim-secret"},
+		TTFT: 50 * time.Millisecond, PerToken: 200 * time.Millisecond})
+	ns := natstest.Server(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte(simConfig(simURL, model, 600, 200000, "")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := func(services string) []string {
+		return []string{"--config", cfg, "--nats-url", ns.ClientURL(), "--http", "127.0.0.1:0", "--services", services}
+	}
+	front := startChild(t, bin, args("ingest,admission,result"), testEnv)
+	victim := startChild(t, bin, args("executor"), testEnv)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var resp *http.Response
+	c := sdkClient(front.upNode)
+	st := c.Chat.Completions.NewStreaming(ctx, streamParams("Keep talking.", 120), option.WithResponseInto(&resp))
+	defer st.Close()
+	var text strings.Builder
+	chunks, killed := 0, false
+	for st.Next() {
+		for _, c := range st.Current().Choices {
+			text.WriteString(c.Delta.Content)
+			if c.Delta.Content != "" {
+				chunks++
+			}
+		}
+		if chunks >= 3 && !killed {
+			killed = true
+			_ = victim.cmd.Process.Signal(syscall.SIGKILL)
+			_ = victim.cmd.Wait()
+			startChild(t, bin, args("executor"), testEnv)
+		}
+	}
+	if !killed {
+		t.Fatalf("the stream ended after %d chunks, before the kill (%v)", chunks, st.Err())
+	}
+	if err := st.Err(); err == nil || !strings.Contains(err.Error(), job.CodeStreamInterrupted) {
+		t.Fatalf("the stream ended with %v, want %s", err, job.CodeStreamInterrupted)
+	}
+	got := text.String()
+	if words := strings.Fields(got); len(words) < 3 || len(words) >= 30 {
+		t.Errorf("caller got %d words (%q): want those relayed before the kill, not a second answer after them", len(words), got)
+	}
+	id := resp.Header.Get("X-Sluice-Job-Id")
+	r := jobResult(t, front.upNode, id)
+	if r.Status != job.StatusInterrupted || r.Error == nil || !strings.Contains(r.Error.Message, "executor") {
+		t.Errorf("result %s (%+v), want interrupted because the executor was lost", r.Status, r.Error)
+	}
+	if rt := responseText(t, r); !strings.HasPrefix(rt, got) && !strings.HasPrefix(got, rt) {
+		t.Errorf("result text %q is not the text relayed %q", rt, got)
+	}
+	time.Sleep(time.Second)
+	if s := simSrv.Stats(); s.Streamed != 1 || s.JobCompletions[id] > 1 {
+		t.Errorf("simulator: %d streams, %d completions of the job; want exactly 1 provider call", s.Streamed, s.JobCompletions[id])
 	}
 }

@@ -94,7 +94,7 @@ func New(reg prometheus.Registerer) *Set {
 			Buckets: []float64{.0005, .001, .002, .005, .01, .015, .02, .025, .05, .1, .25, 1}}, []string{"provider", "model"}),
 		TimeToFirstToken: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "llm_time_to_first_token_seconds", Help: "From sending a streamed call to its first content or tool-call delta.",
 			Buckets: []float64{.025, .05, .1, .25, .5, 1, 2, 4, 8, 15, 30, 60}}, []string{"provider", "model"}),
-		StreamInterrupted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llm_stream_interrupted_total", Help: "Streams that broke after their first token (reason: cut, idle_timeout, total_timeout, error_event, cancelled, too_large); the job ends interrupted (cancelled for cancelled, failed response_too_large for too_large) and is never retried."}, []string{"provider", "model", "reason"}),
+		StreamInterrupted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llm_stream_interrupted_total", Help: "Streams that broke after their first token (reason: cut, idle_timeout, total_timeout, error_event, executor_lost, cancelled, too_large); the job ends interrupted (cancelled for cancelled, failed response_too_large for too_large) and is never retried."}, []string{"provider", "model", "reason"}),
 		StreamDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "llm_stream_duration_seconds", Help: "Streamed calls from sending to their end, by outcome (succeeded, interrupted, cancelled).",
 			Buckets: prometheus.ExponentialBuckets(0.05, 2, 14)}, []string{"provider", "model", "outcome"}),
 	}

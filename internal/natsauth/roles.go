@@ -187,6 +187,7 @@ func rolePerms(role string) perms {
 		p.add(perms{pub: []string{api + "CONSUMER.PAUSE." + streams.Dispatch + ".*"}})
 		p.add(kvWrite(streams.BucketBudgets))
 		p.add(kvWrite(streams.BucketIdempotency))
+		p.add(follow()) // what a lost executor streamed of a job (resume.go)
 		p.add(perms{
 			pub: []string{job.QueuePrefix + ">", job.StorePrefix + ">", job.DLQPrefix + ">", pauseSubjects, job.StreamPrefix + ">"},
 			sub: []string{job.CancelPrefix + ">"},

@@ -415,8 +415,8 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		s.running.add(j.ID, cancelJob)
 		defer s.running.remove(j.ID)
 	}
-	cancelled := false
-	op, opRev, err := s.markInFlight(ctx, j, opKey, attempt, &cancelled)
+	cancelled, wasInFlight := false, false
+	op, opRev, err := s.markInFlight(ctx, j, opKey, attempt, &cancelled, &wasInFlight)
 	if errors.Is(err, job.ErrNotFound) {
 		op, opRev, err = &mesh.OpRecord{State: mesh.OpInFlight}, 0, nil // records expire; the job still runs
 	}
@@ -435,6 +435,13 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	}
 	if cancelled || context.Cause(ctx) == errCancelled {
 		return s.cancelBeforeCall(ctx, j, opKey)
+	}
+	if stream && wasInFlight {
+		// An earlier attempt may have streamed part of the answer and
+		// lost its executor (resume.go).
+		if ended, err := s.resumeStream(ctx, j, opKey); ended {
+			return err
+		}
 	}
 
 	prov, _, ok := s.cfg.App.ModelRef(j.Model)
@@ -1107,8 +1114,9 @@ func (s *Service) finish(ctx context.Context, j *job.Job, opKey string, r *job.R
 // cancelled, and its key, job and tenant are the job's. Otherwise (no
 // hint, or the record changed since) it reads and updates the record. It
 // returns the record as written (or as found, when it is done or
-// cancelled: then *cancelled says which) and its revision.
-func (s *Service) markInFlight(ctx context.Context, j *job.Job, opKey string, attempt int, cancelled *bool) (*mesh.OpRecord, uint64, error) {
+// cancelled: then *cancelled says which) and its revision; *wasInFlight
+// says an earlier attempt had marked it in flight and not settled it.
+func (s *Service) markInFlight(ctx context.Context, j *job.Job, opKey string, attempt int, cancelled, wasInFlight *bool) (*mesh.OpRecord, uint64, error) {
 	if j.Revs != nil && j.Revs.Op > 0 {
 		_, key := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
 		r := &mesh.OpRecord{Key: key, JobID: j.ID, Tenant: j.Tenant, State: mesh.OpInFlight, Provider: j.Provider, Model: j.Model, Attempt: attempt}
@@ -1125,6 +1133,7 @@ func (s *Service) markInFlight(ctx context.Context, j *job.Job, opKey string, at
 			*cancelled = true
 			return false
 		}
+		*wasInFlight = r.State == mesh.OpInFlight
 		r.State, r.Provider, r.Model, r.Attempt = mesh.OpInFlight, j.Provider, j.Model, attempt
 		return true
 	})

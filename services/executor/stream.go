@@ -87,9 +87,16 @@ func (s *Service) onCancel(m *nats.Msg) {
 // (or ended cleanly, or was cancelled): the job ends here, never retried.
 type streamEnd struct {
 	status job.Status // succeeded, interrupted, cancelled, or failed (too_large)
-	reason string     // interrupted: cut, idle_timeout, total_timeout, error_event; cancelled; too_large
+	// reason: interrupted: cut, idle_timeout, total_timeout, error_event,
+	// executor_lost; cancelled; too_large.
+	reason string
 	tr     *job.Transcript
 	err    error // what broke the stream
+	// resumeStream's: endErr is the error an earlier attempt's end marker
+	// carried; unsettled leaves the budget as it is (the usage was an
+	// earlier reservation's).
+	endErr    *job.Error
+	unsettled bool
 }
 
 // stream runs a streamed call. Before the first token (a content,
@@ -205,15 +212,23 @@ func (s *Service) endStream(ctx context.Context, j *job.Job, opKey string, pub *
 	if e.tr.Started() || e.status == job.StatusSucceeded {
 		r.Response = e.tr.Completion()
 	}
-	switch e.status {
-	case job.StatusFailed: // too_large: what was received is not stored either
+	switch {
+	case e.endErr != nil: // as an earlier attempt ended it
+		r.Error = e.endErr
+		if e.endErr.Code == job.CodeResponseTooLarge {
+			r.Response = nil
+		}
+	case e.status == job.StatusFailed: // too_large: what was received is not stored either
 		s.m.StreamInterrupted.WithLabelValues(j.Provider, j.Model, e.reason).Inc()
 		r.Response, r.Error = nil, s.tooLarge()
-	case job.StatusInterrupted:
+	case e.status == job.StatusInterrupted && e.reason == "executor_lost":
+		s.m.StreamInterrupted.WithLabelValues(j.Provider, j.Model, e.reason).Inc()
+		r.Error = &job.Error{Code: job.CodeStreamInterrupted, Message: "the executor streaming this job was lost after the first token: the text relayed is in the response; not called again, since that would repeat text already delivered and pay twice"}
+	case e.status == job.StatusInterrupted:
 		s.m.StreamInterrupted.WithLabelValues(j.Provider, j.Model, e.reason).Inc()
 		r.Error = &job.Error{Code: job.CodeStreamInterrupted, Message: fmt.Sprintf(
 			"the provider's stream broke after the first token (%s): the text received is in the response; not retried, since that would repeat text already delivered and pay twice", e.reason)}
-	case job.StatusCancelled:
+	case e.status == job.StatusCancelled:
 		s.m.StreamInterrupted.WithLabelValues(j.Provider, j.Model, "cancelled").Inc()
 		r.Error = &job.Error{Code: job.CodeCancelled, Message: "the caller went away; the provider call was stopped"}
 	}
@@ -222,7 +237,7 @@ func (s *Service) endStream(ctx context.Context, j *job.Job, opKey string, pub *
 		// store this as response_too_large.
 		r.Status, r.Response, r.Error = job.StatusFailed, nil, s.tooLarge()
 	}
-	if u := e.tr.Usage(); u != nil {
+	if u := e.tr.Usage(); u != nil && !e.unsettled {
 		s.settle(ctx, j, *u)
 	}
 	pub.end(r.Status, r.Error)
