@@ -52,18 +52,22 @@ func (s *Service) readStreamed(ctx context.Context, j *job.Job) (*streamedBefore
 		if err != nil {
 			return nil, fmt.Errorf("read %s: %w", subject, err)
 		}
+		// What STREAMS holds is input like any message: one that is not a
+		// stream message is skipped (as relays skip it), an end that is
+		// not a terminal status is no end.
 		var sm job.StreamMessage
 		if err := json.Unmarshal(m.Data(), &sm); err != nil {
-			return nil, fmt.Errorf("read %s: %w", subject, err)
+			s.log.Warn("skipping a malformed message on a job's stream subject", "job_id", j.ID)
+		} else {
+			out.chunks = append(out.chunks, sm.Chunks...)
+			if sm.End.Terminal() {
+				out.end = &sm
+			}
 		}
 		if id := m.Headers().Get(jetstream.MsgIDHeader); id != "" {
 			if n, err := strconv.Atoi(id[strings.LastIndexByte(id, ':')+1:]); err == nil {
 				out.seq = max(out.seq, n)
 			}
-		}
-		out.chunks = append(out.chunks, sm.Chunks...)
-		if sm.End != "" {
-			out.end = &sm
 		}
 		md, err := m.Metadata()
 		if err != nil {
