@@ -26,8 +26,12 @@ func runSubmit(ctx context.Context, args []string, getenv func(string) string, s
 	idem := fs.String("idempotency-key", "", "idempotency key")
 	wait := fs.Duration("wait", 2*time.Minute, "how long to wait for the result (0: submit only)")
 	cost := fs.String("cost", "", "the job's cost in its model's units, as X-Sluice-Cost: images=2,audio_seconds=30")
+	stream := fs.Bool("stream", false, "stream the answer: print its text to stdout as it comes, then the job's id, status and usage to stderr")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
+	}
+	if *stream && *wait == 0 {
+		return errors.New("--stream follows the answer as it comes: it cannot be used with --wait 0")
 	}
 	if *tenant == "" {
 		return errors.New("--tenant is required")
@@ -47,8 +51,12 @@ func runSubmit(ctx context.Context, args []string, getenv func(string) string, s
 		}
 		body = b
 	case *prompt != "":
-		body, _ = json.Marshal(map[string]any{"model": *model, "max_tokens": *maxTokens,
-			"messages": []map[string]string{{"role": "user", "content": *prompt}}})
+		b := map[string]any{"model": *model, "max_tokens": *maxTokens,
+			"messages": []map[string]string{{"role": "user", "content": *prompt}}}
+		if *stream {
+			b["stream_options"] = map[string]any{"include_usage": true} // for the usage line
+		}
+		body, _ = json.Marshal(b)
 	default:
 		return errors.New("give --prompt or --request")
 	}
@@ -79,6 +87,9 @@ func runSubmit(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	wctx, cancel := context.WithTimeout(ctx, *wait)
 	defer cancel()
+	if *stream {
+		return submitStream(wctx, c, j, stdout, stderr)
+	}
 	res, err := c.Do(wctx, j)
 	if err != nil {
 		return fmt.Errorf("job %s: %w", j.ID, err)
@@ -91,6 +102,44 @@ func runSubmit(ctx context.Context, args []string, getenv func(string) string, s
 	if res.Status != job.StatusSucceeded {
 		return fmt.Errorf("job %s %s", res.JobID, res.Status)
 	}
+	return nil
+}
+
+// submitStream streams j's answer: its text to stdout as it comes, then a
+// line on stderr with the job's id, status and usage (when the request
+// asked for it), so stdout holds the answer alone.
+func submitStream(ctx context.Context, c *client.Client, j *job.Job, stdout, stderr io.Writer) error {
+	var usage *job.Usage
+	printed := false
+	for ch, err := range c.Stream(ctx, j) {
+		if err != nil {
+			if printed {
+				fmt.Fprintln(stdout)
+			}
+			if se := (*client.StreamError)(nil); errors.As(err, &se) {
+				return err // it names the job, its status and why
+			}
+			return fmt.Errorf("job %s: %w", j.ID, err)
+		}
+		if ch.Usage != nil {
+			u := ch.Usage.Usage()
+			usage = &u
+		}
+		if t := ch.Text(); t != "" {
+			if _, err := io.WriteString(stdout, t); err != nil {
+				return err
+			}
+			printed = true
+		}
+	}
+	if printed {
+		fmt.Fprintln(stdout)
+	}
+	line := fmt.Sprintf("job %s %s", j.ID, job.StatusSucceeded)
+	if usage != nil {
+		line += fmt.Sprintf(" (%d prompt + %d completion tokens)", usage.PromptTokens, usage.CompletionTokens)
+	}
+	fmt.Fprintln(stderr, line)
 	return nil
 }
 
