@@ -217,6 +217,11 @@ type clusterLoad struct {
 	ids    []string
 	failed atomic.Int64 // submits that had to be retried
 	js     jetstream.JetStream
+	// seen and plans set each provider refusal against its planned
+	// instant, in the log (judged_test.go).
+	seen      *judged
+	plans     *plans
+	tolerance time.Duration // admission.send_tolerance
 }
 
 // streamCluster describes a stream's leader and replicas, for logs.
@@ -343,6 +348,14 @@ func (l *clusterLoad) verify(ctx context.Context) {
 	if attempts := ms.Admitted + ms.RateLimited; float64(ms.RateLimited) > 0.005*float64(attempts) {
 		t.Errorf("%d of %d attempts answered 429 (the per-second quantum exceeded), want at most 0.5 %%", ms.RateLimited, attempts)
 	}
+	// Whether a refusal came of the plan or of a late delivery (the
+	// nodes share this machine with the test): logged, not asserted.
+	seen := l.seen.all()
+	r := reportArrivals(seen, l.plans, l.tolerance)
+	t.Log(r.summary(l.tolerance, len(seen)))
+	for _, f := range r.refusals {
+		t.Log(f.describe(l.tolerance))
+	}
 }
 
 // clusterSetup is the provider, the cluster and a load generator: the
@@ -351,8 +364,9 @@ func (l *clusterLoad) verify(ctx context.Context) {
 // the test's address there.
 func clusterSetup(t *testing.T, rpm int, lab *netLab, routeAddr func(from, to int, direct string) string, extra ...string) (*cluster, *clusterLoad, jetstream.JetStream) {
 	const model = "gpt-4o-mini"
+	seen := &judged{}
 	simCfg := sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: rpm, TPM: 100_000_000}},
-		TTFT: 50 * time.Millisecond, PerToken: 200 * time.Microsecond, APIKeys: []string{"sim-secret"}}
+		TTFT: 50 * time.Millisecond, PerToken: 200 * time.Microsecond, APIKeys: []string{"sim-secret"}, OnArrival: seen.add}
 	var simSrv *sim.Server
 	var simURL string
 	if lab != nil {
@@ -360,9 +374,15 @@ func clusterSetup(t *testing.T, rpm int, lab *netLab, routeAddr func(from, to in
 	} else {
 		simSrv, simURL = startSim(t, simCfg)
 	}
-	c := startCluster(t, simConfig(simURL, model, rpm, 100_000_000, ""), lab, routeAddr, extra)
-	_, cl, js := c.connect()
-	return c, &clusterLoad{t: t, sim: simSrv, cl: cl, model: model, rpm: rpm, js: js}, js
+	yaml := simConfig(simURL, model, rpm, 100_000_000, "")
+	parsed, err := config.Parse([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := startCluster(t, yaml, lab, routeAddr, extra)
+	nc, cl, js := c.connect()
+	return c, &clusterLoad{t: t, sim: simSrv, cl: cl, model: model, rpm: rpm, js: js, seen: seen, plans: watchPlans(t, nc),
+		tolerance: parsed.Admission.SendTolerance.D()}, js
 }
 
 // waitCompleted waits until the provider has completed n calls.

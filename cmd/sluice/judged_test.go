@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -82,6 +83,64 @@ func (p *plans) lateness(a sim.Arrival) (time.Duration, bool) {
 	return a.At.Sub(best), true
 }
 
+// arrivalReport is the provider's view set against the plan.
+type arrivalReport struct {
+	lateness []time.Duration // of every arrival with a planned instant, sorted
+	late     int             // of those, later than the tolerance
+	refusals []refusal
+	bad      int // unreadable DISPATCH messages
+}
+
+// refusal is one request the provider refused, with its lateness (ok:
+// it had a planned instant).
+type refusal struct {
+	a    sim.Arrival
+	late time.Duration
+	ok   bool
+}
+
+func reportArrivals(seen []sim.Arrival, p *plans, tolerance time.Duration) arrivalReport {
+	var r arrivalReport
+	for _, a := range seen {
+		d, ok := p.lateness(a)
+		if ok {
+			r.lateness = append(r.lateness, d)
+			if d > tolerance {
+				r.late++
+			}
+		}
+		if !a.Admitted {
+			r.refusals = append(r.refusals, refusal{a: a, late: d, ok: ok})
+		}
+	}
+	slices.Sort(r.lateness)
+	p.mu.Lock()
+	r.bad = p.bad
+	p.mu.Unlock()
+	return r
+}
+
+// summary is one line of lateness figures.
+func (r arrivalReport) summary(tolerance time.Duration, arrivals int) string {
+	if len(r.lateness) == 0 {
+		return fmt.Sprintf("no arrival matched a planned instant (%d arrivals)", arrivals)
+	}
+	q := func(f float64) time.Duration { return r.lateness[int(f*float64(len(r.lateness)-1))] }
+	return fmt.Sprintf("arrival after the planned instant: p50 %s, p99 %s, max %s; %d of %d later than the %s tolerance (%d arrivals unmatched)",
+		q(0.5), q(0.99), r.lateness[len(r.lateness)-1], r.late, len(r.lateness), tolerance, arrivals-len(r.lateness))
+}
+
+// describe says of a refusal whether the plan or the transit is to blame.
+func (f refusal) describe(tolerance time.Duration) string {
+	switch {
+	case !f.ok:
+		return fmt.Sprintf("provider refused job %s (%s) at %s, and no instant was planned for it before then", f.a.JobID, f.a.Limit, f.a.At.Format(time.RFC3339Nano))
+	case f.late <= tolerance:
+		return fmt.Sprintf("provider refused job %s (%s): it arrived %s after its planned instant, within the %s tolerance, so the plan overfilled", f.a.JobID, f.a.Limit, f.late, tolerance)
+	}
+	return fmt.Sprintf("provider refused job %s (%s): it arrived %s after its planned instant, later than the %s tolerance: it was delivered late", f.a.JobID, f.a.Limit, f.late, tolerance)
+}
+
 // judgeArrivals holds the provider's view to the plan's promise: a call that
 // reaches the provider within tolerance of its planned instant is never
 // refused. It fails on a refusal of a call that arrived in time or that
@@ -90,48 +149,26 @@ func (p *plans) lateness(a sim.Arrival) (time.Duration, bool) {
 // lateness figures; refusals must match the simulator's count.
 func judgeArrivals(t *testing.T, seen []sim.Arrival, p *plans, tolerance time.Duration, refused int64) {
 	t.Helper()
-	var late []time.Duration
-	var all []time.Duration
-	var refusals int64
-	for _, a := range seen {
-		d, ok := p.lateness(a)
-		if ok {
-			all = append(all, d)
-			if d > tolerance {
-				late = append(late, d)
-			}
-		}
-		if a.Admitted {
-			continue
-		}
-		refusals++
-		switch {
-		case !ok:
-			t.Errorf("provider refused job %s (%s) at %s, and no instant was planned for it before then", a.JobID, a.Limit, a.At.Format(time.RFC3339Nano))
-		case d <= tolerance:
-			t.Errorf("provider refused job %s (%s): it arrived %s after its planned instant, within the %s tolerance, so the plan overfilled", a.JobID, a.Limit, d, tolerance)
-		default:
-			t.Logf("provider refused job %s (%s): it arrived %s after its planned instant, later than the %s tolerance: this process delivered it late", a.JobID, a.Limit, d, tolerance)
+	r := reportArrivals(seen, p, tolerance)
+	for _, f := range r.refusals {
+		if f.ok && f.late > tolerance {
+			t.Log(f.describe(tolerance))
+		} else {
+			t.Error(f.describe(tolerance))
 		}
 	}
-	if refusals != refused {
-		t.Errorf("the arrival hook saw %d refusals, the simulator counted %d", refusals, refused)
+	if int64(len(r.refusals)) != refused {
+		t.Errorf("the arrival hook saw %d refusals, the simulator counted %d", len(r.refusals), refused)
 	}
-	p.mu.Lock()
-	bad := p.bad
-	p.mu.Unlock()
-	if bad != 0 {
-		t.Errorf("%d DISPATCH messages without a reservation or unreadable", bad)
+	if r.bad != 0 {
+		t.Errorf("%d DISPATCH messages without a reservation or unreadable", r.bad)
 	}
-	if len(all) == 0 {
-		t.Errorf("no arrival matched a planned instant (%d arrivals)", len(seen))
+	if len(r.lateness) == 0 {
+		t.Error(r.summary(tolerance, len(seen)))
 		return
 	}
-	slices.Sort(all)
-	q := func(f float64) time.Duration { return all[int(f*float64(len(all)-1))] }
-	t.Logf("arrival after the planned instant: p50 %s, p99 %s, max %s; %d of %d later than the %s tolerance (%d arrivals unmatched)",
-		q(0.5), q(0.99), all[len(all)-1], len(late), len(all), tolerance, len(seen)-len(all))
-	if 50*len(late) > len(all) {
-		t.Errorf("%d of %d calls arrived later than the %s tolerance: the run cannot show the plan holds", len(late), len(all), tolerance)
+	t.Log(r.summary(tolerance, len(seen)))
+	if 50*r.late > len(r.lateness) {
+		t.Errorf("%d of %d calls arrived later than the %s tolerance: the run cannot show the plan holds", r.late, len(r.lateness), tolerance)
 	}
 }
