@@ -62,7 +62,11 @@ func reportCheck(w io.Writer, path string, c *config.Config, ps config.Problems,
 	for _, p := range c.Providers {
 		var models []string
 		for _, m := range p.Models {
-			models = append(models, fmt.Sprintf("%s (%s rpm, %s tpm, %d concurrent)", m.Name, limit(m.RPM), limit(m.TPM), m.MaxConcurrency))
+			day := ""
+			if m.HasDayQuota() {
+				day = fmt.Sprintf(", %s rpd, %s tpd", limit(m.RPD), limit(m.TPD))
+			}
+			models = append(models, fmt.Sprintf("%s (%s rpm, %s tpm%s, %d concurrent)", m.Name, limit(m.RPM), limit(m.TPM), day, m.MaxConcurrency))
 		}
 		fmt.Fprintf(w, "  provider  %s %s: %s\n", p.Name, p.BaseURL, strings.Join(models, ", "))
 	}

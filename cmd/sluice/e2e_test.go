@@ -344,6 +344,75 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
+// TestModelDayQuota: a model's per-day quota (rpd, tpd) holds across
+// tenants: jobs over it wait in the queue (here they expire at their
+// deadline, as the quota frees only tomorrow) rather than reach the
+// provider, a job larger than tpd is refused at ingest, and another
+// model is not held back.
+func TestModelDayQuota(t *testing.T) {
+	t.Parallel()
+	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{
+		{Name: "gemini-flash", RPM: 1000, TPM: 1000000}, {Name: "other", RPM: 1000, TPM: 1000000}}, APIKeys: []string{"sim-secret"}})
+	cfg := fmt.Sprintf(`
+providers:
+  - name: sim
+    base_url: %s/v1
+    api_key_env: SIM_KEY
+    models:
+      - {name: gemini-flash, rpm: 1000, tpm: 1000000, rpd: 3, tpd: 400}
+      - {name: other, rpm: 1000, tpm: 1000000}
+tenants:
+  - {name: acme, api_key_env: ACME_KEY}
+  - {name: globex, api_key_env: GLOBEX_KEY}
+`, simURL)
+	n := startUp(t, cfg, testEnv)
+	_, cl := natsClient(t, n.NATS)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	if r, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: chatBody("gemini-flash", 5, 500)}); err != nil ||
+		r.Status != job.StatusFailed || r.Error == nil || !strings.Contains(r.Error.Message, "quota of 400 tokens per day") {
+		t.Errorf("a job larger than the model's tpd: %v %+v, want it refused naming the quota", err, r)
+	}
+	soon := time.Now().Add(4 * time.Second)
+	type sub struct {
+		id, model, tenant string
+	}
+	var subs []sub
+	for i := range 6 {
+		for _, model := range []string{"gemini-flash", "other"} {
+			j := &job.Job{Tenant: []string{"acme", "globex"}[i%2], Request: chatBody(model, 5, 16), Deadline: &soon}
+			id, err := cl.Submit(ctx, j)
+			if err != nil {
+				t.Fatalf("submit %s #%d: %v", model, i, err)
+			}
+			subs = append(subs, sub{id, model, j.Tenant})
+		}
+	}
+	got := map[string]map[job.Status]int{}
+	for _, s := range subs {
+		r, err := cl.Await(ctx, s.tenant, s.id)
+		if err != nil {
+			t.Fatalf("job %s (%s): %v", s.id, s.model, err)
+		}
+		if got[s.model] == nil {
+			got[s.model] = map[job.Status]int{}
+		}
+		got[s.model][r.Status]++
+		if r.Status == job.StatusExpired && (r.Error == nil || !strings.Contains(r.Error.Message, "per-day quota")) {
+			t.Errorf("job %s expired with %+v, want the per-day quota named", s.id, r.Error)
+		}
+	}
+	want := map[string]map[job.Status]int{"gemini-flash": {job.StatusSucceeded: 3, job.StatusExpired: 3}, "other": {job.StatusSucceeded: 6}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("results by model %v, want %v", got, want)
+	}
+	st := simSrv.Stats()
+	if a, o := st.Models["gemini-flash"].Admitted, st.Models["other"].Admitted; a != 3 || o != 6 {
+		t.Errorf("provider took %d calls for gemini-flash (rpd 3) and %d for other, want 3 and 6", a, o)
+	}
+}
+
 // TestTenantBudgets: a tenant's own per-minute and per-day budgets hold
 // across its jobs, while another tenant on the same model is not held back.
 func TestTenantBudgets(t *testing.T) {

@@ -342,6 +342,14 @@ type Model struct {
 	RPM            int    `yaml:"rpm"`
 	TPM            int    `yaml:"tpm"`
 	MaxConcurrency int    `yaml:"max_concurrency"`
+	// RPD and TPD are the provider's per-day quotas on the model (requests
+	// and tokens in a trailing 24 h; 0 = none), as Gemini and some OpenAI
+	// tiers state them. A job waits in the queue while the day's quota is
+	// spent (or expires at its deadline) instead of drawing a per-day 429,
+	// which no retry within minutes can cure; one larger than tpd is
+	// refused at ingest.
+	RPD int `yaml:"rpd"`
+	TPD int `yaml:"tpd"`
 	// Units are per-minute limits on units other than requests and tokens
 	// (images: 50, audio_seconds: 600, tasks: 100), at most job.MaxUnits,
 	// each named by 1-32 of a-z, 0-9 and '_' (0 = counted, no limit). A
@@ -357,6 +365,9 @@ type Model struct {
 	// they are.
 	Adaptive *bool `yaml:"adaptive"`
 }
+
+// HasDayQuota reports whether the model has a per-day quota.
+func (m Model) HasDayQuota() bool { return m.RPD > 0 || m.TPD > 0 }
 
 // UnitNames returns the model's units in the order budgets index them:
 // sorted by name.
@@ -765,6 +776,12 @@ func (c *Config) problems() Problems {
 			}
 			if m.MaxConcurrency < 0 {
 				fail(mk+".max_concurrency", "must be > 0, got %d", m.MaxConcurrency)
+			}
+			if m.RPD < 0 {
+				fail(mk+".rpd", "must be >= 0 (0 = no per-day quota), got %d", m.RPD)
+			}
+			if m.TPD < 0 {
+				fail(mk+".tpd", "must be >= 0 (0 = no per-day quota), got %d", m.TPD)
 			}
 			if len(m.Units) > job.MaxUnits {
 				fail(mk+".units", "names %d units; at most %d", len(m.Units), job.MaxUnits)

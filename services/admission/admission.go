@@ -518,6 +518,14 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 		putBack(cands, s.now().Add(time.Second), "budget_store")
 		return nil
 	}
+	gated := allowed
+	allowed, day, err := s.modelDayGate(ctx, ms.provider, model, allowed, held) // day.go
+	if err != nil {
+		s.giveBack(ctx, held, gated)
+		s.storeDown(key, err)
+		putBack(gated, s.now().Add(time.Second), "budget_store")
+		return nil
+	}
 	if len(allowed) == 0 {
 		return nil
 	}
@@ -562,8 +570,10 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 	if err == nil && len(g.SendAt) < g.N {
 		err = fmt.Errorf("lease granted %d jobs with %d send instants", g.N, len(g.SendAt))
 	}
-	// Tenant budget taken for jobs the model cannot take now goes back.
+	// Tenant budget and day quota taken for jobs the model cannot take now
+	// go back.
 	s.giveBack(ctx, held, allowed[min(g.N, len(allowed)):])
+	s.dayGiveBack(ctx, day, allowed[min(g.N, len(allowed)):])
 	if err != nil {
 		// Fail closed: no budget, no dispatch.
 		s.storeDown(key, err)

@@ -186,6 +186,10 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 		return Accepted{}, &job.ValidationError{Code: job.CodeTooLarge, Field: "request",
 			Message: fmt.Sprintf("needs %d tokens (%d prompt + %d max output), above the model's limit of %d tokens per minute", est.Cost(), est.PromptTokens, est.MaxTokens, model.TPM)}
 	}
+	if model.TPD > 0 && est.Cost() > model.TPD {
+		return Accepted{}, &job.ValidationError{Code: job.CodeTooLarge, Field: "request",
+			Message: fmt.Sprintf("needs %d tokens (%d prompt + %d max output), above the model's quota of %d tokens per day", est.Cost(), est.PromptTokens, est.MaxTokens, model.TPD)}
+	}
 	if est.Units, err = guard.UnitCost(j.Cost, model, true); err != nil {
 		return Accepted{}, err
 	}

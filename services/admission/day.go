@@ -1,0 +1,80 @@
+package admission
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sluice-dev/sluice/pkg/budget"
+	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/pkg/job"
+)
+
+// modelDayKey is the budgets key of a model's per-day quota.
+func modelDayKey(provider, model string) string {
+	return "model." + provider + "." + job.ModelToken(model) + ".day"
+}
+
+// dayHold is the per-day quota a model's candidates took, so that what its
+// pacing then refuses goes back.
+type dayHold struct {
+	key   string
+	slice int64
+	costs map[*Candidate]budget.Cost
+}
+
+// modelDayGate applies a model's per-day quota (rpd, tpd; a trailing 24 h
+// shared by the fleet, in the tenants' day store) to its candidates, in
+// order. A provider's per-day 429 is no rate to adapt to and no retry
+// within minutes cures it, so jobs over the quota wait in the queue by
+// redelivery delay (checked again every minute at most, as other
+// processes may give quota back) or expire when it frees after their
+// deadline. The tenant budget of a job refused here goes back.
+func (s *Service) modelDayGate(ctx context.Context, provider string, model *config.Model, cands []*Candidate, held map[string]*tenantHold) ([]*Candidate, *dayHold, error) {
+	if !model.HasDayQuota() || len(cands) == 0 {
+		return cands, nil, nil
+	}
+	key := modelDayKey(provider, model.Name)
+	costs := make([]budget.Cost, len(cands))
+	for i, c := range cands {
+		// A day quota counts requests and tokens only.
+		costs[i] = budget.Cost{Requests: c.Cost.Requests, Tokens: c.Cost.Tokens}
+	}
+	g, err := s.tenantTake(ctx, s.tenantDay, key, budget.Limits{RPM: model.RPD, TPM: model.TPD}, costs)
+	if err != nil {
+		return nil, nil, err
+	}
+	h := &dayHold{key: key, slice: g.Slice, costs: make(map[*Candidate]budget.Cost, g.N)}
+	for i, c := range cands[:g.N] {
+		h.costs[c] = costs[i]
+	}
+	refused := cands[g.N:]
+	s.giveBack(ctx, held, refused)
+	now := s.now()
+	reason := "model_day_" + g.Reason
+	for _, c := range refused {
+		s.m.AdmissionWaits.WithLabelValues(c.Job.Provider, c.Job.Model, reason).Inc()
+		wait := max(g.RetryAt.Sub(now), 50*time.Millisecond) + jitter(s.store.Params().Slice)
+		if dl := c.Job.Deadline; dl != nil && now.Add(wait).After(*dl) {
+			s.expire(ctx, c.Msg, c.Job, fmt.Sprintf("the model's per-day quota (%s) frees after the deadline", reason))
+			continue
+		}
+		_ = c.Msg.NakWithDelay(min(wait, time.Minute))
+	}
+	return cands[:g.N], h, nil
+}
+
+// dayGiveBack returns the per-day quota of candidates the model's pacing
+// refused after the day gate let them through.
+func (s *Service) dayGiveBack(ctx context.Context, h *dayHold, refused []*Candidate) {
+	if h == nil || len(refused) == 0 {
+		return
+	}
+	var back budget.Cost
+	for _, c := range refused {
+		back = back.Plus(h.costs[c])
+	}
+	if back.Positive() {
+		s.tenantReturn(ctx, s.tenantDay, h.key, h.slice, back)
+	}
+}
