@@ -119,6 +119,9 @@ func (s *Service) resumeStream(ctx context.Context, j *job.Job, opKey string) (b
 	if end := before.end; end != nil {
 		pub.ended = true // the relays have their end already
 		e.status, e.reason, e.endErr = end.End, "", end.Error
+		if e.endErr == nil && e.status != job.StatusSucceeded {
+			e.endErr = &job.Error{Code: string(e.status), Message: "the job's stream ended " + string(e.status)}
+		}
 	}
 	s.log.Warn("a streamed job's executor was lost after its first token; ending it from what was relayed, without calling again",
 		"job_id", j.ID, "chunks", len(before.chunks), "end", string(e.status))
