@@ -351,8 +351,11 @@ func TestBadInput(t *testing.T) {
 // model is not held back.
 func TestModelDayQuota(t *testing.T) {
 	t.Parallel()
+	// The provider enforces the day's quotas too; "untold" has one that
+	// Sluice is not told about.
 	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{
-		{Name: "gemini-flash", RPM: 1000, TPM: 1000000}, {Name: "other", RPM: 1000, TPM: 1000000}}, APIKeys: []string{"sim-secret"}})
+		{Name: "gemini-flash", RPM: 1000, TPM: 1000000, RPD: 3, TPD: 400}, {Name: "other", RPM: 1000, TPM: 1000000},
+		{Name: "untold", RPM: 1000, TPM: 1000000, RPD: 2}}, APIKeys: []string{"sim-secret"}})
 	cfg := fmt.Sprintf(`
 providers:
   - name: sim
@@ -361,6 +364,7 @@ providers:
     models:
       - {name: gemini-flash, rpm: 1000, tpm: 1000000, rpd: 3, tpd: 400}
       - {name: other, rpm: 1000, tpm: 1000000}
+      - {name: untold, rpm: 1000, tpm: 1000000}
 tenants:
   - {name: acme, api_key_env: ACME_KEY}
   - {name: globex, api_key_env: GLOBEX_KEY}
@@ -410,6 +414,28 @@ tenants:
 	st := simSrv.Stats()
 	if a, o := st.Models["gemini-flash"].Admitted, st.Models["other"].Admitted; a != 3 || o != 6 {
 		t.Errorf("provider took %d calls for gemini-flash (rpd 3) and %d for other, want 3 and 6", a, o)
+	}
+	if r := st.Models["gemini-flash"].RateLimited; r != 0 {
+		t.Errorf("provider refused %d calls for gemini-flash, want none", r)
+	}
+
+	// Untold, the provider's per-day 429 waits past any retry budget: the
+	// job ends at once, dead-lettered (to replay once the quota frees),
+	// never retried.
+	for i := range 3 {
+		r, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: chatBody("untold", 5, 16)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i < 2 && r.Status != job.StatusSucceeded {
+			t.Errorf("untold #%d: %s %+v, want succeeded", i, r.Status, r.Error)
+		}
+		if i == 2 && (r.Status != job.StatusDeadLettered || r.Error == nil || !strings.Contains(r.Error.Message, "per day")) {
+			t.Errorf("untold #%d over the provider's day quota: %s %+v, want dead-lettered naming the per-day limit", i, r.Status, r.Error)
+		}
+	}
+	if u := simSrv.Stats().Models["untold"]; u.Admitted != 2 || u.RateLimited != 1 {
+		t.Errorf("provider: %d admitted and %d refused for untold, want 2 and 1 (no retry)", u.Admitted, u.RateLimited)
 	}
 }
 

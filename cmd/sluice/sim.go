@@ -46,7 +46,7 @@ func runSim(ctx context.Context, args []string, getenv func(string) string, stdo
 		fs.PrintDefaults()
 	}
 	listen := fs.String("listen", "127.0.0.1:8090", "address to serve the OpenAI-compatible API on")
-	models := fs.String("models", "gpt-4o-mini=500/200000", "models and limits: name=RPM/TPM[,name=RPM/TPM...] (0 = unlimited)")
+	models := fs.String("models", "gpt-4o-mini=500/200000", "models and limits: name=RPM/TPM[/RPD/TPD][,...] (0 = unlimited; RPD/TPD are per-day quotas)")
 	profile := fs.String("profile", sim.DefaultProfile, "how limits are enforced: "+strings.Join(sim.Profiles(), ", "))
 	burst := fs.Float64("burst-fraction", sim.DefaultBurstFraction, "quantized, acceleration, hidden: cap of any 1-s window as a fraction of each per-minute limit (1/60: the average pace)")
 	bucket := fs.Float64("bucket-seconds", sim.DefaultBucketSeconds, "token-bucket: bucket capacity in seconds of refill (refill is limit/60 per second)")
@@ -124,8 +124,10 @@ func checkProfileFlags(fs *flag.FlagSet, profile string) error {
 	return err
 }
 
-// parseModels reads "name=RPM/TPM,name=RPM/TPM".
+// parseModels reads "name=RPM/TPM,name=RPM/TPM/RPD/TPD": per-minute
+// limits, and optionally per-day quotas.
 func parseModels(s string) ([]sim.ModelLimits, error) {
+	const want = "want name=RPM/TPM or name=RPM/TPM/RPD/TPD"
 	var out []sim.ModelLimits
 	for _, part := range strings.Split(s, ",") {
 		part = strings.TrimSpace(part)
@@ -134,18 +136,21 @@ func parseModels(s string) ([]sim.ModelLimits, error) {
 		}
 		name, lim, ok := strings.Cut(part, "=")
 		if !ok || name == "" {
-			return nil, fmt.Errorf("%q: want name=RPM/TPM", part)
+			return nil, fmt.Errorf("%q: %s", part, want)
 		}
-		rs, ts, ok := strings.Cut(lim, "/")
-		if !ok {
-			return nil, fmt.Errorf("%q: want name=RPM/TPM", part)
+		fields := strings.Split(lim, "/")
+		if len(fields) != 2 && len(fields) != 4 {
+			return nil, fmt.Errorf("%q: %s", part, want)
 		}
-		rpm, err1 := strconv.Atoi(rs)
-		tpm, err2 := strconv.Atoi(ts)
-		if err := errors.Join(err1, err2); err != nil || rpm < 0 || tpm < 0 {
-			return nil, fmt.Errorf("%q: RPM and TPM must be non-negative integers", part)
+		v := make([]int, 4)
+		for i, f := range fields {
+			n, err := strconv.Atoi(f)
+			if err != nil || n < 0 {
+				return nil, fmt.Errorf("%q: limits must be non-negative integers", part)
+			}
+			v[i] = n
 		}
-		out = append(out, sim.ModelLimits{Name: name, RPM: rpm, TPM: tpm})
+		out = append(out, sim.ModelLimits{Name: name, RPM: v[0], TPM: v[1], RPD: v[2], TPD: v[3]})
 	}
 	if len(out) == 0 {
 		return nil, errors.New("no models")

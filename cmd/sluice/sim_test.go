@@ -155,3 +155,29 @@ func TestSimHelp(t *testing.T) {
 		}
 	}
 }
+
+// TestSimModelsDayQuota: --models takes per-day quotas after the
+// per-minute limits, and the simulator enforces them; malformed lists are
+// refused with the expected form.
+func TestSimModelsDayQuota(t *testing.T) {
+	t.Parallel()
+	url := startSimCommand(t, "--models", "m=600/0/1/0")
+	for i, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
+		resp, err := http.Post(url+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want || (want != http.StatusOK && !strings.Contains(string(body), "requests per day (RPD): Limit 1")) {
+			t.Errorf("request %d: %d %s, want %d", i+1, resp.StatusCode, body, want)
+		}
+	}
+	for _, bad := range []string{"m=1/2/3", "m=1/2/3/4/5", "m=1/-2", "m=a/1"} {
+		err := runSim(context.Background(), []string{"--listen", "127.0.0.1:0", "--models", bad}, nil, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "--models") {
+			t.Errorf("--models %s: error %v, want it refused", bad, err)
+		}
+	}
+}

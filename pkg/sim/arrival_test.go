@@ -103,3 +103,69 @@ func TestOnArrival(t *testing.T) {
 		t.Errorf("refused arrival %+v, want job b refused by requests_short_window 300 ms later", r)
 	}
 }
+
+// TestDayQuota: a model's per-day quotas refuse what the trailing 24 h
+// has no room for, in OpenAI's words, with the wait until it has; the
+// refusals are counted and reported by the arrival hook, and the quota
+// frees as the day passes.
+func TestDayQuota(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	var limits []string
+	var mu sync.Mutex
+	b := body(model, "hi", 10)
+	c := int64(cost(t, b))
+	s, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 1000, TPM: 1_000_000, RPD: 2}, {Name: "tok", TPD: int(3 * c / 2)}}, Now: clk.Now,
+		OnArrival: func(a sim.Arrival) { mu.Lock(); limits = append(limits, a.Limit); mu.Unlock() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	post := func() *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(b)))
+		return rec
+	}
+	for i := range 2 {
+		if r := post(); r.Code != http.StatusOK {
+			t.Fatalf("request %d: status %d", i+1, r.Code)
+		}
+		clk.Advance(time.Hour)
+	}
+	r := post()
+	if r.Code != http.StatusTooManyRequests || !strings.Contains(r.Body.String(), "on requests per day (RPD): Limit 2, Used 2, Requested 1") {
+		t.Fatalf("third request in the day: %d %s, want a 429 naming the RPD", r.Code, r.Body)
+	}
+	// The first request leaves the trailing 24 h 22 h from now.
+	if ra := r.Header().Get("Retry-After"); ra != "79200" {
+		t.Errorf("Retry-After %q, want 79200 (22 h)", ra)
+	}
+	clk.Advance(22*time.Hour + time.Minute)
+	if r := post(); r.Code != http.StatusOK {
+		t.Fatalf("once the first request left the day: status %d %s", r.Code, r.Body)
+	}
+	// The second and the fourth are in the day now.
+	if r := post(); r.Code != http.StatusTooManyRequests {
+		t.Fatalf("a third request in 24 h: status %d", r.Code)
+	}
+	// Tokens: a quota of 1.5 requests' charges refuses the second.
+	tb := body("tok", "hi", 10)
+	for i, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(tb)))
+		if rec.Code != want || (want != http.StatusOK && !strings.Contains(rec.Body.String(), "tokens per day (TPD)")) {
+			t.Errorf("token-quota request %d: %d %s, want %d", i+1, rec.Code, rec.Body, want)
+		}
+	}
+	if by := s.Stats().Models["tok"].RateLimitedBy; by["tokens_per_day"] != 1 {
+		t.Errorf("token model refusals by %v, want one tokens_per_day", by)
+	}
+	ms := s.Stats().Models[model]
+	if ms.Admitted != 3 || ms.RateLimited != 2 || ms.RateLimitedBy["requests_per_day"] != 2 {
+		t.Errorf("stats: %d admitted, %d refused, by %v; want 3 admitted, 2 refused per day", ms.Admitted, ms.RateLimited, ms.RateLimitedBy)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(limits) != 7 || limits[2] != "requests_per_day" || limits[4] != "requests_per_day" || limits[6] != "tokens_per_day" {
+		t.Errorf("arrival hook limits %q, want the refusals named requests_per_day", limits)
+	}
+}

@@ -52,11 +52,19 @@ const (
 	DefaultHangFor       = 2 * time.Minute
 )
 
-// ModelLimits are one model's per-minute limits.
+// ModelLimits are one model's limits.
 type ModelLimits struct {
 	Name string // model name as callers send it, e.g. "gpt-4o-mini"
 	RPM  int    // requests per minute (0 = unlimited)
 	TPM  int    // tokens per minute (0 = unlimited)
+	// RPD and TPD are per-day quotas: requests and tokens admitted in the
+	// trailing 24 h (0 = none). A request over one is refused 429 the way
+	// OpenAI words it ("... on requests per day (RPD): Limit 200, Used
+	// 200, Requested 1. Please try again in 7h12m0s."), its wait until
+	// the quota has room in Retry-After; it is counted with the model's
+	// rate-limited requests (RateLimitedBy requests_per_day or
+	// tokens_per_day) and charges nothing.
+	RPD, TPD int
 	// Units are per-minute limits on other units (images, audio seconds),
 	// by name; see units.go for how they are enforced (0 = counted only).
 	Units map[string]int
@@ -237,8 +245,8 @@ func (c Config) check() error {
 			return fmt.Errorf("models[%d]: name is required", i)
 		case seen[m.Name]:
 			return fmt.Errorf("models[%d]: model %q listed twice", i, m.Name)
-		case m.RPM < 0 || m.TPM < 0:
-			return fmt.Errorf("model %q: limits must be >= 0 (RPM %d, TPM %d)", m.Name, m.RPM, m.TPM)
+		case m.RPM < 0 || m.TPM < 0 || m.RPD < 0 || m.TPD < 0:
+			return fmt.Errorf("model %q: limits must be >= 0 (RPM %d, TPM %d, RPD %d, TPD %d)", m.Name, m.RPM, m.TPM, m.RPD, m.TPD)
 		}
 		for name, limit := range m.Units {
 			if name == "" || limit < 0 {

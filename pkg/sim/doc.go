@@ -44,6 +44,13 @@
 // its body by Config.UnitsOf (default: the "sim_units" field; a unit it
 // does not name costs 1), and counted per unit in Stats (see units.go).
 //
+// A model may have per-day quotas (ModelLimits.RPD, TPD): the requests and
+// tokens admitted in the trailing 24 h, in one-minute buckets, judged
+// before the rate limits and charged once they admit a request. A request
+// over one gets a 429 in OpenAI's words ("... on requests per day (RPD):
+// Limit 200, Used 200, Requested 1. Please try again in 7h12m0s.") with
+// Retry-After set to when the quota has room (see day.go).
+//
 // A window (t-60s, t] holds every charge made after t-60s. The simulator
 // keeps an exact log of charges (arrival instants are taken to the
 // millisecond; one entry per distinct millisecond), so admission is exact:

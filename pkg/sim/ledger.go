@@ -38,6 +38,7 @@ func newGeneration(now time.Time, cfg Config) *generation {
 	for _, m := range cfg.Models {
 		g.models[m.Name] = newModelState(newLimits(m, cfg), now.UnixNano())
 		g.models[m.Name].units = newUnitLimiter(m, cfg)
+		g.models[m.Name].day = newDayQuota(m)
 	}
 	return g
 }

@@ -234,6 +234,7 @@ type modelState struct {
 	start  int64 // generation start, unix nanoseconds
 	status statusCounts
 	units  *unitLimiter // nil unless the model limits units (units.go)
+	day    *dayQuota    // nil unless the model has a per-day quota (day.go)
 
 	mu              sync.Mutex
 	log             chargeLog

@@ -249,7 +249,36 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, g *generatio
 // execute charges c and, if admitted and not faulted, completes it. e is
 // the ledger entry c owns, if it has an Idempotency-Key.
 func (s *Server) execute(w http.ResponseWriter, r *http.Request, g *generation, m *modelState, c *call, e *entry) {
+	var day *dayQuota
+	if q := m.day; q != nil {
+		// The day's quota is judged first and charged only once the rate
+		// limits admit the request: one step, under its lock.
+		at := c.arrived
+		if at == 0 {
+			at = s.now()
+		}
+		q.mu.Lock()
+		ok, dim, limit, used, wait := q.check(at, c.cost)
+		if !ok {
+			q.mu.Unlock()
+			g.release(c.key, e)
+			m.refusedBeyondWindows(at)
+			if s.cfg.OnArrival != nil {
+				s.cfg.OnArrival(Arrival{Model: c.model, JobID: c.jobID, IdempotencyKey: c.key, At: time.Unix(0, at), Cost: c.cost, Limit: dayLimitNames[dim]})
+			}
+			m.peek(at).set(w.Header(), s.form)
+			s.refuseDay(w, g, m, c, dim, limit, used, wait)
+			return
+		}
+		day = q
+	}
 	d, unitErr := s.admit(m, c)
+	if day != nil {
+		if d.admitted {
+			day.charge(d.at, c.cost)
+		}
+		day.mu.Unlock()
+	}
 	if s.cfg.OnArrival != nil {
 		a := Arrival{Model: c.model, JobID: c.jobID, IdempotencyKey: c.key, At: time.Unix(0, d.at), Cost: c.cost, Admitted: d.admitted}
 		switch {

@@ -95,8 +95,9 @@ type ModelStats struct {
 	// RateLimitedBy counts the rate-limited arrivals by the limit that
 	// kept each out longest: "requests_per_minute", "tokens_per_minute",
 	// "requests_short_window", "tokens_short_window", "requests_bucket",
-	// "tokens_bucket", "requests_acceleration", "tokens_acceleration", or
-	// "too_large" (more tokens than TPM).
+	// "tokens_bucket", "requests_acceleration", "tokens_acceleration",
+	// "too_large" (more tokens than TPM), or a per-day quota's
+	// "requests_per_day" and "tokens_per_day".
 	RateLimitedBy map[string]int64 `json:"rate_limited_by,omitempty"`
 	// SuccessRequests counts completions; SuccessTokens their prompt +
 	// completion tokens as reported in usage.
@@ -229,6 +230,16 @@ func (m *modelState) snapshot(now int64) ModelStats {
 				ms.RateLimitedBy = map[string]int64{}
 			}
 			ms.RateLimitedBy[reasonNames[r]] = n
+		}
+	}
+	if q := m.day; q != nil {
+		for dim := range q.refused {
+			if n := q.refused[dim].Load(); n > 0 {
+				if ms.RateLimitedBy == nil {
+					ms.RateLimitedBy = map[string]int64{}
+				}
+				ms.RateLimitedBy[dayLimitNames[dim]] = n
+			}
 		}
 	}
 	ms.SuccessRequests, ms.SuccessTokens = m.successRequests, m.successTokens

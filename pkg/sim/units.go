@@ -168,7 +168,7 @@ func (s *Server) admit(m *modelState, c *call) (decision, *apiError) {
 			continue
 		}
 		us.refused++
-		m.refusedForUnit(now)
+		m.refusedBeyondWindows(now)
 		e := &apiError{Type: us.name, Code: "rate_limit_exceeded"}
 		d := decision{at: now, rate: m.peek(now), retry: max(retry, 0)}
 		switch {
@@ -209,9 +209,9 @@ func (l *unitLog) waitFor(at int64, w time.Duration, need int64) time.Duration {
 	return w
 }
 
-// refusedForUnit counts a refusal by a unit with the model's rate-limited
-// arrivals.
-func (m *modelState) refusedForUnit(now int64) {
+// refusedBeyondWindows counts a refusal by a unit or a per-day quota with
+// the model's rate-limited arrivals.
+func (m *modelState) refusedBeyondWindows(now int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.rateLimited++
