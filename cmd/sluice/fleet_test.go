@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/pkg/budget"
+	"github.com/sluice-dev/sluice/pkg/config"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/natstest"
 	"github.com/sluice-dev/sluice/pkg/sim"
@@ -194,7 +195,11 @@ limits:
 	}
 	// Whether a refusal came of the plan or of a late delivery (seven
 	// processes share this machine): logged, not asserted.
-	const tolerance = 15 * time.Millisecond // admission.send_tolerance's default
+	parsed, err := config.Parse([]byte(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tolerance := parsed.Admission.SendTolerance.D()
 	r := reportArrivals(seen.all(), plans, tolerance)
 	t.Log(r.summary(tolerance, len(seen.all())))
 	for _, f := range r.refusals {

@@ -999,13 +999,7 @@ func (s *Service) tenantGate(ctx context.Context, cands []*Candidate) ([]*Candid
 				continue
 			}
 			refused[c] = true
-			s.m.AdmissionWaits.WithLabelValues(c.Job.Provider, c.Job.Model, reason).Inc()
-			wait := max(retry.Sub(now), 50*time.Millisecond) + jitter(s.store.Params().Slice)
-			if dl := c.Job.Deadline; dl != nil && now.Add(wait).After(*dl) {
-				s.expire(ctx, c.Msg, c.Job, fmt.Sprintf("tenant budget (%s) frees after the deadline", reason))
-				continue
-			}
-			_ = c.Msg.NakWithDelay(min(wait, time.Minute))
+			s.deferUntil(ctx, c, now, retry, reason, "tenant budget")
 		}
 		held[name] = h
 	}
@@ -1016,6 +1010,19 @@ func (s *Service) tenantGate(ctx context.Context, cands []*Candidate) ([]*Candid
 		}
 	}
 	return out, held, nil
+}
+
+// deferUntil sends a job a budget gate refused back to QUEUE until retry
+// (checked again within a minute, as other processes may give budget
+// back), or expires it if what it waits for frees after its deadline.
+func (s *Service) deferUntil(ctx context.Context, c *Candidate, now, retry time.Time, reason, what string) {
+	s.m.AdmissionWaits.WithLabelValues(c.Job.Provider, c.Job.Model, reason).Inc()
+	wait := max(retry.Sub(now), 50*time.Millisecond) + jitter(s.store.Params().Slice)
+	if dl := c.Job.Deadline; dl != nil && now.Add(wait).After(*dl) {
+		s.expire(ctx, c.Msg, c.Job, fmt.Sprintf("%s (%s) frees after the deadline", what, reason))
+		return
+	}
+	_ = c.Msg.NakWithDelay(min(wait, time.Minute))
 }
 
 // tenantTake grants the longest prefix of costs from the tenant window key:

@@ -2,8 +2,6 @@ package admission
 
 import (
 	"context"
-	"fmt"
-	"time"
 
 	"github.com/sluice-dev/sluice/pkg/budget"
 	"github.com/sluice-dev/sluice/pkg/config"
@@ -51,15 +49,8 @@ func (s *Service) modelDayGate(ctx context.Context, provider string, model *conf
 	refused := cands[g.N:]
 	s.giveBack(ctx, held, refused)
 	now := s.now()
-	reason := "model_day_" + g.Reason
 	for _, c := range refused {
-		s.m.AdmissionWaits.WithLabelValues(c.Job.Provider, c.Job.Model, reason).Inc()
-		wait := max(g.RetryAt.Sub(now), 50*time.Millisecond) + jitter(s.store.Params().Slice)
-		if dl := c.Job.Deadline; dl != nil && now.Add(wait).After(*dl) {
-			s.expire(ctx, c.Msg, c.Job, fmt.Sprintf("the model's per-day quota (%s) frees after the deadline", reason))
-			continue
-		}
-		_ = c.Msg.NakWithDelay(min(wait, time.Minute))
+		s.deferUntil(ctx, c, now, g.RetryAt, "model_day_"+g.Reason, "the model's per-day quota")
 	}
 	return cands[:g.N], h, nil
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sluice-dev/sluice/pkg/budget"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -100,12 +99,7 @@ func (s *Service) resumeStream(ctx context.Context, j *job.Job, opKey string) (b
 	if before == nil {
 		return false, nil
 	}
-	if r := j.Reservation; r != nil && !r.SendAt.IsZero() && r.Tokens > 0 {
-		key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
-		if err := s.store.ReturnAt(context.WithoutCancel(ctx), key, r.SendAt, budget.Cost{Tokens: r.Tokens}); err != nil {
-			s.log.Debug("return an unused reservation", "job_id", j.ID, "err", err)
-		}
-	}
+	s.returnUnusedTokens(ctx, j)
 	tr := &job.Transcript{}
 	for _, c := range before.chunks {
 		var ch job.Chunk

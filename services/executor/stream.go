@@ -329,17 +329,24 @@ func (p *chunkPublisher) flushLocked(end job.Status, e *job.Error) {
 	}
 }
 
+// returnUnusedTokens gives a paced reservation's tokens back to the window
+// at its instant, for a job that ends without its call (the request it
+// reserved stays spent: its slot has passed).
+func (s *Service) returnUnusedTokens(ctx context.Context, j *job.Job) {
+	if r := j.Reservation; r != nil && !r.SendAt.IsZero() && r.Tokens > 0 {
+		key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
+		if err := s.store.ReturnAt(context.WithoutCancel(ctx), key, r.SendAt, budget.Cost{Tokens: r.Tokens}); err != nil {
+			s.log.Debug("return an unused reservation's tokens", "job_id", j.ID, "err", err)
+		}
+	}
+}
+
 // cancelBeforeCall ends a streamed job whose caller went away before its
 // provider call: nothing is sent, and the reservation's tokens go back to
 // the window (the request it reserved stays spent: its slot has passed).
 func (s *Service) cancelBeforeCall(ctx context.Context, j *job.Job, opKey string) error {
 	ctx = context.WithoutCancel(ctx)
-	if r := j.Reservation; r != nil && !r.SendAt.IsZero() && r.Tokens > 0 {
-		key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
-		if err := s.store.ReturnAt(ctx, key, r.SendAt, budget.Cost{Tokens: r.Tokens}); err != nil {
-			s.log.Debug("return cancelled tokens", "err", err)
-		}
-	}
+	s.returnUnusedTokens(ctx, j)
 	s.m.StreamInterrupted.WithLabelValues(j.Provider, j.Model, "cancelled").Inc()
 	e := &job.Error{Code: job.CodeCancelled, Message: "the caller went away before the provider was called"}
 	return s.finish(ctx, j, opKey, &job.Result{Status: job.StatusCancelled, Error: e})
