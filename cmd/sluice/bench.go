@@ -165,7 +165,8 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		total += len(w.Jobs) * len(bench.Strategies)
 	}
 	for i := range scenarios {
-		w, err := generate(scenarios[i].Workload)
+		spec, _ := bench.LookupSpec(scenarios[i].Workload)
+		w, err := bench.Generate(spec, scenarios[i].LoadFor(*load), *scale, *seed)
 		if err != nil {
 			return err
 		}

@@ -36,7 +36,7 @@ func runQueue(ctx context.Context, args []string, getenv func(string) string, st
 	cfgPath := fs.String("config", getenv("SLUICE_CONFIG"), "configuration, for estimated waits from the models' limits, and server.nats (SLUICE_CONFIG)")
 	conn := addCLINATS(fs, getenv, cfgPath)
 	asJSON := fs.Bool("json", false, "print JSON: the queue rows, or with --limits the limit rows")
-	limits := fs.Bool("limits", false, "with --json, print the limits in effect instead of the queue")
+	limits := fs.Bool("limits", false, "with --json, print the limits in effect and the token corrections instead of the queue")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}
@@ -50,13 +50,24 @@ func runQueue(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	lrows, lerr := limitRows(ctx, js, cfg)
+	var crows []correctionRow
+	if kv, err := js.KeyValue(ctx, streams.BucketBudgets); err == nil {
+		crows, _ = correctionRows(ctx, kv)
+	}
 	if *asJSON && *limits {
 		if lerr != nil {
 			return lerr
 		}
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(lrows)
+		all := []any{}
+		for _, r := range lrows {
+			all = append(all, r)
+		}
+		for _, r := range crows {
+			all = append(all, r)
+		}
+		return enc.Encode(all)
 	}
 	rows, err := queueRows(ctx, js, nc, cfg)
 	if err != nil {
@@ -67,6 +78,7 @@ func runQueue(ctx context.Context, args []string, getenv func(string) string, st
 		enc.SetIndent("", "  ")
 		return enc.Encode(rows)
 	}
+	defer printCorrections(stdout, crows)
 	defer printLimits(stdout, lrows, lerr)
 	if len(rows) == 0 {
 		fmt.Fprintln(stdout, "no jobs waiting")

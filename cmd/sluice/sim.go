@@ -64,6 +64,8 @@ func runSim(ctx context.Context, args []string, getenv func(string) string, stdo
 	cutAfter := fs.Int("stream-cut-after", 0, "tokens a cut stream delivers first (0: cut before the first token)")
 	fStall := fs.Float64("fault-stream-stall", 0, "fraction of streamed answers that stop, silent, after --stream-stall-after tokens")
 	stallAfter := fs.Int("stream-stall-after", 0, "tokens a stalled stream delivers first")
+	count := fs.String("token-count", sim.CountChars, "how prompt tokens are counted: chars (characters/4 plus per-message overhead, as an independent provider) or sluice (Sluice's own estimator)")
+	countFactor := fs.Float64("token-factor", 1, "scale every prompt count by this (1.15: the provider counts 15% more; 0.6: 40% less)")
 	quota := fs.String("quota-models", "", "comma-separated models that answer 429 insufficient_quota")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
@@ -76,7 +78,7 @@ func runSim(ctx context.Context, args []string, getenv func(string) string, stdo
 		return fmt.Errorf("--models: %w", err)
 	}
 	cfg := sim.Config{Models: ml, Profile: *profile, BurstFraction: *burst, BucketSeconds: *bucket, NoRateHeaders: *noHeaders,
-		TTFT: *ttft, PerToken: *perToken,
+		TTFT: *ttft, PerToken: *perToken, Count: sim.TokenCount{Mode: *count, Factor: *countFactor},
 		Faults: sim.Faults{Seed: *seed, Rate500: *f500, Rate502: *f502, Rate503: *f503, RateReset: *fReset, RateHang: *fHang,
 			RateStreamCut: *fCut, StreamCutAfter: *cutAfter, RateStreamStall: *fStall, StreamStallAfter: *stallAfter}}
 	if *apiKey != "" {

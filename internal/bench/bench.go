@@ -102,6 +102,9 @@ type Result struct {
 	AttemptsAfter60     int64   `json:"attempts_after_60s"`
 	Provider429sAfter60 int64   `json:"provider_429s_after_60s"`
 	Pct429After60       float64 `json:"provider_429_pct_after_60s"`
+	// The same after the first 30 s.
+	AttemptsAfter30 int64   `json:"attempts_after_30s"`
+	Pct429After30   float64 `json:"provider_429_pct_after_30s"`
 	// RateLimitedBy counts the 429s by the simulator limit that refused
 	// them (sim.ModelStats.RateLimitedBy).
 	RateLimitedBy map[string]int64 `json:"rate_limited_by,omitempty"`
@@ -214,9 +217,19 @@ func RunSetup(ctx context.Context, w *Workload, setup Setup, opt Options) (*Work
 			l.stopS()
 		}
 	}()
+	count, err := setup.tokenCount(w)
+	if err != nil {
+		return nil, err
+	}
+	jobs := w.Jobs
+	if setup.Reasoning {
+		if jobs, err = reasoningJobs(w.Jobs); err != nil {
+			return nil, err
+		}
+	}
 	for _, name := range Strategies {
-		s, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: Model, RPM: w.RPM, TPM: w.TPM}},
-			Profile: setup.Profile, NoRateHeaders: setup.NoRateHeaders, TTFT: opt.TTFT, PerToken: opt.PerToken})
+		s, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: Model, RPM: w.RPM, TPM: w.TPM, Reasoning: setup.Reasoning}},
+			Profile: setup.Profile, NoRateHeaders: setup.NoRateHeaders, TTFT: opt.TTFT, PerToken: opt.PerToken, Count: count})
 		if err != nil {
 			return nil, err
 		}
@@ -253,7 +266,7 @@ func RunSetup(ctx context.Context, w *Workload, setup Setup, opt Options) (*Work
 			runCtx, cancel := context.WithDeadline(ctx, t0.Add(opt.RunTimeout))
 			defer cancel()
 			t := newTracker(len(w.Jobs), t0, opt.OnJob)
-			l.strat.run(runCtx, w.Jobs, t)
+			l.strat.run(runCtx, jobs, t)
 			st := l.sim.Stats() // at the run's end: the timeline stops here
 			results[i] = summarize(l.name, w, bind, st, t, time.Since(t0))
 			if m, ok := l.strat.(*mesh); ok {
@@ -304,6 +317,9 @@ func summarize(name string, w *Workload, bind Dim, st sim.Stats, t *tracker, ela
 	r.Pct429 = percent(r.Provider429s, r.ProviderRequests)
 	r.AttemptsAfter60, r.Provider429sAfter60 = after60(ms.Timeline)
 	r.Pct429After60 = percent(r.Provider429sAfter60, r.AttemptsAfter60)
+	var limited30 int64
+	r.AttemptsAfter30, limited30 = after(ms.Timeline, 30)
+	r.Pct429After30 = percent(limited30, r.AttemptsAfter30)
 	lat, failed, unfinished := t.summary()
 	r.Failed, r.Unfinished, r.Lost = failed, unfinished, failed
 	r.P50MS = ms64(percentile(lat, 0.50))

@@ -91,7 +91,9 @@ func TestRetryLoopDoesNotRetryBadRequests(t *testing.T) {
 
 func TestTokenShapingRefundsUnusedOutput(t *testing.T) {
 	t.Parallel()
-	s, c := setupSim(t, sim.Config{Models: []sim.ModelLimits{{Name: Model, TPM: 60_000}}})
+	// Counting as Sluice estimates, so the completion is the success's
+	// tokens less the job's prompt.
+	s, c := setupSim(t, sim.Config{Models: []sim.ModelLimits{{Name: Model, TPM: 60_000}}, Count: sim.TokenCount{Mode: sim.CountSluice}})
 	c.limiter, c.settle = NewLimiter(0, 60_000), true // capacity 1,000 tokens
 	at := time.Now()
 	c.limiter.now = func() time.Time { return at } // no refill during the test

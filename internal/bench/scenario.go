@@ -21,6 +21,14 @@ type Setup struct {
 	// SluiceFactor: Sluice is configured with the real limits times this;
 	// 0 means not configured: rpm: 0, tpm: 0, adaptive: true.
 	SluiceFactor float64 `json:"sluice_factor"`
+	// TokenRatio makes the simulator count the workload's prompts as this
+	// many times Sluice's estimate, over the workload (tokens.go); 0: its
+	// own count (characters/4), as it is.
+	TokenRatio float64 `json:"token_ratio,omitempty"`
+	// Reasoning serves the model as a reasoning model: the jobs ask for
+	// max_completion_tokens (it refuses max_tokens) and it reports
+	// reasoning tokens.
+	Reasoning bool `json:"reasoning,omitempty"`
 }
 
 // DefaultSetup is the workload comparison's: the simulator's default
@@ -60,6 +68,12 @@ func (s Setup) Describe() string {
 	case s.SluiceFactor > 0:
 		told = fmt.Sprintf("Sluice told %gx the real limits", s.SluiceFactor)
 	}
+	if s.TokenRatio > 0 {
+		headers += fmt.Sprintf(", provider counting %gx Sluice's prompt estimate", s.TokenRatio)
+	}
+	if s.Reasoning {
+		headers += ", reasoning model (max_completion_tokens)"
+	}
 	return fmt.Sprintf("%s profile, %s, %s", s.Profile, headers, told)
 }
 
@@ -68,9 +82,11 @@ type Target struct {
 	// MinFill is the least steady fill of the real binding limit (Goodput).
 	MinFill float64 `json:"min_fill"`
 	// Max429Pct bounds provider 429s as a percentage of attempts (0 = no
-	// bound); After60 counts only the attempts after the first 60 s.
+	// bound); After60 counts only the attempts after the first 60 s,
+	// After30 after the first 30 s.
 	Max429Pct float64 `json:"max_429_pct,omitempty"`
 	After60   bool    `json:"after_60s,omitempty"`
+	After30   bool    `json:"after_30s,omitempty"`
 	// NoLoss requires every job to succeed.
 	NoLoss bool `json:"no_loss,omitempty"`
 }
@@ -82,6 +98,9 @@ func (t Target) String() string {
 		p := fmt.Sprintf("≤%s 429s", pct(t.Max429Pct))
 		if t.After60 {
 			p += " after 60s"
+		}
+		if t.After30 {
+			p += " after 30s"
 		}
 		parts = append(parts, p)
 	}
@@ -114,6 +133,9 @@ func (t Target) Check(r Result) Verdict {
 		got, what := r.Pct429, "429s"
 		if t.After60 && r.AttemptsAfter60 > 0 {
 			got, what = r.Pct429After60, "429s after 60s"
+		}
+		if t.After30 && r.AttemptsAfter30 > 0 {
+			got, what = r.Pct429After30, "429s after 30s"
 		}
 		if got > t.Max429Pct {
 			misses = append(misses, fmt.Sprintf("%s %s", what, pct(got)))
@@ -161,6 +183,12 @@ var Scenarios = []Scenario{
 		Setup: Setup{Profile: sim.ProfileTokenBucket, SluiceFactor: 1}, Target: Target{MinFill: 0.95, Max429Pct: 1}},
 	{Name: "azure", Description: "Azure-style provider (10-s windows at limit/6), Sluice configured with the real limits", Workload: "a",
 		Setup: Setup{Profile: sim.ProfileAzure, SluiceFactor: 1}, Target: Target{MinFill: 0.95, Max429Pct: 1}},
+	{Name: "tokens-high", Description: "quantized provider counting 15% more prompt tokens than Sluice estimates, Sluice configured with the real limits", Workload: "b",
+		Setup: Setup{Profile: sim.ProfileQuantized, SluiceFactor: 1, TokenRatio: 1.15}, Target: Target{MinFill: 0.95, Max429Pct: 0.5, After30: true, NoLoss: true}},
+	{Name: "tokens-low", Description: "quantized provider counting 40% fewer prompt tokens than Sluice estimates, Sluice configured with the real limits", Workload: "b",
+		Setup: Setup{Profile: sim.ProfileQuantized, SluiceFactor: 1, TokenRatio: 0.6}, Target: Target{MinFill: 0.95}},
+	{Name: "reasoning", Description: "quantized reasoning model (max_completion_tokens, reasoning tokens reported), Sluice configured with the real limits", Workload: "b",
+		Setup: Setup{Profile: sim.ProfileQuantized, SluiceFactor: 1, Reasoning: true}, Target: Target{MinFill: 0.95}},
 }
 
 // ScenarioNames lists the names of Scenarios.
@@ -213,8 +241,12 @@ func ParseScenarios(s string) ([]Scenario, error) {
 
 // after60 counts the attempts (admitted or refused) and the 429s of the
 // timeline's seconds after the first 60.
-func after60(tl []sim.Second) (attempts, limited int64) {
-	for i := 60; i < len(tl); i++ {
+func after60(tl []sim.Second) (attempts, limited int64) { return after(tl, 60) }
+
+// after counts the attempts and the 429s of the timeline's seconds after
+// the first n.
+func after(tl []sim.Second, n int) (attempts, limited int64) {
+	for i := n; i < len(tl); i++ {
 		attempts += tl[i].Admitted + tl[i].RateLimited
 		limited += tl[i].RateLimited
 	}

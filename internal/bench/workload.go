@@ -13,8 +13,9 @@ import (
 )
 
 // Model is the model every workload asks for. It has a known tokenizer, so
-// the prompt estimates of pkg/tokens are exact and every strategy (and the
-// simulator) counts the same tokens.
+// every strategy estimates prompts with pkg/tokens' real BPE count; the
+// simulator counts them its own way (about 1.2 times as many for the
+// workloads' English words), as a provider would.
 const Model = "gpt-4o-mini"
 
 // Dim is a rate-limit dimension.
@@ -36,7 +37,7 @@ func (d Dim) Unit() string {
 // Job is one chat-completions request of a workload.
 type Job struct {
 	Body      []byte
-	Prompt    int // prompt tokens as pkg/tokens (and the simulator) count them
+	Prompt    int // prompt tokens as pkg/tokens counts them
 	MaxTokens int
 }
 

@@ -63,10 +63,11 @@ func TestGenerate(t *testing.T) {
 	}
 }
 
-// The simulator charges what the workload says a job costs.
+// A simulator counting as Sluice estimates charges what the workload says
+// a job costs (by default it counts on its own, and charges otherwise).
 func TestJobCostMatchesSimulator(t *testing.T) {
 	t.Parallel()
-	s, c := setupSim(t, sim.Config{Models: []sim.ModelLimits{{Name: Model, TPM: 1_000_000}}})
+	s, c := setupSim(t, sim.Config{Models: []sim.ModelLimits{{Name: Model, TPM: 1_000_000}}, Count: sim.TokenCount{Mode: sim.CountSluice}})
 	spec, _ := LookupSpec("mix")
 	w, err := Generate(spec, 1, 0.2, 3)
 	if err != nil {

@@ -1,16 +1,31 @@
-// Package calib keeps, per model, how the provider's reported prompt tokens
-// compare with Sluice's estimates. Executors record the ratio from usage and
-// publish it to the budgets bucket (at most every PublishEvery per model);
-// ingest reads it (cached for CacheFor) and scales estimates up when they
-// ran low, so reservations cover what providers charge. Estimates that ran
-// high are left alone: over-reserving costs some throughput, under-reserving
-// costs 429s.
+// Package calib learns, per provider/model and request shape, how the
+// provider's reported prompt tokens compare with Sluice's estimates, and
+// gives admission the correction to apply when it places a job.
+//
+// Every answer that reports usage is a sample, actual/estimated prompt
+// tokens. Executors merge their samples into one record per key in the
+// budgets bucket (compare-and-set: the last Window samples of the whole
+// fleet, at once while a key is still learning, at most every FlushEvery
+// after), so every process sees the fleet's samples and a restarted fleet
+// starts from them. The correction is a high quantile (Quantile) of the
+// window: one answer moves it, in either direction, and an estimate that
+// runs high is corrected down as one that runs low is corrected up. Before
+// a key has any answer, its correction is Prior: the first calls of a
+// backlog go out with room to spare.
+//
+// Keys: a model's record ("calib.<provider>.<model>") holds every sample
+// of the model; each shape class (package tokens: size, script, tools,
+// images) has its own ("calib.<provider>.<model>.<class>"). A class with
+// fewer than ClassSamples samples uses the larger of its own correction and
+// the model's.
 package calib
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -19,34 +34,57 @@ import (
 
 // Tunables.
 const (
-	Alpha        = 0.05 // EWMA weight of one sample
-	PublishEvery = 10 * time.Second
-	CacheFor     = 10 * time.Second
-	MaxRatio     = 3.0 // a calibration never scales an estimate beyond this
+	Window       = 32  // samples kept per key, the fleet's most recent
+	Quantile     = 0.9 // of actual/estimated over the window
+	Prior        = 1.25
+	MinRatio     = 0.25 // a correction never scales an estimate below this
+	MaxRatio     = 3.0  // nor above this
+	ClassSamples = 3
+	FlushEvery   = time.Second
+	CacheFor     = time.Second
 )
 
-// Record is what the bucket holds per model.
+// Record is what the bucket holds per key.
 type Record struct {
-	Ratio   float64   `json:"ratio"` // actual / estimated prompt tokens, smoothed
+	// Ratios are the most recent samples, actual/estimated, oldest first.
+	Ratios []float64 `json:"ratios"`
+	// Samples counts every sample ever merged.
 	Samples int64     `json:"samples"`
 	At      time.Time `json:"at"`
 }
 
-type entry struct {
-	Record
-	published time.Time
-	fetched   time.Time
+// Correction is the record's multiplier for estimates: the Quantile of its
+// window, clamped to [MinRatio, MaxRatio]; Prior when it has no sample.
+func (r Record) Correction() float64 {
+	if len(r.Ratios) == 0 {
+		return Prior
+	}
+	s := slices.Clone(r.Ratios)
+	slices.Sort(s)
+	i := int(math.Ceil(Quantile*float64(len(s)))) - 1
+	return min(max(s[max(i, 0)], MinRatio), MaxRatio)
 }
 
-// Table is one process's view.
+type entry struct {
+	rec     Record
+	rev     uint64
+	fetched time.Time
+	flushed time.Time
+	pending []float64
+}
+
+// Table is one process's view of the fleet's records.
 type Table struct {
 	kv  jetstream.KeyValue
 	now func() time.Time
 	mu  sync.Mutex
 	m   map[string]*entry
+	// flushing serialises flushes per key within the process.
+	flushing sync.Map
 }
 
-// New makes a table over the budgets bucket; now may be nil.
+// New makes a table over the budgets bucket (nil: this process alone);
+// now may be nil.
 func New(kv jetstream.KeyValue, now func() time.Time) *Table {
 	if now == nil {
 		now = time.Now
@@ -54,64 +92,199 @@ func New(kv jetstream.KeyValue, now func() time.Time) *Table {
 	return &Table{kv: kv, now: now, m: map[string]*entry{}}
 }
 
-// Observe folds one call's usage into key's ratio and returns the new ratio.
-// It publishes the ratio when it is due.
-func (t *Table) Observe(ctx context.Context, key string, estimated, actual int) float64 {
+// Key is the budgets key of a provider/model ("" class) or of one of its
+// request shape classes.
+func Key(provider, modelToken, class string) string {
+	k := "calib." + provider + "." + modelToken
+	if class != "" {
+		k += "." + class
+	}
+	return k
+}
+
+// Observe records one answer: estimated prompt tokens (Sluice's own count,
+// before any correction) against the actual count the provider reported,
+// for the model and for its class. It returns the model's correction.
+func (t *Table) Observe(ctx context.Context, provider, modelToken, class string, estimated, actual int) float64 {
 	if estimated <= 0 || actual <= 0 {
 		return 0
 	}
 	r := float64(actual) / float64(estimated)
-	t.mu.Lock()
-	e, ok := t.m[key]
-	if !ok {
-		e = &entry{Record: Record{Ratio: r}}
-		t.m[key] = e
-	} else {
-		e.Ratio = (1-Alpha)*e.Ratio + Alpha*r
+	keys := []string{Key(provider, modelToken, "")}
+	if class != "" {
+		keys = append(keys, Key(provider, modelToken, class))
 	}
-	e.Samples++
-	now := t.now()
-	due := now.Sub(e.published) >= PublishEvery
-	if due {
-		e.published = now
+	for _, k := range keys {
+		t.mu.Lock()
+		e := t.entry(k)
+		e.pending = append(e.pending, r)
+		if len(e.pending) > Window {
+			e.pending = e.pending[len(e.pending)-Window:]
+		}
+		now := t.now()
+		due := t.kv == nil || e.rec.Samples < Window || now.Sub(e.flushed) >= FlushEvery
+		t.mu.Unlock()
+		if due {
+			t.flush(ctx, k)
+		}
 	}
-	rec := e.Record
-	rec.At = now.UTC()
-	t.mu.Unlock()
-	if due && t.kv != nil {
-		data, _ := json.Marshal(rec)
-		_, _ = t.kv.Put(ctx, key, data) // last writer wins: each executor's view is a fair sample
-	}
-	return rec.Ratio
+	return t.correction(ctx, keys[0])
 }
 
-// Factor returns the multiplier for key's estimates: the calibrated ratio
-// when estimates ran low, else 1.
-func (t *Table) Factor(ctx context.Context, key string) float64 {
+func (t *Table) entry(k string) *entry {
+	e, ok := t.m[k]
+	if !ok {
+		e = &entry{}
+		t.m[k] = e
+	}
+	return e
+}
+
+// merge appends ratios to rec's window.
+func merge(rec Record, ratios []float64, at time.Time) Record {
+	rec.Ratios = append(slices.Clone(rec.Ratios), ratios...)
+	if len(rec.Ratios) > Window {
+		rec.Ratios = rec.Ratios[len(rec.Ratios)-Window:]
+	}
+	rec.Samples += int64(len(ratios))
+	rec.At = at.UTC()
+	return rec
+}
+
+// flush merges k's pending samples into the fleet's record.
+func (t *Table) flush(ctx context.Context, k string) {
+	busy, _ := t.flushing.LoadOrStore(k, new(sync.Mutex))
+	mu := busy.(*sync.Mutex)
+	if !mu.TryLock() {
+		return // another goroutine flushes k; the samples wait for the next
+	}
+	defer mu.Unlock()
+	t.mu.Lock()
+	e := t.entry(k)
+	pending := e.pending
+	e.pending = nil
+	e.flushed = t.now()
+	if t.kv == nil {
+		e.rec = merge(e.rec, pending, t.now())
+		t.mu.Unlock()
+		return
+	}
+	t.mu.Unlock()
+	if len(pending) == 0 {
+		return
+	}
+	for range 4 {
+		var rec Record
+		var rev uint64
+		got, err := t.kv.Get(ctx, k)
+		switch {
+		case err == nil:
+			rev = got.Revision()
+			if json.Unmarshal(got.Value(), &rec) != nil {
+				rec = Record{}
+			}
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		default:
+			return
+		}
+		rec = merge(rec, pending, t.now())
+		data, _ := json.Marshal(rec)
+		if rev == 0 {
+			rev, err = t.kv.Create(ctx, k, data)
+		} else {
+			rev, err = t.kv.Update(ctx, k, data, rev)
+		}
+		if err == nil {
+			t.mu.Lock()
+			e.rec, e.rev, e.fetched = rec, rev, t.now()
+			t.mu.Unlock()
+			return
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return
+		}
+	}
+}
+
+// record returns k's record, read again from the bucket when older than
+// CacheFor.
+func (t *Table) record(ctx context.Context, k string) Record {
 	now := t.now()
 	t.mu.Lock()
-	e, ok := t.m[key]
-	if !ok {
-		e = &entry{Record: Record{Ratio: 1}}
-		t.m[key] = e
-	}
+	e := t.entry(k)
 	stale := t.kv != nil && now.Sub(e.fetched) >= CacheFor
 	if stale {
 		e.fetched = now
 	}
+	rec := e.rec
 	t.mu.Unlock()
-	if stale {
-		var rec Record
-		if got, err := t.kv.Get(ctx, key); err == nil && json.Unmarshal(got.Value(), &rec) == nil {
-			t.mu.Lock()
-			e.Record = rec
-			t.mu.Unlock()
-		}
+	if !stale {
+		return rec
+	}
+	got, err := t.kv.Get(ctx, k)
+	if err != nil {
+		return rec
+	}
+	var fresh Record
+	if json.Unmarshal(got.Value(), &fresh) != nil {
+		return rec
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	if e.Ratio <= 1 || e.Samples < 20 {
-		return 1
+	if got.Revision() >= e.rev {
+		e.rec, e.rev = fresh, got.Revision()
 	}
-	return math.Min(e.Ratio, MaxRatio)
+	rec = e.rec
+	t.mu.Unlock()
+	return rec
+}
+
+func (t *Table) correction(ctx context.Context, k string) float64 {
+	return t.record(ctx, k).Correction()
+}
+
+// Factor is the multiplier admission applies to a job's prompt estimate:
+// its class's correction once the class has ClassSamples samples, before
+// that the larger of the class's and the model's (Prior for a model with
+// no answer yet).
+func (t *Table) Factor(ctx context.Context, provider, modelToken, class string) float64 {
+	model := t.record(ctx, Key(provider, modelToken, ""))
+	if class == "" {
+		return model.Correction()
+	}
+	c := t.record(ctx, Key(provider, modelToken, class))
+	switch {
+	case c.Samples >= ClassSamples:
+		return c.Correction()
+	case c.Samples > 0:
+		return max(c.Correction(), model.Correction())
+	}
+	return model.Correction()
+}
+
+// State is a key's learned state, for display.
+type State struct {
+	Correction float64
+	Samples    int64
+	At         time.Time
+}
+
+// Lookup returns provider/model's state and its classes' (by class name),
+// read from the bucket.
+func (t *Table) Lookup(ctx context.Context, provider, modelToken string) (State, map[string]State) {
+	rec := t.record(ctx, Key(provider, modelToken, ""))
+	model := State{Correction: rec.Correction(), Samples: rec.Samples, At: rec.At}
+	classes := map[string]State{}
+	if t.kv == nil {
+		return model, classes
+	}
+	prefix := Key(provider, modelToken, "") + "."
+	lister, err := t.kv.ListKeysFiltered(ctx, prefix+">")
+	if err != nil {
+		return model, classes
+	}
+	for k := range lister.Keys() {
+		r := t.record(ctx, k)
+		classes[k[len(prefix):]] = State{Correction: r.Correction(), Samples: r.Samples, At: r.At}
+	}
+	return model, classes
 }

@@ -36,6 +36,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/pkg/config"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/tokens"
@@ -240,7 +241,7 @@ func (g *Guard) Dispatched(j *job.Job) error {
 	switch {
 	case r == nil, !sealed, r.Sig == "", !hmac.Equal([]byte(r.Sig), []byte(g.sign(j))):
 		return ErrUnverified
-	case r.Requests < 1, r.Tokens < j.Estimate.Cost(), r.ValidUntil.Sub(r.ReservedAt) > g.maxValid:
+	case r.Requests < 1, r.Tokens < minReserved(j.Estimate), r.ValidUntil.Sub(r.ReservedAt) > g.maxValid:
 		return ErrUnverified
 	}
 	// Every unit the model limits is estimated and reserved.
@@ -251,6 +252,13 @@ func (g *Guard) Dispatched(j *job.Job) error {
 		}
 	}
 	return nil
+}
+
+// minReserved is the least a reservation may hold for e: its output and
+// its prompt estimate at the lowest correction admission applies
+// (internal/calib).
+func minReserved(e *job.Estimate) int {
+	return e.MaxTokens + int(float64(e.PromptTokens)*calib.MinRatio)
 }
 
 // UnitCost resolves a job's stated cost (job.Job.Cost) against its model:

@@ -258,14 +258,14 @@ func Run(ctx context.Context, o Options) error {
 	for _, name := range o.Services {
 		switch name {
 		case "ingest":
-			s, err := ingest.New(ingest.Config{App: o.Config, Calib: cal, Guard: gd, Waiters: waiters}, m, log, ms)
+			s, err := ingest.New(ingest.Config{App: o.Config, Guard: gd, Waiters: waiters}, m, log, ms)
 			if err != nil {
 				return err
 			}
 			s.Routes(mux, auth)
 			services = append(services, s)
 		case "admission":
-			s, err := admission.New(admission.Config{App: o.Config, Guard: gd}, m, log, ms)
+			s, err := admission.New(admission.Config{App: o.Config, Guard: gd, Calib: cal}, m, log, ms)
 			if err != nil {
 				return err
 			}

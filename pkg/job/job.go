@@ -141,6 +141,10 @@ type Estimate struct {
 	PromptTokens int            `json:"prompt_tokens"`
 	MaxTokens    int            `json:"max_tokens"`
 	Units        map[string]int `json:"units,omitempty"`
+	// Class is the request's shape (package tokens: size, script, tools,
+	// images): providers' counts differ from the estimate by shape, and
+	// the correction is learned per class.
+	Class string `json:"class,omitempty"`
 }
 
 // MaxUnits is how many units a job's cost may name (and a model may limit)

@@ -37,7 +37,7 @@ func (b *slowBody) Read(p []byte) (int, error) {
 func TestChargedAtArrival(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
-	s, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 60}}, Now: clk.Now}) // 1 request a second
+	s, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 60}}, Now: clk.Now, Count: sluiceCount}) // 1 request a second
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestOnArrival(t *testing.T) {
 	clk := newClock()
 	var got []sim.Arrival
 	var mu sync.Mutex
-	s, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 60}}, Now: clk.Now, // 1 request a second
+	s, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 60}}, Now: clk.Now, Count: sluiceCount, // 1 request a second
 		OnArrival: func(a sim.Arrival) { mu.Lock(); got = append(got, a); mu.Unlock() }})
 	if err != nil {
 		t.Fatal(err)
@@ -115,7 +115,7 @@ func TestDayQuota(t *testing.T) {
 	var mu sync.Mutex
 	b := body(model, "hi", 10)
 	c := int64(cost(t, b))
-	s, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 1000, TPM: 1_000_000, RPD: 2}, {Name: "tok", TPD: int(3 * c / 2)}}, Now: clk.Now,
+	s, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 1000, TPM: 1_000_000, RPD: 2}, {Name: "tok", TPD: int(3 * c / 2)}}, Now: clk.Now, Count: sluiceCount,
 		OnArrival: func(a sim.Arrival) { mu.Lock(); limits = append(limits, a.Limit); mu.Unlock() }})
 	if err != nil {
 		t.Fatal(err)
@@ -169,3 +169,7 @@ func TestDayQuota(t *testing.T) {
 		t.Errorf("arrival hook limits %q, want the refusals named requests_per_day", limits)
 	}
 }
+
+// sluiceCount counts as Sluice estimates: these tests compare costs they
+// compute with package tokens.
+var sluiceCount = sim.TokenCount{Mode: sim.CountSluice}

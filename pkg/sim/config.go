@@ -68,6 +68,10 @@ type ModelLimits struct {
 	// Units are per-minute limits on other units (images, audio seconds),
 	// by name; see units.go for how they are enforced (0 = counted only).
 	Units map[string]int
+	// Reasoning makes it an OpenAI-style reasoning model: it refuses
+	// max_tokens (400, "use max_completion_tokens") and reports part of
+	// its completion tokens as completion_tokens_details.reasoning_tokens.
+	Reasoning bool
 }
 
 // Config shapes a simulated provider.
@@ -131,6 +135,10 @@ type Config struct {
 	Now func() time.Time
 	// Faults injects provider failures.
 	Faults Faults
+	// Count is how prompt tokens are counted (see count.go): by default
+	// characters/4 with its own per-message overhead, not Sluice's
+	// tokenizer.
+	Count TokenCount
 	// OnArrival, if set, is called with every request a model's rate
 	// limits judged, admitted or refused, once they have judged it: the
 	// provider's view of each call, for tests and tools that compare it
@@ -149,7 +157,9 @@ type Arrival struct {
 	At time.Time
 	// Cost is the tokens it was charged (or would have been): prompt plus
 	// n times its output limit.
-	Cost     int64
+	Cost int64
+	// Body is the request as received (shared: do not modify it).
+	Body     []byte
 	Admitted bool
 	// Limit is what refused it, named as in ModelStats.RateLimitedBy
 	// ("tokens_short_window", "too_large", ...) or by a unit's name; ""
@@ -230,6 +240,10 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.UnitsOf == nil {
 		c.UnitsOf = bodyUnits
+	}
+	var err error
+	if c.Count, err = c.Count.withDefaults(); err != nil {
+		return c, err
 	}
 	return c, c.check()
 }

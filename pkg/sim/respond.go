@@ -238,7 +238,7 @@ func (s *Server) newCompletion(c *call, completionTokens int, created time.Time)
 			CompletionTokens:        n * completionTokens,
 			TotalTokens:             c.prompt + n*completionTokens,
 			PromptTokensDetails:     map[string]int{"cached_tokens": 0, "audio_tokens": 0},
-			CompletionTokensDetails: map[string]int{"reasoning_tokens": 0, "audio_tokens": 0, "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0},
+			CompletionTokensDetails: map[string]int{"reasoning_tokens": c.reasoningTokens(n * completionTokens), "audio_tokens": 0, "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0},
 		},
 		ServiceTier:       "default",
 		SystemFingerprint: "fp_sluice_sim",

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/pkg/job"
-	"github.com/sluice-dev/sluice/pkg/tokens"
 )
 
 // maxBodyBytes bounds a chat-completions body.
@@ -26,6 +25,7 @@ type Server struct {
 	keys        map[string]bool
 	quotaModels map[string]bool
 	quotaKeys   map[string]bool
+	reasoning   map[string]bool
 	filler      filler
 	gen         atomic.Pointer[generation]
 }
@@ -42,7 +42,11 @@ func New(cfg Config) (*Server, error) {
 		keys:        set(cfg.APIKeys),
 		quotaModels: set(cfg.Faults.QuotaModels),
 		quotaKeys:   set(cfg.Faults.QuotaKeys),
+		reasoning:   map[string]bool{},
 		filler:      newFiller(),
+	}
+	for _, m := range cfg.Models {
+		s.reasoning[m.Name] = m.Reasoning
 	}
 	s.Reset()
 	return s, nil
@@ -138,6 +142,8 @@ type call struct {
 	embed  *job.EmbeddingsRequest
 	stream bool // stream: true
 	usage  bool // stream_options.include_usage
+	// reasoning: a reasoning model's call (ModelLimits.Reasoning).
+	reasoning bool
 	// arrived is when the request reached the server (Server.now), 0 for
 	// the instant it is charged.
 	arrived int64
@@ -202,8 +208,13 @@ func (s *Server) parseChat(body []byte) (*call, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &call{model: req.Model, prompt: tokens.Prompt(req), maxOut: req.OutputLimit(s.cfg.DefaultMaxTokens), n: req.Choices(),
-		stream: req.Stream, usage: req.WantsUsage()}
+	c := &call{model: req.Model, prompt: s.cfg.Count.Prompt(req), maxOut: req.OutputLimit(s.cfg.DefaultMaxTokens), n: req.Choices(),
+		stream: req.Stream, usage: req.WantsUsage(), reasoning: s.reasoning[req.Model]}
+	if c.reasoning {
+		if err := checkReasoning(body); err != nil {
+			return nil, err
+		}
+	}
 	c.cost = int64(c.prompt) + int64(c.n)*int64(c.maxOut)
 	return c, nil
 }
@@ -214,7 +225,7 @@ func (s *Server) parseEmbeddings(body []byte) (*call, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &call{model: req.Model, prompt: tokens.Embeddings(req), n: 1, embed: req}
+	c := &call{model: req.Model, prompt: s.cfg.Count.Embeddings(req), n: 1, embed: req}
 	c.cost = int64(c.prompt)
 	return c, nil
 }
@@ -264,7 +275,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request, g *generation, 
 			g.release(c.key, e)
 			m.refusedBeyondWindows(at)
 			if s.cfg.OnArrival != nil {
-				s.cfg.OnArrival(Arrival{Model: c.model, JobID: c.jobID, IdempotencyKey: c.key, At: time.Unix(0, at), Cost: c.cost, Limit: dayLimitNames[dim]})
+				s.cfg.OnArrival(Arrival{Model: c.model, JobID: c.jobID, IdempotencyKey: c.key, At: time.Unix(0, at), Cost: c.cost, Body: c.body, Limit: dayLimitNames[dim]})
 			}
 			m.peek(at).set(w.Header(), s.form)
 			s.refuseDay(w, g, m, c, dim, limit, used, wait)
@@ -280,7 +291,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request, g *generation, 
 		day.mu.Unlock()
 	}
 	if s.cfg.OnArrival != nil {
-		a := Arrival{Model: c.model, JobID: c.jobID, IdempotencyKey: c.key, At: time.Unix(0, d.at), Cost: c.cost, Admitted: d.admitted}
+		a := Arrival{Model: c.model, JobID: c.jobID, IdempotencyKey: c.key, At: time.Unix(0, d.at), Cost: c.cost, Body: c.body, Admitted: d.admitted}
 		switch {
 		case d.admitted:
 		case unitErr != nil:

@@ -45,9 +45,15 @@ func (c *clock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// start runs a simulator on a loopback HTTP server.
+// start runs a simulator on a loopback HTTP server. Unless the test names a
+// count, the simulator counts prompts with package tokens: these tests
+// check how limits are enforced, with costs they compute the same way;
+// count_test.go checks the simulator's own count.
 func start(t *testing.T, cfg sim.Config) (*sim.Server, string) {
 	t.Helper()
+	if cfg.Count.Mode == "" {
+		cfg.Count.Mode = sim.CountSluice
+	}
 	s, err := sim.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -644,6 +650,7 @@ func TestServerErrorFaults(t *testing.T) {
 	// The same seed gives the same sequence, also after Reset.
 	s.Reset()
 	twin := sim.Config{Models: []sim.ModelLimits{{Name: model}}, Faults: faults}
+	twin.Count.Mode = sim.CountSluice
 	ts, _ := sim.New(twin)
 	for i, want := range statuses {
 		for _, srv := range []*sim.Server{s, ts} {

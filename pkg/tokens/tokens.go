@@ -106,7 +106,7 @@ func Prompt(req *job.ChatRequest) int {
 	if !exact {
 		n = int(float64(n)*FallbackFactor + 0.999)
 	}
-	return n
+	return n + Images(req)
 }
 
 // Embeddings counts the input tokens of an embeddings request: each text
@@ -135,18 +135,21 @@ func Embeddings(req *job.EmbeddingsRequest) int {
 // Estimate parses a job's request for its endpoint and returns the model it
 // names and what a provider charges for it at arrival: for chat, the prompt
 // estimate and n x the output limit (defMax when the request names none);
-// for embeddings, the input tokens and no output.
+// for embeddings, the input tokens and no output. The estimate names the
+// request's shape class (see Class).
 func Estimate(endpoint string, body []byte, lim job.Limits, defMax int) (string, job.Estimate, error) {
 	if endpoint == job.EndpointEmbeddings {
 		req, err := job.ParseEmbeddings(body)
 		if err != nil {
 			return "", job.Estimate{}, err
 		}
-		return req.Model, job.Estimate{PromptTokens: Embeddings(req)}, nil
+		n := Embeddings(req)
+		return req.Model, job.Estimate{PromptTokens: n, Class: embeddingsClass(req, n)}, nil
 	}
 	req, err := job.ParseRequest(body, lim)
 	if err != nil {
 		return "", job.Estimate{}, err
 	}
-	return req.Model, job.Estimate{PromptTokens: Prompt(req), MaxTokens: req.ReservedOutput(defMax)}, nil
+	n := Prompt(req)
+	return req.Model, job.Estimate{PromptTokens: n, MaxTokens: req.ReservedOutput(defMax), Class: chatClass(req, n)}, nil
 }

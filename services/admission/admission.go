@@ -25,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
@@ -50,6 +51,9 @@ type Config struct {
 	// before this process stops keeping its held jobs, so that JetStream
 	// hands them to a process that can reach it (0: LetGoAfter).
 	LetGoAfter time.Duration
+	// Calib corrects token estimates by what providers report (see
+	// correct.go); nil: estimates are reserved as they are.
+	Calib *calib.Table
 }
 
 // Candidate is a job ready for a reservation.
@@ -488,6 +492,7 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 		cands[i] = it.Value.(*Candidate)
 		byCand[cands[i]] = it
 		delete(s.heldIdx, cands[i].Job.ID)
+		cands[i].Cost = s.placedCost(ms, cands[i].Job) // the correction now, not at arrival
 	}
 	putBack := func(rest []*Candidate, wake time.Time, reason string) {
 		for i := len(rest) - 1; i >= 0; i-- {

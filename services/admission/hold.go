@@ -110,7 +110,7 @@ func (s *Service) hold(c *Candidate, now time.Time) {
 	}
 	key := budget.ModelKey(c.Job.Provider, job.ModelToken(c.Job.Model))
 	ms := s.model(key, c.Job)
-	c.Cost = ms.costOf(c.Job)
+	c.Cost = s.placedCost(ms, c.Job)
 	c.touched = now
 	urgent := c.Job.Priority == job.Interactive || ms.sched.IsNew(c.Job.Tenant, c.Job.Priority)
 	if urgent {

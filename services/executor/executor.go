@@ -61,17 +61,19 @@ type Service struct {
 	// givingBack holds, per model key, whether a lapsed instant is being
 	// returned (giveBackUnsent): one at a time.
 	givingBack sync.Map
-	guard      *guard.Guard
-	cfg        Config
-	mesh       *mesh.Mesh
-	store      *budget.Store
-	log        *slog.Logger
-	m          *metrics.Set
-	now        func() time.Time
-	clients    map[string]provider.Client
-	rndMu      sync.Mutex
-	rnd        *rand.Rand
-	holder     string // this process's name in concurrency leases
+	// returning does the same for over-reserved prompt tokens (settle.go).
+	returning sync.Map
+	guard     *guard.Guard
+	cfg       Config
+	mesh      *mesh.Mesh
+	store     *budget.Store
+	log       *slog.Logger
+	m         *metrics.Set
+	now       func() time.Time
+	clients   map[string]provider.Client
+	rndMu     sync.Mutex
+	rnd       *rand.Rand
+	holder    string // this process's name in concurrency leases
 
 	tenantPools map[string]*budget.Pool
 	router      *route.Router
@@ -1086,11 +1088,15 @@ func (s *Service) settle(ctx context.Context, j *job.Job, u job.Usage) {
 		return
 	}
 	if s.cfg.Calib != nil {
-		r := s.cfg.Calib.Observe(ctx, budget.CalibrationKey(j.Provider, job.ModelToken(j.Model)), j.Estimate.PromptTokens, u.PromptTokens)
+		r := s.cfg.Calib.Observe(ctx, j.Provider, job.ModelToken(j.Model), estimateClass(j), j.Estimate.PromptTokens, u.PromptTokens)
 		s.m.EstimateRatio.WithLabelValues(j.Provider, j.Model).Set(r)
 	}
-	extra := u.PromptTokens - j.Estimate.PromptTokens
-	if extra <= 0 {
+	extra := u.PromptTokens - reservedPrompt(j)
+	if extra < 0 {
+		s.returnOverReserved(ctx, j, -extra)
+		return
+	}
+	if extra == 0 {
 		return
 	}
 	var slice int64

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"sync"
 	"time"
 
@@ -20,11 +19,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/api"
-	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
-	"github.com/sluice-dev/sluice/pkg/budget"
 	"github.com/sluice-dev/sluice/pkg/config"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/tokens"
@@ -37,8 +34,6 @@ type Config struct {
 	TenantKeys map[string]string // bearer key -> tenant
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
-	// Calib scales estimates that providers report running low; may be nil.
-	Calib *calib.Table
 	// Guard seals estimates; nil: New makes one with the fleet key from
 	// the budgets bucket.
 	Guard *guard.Guard
@@ -177,10 +172,6 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 	}
 	if err := endpointServed(j, prov); err != nil {
 		return Accepted{}, err
-	}
-	if s.cfg.Calib != nil {
-		f := s.cfg.Calib.Factor(ctx, budget.CalibrationKey(prov.Name, job.ModelToken(model.Name)))
-		est.PromptTokens = int(math.Ceil(float64(est.PromptTokens) * f))
 	}
 	if model.TPM > 0 && est.Cost() > model.TPM {
 		return Accepted{}, &job.ValidationError{Code: job.CodeTooLarge, Field: "request",

@@ -1,0 +1,49 @@
+package admission
+
+import (
+	"context"
+	"math"
+	"time"
+
+	"github.com/sluice-dev/sluice/pkg/budget"
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/tokens"
+)
+
+// correctionWait bounds a read of the fleet's correction (at most one per
+// key per calib.CacheFor); past it the cached value stands.
+const correctionWait = 250 * time.Millisecond
+
+// correction is the factor the fleet's token correction (internal/calib)
+// applies to j's prompt estimate now: the estimate frozen in the envelope
+// is Sluice's own count, and what the provider will charge is learned from
+// every answer since, so a job queued before the fleet learned is placed
+// with what it knows when it places it.
+func (s *Service) correction(j *job.Job) float64 {
+	if s.cfg.Calib == nil || j.Estimate == nil {
+		return 1
+	}
+	class := j.Estimate.Class
+	if !tokens.ValidClass(class) {
+		class = "" // whoever wrote it, it names no key
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), correctionWait)
+	defer cancel()
+	return s.cfg.Calib.Factor(ctx, j.Provider, job.ModelToken(j.Model), class)
+}
+
+// placedCost is what j reserves when placed now: costOf with the prompt
+// estimate corrected, never above the model's configured minute of tokens
+// (more could never be placed).
+func (s *Service) placedCost(ms *modelState, j *job.Job) budget.Cost {
+	c := ms.costOf(j)
+	f := s.correction(j)
+	if f == 1 || j.Estimate == nil {
+		return c
+	}
+	c.Tokens = int(math.Ceil(float64(j.Estimate.PromptTokens)*f)) + j.Estimate.MaxTokens
+	if _, m, ok := s.cfg.App.ModelRef(j.Model); ok && m.TPM > 0 {
+		c.Tokens = min(c.Tokens, max(m.TPM, j.Estimate.Cost()))
+	}
+	return c
+}
