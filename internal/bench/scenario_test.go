@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
 
@@ -214,5 +215,34 @@ func TestSluiceMetricsGather(t *testing.T) {
 	// models left out.
 	if len(m.All) != 2 || m.All[metricCuts+`{reason="burst"}`] != 3 || m.All[metricEffective+`{dimension="requests_per_minute"}`] != 450 {
 		t.Errorf("all series %v", m.All)
+	}
+}
+
+// A scenario's token ratio makes its simulators count the workload's
+// prompts that many times Sluice's estimate, over the workload.
+func TestTokenRatio(t *testing.T) {
+	t.Parallel()
+	spec, _ := LookupSpec("b")
+	w, err := Generate(spec, 1, 0.2, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ratio := range []float64{1.15, 0.6} {
+		c, err := Setup{TokenRatio: ratio}.tokenCount(w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var est, counted int
+		for _, j := range w.Jobs {
+			req, err := job.ParseRequest(j.Body, job.Limits{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			est += j.Prompt
+			counted += c.Prompt(req)
+		}
+		if got := float64(counted) / float64(est); got < ratio-0.01 || got > ratio+0.01 {
+			t.Errorf("token ratio %g: the simulator counts %.3f times the estimate", ratio, got)
+		}
 	}
 }

@@ -14,7 +14,7 @@ import (
 // so that over w's prompts they count TokenRatio times what Sluice
 // estimates (each prompt still differs from its estimate on its own).
 func (s Setup) tokenCount(w *Workload) (sim.TokenCount, error) {
-	c := sim.TokenCount{Mode: sim.CountChars}
+	c := sim.TokenCount{Mode: sim.CountChars, Factor: 1}
 	if s.TokenRatio <= 0 {
 		return c, nil
 	}
@@ -58,11 +58,12 @@ func reasoningJobs(jobs []Job) ([]Job, error) {
 }
 
 // LoadFor is the --load a scenario generates its workload at: a provider
-// counting less than Sluice estimates (TokenRatio < 1) sees the workload
-// smaller, so it is offered larger, by Sluice's count, for the provider to
-// see load times its binding limit.
+// counting otherwise than Sluice estimates sees the workload larger or
+// smaller, so it is offered at load / TokenRatio by Sluice's count, for the
+// provider to see about load times its binding limit (as in the other
+// scenarios, within the run's deadline).
 func (s Scenario) LoadFor(load float64) float64 {
-	if s.TokenRatio > 0 && s.TokenRatio < 1 {
+	if s.TokenRatio > 0 {
 		return load / s.TokenRatio
 	}
 	return load

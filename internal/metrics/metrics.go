@@ -31,7 +31,7 @@ type Set struct {
 	BudgetErrors        prometheus.Counter
 	ReservationsExpired *prometheus.CounterVec   // provider, model
 	TenantRequests      *prometheus.CounterVec   // tenant
-	TenantTokens        *prometheus.CounterVec   // tenant, kind (input, output, cached)
+	TenantTokens        *prometheus.CounterVec   // tenant, kind (input, output, cached, reasoning)
 	InFlight            *prometheus.GaugeVec     // provider, model
 	ConcLeased          *prometheus.GaugeVec     // provider, model
 	Pauses              *prometheus.CounterVec   // provider, model
@@ -74,7 +74,7 @@ func New(reg prometheus.Registerer) *Set {
 		BudgetErrors:        prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_budget_errors_total", Help: "Failures to reach the budgets bucket (no dispatch happens without budget)."}),
 		ReservationsExpired: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_reservations_expired_total", Help: "Jobs whose reservation lapsed before an executor could start them; re-admitted."}, []string{"provider", "model"}),
 		TenantRequests:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_tenant_requests_total", Help: "Provider requests made for each tenant."}, []string{"tenant"}),
-		TenantTokens:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_tenant_tokens_total", Help: "Tokens used for each tenant by kind (input, output, cached)."}, []string{"tenant", "kind"}),
+		TenantTokens:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_tenant_tokens_total", Help: "Tokens used for each tenant by kind (input, output, cached; reasoning: the part of output a reasoning model spent thinking)."}, []string{"tenant", "kind"}),
 		DeadLetters:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_dead_letters_total", Help: "Jobs written to the DLQ, by reason."}, []string{"reason"}),
 		EstimateRatio:       prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_token_estimate_ratio", Help: "The correction admission applies to the model's prompt estimates: a high quantile of provider-reported prompt tokens over Sluice's estimate, over the fleet's recent answers (1 = exact)."}, []string{"provider", "model"}),
 		Corrections:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_budget_corrections_total", Help: "Times a provider's x-ratelimit-remaining-* showed less room than the shared window, which was then charged the difference."}, []string{"provider", "model", "limit"}),
@@ -165,7 +165,7 @@ func (s *Set) Preset(c *config.Config) {
 	}
 	for _, t := range c.Tenants {
 		s.TenantRequests.WithLabelValues(t.Name)
-		for _, k := range []string{"input", "output", "cached"} {
+		for _, k := range []string{"input", "output", "cached", "reasoning"} {
 			s.TenantTokens.WithLabelValues(t.Name, k)
 		}
 	}

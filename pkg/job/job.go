@@ -250,6 +250,9 @@ type Usage struct {
 	CompletionTokens int `json:"completion_tokens"`
 	TotalTokens      int `json:"total_tokens"`
 	CachedTokens     int `json:"cached_tokens,omitempty"`
+	// ReasoningTokens are output tokens a reasoning model spent thinking:
+	// part of CompletionTokens, as OpenAI counts and charges them.
+	ReasoningTokens int `json:"reasoning_tokens,omitempty"`
 }
 
 // Error is a machine-readable failure.

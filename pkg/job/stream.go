@@ -83,6 +83,9 @@ type ChunkUsage struct {
 	PromptTokensDetails *struct {
 		CachedTokens int `json:"cached_tokens"`
 	} `json:"prompt_tokens_details,omitempty"`
+	CompletionTokensDetails *struct {
+		ReasoningTokens int `json:"reasoning_tokens"`
+	} `json:"completion_tokens_details,omitempty"`
 }
 
 // Usage converts to Sluice's usage, clamping negative counts to 0.
@@ -90,6 +93,10 @@ func (u *ChunkUsage) Usage() Usage {
 	out := Usage{PromptTokens: max(u.PromptTokens, 0), CompletionTokens: max(u.CompletionTokens, 0)}
 	if u.PromptTokensDetails != nil {
 		out.CachedTokens = max(u.PromptTokensDetails.CachedTokens, 0)
+	}
+	if u.CompletionTokensDetails != nil {
+		out.ReasoningTokens = max(u.CompletionTokensDetails.ReasoningTokens, 0)
+		out.CompletionTokens = max(out.CompletionTokens, out.ReasoningTokens) // output, whatever the provider's total says
 	}
 	out.TotalTokens = out.PromptTokens + out.CompletionTokens
 	return out

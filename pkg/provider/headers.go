@@ -177,6 +177,9 @@ func ParseUsage(body []byte) job.Usage {
 			PromptTokensDetails *struct {
 				CachedTokens int `json:"cached_tokens"`
 			} `json:"prompt_tokens_details"`
+			CompletionTokensDetails *struct {
+				ReasoningTokens int `json:"reasoning_tokens"`
+			} `json:"completion_tokens_details"`
 		} `json:"usage"`
 	}
 	if json.Unmarshal(body, &v) != nil || v.Usage == nil {
@@ -188,6 +191,12 @@ func ParseUsage(body []byte) job.Usage {
 	u := job.Usage{PromptTokens: clamp(v.Usage.PromptTokens), CompletionTokens: clamp(v.Usage.CompletionTokens), TotalTokens: clamp(v.Usage.TotalTokens)}
 	if v.Usage.PromptTokensDetails != nil {
 		u.CachedTokens = min(clamp(v.Usage.PromptTokensDetails.CachedTokens), u.PromptTokens)
+	}
+	if d := v.Usage.CompletionTokensDetails; d != nil {
+		// Reasoning tokens are output tokens (inside completion_tokens
+		// as OpenAI reports them).
+		u.ReasoningTokens = clamp(d.ReasoningTokens)
+		u.CompletionTokens = max(u.CompletionTokens, u.ReasoningTokens)
 	}
 	if u.TotalTokens < u.PromptTokens+u.CompletionTokens {
 		u.TotalTokens = u.PromptTokens + u.CompletionTokens

@@ -1084,6 +1084,7 @@ func (s *Service) settle(ctx context.Context, j *job.Job, u job.Usage) {
 	s.m.TenantTokens.WithLabelValues(j.Tenant, "input").Add(float64(u.PromptTokens))
 	s.m.TenantTokens.WithLabelValues(j.Tenant, "output").Add(float64(u.CompletionTokens))
 	s.m.TenantTokens.WithLabelValues(j.Tenant, "cached").Add(float64(u.CachedTokens))
+	s.m.TenantTokens.WithLabelValues(j.Tenant, "reasoning").Add(float64(u.ReasoningTokens))
 	if j.Estimate == nil || j.Reservation == nil {
 		return
 	}
