@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/sluice-dev/sluice/internal/dlq"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/natstest"
 	"github.com/sluice-dev/sluice/pkg/sim"
@@ -122,18 +124,41 @@ func spawnChildIn(t testing.TB, prefix []string, bin string, args []string, env 
 
 // TestCrashRecovery kills a `sluice up` process with SIGKILL while jobs are
 // in flight, restarts it on the same data directory, and checks that every
-// job accepted before the kill completes exactly once: one result each, and
-// the provider's ledger shows no operation completed twice.
+// job accepted before the kill ends with exactly one result and no prompt
+// is completed twice by the provider. Against a provider that ignores
+// Idempotency-Key (as OpenAI and Anthropic document their completions), a
+// call that was in flight at the kill is not sent again: its job ends
+// outcome_unknown, in the DLQ. Against one configured as honouring it, the
+// call is sent again with the same key and answered from the provider's
+// record: every job succeeds.
 func TestCrashRecovery(t *testing.T) {
 	t.Parallel()
+	for _, honours := range []bool{false, true} {
+		name := "ignores-key"
+		if honours {
+			name = "honours-key"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			crashRecovery(t, honours)
+		})
+	}
+}
+
+func crashRecovery(t *testing.T, honours bool) {
 	bin := sluiceBinary(t)
-	const model, jobs = "gpt-4o-mini", 400
+	const model, jobs = "gpt-4o-mini", 300
 	// Slow enough that calls are in flight at the kill.
 	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 100000, TPM: 10000000}},
-		TTFT: 300 * time.Millisecond, PerToken: time.Millisecond, APIKeys: []string{"sim-secret"}})
+		TTFT: 300 * time.Millisecond, PerToken: time.Millisecond, APIKeys: []string{"sim-secret"}, IgnoreIdempotencyKey: !honours})
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte(simConfig(simURL, model, 100000, 10000000, "")), 0o600); err != nil {
+	// A short call timeout bounds how long a delivery that finds a call
+	// marked sent waits for its executor before it calls the outcome
+	// unknown.
+	yaml := strings.Replace(simConfig(simURL, model, 100000, 10000000, ""), "    api_key_env: SIM_KEY\n",
+		fmt.Sprintf("    api_key_env: SIM_KEY\n    timeout: 5s\n    honours_idempotency_key: %v\n", honours), 1)
+	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	args := []string{"--config", cfg, "--data", filepath.Join(dir, "data"), "--nats-listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--log-level", "debug"}
@@ -168,12 +193,24 @@ func TestCrashRecovery(t *testing.T) {
 	}
 
 	second := startChild(t, bin, args, testEnv)
-	_, cl2 := natsClient(t, second.NATS)
+	nc2, cl2 := natsClient(t, second.NATS)
+	js2, err := jetstream.New(nc2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	statuses := map[string]int{}
+	var unknown []string
 	for _, id := range ids {
 		for {
 			r, err := cl2.Lookup(ctx, id)
 			if err == nil && r != nil {
-				if r.Status != job.StatusSucceeded {
+				switch {
+				case r.Status == job.StatusSucceeded:
+					statuses["succeeded"]++
+				case !honours && r.Status == job.StatusFailed && r.Error != nil && r.Error.Code == "outcome_unknown":
+					statuses["outcome_unknown"]++
+					unknown = append(unknown, id)
+				default:
 					t.Errorf("job %s ended %s (%+v)", id, r.Status, r.Error)
 				}
 				break
@@ -190,13 +227,24 @@ func TestCrashRecovery(t *testing.T) {
 		}
 	}
 	st := simSrv.Stats()
-	t.Logf("provider: %d completed, %d replayed from its idempotency ledger, %d duplicate completions", st.Completed, st.Replayed, st.DuplicateCompletions)
+	t.Logf("results %v; provider: %d completed, %d replayed from its idempotency ledger, %d duplicate completions",
+		statuses, st.Completed, st.Replayed, st.DuplicateCompletions)
 	if st.DuplicateCompletions != 0 {
 		t.Errorf("provider completed %d operations twice", st.DuplicateCompletions)
 	}
+	isUnknown := map[string]bool{}
+	for _, id := range unknown {
+		isUnknown[id] = true
+		// The operator sees it, with the attempt that was lost.
+		e, err := dlq.Get(ctx, js2, id)
+		if err != nil || e.Reason != dlq.ReasonOutcomeUnknown || len(e.Job.Attempts) == 0 {
+			t.Errorf("job %s ended outcome_unknown; its dead letter is %+v (%v)", id, e, err)
+		}
+	}
 	for _, id := range ids {
-		if n := st.JobCompletions[id]; n != 1 {
-			t.Errorf("job %s completed %d times at the provider, want 1", id, n)
+		n := st.JobCompletions[id]
+		if n > 1 || (n != 1 && !isUnknown[id]) {
+			t.Errorf("job %s completed %d times at the provider (outcome unknown: %v)", id, n, isUnknown[id])
 		}
 	}
 }

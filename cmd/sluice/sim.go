@@ -66,6 +66,7 @@ func runSim(ctx context.Context, args []string, getenv func(string) string, stdo
 	stallAfter := fs.Int("stream-stall-after", 0, "tokens a stalled stream delivers first")
 	count := fs.String("token-count", sim.CountChars, "how prompt tokens are counted: chars (characters/4 plus per-message overhead, as an independent provider) or sluice (Sluice's own estimator)")
 	countFactor := fs.Float64("token-factor", 1, "scale every prompt count by this (1.15: the provider counts 15% more; 0.6: 40% less)")
+	ignoreKey := fs.Bool("ignore-idempotency-key", false, "run every request, even one repeating an Idempotency-Key (as OpenAI and Anthropic document their completions); completions are still counted per key")
 	quota := fs.String("quota-models", "", "comma-separated models that answer 429 insufficient_quota")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
@@ -78,7 +79,7 @@ func runSim(ctx context.Context, args []string, getenv func(string) string, stdo
 		return fmt.Errorf("--models: %w", err)
 	}
 	cfg := sim.Config{Models: ml, Profile: *profile, BurstFraction: *burst, BucketSeconds: *bucket, NoRateHeaders: *noHeaders,
-		TTFT: *ttft, PerToken: *perToken, Count: sim.TokenCount{Mode: *count, Factor: *countFactor},
+		IgnoreIdempotencyKey: *ignoreKey, TTFT: *ttft, PerToken: *perToken, Count: sim.TokenCount{Mode: *count, Factor: *countFactor},
 		Faults: sim.Faults{Seed: *seed, Rate500: *f500, Rate502: *f502, Rate503: *f503, RateReset: *fReset, RateHang: *fHang,
 			RateStreamCut: *fCut, StreamCutAfter: *cutAfter, RateStreamStall: *fStall, StreamStallAfter: *stallAfter}}
 	if *apiKey != "" {

@@ -301,8 +301,25 @@ type OpRecord struct {
 	Joiners   []string   `json:"joiners,omitempty"`    // later jobs that share this operation
 	// Cancelled: the caller went away (a streaming HTTP client); an
 	// executor that has not called the provider yet does not.
-	Cancelled bool      `json:"cancelled,omitempty"`
+	Cancelled bool `json:"cancelled,omitempty"`
+	// Sent marks an attempt's call as leaving for the provider: written
+	// before the request is sent, cleared when the attempt's outcome is
+	// known and the job goes back to the queue. Found by a later delivery,
+	// it says the call may have reached the provider and its outcome was
+	// never recorded (its executor was lost).
+	Sent      *SentMark `json:"sent,omitempty"`
 	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// SentMark is the record of a call leaving for the provider.
+type SentMark struct {
+	Attempt int       `json:"attempt"`
+	At      time.Time `json:"at"`
+	// By names the execution that wrote it, so it can withdraw its own
+	// mark when it did not send.
+	By string `json:"by"`
+	// Reservation is the reservation the call spent.
+	Reservation string `json:"reservation,omitempty"`
 }
 
 // OpKey derives the idempotency bucket key for a tenant and idempotency key.

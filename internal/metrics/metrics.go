@@ -50,6 +50,8 @@ type Set struct {
 	TimeToFirstToken    *prometheus.HistogramVec // provider, model
 	StreamInterrupted   *prometheus.CounterVec   // provider, model, reason
 	StreamDuration      *prometheus.HistogramVec // provider, model, outcome
+	OutcomeUnknown      *prometheus.CounterVec   // provider, model, reason
+	HeldOldest          prometheus.Gauge
 }
 
 // New makes and registers the metrics on reg.
@@ -97,13 +99,15 @@ func New(reg prometheus.Registerer) *Set {
 		StreamInterrupted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llm_stream_interrupted_total", Help: "Streams that broke after their first token (reason: cut, idle_timeout, total_timeout, error_event, executor_lost, cancelled, too_large); the job ends interrupted (cancelled for cancelled, failed response_too_large for too_large) and is never retried."}, []string{"provider", "model", "reason"}),
 		StreamDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "llm_stream_duration_seconds", Help: "Streamed calls from sending to their end, by outcome (succeeded, interrupted, cancelled).",
 			Buckets: prometheus.ExponentialBuckets(0.05, 2, 14)}, []string{"provider", "model", "outcome"}),
+		OutcomeUnknown: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_outcome_unknown_total", Help: "Jobs ended outcome_unknown: a call that may have reached the provider and whose outcome is unknown (reason: executor_lost, or the transport error that cut it), not sent again because its provider is not configured as honouring idempotency keys; each is in the DLQ."}, []string{"provider", "model", "reason"}),
+		HeldOldest:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_held_oldest_seconds", Help: "How long the oldest job this admission process holds has waited in it (a watchdog: a model's held jobs go back to the queue after a minute without a dispatch)."}),
 	}
 	reg.MustRegister(s.JobsAccepted, s.JobsRejected, s.Results, s.Requests, s.TokensReserved, s.TokensUsed,
 		s.Retries, s.RateLimitHits, s.Fallbacks, s.DupSuppressed, s.QueueDepth, s.QueueWait, s.AdmissionWaits,
 		s.BudgetWrites, s.BudgetConflict, s.BudgetErrors, s.ReservationsExpired, s.TenantRequests, s.TenantTokens,
 		s.InFlight, s.ProviderLatency, s.ConcLeased, s.ModelLimit, s.DeadLetters, s.EstimateRatio, s.Corrections, s.Pauses, s.Shed, s.Held,
 		s.LimitEffective, s.LimitCuts, s.RateLimitRequeues, s.SendLateness, s.RateLimitKinds,
-		s.TimeToFirstToken, s.StreamInterrupted, s.StreamDuration)
+		s.TimeToFirstToken, s.StreamInterrupted, s.StreamDuration, s.OutcomeUnknown, s.HeldOldest)
 	return s
 }
 

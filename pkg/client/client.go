@@ -134,7 +134,7 @@ func (c *Client) Submit(ctx context.Context, j *job.Job) (string, error) {
 	msg := nats.NewMsg(job.IntakeSubject(j.Tenant))
 	msg.Data = data
 	msg.Header.Set(jetstream.MsgIDHeader, "intake:"+j.ID)
-	if _, err := c.js.PublishMsg(ctx, msg); err != nil {
+	if _, err := c.publish(ctx, msg); err != nil {
 		if isFull(err) {
 			return "", &QueueFullError{RetryAfter: c.retryAfter(ctx, j, data), Err: err}
 		}

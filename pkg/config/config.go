@@ -334,6 +334,13 @@ type Provider struct {
 	APIKeyEnv string   `yaml:"api_key_env"`
 	Timeout   Duration `yaml:"timeout"`
 	Models    []Model  `yaml:"models"`
+	// HonoursIdempotencyKey: the provider answers a repeated
+	// Idempotency-Key from its own record instead of doing the work again.
+	// Only then is a call whose outcome is unknown (its executor lost, its
+	// answer cut) sent again; otherwise the job ends outcome_unknown.
+	// OpenAI and Anthropic do not document this for their completions
+	// endpoints: false by default.
+	HonoursIdempotencyKey bool `yaml:"honours_idempotency_key"`
 }
 
 // Model is one model of a provider with its limits.

@@ -83,6 +83,11 @@ type Job struct {
 	// costs DefaultUnitCost; naming a unit the model does not limit is
 	// refused at ingest.
 	Cost map[string]int `json:"cost,omitempty"`
+	// AtLeastOnce lets Sluice call the provider again when an attempt's
+	// outcome is unknown (its executor lost mid-call, its answer cut): the
+	// job may be paid twice. Without it such a job ends outcome_unknown,
+	// unless its provider honours idempotency keys.
+	AtLeastOnce bool `json:"at_least_once,omitempty"`
 
 	// Set by Sluice.
 	SubmittedAt time.Time    `json:"submitted_at,omitzero"`

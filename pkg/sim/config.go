@@ -139,6 +139,11 @@ type Config struct {
 	// characters/4 with its own per-message overhead, not Sluice's
 	// tokenizer.
 	Count TokenCount
+	// IgnoreIdempotencyKey runs every request, whatever its
+	// Idempotency-Key, as OpenAI's and Anthropic's completions endpoints
+	// do by their documentation; completions are still counted per key
+	// (Stats.DuplicateCompletions shows a key completed twice).
+	IgnoreIdempotencyKey bool
 	// OnArrival, if set, is called with every request a model's rate
 	// limits judged, admitted or refused, once they have judged it: the
 	// provider's view of each call, for tests and tools that compare it

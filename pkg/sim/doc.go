@@ -91,7 +91,9 @@
 // (429, fault), the key is released and the next request with it runs.
 // Stats counts completions per Idempotency-Key and per X-Sluice-Job-Id, and
 // DuplicateCompletions counts completions beyond the first for either, so
-// tests can assert that no operation ran twice.
+// tests can assert that no operation ran twice. With
+// Config.IgnoreIdempotencyKey the key is ignored, as OpenAI and Anthropic
+// document nothing else for completions: every request runs.
 //
 // # Faults
 //

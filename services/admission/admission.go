@@ -54,6 +54,8 @@ type Config struct {
 	// Calib corrects token estimates by what providers report (see
 	// correct.go); nil: estimates are reserved as they are.
 	Calib *calib.Table
+	// HeldMax: see watchdog.go (0: HeldMax).
+	HeldMax time.Duration
 }
 
 // Candidate is a job ready for a reservation.
@@ -91,6 +93,7 @@ type Service struct {
 	guard     *guard.Guard
 	ackWait   time.Duration
 	letGo     time.Duration
+	heldMax   time.Duration
 	// The budget store's outage as the scheduler sees it (its goroutine
 	// only): failing without a break since downSince, last failed at
 	// downLast.
@@ -120,6 +123,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	s := &Service{cfg: cfg, guard: cfg.Guard, mesh: m, store: st, learn: adapt.NewStore(m.Budgets, now), learned: map[string]*learnCache{}, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, heldIdx: map[string]string{}, heldJobs: map[string]*Candidate{}, notBefore: map[string]time.Time{}, leases: map[string]*budget.Lease{}, tblocks: map[string]*budget.Lease{}}
 	s.ackWait = cmp.Or(cfg.AckWait, mesh.PublishAckWait)
 	s.letGo = cmp.Or(cfg.LetGoAfter, LetGoAfter)
+	s.heldMax = cmp.Or(cfg.HeldMax, HeldMax)
 	s.budgetErr.Store("")
 	s.failed.Store("")
 	return s, nil
@@ -316,6 +320,8 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	defer tick.Stop()
 	touch := time.NewTicker(KeepAliveEvery)
 	defer touch.Stop()
+	watch := time.NewTicker(min(KeepAliveEvery, s.heldMax/4))
+	defer watch.Stop()
 	// wake fires when a model's budget is expected to free (its next
 	// placement comes within the horizon) before the next tick: a paced
 	// schedule stays continuous without waiting for ticks.
@@ -349,6 +355,9 @@ func (s *Service) Run(ctx context.Context) (err error) {
 			s.expireHeld(ctx)
 			s.dispatchAll(ctx)
 			s.checkStore(ctx)
+			continue
+		case <-watch.C:
+			s.watchHeld()
 			continue
 		case <-touch.C:
 			s.keepAlive()
@@ -624,6 +633,7 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 			continue
 		}
 		out = append(out, &pub{id: j.ID, msg: c.Msg, fut: fut})
+		ms.progressAt = now
 		s.log.Debug("dispatched", "job_id", j.ID, "tenant", j.Tenant, "queued_for", now.Sub(j.SubmittedAt))
 	}
 	if rest := allowed[g.N:]; len(rest) > 0 {

@@ -28,6 +28,7 @@ type modelState struct {
 	wakeAt               time.Time // budget expected to free; nothing to try before
 	pausedUntil          time.Time // the provider asked the fleet to wait
 	reason               string    // why the queue waits now
+	progressAt           time.Time // last dispatch, or when the queue was last empty (watchdog.go)
 	// lastUrgent is when a job that should not wait last arrived (an
 	// interactive job, or a new flow while others' backlogs wait);
 	// urgentCost is the largest such job's cost since (reset after
@@ -112,6 +113,9 @@ func (s *Service) hold(c *Candidate, now time.Time) {
 	ms := s.model(key, c.Job)
 	c.Cost = s.placedCost(ms, c.Job)
 	c.touched = now
+	if n, _ := ms.sched.Len(); n == 0 {
+		ms.progressAt = now // the watchdog's clock starts with the queue
+	}
 	urgent := c.Job.Priority == job.Interactive || ms.sched.IsNew(c.Job.Tenant, c.Job.Priority)
 	if urgent {
 		// It should not wait behind backlogs: leave it headroom from now

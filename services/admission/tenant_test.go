@@ -242,3 +242,79 @@ func waitDispatched(ctx context.Context, t *testing.T, js jetstream.JetStream, f
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestHeldJobGivenBack: a model's held job that is not dispatched within
+// HeldMax (here its budget does not free for a minute; in life, whatever
+// the store did meanwhile) goes back to QUEUE, where any admission
+// process takes it again, instead of waiting in one process for as long
+// as that process lives.
+func TestHeldJobGivenBack(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	nc := natstest.Conn(t, natstest.Server(t))
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Parse([]byte(`
+providers:
+  - name: p
+    base_url: http://127.0.0.1:1/v1
+    models: [{name: m, rpm: 1, tpm: 100000000, adaptive: false}]
+tenants: [{name: t}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := mesh.Open(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	svc, err := admission.New(admission.Config{App: cfg, HeldMax: time.Second}, m, slog.New(slog.DiscardHandler), metrics.New(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(runCtx) }()
+	defer func() {
+		stop()
+		<-done
+	}()
+	for i := range 2 {
+		if _, err := js.Publish(ctx, job.QueueSubject(job.Standard, "t"), queued(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One request a minute: the first is dispatched, the second waits.
+	waitDispatched(ctx, t, js, "the first job was never dispatched")
+	cons, err := js.Consumer(ctx, streams.Queue, "admission")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		info, err := cons.Info(ctx)
+		if err == nil && info.NumRedelivered > 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the held job was never given back to QUEUE (last: %+v, %v)", info, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var oldest float64
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == "sluice_held_oldest_seconds" {
+			oldest = mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	if oldest > 4 {
+		t.Errorf("sluice_held_oldest_seconds = %v, want at most HeldMax and its check interval", oldest)
+	}
+}

@@ -326,6 +326,11 @@ func (s *Service) unverified(msg jetstream.Msg, j *job.Job, err error) {
 // run executes a verified job and settles its message.
 func (s *Service) run(ctx context.Context, msg jetstream.Msg, j *job.Job) {
 	if err := s.execute(ctx, msg, j); err != nil {
+		var later redeliverAfter
+		if errors.As(err, &later) {
+			_ = msg.NakWithDelay(time.Duration(later))
+			return
+		}
 		if md, merr := msg.Metadata(); merr == nil && md.NumDelivered >= MaxDeliveries {
 			opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
 			e := &job.Error{Code: "max_deliveries", Message: fmt.Sprintf("gave up after %d deliveries; last error: %v", md.NumDelivered, err)}
@@ -418,11 +423,16 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		defer s.running.remove(j.ID)
 	}
 	cancelled, wasInFlight := false, false
-	op, opRev, err := s.markInFlight(ctx, j, opKey, attempt, &cancelled, &wasInFlight)
+	// The in-flight record also marks the call as leaving (unknown.go):
+	// written here, milliseconds before the call, and withdrawn by every
+	// way out below that does not send.
+	sent, lost := s.newSentMark(j, attempt), (*mesh.SentMark)(nil)
+	op, opRev, err := s.markInFlight(ctx, j, opKey, attempt, sent, &lost, &cancelled, &wasInFlight)
 	if errors.Is(err, job.ErrNotFound) {
 		op, opRev, err = &mesh.OpRecord{State: mesh.OpInFlight}, 0, nil // records expire; the job still runs
 	}
 	if err != nil {
+		s.withdrawSent(ctx, opKey, sent) // the write may have landed without its answer
 		return fmt.Errorf("mark in flight: %w", err)
 	}
 	if j.Revs != nil {
@@ -437,6 +447,9 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	}
 	if cancelled || context.Cause(ctx) == errCancelled {
 		return s.cancelBeforeCall(ctx, j, opKey)
+	}
+	if lost != nil {
+		return s.lostCall(ctx, j, opKey, lost, stream)
 	}
 	if stream && wasInFlight {
 		// An earlier attempt may have streamed part of the answer and
@@ -456,6 +469,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		if !tp.TryAcquire() {
 			nb := now.Add(TenantSlotWait).UTC()
 			j.NotBefore, j.Reservation = &nb, nil
+			s.requeueOp(ctx, opKey, j, "tenant slot")
 			s.m.AdmissionWaits.WithLabelValues(j.Provider, j.Model, "tenant_concurrency").Inc()
 			return s.mesh.Enqueue(ctx, j, "tenantslot:"+j.ID+":"+dispatchSeq(msg))
 		}
@@ -475,6 +489,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		}
 		nb := openUntil.UTC()
 		j.NotBefore, j.Reservation = &nb, nil
+		s.requeueOp(ctx, opKey, j, "breaker open")
 		s.m.AdmissionWaits.WithLabelValues(j.Provider, j.Model, "breaker_open").Inc()
 		return s.mesh.Enqueue(ctx, j, "breaker:"+j.ID+":"+dispatchSeq(msg))
 	}
@@ -497,6 +512,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 			return s.mesh.Enqueue(ctx, j, "drain:"+j.ID+":"+dispatchSeq(msg))
 		}
 		if !sleepUntil(ctx, r.SendAt) {
+			s.withdrawSent(ctx, opKey, sent)
 			return errors.New("shutting down before the send instant")
 		}
 		late := s.now().Sub(r.SendAt)
@@ -659,14 +675,14 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	s.rndMu.Unlock()
 	unknown := out.OutcomeUnknown || out.WorkDone
 	if unknown {
-		// The provider may have done (and billed) the work. Interactive
-		// callers are told so at once instead of silently paying twice;
-		// other classes wait ReconcileDelay and retry with the same
-		// Idempotency-Key, which a provider that honours it answers from
-		// its record.
-		if j.Priority == job.Interactive {
-			return s.terminal(ctx, j, opKey, job.StatusFailed, "outcome_unknown", &job.Error{Code: "outcome_unknown",
-				Message: fmt.Sprintf("status unknown: the provider may have completed this request (%s); retry with the same Idempotency-Key to get its result without paying twice", out.Code)})
+		// The provider may have done (and billed) the work. Unless it
+		// honours the Idempotency-Key (or the job accepts paying twice),
+		// the job ends outcome_unknown (unknown.go); interactive callers
+		// are told so at once in any case. Other classes wait
+		// ReconcileDelay and retry with the same key, which the provider
+		// answers from its record.
+		if j.Priority == job.Interactive || !s.mayCallAgain(j) {
+			return s.outcomeUnknown(ctx, j, opKey, out.Code)
 		}
 		if attempt < policy.MaxAttempts {
 			s.rndMu.Lock()
@@ -682,7 +698,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 			if r.State != mesh.OpInFlight || unknown {
 				return false // an unknown outcome stays in_flight: the retry reuses the key
 			}
-			r.State = mesh.OpQueued
+			r.State, r.Sent = mesh.OpQueued, nil
 			return true
 		}); err != nil && !errors.Is(err, job.ErrNotFound) {
 			s.log.Debug("requeue: op record", "job_id", j.ID, "err", err)
@@ -766,7 +782,7 @@ func (s *Service) requeueOp(ctx context.Context, opKey string, j *job.Job, why s
 		if r.State != mesh.OpInFlight {
 			return false
 		}
-		r.State = mesh.OpQueued
+		r.State, r.Sent = mesh.OpQueued, nil
 		return true
 	}); err != nil && !errors.Is(err, job.ErrNotFound) {
 		s.log.Debug(why+": op record", "job_id", j.ID, "err", err)
@@ -1123,10 +1139,13 @@ func (s *Service) finish(ctx context.Context, j *job.Job, opKey string, r *job.R
 // returns the record as written (or as found, when it is done or
 // cancelled: then *cancelled says which) and its revision; *wasInFlight
 // says an earlier attempt had marked it in flight and not settled it.
-func (s *Service) markInFlight(ctx context.Context, j *job.Job, opKey string, attempt int, cancelled, wasInFlight *bool) (*mesh.OpRecord, uint64, error) {
+// The record written carries sent, the mark that this call leaves; a
+// record that carries an earlier call's mark is left as it is and *lost
+// is set to it, unless the call may be made again (unknown.go).
+func (s *Service) markInFlight(ctx context.Context, j *job.Job, opKey string, attempt int, sent *mesh.SentMark, lost **mesh.SentMark, cancelled, wasInFlight *bool) (*mesh.OpRecord, uint64, error) {
 	if j.Revs != nil && j.Revs.Op > 0 {
 		_, key := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
-		r := &mesh.OpRecord{Key: key, JobID: j.ID, Tenant: j.Tenant, State: mesh.OpInFlight, Provider: j.Provider, Model: j.Model, Attempt: attempt}
+		r := &mesh.OpRecord{Key: key, JobID: j.ID, Tenant: j.Tenant, State: mesh.OpInFlight, Provider: j.Provider, Model: j.Model, Attempt: attempt, Sent: sent}
 		if rev, err := s.mesh.PutOpAt(ctx, opKey, r, j.Revs.Op); err == nil {
 			return r, rev, nil
 		}
@@ -1140,8 +1159,12 @@ func (s *Service) markInFlight(ctx context.Context, j *job.Job, opKey string, at
 			*cancelled = true
 			return false
 		}
+		if r.Sent != nil && !s.mayCallAgain(j) {
+			*lost = r.Sent // an earlier call left; see lostCall
+			return false
+		}
 		*wasInFlight = r.State == mesh.OpInFlight
-		r.State, r.Provider, r.Model, r.Attempt = mesh.OpInFlight, j.Provider, j.Model, attempt
+		r.State, r.Provider, r.Model, r.Attempt, r.Sent = mesh.OpInFlight, j.Provider, j.Model, attempt, sent
 		return true
 	})
 }
@@ -1166,7 +1189,7 @@ func (s *Service) finishHinted(ctx context.Context, j *job.Job, opKey string, r 
 	if j.Revs != nil {
 		hints.RecordRev = j.Revs.Record
 	}
-	err := s.mesh.PublishResultWith(ctx, r, opKey, hints)
+	err := s.publishResult(ctx, r, opKey, hints)
 	if err != nil && r.Response != nil && mesh.IsTooLarge(err) {
 		// Whatever the sizes agreed at start, an answer that cannot be
 		// stored must not be redelivered: each delivery would pay again.

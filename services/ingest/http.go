@@ -243,6 +243,6 @@ func (s *Service) fail(w http.ResponseWriter, via string, err error) {
 	default:
 		s.log.Warn("http submit failed", "err", err)
 		api.RetryAfter(w, time.Second)
-		api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not accept the job now; retry")
+		api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not accept the job now (the cluster has not taken it within "+ElectionWait.String()+"); retry with an Idempotency-Key, so that a retry cannot make a second job")
 	}
 }

@@ -39,11 +39,11 @@ func (s *Service) RetryWindow() time.Duration { return s.maxWait() + retryWindow
 // cancel: a client that drops mid-accept must not leave half its records,
 // nor miss its pointer, because its retry is on its way.
 func (s *Service) acceptHTTP(r *http.Request, j *job.Job, body []byte) (Accepted, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), ElectionWait+10*time.Second)
 	defer cancel()
 	count, err := strconv.Atoi(r.Header.Get(RetryCountHeader))
 	if err != nil || count < 0 || j.IdempotencyKey != "" || j.ID != "" {
-		return s.Accept(ctx, j)
+		return s.acceptRiding(ctx, j)
 	}
 	key := retryKey(j.Tenant, r.URL.Path, body)
 	if count >= 1 {
@@ -52,7 +52,7 @@ func (s *Service) acceptHTTP(r *http.Request, j *job.Job, body []byte) (Accepted
 			return Accepted{JobID: id, Tenant: j.Tenant, Joined: true}, nil
 		}
 	}
-	acc, err := s.Accept(ctx, j)
+	acc, err := s.acceptRiding(ctx, j)
 	if err == nil && !acc.Joined {
 		_, perr := s.mesh.Idempotency.Create(ctx, key, []byte(acc.JobID), jetstream.KeyTTL(s.RetryWindow()))
 		if perr != nil && !errors.Is(perr, jetstream.ErrKeyExists) {

@@ -1,0 +1,50 @@
+package admission
+
+import (
+	"time"
+)
+
+// HeldMax bounds how long a model's held jobs wait in this process while
+// it dispatches none of them (and the provider asked for no pause): past
+// it they go back to QUEUE, for whichever admission process can place them.
+// Budget that frees, a store that recovers or a scheduler that lost track
+// of a job: whatever kept them, a job is dispatched or given back within
+// HeldMax and a quarter. A job held HeldMax*4 goes back even while its
+// model dispatches others.
+const HeldMax = time.Minute
+
+// watchHeld reports the age of the oldest job held here
+// (sluice_held_oldest_seconds) and gives back what waited too long.
+func (s *Service) watchHeld() {
+	now := s.now()
+	limit := s.heldMax
+	oldest := time.Duration(0)
+	for _, ms := range s.models {
+		n, _ := ms.sched.Len()
+		if n == 0 {
+			ms.progressAt = now
+			continue
+		}
+		stalled := now.Sub(ms.progressAt) >= limit && !now.Before(ms.pausedUntil)
+		gone := ms.sched.Remove(func(it *Item) bool {
+			age := now.Sub(it.Since)
+			if stalled && age >= limit || age >= 4*limit {
+				return true
+			}
+			oldest = max(oldest, age)
+			return false
+		})
+		for _, it := range gone {
+			s.forget(ms, it)
+			c := it.Value.(*Candidate)
+			s.m.AdmissionWaits.WithLabelValues(c.Job.Provider, c.Job.Model, "held_too_long").Inc()
+			_ = c.Msg.NakWithDelay(jitter(time.Second))
+		}
+		if len(gone) > 0 {
+			s.log.Warn("held jobs waited too long without a dispatch; giving them back to the queue",
+				"provider", ms.provider, "model", ms.model, "jobs", len(gone), "reason", orQueued(ms.reason), "model_stalled", stalled)
+			ms.wakeAt, ms.progressAt = time.Time{}, now
+		}
+	}
+	s.m.HeldOldest.Set(oldest.Seconds())
+}
