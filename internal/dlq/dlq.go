@@ -323,7 +323,7 @@ func (e *notFoundError) Is(target error) bool { return target == job.ErrNotFound
 
 // fresh returns the job a replay of old submits: the producer's fields
 // (tenant, priority, task, request, cost: the same work costs the same
-// units) without the deadline and idempotency key,
+// units; at_least_once) without the deadline and idempotency key,
 // a new id, and none of the fields Sluice fills in.
 func fresh(old job.Job) job.Job {
 	nj := old

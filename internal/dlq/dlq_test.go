@@ -60,6 +60,7 @@ func entry(tenant string) *dlq.Entry {
 			Task:           "summarise",
 			Endpoint:       job.EndpointChat,
 			Cost:           map[string]int{"images": 2},
+			AtLeastOnce:    true,
 			SubmittedAt:    at.Add(-time.Minute),
 			Provider:       "openai",
 			Model:          "gpt-4o-mini",
@@ -263,7 +264,7 @@ func TestReplayByID(t *testing.T) {
 	}
 	// Every other field starts empty: the deadline and idempotency key on
 	// purpose, the rest because Sluice fills them in.
-	kept := map[string]bool{"ID": true, "Tenant": true, "Priority": true, "Task": true, "Endpoint": true, "Request": true, "Cost": true}
+	kept := map[string]bool{"ID": true, "Tenant": true, "Priority": true, "Task": true, "Endpoint": true, "Request": true, "Cost": true, "AtLeastOnce": true}
 	orig, got := reflect.ValueOf(a.Job), reflect.ValueOf(*nj)
 	for i := range orig.NumField() {
 		name := orig.Type().Field(i).Name
