@@ -118,7 +118,7 @@ func (c *Config) envProblems(getenv func(string) string) Problems {
 				Msg: fmt.Sprintf("%s is not set; export %s=<a long random string>, the bearer key tenant %q's callers send", t.APIKeyEnv, t.APIKeyEnv, t.Name)})
 		}
 	}
-	return ps
+	return append(ps, c.sharedKeyProblems(getenv)...)
 }
 
 var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)

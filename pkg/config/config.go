@@ -287,6 +287,10 @@ type StreamBounds struct {
 	MaxMsgs      int64 `yaml:"max_msgs"`
 	MaxBytes     int64 `yaml:"max_bytes"`
 	MaxPerTenant int64 `yaml:"max_per_tenant"`
+	// MaxBytesPerTenant bounds one tenant's bytes in the stream (0: an
+	// equal share of MaxBytes among the configured tenants; see
+	// TenantBytes), so one tenant's large jobs cannot fill it for all.
+	MaxBytesPerTenant int64 `yaml:"max_bytes_per_tenant"`
 }
 
 // Default stream bounds: the values in streams/INTAKE.json and QUEUE.json.
@@ -371,6 +375,10 @@ type Model struct {
 	// learns from headers and 429s. false uses the configured limits as
 	// they are.
 	Adaptive *bool `yaml:"adaptive"`
+	// AllowFields lets request body fields through that DefaultDeniedFields
+	// holds back; DenyFields refuses more (see FieldDenied).
+	AllowFields []string `yaml:"allow_fields"`
+	DenyFields  []string `yaml:"deny_fields"`
 }
 
 // HasDayQuota reports whether the model has a per-day quota.
@@ -729,6 +737,9 @@ func (c *Config) problems() Problems {
 		if q.b.MaxPerTenant < 1 || q.b.MaxPerTenant > q.b.MaxMsgs {
 			fail(q.key+".max_per_tenant", "must be between 1 and max_msgs (%d), got %d", q.b.MaxMsgs, q.b.MaxPerTenant)
 		}
+		if v := q.b.MaxBytesPerTenant; v != 0 && (v < MinStreamBytes || v > q.b.MaxBytes) {
+			fail(q.key+".max_bytes_per_tenant", "must be 0 (a share of max_bytes) or between %d and max_bytes (%d), got %d", MinStreamBytes, q.b.MaxBytes, v)
+		}
 	}
 	if err := c.Server.NATS.Validate(); err != nil {
 		fail("server.nats", "%s", strings.TrimPrefix(err.Error(), "config: server.nats."))
@@ -789,6 +800,16 @@ func (c *Config) problems() Problems {
 			}
 			if m.TPD < 0 {
 				fail(mk+".tpd", "must be >= 0 (0 = no per-day quota), got %d", m.TPD)
+			}
+			for _, l := range []struct {
+				key   string
+				names []string
+			}{{".allow_fields", m.AllowFields}, {".deny_fields", m.DenyFields}} {
+				for k, f := range l.names {
+					if f == "" || len(f) > 64 {
+						fail(fmt.Sprintf("%s%s[%d]", mk, l.key, k), "a body field name is 1-64 characters, got %q", clip(f))
+					}
+				}
 			}
 			if len(m.Units) > job.MaxUnits {
 				fail(mk+".units", "names %d units; at most %d", len(m.Units), job.MaxUnits)

@@ -617,7 +617,7 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 		s.guard.Sign(j)
 		s.m.TokensReserved.WithLabelValues(j.Provider, j.Model).Add(float64(c.Cost.Tokens))
 		if len(j.Attempts) == 0 {
-			s.m.QueueWait.WithLabelValues(string(j.Priority), j.TaskType()).Observe(now.Sub(j.SubmittedAt).Seconds())
+			s.m.QueueWait.WithLabelValues(string(j.Priority), s.cfg.App.TaskLabel(j.Task)).Observe(now.Sub(j.SubmittedAt).Seconds())
 		}
 		data, _ := json.Marshal(j)
 		msg := nats.NewMsg(job.DispatchSubject(j.Provider, j.Model))

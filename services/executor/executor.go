@@ -442,7 +442,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	}
 	if op.State == mesh.OpCompleted || op.State == mesh.OpFailed {
 		// Done before (a redelivery after a crash): its result is stored.
-		s.m.DupSuppressed.WithLabelValues(j.TaskType()).Inc()
+		s.m.DupSuppressed.WithLabelValues(s.cfg.App.TaskLabel(j.Task)).Inc()
 		return nil
 	}
 	if cancelled || context.Cause(ctx) == errCancelled {

@@ -173,6 +173,9 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 	if err := endpointServed(j, prov); err != nil {
 		return Accepted{}, err
 	}
+	if err := shapeBody(j, prov, model, s.cfg.App.Limits.DefaultMaxTokens); err != nil {
+		return Accepted{}, err
+	}
 	if model.TPM > 0 && est.Cost() > model.TPM {
 		return Accepted{}, &job.ValidationError{Code: job.CodeTooLarge, Field: "request",
 			Message: fmt.Sprintf("needs %d tokens (%d prompt + %d max output), above the model's limit of %d tokens per minute", est.Cost(), est.PromptTokens, est.MaxTokens, model.TPM)}
@@ -282,7 +285,7 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 			return Accepted{}, err
 		}
 		if joined != "" {
-			s.m.DupSuppressed.WithLabelValues(j.TaskType()).Inc()
+			s.m.DupSuppressed.WithLabelValues(s.cfg.App.TaskLabel(j.Task)).Inc()
 			return Accepted{JobID: joined, Tenant: j.Tenant, Joined: true}, nil
 		}
 		break

@@ -1,0 +1,76 @@
+package config
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// DefaultDeniedFields are request body fields that change what a call costs
+// in ways Sluice's budgets do not count (a faster, dearer tier; audio output;
+// paid web searches; predicted outputs, whose rejected tokens are billed).
+// A job naming one is refused unless the model's allow_fields lets it
+// through.
+var DefaultDeniedFields = []string{"service_tier", "modalities", "audio", "web_search_options", "prediction"}
+
+// FieldDenied reports whether a top-level request body field is refused for
+// this model: it is in deny_fields, or in DefaultDeniedFields and not in
+// allow_fields.
+func (m Model) FieldDenied(name string) bool {
+	if slices.Contains(m.DenyFields, name) {
+		return true
+	}
+	return slices.Contains(DefaultDeniedFields, name) && !slices.Contains(m.AllowFields, name)
+}
+
+// TenantBytes is one tenant's byte bound in the stream: max_bytes_per_tenant,
+// or else an equal share of max_bytes among tenants (at least one message of
+// the largest size), so no tenant can fill the stream for the others.
+func (b StreamBounds) TenantBytes(tenants int) int64 {
+	if b.MaxBytesPerTenant > 0 {
+		return b.MaxBytesPerTenant
+	}
+	return max(b.MaxBytes/int64(max(tenants, 1)), MinStreamBytes)
+}
+
+// OtherTask is the metric label of a task no route names: caller-chosen
+// names must not grow the label set without bound.
+const OtherTask = "other"
+
+// TaskLabel is a job's task as a metric label: "default" for none, the name
+// of a task a route serves, OtherTask for any other.
+func (c *Config) TaskLabel(task string) string {
+	if task == "" {
+		return "default"
+	}
+	for _, r := range c.Routes {
+		if r.Task == task {
+			return task
+		}
+	}
+	return OtherTask
+}
+
+// sharedKeyProblems reports tenants whose HTTP keys are the same (one env
+// variable named twice, or two variables holding one key): a caller with
+// that key could be either tenant. The problems never show a key.
+func (c *Config) sharedKeyProblems(getenv func(string) string) Problems {
+	var ps Problems
+	byKey := map[string]string{}
+	for i, t := range c.Tenants {
+		if t.APIKeyEnv == "" || !envName(t.APIKeyEnv) {
+			continue
+		}
+		k := strings.TrimSpace(getenv(t.APIKeyEnv))
+		if k == "" {
+			continue
+		}
+		if other, ok := byKey[k]; ok {
+			ps = append(ps, Problem{Key: fmt.Sprintf("tenants[%d].api_key_env", i),
+				Msg: fmt.Sprintf("tenant %q's key (%s) is also tenant %q's; every tenant needs its own key", t.Name, t.APIKeyEnv, other)})
+			continue
+		}
+		byKey[k] = t.Name
+	}
+	return ps
+}

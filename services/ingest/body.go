@@ -1,0 +1,79 @@
+package ingest
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/pkg/job"
+)
+
+// shapeBody applies the model's body-field policy to a chat request and
+// writes the output bound its reservation assumed into a body that names
+// none: a body sent without one lets the provider pick the length (often
+// its maximum), past what the tenant's and the model's token budgets
+// charged. Embeddings have no output to bound.
+func shapeBody(j *job.Job, p *config.Provider, m *config.Model, defMax int) error {
+	if j.Endpoint == job.EndpointEmbeddings {
+		return nil
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(j.Request, &fields); err != nil {
+		return &job.ValidationError{Code: job.CodeInvalidRequest, Field: "request", Message: "must be a JSON object"}
+	}
+	for name := range fields {
+		if m.FieldDenied(name) {
+			return &job.ValidationError{Code: job.CodeInvalidRequest, Field: "request." + clip(name),
+				Message: fmt.Sprintf("is not allowed for model %q: it changes what the call costs in ways Sluice's budgets do not count (the model's allow_fields can let it through)", m.Name)}
+		}
+	}
+	if defMax <= 0 || set(fields["max_tokens"]) || set(fields["max_completion_tokens"]) {
+		return nil
+	}
+	key := "max_tokens"
+	if p.Kind != "anthropic" && reasoningModel(m.Name) {
+		// OpenAI's reasoning models refuse max_tokens.
+		key = "max_completion_tokens"
+	}
+	if _, null := fields["max_tokens"]; !null {
+		if _, null = fields["max_completion_tokens"]; !null {
+			// The common case: append the field, leaving the rest of the
+			// body as the caller wrote it.
+			body := bytes.TrimRight(j.Request, " \t\r\n")
+			out := make([]byte, 0, len(body)+32)
+			out = append(out, body[:len(body)-1]...)
+			out = append(out, `,"`+key+`":`+strconv.Itoa(defMax)+`}`...)
+			j.Request = out
+			return nil
+		}
+	}
+	// A field given as null: rewrite the object without it.
+	delete(fields, "max_tokens")
+	delete(fields, "max_completion_tokens")
+	fields[key] = json.RawMessage(strconv.Itoa(defMax))
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(fields); err != nil {
+		return &job.ValidationError{Code: job.CodeInvalidRequest, Field: "request", Message: "cannot be re-encoded"}
+	}
+	j.Request = bytes.TrimRight(buf.Bytes(), "\n")
+	return nil
+}
+
+// set reports whether a JSON value is present and not null.
+func set(v json.RawMessage) bool { return len(v) > 0 && string(bytes.TrimSpace(v)) != "null" }
+
+// reasoningModel reports an OpenAI reasoning model by its name, which takes
+// max_completion_tokens only.
+func reasoningModel(name string) bool {
+	for _, p := range []string{"o1", "o3", "o4", "gpt-5"} {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
