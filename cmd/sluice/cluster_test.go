@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -282,7 +283,8 @@ func (l *clusterLoad) offer(ctx context.Context, n int, perSecond float64) error
 			sctx, cancel := context.WithTimeout(ctx, client.ElectionWait+5*time.Second)
 			id, err := l.cl.Submit(sctx, j)
 			cancel()
-			if err == nil {
+			// A duplicate: an earlier attempt was stored, its ack lost.
+			if err == nil || errors.Is(err, client.ErrDuplicate) {
 				l.mu.Lock()
 				l.ids = append(l.ids, id)
 				l.mu.Unlock()

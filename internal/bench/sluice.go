@@ -274,6 +274,9 @@ func (n *meshNode) submit(ctx context.Context, j *job.Job) error {
 	for {
 		_, err := n.cl.Submit(ctx, j)
 		var full *client.QueueFullError
+		if errors.Is(err, client.ErrDuplicate) {
+			return nil // an earlier attempt was stored
+		}
 		if !errors.As(err, &full) {
 			return err
 		}

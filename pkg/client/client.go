@@ -118,8 +118,9 @@ func New(nc *nats.Conn) (*Client, error) {
 
 // Submit publishes a job to sluice.intake.<tenant> and returns its id (one is
 // assigned when j.ID is empty). The JetStream acknowledgement means the job is
-// durably accepted; a repeat of the same id within two minutes is dropped by
-// the stream, so retrying a Submit is safe.
+// durably accepted. A repeat of the same job (tenant, id and envelope) within
+// two minutes is dropped by the stream and reported as a *DuplicateError
+// (errors.Is ErrDuplicate), so retrying a Submit is safe and visible.
 func (c *Client) Submit(ctx context.Context, j *job.Job) (string, error) {
 	if !job.ValidName(j.Tenant) {
 		return "", fmt.Errorf("sluice: tenant %q is not a valid name", j.Tenant)
@@ -133,15 +134,34 @@ func (c *Client) Submit(ctx context.Context, j *job.Job) (string, error) {
 	}
 	msg := nats.NewMsg(job.IntakeSubject(j.Tenant))
 	msg.Data = data
-	msg.Header.Set(jetstream.MsgIDHeader, "intake:"+j.ID)
-	if _, err := c.publish(ctx, msg); err != nil {
+	msg.Header.Set(jetstream.MsgIDHeader, job.IntakeMsgID(j.Tenant, j.ID, msg.Data))
+	ack, err := c.publish(ctx, msg)
+	if err != nil {
 		if isFull(err) {
 			return "", &QueueFullError{RetryAfter: c.retryAfter(ctx, j, data), Err: err}
 		}
 		return "", fmt.Errorf("sluice: submit: %w", err)
 	}
+	if ack.Duplicate {
+		return j.ID, &DuplicateError{ID: j.ID}
+	}
 	return j.ID, nil
 }
+
+// ErrDuplicate matches a submission INTAKE dropped because the same job (the
+// tenant, id and envelope) was published within its duplicate window: the
+// job is not submitted a second time.
+var ErrDuplicate = errors.New("sluice: duplicate submission")
+
+// DuplicateError is ErrDuplicate for job ID. The first submission stands;
+// its result arrives on the job's result subject as usual.
+type DuplicateError struct{ ID string }
+
+func (e *DuplicateError) Error() string {
+	return fmt.Sprintf("sluice: job %s was already submitted within the duplicate window; not submitted again", e.ID)
+}
+
+func (e *DuplicateError) Is(target error) bool { return target == ErrDuplicate }
 
 // retryAfter asks ingest how long to wait before offering j (encoded as
 // data) again, waiting at most HintTimeout; DefaultRetryAfter when nobody

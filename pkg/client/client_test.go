@@ -48,9 +48,11 @@ func TestSubmitAssignsIDAndPublishesToIntake(t *testing.T) {
 	if id == "" || id != j.ID {
 		t.Fatalf("Submit returned id %q, job has %q", id, j.ID)
 	}
-	// Submitting the same job again is deduplicated by the stream.
-	if _, err := c.Submit(ctx, j); err != nil {
-		t.Fatal(err)
+	// Submitting the same job again is deduplicated by the stream, and
+	// the caller is told.
+	var dup *client.DuplicateError
+	if _, err := c.Submit(ctx, j); !errors.Is(err, client.ErrDuplicate) || !errors.As(err, &dup) || dup.ID != id {
+		t.Fatalf("second Submit of the same job: got %v, want a DuplicateError for %s", err, id)
 	}
 	st, _ := js.Stream(ctx, streams.Intake)
 	info, _ := st.Info(ctx)
@@ -232,5 +234,33 @@ func TestTenantConnection(t *testing.T) {
 	got, err := p.Wait(ctx)
 	if err != nil || got.JobID != p.ID || got.Status != job.StatusSucceeded {
 		t.Errorf("Wait = %+v, %v; want %+v", got, err, want)
+	}
+}
+
+// Another tenant that knows (or guesses) a job id first, even one that
+// copies this tenant's message id scheme, does not make this tenant's
+// submission a duplicate.
+func TestPredictedIDOfAnotherTenantIsNotADuplicate(t *testing.T) {
+	t.Parallel()
+	c, js := setup(t)
+	ctx := context.Background()
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+	id := "order-42"
+	// The other tenant publishes first, with the id and the message id a
+	// job of that id would have had under an id-only scheme.
+	for _, msgID := range []string{"intake:" + id, "intake:acme:" + id} {
+		m := nats.NewMsg(job.IntakeSubject("mallory"))
+		m.Data, _ = json.Marshal(&job.Job{ID: id, Tenant: "mallory", Request: body})
+		m.Header.Set(jetstream.MsgIDHeader, msgID)
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Submit(ctx, &job.Job{ID: id, Tenant: "acme", Request: body}); err != nil {
+		t.Fatalf("acme's submission of %s after mallory's: %v, want it accepted", id, err)
+	}
+	st, _ := js.Stream(ctx, streams.Intake)
+	if _, err := st.GetLastMsgForSubject(ctx, job.IntakeSubject("acme")); err != nil {
+		t.Errorf("INTAKE holds no job of acme: %v; want its submission stored", err)
 	}
 }

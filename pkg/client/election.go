@@ -25,6 +25,7 @@ const publishAttempt = 5 * time.Second
 // publish publishes msg to JetStream, riding through a leader election.
 func (c *Client) publish(ctx context.Context, msg *nats.Msg) (*jetstream.PubAck, error) {
 	until := time.Now().Add(ElectionWait)
+	retried := false
 	for wait := 100 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		m := &nats.Msg{Subject: msg.Subject, Data: msg.Data, Header: nats.Header{}}
 		for k, v := range msg.Header {
@@ -33,9 +34,15 @@ func (c *Client) publish(ctx context.Context, msg *nats.Msg) (*jetstream.PubAck,
 		actx, cancel := context.WithTimeout(ctx, publishAttempt)
 		ack, err := c.js.PublishMsg(actx, m)
 		cancel()
+		if err == nil && retried && ack.Duplicate {
+			// An earlier attempt was stored and its ack lost: this
+			// publish is not a duplicate of anyone else's.
+			ack.Duplicate = false
+		}
 		if err == nil || !passing(err) || ctx.Err() != nil || time.Now().Add(wait).After(until) {
 			return ack, err
 		}
+		retried = true
 		select {
 		case <-ctx.Done():
 			return nil, err

@@ -337,7 +337,7 @@ func (s *Service) settleRefusal(ctx context.Context, j *job.Job, opKey string, m
 	}
 	msg := nats.NewMsg(job.IntakeSubject(j.Tenant))
 	msg.Data, _ = json.Marshal(j)
-	msg.Header.Set(jetstream.MsgIDHeader, "intake:"+j.ID)
+	msg.Header.Set(jetstream.MsgIDHeader, job.IntakeMsgID(j.Tenant, j.ID, msg.Data))
 	if _, perr := s.mesh.JS.PublishMsg(ctx, msg); perr != nil {
 		s.log.Warn("refused job: intake refused it too; its records stay", "job_id", j.ID, "tenant", j.Tenant, "err", perr)
 		return Accepted{}, busy
@@ -448,7 +448,9 @@ func (s *Service) intakeWait(ctx context.Context, data []byte) time.Duration {
 	var j job.Job
 	var model *config.Model
 	cost := 0
-	if json.Unmarshal(data, &j) == nil {
+	if len(data) > MaxHintBytes {
+		cost = len(data) / 4
+	} else if json.Unmarshal(data, &j) == nil {
 		if name, est, err := tokens.Estimate(j.Endpoint, j.Request, s.lim, s.cfg.App.Limits.DefaultMaxTokens); err == nil {
 			if _, m, ok := s.cfg.App.ModelRef(name); ok {
 				model, cost = m, est.Cost()
@@ -552,11 +554,15 @@ func (s *Service) Run(ctx context.Context) error {
 		return fmt.Errorf("consume intake: %w", err)
 	}
 	// Producers INTAKE refuses ask how long to wait; one ingest process answers.
+	var hints hintGate
+	defer hints.close()
 	sub, err := s.mesh.JS.Conn().QueueSubscribe(job.WaitPrefix+"*", "ingest", func(m *nats.Msg) {
-		wctx, cancel := context.WithTimeout(ctx, time.Second)
-		defer cancel()
-		data, _ := json.Marshal(job.WaitHint{RetryAfterMS: s.intakeWait(wctx, m.Data).Milliseconds()})
-		_ = m.Respond(data)
+		hints.serve(ctx, m, func(ctx context.Context, m *nats.Msg) {
+			wctx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			data, _ := json.Marshal(job.WaitHint{RetryAfterMS: s.intakeWait(wctx, m.Data).Milliseconds()})
+			_ = m.Respond(data)
+		})
 	})
 	if err != nil {
 		cc.Stop()
@@ -644,6 +650,20 @@ func (s *Service) refuse(ctx context.Context, msg jetstream.Msg, j *job.Job, ten
 		return
 	}
 	res := &job.Result{JobID: id, Tenant: tenant, Status: job.StatusFailed, Error: jerr, SubmittedAt: s.now().UTC()}
+	stored, lerr := false, error(nil)
+	if id == j.ID {
+		stored, lerr = s.refusalStored(ctx, tenant, id)
+	}
+	if lerr != nil {
+		s.log.Warn("intake: could not look the refused job up, will retry", "err", lerr)
+		_ = msg.NakWithDelay(2 * time.Second)
+		return
+	}
+	if !stored {
+		s.announce(res)
+		_ = msg.Ack()
+		return
+	}
 	if perr := s.mesh.PublishResult(ctx, res, ""); perr != nil {
 		s.log.Warn("intake: could not publish refusal, will retry", "err", perr)
 		_ = msg.NakWithDelay(2 * time.Second)

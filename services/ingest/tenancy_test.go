@@ -1,0 +1,146 @@
+package ingest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/streams"
+)
+
+// run starts the service's consumers for the test.
+func (f *fixture) run(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.svc.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+}
+
+// A flood of invalid jobs over NATS stores nothing: each refusal reaches a
+// producer listening on the result subject, and neither RESULTS nor the
+// results bucket keeps it (the jobs never had a record).
+func TestInvalidJobFloodStoresNothing(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	sub, err := f.nc.SubscribeSync(job.ResultPrefix + "acme.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	const n = 300
+	for i := range n {
+		data, _ := json.Marshal(&job.Job{ID: job.NewID(), Tenant: "acme",
+			Request: json.RawMessage(`{"model":"fast","max_tokens":-1,"messages":[{"role":"user","content":"` + strings.Repeat("x", i) + `"}]}`)})
+		if _, err := f.js.PublishAsync(job.IntakeSubject("acme"), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-f.js.PublishAsyncComplete()
+	for i := range n {
+		m, err := sub.NextMsg(10 * time.Second)
+		if err != nil {
+			t.Fatalf("refusal %d of %d never arrived: %v", i+1, n, err)
+		}
+		var r job.Result
+		if json.Unmarshal(m.Data, &r) != nil || r.Status != job.StatusFailed || r.Error == nil || r.Error.Code != job.CodeInvalidRequest {
+			t.Fatalf("refusal %d: %s, want failed invalid_request", i+1, m.Data)
+		}
+	}
+	st, err := f.js.Stream(ctx, streams.Results)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 0 {
+		t.Errorf("RESULTS holds %d messages (%d bytes) after %d invalid jobs; want none stored", info.State.Msgs, info.State.Bytes, n)
+	}
+	keys, err := f.mesh.Results.ListKeys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := 0
+	for range keys.Keys() {
+		stored++
+	}
+	if stored != 0 {
+		t.Errorf("results bucket holds %d keys; want none", stored)
+	}
+}
+
+// One tenant's flood of large wait-hint requests leaves another tenant's
+// hints answered: all 10 of them, each given 2 s.
+func TestWaitHintsSurviveAnotherTenantsFlood(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.run(t)
+	small, _ := json.Marshal(newJob("beta", ""))
+	for i := 0; ; i++ { // the subscription starts with Run
+		_, err := f.nc.Request(job.WaitSubject("beta"), small, 2*time.Second)
+		if err == nil {
+			break
+		}
+		if i == 20 || !(errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout)) {
+			t.Fatalf("ingest never answered a wait hint: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	big, _ := json.Marshal(&job.Job{Tenant: "acme", Request: json.RawMessage(
+		`{"model":"fast","messages":[{"role":"user","content":"` + strings.Repeat("lorem ipsum dolor ", 4<<20/18) + `"}]}`)})
+	var answered atomic.Int32
+	inbox := nats.NewInbox()
+	flood, err := f.nc.Subscribe(inbox, func(*nats.Msg) { answered.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer flood.Unsubscribe()
+	// The flood goes on while beta asks: beta starts after acme's third.
+	const floodN = 8
+	started, flooded := make(chan struct{}), make(chan error, 1)
+	go func() {
+		for i := range floodN {
+			if i == 3 {
+				close(started)
+			}
+			if err := f.nc.PublishRequest(job.WaitSubject("acme"), inbox, big); err != nil {
+				flooded <- err
+				return
+			}
+		}
+		flooded <- f.nc.Flush()
+	}()
+	<-started
+	got := 0
+	for i := range 10 {
+		if _, err := f.nc.Request(job.WaitSubject("beta"), small, 2*time.Second); err != nil {
+			t.Logf("beta's hint %d: %v", i+1, err)
+			continue
+		}
+		got++
+	}
+	if got != 10 {
+		t.Errorf("beta's hints answered during acme's flood: %d of 10, want all", got)
+	}
+	if err := <-flooded; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("acme's %d large hint requests: %d answered so far", floodN, answered.Load())
+}
