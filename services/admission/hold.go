@@ -116,7 +116,7 @@ func (s *Service) hold(c *Candidate, now time.Time) {
 	if n, _ := ms.sched.Len(); n == 0 {
 		ms.progressAt = now // the watchdog's clock starts with the queue
 	}
-	urgent := c.Job.Priority == job.Interactive || ms.sched.IsNew(c.Job.Tenant, c.Job.Priority)
+	urgent := c.Job.Priority == job.Interactive || ms.sched.IsNew(c.Job.Tenant)
 	if urgent {
 		// It should not wait behind backlogs: leave it headroom from now
 		// on, and look at the budget now rather than at the model's wake.

@@ -6,21 +6,23 @@ import (
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
-// Scheduler orders the jobs waiting for one model's budget. Within a
-// priority class it is deficit round robin over tenants, charged by the
-// tokens each job reserves and weighted by the tenants' weights, so tenants
-// share the budget in proportion to their weights whatever their request
-// sizes, and a large request is never starved by a stream of small ones: its
-// tenant's deficit grows each round until it fits. Across classes,
-// interactive goes first, but standard and batch each keep a floor: when a
-// class with waiting jobs has had less than its floor share of the tokens
-// dispatched in the trailing window, it goes next.
+// Scheduler orders the jobs waiting for one model's budget. Tenants take
+// turns first: deficit round robin over tenants, charged by the tokens each
+// job reserves and weighted by the tenants' weights, so tenants share the
+// budget in proportion to their weights whatever their request sizes and
+// whatever priorities they declare, and a large request is never starved
+// by a stream of small ones (its tenant's deficit grows each round until it
+// fits). Priority orders the work within a tenant: its interactive jobs go
+// first, but its standard and batch jobs each keep a floor: when a class
+// with waiting jobs has had less than its floor share of the tokens the
+// tenant was served in the trailing window, it goes next. A tenant that
+// marks everything interactive thereby reorders only its own work.
 //
-// A tenant with nothing waiting in a class that gets a job is a new flow (as
-// in FQ-CoDel): it is served before the tenants already backlogged, for up
-// to one quantum, so a tenant that sends a job now and then does not queue
-// behind a neighbour's thousands. A new flow that outlasts its quantum joins
-// the round robin's tail like any backlogged tenant, so the shares of
+// A tenant with nothing waiting that gets a job is a new flow (as in
+// FQ-CoDel): it is served before the tenants already backlogged, for up to
+// one quantum, so a tenant that sends a job now and then does not queue
+// behind a neighbour's thousands. A new flow that outlasts its quantum
+// joins the round robin's tail like any backlogged tenant, so the shares of
 // backlogged tenants stay weighted-fair. Pure data structure: no I/O, no
 // goroutines, clock injected.
 type Scheduler struct {
@@ -28,15 +30,26 @@ type Scheduler struct {
 	weight  func(tenant string) int
 	floors  map[job.Priority]float64
 	window  time.Duration
-	classes map[job.Priority]*classQueue
-	// served records tokens dispatched per class, for the floors, with
-	// running totals over it.
+	tenants map[string]*tenantQueue
+	fresh   []string // new flows, served first, each for up to one quantum
+	ring    []string // backlogged tenants, in round-robin order
+	cur     int
+	topped  bool
+	classN  map[job.Priority]int
+	n       int
+	bytes   int
+	tokens  int
+}
+
+// tenantQueue is one tenant's waiting jobs by class, its deficit, and the
+// tokens it was served per class in the trailing window (for the floors).
+type tenantQueue struct {
+	classes  map[job.Priority][]*Item
+	n        int
+	deficit  int
 	served   []servedAt
 	total    int
 	perClass map[job.Priority]int
-	n        int
-	bytes    int
-	tokens   int
 }
 
 type servedAt struct {
@@ -61,23 +74,12 @@ type Item struct {
 	Urgent bool
 }
 
-type classQueue struct {
-	queues  map[string][]*Item
-	fresh   []string // new flows, served first, each for up to one quantum
-	ring    []string // backlogged tenants, in round-robin order
-	cur     int
-	topped  bool
-	deficit map[string]int
-}
-
 // NewScheduler makes a scheduler. quantum is the tokens a tenant of weight 1
-// earns per round; floors maps standard and batch to their minimum share.
+// earns per round; floors maps standard and batch to their minimum share of
+// a tenant's tokens.
 func NewScheduler(quantum int, weight func(string) int, floors map[job.Priority]float64, window time.Duration) *Scheduler {
-	s := &Scheduler{quantum: quantum, weight: weight, floors: floors, window: window, classes: map[job.Priority]*classQueue{}, perClass: map[job.Priority]int{}}
-	for _, p := range job.Priorities {
-		s.classes[p] = &classQueue{queues: map[string][]*Item{}, deficit: map[string]int{}}
-	}
-	return s
+	return &Scheduler{quantum: quantum, weight: weight, floors: floors, window: window,
+		tenants: map[string]*tenantQueue{}, classN: map[job.Priority]int{}}
 }
 
 // Len returns how many jobs wait and the bytes they hold.
@@ -87,189 +89,200 @@ func (s *Scheduler) Len() (n, bytes int) { return s.n, s.bytes }
 func (s *Scheduler) Tokens() int { return s.tokens }
 
 // ClassLen returns how many jobs of class p wait.
-func (s *Scheduler) ClassLen(p job.Priority) int {
-	n := 0
-	for _, tq := range s.classes[p].queues {
-		n += len(tq)
-	}
-	return n
-}
+func (s *Scheduler) ClassLen(p job.Priority) int { return s.classN[p] }
 
-// Push adds a job at the tail of its tenant's queue.
-func (s *Scheduler) Push(it *Item) {
-	q := s.classes[it.Priority]
-	if len(q.queues[it.Tenant]) == 0 {
-		q.fresh = append(q.fresh, it.Tenant)
-		q.deficit[it.Tenant] = s.quantum * max(s.weight(it.Tenant), 1)
-	}
-	q.queues[it.Tenant] = append(q.queues[it.Tenant], it)
+func (s *Scheduler) added(it *Item) {
 	s.n++
 	s.bytes += it.Size
 	s.tokens += it.Cost
+	s.classN[it.Priority]++
 }
 
-// PushFront adds a job at the head of its tenant's queue, with the deficit
-// it was charged when it was served before given back: a job the provider
-// refused for rate (Sluice's misjudgement) keeps its place.
+func (s *Scheduler) removed(it *Item) {
+	s.n--
+	s.bytes -= it.Size
+	s.tokens -= it.Cost
+	s.classN[it.Priority]--
+}
+
+// queue returns tenant t's queue, making an empty one.
+func (s *Scheduler) queue(t string) *tenantQueue {
+	tq := s.tenants[t]
+	if tq == nil {
+		tq = &tenantQueue{classes: map[job.Priority][]*Item{}, perClass: map[job.Priority]int{}}
+		s.tenants[t] = tq
+	}
+	return tq
+}
+
+// Push adds a job at the tail of its tenant's queue for its class.
+func (s *Scheduler) Push(it *Item) {
+	tq := s.tenants[it.Tenant]
+	if tq == nil {
+		tq = s.queue(it.Tenant)
+		s.fresh = append(s.fresh, it.Tenant)
+		tq.deficit = s.quantum * max(s.weight(it.Tenant), 1)
+	}
+	tq.classes[it.Priority] = append(tq.classes[it.Priority], it)
+	tq.n++
+	s.added(it)
+}
+
+// PushFront adds a job at the head of its tenant's queue for its class,
+// with the deficit it was charged when it was served before given back: a
+// job the provider refused for rate (Sluice's misjudgement) keeps its place.
 func (s *Scheduler) PushFront(it *Item) {
-	q := s.classes[it.Priority]
-	if len(q.queues[it.Tenant]) == 0 {
+	tq := s.tenants[it.Tenant]
+	if tq == nil {
 		s.Push(it)
 		return
 	}
-	q.queues[it.Tenant] = append([]*Item{it}, q.queues[it.Tenant]...)
-	q.deficit[it.Tenant] += it.Cost
-	s.n++
-	s.bytes += it.Size
-	s.tokens += it.Cost
+	tq.classes[it.Priority] = append([]*Item{it}, tq.classes[it.Priority]...)
+	tq.n++
+	tq.deficit += it.Cost
+	s.added(it)
 }
 
-// IsNew reports whether a job pushed now for tenant in class p would start a
-// new flow while other tenants' jobs of the class wait.
-func (s *Scheduler) IsNew(tenant string, p job.Priority) bool {
-	q := s.classes[p]
-	return len(q.queues[tenant]) == 0 && len(q.queues) > 0
+// IsNew reports whether a job pushed now for tenant would start a new flow
+// while other tenants' jobs wait.
+func (s *Scheduler) IsNew(tenant string) bool {
+	return s.tenants[tenant] == nil && len(s.tenants) > 0
 }
 
 // Unpop puts back a job Pop returned (its reservation failed): at the head
 // of its tenant's queue, with the deficit it spent, its tenant next in turn.
 func (s *Scheduler) Unpop(it *Item) {
-	q := s.classes[it.Priority]
+	tq := s.tenants[it.Tenant]
 	switch {
-	case it.Fresh && len(q.queues[it.Tenant]) == 0:
-		q.fresh = append([]string{it.Tenant}, q.fresh...)
+	case it.Fresh && tq == nil:
+		s.fresh = append([]string{it.Tenant}, s.fresh...)
 	case it.Fresh:
 		// Still a new flow, at the head of the list.
-	case len(q.queues[it.Tenant]) == 0:
+	case tq == nil:
 		// Back into the ring at the current position: it goes next.
-		pos := min(q.cur, len(q.ring))
-		q.ring = append(q.ring[:pos], append([]string{it.Tenant}, q.ring[pos:]...)...)
-		q.cur = pos
-		q.topped = true
+		pos := min(s.cur, len(s.ring))
+		s.ring = append(s.ring[:pos], append([]string{it.Tenant}, s.ring[pos:]...)...)
+		s.cur = pos
+		s.topped = true
 	}
 	it.Fresh = false
-	q.queues[it.Tenant] = append([]*Item{it}, q.queues[it.Tenant]...)
-	q.deficit[it.Tenant] += it.Cost
-	s.n++
-	s.bytes += it.Size
-	s.tokens += it.Cost
-	s.unserve(it)
+	tq = s.queue(it.Tenant)
+	tq.classes[it.Priority] = append([]*Item{it}, tq.classes[it.Priority]...)
+	tq.n++
+	tq.deficit += it.Cost
+	s.added(it)
+	tq.unserve(it)
 }
 
 // Pop returns the next job in fair order, or nil when none waits.
 func (s *Scheduler) Pop(now time.Time) *Item {
-	c, ok := s.nextClass(now)
-	if !ok {
+	if s.n == 0 {
 		return nil
 	}
-	it := s.classes[c].pop(s.quantum, s.weight)
-	s.n--
-	s.bytes -= it.Size
-	s.tokens -= it.Cost
-	s.served = append(s.served, servedAt{at: now, class: c, tokens: it.Cost})
-	s.total += it.Cost
-	s.perClass[c] += it.Cost
-	return it
-}
-
-func (s *Scheduler) unserve(it *Item) {
-	for i := len(s.served) - 1; i >= 0; i-- {
-		if s.served[i].class == it.Priority && s.served[i].tokens == it.Cost {
-			s.served = append(s.served[:i], s.served[i+1:]...)
-			s.total -= it.Cost
-			s.perClass[it.Priority] -= it.Cost
-			return
-		}
-	}
-}
-
-// nextClass picks the class to serve: a waiting class below its floor
-// (the one furthest below), else the highest priority with waiting jobs.
-func (s *Scheduler) nextClass(now time.Time) (job.Priority, bool) {
-	from := now.Add(-s.window)
-	k := 0
-	for k < len(s.served) && s.served[k].at.Before(from) {
-		s.total -= s.served[k].tokens
-		s.perClass[s.served[k].class] -= s.served[k].tokens
-		k++
-	}
-	s.served = s.served[k:] // the backing array is reused by append, amortized
-	total, by := s.total, s.perClass
-	best, worst := job.Priority(""), 0.0
-	if total > 0 {
-		for _, p := range job.Priorities {
-			f := s.floors[p]
-			if f <= 0 || !s.classes[p].waiting() {
-				continue
-			}
-			short := f - float64(by[p])/float64(total)
-			if short > worst {
-				best, worst = p, short
-			}
-		}
-	}
-	if best != "" {
-		return best, true
-	}
-	for _, p := range job.Priorities {
-		if s.classes[p].waiting() {
-			return p, true
-		}
-	}
-	return "", false
-}
-
-func (q *classQueue) waiting() bool { return len(q.fresh) > 0 || len(q.ring) > 0 }
-
-func (q *classQueue) pop(quantum int, weight func(string) int) *Item {
-	for len(q.fresh) > 0 {
-		t := q.fresh[0]
-		if it := q.serve(t); it != nil {
+	for len(s.fresh) > 0 {
+		t := s.fresh[0]
+		if it := s.serve(t, now); it != nil {
 			it.Fresh = true
 			return it
 		}
 		// Its quantum is spent: it waits its turn with the backlogged,
 		// keeping what is left of its deficit.
-		q.fresh = q.fresh[1:]
-		q.ring = append(q.ring, t)
+		s.fresh = s.fresh[1:]
+		s.ring = append(s.ring, t)
 	}
 	for {
-		q.cur %= len(q.ring)
-		t := q.ring[q.cur]
-		if !q.topped {
-			q.deficit[t] += quantum * max(weight(t), 1)
-			q.topped = true
+		s.cur %= len(s.ring)
+		t := s.ring[s.cur]
+		if !s.topped {
+			s.tenants[t].deficit += s.quantum * max(s.weight(t), 1)
+			s.topped = true
 		}
-		if it := q.serve(t); it != nil {
+		if it := s.serve(t, now); it != nil {
 			return it
 		}
-		q.cur++
-		q.topped = false
+		s.cur++
+		s.topped = false
 	}
 }
 
-// serve takes tenant t's next job if its deficit covers the job's cost.
-func (q *classQueue) serve(t string) *Item {
-	tq := q.queues[t]
-	if q.deficit[t] < tq[0].Cost {
+// serve takes tenant t's next job, in its own priority order, if its
+// deficit covers the job's cost.
+func (s *Scheduler) serve(t string, now time.Time) *Item {
+	tq := s.tenants[t]
+	c := tq.nextClass(now, s.window, s.floors)
+	cq := tq.classes[c]
+	if tq.deficit < cq[0].Cost {
 		return nil
 	}
-	it := tq[0]
-	q.deficit[t] -= it.Cost
-	if len(tq) == 1 {
-		q.drop(t)
+	it := cq[0]
+	tq.deficit -= it.Cost
+	if len(cq) == 1 {
+		delete(tq.classes, c)
 	} else {
-		q.queues[t] = tq[1:]
+		tq.classes[c] = cq[1:]
+	}
+	tq.n--
+	s.removed(it)
+	tq.served = append(tq.served, servedAt{at: now, class: c, tokens: it.Cost})
+	tq.total += it.Cost
+	tq.perClass[c] += it.Cost
+	if tq.n == 0 {
+		s.drop(t)
 	}
 	return it
+}
+
+// nextClass picks the tenant's class to serve: a waiting class below its
+// floor (the one furthest below), else the highest priority waiting.
+func (tq *tenantQueue) nextClass(now time.Time, window time.Duration, floors map[job.Priority]float64) job.Priority {
+	from := now.Add(-window)
+	k := 0
+	for k < len(tq.served) && tq.served[k].at.Before(from) {
+		tq.total -= tq.served[k].tokens
+		tq.perClass[tq.served[k].class] -= tq.served[k].tokens
+		k++
+	}
+	tq.served = tq.served[k:] // the backing array is reused by append, amortized
+	best, worst := job.Priority(""), 0.0
+	if tq.total > 0 {
+		for _, p := range job.Priorities {
+			f := floors[p]
+			if f <= 0 || len(tq.classes[p]) == 0 {
+				continue
+			}
+			if short := f - float64(tq.perClass[p])/float64(tq.total); short > worst {
+				best, worst = p, short
+			}
+		}
+	}
+	if best != "" {
+		return best
+	}
+	for _, p := range job.Priorities {
+		if len(tq.classes[p]) > 0 {
+			return p
+		}
+	}
+	return "" // unreachable: a tenant in the scheduler has a job waiting
+}
+
+func (tq *tenantQueue) unserve(it *Item) {
+	for i := len(tq.served) - 1; i >= 0; i-- {
+		if tq.served[i].class == it.Priority && tq.served[i].tokens == it.Cost {
+			tq.served = append(tq.served[:i], tq.served[i+1:]...)
+			tq.total -= it.Cost
+			tq.perClass[it.Priority] -= it.Cost
+			return
+		}
+	}
 }
 
 // Each visits every waiting job (for visibility and eviction), in no
 // particular order; fn returns false to stop.
 func (s *Scheduler) Each(fn func(*Item) bool) {
-	for _, q := range s.classes {
-		for _, tq := range q.queues {
-			for _, it := range tq {
+	for _, tq := range s.tenants {
+		for _, cq := range tq.classes {
+			for _, it := range cq {
 				if !fn(it) {
 					return
 				}
@@ -283,26 +296,29 @@ func (s *Scheduler) Each(fn func(*Item) bool) {
 // that job goes back to JetStream to wait there).
 func (s *Scheduler) EvictTail() *Item {
 	for i := len(job.Priorities) - 1; i >= 0; i-- {
-		q := s.classes[job.Priorities[i]]
+		p := job.Priorities[i]
 		most, who := 0, ""
-		for t, tq := range q.queues {
-			if len(tq) > most {
-				most, who = len(tq), t
+		for t, tq := range s.tenants {
+			if n := len(tq.classes[p]); n > most {
+				most, who = n, t
 			}
 		}
 		if who == "" {
 			continue
 		}
-		tq := q.queues[who]
-		it := tq[len(tq)-1]
-		if len(tq) == 1 {
-			q.drop(who)
+		tq := s.tenants[who]
+		cq := tq.classes[p]
+		it := cq[len(cq)-1]
+		if len(cq) == 1 {
+			delete(tq.classes, p)
 		} else {
-			q.queues[who] = tq[:len(tq)-1]
+			tq.classes[p] = cq[:len(cq)-1]
 		}
-		s.n--
-		s.bytes -= it.Size
-		s.tokens -= it.Cost
+		tq.n--
+		s.removed(it)
+		if tq.n == 0 {
+			s.drop(who)
+		}
 		return it
 	}
 	return nil
@@ -311,57 +327,58 @@ func (s *Scheduler) EvictTail() *Item {
 // Remove drops items for which drop returns true (expired jobs); it returns them.
 func (s *Scheduler) Remove(drop func(*Item) bool) []*Item {
 	var out []*Item
-	for _, q := range s.classes {
-		for t, tq := range q.queues {
-			keep := tq[:0]
-			for _, it := range tq {
+	for t, tq := range s.tenants {
+		for p, cq := range tq.classes {
+			keep := cq[:0]
+			for _, it := range cq {
 				if drop(it) {
 					out = append(out, it)
-					s.n--
-					s.bytes -= it.Size
-					s.tokens -= it.Cost
+					tq.n--
+					s.removed(it)
 				} else {
 					keep = append(keep, it)
 				}
 			}
 			if len(keep) == 0 {
-				q.drop(t)
+				delete(tq.classes, p)
 			} else {
-				q.queues[t] = keep
+				tq.classes[p] = keep
 			}
+		}
+		if tq.n == 0 {
+			s.drop(t)
 		}
 	}
 	return out
 }
 
-// drop removes an emptied tenant from the class: its queue, its deficit (an
-// idle tenant banks no credit) and its place in the ring. The tenant whose
-// turn it is keeps its turn unless it is the one dropped.
-func (q *classQueue) drop(t string) {
-	delete(q.queues, t)
-	delete(q.deficit, t)
-	for k, x := range q.fresh {
+// drop removes an emptied tenant: its queue, its deficit (an idle tenant
+// banks no credit) and its place in the ring. The tenant whose turn it is
+// keeps its turn unless it is the one dropped.
+func (s *Scheduler) drop(t string) {
+	delete(s.tenants, t)
+	for k, x := range s.fresh {
 		if x == t {
-			q.fresh = append(q.fresh[:k], q.fresh[k+1:]...)
+			s.fresh = append(s.fresh[:k], s.fresh[k+1:]...)
 			return
 		}
 	}
-	for k, x := range q.ring {
+	for k, x := range s.ring {
 		if x != t {
 			continue
 		}
-		q.ring = append(q.ring[:k], q.ring[k+1:]...)
+		s.ring = append(s.ring[:k], s.ring[k+1:]...)
 		switch {
-		case k < q.cur:
-			q.cur--
-		case k == q.cur:
-			q.topped = false
+		case k < s.cur:
+			s.cur--
+		case k == s.cur:
+			s.topped = false
 		}
 		break
 	}
-	if len(q.ring) > 0 {
-		q.cur %= len(q.ring)
+	if len(s.ring) > 0 {
+		s.cur %= len(s.ring)
 	} else {
-		q.cur = 0
+		s.cur = 0
 	}
 }

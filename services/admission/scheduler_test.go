@@ -95,13 +95,15 @@ func TestLargeRequestsAreNotStarved(t *testing.T) {
 	t.Fatal("the 5,000-token job never came out within 100 pops")
 }
 
+// Within a tenant, interactive goes first and standard and batch keep their
+// floors of that tenant's tokens.
 func TestPriorityWithFloors(t *testing.T) {
 	t.Parallel()
 	floors := map[job.Priority]float64{job.Standard: 0.1, job.Batch: 0.05}
 	s := newSched(nil, floors)
 	fill(s, "x", job.Interactive, 3000, 500)
-	fill(s, "y", job.Batch, 3000, 500)
-	fill(s, "z", job.Standard, 3000, 500)
+	fill(s, "x", job.Batch, 3000, 500)
+	fill(s, "x", job.Standard, 3000, 500)
 	_, byClass, order := drain(s, 2000)
 	if order[0].Priority != job.Interactive {
 		t.Errorf("first job served is %s, want interactive", order[0].Priority)
@@ -120,6 +122,46 @@ func TestPriorityWithFloors(t *testing.T) {
 	fill(s2, "y", job.Batch, 10, 500)
 	if _, byClass, _ := drain(s2, 10); byClass[job.Batch] != 5000 {
 		t.Errorf("batch alone got %d tokens, want all 5000", byClass[job.Batch])
+	}
+}
+
+// Priority is declared by the tenant, so it orders only that tenant's work:
+// a tenant marking everything interactive does not push another tenant's
+// standard or batch work down to the floors. While both are backlogged each
+// gets its weighted share, and the flooding tenant's interactive jobs do
+// not come out ahead of the other's.
+func TestSelfDeclaredPriorityKeepsFairShare(t *testing.T) {
+	t.Parallel()
+	floors := map[job.Priority]float64{job.Standard: 0.1, job.Batch: 0.05}
+	for _, tc := range []struct {
+		name    string
+		weights map[string]int
+		class   job.Priority
+		want    float64 // the honest tenant's share
+	}{
+		{"standard, equal weights", nil, job.Standard, 0.5},
+		{"batch, equal weights", nil, job.Batch, 0.5},
+		{"standard, weights 1:2", map[string]int{"loud": 1, "quiet": 2}, job.Standard, 2.0 / 3},
+	} {
+		s := newSched(tc.weights, floors)
+		fill(s, "loud", job.Interactive, 2000, 500)
+		fill(s, "quiet", tc.class, 2000, 500)
+		by, _, order := drain(s, 1000)
+		share := float64(by["quiet"]) / float64(by["quiet"]+by["loud"])
+		if share < tc.want-0.01 {
+			t.Errorf("%s: the honest tenant got %.3f of the tokens, want its fair share %.3f", tc.name, share, tc.want)
+		}
+		// In order, not only in total: of the first 10 jobs, the honest
+		// tenant's share is its share too.
+		quiet := 0
+		for _, it := range order[:10] {
+			if it.Tenant == "quiet" {
+				quiet++
+			}
+		}
+		if float64(quiet) < tc.want*10-1 {
+			t.Errorf("%s: %d of the first 10 jobs were the honest tenant's, want about %.0f", tc.name, quiet, tc.want*10)
+		}
 	}
 }
 
@@ -158,8 +200,10 @@ func TestEvictTailAndRemove(t *testing.T) {
 		t.Errorf("Len = %d jobs, %d bytes; want 5 and 500", n, bytes)
 	}
 	_, _, order := drain(s, 10)
-	if len(order) != 5 || order[0].Tenant != "vip" {
-		t.Errorf("after eviction and removal: %d jobs, first %q; want 5 with vip first", len(order), order[0].Tenant)
+	// Both are new flows, served in arrival order: the flood's four (one
+	// quantum's worth), then vip's.
+	if len(order) != 5 || order[4].Tenant != "vip" {
+		t.Errorf("after eviction and removal: %d jobs, last %q; want 5 with vip's last", len(order), order[len(order)-1].Tenant)
 	}
 }
 
@@ -171,8 +215,8 @@ func TestNewFlowGoesFirst(t *testing.T) {
 	s := newSched(nil, nil)
 	fill(s, "a", job.Batch, 2000, 300)
 	drain(s, 50)
-	if !s.IsNew("b", job.Batch) || s.IsNew("a", job.Batch) {
-		t.Fatalf("IsNew: b %v, a %v; want true, false", s.IsNew("b", job.Batch), s.IsNew("a", job.Batch))
+	if !s.IsNew("b") || s.IsNew("a") {
+		t.Fatalf("IsNew: b %v, a %v; want true, false", s.IsNew("b"), s.IsNew("a"))
 	}
 	now := time.Unix(2_000_000, 0)
 	for i := range 20 {

@@ -59,6 +59,8 @@ type Service struct {
 	now  func() time.Time
 
 	limits *limitView // the limits in effect, for x-ratelimit-* headers
+
+	queueShare, intakeShare *share // each tenant's bytes in QUEUE and INTAKE
 }
 
 // New builds the service; it does no I/O.
@@ -86,7 +88,9 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 		}
 		cfg.Waiters = api.NewWaiters(n)
 	}
+	qs, is := newShares(cfg.App)
 	return &Service{
+		queueShare: qs, intakeShare: is,
 		cfg:  cfg,
 		lim:  job.Limits{MaxBodyBytes: cfg.App.Limits.MaxBodyBytes, MaxTokens: cfg.App.Limits.MaxTokens},
 		mesh: m,
@@ -213,6 +217,9 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 		return Accepted{}, &BusyError{Code: "shed", RetryAfter: retry, Ahead: ahead,
 			Message: fmt.Sprintf("the queue is %.0f%% full; %s work is deferred until it drains", 100*fill, j.Priority)}
 	}
+	if err := s.queueRoom(ctx, j, model, est.Cost()); err != nil {
+		return Accepted{}, err
+	}
 	if j.ID == "" {
 		j.ID = job.NewID()
 	}
@@ -310,6 +317,7 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 		// never runs.
 		return s.settleRefusal(context.WithoutCancel(ctx), j, opKey, made, refusal)
 	}
+	s.queueShare.note(j.Tenant, envelopeSize(j), true)
 	return Accepted{JobID: j.ID, Tenant: j.Tenant}, nil
 }
 
@@ -606,6 +614,12 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 		// INTAKE keeps the job (deferred); as it fills, producers get the
 		// stream's refusal. It is offered again after half the estimated
 		// drain time, so QUEUE does not run dry while jobs wait here.
+		s.intakeShare.note(tenant, len(msg.Data()), false)
+		if over := s.intakeOver(ctx, tenant); over != nil {
+			s.refuse(ctx, msg, j, tenant, over)
+			s.intakeShare.gone(tenant)
+			return
+		}
 		d := time.Second
 		var be *BusyError
 		if errors.As(err, &be) {

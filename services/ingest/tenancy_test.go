@@ -92,9 +92,19 @@ func TestWaitHintsSurviveAnotherTenantsFlood(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	f.run(t)
+	// Each tenant on a connection of its own, as producers are.
+	conn := func() *nats.Conn {
+		nc, err := nats.Connect(f.nc.ConnectedUrl())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	acme, beta := conn(), conn()
 	small, _ := json.Marshal(newJob("beta", ""))
 	for i := 0; ; i++ { // the subscription starts with Run
-		_, err := f.nc.Request(job.WaitSubject("beta"), small, 2*time.Second)
+		_, err := beta.Request(job.WaitSubject("beta"), small, 2*time.Second)
 		if err == nil {
 			break
 		}
@@ -104,10 +114,10 @@ func TestWaitHintsSurviveAnotherTenantsFlood(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	big, _ := json.Marshal(&job.Job{Tenant: "acme", Request: json.RawMessage(
-		`{"model":"fast","messages":[{"role":"user","content":"` + strings.Repeat("lorem ipsum dolor ", 4<<20/18) + `"}]}`)})
+		`{"model":"fast","messages":[{"role":"user","content":"` + strings.Repeat("lorem ipsum dolor ", 2<<20/18) + `"}]}`)})
 	var answered atomic.Int32
 	inbox := nats.NewInbox()
-	flood, err := f.nc.Subscribe(inbox, func(*nats.Msg) { answered.Add(1) })
+	flood, err := acme.Subscribe(inbox, func(*nats.Msg) { answered.Add(1) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,17 +130,17 @@ func TestWaitHintsSurviveAnotherTenantsFlood(t *testing.T) {
 			if i == 3 {
 				close(started)
 			}
-			if err := f.nc.PublishRequest(job.WaitSubject("acme"), inbox, big); err != nil {
+			if err := acme.PublishRequest(job.WaitSubject("acme"), inbox, big); err != nil {
 				flooded <- err
 				return
 			}
 		}
-		flooded <- f.nc.Flush()
+		flooded <- acme.Flush()
 	}()
 	<-started
 	got := 0
 	for i := range 10 {
-		if _, err := f.nc.Request(job.WaitSubject("beta"), small, 2*time.Second); err != nil {
+		if _, err := beta.Request(job.WaitSubject("beta"), small, 2*time.Second); err != nil {
 			t.Logf("beta's hint %d: %v", i+1, err)
 			continue
 		}

@@ -1,0 +1,173 @@
+package ingest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-dev/sluice/internal/api"
+	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/metrics"
+	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/natstest"
+	"github.com/sluice-dev/sluice/streams"
+)
+
+// setupBytes is setup with QUEUE and INTAKE bounded at 1 MiB in all and
+// 256 KiB per tenant (below what the configuration allows, so the jobs
+// that fill it are cheap to tokenize), and nothing draining them.
+func setupBytes(t *testing.T) *fixture {
+	t.Helper()
+	s := natstest.Server(t)
+	nc := natstest.Conn(t, s)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := streams.Ensure(ctx, js, streams.Options{Queue: streams.Bounds{MaxBytes: 1 << 20}, Intake: streams.Bounds{MaxBytes: 1 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := mesh.Open(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Parse([]byte(`
+providers:
+  - name: p
+    base_url: http://127.0.0.1:1/v1
+    models: [{name: fast, rpm: 100000, tpm: 100000000}, {name: slow, rpm: 2, tpm: 100000000}]
+tenants: [{name: acme}, {name: beta}]
+queues:
+  queue: {max_bytes: 1048576}
+  intake: {max_bytes: 1048576}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := New(Config{App: cfg}, m, slog.New(slog.DiscardHandler), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.queueShare.bound, svc.intakeShare.bound = 256<<10, 256<<10
+	return &fixture{svc: svc, mesh: m, js: js, nc: nc}
+}
+
+// bigJob is a job of about 100 KiB on model.
+func bigJob(tenant, model string) *job.Job {
+	return &job.Job{ID: job.NewID(), Tenant: tenant, Request: json.RawMessage(`{"model":"` + model +
+		`","max_tokens":16,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 100<<10/5) + `"}]}`)}
+}
+
+// One tenant's large jobs on a slow model fill only its own share of
+// QUEUE's bytes: its next job is refused with an error naming the tenant
+// bound and a wait for its own jobs ahead, while the other tenant's jobs,
+// large or small, are accepted.
+func TestTenantBytesLeaveOthersAccepted(t *testing.T) {
+	t.Parallel()
+	f := setupBytes(t)
+	ctx := context.Background()
+	accepted := 0
+	var refusal error
+	for range 5 {
+		if _, err := f.svc.Accept(ctx, bigJob("acme", "slow")); err != nil {
+			refusal = err
+			break
+		}
+		accepted++
+	}
+	var be *BusyError
+	if !errors.As(refusal, &be) || !strings.Contains(be.Message, "queues.queue.max_bytes_per_tenant") || !strings.Contains(be.Message, `"acme"`) {
+		t.Fatalf("acme's large jobs: %d accepted, then %v; want a refusal naming acme's bound", accepted, refusal)
+	}
+	if accepted != 2 {
+		t.Errorf("acme had %d jobs of 100 KiB accepted under a 256 KiB bound, want 2", accepted)
+	}
+	// Two jobs ahead at 2 requests a minute: about 90 s, not 1 s.
+	if be.RetryAfter < 60*time.Second {
+		t.Errorf("acme's suggested wait %s; want the time its own jobs ahead take on the slow model (about 90 s)", be.RetryAfter)
+	}
+	for i, j := range []*job.Job{bigJob("beta", "fast"), bigJob("beta", "slow"), newJob("beta", "")} {
+		if _, err := f.svc.Accept(ctx, j); err != nil {
+			t.Errorf("beta's job %d after acme filled its share: %v, want accepted", i+1, err)
+		}
+	}
+	// Over HTTP, acme's refusal is a 429 that names the bound.
+	mux := http.NewServeMux()
+	f.svc.Routes(mux, api.Auth{Tenants: []string{"acme", "beta"}, Open: true})
+	body, _ := json.Marshal(map[string]any{"request": bigJob("acme", "slow").Request})
+	req := httptest.NewRequest(http.MethodPost, "/v1/jobs", strings.NewReader(string(body)))
+	req.Header.Set("X-Sluice-Tenant", "acme")
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	mux.ServeHTTP(rec, req)
+	if rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), "max_bytes_per_tenant") {
+		t.Errorf("POST /v1/jobs over acme's bound: %d %.300s; want 429 naming the bound", rec.Code, rec.Body)
+	}
+}
+
+// A tenant's jobs waiting in INTAKE beyond its share of INTAKE's bytes are
+// refused, not kept, so they cannot keep the other tenants out of INTAKE.
+func TestTenantBytesInIntakeAreBounded(t *testing.T) {
+	t.Parallel()
+	f := setupBytes(t)
+	// acme's QUEUE share is full.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for range 2 {
+		if _, err := f.svc.Accept(ctx, bigJob("acme", "slow")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sub, err := f.nc.SubscribeSync(job.ResultPrefix + "acme.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	for i := range 4 {
+		data, _ := json.Marshal(bigJob("acme", "slow"))
+		if _, err := f.js.Publish(ctx, job.IntakeSubject("acme"), data); err != nil {
+			t.Fatalf("acme's intake job %d: %v", i+1, err)
+		}
+	}
+	f.run(t)
+	// Two fit acme's 256 KiB of INTAKE and wait; the rest are refused.
+	m, err := sub.NextMsg(15 * time.Second)
+	if err != nil {
+		t.Fatalf("no refusal for acme's jobs beyond its INTAKE share: %v", err)
+	}
+	var r job.Result
+	if json.Unmarshal(m.Data, &r) != nil || r.Error == nil || r.Error.Code != job.CodeQueueFull || !strings.Contains(r.Error.Message, "queues.intake.max_bytes_per_tenant") {
+		t.Fatalf("refusal %s; want queue_full naming queues.intake.max_bytes_per_tenant", m.Data)
+	}
+	for {
+		st, _ := f.js.Stream(ctx, streams.Intake)
+		info, err := st.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.Bytes <= 256<<10 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("INTAKE still holds %d bytes of acme's; want at most its 256 KiB share", info.State.Bytes)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// beta still gets in.
+	data, _ := json.Marshal(bigJob("beta", "fast"))
+	if _, err := f.js.Publish(ctx, job.IntakeSubject("beta"), data); err != nil {
+		t.Errorf("beta's intake job after acme's flood: %v, want stored", err)
+	}
+}
