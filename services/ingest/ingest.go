@@ -132,6 +132,9 @@ type BusyError struct {
 	// Ahead is how many jobs wait in QUEUE (all models), as last read.
 	Ahead   uint64
 	Message string
+	// Bound names the tenant's own bound that refused the job (a
+	// queues.*.max_bytes_per_tenant key); "" when QUEUE as a whole is full.
+	Bound string
 }
 
 func (e *BusyError) Error() string { return e.Code + ": " + e.Message }
@@ -615,7 +618,7 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 		// stream's refusal. It is offered again after half the estimated
 		// drain time, so QUEUE does not run dry while jobs wait here.
 		s.intakeShare.note(tenant, len(msg.Data()), false)
-		if over := s.intakeOver(ctx, tenant); over != nil {
+		if over := s.intakeOver(ctx, tenant, err); over != nil {
 			s.refuse(ctx, msg, j, tenant, over)
 			s.intakeShare.gone(tenant)
 			return

@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -148,13 +149,19 @@ func (s *Service) queueRoom(ctx context.Context, j *job.Job, model *config.Model
 		return nil
 	}
 	avg := s.backlog(ctx, 0).avgCost
-	return &BusyError{Code: job.CodeQueueFull, RetryAfter: max(waitFor(model, n, avg, cost, true), time.Second), Ahead: n, Message: msg}
+	return &BusyError{Code: job.CodeQueueFull, RetryAfter: max(waitFor(model, n, avg, cost, true), time.Second), Ahead: n, Message: msg, Bound: s.queueShare.key}
 }
 
 // intakeOver returns a refusal for an INTAKE job that cannot move on to
-// QUEUE now when its tenant's jobs in INTAKE hold more than the tenant's
-// bound there: waiting, it would keep other tenants out of INTAKE.
-func (s *Service) intakeOver(ctx context.Context, tenant string) error {
+// QUEUE now (busy) when its tenant's jobs in INTAKE hold more than the
+// tenant's bound there: waiting, it would keep other tenants out of INTAKE.
+// Only a job refused before it had records (its tenant's own bound, or
+// shed) is given up; one QUEUE refused as a whole is accepted and waits.
+func (s *Service) intakeOver(ctx context.Context, tenant string, busy error) error {
+	var be *BusyError
+	if !errors.As(busy, &be) || (be.Bound == "" && be.Code != "shed") {
+		return nil
+	}
 	s.intakeShare.refresh(ctx, s.mesh.JS, s.now())
 	msg, _ := s.intakeShare.over(tenant, 0)
 	if msg == "" {
