@@ -30,7 +30,7 @@ import (
 // 3-node JetStream cluster (R3 streams and buckets) and running every
 // service, on loopback ports.
 type cluster struct {
-	t     *testing.T
+	t     testing.TB
 	bin   string
 	nodes []*clusterNode
 	urls  []string // client URLs of every node
@@ -68,7 +68,7 @@ func freePorts(t testing.TB, n int) []int {
 // loopback, or with lab each in its network namespace. routeAddr, when not
 // nil, maps node i's route URL as node j dials it (a proxy in between, for
 // partitions on loopback); nil dials directly.
-func startCluster(t *testing.T, yaml string, lab *netLab, routeAddr func(from, to int, direct string) string, extra []string) *cluster {
+func startCluster(t testing.TB, yaml string, lab *netLab, routeAddr func(from, to int, direct string) string, extra []string) *cluster {
 	t.Helper()
 	c := &cluster{t: t, bin: sluiceBinary(t), dir: t.TempDir()}
 	cfgPath := filepath.Join(c.dir, "sluice.yaml")
@@ -211,7 +211,7 @@ func (c *cluster) leader(ctx context.Context, js jetstream.JetStream, stream str
 // completed twice by the provider (which ignores Idempotency-Key), the
 // provider's limits kept.
 type clusterLoad struct {
-	t      *testing.T
+	t      testing.TB
 	sim    *sim.Server
 	cl     *client.Client
 	model  string
@@ -376,7 +376,7 @@ func (l *clusterLoad) verify(ctx context.Context) {
 // simulator enforces RPM rpm with its per-second quantum (rpm/60).
 // With lab, the nodes run in its namespaces and the simulator listens on
 // the test's address there.
-func clusterSetup(t *testing.T, rpm int, lab *netLab, routeAddr func(from, to int, direct string) string, extra ...string) (*cluster, *clusterLoad, jetstream.JetStream) {
+func clusterSetup(t testing.TB, rpm int, lab *netLab, routeAddr func(from, to int, direct string) string, extra ...string) (*cluster, *clusterLoad, jetstream.JetStream) {
 	const model = "gpt-4o-mini"
 	seen := &judged{}
 	// The provider ignores Idempotency-Key, as OpenAI and Anthropic
@@ -405,7 +405,7 @@ func clusterSetup(t *testing.T, rpm int, lab *netLab, routeAddr func(from, to in
 }
 
 // waitCompleted waits until the provider has completed n calls.
-func waitCompleted(ctx context.Context, t *testing.T, s *sim.Server, n int64) {
+func waitCompleted(ctx context.Context, t testing.TB, s *sim.Server, n int64) {
 	t.Helper()
 	for s.Stats().Completed < n {
 		if ctx.Err() != nil {
@@ -424,7 +424,7 @@ func TestClusterNodeLoss(t *testing.T) {
 	// Not parallel: three replicated nodes need the cores to form a quorum.
 	const jobs, rpm = 2000, 9000 // 150 requests/s at most: about 13 s of work
 	c, load, js := clusterSetup(t, rpm, nil, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 
 	offered := make(chan error, 1)

@@ -1159,7 +1159,7 @@ func (s *Service) markInFlight(ctx context.Context, j *job.Job, opKey string, at
 			*cancelled = true
 			return false
 		}
-		if r.Sent != nil && !s.mayCallAgain(j) {
+		if r.Sent != nil && r.Sent.By != sent.By && !s.mayCallAgain(j) {
 			*lost = r.Sent // an earlier call left; see lostCall
 			return false
 		}
