@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -25,6 +26,7 @@ func TestAnthropicSDK(t *testing.T) {
 	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{
 		{Name: "claude-sim", RPM: 100, TPM: 100000},
 		{Name: "claude-slow", RPM: 30, TPM: 100000},
+		{Name: "claude-cache", RPM: 100, ITPM: 100000, OTPM: 20000},
 	}, APIKeys: []string{"sim-secret"}})
 	n := startUp(t, fmt.Sprintf(`
 providers:
@@ -34,10 +36,17 @@ providers:
     models:
       - {name: claude-sim, rpm: 100, tpm: 100000}
       - {name: claude-slow, rpm: 30, tpm: 100000}
+  - name: claude
+    kind: anthropic
+    base_url: %[1]s/v1
+    api_key_env: SIM_KEY
+    models:
+      - {name: claude-cache, rpm: 100, itpm: 100000, otpm: 20000}
 tenants:
   - {name: acme, api_key_env: ACME_KEY}
   - {name: globex, api_key_env: GLOBEX_KEY}
 `, simURL), testEnv)
+	_ = simSrv
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	// x-api-key, as Anthropic's SDKs authenticate; no SDK retries, so every
@@ -135,6 +144,44 @@ tenants:
 		}
 	})
 
+	t.Run("cache and thinking", func(t *testing.T) {
+		// To an Anthropic provider, cache_control and thinking go as
+		// sent (the simulator keeps what it received), and the second call
+		// reads the prefix the first wrote.
+		params := anthropic.MessageNewParams{Model: "claude-cache", MaxTokens: 2048,
+			System:   []anthropic.TextBlockParam{{Text: strings.Repeat("You are terse. ", 400), CacheControl: anthropic.NewCacheControlEphemeralParam()}},
+			Thinking: anthropic.ThinkingConfigParamOfEnabled(1024),
+			Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("First turn."))}}
+		first, err := c.Messages.New(ctx, params)
+		if err != nil {
+			t.Fatalf("first call: %v", err)
+		}
+		got := simSrv.Received()
+		if len(got) == 0 {
+			t.Fatal("the provider received nothing")
+		}
+		var sent struct {
+			System []struct {
+				CacheControl json.RawMessage `json:"cache_control"`
+			} `json:"system"`
+			Thinking json.RawMessage `json:"thinking"`
+		}
+		if err := json.Unmarshal(got[len(got)-1], &sent); err != nil {
+			t.Fatal(err)
+		}
+		if len(sent.System) != 1 || string(sent.System[0].CacheControl) != `{"type":"ephemeral"}` || string(sent.Thinking) != `{"budget_tokens":1024,"type":"enabled"}` {
+			t.Errorf("the provider received system %s and thinking %s, want the breakpoint and the thinking object as sent", sent.System, sent.Thinking)
+		}
+		params.Messages = []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("Second turn."))}
+		second, err := c.Messages.New(ctx, params)
+		if err != nil {
+			t.Fatalf("second call: %v", err)
+		}
+		if first.Usage.CacheCreationInputTokens == 0 || second.Usage.CacheReadInputTokens != first.Usage.CacheCreationInputTokens {
+			t.Errorf("usage %+v then %+v, want the prefix written then read", first.Usage, second.Usage)
+		}
+	})
+
 	t.Run("bad requests", func(t *testing.T) {
 		for _, tc := range []struct {
 			name   string
@@ -151,9 +198,13 @@ tenants:
 				Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("hi"))}},
 				http.StatusNotFound, anthropic.ErrorTypeNotFoundError, "claude-9"},
 			{"untranslatable field", c, anthropic.MessageNewParams{Model: "claude-sim", MaxTokens: 10,
+				Messages:    []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("hi"))},
+				ServiceTier: anthropic.MessageNewParamsServiceTierAuto},
+				http.StatusBadRequest, anthropic.ErrorTypeInvalidRequestError, "service_tier"},
+			{"thinking budget not below max_tokens", c, anthropic.MessageNewParams{Model: "claude-sim", MaxTokens: 10,
 				Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("hi"))},
 				Thinking: anthropic.ThinkingConfigParamOfEnabled(1024)},
-				http.StatusBadRequest, anthropic.ErrorTypeInvalidRequestError, "thinking"},
+				http.StatusBadRequest, anthropic.ErrorTypeInvalidRequestError, "budget_tokens"},
 			{"wrong key", anthropic.NewClient(option.WithBaseURL(n.HTTP+"/"), option.WithAPIKey("wrong"), option.WithMaxRetries(0)),
 				anthropic.MessageNewParams{Model: "claude-sim", MaxTokens: 10,
 					Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("hi"))}},

@@ -37,7 +37,7 @@ providers:
     base_url: %[1]s/never
     api_key_env: SIM_KEY
     models:
-      - {name: claude-3-5-haiku, rpm: 100, tpm: 100000}
+      - {name: claude-3-5-haiku, rpm: 100, itpm: 100000, otpm: 20000}
 tenants:
   - {name: acme, api_key_env: ACME_KEY}
 `, simURL)

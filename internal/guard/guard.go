@@ -167,6 +167,11 @@ func (g *Guard) sign(j *job.Job) string {
 	writeInt(h, int64(r.Requests))
 	writeInt(h, int64(r.Tokens))
 	writeUnits(h, r.Units)
+	if r.Output != 0 || r.Cached != 0 {
+		writeStr(h, "split")
+		writeInt(h, int64(r.Output))
+		writeInt(h, int64(r.Cached))
+	}
 	writeInt(h, r.ReservedAt.UnixNano())
 	writeInt(h, r.ValidUntil.UnixNano())
 	writeInt(h, r.SendAt.UnixNano())
@@ -241,7 +246,8 @@ func (g *Guard) Dispatched(j *job.Job) error {
 	switch {
 	case r == nil, !sealed, r.Sig == "", !hmac.Equal([]byte(r.Sig), []byte(g.sign(j))):
 		return ErrUnverified
-	case r.Requests < 1, r.Tokens < minReserved(j.Estimate), r.ValidUntil.Sub(r.ReservedAt) > g.maxValid:
+	case r.Requests < 1, r.Output < 0, r.Cached < 0, r.Cached > j.Estimate.PromptTokens,
+		r.Tokens+r.Output+r.Cached < minReserved(j.Estimate), r.ValidUntil.Sub(r.ReservedAt) > g.maxValid:
 		return ErrUnverified
 	}
 	// Every unit the model limits is estimated and reserved.

@@ -38,6 +38,7 @@ type Set struct {
 	Shed                *prometheus.CounterVec   // tenant, priority
 	Held                *prometheus.GaugeVec     // priority
 	EstimateRatio       *prometheus.GaugeVec     // provider, model
+	PromptCache         *prometheus.CounterVec   // provider, model, tenant, kind (read, write, uncached)
 	Corrections         *prometheus.CounterVec   // provider, model, limit
 	DeadLetters         *prometheus.CounterVec   // reason
 	ModelLimit          *prometheus.GaugeVec     // provider, model, limit
@@ -97,6 +98,7 @@ func New(reg prometheus.Registerer) *Set {
 		TimeToFirstToken: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "llm_time_to_first_token_seconds", Help: "From sending a streamed call to its first content or tool-call delta.",
 			Buckets: []float64{.025, .05, .1, .25, .5, 1, 2, 4, 8, 15, 30, 60}}, []string{"provider", "model"}),
 		StreamInterrupted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llm_stream_interrupted_total", Help: "Streams that broke after their first token (reason: cut, idle_timeout, total_timeout, error_event, executor_lost, cancelled, too_large); the job ends interrupted (cancelled for cancelled, failed response_too_large for too_large) and is never retried."}, []string{"provider", "model", "reason"}),
+		PromptCache:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_prompt_cache_tokens_total", Help: "Prompt tokens of calls with a cache breakpoint, as the provider reported them: read from its cache (not charged toward an input-tokens limit unless cache_reads_count), written to it, and neither. Hit ratio: read / (read + write + uncached)."}, []string{"provider", "model", "tenant", "kind"}),
 		StreamDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "llm_stream_duration_seconds", Help: "Streamed calls from sending to their end, by outcome (succeeded, interrupted, cancelled).",
 			Buckets: prometheus.ExponentialBuckets(0.05, 2, 14)}, []string{"provider", "model", "outcome"}),
 		OutcomeUnknown: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_outcome_unknown_total", Help: "Jobs ended outcome_unknown: a call that may have reached the provider and whose outcome is unknown (reason: executor_lost, or the transport error that cut it), not sent again because its provider is not configured as honouring idempotency keys; each is in the DLQ."}, []string{"provider", "model", "reason"}),
@@ -107,7 +109,7 @@ func New(reg prometheus.Registerer) *Set {
 		s.BudgetWrites, s.BudgetConflict, s.BudgetErrors, s.ReservationsExpired, s.TenantRequests, s.TenantTokens,
 		s.InFlight, s.ProviderLatency, s.ConcLeased, s.ModelLimit, s.DeadLetters, s.EstimateRatio, s.Corrections, s.Pauses, s.Shed, s.Held,
 		s.LimitEffective, s.LimitCuts, s.RateLimitRequeues, s.SendLateness, s.RateLimitKinds,
-		s.TimeToFirstToken, s.StreamInterrupted, s.StreamDuration, s.OutcomeUnknown, s.HeldOldest)
+		s.TimeToFirstToken, s.StreamInterrupted, s.StreamDuration, s.OutcomeUnknown, s.HeldOldest, s.PromptCache)
 	return s
 }
 

@@ -45,10 +45,13 @@ import (
 	"github.com/sluice-dev/sluice/pkg/provider"
 )
 
-// Dimensions.
+// Dimensions. Output is output tokens limited apart (Anthropic's OTPM;
+// Tokens is then the input, ITPM).
 const (
 	Requests = 0
 	Tokens   = 1
+	Output   = 2
+	Dims     = 3 // how many dimensions adapt
 )
 
 // Tuning. They are constants: every process must compute the same limits
@@ -72,22 +75,22 @@ const (
 
 // DiscoverStart is where a discovered limit starts: requests and tokens
 // per minute.
-var DiscoverStart = [2]int{60, 60_000}
+var DiscoverStart = [Dims]int{60, 60_000, 60_000}
 
 // State is the fleet's record for one provider/model.
 type State struct {
 	// Stated are per-minute limits the provider stated (0: none).
-	Stated [2]int `json:"stated,omitzero"`
+	Stated [Dims]int `json:"stated,omitzero"`
 	// Learned are per-minute limits set at the last minute cut (0: none),
 	// at LearnedAt (unix ms); Discovering marks a discovered limit still
 	// growing.
-	Learned     [2]int   `json:"learned,omitzero"`
-	LearnedAt   [2]int64 `json:"learned_at,omitzero"`
-	Discovering [2]bool  `json:"discovering,omitzero"`
+	Learned     [Dims]int   `json:"learned,omitzero"`
+	LearnedAt   [Dims]int64 `json:"learned_at,omitzero"`
+	Discovering [Dims]bool  `json:"discovering,omitzero"`
 	// Quantum is the factor on the per-second cap set at the last burst
 	// cut (0: none, i.e. 1), at QuantumAt (unix ms).
-	Quantum   [2]float64 `json:"quantum,omitzero"`
-	QuantumAt [2]int64   `json:"quantum_at,omitzero"`
+	Quantum   [Dims]float64 `json:"quantum,omitzero"`
+	QuantumAt [Dims]int64   `json:"quantum_at,omitzero"`
 	// Epoch is the last cut (unix ms); RampFrom the start of a warm-up.
 	Epoch    int64 `json:"epoch,omitempty"`
 	RampFrom int64 `json:"ramp_from,omitempty"`
@@ -98,7 +101,11 @@ type State struct {
 
 // Config is what the configuration says of a model.
 type Config struct {
-	RPM, TPM      int
+	RPM, TPM int
+	// SplitOutput: the provider limits output tokens apart (OTPM), and
+	// TPM is its input limit (ITPM).
+	SplitOutput   bool
+	OTPM          int
 	Adapts        bool // learn and lower (absent or true in the config)
 	Discovers     bool // a 0 limit is discovered (adaptive: true)
 	BurstFraction float64
@@ -107,27 +114,27 @@ type Config struct {
 // Effective are the limits in effect at an instant.
 type Effective struct {
 	// PerMinute and PerSecond by dimension (0: unlimited).
-	PerMinute [2]int
-	PerSecond [2]int
+	PerMinute [Dims]int
+	PerSecond [Dims]int
 	// Configured, Stated and Learned are what each source says (0: none),
 	// for display.
-	Configured, Stated, Learned [2]int
+	Configured, Stated, Learned [Dims]int
 	Ramp                        float64 // warm-up factor, 1 when none
 }
 
 // Limits returns e as budget limits.
 func (e Effective) Limits() budget.Limits {
-	return budget.Limits{RPM: e.PerMinute[Requests], TPM: e.PerMinute[Tokens],
-		BurstRequests: e.PerSecond[Requests], BurstTokens: e.PerSecond[Tokens]}
+	return budget.Limits{RPM: e.PerMinute[Requests], TPM: e.PerMinute[Tokens], OTPM: e.PerMinute[Output],
+		BurstRequests: e.PerSecond[Requests], BurstTokens: e.PerSecond[Tokens], BurstOutput: e.PerSecond[Output]}
 }
 
 // Compute returns the limits in effect at now.
 func Compute(c Config, st State, now time.Time) Effective {
 	ms := now.UnixMilli()
-	e := Effective{Configured: [2]int{c.RPM, c.TPM}, Stated: st.Stated, Ramp: 1}
+	e := Effective{Configured: [Dims]int{c.RPM, c.TPM, c.OTPM}, Stated: st.Stated, Ramp: 1}
 	if !c.Adapts {
 		e.PerMinute = e.Configured
-		for d := range 2 {
+		for d := range Dims {
 			e.PerSecond[d] = perSecond(e.PerMinute[d], c.BurstFraction, 1)
 		}
 		return e
@@ -137,7 +144,7 @@ func Compute(c Config, st State, now time.Time) Effective {
 	} else if st.RampFrom > ms {
 		e.Ramp = 0.5 // a hold not over yet: resume at half
 	}
-	for d := range 2 {
+	for d := range Dims {
 		ceiling := lowest(e.Configured[d], st.Stated[d])
 		cur := 0
 		if st.Learned[d] > 0 {
@@ -255,7 +262,7 @@ func (s *Store) Update(ctx context.Context, key string, fn func(*State) bool) (S
 // Refusal is one 429 as an executor saw it.
 type Refusal struct {
 	Kind provider.RateLimitKind
-	// Dim is Requests, Tokens, or -1 when the provider did not say.
+	// Dim is Requests, Tokens, Output, or -1 when the provider did not say.
 	Dim int
 	// ReservedAt is when the refused call was planned; refusals of calls
 	// planned before the last cut (plus EpochSlack) do not cut again.
@@ -263,7 +270,7 @@ type Refusal struct {
 	// RetryAfter is what the provider asked.
 	RetryAfter time.Duration
 	// Stated are per-minute limits the provider stated (<= 0: none).
-	Stated [2]int
+	Stated [Dims]int
 	// Used is what the fleet's window held in the minute when it came;
 	// Recent what its schedule held in the second before the refused call
 	// (zero when unknown); Cost what the refused call would have cost.
@@ -283,7 +290,7 @@ func (s *Store) Cut(ctx context.Context, key string, c Config, r Refusal) (bool,
 		reason = ""
 		// A limit the provider states is adopted whatever the epoch.
 		stated := false
-		for d := range 2 {
+		for d := range Dims {
 			if v := r.Stated[d]; v > 0 && v != st.Stated[d] {
 				st.Stated[d], stated = v, true
 			}
@@ -307,7 +314,10 @@ func (s *Store) Cut(ctx context.Context, key string, c Config, r Refusal) (bool,
 			}
 		}
 		dims := []int{Requests, Tokens}
-		if r.Dim == Requests || r.Dim == Tokens {
+		if c.SplitOutput {
+			dims = append(dims, Output)
+		}
+		if r.Dim >= Requests && r.Dim < Dims {
 			dims = []int{r.Dim}
 		}
 		switch kind {
@@ -321,11 +331,11 @@ func (s *Store) Cut(ctx context.Context, key string, c Config, r Refusal) (bool,
 				// is lower (one cut, not many, when the configuration is
 				// far off), but never below a quarter in one epoch (the
 				// fleet's view of the second is not the provider's).
-				recent := [2]int{r.Recent.Requests, r.Recent.Tokens}[d]
-				own := [2]int{r.Cost.Requests, r.Cost.Tokens}[d]
+				recent := [Dims]int{r.Recent.Requests, r.Recent.Tokens, r.Recent.Output}[d]
+				own := [Dims]int{r.Cost.Requests, r.Cost.Tokens, r.Cost.Output}[d]
 				if base := float64(before.PerSecond[d]) / max(q, 1e-9); recent > 0 && base > 0 {
 					est := float64(recent)
-					if d == Tokens {
+					if d != Requests {
 						est += float64(own) / 2
 					}
 					nq = max(min(nq, est/base), q/4)
@@ -336,7 +346,7 @@ func (s *Store) Cut(ctx context.Context, key string, c Config, r Refusal) (bool,
 			if stated {
 				break // the stated limit is the cut
 			}
-			used := [2]int{r.Used.Requests, r.Used.Tokens}
+			used := [Dims]int{r.Used.Requests, r.Used.Tokens, r.Used.Output}
 			for _, d := range dims {
 				// An unlimited dimension refused per minute learns a limit
 				// too: hammering on would only buy more refusals.
@@ -369,17 +379,17 @@ func (s *Store) Cut(ctx context.Context, key string, c Config, r Refusal) (bool,
 }
 
 // configured is c's per-minute limit of dimension d.
-func (c Config) configured(d int) int { return [2]int{c.RPM, c.TPM}[d] }
+func (c Config) configured(d int) int { return [Dims]int{c.RPM, c.TPM, c.OTPM}[d] }
 
 // Observe records limits a successful response stated; it writes only
 // when they differ from the record.
-func (s *Store) Observe(ctx context.Context, key string, c Config, stated [2]int) error {
+func (s *Store) Observe(ctx context.Context, key string, c Config, stated [Dims]int) error {
 	if !c.Adapts || (stated[0] <= 0 && stated[1] <= 0) {
 		return nil
 	}
 	_, _, err := s.Update(ctx, key, func(st *State) bool {
 		changed := false
-		for d := range 2 {
+		for d := range Dims {
 			if v := stated[d]; v > 0 && v != st.Stated[d] {
 				st.Stated[d], changed = v, true
 			}
@@ -399,14 +409,14 @@ func (s *Store) Observe(ctx context.Context, key string, c Config, stated [2]int
 // it (a restarted fleet starts warm).
 func (s *Store) Start(ctx context.Context, key string, c Config) (State, error) {
 	st, _, err := s.Update(ctx, key, func(st *State) bool {
-		if st.Epoch != 0 || st.RampFrom != 0 || st.Learned != [2]int{} || st.Stated != [2]int{} {
+		if st.Epoch != 0 || st.RampFrom != 0 || st.Learned != [Dims]int{} || st.Stated != [Dims]int{} {
 			return false
 		}
 		ms := s.now().UnixMilli()
 		st.RampFrom = ms
 		if c.Discovers {
-			for d := range 2 {
-				if c.configured(d) == 0 {
+			for d := range Dims {
+				if c.configured(d) == 0 && (d != Output || c.SplitOutput) {
 					st.Learned[d], st.LearnedAt[d], st.Discovering[d] = DiscoverStart[d], ms, true
 				}
 			}

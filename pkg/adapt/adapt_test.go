@@ -109,7 +109,7 @@ func TestRestartedFleetStartsWarm(t *testing.T) {
 	c.Add(time.Minute)
 	// A hidden per-minute limit: refused with the fleet's window at 400.
 	cut, reason, err := first.Cut(ctx, key, cfg, adapt.Refusal{Kind: provider.LimitMinute, Dim: adapt.Requests, ReservedAt: c.Now(),
-		Used: budget.Cost{Requests: 400, Tokens: 40_000}, Stated: [2]int{-1, -1}})
+		Used: budget.Cost{Requests: 400, Tokens: 40_000}, Stated: [adapt.Dims]int{-1, -1}})
 	if err != nil || !cut || reason != "minute" {
 		t.Fatalf("minute refusal: cut %v reason %q err %v", cut, reason, err)
 	}
@@ -151,20 +151,20 @@ func TestStatedAndDiscovered(t *testing.T) {
 	c := &clock{t: time.Unix(1_750_000_000, 0)}
 	st := adapt.NewStore(bucket(t), c.Now)
 	twice := adapt.Config{RPM: 1200, TPM: 1_200_000, Adapts: true, BurstFraction: 1.0 / 60}
-	if err := st.Observe(ctx, key, twice, [2]int{600, 600_000}); err != nil {
+	if err := st.Observe(ctx, key, twice, [adapt.Dims]int{600, 600_000}); err != nil {
 		t.Fatal(err)
 	}
 	rec, _, _ := st.Get(ctx, key)
 	e := adapt.Compute(twice, rec, c.Now())
-	if e.PerMinute != [2]int{600, 600_000} || e.PerSecond != [2]int{10, 10_000} {
+	if e.PerMinute != [adapt.Dims]int{600, 600_000} || e.PerSecond != [adapt.Dims]int{10, 10_000} {
 		t.Errorf("configured twice the stated: in effect %v per minute, %v per second; want the stated", e.PerMinute, e.PerSecond)
 	}
 	// Stated higher than configured: the configuration still rules.
-	if err := st.Observe(ctx, key, twice, [2]int{5000, 5_000_000}); err != nil {
+	if err := st.Observe(ctx, key, twice, [adapt.Dims]int{5000, 5_000_000}); err != nil {
 		t.Fatal(err)
 	}
 	rec, _, _ = st.Get(ctx, key)
-	if e := adapt.Compute(twice, rec, c.Now()); e.PerMinute != [2]int{1200, 1_200_000} {
+	if e := adapt.Compute(twice, rec, c.Now()); e.PerMinute != [adapt.Dims]int{1200, 1_200_000} {
 		t.Errorf("stated above the configuration: in effect %v", e.PerMinute)
 	}
 
@@ -174,17 +174,17 @@ func TestStatedAndDiscovered(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec, _, _ = st.Get(ctx, k2)
-	if e := adapt.Compute(disc, rec, c.Now()); e.PerMinute != [2]int{adapt.DiscoverStart[0] / 2, adapt.DiscoverStart[1] / 2} {
+	if e := adapt.Compute(disc, rec, c.Now()); e.PerMinute != [adapt.Dims]int{adapt.DiscoverStart[0] / 2, adapt.DiscoverStart[1] / 2} {
 		t.Errorf("discovery starts at %v, want half of %v (warming up)", e.PerMinute, adapt.DiscoverStart)
 	}
 	if e := adapt.Compute(disc, rec, c.Now().Add(2*adapt.DiscoverDoubling)); e.PerMinute[0] != 4*adapt.DiscoverStart[0] {
 		t.Errorf("after two doublings %d", e.PerMinute[0])
 	}
-	if err := st.Observe(ctx, k2, disc, [2]int{3000, 2_000_000}); err != nil {
+	if err := st.Observe(ctx, k2, disc, [adapt.Dims]int{3000, 2_000_000}); err != nil {
 		t.Fatal(err)
 	}
 	rec, _, _ = st.Get(ctx, k2)
-	if e := adapt.Compute(disc, rec, c.Now().Add(adapt.Ramp)); e.PerMinute != [2]int{3000, 2_000_000} {
+	if e := adapt.Compute(disc, rec, c.Now().Add(adapt.Ramp)); e.PerMinute != [adapt.Dims]int{3000, 2_000_000} {
 		t.Errorf("discovered with headers: %v, want what they state", e.PerMinute)
 	}
 	// Quota refusals never adapt.

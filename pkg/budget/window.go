@@ -60,11 +60,18 @@ import (
 // limit.
 const MaxUnits = 4
 
-// dims is how many dimensions a window counts: requests, tokens, units.
-const dims = 2 + MaxUnits
+// dims is how many dimensions a window counts: requests, tokens, units,
+// output tokens.
+const dims = 3 + MaxUnits
+
+// outDim is the output tokens' dimension: limited apart from the tokens
+// dimension on providers that limit input and output tokens apart
+// (Anthropic's ITPM and OTPM; the tokens dimension is then the input).
+// Last, so a window stored without it reads as one whose output is zero.
+const outDim = 2 + MaxUnits
 
 // Vec is an amount in every dimension of a window: [0] requests, [1]
-// tokens, [2+i] unit i.
+// tokens, [2+i] unit i, [2+MaxUnits] output tokens.
 type Vec [dims]int64
 
 func (v *Vec) add(o Vec) {
@@ -104,6 +111,9 @@ type Limits struct {
 	// Units are the per-minute limits of the key's other units, by index
 	// (0: unlimited).
 	Units [MaxUnits]int
+	// OTPM limits output tokens apart (0: unlimited); TPM then limits the
+	// input (Anthropic's ITPM).
+	OTPM int
 	// Keep is a share of both windows (the minute and the burst second) a
 	// reservation must leave free: room held back for work that should not
 	// wait behind a backlog. KeepAtLeast is the least room kept in each
@@ -118,6 +128,8 @@ type Limits struct {
 	// quantum learned from the provider's 429s). Units always use
 	// BurstFraction (they are not learned from the provider).
 	BurstRequests, BurstTokens int
+	// BurstOutput, when > 0, is the per-second cap on output tokens.
+	BurstOutput int
 	// Horizon, when > 0, bounds how far ahead a paced store plans these
 	// costs instead of Params.Horizon (backlogs plan a short way ahead, so
 	// work that should not wait is not queued behind their placements).
@@ -130,6 +142,7 @@ func (lim Limits) minute() Vec {
 	for i, u := range lim.Units {
 		v[2+i] = int64(u)
 	}
+	v[outDim] = int64(lim.OTPM)
 	return v
 }
 
@@ -160,6 +173,9 @@ func (lim Limits) caps(frac float64) (mins, caps Vec) {
 	if lim.BurstTokens > 0 && mins[1] > 0 {
 		caps[1] = int64(lim.BurstTokens)
 	}
+	if lim.BurstOutput > 0 && mins[outDim] > 0 {
+		caps[outDim] = int64(lim.BurstOutput)
+	}
 	return mins, caps
 }
 
@@ -170,6 +186,8 @@ type Cost struct {
 	// Units are amounts of the key's other units, by index (the indices
 	// of Limits.Units).
 	Units [MaxUnits]int
+	// Output is the output tokens charged apart (Limits.OTPM).
+	Output int
 }
 
 func (c Cost) vec() Vec {
@@ -177,11 +195,12 @@ func (c Cost) vec() Vec {
 	for i, u := range c.Units {
 		v[2+i] = int64(u)
 	}
+	v[outDim] = int64(c.Output)
 	return v
 }
 
 func costOf(v Vec) Cost {
-	c := Cost{Requests: int(v[0]), Tokens: int(v[1])}
+	c := Cost{Requests: int(v[0]), Tokens: int(v[1]), Output: int(v[outDim])}
 	for i := range c.Units {
 		c.Units[i] = int(v[2+i])
 	}
@@ -192,6 +211,7 @@ func costOf(v Vec) Cost {
 func (c Cost) Plus(o Cost) Cost {
 	c.Requests += o.Requests
 	c.Tokens += o.Tokens
+	c.Output += o.Output
 	for i := range c.Units {
 		c.Units[i] += o.Units[i]
 	}
@@ -202,6 +222,7 @@ func (c Cost) Plus(o Cost) Cost {
 func (c Cost) Minus(o Cost) Cost {
 	c.Requests -= o.Requests
 	c.Tokens -= o.Tokens
+	c.Output -= o.Output
 	for i := range c.Units {
 		c.Units[i] -= o.Units[i]
 	}
@@ -213,7 +234,7 @@ func (c Cost) Positive() bool { return c.vec().any() }
 
 // Within reports whether c is at most room in every dimension.
 func (c Cost) Within(room Cost) bool {
-	if c.Requests > room.Requests || c.Tokens > room.Tokens {
+	if c.Requests > room.Requests || c.Tokens > room.Tokens || c.Output > room.Output {
 		return false
 	}
 	for i, u := range c.Units {
@@ -478,6 +499,8 @@ func reasonOf(d int) string {
 		return "rpm"
 	case 1:
 		return "tpm"
+	case outDim:
+		return "otpm"
 	}
 	return "units"
 }

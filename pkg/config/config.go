@@ -353,6 +353,12 @@ type Model struct {
 	RPM            int    `yaml:"rpm"`
 	TPM            int    `yaml:"tpm"`
 	MaxConcurrency int    `yaml:"max_concurrency"`
+	// ITPM, OTPM and CacheReadsCount: an Anthropic model's input and
+	// output token limits (anthropic.go).
+	ITPM            int  `yaml:"itpm"`
+	OTPM            int  `yaml:"otpm"`
+	CacheReadsCount bool `yaml:"cache_reads_count"`
+	splits          bool // its provider limits output apart (set with the defaults)
 	// RPD and TPD are the provider's per-day quotas on the model (requests
 	// and tokens in a trailing 24 h; 0 = none), as Gemini and some OpenAI
 	// tiers state them. A job waits in the queue while the day's quota is
@@ -594,6 +600,7 @@ func (c *Config) withDefaults() {
 			if p.Models[j].MaxConcurrency == 0 {
 				p.Models[j].MaxConcurrency = 64
 			}
+			p.Models[j].splits = SplitsOutput(p.Kind)
 		}
 	}
 	for i := range c.Tenants {
@@ -792,6 +799,7 @@ func (c *Config) problems() Problems {
 			if m.TPM < 0 {
 				fail(mk+".tpm", "must be >= 0 (0 = no limit), got %d", m.TPM)
 			}
+			checkTokenLimits(p.Kind, m, mk, fail) // anthropic.go
 			if m.MaxConcurrency < 0 {
 				fail(mk+".max_concurrency", "must be > 0, got %d", m.MaxConcurrency)
 			}

@@ -216,8 +216,14 @@ type Reservation struct {
 	Requests int    `json:"requests"`
 	Tokens   int    `json:"tokens"`
 	// Units are the amounts reserved of the model's other units.
-	Units      map[string]int `json:"units,omitempty"`
-	ReservedAt time.Time      `json:"reserved_at"`
+	Units map[string]int `json:"units,omitempty"`
+	// Output is the output tokens reserved apart from Tokens (a provider
+	// that limits them apart: Tokens is then the input), and Cached the
+	// prompt tokens expected to be read from the provider's cache and so
+	// not reserved (Anthropic does not count them toward its input limit).
+	Output     int       `json:"output,omitempty"`
+	Cached     int       `json:"cached,omitempty"`
+	ReservedAt time.Time `json:"reserved_at"`
 	// ValidUntil is the latest moment the provider call may start; an executor
 	// that picks the job up later sends it back for a new reservation.
 	ValidUntil time.Time `json:"valid_until"`
@@ -258,6 +264,9 @@ type Usage struct {
 	// ReasoningTokens are output tokens a reasoning model spent thinking:
 	// part of CompletionTokens, as OpenAI counts and charges them.
 	ReasoningTokens int `json:"reasoning_tokens,omitempty"`
+	// CacheWriteTokens are prompt tokens written to the provider's cache
+	// (Anthropic's cache_creation_input_tokens; part of PromptTokens).
+	CacheWriteTokens int `json:"cache_write_tokens,omitempty"`
 }
 
 // Error is a machine-readable failure.

@@ -111,6 +111,8 @@ type oaRequest struct {
 	User                string          `json:"user"`
 	Stream              bool            `json:"stream"`
 	N                   *int            `json:"n"`
+	// Thinking is Anthropic's extended thinking, passed through as sent.
+	Thinking json.RawMessage `json:"thinking"`
 }
 
 type oaMessage struct {
@@ -118,6 +120,9 @@ type oaMessage struct {
 	Content    json.RawMessage `json:"content"`
 	ToolCalls  []oaToolCall    `json:"tool_calls"`
 	ToolCallID string          `json:"tool_call_id"`
+	// CacheControl on a message marks its last block as a prompt-cache
+	// breakpoint; on a part or a tool, that part or tool. Passed through.
+	CacheControl json.RawMessage `json:"cache_control"`
 }
 
 type oaToolCall struct {
@@ -136,6 +141,7 @@ type oaTool struct {
 		Description string          `json:"description"`
 		Parameters  json.RawMessage `json:"parameters"`
 	} `json:"function"`
+	CacheControl json.RawMessage `json:"cache_control"`
 }
 
 type oaPart struct {
@@ -144,20 +150,22 @@ type oaPart struct {
 	ImageURL *struct {
 		URL string `json:"url"`
 	} `json:"image_url"`
+	CacheControl json.RawMessage `json:"cache_control"`
 }
 
 type anRequest struct {
-	Model         string         `json:"model"`
-	MaxTokens     int            `json:"max_tokens"`
-	System        string         `json:"system,omitempty"`
-	Messages      []anMessage    `json:"messages"`
-	Temperature   *float64       `json:"temperature,omitempty"`
-	TopP          *float64       `json:"top_p,omitempty"`
-	StopSequences []string       `json:"stop_sequences,omitempty"`
-	Tools         []anTool       `json:"tools,omitempty"`
-	ToolChoice    map[string]any `json:"tool_choice,omitempty"`
-	Metadata      *anMetadata    `json:"metadata,omitempty"`
-	Stream        bool           `json:"stream,omitempty"`
+	Model         string          `json:"model"`
+	MaxTokens     int             `json:"max_tokens"`
+	System        any             `json:"system,omitempty"` // a string, or text blocks with cache_control
+	Messages      []anMessage     `json:"messages"`
+	Temperature   *float64        `json:"temperature,omitempty"`
+	TopP          *float64        `json:"top_p,omitempty"`
+	StopSequences []string        `json:"stop_sequences,omitempty"`
+	Tools         []anTool        `json:"tools,omitempty"`
+	ToolChoice    map[string]any  `json:"tool_choice,omitempty"`
+	Metadata      *anMetadata     `json:"metadata,omitempty"`
+	Stream        bool            `json:"stream,omitempty"`
+	Thinking      json.RawMessage `json:"thinking,omitempty"`
 }
 
 type anMessage struct {
@@ -174,6 +182,8 @@ type anBlock struct {
 	Input     json.RawMessage `json:"input,omitempty"`
 	ToolUseID string          `json:"tool_use_id,omitempty"`
 	Content   string          `json:"content,omitempty"`
+	// CacheControl marks a prompt-cache breakpoint, as the caller sent it.
+	CacheControl json.RawMessage `json:"cache_control,omitempty"`
 }
 
 type anSource struct {
@@ -184,9 +194,10 @@ type anSource struct {
 }
 
 type anTool struct {
-	Name        string          `json:"name"`
-	Description string          `json:"description,omitempty"`
-	InputSchema json.RawMessage `json:"input_schema"`
+	Name         string          `json:"name"`
+	Description  string          `json:"description,omitempty"`
+	InputSchema  json.RawMessage `json:"input_schema"`
+	CacheControl json.RawMessage `json:"cache_control,omitempty"`
 }
 
 type anMetadata struct {
@@ -211,7 +222,7 @@ func toAnthropic(body []byte, model string) ([]byte, error) {
 	if in.N != nil && *in.N > 1 {
 		return nil, errors.New("n > 1 is not supported: the Messages API returns one completion per call")
 	}
-	out := anRequest{Model: in.Model, MaxTokens: DefaultAnthropicMaxTokens, Temperature: in.Temperature, TopP: in.TopP}
+	out := anRequest{Model: in.Model, MaxTokens: DefaultAnthropicMaxTokens, Temperature: in.Temperature, TopP: in.TopP, Thinking: present(in.Thinking)}
 	if model != "" {
 		out.Model = model
 	}
@@ -233,7 +244,7 @@ func toAnthropic(body []byte, model string) ([]byte, error) {
 	}
 	out.StopSequences = stops
 
-	var system []string
+	var system []anBlock
 	for i, m := range in.Messages {
 		var role string
 		var blocks []anBlock
@@ -243,9 +254,7 @@ func toAnthropic(body []byte, model string) ([]byte, error) {
 			if err != nil {
 				return nil, fmt.Errorf("messages[%d]: %w", i, err)
 			}
-			for _, p := range parts {
-				system = append(system, p.Text)
-			}
+			system = append(system, markLast(parts, m.CacheControl)...)
 			continue
 		case "user":
 			role = "user"
@@ -281,6 +290,7 @@ func toAnthropic(body []byte, model string) ([]byte, error) {
 		default:
 			return nil, fmt.Errorf("messages[%d]: role %q is not supported", i, clipName(m.Role))
 		}
+		blocks = markLast(blocks, m.CacheControl)
 		if len(blocks) == 0 {
 			continue
 		}
@@ -290,7 +300,7 @@ func toAnthropic(body []byte, model string) ([]byte, error) {
 			out.Messages = append(out.Messages, anMessage{Role: role, Content: blocks})
 		}
 	}
-	out.System = strings.Join(system, "\n\n")
+	out.System = systemPrompt(system)
 	if len(out.Messages) == 0 {
 		return nil, errors.New("no user or assistant messages")
 	}
@@ -303,7 +313,7 @@ func toAnthropic(body []byte, model string) ([]byte, error) {
 		if len(bytes.TrimSpace(schema)) == 0 || string(bytes.TrimSpace(schema)) == "null" {
 			schema = json.RawMessage(`{"type":"object","properties":{}}`)
 		}
-		out.Tools = append(out.Tools, anTool{Name: t.Function.Name, Description: t.Function.Description, InputSchema: schema})
+		out.Tools = append(out.Tools, anTool{Name: t.Function.Name, Description: t.Function.Description, InputSchema: schema, CacheControl: present(t.CacheControl)})
 	}
 	if out.ToolChoice, err = toolChoice(in.ToolChoice); err != nil {
 		return nil, err
@@ -342,7 +352,7 @@ func contentBlocks(raw json.RawMessage, images bool) ([]anBlock, error) {
 		switch p.Type {
 		case "text":
 			if p.Text != "" {
-				out = append(out, anBlock{Type: "text", Text: p.Text})
+				out = append(out, anBlock{Type: "text", Text: p.Text, CacheControl: present(p.CacheControl)})
 			}
 		case "image_url":
 			if !images || p.ImageURL == nil {
@@ -352,7 +362,7 @@ func contentBlocks(raw json.RawMessage, images bool) ([]anBlock, error) {
 			if err != nil {
 				return nil, fmt.Errorf("content[%d]: %w", j, err)
 			}
-			out = append(out, anBlock{Type: "image", Source: src})
+			out = append(out, anBlock{Type: "image", Source: src, CacheControl: present(p.CacheControl)})
 		default:
 			return nil, fmt.Errorf("content[%d]: part type %q is not supported", j, clipName(p.Type))
 		}
@@ -490,6 +500,10 @@ type oaUsage struct {
 	PromptTokensDetails struct {
 		CachedTokens int `json:"cached_tokens"`
 	} `json:"prompt_tokens_details"`
+	// Anthropic's own cache fields, next to OpenAI's (as LiteLLM reports
+	// them): /v1/messages answers with them.
+	CacheCreationInputTokens int `json:"cache_creation_input_tokens,omitempty"`
+	CacheReadInputTokens     int `json:"cache_read_input_tokens,omitempty"`
 }
 
 // fromAnthropic converts a Messages API response to an OpenAI
@@ -531,13 +545,14 @@ func fromAnthropic(body []byte, now time.Time) ([]byte, job.Usage, error) {
 	out.Usage.CompletionTokens = u.OutputTokens
 	out.Usage.TotalTokens = out.Usage.PromptTokens + out.Usage.CompletionTokens
 	out.Usage.PromptTokensDetails.CachedTokens = u.CacheReadInputTokens
+	out.Usage.CacheCreationInputTokens, out.Usage.CacheReadInputTokens = u.CacheCreationInputTokens, u.CacheReadInputTokens
 	b, err := json.Marshal(out)
 	if err != nil {
 		return nil, job.Usage{}, err
 	}
 	return b, job.Usage{
 		PromptTokens: out.Usage.PromptTokens, CompletionTokens: out.Usage.CompletionTokens,
-		TotalTokens: out.Usage.TotalTokens, CachedTokens: u.CacheReadInputTokens,
+		TotalTokens: out.Usage.TotalTokens, CachedTokens: u.CacheReadInputTokens, CacheWriteTokens: u.CacheCreationInputTokens,
 	}, nil
 }
 

@@ -152,11 +152,12 @@ func TestFromAnthropic(t *testing.T) {
 	want := `{"id":"msg_01","object":"chat.completion","created":1700000000,"model":"claude-sonnet-4-5",
 	 "choices":[{"index":0,"finish_reason":"tool_calls","logprobs":null,"message":{"role":"assistant","content":"Let me check. One moment.","refusal":null,
 	   "tool_calls":[{"id":"toolu_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]}}],
-	 "usage":{"prompt_tokens":145,"completion_tokens":20,"total_tokens":165,"prompt_tokens_details":{"cached_tokens":40}}}`
+	 "usage":{"prompt_tokens":145,"completion_tokens":20,"total_tokens":165,"prompt_tokens_details":{"cached_tokens":40},
+	   "cache_creation_input_tokens":5,"cache_read_input_tokens":40}}`
 	if canon(t, got) != canon(t, []byte(want)) {
 		t.Errorf("got  %s\nwant %s", canon(t, got), canon(t, []byte(want)))
 	}
-	if u.PromptTokens != 145 || u.CompletionTokens != 20 || u.TotalTokens != 165 || u.CachedTokens != 40 {
+	if u.PromptTokens != 145 || u.CompletionTokens != 20 || u.TotalTokens != 165 || u.CachedTokens != 40 || u.CacheWriteTokens != 5 {
 		t.Errorf("usage %+v", u)
 	}
 	if ParseUsage(got) != u {

@@ -97,7 +97,7 @@ func TestOpenAISuccess(t *testing.T) {
 	if u := resp.Usage; u.PromptTokens != 9 || u.CompletionTokens != 2 || u.TotalTokens != 11 || u.CachedTokens != 4 {
 		t.Errorf("usage %+v", u)
 	}
-	want := RateLimit{500, 30000, 499, 29989, 120 * time.Millisecond, 6 * time.Minute}
+	want := RateLimit{500, 30000, 499, 29989, 120 * time.Millisecond, 6 * time.Minute, -1, -1, 0}
 	if resp.RateLimit != want {
 		t.Errorf("ratelimit %+v", resp.RateLimit)
 	}

@@ -75,15 +75,22 @@ func clampHint(ns float64) time.Duration {
 type RateLimit struct {
 	LimitRequests, LimitTokens, RemainingRequests, RemainingTokens int
 	ResetRequests, ResetTokens                                     time.Duration
+	// LimitOutput, RemainingOutput and ResetOutput are Anthropic's output
+	// tokens (anthropic-ratelimit-output-tokens-*), limited apart from the
+	// input; the Tokens fields are then its input tokens.
+	LimitOutput, RemainingOutput int
+	ResetOutput                  time.Duration
 }
 
 // ParseRateLimit reads OpenAI-style x-ratelimit-* headers (resets like "1s",
 // "6m0s", "120ms", "1m30.5s", also bare seconds and a leading "Nd") and
 // Anthropic anthropic-ratelimit-* headers (resets are RFC 3339 times,
-// converted to a duration from now). For Anthropic tokens the combined
-// "tokens" headers are used, falling back to "input-tokens".
+// converted to a duration from now). Anthropic limits input and output
+// tokens apart: the Tokens fields read its input-tokens headers, falling
+// back to the combined "tokens" ones (the most restrictive token limit in
+// effect), and the Output fields its output-tokens headers.
 func ParseRateLimit(h http.Header, now time.Time) RateLimit {
-	rl := RateLimit{LimitRequests: -1, LimitTokens: -1, RemainingRequests: -1, RemainingTokens: -1}
+	rl := RateLimit{LimitRequests: -1, LimitTokens: -1, RemainingRequests: -1, RemainingTokens: -1, LimitOutput: -1, RemainingOutput: -1}
 	if h == nil {
 		return rl
 	}
@@ -104,11 +111,14 @@ func ParseRateLimit(h http.Header, now time.Time) RateLimit {
 		return 0
 	}
 	rl.LimitRequests = count("X-Ratelimit-Limit-Requests", "Anthropic-Ratelimit-Requests-Limit")
-	rl.LimitTokens = count("X-Ratelimit-Limit-Tokens", "Anthropic-Ratelimit-Tokens-Limit", "Anthropic-Ratelimit-Input-Tokens-Limit")
+	rl.LimitTokens = count("X-Ratelimit-Limit-Tokens", "Anthropic-Ratelimit-Input-Tokens-Limit", "Anthropic-Ratelimit-Tokens-Limit")
 	rl.RemainingRequests = count("X-Ratelimit-Remaining-Requests", "Anthropic-Ratelimit-Requests-Remaining")
-	rl.RemainingTokens = count("X-Ratelimit-Remaining-Tokens", "Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Ratelimit-Input-Tokens-Remaining")
+	rl.RemainingTokens = count("X-Ratelimit-Remaining-Tokens", "Anthropic-Ratelimit-Input-Tokens-Remaining", "Anthropic-Ratelimit-Tokens-Remaining")
 	rl.ResetRequests = reset("X-Ratelimit-Reset-Requests", "Anthropic-Ratelimit-Requests-Reset")
-	rl.ResetTokens = reset("X-Ratelimit-Reset-Tokens", "Anthropic-Ratelimit-Tokens-Reset", "Anthropic-Ratelimit-Input-Tokens-Reset")
+	rl.ResetTokens = reset("X-Ratelimit-Reset-Tokens", "Anthropic-Ratelimit-Input-Tokens-Reset", "Anthropic-Ratelimit-Tokens-Reset")
+	rl.LimitOutput = count("Anthropic-Ratelimit-Output-Tokens-Limit")
+	rl.RemainingOutput = count("Anthropic-Ratelimit-Output-Tokens-Remaining")
+	rl.ResetOutput = reset("", "Anthropic-Ratelimit-Output-Tokens-Reset")
 	return rl
 }
 
@@ -180,6 +190,7 @@ func ParseUsage(body []byte) job.Usage {
 			CompletionTokensDetails *struct {
 				ReasoningTokens int `json:"reasoning_tokens"`
 			} `json:"completion_tokens_details"`
+			CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
 		} `json:"usage"`
 	}
 	if json.Unmarshal(body, &v) != nil || v.Usage == nil {
@@ -198,6 +209,7 @@ func ParseUsage(body []byte) job.Usage {
 		u.ReasoningTokens = clamp(d.ReasoningTokens)
 		u.CompletionTokens = max(u.CompletionTokens, u.ReasoningTokens)
 	}
+	u.CacheWriteTokens = min(clamp(v.Usage.CacheCreationInputTokens), u.PromptTokens-u.CachedTokens)
 	if u.TotalTokens < u.PromptTokens+u.CompletionTokens {
 		u.TotalTokens = u.PromptTokens + u.CompletionTokens
 	}

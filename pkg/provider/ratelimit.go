@@ -40,17 +40,20 @@ var RateLimitKinds = []RateLimitKind{LimitBurst, LimitMinute, LimitConcurrency, 
 
 // Cost is what one request charges against the provider's limits: Requests
 // (normally 1) and Tokens as the provider counts them at arrival (prompt +
-// max_tokens). It has the same fields as budget.Cost, so either converts to
-// the other. Zero values count as 1.
+// max_tokens; on Anthropic the input alone, and Output its max_tokens).
+// Zero values count as 1.
 type Cost struct {
 	Requests int
 	Tokens   int
+	Output   int
 }
 
 // RateLimitInfo is what a 429 says about the limit it hit.
 type RateLimitInfo struct {
 	Kind RateLimitKind
-	// Dimension is "requests", "tokens" or "" (not known).
+	// Dimension is "requests", "tokens", "output_tokens" (Anthropic's
+	// output tokens, limited apart; "tokens" is then its input) or "" (not
+	// known).
 	Dimension string
 	// RateLimit is ParseRateLimit of the response headers.
 	RateLimit RateLimit
@@ -62,9 +65,9 @@ type RateLimitInfo struct {
 	// provider states: x-ratelimit-limit-* / anthropic-ratelimit-*-limit
 	// headers (ignored on Azure, whose windows may be 10 s), else a per-minute
 	// message ("on tokens per min (TPM): Limit 30000, Used ...", "of 50,000
-	// input tokens per minute"). -1 when not stated. Anthropic output-token
-	// limits are not reported here.
-	StatedLimitRequests, StatedLimitTokens int
+	// input tokens per minute"). -1 when not stated. StatedLimitOutput is
+	// Anthropic's output-token limit (anthropic-ratelimit-output-tokens-limit).
+	StatedLimitRequests, StatedLimitTokens, StatedLimitOutput int
 }
 
 // Thresholds on the wait a provider asks for.
@@ -94,9 +97,10 @@ const (
 //     by message, case-insensitively.
 //  3. with remaining headers for Dimension (both dimensions when it is not
 //     known): x-ratelimit-remaining-{requests,tokens} (OpenAI, Azure),
-//     anthropic-ratelimit-{requests,tokens,input-tokens}-remaining: below
+//     anthropic-ratelimit-{requests,input-tokens,tokens}-remaining: below
 //     the request's cost → minute (and Dimension is the spent one);
-//     anthropic-ratelimit-output-tokens-remaining 0 → minute, tokens;
+//     anthropic-ratelimit-output-tokens-remaining below the request's
+//     output (0 when its output is not known) → minute, output_tokens;
 //     otherwise → burst: the minute had room, a shorter window refused.
 //  4. without them: a per-minute message → minute, unless it states
 //     "Limit L, Used U, Requested R" with L-U ≥ R (room left → burst); a
@@ -110,7 +114,7 @@ const (
 // whatever the input.
 func ClassifyRateLimit(o Outcome, h http.Header, cost Cost, now time.Time) RateLimitInfo {
 	rl := ParseRateLimit(h, now)
-	info := RateLimitInfo{Kind: LimitUnknown, RateLimit: rl, StatedLimitRequests: -1, StatedLimitTokens: -1}
+	info := RateLimitInfo{Kind: LimitUnknown, RateLimit: rl, StatedLimitRequests: -1, StatedLimitTokens: -1, StatedLimitOutput: rl.LimitOutput}
 	info.RetryAfter = firstPositive(ParseRetryAfter(h, now), o.RetryAfter, o.RetryDelay, messageWait(o.Message), azureResetWait(h))
 
 	msg := strings.ToLower(o.Message)
@@ -190,20 +194,20 @@ func byRemaining(rl RateLimit, h http.Header, dim string, cost Cost) (kind RateL
 		}
 	}
 	if dim == "" || dim == "tokens" {
-		for _, r := range []int{rl.RemainingTokens, headerCount(h, "Anthropic-Ratelimit-Input-Tokens-Remaining")} {
-			if r >= 0 {
-				present = true
-				if r < costIn(cost, "tokens") {
-					return LimitMinute, "tokens", true
-				}
+		if r := rl.RemainingTokens; r >= 0 {
+			present = true
+			if r < costIn(cost, "tokens") {
+				return LimitMinute, "tokens", true
 			}
 		}
-		// Output tokens are estimated from max_tokens, which Cost does not
-		// split out: only an empty bucket is a sure sign.
-		if r := headerCount(h, "Anthropic-Ratelimit-Output-Tokens-Remaining"); r >= 0 {
+	}
+	if dim == "" || dim == "tokens" || dim == "output_tokens" {
+		// Output tokens are charged max_tokens at arrival; without the
+		// request's output only an empty bucket is a sure sign.
+		if r := rl.RemainingOutput; r >= 0 {
 			present = true
-			if r == 0 {
-				return LimitMinute, "tokens", true
+			if r < max(cost.Output, 1) {
+				return LimitMinute, "output_tokens", true
 			}
 		}
 	}
@@ -276,7 +280,9 @@ func limitDimension(o Outcome, msg string, ids []string, h http.Header) string {
 		}
 	}
 	switch {
-	case containsAny(msg, "request tokens", "input tokens", "output tokens", "tokens per", "token rate limit", "(tpm)", "(tpd)", "token_count"):
+	case strings.Contains(msg, "output tokens"):
+		return "output_tokens"
+	case containsAny(msg, "request tokens", "input tokens", "tokens per", "token rate limit", "(tpm)", "(tpd)", "token_count"):
 		return "tokens"
 	case containsAny(msg, "requests per", "number of requests", "call rate limit", "request rate limit", "(rpm)", "(rpd)", "_requests"):
 		return "requests"

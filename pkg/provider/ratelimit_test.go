@@ -120,17 +120,17 @@ var rlCases = []rlCase{
 	// OpenAI: the headers describe the minute bucket; a 429 while they show
 	// room is the per-second quantum.
 	{name: "openai burst, minute has room", body: oaiErr("tokens", "rate_limit_exceeded", "Rate limit reached for gpt-4o in organization org-x on tokens per min (TPM): Limit 30000, Used 17000, Requested 2000. Please try again in 174ms. Visit https://platform.openai.com/account/rate-limits to learn more."),
-		header: openAIHdr(), cost: Cost{1, 2000}, kind: LimitBurst, dim: "tokens", limitReq: 500, limitTok: 30000, retryAfter: 174 * time.Millisecond, checkRetry: true},
+		header: openAIHdr(), cost: Cost{1, 2000, 0}, kind: LimitBurst, dim: "tokens", limitReq: 500, limitTok: 30000, retryAfter: 174 * time.Millisecond, checkRetry: true},
 	{name: "openai minute spent on tokens", body: oaiErr("tokens", "rate_limit_exceeded", "Rate limit reached for gpt-4.1 in organization org-x on tokens per min (TPM): Limit 30000, Used 18928, Requested 11159. Please try again in 174ms. Visit https://platform.openai.com/account/rate-limits to learn more."),
-		header: openAIHdr("x-ratelimit-remaining-tokens", "11072"), cost: Cost{1, 11159}, kind: LimitMinute, dim: "tokens", limitReq: 500, limitTok: 30000},
+		header: openAIHdr("x-ratelimit-remaining-tokens", "11072"), cost: Cost{1, 11159, 0}, kind: LimitMinute, dim: "tokens", limitReq: 500, limitTok: 30000},
 	{name: "openai requests minute, message only", body: oaiErr("requests", "rate_limit_exceeded", "Rate limit reached for gpt-4o in organization org-x on requests per min (RPM): Limit 3, Used 3, Requested 1. Please try again in 20s. Visit https://platform.openai.com/account/rate-limits to learn more."),
-		cost: Cost{1, 500}, kind: LimitMinute, dim: "requests", limitReq: 3, limitTok: -1, retryAfter: 20 * time.Second, checkRetry: true},
+		cost: Cost{1, 500, 0}, kind: LimitMinute, dim: "requests", limitReq: 3, limitTok: -1, retryAfter: 20 * time.Second, checkRetry: true},
 	{name: "openai tokens, message only, room left", body: oaiErr("tokens", "rate_limit_exceeded", "Rate limit reached for gpt-4o in organization org-x on tokens per min (TPM): Limit 150000, Used 12000, Requested 5000. Please try again in 6ms."),
-		cost: Cost{1, 5000}, kind: LimitBurst, dim: "tokens", limitReq: -1, limitTok: 150000},
+		cost: Cost{1, 5000, 0}, kind: LimitBurst, dim: "tokens", limitReq: -1, limitTok: 150000},
 	{name: "openai tokens, message only, spent", body: oaiErr("tokens", "rate_limit_exceeded", "Rate limit reached for gpt-4o in organization org-x on tokens per min (TPM): Limit 150000, Used 149000, Requested 5000. Please try again in 2s."),
-		cost: Cost{1, 5000}, kind: LimitMinute, dim: "tokens", limitReq: -1, limitTok: 150000, retryAfter: 2 * time.Second, checkRetry: true},
+		cost: Cost{1, 5000, 0}, kind: LimitMinute, dim: "tokens", limitReq: -1, limitTok: 150000, retryAfter: 2 * time.Second, checkRetry: true},
 	{name: "openai request larger than the minute", body: oaiErr("tokens", "rate_limit_exceeded", "Request too large for gpt-4o in organization org-x on tokens per min (TPM): Limit 30000, Requested 30601. The input or output tokens must be reduced in order to run successfully. Visit https://platform.openai.com/account/rate-limits to learn more."),
-		cost: Cost{1, 30601}, kind: LimitMinute, dim: "tokens", limitReq: -1, limitTok: 30000},
+		cost: Cost{1, 30601, 0}, kind: LimitMinute, dim: "tokens", limitReq: -1, limitTok: 30000},
 	{name: "openai legacy per-min message", body: oaiErr("requests", "rate_limit_exceeded", "Rate limit reached for default-gpt-3.5-turbo in organization org-x on requests per min. Limit: 3 / min. Please try again in 20s. Contact us through our help center at help.openai.com if you continue to have issues."),
 		kind: LimitMinute, dim: "requests", limitReq: 3, limitTok: -1},
 	{name: "openai requests per day", body: oaiErr("requests", "rate_limit_exceeded", "Rate limit reached for gpt-4 in organization org-x on requests per day (RPD): Limit 200, Used 200, Requested 1. Please try again in 7m12s. Visit https://platform.openai.com/account/rate-limits to learn more."),
@@ -142,32 +142,32 @@ var rlCases = []rlCase{
 
 	// Anthropic: token buckets, RFC 3339 resets.
 	{name: "anthropic input tokens spent", body: antErr("rate_limit_error", "This request would exceed the rate limit for your organization (a5ee820e) of 50,000 input tokens per minute. For details, refer to: https://docs.anthropic.com/en/api/rate-limits. You can see the response headers for current usage. Please reduce the prompt length or the maximum tokens requested, or try again later."),
-		header: anthropicHdr("anthropic-ratelimit-input-tokens-remaining", "0", "anthropic-ratelimit-tokens-remaining", "0"), cost: Cost{1, 4096},
-		kind: LimitMinute, dim: "tokens", limitReq: 1000, limitTok: 60000, retryAfter: 7 * time.Second, checkRetry: true},
+		header: anthropicHdr("anthropic-ratelimit-input-tokens-remaining", "0", "anthropic-ratelimit-tokens-remaining", "0"), cost: Cost{1, 4096, 0},
+		kind: LimitMinute, dim: "tokens", limitReq: 1000, limitTok: 50000, retryAfter: 7 * time.Second, checkRetry: true},
 	{name: "anthropic output tokens spent", body: antErr("rate_limit_error", "This request would exceed the rate limit for your organization (a5ee820e) of 8,000 output tokens per minute."),
-		header: anthropicHdr("anthropic-ratelimit-output-tokens-remaining", "0"), cost: Cost{1, 2000}, kind: LimitMinute, dim: "tokens", limitReq: 1000, limitTok: 60000},
+		header: anthropicHdr("anthropic-ratelimit-output-tokens-remaining", "0"), cost: Cost{1, 2000, 0}, kind: LimitMinute, dim: "output_tokens", limitReq: 1000, limitTok: 50000},
 	{name: "anthropic requests spent", body: antErr("rate_limit_error", "Number of requests has exceeded your rate limit."),
-		header: anthropicHdr("anthropic-ratelimit-requests-remaining", "0"), cost: Cost{1, 100}, kind: LimitMinute, dim: "requests", limitReq: 1000, limitTok: 60000},
+		header: anthropicHdr("anthropic-ratelimit-requests-remaining", "0"), cost: Cost{1, 100, 0}, kind: LimitMinute, dim: "requests", limitReq: 1000, limitTok: 50000},
 	{name: "anthropic bucket has room", body: antErr("rate_limit_error", "Number of request tokens has exceeded your per-minute rate limit (https://docs.anthropic.com/en/api/rate-limits); see the response headers for current usage."),
-		header: anthropicHdr(), cost: Cost{1, 3000}, kind: LimitBurst, dim: "tokens", limitReq: 1000, limitTok: 60000},
+		header: anthropicHdr(), cost: Cost{1, 3000, 0}, kind: LimitBurst, dim: "tokens", limitReq: 1000, limitTok: 50000},
 	// Anthropic documents acceleration limits but not their wording; this
 	// message is illustrative, matched on "acceleration".
 	{name: "anthropic acceleration", body: antErr("rate_limit_error", "Your organization's usage increased too quickly: this request was rejected by an acceleration limit. Please ramp up your usage gradually."),
-		header: anthropicHdr(), cost: Cost{1, 3000}, kind: LimitAcceleration, limitReq: 1000, limitTok: 60000},
+		header: anthropicHdr(), cost: Cost{1, 3000, 0}, kind: LimitAcceleration, limitReq: 1000, limitTok: 50000},
 	{name: "anthropic concurrent connections", body: antErr("rate_limit_error", "Number of concurrent connections has exceeded your rate limit. Please try again later or contact sales at https://www.anthropic.com/contact-sales to discuss your options for a rate limit increase."),
-		header: anthropicHdr(), cost: Cost{1, 300}, kind: LimitConcurrency, limitReq: 1000, limitTok: 60000},
+		header: anthropicHdr(), cost: Cost{1, 300, 0}, kind: LimitConcurrency, limitReq: 1000, limitTok: 50000},
 	{name: "anthropic message only", body: antErr("rate_limit_error", "This request would exceed the rate limit for your organization (a5ee820e) of 50,000 input tokens per minute."),
 		kind: LimitMinute, dim: "tokens", limitReq: -1, limitTok: 50000},
 
 	// Azure OpenAI: remaining counts only; RPM is enforced over 1-10 s.
-	{name: "azure room left", body: azureErr(azureTokenMsg), header: azureHdr("79", "61353"), cost: Cost{1, 2000},
+	{name: "azure room left", body: azureErr(azureTokenMsg), header: azureHdr("79", "61353"), cost: Cost{1, 2000, 0},
 		kind: LimitBurst, dim: "tokens", limitReq: -1, limitTok: -1, retryAfter: 6 * time.Second, checkRetry: true},
-	{name: "azure tokens spent", body: azureErr(azureTokenMsg), header: azureHdr("45", "0"), cost: Cost{1, 2000},
+	{name: "azure tokens spent", body: azureErr(azureTokenMsg), header: azureHdr("45", "0"), cost: Cost{1, 2000, 0},
 		kind: LimitMinute, dim: "tokens", limitReq: -1, limitTok: -1},
-	{name: "azure tokens below cost", body: azureErr(azureTokenMsg), header: azureHdr("45", "1500"), cost: Cost{1, 2000},
+	{name: "azure tokens below cost", body: azureErr(azureTokenMsg), header: azureHdr("45", "1500"), cost: Cost{1, 2000, 0},
 		kind: LimitMinute, dim: "tokens", limitReq: -1, limitTok: -1},
 	{name: "azure call rate, 10 s window limit header not per minute", body: azureErr("Requests to the ChatCompletions_Create Operation under Azure OpenAI API version 2024-02-01 have exceeded call rate limit of your current OpenAI S0 pricing tier. Please retry after 1 second."),
-		header: azureHdr("45", "80000", "x-ratelimit-limit-requests", "20", "retry-after-ms", "900", "retry-after", "1"), cost: Cost{1, 2000},
+		header: azureHdr("45", "80000", "x-ratelimit-limit-requests", "20", "retry-after-ms", "900", "retry-after", "1"), cost: Cost{1, 2000, 0},
 		kind: LimitBurst, dim: "requests", limitReq: -1, limitTok: -1, retryAfter: 900 * time.Millisecond, checkRetry: true},
 	{name: "azure reset-tokens instead of retry-after", body: azureErr("Your requests to gpt-4.1-nano for gpt-4.1-nano in Sweden Central have exceeded the token rate limit for your current AIServices S0 pricing tier."),
 		header: hdr("apim-request-id", "x", "x-rate-limit-reset-tokens", "55", "policy-id", "DeploymentRatelimit-Token", "x-ms-region", "West US"),
@@ -252,8 +252,8 @@ func TestClassifyRateLimitAnthropicReset(t *testing.T) {
 	t.Parallel()
 	h := anthropicHdr("anthropic-ratelimit-input-tokens-remaining", "0", "anthropic-ratelimit-tokens-remaining", "0")
 	o := Classify(&Response{Status: 429, Header: h, Body: []byte(antErr("rate_limit_error", "Number of request tokens has exceeded your per-minute rate limit"))}, nil, rlNow)
-	got := ClassifyRateLimit(o, h, Cost{1, 1000}, rlNow)
-	if got.RateLimit.ResetTokens != 40*time.Second || got.RateLimit.RemainingTokens != 0 || got.RateLimit.LimitTokens != 60000 {
+	got := ClassifyRateLimit(o, h, Cost{1, 1000, 0}, rlNow)
+	if got.RateLimit.ResetTokens != 40*time.Second || got.RateLimit.RemainingTokens != 0 || got.RateLimit.LimitTokens != 50000 {
 		t.Errorf("rate limit %+v", got.RateLimit)
 	}
 }
@@ -356,7 +356,7 @@ func FuzzClassifyRateLimit(f *testing.F) {
 				t.Fatalf("kind %q not a RateLimitKind", got.Kind)
 			}
 			switch got.Dimension {
-			case "", "requests", "tokens":
+			case "", "requests", "tokens", "output_tokens":
 			default:
 				t.Fatalf("dimension %q", got.Dimension)
 			}

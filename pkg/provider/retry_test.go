@@ -55,7 +55,7 @@ func TestParseRateLimit(t *testing.T) {
 		"X-Ratelimit-Reset-Requests":     {"120ms"},
 		"X-Ratelimit-Reset-Tokens":       {"1m30.5s"},
 	}, now)
-	want := RateLimit{500, 30000, 499, 29000, 120 * time.Millisecond, 90500 * time.Millisecond}
+	want := RateLimit{500, 30000, 499, 29000, 120 * time.Millisecond, 90500 * time.Millisecond, -1, -1, 0}
 	if rl != want {
 		t.Errorf("openai: got %+v want %+v", rl, want)
 	}
@@ -67,7 +67,7 @@ func TestParseRateLimit(t *testing.T) {
 		"Anthropic-Ratelimit-Tokens-Remaining":   {"39000"},
 		"Anthropic-Ratelimit-Tokens-Reset":       {now.Add(6 * time.Minute).Format(time.RFC3339)},
 	}, now)
-	want = RateLimit{50, 40000, 49, 39000, 2 * time.Second, 6 * time.Minute}
+	want = RateLimit{50, 40000, 49, 39000, 2 * time.Second, 6 * time.Minute, -1, -1, 0}
 	if rl != want {
 		t.Errorf("anthropic: got %+v want %+v", rl, want)
 	}
@@ -76,11 +76,11 @@ func TestParseRateLimit(t *testing.T) {
 		"Anthropic-Ratelimit-Input-Tokens-Remaining": {"0"},
 		"Anthropic-Ratelimit-Input-Tokens-Reset":     {now.Add(-time.Second).Format(time.RFC3339)},
 	}, now)
-	want = RateLimit{-1, 20000, -1, 0, 0, 0}
+	want = RateLimit{-1, 20000, -1, 0, 0, 0, -1, -1, 0}
 	if rl != want {
 		t.Errorf("anthropic input tokens: got %+v want %+v", rl, want)
 	}
-	if rl := ParseRateLimit(http.Header{}, now); rl != (RateLimit{-1, -1, -1, -1, 0, 0}) {
+	if rl := ParseRateLimit(http.Header{}, now); rl != (RateLimit{-1, -1, -1, -1, 0, 0, -1, -1, 0}) {
 		t.Errorf("absent: %+v", rl)
 	}
 	for in, want := range map[string]time.Duration{

@@ -286,6 +286,8 @@ func (t *anStream) event(ev ssestream.Event) ([][]byte, bool, error) {
 		u := m.Usage
 		t.usage.PromptTokens = max(u.InputTokens+u.CacheCreationInputTokens+u.CacheReadInputTokens, 0)
 		t.usage.PromptTokensDetails.CachedTokens = max(u.CacheReadInputTokens, 0)
+		t.usage.CacheReadInputTokens = max(u.CacheReadInputTokens, 0)
+		t.usage.CacheCreationInputTokens = max(u.CacheCreationInputTokens, 0)
 		t.usage.CompletionTokens = max(u.OutputTokens, 0)
 		return [][]byte{t.chunk(map[string]any{"role": "assistant", "content": ""}, nil)}, false, nil
 	case "content_block_start":

@@ -33,12 +33,17 @@ const (
 	// ProfileHidden is ProfileQuantized without any x-ratelimit-* header
 	// and with 429 messages that name no numbers; Retry-After is still sent.
 	ProfileHidden = "hidden"
+	// ProfileAnthropic is Anthropic's: /v1/messages limited by continuously
+	// refilled buckets of requests, input tokens (cache reads free) and
+	// output tokens, with its headers and errors (anthropic.go). Chat
+	// completions are limited as under ProfileQuantized.
+	ProfileAnthropic = "anthropic"
 )
 
 // Profiles returns the profile names New accepts ("" means
 // ProfileQuantized).
 func Profiles() []string {
-	return []string{ProfileQuantized, ProfileTokenBucket, ProfileAzure, ProfileAcceleration, ProfileHidden}
+	return []string{ProfileQuantized, ProfileTokenBucket, ProfileAzure, ProfileAcceleration, ProfileHidden, ProfileAnthropic}
 }
 
 // Defaults applied by New to zero Config fields.
@@ -72,6 +77,11 @@ type ModelLimits struct {
 	// max_tokens (400, "use max_completion_tokens") and reports part of
 	// its completion tokens as completion_tokens_details.reasoning_tokens.
 	Reasoning bool
+	// ITPM and OTPM are the input- and output-tokens limits of
+	// /v1/messages (0 = unlimited); CacheReadsCount charges cache reads
+	// to ITPM (see anthropic.go).
+	ITPM, OTPM      int
+	CacheReadsCount bool
 }
 
 // Config shapes a simulated provider.
@@ -89,10 +99,11 @@ type Config struct {
 	// per-minute limits. Profiles quantized, acceleration and hidden only;
 	// the others have no 1-s window and ignore it.
 	BurstFraction float64
-	// BucketSeconds is the capacity of ProfileTokenBucket's buckets in
-	// seconds of refill: BucketSeconds·limit/60 (default 1, at most 60). A
-	// request costing more than the capacity is admitted only when the
-	// bucket is full, and empties it. Other profiles ignore it.
+	// BucketSeconds is the capacity of ProfileTokenBucket's and
+	// ProfileAnthropic's buckets in seconds of refill: BucketSeconds·limit/60
+	// (default 1, 60 under ProfileAnthropic; at most 60). A request costing
+	// more than the capacity is admitted only when the bucket is full, and
+	// empties it. Other profiles ignore it.
 	BucketSeconds float64
 	// AccelFloor and AccelGrowth shape ProfileAcceleration's ramp limit:
 	// the requests (and tokens) admitted in the trailing 10 s may not
@@ -222,6 +233,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.BurstFraction == 0 {
 		c.BurstFraction = DefaultBurstFraction
 	}
+	if c.BucketSeconds == 0 && c.Profile == ProfileAnthropic {
+		c.BucketSeconds = 60 // "continuously replenished up to your maximum limit"
+	}
 	if c.BucketSeconds == 0 {
 		c.BucketSeconds = DefaultBucketSeconds
 	}
@@ -264,7 +278,7 @@ func (c Config) check() error {
 			return fmt.Errorf("models[%d]: name is required", i)
 		case seen[m.Name]:
 			return fmt.Errorf("models[%d]: model %q listed twice", i, m.Name)
-		case m.RPM < 0 || m.TPM < 0 || m.RPD < 0 || m.TPD < 0:
+		case m.RPM < 0 || m.TPM < 0 || m.RPD < 0 || m.TPD < 0 || m.ITPM < 0 || m.OTPM < 0:
 			return fmt.Errorf("model %q: limits must be >= 0 (RPM %d, TPM %d, RPD %d, TPD %d)", m.Name, m.RPM, m.TPM, m.RPD, m.TPD)
 		}
 		for name, limit := range m.Units {
@@ -283,10 +297,10 @@ func (c Config) check() error {
 	if c.BucketSeconds < 0.001 || c.BucketSeconds > 60 {
 		return fmt.Errorf("bucket seconds must be in [0.001, 60], got %g", c.BucketSeconds)
 	}
-	if c.Profile == ProfileTokenBucket {
+	if c.Profile == ProfileTokenBucket || c.Profile == ProfileAnthropic {
 		ms := bucketMillis(c.BucketSeconds)
 		for _, m := range c.Models {
-			if int64(max(m.RPM, m.TPM)) > maxBucketUnits/ms {
+			if int64(max(m.RPM, m.TPM, m.ITPM, m.OTPM)) > maxBucketUnits/ms {
 				return fmt.Errorf("model %q: limits too large for a %gs token bucket", m.Name, c.BucketSeconds)
 			}
 		}

@@ -28,6 +28,7 @@ type Server struct {
 	reasoning   map[string]bool
 	filler      filler
 	gen         atomic.Pointer[generation]
+	anth        atomic.Pointer[anthropicState] // /v1/messages (anthropic.go)
 }
 
 // New validates cfg, fills in its defaults and returns a simulator.
@@ -75,12 +76,14 @@ func (s *Server) Stats() Stats {
 // state they started with and do not show in the new one.
 func (s *Server) Reset() {
 	s.gen.Store(newGeneration(s.cfg.Now(), s.cfg))
+	s.anth.Store(newAnthropicState(s.cfg.Now().UnixNano(), s.cfg))
 }
 
 // ServeHTTP routes:
 //
 //	POST /v1/chat/completions, /chat/completions  chat completions (n choices)
 //	POST /v1/embeddings, /embeddings              embeddings, charged by input tokens
+//	POST /v1/messages, /messages                  Anthropic's Messages API (anthropic.go)
 //	GET  /v1/models, /models                      the configured models
 //	GET  /stats                                   Stats as JSON (?summary=1: no per-key maps or timelines)
 //	POST /reset                                   Reset
@@ -94,6 +97,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if s.allow(w, r, http.MethodPost) {
 			s.serveCall(w, r, s.parseEmbeddings)
 		}
+	case "/v1/messages", "/messages":
+		s.serveMessages(w, r)
 	case "/v1/models", "/models":
 		if s.allow(w, r, http.MethodGet) {
 			s.listModels(w, r)

@@ -29,6 +29,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
+	"github.com/sluice-dev/sluice/internal/promptcache"
 	"github.com/sluice-dev/sluice/pkg/adapt"
 	"github.com/sluice-dev/sluice/pkg/budget"
 	"github.com/sluice-dev/sluice/pkg/config"
@@ -64,12 +65,14 @@ type Candidate struct {
 	Msg  jetstream.Msg
 	Cost budget.Cost
 
+	cached  int       // prompt tokens expected from the provider's cache (anthropic.go)
 	counted bool      // already counted as demand
 	touched time.Time // last InProgress (or delivery)
 }
 
 // Service is the admission service.
 type Service struct {
+	pcache    *promptcache.Registry // warm prompt prefixes (anthropic.go)
 	cfg       Config
 	mesh      *mesh.Mesh
 	store     *budget.Store
@@ -120,7 +123,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	for _, x := range []*budget.Store{tmin, tday} {
 		x.Writes, x.Conflicts = ms.BudgetWrites.Inc, ms.BudgetConflict.Inc
 	}
-	s := &Service{cfg: cfg, guard: cfg.Guard, mesh: m, store: st, learn: adapt.NewStore(m.Budgets, now), learned: map[string]*learnCache{}, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, heldIdx: map[string]string{}, heldJobs: map[string]*Candidate{}, notBefore: map[string]time.Time{}, leases: map[string]*budget.Lease{}, tblocks: map[string]*budget.Lease{}}
+	s := &Service{cfg: cfg, guard: cfg.Guard, mesh: m, store: st, learn: adapt.NewStore(m.Budgets, now), pcache: promptcache.New(m.Budgets, now), learned: map[string]*learnCache{}, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, heldIdx: map[string]string{}, heldJobs: map[string]*Candidate{}, notBefore: map[string]time.Time{}, leases: map[string]*budget.Lease{}, tblocks: map[string]*budget.Lease{}}
 	s.ackWait = cmp.Or(cfg.AckWait, mesh.PublishAckWait)
 	s.letGo = cmp.Or(cfg.LetGoAfter, LetGoAfter)
 	s.heldMax = cmp.Or(cfg.HeldMax, HeldMax)
@@ -155,7 +158,8 @@ type learnCache struct {
 
 // AdaptConfig is what adaptation needs of a model's configuration.
 func AdaptConfig(a config.Admission, m config.Model) adapt.Config {
-	return adapt.Config{RPM: m.RPM, TPM: m.TPM, Adapts: m.Adapts(), Discovers: m.Discovers(), BurstFraction: a.BurstFraction}
+	return adapt.Config{RPM: m.RPM, TPM: m.TokenLimit(), OTPM: m.OTPM, SplitOutput: m.SplitsOutput(),
+		Adapts: m.Adapts(), Discovers: m.Discovers(), BurstFraction: a.BurstFraction}
 }
 
 // effective returns the limits in effect for a model, reading the fleet's
@@ -191,6 +195,10 @@ func (s *Service) effective(ctx context.Context, ms *modelState, model config.Mo
 		for i, d := range []string{"requests_per_minute", "tokens_per_minute", "requests_per_second", "tokens_per_second"} {
 			v := [4]int{e.PerMinute[0], e.PerMinute[1], e.PerSecond[0], e.PerSecond[1]}[i]
 			s.m.LimitEffective.WithLabelValues(ms.provider, ms.model, d).Set(float64(v))
+		}
+		if ms.splits {
+			s.m.LimitEffective.WithLabelValues(ms.provider, ms.model, "output_tokens_per_minute").Set(float64(e.PerMinute[adapt.Output]))
+			s.m.LimitEffective.WithLabelValues(ms.provider, ms.model, "output_tokens_per_second").Set(float64(e.PerSecond[adapt.Output]))
 		}
 		// Units: configured, not adapted; the per-second quantum as
 		// admission.burst_fraction derives it.
@@ -503,6 +511,7 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 		delete(s.heldIdx, cands[i].Job.ID)
 		cands[i].Cost = s.placedCost(ms, cands[i].Job) // the correction now, not at arrival
 	}
+	s.netOfCache(ctx, ms, cands) // anthropic.go
 	putBack := func(rest []*Candidate, wake time.Time, reason string) {
 		for i := len(rest) - 1; i >= 0; i-- {
 			it := byCand[rest[i]]
@@ -558,13 +567,15 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 	}
 	n, _ := ms.sched.Len()
 	backlog := budget.Cost{Requests: n, Tokens: ms.sched.Tokens()}
-	if len(ms.units) > 0 {
-		// The scheduler counts tokens only: the backlog's units are
-		// those of the jobs at hand, per job, times the backlog.
+	if len(ms.units) > 0 || ms.splits {
+		// The scheduler counts tokens only: the backlog's units (and
+		// output) are those of the jobs at hand, per job, times the
+		// backlog.
 		var sum budget.Cost
 		for _, c := range allowed {
 			sum = sum.Plus(c.Cost)
 		}
+		backlog.Output = (sum.Output*n + len(allowed) - 1) / len(allowed)
 		for i := range ms.units {
 			backlog.Units[i] = (sum.Units[i]*n + len(allowed) - 1) / len(allowed)
 		}
@@ -602,6 +613,7 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 		at := g.SendAt[i]
 		j.Reservation = &job.Reservation{
 			ID: fmt.Sprintf("%d-%d", s.store.SliceOf(at), i), Requests: c.Cost.Requests, Tokens: c.Cost.Tokens,
+			Output: c.Cost.Output, Cached: c.cached,
 			ReservedAt: now.UTC(), ValidUntil: at.Add(s.cfg.App.Admission.SendTolerance.D()).UTC(), SendAt: at.UTC(),
 		}
 		if len(ms.units) > 0 {
@@ -829,7 +841,7 @@ func demandChunks(d budget.Cost) []budget.Cost {
 		return nil
 	}
 	k := min(d.Requests, leaseChunks)
-	piece := budget.Cost{Requests: d.Requests / k, Tokens: d.Tokens / k}
+	piece := budget.Cost{Requests: d.Requests / k, Tokens: d.Tokens / k, Output: max(d.Output, 0) / k}
 	for i, u := range d.Units {
 		// Rounded up: a unit's amounts are small, and a piece with none
 		// would fit no job that costs one.
@@ -916,7 +928,7 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 		// Jobs wait behind these: ask for room for them too, one average
 		// job per chunk (units rounded up), so what fits is spent locally
 		// without more round trips.
-		avg := budget.Cost{Requests: 1, Tokens: max(backlog.Tokens/backlog.Requests, 1)}
+		avg := budget.Cost{Requests: 1, Tokens: max(backlog.Tokens/backlog.Requests, 1), Output: backlog.Output / backlog.Requests}
 		for i, u := range backlog.Units {
 			avg.Units[i] = (u + backlog.Requests - 1) / backlog.Requests
 		}
@@ -977,8 +989,9 @@ func (s *Service) tenantGate(ctx context.Context, cands []*Candidate) ([]*Candid
 		}
 		costs := make([]budget.Cost, len(group))
 		for i, c := range group {
-			// Tenant budgets count requests and tokens only.
-			costs[i] = budget.Cost{Requests: c.Cost.Requests, Tokens: c.Cost.Tokens}
+			// Tenant budgets count requests and tokens (input and output)
+			// only.
+			costs[i] = budget.Cost{Requests: c.Cost.Requests, Tokens: c.Cost.Tokens + c.Cost.Output}
 		}
 		h := &tenantHold{minKey: "tenant." + name + ".minute", dayKey: "tenant." + name + ".day", costs: map[*Candidate]budget.Cost{}}
 		n := len(group)

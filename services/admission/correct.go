@@ -41,9 +41,15 @@ func (s *Service) placedCost(ms *modelState, j *job.Job) budget.Cost {
 	if f == 1 || j.Estimate == nil {
 		return c
 	}
-	c.Tokens = int(math.Ceil(float64(j.Estimate.PromptTokens)*f)) + j.Estimate.MaxTokens
-	if _, m, ok := s.cfg.App.ModelRef(j.Model); ok && m.TPM > 0 {
-		c.Tokens = min(c.Tokens, max(m.TPM, j.Estimate.Cost()))
+	c.Tokens = int(math.Ceil(float64(j.Estimate.PromptTokens) * f))
+	whole := j.Estimate.Cost()
+	if ms.splits {
+		whole = j.Estimate.PromptTokens // the output is reserved apart
+	} else {
+		c.Tokens += j.Estimate.MaxTokens
+	}
+	if _, m, ok := s.cfg.App.ModelRef(j.Model); ok && m.TokenLimit() > 0 {
+		c.Tokens = min(c.Tokens, max(m.TokenLimit(), whole))
 	}
 	return c
 }

@@ -39,12 +39,18 @@ type modelState struct {
 	// sorted by name), and unitLimits their per-minute limits.
 	units      []string
 	unitLimits [budget.MaxUnits]int
+	// splits: the model limits input and output tokens apart (anthropic.go);
+	// cacheReads: its cache reads count toward the input limit.
+	splits, cacheReads bool
 }
 
 // costOf is what job j reserves on this model's schedule: one request, its
 // estimated tokens and its estimate of each of the model's units.
 func (ms *modelState) costOf(j *job.Job) budget.Cost {
 	c := budget.Cost{Requests: 1, Tokens: j.Estimate.Cost()}
+	if ms.splits {
+		c.Tokens, c.Output = j.Estimate.PromptTokens, j.Estimate.MaxTokens
+	}
 	for i, name := range ms.units {
 		c.Units[i] = j.Estimate.Units[name]
 	}
@@ -88,6 +94,7 @@ func (s *Service) model(key string, j *job.Job) *modelState {
 			sched: NewScheduler(a.Quantum, s.weight, floors, time.Minute)}
 		if _, m, ok := s.cfg.App.ModelRef(j.Model); ok {
 			ms.units, ms.unitLimits = m.UnitNames(), m.UnitLimits()
+			ms.splits, ms.cacheReads = m.SplitsOutput(), m.CacheReadsCount
 		}
 		s.models[key] = ms
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
+	"github.com/sluice-dev/sluice/internal/promptcache"
 	"github.com/sluice-dev/sluice/pkg/adapt"
 	"github.com/sluice-dev/sluice/pkg/breaker"
 	"github.com/sluice-dev/sluice/pkg/budget"
@@ -58,6 +59,7 @@ type Config struct {
 
 // Service is the executor service.
 type Service struct {
+	pcache *promptcache.Registry // warm prompt prefixes (anthropic.go)
 	// givingBack holds, per model key, whether a lapsed instant is being
 	// returned (giveBackUnsent): one at a time.
 	givingBack sync.Map
@@ -107,7 +109,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	s := &Service{cfg: cfg, mesh: m, store: st, log: log.With("service", "executor"), m: ms, now: now,
 		clients: map[string]provider.Client{}, rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7)),
 		holder: holderName(), router: route.New(cfg.App.Routes), broken: map[string]time.Time{}, seeded: map[string]time.Time{},
-		learn: adapt.NewStore(m.Budgets, now), epochs: map[string]epochView{},
+		learn: adapt.NewStore(m.Budgets, now), epochs: map[string]epochView{}, pcache: promptcache.New(m.Budgets, now),
 		breakers: breaker.NewSet(breaker.Config{Now: now})}
 	s.guard = cfg.Guard
 	s.tenantPools = map[string]*budget.Pool{}
@@ -616,6 +618,9 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		if j.Estimate != nil {
 			cost.Tokens = j.Estimate.Cost()
 		}
+		if r := j.Reservation; r != nil && r.Output > 0 {
+			cost.Tokens, cost.Output = r.Tokens, r.Output // input and output apart
+		}
 		info := provider.ClassifyRateLimit(out, resp.Header, cost, s.now())
 		if info.RetryAfter > 0 {
 			// The provider asked to wait (in its headers, or in its body as
@@ -854,11 +859,13 @@ func (s *Service) throttled(ctx context.Context, msg jetstream.Msg, j *job.Job, 
 			dim = adapt.Requests
 		case "tokens":
 			dim = adapt.Tokens
+		case "output_tokens":
+			dim = adapt.Output
 		}
 		cut, reason, err := s.learn.Cut(ctx, adapt.Key(j.Provider, job.ModelToken(j.Model)), admission.AdaptConfig(s.cfg.App.Admission, *model), adapt.Refusal{
 			Kind: info.Kind, Dim: dim, ReservedAt: j.Reservation.ReservedAt, RetryAfter: info.RetryAfter,
-			Stated: [2]int{info.StatedLimitRequests, info.StatedLimitTokens}, Used: used, Recent: recent,
-			Cost: budget.Cost{Requests: j.Reservation.Requests, Tokens: j.Reservation.Tokens}})
+			Stated: [adapt.Dims]int{info.StatedLimitRequests, info.StatedLimitTokens, info.StatedLimitOutput}, Used: used, Recent: recent,
+			Cost: budget.Cost{Requests: j.Reservation.Requests, Tokens: j.Reservation.Tokens, Output: j.Reservation.Output}})
 		if err != nil {
 			s.log.Warn("learn from 429", "err", err)
 		}
@@ -868,7 +875,7 @@ func (s *Service) throttled(ctx context.Context, msg jetstream.Msg, j *job.Job, 
 		}
 		// The provider charged the request but none of its tokens, nor
 		// of its other units (nothing was generated).
-		back := budget.Cost{Tokens: j.Reservation.Tokens, Units: reservedUnits(j.Reservation, model)}
+		back := budget.Cost{Tokens: j.Reservation.Tokens, Output: j.Reservation.Output, Units: reservedUnits(j.Reservation, model)}
 		if !j.Reservation.SendAt.IsZero() && back.Positive() {
 			if err := s.store.ReturnAt(ctx, key, j.Reservation.SendAt, back); err != nil {
 				s.log.Debug("return refused tokens", "err", err)
@@ -1054,8 +1061,8 @@ func (s *Service) seed(ctx context.Context, j *job.Job, rl provider.RateLimit) {
 	s.seeded[key] = s.now()
 	s.seedMu.Unlock()
 	ac := admission.AdaptConfig(s.cfg.App.Admission, *model)
-	if rl.LimitRequests > 0 || rl.LimitTokens > 0 {
-		if err := s.learn.Observe(ctx, adapt.Key(j.Provider, job.ModelToken(j.Model)), ac, [2]int{rl.LimitRequests, rl.LimitTokens}); err != nil {
+	if rl.LimitRequests > 0 || rl.LimitTokens > 0 || rl.LimitOutput > 0 {
+		if err := s.learn.Observe(ctx, adapt.Key(j.Provider, job.ModelToken(j.Model)), ac, [adapt.Dims]int{rl.LimitRequests, rl.LimitTokens, rl.LimitOutput}); err != nil {
 			s.log.Debug("stated limits", "err", err)
 		}
 	}
@@ -1082,11 +1089,15 @@ func (s *Service) seed(ctx context.Context, j *job.Job, rl provider.RateLimit) {
 		extra.Requests = n - used.Requests
 		s.m.Corrections.WithLabelValues(j.Provider, j.Model, "rpm").Inc()
 	}
-	if n := counted(rl.LimitTokens, model.TPM, rl.RemainingTokens); n > used.Tokens {
+	if n := counted(rl.LimitTokens, model.TokenLimit(), rl.RemainingTokens); n > used.Tokens {
 		extra.Tokens = n - used.Tokens
 		s.m.Corrections.WithLabelValues(j.Provider, j.Model, "tpm").Inc()
 	}
-	if extra.Requests > 0 || extra.Tokens > 0 {
+	if n := counted(rl.LimitOutput, model.OTPM, rl.RemainingOutput); model.SplitsOutput() && n > used.Output {
+		extra.Output = n - used.Output
+		s.m.Corrections.WithLabelValues(j.Provider, j.Model, "otpm").Inc()
+	}
+	if extra.Positive() {
 		if err := s.store.Charge(ctx, key, extra); err != nil {
 			s.log.Warn("seed: budget store", "err", err)
 		}
@@ -1107,6 +1118,9 @@ func (s *Service) settle(ctx context.Context, j *job.Job, u job.Usage) {
 	if s.cfg.Calib != nil {
 		r := s.cfg.Calib.Observe(ctx, j.Provider, job.ModelToken(j.Model), estimateClass(j), j.Estimate.PromptTokens, u.PromptTokens)
 		s.m.EstimateRatio.WithLabelValues(j.Provider, j.Model).Set(r)
+	}
+	if s.settleSplit(ctx, j, u) { // anthropic.go
+		return
 	}
 	extra := u.PromptTokens - reservedPrompt(j)
 	if extra < 0 {

@@ -66,7 +66,8 @@ func (v *limitView) get(ctx context.Context, provider, model string) (limitSnaps
 		ctx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
 		defer cancel()
 		if st, _, err := v.learn.Get(ctx, adapt.Key(provider, job.ModelToken(model))); err == nil {
-			snap.limit = adapt.Compute(admission.AdaptConfig(v.app.Admission, *m), st, now).PerMinute
+			e := adapt.Compute(admission.AdaptConfig(v.app.Admission, *m), st, now)
+			snap.limit = [2]int{e.PerMinute[adapt.Requests], e.PerMinute[adapt.Tokens]}
 		}
 		if used, err := v.store.Used(ctx, budget.ModelKey(provider, job.ModelToken(model))); err == nil {
 			snap.remaining = [2]int{max(snap.limit[0]-used.Requests, 0), max(snap.limit[1]-used.Tokens, 0)}

@@ -187,6 +187,9 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 		return Accepted{}, &job.ValidationError{Code: job.CodeTooLarge, Field: "request",
 			Message: fmt.Sprintf("needs %d tokens (%d prompt + %d max output), above the model's limit of %d tokens per minute", est.Cost(), est.PromptTokens, est.MaxTokens, model.TPM)}
 	}
+	if err := splitTooLarge(est, model); err != nil { // anthropic.go
+		return Accepted{}, err
+	}
 	if model.TPD > 0 && est.Cost() > model.TPD {
 		return Accepted{}, &job.ValidationError{Code: job.CodeTooLarge, Field: "request",
 			Message: fmt.Sprintf("needs %d tokens (%d prompt + %d max output), above the model's quota of %d tokens per day", est.Cost(), est.PromptTokens, est.MaxTokens, model.TPD)}

@@ -33,8 +33,8 @@ func validAnthropicVersion(v string) bool {
 // by the executor's client), and the answer is translated to Anthropic's
 // message shape, errors to {"type":"error","error":{"type","message"}}.
 // Fields that do not survive the translation are refused by name, never
-// silently dropped (cache_control is the exception: a caching hint that
-// changes no answer).
+// silently dropped; cache_control and thinking are carried in the chat
+// body as an Anthropic provider reads them (anthropic.go).
 func (s *Service) messages(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 	if _, err := auth.Tenant(r); err != nil {
 		status, typ := http.StatusUnauthorized, "authentication_error"
@@ -197,7 +197,7 @@ func anthropicError(w http.ResponseWriter, status int, typ, msg string) {
 // messagesFields are the request fields /v1/messages translates; any other
 // is refused by name.
 var messagesFields = []string{"model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p",
-	"tools", "tool_choice", "metadata", "stream"}
+	"tools", "tool_choice", "metadata", "stream", "thinking"}
 
 type anInRequest struct {
 	Model         string          `json:"model"`
@@ -208,10 +208,11 @@ type anInRequest struct {
 	Temperature   *float64        `json:"temperature"`
 	TopP          *float64        `json:"top_p"`
 	Tools         []struct {
-		Name        string          `json:"name"`
-		Description string          `json:"description"`
-		InputSchema json.RawMessage `json:"input_schema"`
-		Type        string          `json:"type"`
+		Name         string          `json:"name"`
+		Description  string          `json:"description"`
+		InputSchema  json.RawMessage `json:"input_schema"`
+		Type         string          `json:"type"`
+		CacheControl json.RawMessage `json:"cache_control"`
 	} `json:"tools"`
 	ToolChoice *struct {
 		Type                   string `json:"type"`
@@ -221,7 +222,8 @@ type anInRequest struct {
 	Metadata *struct {
 		UserID string `json:"user_id"`
 	} `json:"metadata"`
-	Stream bool `json:"stream"`
+	Stream   bool            `json:"stream"`
+	Thinking json.RawMessage `json:"thinking"`
 }
 
 type anInMessage struct {
@@ -238,12 +240,13 @@ type anInBlock struct {
 		Data      string `json:"data"`
 		URL       string `json:"url"`
 	} `json:"source"`
-	ID        string          `json:"id"`
-	Name      string          `json:"name"`
-	Input     json.RawMessage `json:"input"`
-	ToolUseID string          `json:"tool_use_id"`
-	Content   json.RawMessage `json:"content"`
-	IsError   bool            `json:"is_error"`
+	ID           string          `json:"id"`
+	Name         string          `json:"name"`
+	Input        json.RawMessage `json:"input"`
+	ToolUseID    string          `json:"tool_use_id"`
+	Content      json.RawMessage `json:"content"`
+	IsError      bool            `json:"is_error"`
+	CacheControl json.RawMessage `json:"cache_control"`
 }
 
 type oaOutMsg struct {
@@ -251,6 +254,8 @@ type oaOutMsg struct {
 	Content    any          `json:"content,omitempty"`
 	ToolCalls  []oaToolCall `json:"tool_calls,omitempty"`
 	ToolCallID string       `json:"tool_call_id,omitempty"`
+	// CacheControl marks the message's last block a cache breakpoint.
+	CacheControl json.RawMessage `json:"cache_control,omitempty"`
 }
 
 type oaToolCall struct {
@@ -266,6 +271,8 @@ type oaPart struct {
 	Type     string            `json:"type"`
 	Text     string            `json:"text,omitempty"`
 	ImageURL map[string]string `json:"image_url,omitempty"`
+	// CacheControl marks the part a cache breakpoint.
+	CacheControl json.RawMessage `json:"cache_control,omitempty"`
 }
 
 // messagesToChat translates a Messages API body to an OpenAI chat body and
@@ -312,11 +319,14 @@ func messagesToChat(body []byte) ([]byte, string, error) {
 	if in.Metadata != nil && in.Metadata.UserID != "" {
 		out["user"] = in.Metadata.UserID
 	}
-	var msgs []oaOutMsg
-	if sys, err := systemText(in.System); err != nil {
+	if err := withThinking(out, in.Thinking, *in.MaxTokens); err != nil {
 		return nil, "", err
-	} else if sys != "" {
-		msgs = append(msgs, oaOutMsg{Role: "system", Content: sys})
+	}
+	var msgs []oaOutMsg
+	if sys, err := systemMessage(in.System); err != nil {
+		return nil, "", err
+	} else if sys != nil {
+		msgs = append(msgs, *sys)
 	}
 	for i, m := range in.Messages {
 		converted, err := convertMessage(i, m)
@@ -333,13 +343,17 @@ func messagesToChat(body []byte) ([]byte, string, error) {
 				return nil, "", fmt.Errorf("tools[%d].type: %q (a server tool) is not supported by Sluice's /v1/messages", i, clip(t.Type))
 			}
 			fn := map[string]any{"name": t.Name}
+			tool := map[string]any{"type": "function", "function": fn}
+			if cc := present(t.CacheControl); cc != nil {
+				tool["cache_control"] = cc
+			}
 			if t.Description != "" {
 				fn["description"] = t.Description
 			}
 			if len(t.InputSchema) > 0 {
 				fn["parameters"] = t.InputSchema
 			}
-			tools = append(tools, map[string]any{"type": "function", "function": fn})
+			tools = append(tools, tool)
 		}
 		out["tools"] = tools
 	}
@@ -407,20 +421,21 @@ func convertMessage(i int, m anInMessage) ([]oaOutMsg, error) {
 	var tools []oaOutMsg
 	var parts []oaPart
 	var calls []oaToolCall
+	var last json.RawMessage // an assistant's breakpoint, on its message
 	for j, b := range blocks {
 		at := fmt.Sprintf("messages[%d].content[%d]", i, j)
 		switch {
 		case b.Type == "text":
-			parts = append(parts, oaPart{Type: "text", Text: b.Text})
+			parts = append(parts, oaPart{Type: "text", Text: b.Text, CacheControl: present(b.CacheControl)})
 		case b.Type == "image" && m.Role == "user":
 			if b.Source == nil {
 				return nil, fmt.Errorf("%s.source: Field required", at)
 			}
 			switch b.Source.Type {
 			case "base64":
-				parts = append(parts, oaPart{Type: "image_url", ImageURL: map[string]string{"url": "data:" + b.Source.MediaType + ";base64," + b.Source.Data}})
+				parts = append(parts, oaPart{Type: "image_url", ImageURL: map[string]string{"url": "data:" + b.Source.MediaType + ";base64," + b.Source.Data}, CacheControl: present(b.CacheControl)})
 			case "url":
-				parts = append(parts, oaPart{Type: "image_url", ImageURL: map[string]string{"url": b.Source.URL}})
+				parts = append(parts, oaPart{Type: "image_url", ImageURL: map[string]string{"url": b.Source.URL}, CacheControl: present(b.CacheControl)})
 			default:
 				return nil, fmt.Errorf("%s.source.type: must be base64 or url", at)
 			}
@@ -432,6 +447,9 @@ func convertMessage(i int, m anInMessage) ([]oaOutMsg, error) {
 				tc.Function.Arguments = string(b.Input)
 			}
 			calls = append(calls, tc)
+			if cc := present(b.CacheControl); cc != nil {
+				last = cc
+			}
 		case b.Type == "tool_result" && m.Role == "user":
 			text, err := toolResultText(b.Content)
 			if err != nil {
@@ -440,7 +458,7 @@ func convertMessage(i int, m anInMessage) ([]oaOutMsg, error) {
 			if b.IsError {
 				text = "Error: " + text
 			}
-			tools = append(tools, oaOutMsg{Role: "tool", ToolCallID: b.ToolUseID, Content: text})
+			tools = append(tools, oaOutMsg{Role: "tool", ToolCallID: b.ToolUseID, Content: text, CacheControl: present(b.CacheControl)})
 		default:
 			return nil, fmt.Errorf("%s.type: %q is not supported in a %s message by Sluice's /v1/messages", at, clip(b.Type), m.Role)
 		}
@@ -450,15 +468,18 @@ func convertMessage(i int, m anInMessage) ([]oaOutMsg, error) {
 		var text strings.Builder
 		for _, p := range parts {
 			text.WriteString(p.Text)
+			if p.CacheControl != nil {
+				last = p.CacheControl
+			}
 		}
-		msg := oaOutMsg{Role: "assistant", ToolCalls: calls}
+		msg := oaOutMsg{Role: "assistant", ToolCalls: calls, CacheControl: last}
 		if text.Len() > 0 || len(calls) == 0 {
 			msg.Content = text.String()
 		}
 		return append(out, msg), nil
 	}
 	switch {
-	case len(parts) == 1 && parts[0].Type == "text":
+	case len(parts) == 1 && parts[0].Type == "text" && parts[0].CacheControl == nil:
 		out = append(out, oaOutMsg{Role: "user", Content: parts[0].Text})
 	case len(parts) > 0:
 		out = append(out, oaOutMsg{Role: "user", Content: parts})
@@ -515,15 +536,20 @@ type chatUsage struct {
 	PromptTokensDetails *struct {
 		CachedTokens int `json:"cached_tokens"`
 	} `json:"prompt_tokens_details"`
+	// CacheCreationInputTokens is what an Anthropic provider wrote to its
+	// cache (part of PromptTokens).
+	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
 }
 
-// split returns the input tokens as Anthropic counts them: those not read
-// from the cache, and those read from it (cache_read_input_tokens).
-func (u chatUsage) split() (input, cached int) {
+// split returns the input tokens as Anthropic counts them: those neither
+// read from the cache nor written to it (input_tokens), those read from
+// it (cache_read_input_tokens) and those written (cache_creation_input_tokens).
+func (u chatUsage) split() (input, cached, written int) {
 	if d := u.PromptTokensDetails; d != nil {
 		cached = d.CachedTokens
 	}
-	return max(u.PromptTokens-cached, 0), cached
+	written = max(min(u.CacheCreationInputTokens, u.PromptTokens-cached), 0)
+	return max(u.PromptTokens-cached-written, 0), cached, written
 }
 
 // stopReason maps an OpenAI finish_reason to Anthropic's stop_reason.
@@ -585,7 +611,7 @@ func chatToMessage(body []byte, model string) ([]byte, error) {
 	if in.Model != "" {
 		model = in.Model
 	}
-	input, cached := in.Usage.split()
+	input, cached, written := in.Usage.split()
 	return json.Marshal(map[string]any{
 		"id": messageID(in.ID), "type": "message", "role": "assistant", "model": model,
 		"content": content, "stop_reason": stopReason(ch.FinishReason), "stop_sequence": nil,
@@ -593,7 +619,7 @@ func chatToMessage(body []byte, model string) ([]byte, error) {
 			"input_tokens":                input,
 			"output_tokens":               in.Usage.CompletionTokens,
 			"cache_read_input_tokens":     cached,
-			"cache_creation_input_tokens": 0,
+			"cache_creation_input_tokens": written,
 		},
 	})
 }

@@ -212,9 +212,9 @@ func (a *anthropicEvents) done(w io.Writer) bool {
 	}
 	usage := map[string]any{"output_tokens": 0}
 	if u := a.usage; u != nil {
-		in, cached := u.split()
+		in, cached, written := u.split()
 		usage = map[string]any{"input_tokens": in, "output_tokens": u.CompletionTokens,
-			"cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
+			"cache_read_input_tokens": cached, "cache_creation_input_tokens": written}
 	}
 	return a.emit(w, "message_delta", map[string]any{"delta": map[string]any{"stop_reason": stop, "stop_sequence": nil}, "usage": usage}) &&
 		a.emit(w, "message_stop", map[string]any{})

@@ -106,7 +106,7 @@ func TestMessagesToChat(t *testing.T) {
 	if model != "m" {
 		t.Errorf("model %q", model)
 	}
-	want := `{"max_tokens":100,"messages":[{"role":"system","content":"Be brief."},` +
+	want := `{"max_tokens":100,"messages":[{"role":"system","content":[{"type":"text","text":"Be brief.","cache_control":{"type":"ephemeral"}}]},` +
 		`{"role":"user","content":[{"type":"text","text":"Weather in Paris?"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]},` +
 		`{"role":"assistant","content":"Let me look.","tool_calls":[{"id":"tu_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},` +
 		`{"role":"tool","content":"sunny","tool_call_id":"tu_1"},{"role":"user","content":"Thanks"}],` +

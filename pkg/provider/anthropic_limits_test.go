@@ -1,0 +1,103 @@
+package provider
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-dev/sluice/pkg/job"
+)
+
+// TestAnthropicHeadersAndUsage: Anthropic's rate-limit headers give the
+// input and output buckets apart (the combined "tokens" headers only when
+// no input-tokens ones came), resets are RFC 3339 instants, and usage keeps
+// cache reads and writes apart.
+func TestAnthropicHeadersAndUsage(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) string { return now.Add(d).Format(time.RFC3339) }
+	for _, tc := range []struct {
+		name   string
+		header map[string]string
+		want   RateLimit
+	}{
+		{"all dimensions", map[string]string{
+			"requests-limit": "50", "requests-remaining": "49", "requests-reset": at(time.Second),
+			"input-tokens-limit": "30000", "input-tokens-remaining": "29000", "input-tokens-reset": at(2 * time.Second),
+			"output-tokens-limit": "8000", "output-tokens-remaining": "7500", "output-tokens-reset": at(4 * time.Second),
+			"tokens-limit": "8000", "tokens-remaining": "7500", "tokens-reset": at(4 * time.Second)},
+			RateLimit{50, 30000, 49, 29000, time.Second, 2 * time.Second, 8000, 7500, 4 * time.Second}},
+		{"combined tokens only", map[string]string{"tokens-limit": "40000", "tokens-remaining": "100", "tokens-reset": at(time.Minute)},
+			RateLimit{-1, 40000, -1, 100, 0, time.Minute, -1, -1, 0}},
+		{"output only, reset past", map[string]string{"output-tokens-limit": "8000", "output-tokens-remaining": "0", "output-tokens-reset": at(-time.Second)},
+			RateLimit{-1, -1, -1, -1, 0, 0, 8000, 0, 0}},
+		{"garbage", map[string]string{"input-tokens-limit": "lots", "output-tokens-remaining": "-3", "requests-reset": "soon"},
+			RateLimit{-1, -1, -1, -1, 0, 0, -1, -1, 0}},
+	} {
+		h := http.Header{}
+		for k, v := range tc.header {
+			h.Set("Anthropic-Ratelimit-"+k, v)
+		}
+		if got := ParseRateLimit(h, now); got != tc.want {
+			t.Errorf("%s: got %+v\nwant %+v", tc.name, got, tc.want)
+		}
+	}
+
+	for _, tc := range []struct {
+		name, usage string
+		want        job.Usage
+	}{
+		{"uncached", `{"input_tokens":120,"output_tokens":30}`, job.Usage{PromptTokens: 120, CompletionTokens: 30, TotalTokens: 150}},
+		{"cache write", `{"input_tokens":20,"output_tokens":30,"cache_creation_input_tokens":3000,"cache_read_input_tokens":0}`,
+			job.Usage{PromptTokens: 3020, CompletionTokens: 30, TotalTokens: 3050, CacheWriteTokens: 3000}},
+		{"cache read", `{"input_tokens":20,"output_tokens":30,"cache_creation_input_tokens":0,"cache_read_input_tokens":3000}`,
+			job.Usage{PromptTokens: 3020, CompletionTokens: 30, TotalTokens: 3050, CachedTokens: 3000}},
+		{"both", `{"input_tokens":5,"output_tokens":1,"cache_creation_input_tokens":200,"cache_read_input_tokens":3000}`,
+			job.Usage{PromptTokens: 3205, CompletionTokens: 1, TotalTokens: 3206, CachedTokens: 3000, CacheWriteTokens: 200}},
+	} {
+		body, u, err := fromAnthropic([]byte(`{"type":"message","content":[{"type":"text","text":"ok"}],"stop_reason":"end_turn","usage":`+tc.usage+`}`), now)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if u != tc.want {
+			t.Errorf("%s: usage %+v, want %+v", tc.name, u, tc.want)
+		}
+		// The OpenAI-shaped answer carries the same usage, for every reader.
+		if got := ParseUsage(body); got != tc.want {
+			t.Errorf("%s: ParseUsage of the converted answer %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestToAnthropicPassesCacheAndThinking: breakpoints on a system part, a
+// content part, a tool and a whole message, and the thinking object, reach
+// the Messages API body as sent.
+func TestToAnthropicPassesCacheAndThinking(t *testing.T) {
+	t.Parallel()
+	in := `{"model":"claude-x","max_tokens":4000,"thinking":{"type":"enabled","budget_tokens":2000},
+	 "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}},"cache_control":{"type":"ephemeral","ttl":"1h"}}],
+	 "messages":[
+	  {"role":"system","content":[{"type":"text","text":"rules","cache_control":{"type":"ephemeral"}}]},
+	  {"role":"user","content":[{"type":"text","text":"doc","cache_control":{"type":"ephemeral"}},{"type":"text","text":"question"}]},
+	  {"role":"assistant","content":"answer","cache_control":{"type":"ephemeral"}},
+	  {"role":"user","content":"next"}]}`
+	out, err := toAnthropic([]byte(in), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"model":"claude-x","max_tokens":4000,"system":[{"type":"text","text":"rules","cache_control":{"type":"ephemeral"}}],` +
+		`"messages":[{"role":"user","content":[{"type":"text","text":"doc","cache_control":{"type":"ephemeral"}},{"type":"text","text":"question"}]},` +
+		`{"role":"assistant","content":[{"type":"text","text":"answer","cache_control":{"type":"ephemeral"}}]},` +
+		`{"role":"user","content":[{"type":"text","text":"next"}]}],` +
+		`"tools":[{"name":"f","input_schema":{"type":"object"},"cache_control":{"type":"ephemeral","ttl":"1h"}}],` +
+		`"thinking":{"type":"enabled","budget_tokens":2000}}`
+	if canon(t, out) != canon(t, []byte(want)) {
+		t.Errorf("got  %s\nwant %s", canon(t, out), canon(t, []byte(want)))
+	}
+	// Without breakpoints the system prompt stays a string.
+	out, _ = toAnthropic([]byte(`{"model":"m","messages":[{"role":"system","content":"a"},{"role":"user","content":"b"}]}`), "")
+	if !strings.Contains(string(out), `"system":"a"`) {
+		t.Errorf("plain system prompt: %s", out)
+	}
+}

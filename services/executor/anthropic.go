@@ -1,0 +1,82 @@
+package executor
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/sluice-dev/sluice/internal/promptcache"
+	"github.com/sluice-dev/sluice/pkg/budget"
+	"github.com/sluice-dev/sluice/pkg/job"
+)
+
+// settleSplit settles a call to a model whose provider limits input and
+// output tokens apart (Anthropic), as that provider charges it: the input
+// limit counts input_tokens + cache_creation_input_tokens (cache reads
+// too when the model's cache_reads_count says so), the output limit the
+// output tokens reported (max_tokens was charged at arrival and is
+// corrected at the end). What the reservation held beyond that goes back
+// to the schedule, what it missed is charged. It also records a prompt
+// prefix the provider reported reading or writing, for the fleet's next
+// reservations. It reports false for other models (settled as before).
+func (s *Service) settleSplit(ctx context.Context, j *job.Job, u job.Usage) bool {
+	_, model, ok := s.cfg.App.ModelRef(j.Model)
+	if !ok || !model.SplitsOutput() {
+		return false
+	}
+	r := j.Reservation
+	charged := u.PromptTokens
+	if !model.CacheReadsCount {
+		charged -= u.CachedTokens
+	}
+	key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
+	var extra, back budget.Cost
+	if d := charged - r.Tokens; d > 0 {
+		extra.Tokens = d
+	} else {
+		back.Tokens = -d
+	}
+	back.Output = max(r.Output-u.CompletionTokens, 0)
+	extra.Output = max(u.CompletionTokens-r.Output, 0)
+	if extra.Positive() {
+		var slice int64
+		if _, err := fmt.Sscanf(r.ID, "%d-", &slice); err == nil {
+			if err := s.store.Settle(ctx, key, slice, extra); err != nil {
+				s.log.Warn("settle: budget store", "job_id", j.ID, "err", err)
+			}
+		}
+	}
+	if back.Tokens+back.Output >= minReturn && !r.SendAt.IsZero() {
+		// As returnOverReserved: one give-back per model at a time.
+		busy, _ := s.returning.LoadOrStore(key, new(atomic.Bool))
+		if busy.(*atomic.Bool).CompareAndSwap(false, true) {
+			if err := s.store.ReturnAt(context.WithoutCancel(ctx), key, r.SendAt, back); err != nil {
+				s.log.Debug("settle: return", "job_id", j.ID, "err", err)
+			}
+			busy.(*atomic.Bool).Store(false)
+		}
+	}
+	s.recordPrefix(ctx, j, u)
+	return true
+}
+
+// recordPrefix notes, for a request with a cache breakpoint, what the
+// provider read from and wrote to its cache, and keeps the prefix warm in
+// the fleet's registry when it did either.
+func (s *Service) recordPrefix(ctx context.Context, j *job.Job, u job.Usage) {
+	p, ok := promptcache.Of(j.Request)
+	if !ok {
+		return
+	}
+	uncached := max(u.PromptTokens-u.CachedTokens-u.CacheWriteTokens, 0)
+	for kind, n := range map[string]int{"read": u.CachedTokens, "write": u.CacheWriteTokens, "uncached": uncached} {
+		s.m.PromptCache.WithLabelValues(j.Provider, j.Model, j.Tenant, kind).Add(float64(n))
+	}
+	if u.CachedTokens == 0 && u.CacheWriteTokens == 0 {
+		return
+	}
+	key := promptcache.Key(j.Provider, job.ModelToken(j.Model))
+	if err := s.pcache.Record(ctx, key, p.Hash, u.CachedTokens+u.CacheWriteTokens, p.TTL); err != nil {
+		s.log.Debug("prompt cache registry", "job_id", j.ID, "err", err)
+	}
+}
