@@ -20,6 +20,7 @@ import (
 
 const benchUsage = `Usage: sluice bench [flags]
        sluice bench overhead [flags]
+       sluice bench anthropic-cache [flags]
 
 sluice bench runs the same workload against the same simulated provider limits
 with four strategies at once (retry-only, rpm-limiter, token-shaping, sluice),
@@ -39,6 +40,12 @@ The direct strategies are always told the real limits. --workload and
 "--workload a" runs workload a alone and "--scenario all" the scenarios alone.
 A scenario runs its own workload unless named as NAME:WORKLOAD. A full run
 takes about 14 minutes; --scale 0.2 --run-timeout 10s makes a quick smoke run.
+
+sluice bench anthropic-cache (also --scenario anthropic-cache) runs agent-like
+jobs (a 3,000-token cached system prompt + a 200-token turn, max_tokens 500)
+against the simulator's anthropic profile (RPM, ITPM and OTPM buckets, cache
+reads free), ITPM-bound; target: ≥0.95 of ITPM as the provider counts it,
+≤0.5%% 429s, ≥3x the requests per minute full-prompt reservation allows.
 
 sluice bench overhead measures what the mesh adds between accepting a job and
 the provider receiving it, and jobs per second, against a zero-latency
@@ -99,6 +106,13 @@ func (r benchRun) label() string {
 func runBench(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "overhead" {
 		return runBenchOverhead(ctx, args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "anthropic-cache" {
+		return runBenchAnthropic(ctx, args[1:], stdout, stderr) // bench_anthropic.go
+	}
+	if len(args) == 1 && (args[0] == "--scenario=anthropic-cache" || args[0] == "-scenario=anthropic-cache") ||
+		len(args) == 2 && (args[0] == "--scenario" || args[0] == "-scenario") && args[1] == "anthropic-cache" {
+		return runBenchAnthropic(ctx, nil, stdout, stderr)
 	}
 	fs := newFlagSet("bench", stderr)
 	fs.Usage = func() {

@@ -31,6 +31,10 @@ const tenant = "bench"
 type nodeSpec struct {
 	providerURL    string // …/v1
 	rpm, tpm       int    // the model's configured limits (0 = unlimited, or discovered)
+	// kind "anthropic" serves model (default Model) from an anthropic
+	// provider limited by itpm and otpm instead of tpm.
+	kind, model    string
+	itpm, otpm     int
 	discover       bool   // adaptive: true: limits configured as 0 are discovered
 	maxConcurrency int
 	retry          RetryPolicy
@@ -95,19 +99,24 @@ func (s nodeSpec) config(dir string) (*config.Config, error) {
 		server = fmt.Sprintf("server:\n  nats: {auth: true, listen_tls: {cert: %q, key: %q}}\n", cert, key)
 		keyEnv = ", api_key_env: " + benchKeyEnv
 	}
+	model := fmt.Sprintf("{name: %s, rpm: %d, tpm: %d, max_concurrency: %d%s}", Model, s.rpm, s.tpm, s.maxConcurrency, adaptive)
+	if s.kind == "anthropic" {
+		model = fmt.Sprintf("{name: %s, rpm: %d, itpm: %d, otpm: %d, max_concurrency: %d%s}\n    kind: anthropic",
+			s.model, s.rpm, s.itpm, s.otpm, s.maxConcurrency, adaptive)
+	}
 	return config.Parse(fmt.Appendf(nil, server+`
 providers:
   - name: sim
     base_url: %s
     models:
-      - {name: %s, rpm: %d, tpm: %d, max_concurrency: %d%s}
+      - %s
 tenants:
   - {name: %s%s}
 retry:
   interactive: %s
   standard: %s
   batch: %s
-`, s.providerURL, Model, s.rpm, s.tpm, s.maxConcurrency, adaptive, tenant, keyEnv, policy, policy, policy))
+`, s.providerURL, model, tenant, keyEnv, policy, policy, policy))
 }
 
 // process is one running in-process node.

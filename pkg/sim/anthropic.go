@@ -21,8 +21,9 @@ import (
 //
 //   - per model, three token buckets refilled continuously at limit/60 per
 //     second and holding Config.BucketSeconds of refill (under this
-//     profile by default 60: a minute's limit, as Anthropic's capacity is
-//     "continuously replenished up to your maximum limit"), starting full:
+//     profile by default 60, and always 60 under the others: a minute's
+//     limit, as Anthropic's capacity is "continuously replenished up to
+//     your maximum limit"), starting full:
 //     requests (RPM), input tokens (ITPM) and output tokens (OTPM). A
 //     request must fit all three when it arrives (one larger than a
 //     bucket's capacity only into a full bucket);
@@ -95,7 +96,10 @@ var bucketNames = [3]string{"requests", "input_tokens", "output_tokens"}
 
 func newAnthropicState(start int64, c Config) *anthropicState {
 	st := &anthropicState{start: start, models: map[string]*anthropicModel{}, cache: map[string]int64{}}
-	ms := bucketMillis(c.BucketSeconds)
+	ms := int64(60_000) // a minute's limit, under other profiles
+	if c.Profile == ProfileAnthropic {
+		ms = bucketMillis(c.BucketSeconds)
+	}
 	for _, m := range c.Models {
 		st.models[m.Name] = &anthropicModel{lim: m, buckets: [3]*bucket{
 			newBucket(int64(m.RPM), ms, start), newBucket(int64(m.ITPM), ms, start), newBucket(int64(m.OTPM), ms, start)},

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/sluice-dev/sluice/internal/bench"
+)
+
+// runBenchAnthropic runs the anthropic-cache scenario (sluice bench
+// anthropic-cache, or --scenario anthropic-cache).
+func runBenchAnthropic(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("bench anthropic-cache", stderr)
+	spec := bench.DefaultAnthropicCache
+	fs.IntVar(&spec.Jobs, "jobs", spec.Jobs, "jobs, submitted at once")
+	fs.IntVar(&spec.ITPM, "itpm", spec.ITPM, "the model's input tokens per minute")
+	fs.IntVar(&spec.OTPM, "otpm", spec.OTPM, "the model's output tokens per minute")
+	fs.IntVar(&spec.RPM, "rpm", spec.RPM, "the model's requests per minute")
+	seed := fs.Uint64("seed", 1, "seed of the jobs' text")
+	conc := fs.Int("concurrency", 32, "Sluice's max_concurrency for the model")
+	runTimeout := fs.Duration("run-timeout", 8*time.Minute, "deadline of the run; jobs unfinished by then count as failed")
+	ttft := fs.Duration("ttft", 200*time.Millisecond, "simulated latency before the first token")
+	perToken := fs.Duration("per-token", 2*time.Millisecond, "simulated latency per output token")
+	jsonPath := fs.String("json", "", "write the figures here as JSON")
+	if help, err := parseFlags(fs, args); help || err != nil {
+		return err
+	}
+	if spec.Jobs < 1 || spec.ITPM < 1 || spec.OTPM < 0 || spec.RPM < 0 || *conc < 1 || *runTimeout <= 0 {
+		return errors.New("want --jobs >= 1, --itpm >= 1, --otpm and --rpm >= 0, --concurrency >= 1 and --run-timeout > 0")
+	}
+	fmt.Fprintf(stdout, "sluice bench anthropic-cache: %s against the simulator's anthropic profile, Sluice told the real limits\n", bench.FleetDescription())
+	r, err := bench.RunAnthropicCache(ctx, spec, bench.Options{Concurrency: *conc, Seed: *seed, RunTimeout: *runTimeout, TTFT: *ttft, PerToken: *perToken})
+	if err != nil {
+		return err
+	}
+	bench.WriteAnthropicCache(stdout, r)
+	if *jsonPath != "" {
+		if err := benchWriteJSON(*jsonPath, r); err != nil {
+			return fmt.Errorf("--json: %w", err)
+		}
+	}
+	return nil
+}
