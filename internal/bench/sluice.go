@@ -29,13 +29,13 @@ const tenant = "bench"
 
 // nodeSpec is what an in-process Sluice for a benchmark needs.
 type nodeSpec struct {
-	providerURL    string // …/v1
-	rpm, tpm       int    // the model's configured limits (0 = unlimited, or discovered)
+	providerURL string // …/v1
+	rpm, tpm    int    // the model's configured limits (0 = unlimited, or discovered)
 	// kind "anthropic" serves model (default Model) from an anthropic
 	// provider limited by itpm and otpm instead of tpm.
 	kind, model    string
 	itpm, otpm     int
-	discover       bool   // adaptive: true: limits configured as 0 are discovered
+	discover       bool // adaptive: true: limits configured as 0 are discovered
 	maxConcurrency int
 	retry          RetryPolicy
 	maxElapsed     time.Duration // retry budget per job
