@@ -143,7 +143,11 @@ func limitRows(ctx context.Context, js jetstream.JetStream, cfg *config.Config) 
 			}
 		}
 		e := adapt.Compute(ac, rec, now)
-		for d, dim := range []string{"requests", "tokens"} {
+		dims := []string{"requests", "tokens"}
+		if ac.SplitOutput || rec.Stated[adapt.Output] > 0 {
+			dims = []string{"requests", "input_tokens", "output_tokens"} // Anthropic's ITPM and OTPM
+		}
+		for d, dim := range dims {
 			r := limitRow{Model: name, Dimension: dim, Configured: e.Configured[d], Stated: e.Stated[d], Learned: e.Learned[d],
 				PerMinute: e.PerMinute[d], PerSecond: e.PerSecond[d], Cuts: rec.Cuts, LastCut: rec.LastReason}
 			if rec.Epoch > 0 {

@@ -576,6 +576,10 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 			sum = sum.Plus(c.Cost)
 		}
 		backlog.Output = (sum.Output*n + len(allowed) - 1) / len(allowed)
+		if ms.splits {
+			// Input as placed (net of warm prefixes), not as queued.
+			backlog.Tokens = (sum.Tokens*n + len(allowed) - 1) / len(allowed)
+		}
 		for i := range ms.units {
 			backlog.Units[i] = (sum.Units[i]*n + len(allowed) - 1) / len(allowed)
 		}
