@@ -16,11 +16,11 @@ import (
 // one copy however many reach it. Past ElectionWait, or when ctx ends
 // first, Submit returns the error; a retry of the same job (same id) is
 // still safe within INTAKE's two-minute duplicate window.
-const ElectionWait = 10 * time.Second
+const ElectionWait = 15 * time.Second
 
 // publishAttempt bounds one offer: a publish lost with a stream leader is
-// never acknowledged.
-const publishAttempt = 5 * time.Second
+// never acknowledged, and each such offer costs this much of ElectionWait.
+const publishAttempt = 2 * time.Second
 
 // publish publishes msg to JetStream, riding through a leader election.
 func (c *Client) publish(ctx context.Context, msg *nats.Msg) (*jetstream.PubAck, error) {

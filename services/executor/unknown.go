@@ -81,7 +81,7 @@ func (d redeliverAfter) Error() string {
 // second call.
 func (s *Service) lostCall(ctx context.Context, j *job.Job, opKey string, sent *mesh.SentMark, stream bool) error {
 	if _, err := s.mesh.StoredResult(ctx, j.Tenant, j.ID); err == nil {
-		s.m.DupSuppressed.WithLabelValues(j.TaskType()).Inc()
+		s.m.DupSuppressed.WithLabelValues(s.cfg.App.TaskLabel(j.Task)).Inc()
 		return nil
 	}
 	if stream {
