@@ -123,7 +123,9 @@ func (s *Service) hold(c *Candidate, now time.Time) {
 	if n, _ := ms.sched.Len(); n == 0 {
 		ms.progressAt = now // the watchdog's clock starts with the queue
 	}
-	urgent := c.Job.Priority == job.Interactive || ms.sched.IsNew(c.Job.Tenant)
+	// Interactive is the tenant's own word: only a sparse interactive job
+	// (none of its tenant's waiting) may use the headroom, not a flood.
+	urgent := (c.Job.Priority == job.Interactive && !ms.sched.Waiting(c.Job.Tenant, job.Interactive)) || ms.sched.IsNew(c.Job.Tenant)
 	if urgent {
 		// It should not wait behind backlogs: leave it headroom from now
 		// on, and look at the budget now rather than at the model's wake.

@@ -149,6 +149,12 @@ func (s *Scheduler) IsNew(tenant string) bool {
 	return s.tenants[tenant] == nil && len(s.tenants) > 0
 }
 
+// Waiting reports whether tenant has jobs of class p waiting.
+func (s *Scheduler) Waiting(tenant string, p job.Priority) bool {
+	tq := s.tenants[tenant]
+	return tq != nil && len(tq.classes[p]) > 0
+}
+
 // Unpop puts back a job Pop returned (its reservation failed): at the head
 // of its tenant's queue, with the deficit it spent, its tenant next in turn.
 func (s *Scheduler) Unpop(it *Item) {

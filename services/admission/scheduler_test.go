@@ -215,6 +215,10 @@ func TestNewFlowGoesFirst(t *testing.T) {
 	s := newSched(nil, nil)
 	fill(s, "a", job.Batch, 2000, 300)
 	drain(s, 50)
+	if !s.Waiting("a", job.Batch) || s.Waiting("a", job.Interactive) || s.Waiting("b", job.Batch) {
+		t.Errorf("Waiting: a batch %v, a interactive %v, b batch %v; want true, false, false",
+			s.Waiting("a", job.Batch), s.Waiting("a", job.Interactive), s.Waiting("b", job.Batch))
+	}
 	if !s.IsNew("b") || s.IsNew("a") {
 		t.Fatalf("IsNew: b %v, a %v; want true, false", s.IsNew("b"), s.IsNew("a"))
 	}
