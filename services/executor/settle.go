@@ -31,7 +31,7 @@ func estimateClass(j *job.Job) string {
 // minReturn is the least over-reservation worth a compare-and-set on the
 // model's schedule: smaller ones are left spent (they err towards the
 // limit).
-const minReturn = 64
+const minReturn = 16
 
 // returnOverReserved gives back to the window, at the call's instant, the
 // prompt tokens a paced reservation held beyond what the provider counted
