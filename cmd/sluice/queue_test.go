@@ -65,6 +65,32 @@ func TestQueueVisibilityAndBackpressure(t *testing.T) {
 	if !strings.Contains(out.String(), "standard") || !strings.Contains(out.String(), "acme") || !(strings.Contains(out.String(), "rpm") || strings.Contains(out.String(), "paused_provider")) || strings.Contains(out.String(), " 0s ") {
 		t.Errorf("sluice queue printed:\n%s\n(stderr %s) want a standard/acme row waiting for rpm or a paused provider, with an estimated wait", out.String(), errOut.String())
 	}
+	// The first answers came back: it shows the token correction they
+	// taught the fleet, and --json --limits gives it as rows.
+	if !strings.Contains(out.String(), "TOKEN CORRECTION") || !strings.Contains(out.String(), "sim.gpt-4o-mini  (all)") {
+		t.Errorf("sluice queue printed:\n%s\nwant the token correction of sim.gpt-4o-mini", out.String())
+	}
+	out.Reset()
+	if err := run(ctx, []string{"queue", "--nats-url", n.NATS, "--data", n.Data(t), "--json", "--limits"}, func(string) string { return "" }, &out, &errOut); err != nil {
+		t.Fatalf("sluice queue --json --limits: %v (%s)", err, errOut.String())
+	}
+	var rows []struct {
+		Model, Dimension, Class string
+		Correction              float64
+		Samples                 int
+	}
+	if err := json.Unmarshal(out.Bytes(), &rows); err != nil {
+		t.Fatalf("sluice queue --json --limits: %v\n%s", err, out.String())
+	}
+	found := false
+	for _, r := range rows {
+		if r.Dimension == "prompt_correction" && r.Model == "sim.gpt-4o-mini" && r.Class == "" {
+			found = r.Samples >= 1 && r.Correction >= 0.25 && r.Correction <= 3
+		}
+	}
+	if !found {
+		t.Errorf("sluice queue --json --limits: no learned prompt_correction row for sim.gpt-4o-mini in\n%s", out.String())
+	}
 
 	post := func(priority, deadline string) (int, string, string) {
 		body := fmt.Sprintf(`{"priority":%q,%s"request":{"model":"gpt-4o-mini","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}}`, priority, deadline)
