@@ -59,7 +59,7 @@ func (r Record) Correction() float64 {
 	if len(r.Ratios) == 0 {
 		return Prior
 	}
-	s := slices.Clone(r.Ratios)
+	s := slices.Clone(r.Ratios[max(len(r.Ratios)-Window, 0):]) // whoever wrote the record
 	slices.Sort(s)
 	i := int(math.Ceil(Quantile*float64(len(s)))) - 1
 	return min(max(s[max(i, 0)], MinRatio), MaxRatio)
