@@ -7,7 +7,8 @@
 //
 // Every configured model has a requests-per-minute (RPM) and a
 // tokens-per-minute (TPM) limit. At arrival a request is charged one request
-// and prompt + max output tokens (the prompt counted by package tokens, the
+// and prompt + max output tokens (the prompt counted as Config.Count says:
+// by default characters/4 with its own framing, not as Sluice estimates; the
 // output limit taken from max_completion_tokens, max_tokens or
 // Config.DefaultMaxTokens). Nothing is refunded when the completion is
 // shorter: providers document that they charge the maximum at arrival.
