@@ -35,6 +35,10 @@ const (
 	BucketBudgets     = "budgets"
 	BucketIdempotency = "idempotency"
 	BucketResults     = "results"
+	// BucketFleet holds the fleet key: only the operator identity writes
+	// it, so no service role (nor anyone it can be made to publish for)
+	// can change it.
+	BucketFleet = "fleet"
 )
 
 // Options adjust the embedded definitions at start.

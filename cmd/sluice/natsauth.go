@@ -10,9 +10,10 @@ import (
 	"github.com/sluice-dev/sluice/pkg/config"
 )
 
-// runNATSAuth prints the nats-server authorization block for the current
-// configuration: the service identities (created in --data when missing)
-// and the tenants, so operators of an external NATS paste it.
+// runNATSAuth prints the nats-server accounts block for the current
+// configuration: the service account with the service identities (created
+// in --data when missing), and an account per tenant, so operators of an
+// external NATS paste it.
 func runNATSAuth(_ context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("nats-auth", stderr)
 	cfgPath := fs.String("config", getenv("SLUICE_CONFIG"), "configuration: its tenants become NATS users (SLUICE_CONFIG)")
@@ -20,8 +21,9 @@ func runNATSAuth(_ context.Context, args []string, getenv func(string) string, s
 	sets := fs.String("sets", "", "role sets to print besides the operator, comma-separated, e.g. ingest-result,admission,executor (default: each service alone and all four together)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "Usage: sluice nats-auth [flags] > sluice-auth.conf")
-		fmt.Fprintln(fs.Output(), "Prints the nats-server `authorization` block for this configuration: one nkey user per service role set and the operator,")
-		fmt.Fprintln(fs.Output(), "one user per tenant (password: bcrypt of its API key, read from its api_key_env now). No secret is printed.")
+		fmt.Fprintln(fs.Output(), "Prints the nats-server `accounts` block for this configuration: account "+natsauth.ServiceAccount+" with JetStream and one nkey user")
+		fmt.Fprintln(fs.Output(), "per service role set and the operator; one account per tenant with its user (password: bcrypt of its API key, read from")
+		fmt.Fprintln(fs.Output(), "its api_key_env now), importing only its own subjects. No secret is printed.")
 		fs.PrintDefaults()
 	}
 	if help, err := parseFlags(fs, args); help || err != nil {
@@ -45,7 +47,7 @@ func runNATSAuth(_ context.Context, args []string, getenv func(string) string, s
 	if err != nil {
 		return err
 	}
-	block, err := natsauth.AuthorizationBlock(cfg, sec, getenv, natsauth.BlockOptions{Sets: list})
+	block, err := natsauth.AccountsBlock(cfg, sec, getenv, natsauth.BlockOptions{Sets: list})
 	if err != nil {
 		return err
 	}

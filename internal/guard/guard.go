@@ -2,8 +2,9 @@
 // NATS is input: whoever published it, a service checks what it reads
 // against the configuration before it spends budget or calls a provider.
 //
-// Two signatures, HMAC-SHA256 under one fleet key kept in the budgets
-// bucket, carry what is too costly to recompute at every hop:
+// Two signatures, HMAC-SHA256 under one fleet key kept in the fleet bucket
+// (written only by the operator identity), carry what is too costly to
+// recompute at every hop:
 //
 //   - the seal: ingest (or whoever recomputed it) binds the job's estimate
 //     to its tenant, provider, model and the hash of its request body. The
@@ -42,8 +43,16 @@ import (
 	"github.com/sluice-dev/sluice/pkg/tokens"
 )
 
-// KeyName is the fleet key's key in the budgets bucket.
-const KeyName = "fleet.key"
+// KeyName is the fleet key's key in the fleet bucket (streams.BucketFleet).
+const KeyName = "key"
+
+// LegacyKeyName is where the fleet key was kept before it had a bucket of
+// its own: in the budgets bucket, which the admission and executor roles
+// may write. EnsureKey copies it from there once.
+const LegacyKeyName = "fleet.key"
+
+// keySize is the fleet key's length.
+const keySize = 32
 
 // MaxValidity bounds how long a reservation may stay valid after it was
 // made, whatever its message says (or twice the configured plan horizon,
@@ -61,20 +70,42 @@ const MaxAttempts = 1000
 // back to admission, which checks it from scratch.
 var ErrUnverified = errors.New("reservation does not verify")
 
-// LoadKey returns the fleet key, creating it on first use. Every process
-// of a fleet shares it through the budgets bucket.
-func LoadKey(ctx context.Context, kv jetstream.KeyValue) ([]byte, error) {
+// LoadKey returns the fleet key from the fleet bucket, creating it on
+// first use (services may only read it: a node holding the operator's
+// identity makes it first, with EnsureKey).
+func LoadKey(ctx context.Context, fleet jetstream.KeyValue) ([]byte, error) {
+	return loadKey(ctx, fleet, nil)
+}
+
+// EnsureKey is LoadKey for the identity that may write the fleet bucket:
+// when the bucket has no key yet, a valid one in legacy (the budgets
+// bucket, as an older fleet kept it) is carried over, so jobs sealed and
+// reservations signed before an upgrade still verify; else a new key is
+// made. legacy may be nil.
+func EnsureKey(ctx context.Context, fleet, legacy jetstream.KeyValue) ([]byte, error) {
+	return loadKey(ctx, fleet, legacy)
+}
+
+func loadKey(ctx context.Context, fleet, legacy jetstream.KeyValue) ([]byte, error) {
 	for range 3 {
-		e, err := kv.Get(ctx, KeyName)
-		if err == nil && len(e.Value()) >= 32 {
+		e, err := fleet.Get(ctx, KeyName)
+		if err == nil {
+			if len(e.Value()) != keySize {
+				return nil, fmt.Errorf("fleet key in bucket %s is malformed (%d bytes, want %d): delete it with the operator's identity and restart every node", fleet.Bucket(), len(e.Value()), keySize)
+			}
 			return e.Value(), nil
 		}
-		if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		if !errors.Is(err, jetstream.ErrKeyNotFound) {
 			return nil, fmt.Errorf("read fleet key: %w", err)
 		}
-		key := make([]byte, 32)
+		key := make([]byte, keySize)
 		_, _ = rand.Read(key)
-		if _, err := kv.Create(ctx, KeyName, key); err == nil {
+		if legacy != nil {
+			if old, err := legacy.Get(ctx, LegacyKeyName); err == nil && len(old.Value()) == keySize {
+				key = old.Value()
+			}
+		}
+		if _, err := fleet.Create(ctx, KeyName, key); err == nil {
 			return key, nil
 		} else if !errors.Is(err, jetstream.ErrKeyExists) {
 			return nil, fmt.Errorf("create fleet key: %w", err)

@@ -27,6 +27,7 @@ type Mesh struct {
 	Results     jetstream.KeyValue // job id -> Record
 	Idempotency jetstream.KeyValue // <tenant>.<hash> -> OpRecord
 	Budgets     jetstream.KeyValue
+	Fleet       jetstream.KeyValue // the fleet key (internal/guard); services only read it
 	resultsMu   sync.Mutex
 	results     jetstream.Stream // bound lazily by StoredResult, under resultsMu
 }
@@ -51,6 +52,9 @@ func Open(ctx context.Context, js jetstream.JetStream) (*Mesh, error) {
 	}
 	if m.Budgets, err = js.KeyValue(ctx, streams.BucketBudgets); err != nil {
 		return nil, fmt.Errorf("bind bucket %s: %w", streams.BucketBudgets, err)
+	}
+	if m.Fleet, err = js.KeyValue(ctx, streams.BucketFleet); err != nil {
+		return nil, fmt.Errorf("bind bucket %s: %w", streams.BucketFleet, err)
 	}
 	return m, nil
 }

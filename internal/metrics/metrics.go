@@ -29,6 +29,7 @@ type Set struct {
 	BudgetWrites        prometheus.Counter
 	BudgetConflict      prometheus.Counter
 	BudgetErrors        prometheus.Counter
+	RepliesDropped      *prometheus.CounterVec   // service
 	ReservationsExpired *prometheus.CounterVec   // provider, model
 	TenantRequests      *prometheus.CounterVec   // tenant
 	TenantTokens        *prometheus.CounterVec   // tenant, kind (input, output, cached, reasoning)
@@ -104,6 +105,8 @@ func New(reg prometheus.Registerer) *Set {
 		OutcomeUnknown: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_outcome_unknown_total", Help: "Jobs ended outcome_unknown: a call that may have reached the provider and whose outcome is unknown (reason: executor_lost, or the transport error that cut it), not sent again because its provider is not configured as honouring idempotency keys; each is in the DLQ."}, []string{"provider", "model", "reason"}),
 		HeldOldest:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_held_oldest_seconds", Help: "How long the oldest job this admission process holds has waited in it (a watchdog: a model's held jobs go back to the queue after a minute without a dispatch)."}),
 	}
+	s.RepliesDropped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_nats_replies_dropped_total", Help: "NATS requests a service did not answer because their reply subject was not one it may answer on (a reply aimed at another subject)."}, []string{"service"})
+	reg.MustRegister(s.RepliesDropped)
 	reg.MustRegister(s.JobsAccepted, s.JobsRejected, s.Results, s.Requests, s.TokensReserved, s.TokensUsed,
 		s.Retries, s.RateLimitHits, s.Fallbacks, s.DupSuppressed, s.QueueDepth, s.QueueWait, s.AdmissionWaits,
 		s.BudgetWrites, s.BudgetConflict, s.BudgetErrors, s.ReservationsExpired, s.TenantRequests, s.TenantTokens,

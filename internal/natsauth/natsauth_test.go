@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -73,11 +74,11 @@ func refusedPublish(t *testing.T, nc *nats.Conn, errs chan error, subject string
 	}
 }
 
-// TestAuthorizationBlockRunsInNATSServer loads the printed block into a
+// TestAccountsBlockRunsInNATSServer loads the printed block into a
 // real nats-server configuration file: the operator's nkey manages the
 // streams, a tenant submits with its API key as password, no secret appears
 // in the block, and anonymous and wrong-role access is refused.
-func TestAuthorizationBlockRunsInNATSServer(t *testing.T) {
+func TestAccountsBlockRunsInNATSServer(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	cfg := testConfig(t, "")
@@ -85,7 +86,7 @@ func TestAuthorizationBlockRunsInNATSServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	block, err := natsauth.AuthorizationBlock(cfg, sec, getenv, natsauth.BlockOptions{Sets: []string{"ingest-result", "executor"}, BcryptCost: 4})
+	block, err := natsauth.AccountsBlock(cfg, sec, getenv, natsauth.BlockOptions{Sets: []string{"ingest-result", "executor"}, BcryptCost: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,9 +152,63 @@ func TestAuthorizationBlockRunsInNATSServer(t *testing.T) {
 	if _, err := cl.Submit(ctx, &job.Job{Tenant: "acme", Request: []byte(`{}`)}); err != nil {
 		t.Errorf("acme's submission with its own user: %v", err)
 	}
+
+	// Replies stay in the tenant's account: a wait hint and an intake
+	// acknowledgement aimed at globex's results or a bucket reach neither.
+	ir, irErrs := connAs("ingest-result")
+	if _, err := ir.QueueSubscribe(job.WaitPrefix+"*", "ingest", func(m *nats.Msg) { _ = m.Respond([]byte(`{"retry_after_ms":1}`)) }); err != nil {
+		t.Fatal(err)
+	}
+	_ = ir.Flush()
+	globex, _ := connect(t, url, client.TenantUser("globex", env["GLOBEX_KEY"]))
+	seen, err := globex.SubscribeSync(job.ResultPrefix + "globex.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = globex.Flush()
+	other := job.NewID()
+	for _, reply := range []string{job.ResultSubject("globex", other), "$KV." + streams.BucketResults + "." + other} {
+		if err := tenant.PublishRequest(job.WaitSubject("acme"), reply, nil); err != nil {
+			t.Fatal(err)
+		}
+		m := nats.NewMsg(job.IntakeSubject("acme"))
+		m.Reply, m.Data = reply, []byte(`{}`)
+		if err := tenant.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m, err := tenant.Request(job.WaitSubject("acme"), nil, 3*time.Second); err != nil || string(m.Data) != `{"retry_after_ms":1}` {
+		t.Errorf("acme's wait hint through its service import: %v", err)
+	}
+	if _, err := cl.Submit(ctx, &job.Job{Tenant: "acme", Request: []byte(`{}`)}); err != nil {
+		t.Errorf("acme's second submission: %v", err)
+	}
+	_ = globex.Flush()
+	if m, err := seen.NextMsg(100 * time.Millisecond); err == nil {
+		t.Errorf("globex received %s: %q", m.Subject, m.Data)
+	}
+	kv, err := js.KeyValue(ctx, streams.BucketResults)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Get(ctx, other); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Errorf("results key %s: %v, want not found", other, err)
+	}
+	// Results published in the service account reach their tenant only.
+	mine, err := tenant.SubscribeSync(job.ResultPrefix + "acme.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = tenant.Flush()
+	if err := ir.Publish(job.ResultSubject("acme", other), []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mine.NextMsg(3 * time.Second); err != nil {
+		t.Errorf("acme's result through its stream import: %v", err)
+	}
+
 	ex, exErrs := connAs("executor")
 	refusedPublish(t, ex, exErrs, job.IntakeSubject("acme"))
-	ir, irErrs := connAs("ingest-result")
 	refusedPublish(t, ir, irErrs, job.DispatchSubject("p", "m"))
 	if _, _, err := (natsauth.Conn{Config: cfg, DataDir: filepath.Join(dir, "data"), Set: "nope"}).Options(); err == nil {
 		t.Error("an unknown role set got options")
@@ -261,17 +316,58 @@ func TestEmbeddedTLS(t *testing.T) {
 	}
 }
 
-// TestDeployConfigsParse: deploy/nats's node files, with the shipped
-// sluice-auth.conf they include, are valid nats-server configuration.
+// TestDeployConfigsParse: deploy/nats's node files are valid nats-server
+// configuration, with the shipped (empty) sluice-auth.conf they include and
+// with the accounts block `sluice nats-auth` prints for the compose
+// configuration in its place.
 func TestDeployConfigsParse(t *testing.T) {
 	t.Parallel()
 	files, err := filepath.Glob("../../deploy/nats/nats-*.conf")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no deploy/nats/nats-*.conf (%v)", err)
 	}
+	cfg, err := config.Load("../../deploy/sluice.compose.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec, err := natsauth.EnsureSecrets(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]string{"ACME_SLUICE_KEY": "a", "GLOBEX_SLUICE_KEY": "g"}
+	block, err := natsauth.AccountsBlock(cfg, sec, func(k string) string { return keys[k] },
+		natsauth.BlockOptions{Sets: []string{"ingest-result", "admission", "executor"}, BcryptCost: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	generated := t.TempDir()
+	if err := os.WriteFile(filepath.Join(generated, "sluice-auth.conf"), []byte(block), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, f := range files {
 		if _, err := server.ProcessConfigFile(f); err != nil {
 			t.Errorf("%s: %v", f, err)
+		}
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		with := filepath.Join(generated, filepath.Base(f))
+		if err := os.WriteFile(with, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		o, err := server.ProcessConfigFile(with)
+		if err != nil {
+			t.Errorf("%s with a generated sluice-auth.conf: %v", f, err)
+			continue
+		}
+		var names []string
+		for _, a := range o.Accounts {
+			names = append(names, a.Name)
+		}
+		slices.Sort(names)
+		if want := []string{natsauth.ServiceAccount, natsauth.TenantAccount("acme"), natsauth.TenantAccount("globex")}; fmt.Sprint(names) != fmt.Sprint(want) {
+			t.Errorf("%s: accounts %v, want %v", f, names, want)
 		}
 	}
 }

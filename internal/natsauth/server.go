@@ -18,10 +18,13 @@ import (
 
 // Embedded is how the embedded server is secured.
 type Embedded struct {
-	Users   []*server.User     // tenants
-	Nkeys   []*server.NkeyUser // service role sets and the operator
-	TLS     *tls.Config        // nil: plain TCP
-	Secrets *Secrets           // nil when authentication is off
+	Users []*server.User     // tenants, each in its own account
+	Nkeys []*server.NkeyUser // service role sets and the operator, in the global account
+	// Accounts are the global account (JetStream, the tenants' exports)
+	// and one per tenant; none when authentication is off.
+	Accounts []*server.Account
+	TLS      *tls.Config // nil: plain TCP
+	Secrets  *Secrets    // nil when authentication is off
 	// Tenants without a key, who cannot connect over NATS.
 	NoKey []string
 }
@@ -65,13 +68,25 @@ func ForEmbedded(c *config.Config, dataDir string, getenv func(string) string) (
 		}
 		e.Nkeys = append(e.Nkeys, &server.NkeyUser{Nkey: pubs[set], Permissions: p})
 	}
+	var names []string
+	keys := map[string]string{}
 	for _, t := range c.Tenants {
 		key := tenantKey(t, getenv)
 		if key == "" {
 			e.NoKey = append(e.NoKey, t.Name)
 			continue
 		}
-		e.Users = append(e.Users, &server.User{Username: t.Name, Password: key, Permissions: TenantPermissions(t.Name)})
+		names = append(names, t.Name)
+		keys[t.Name] = key
+	}
+	global, accounts, err := embeddedAccounts(names)
+	if err != nil {
+		return nil, err
+	}
+	e.Accounts = append(e.Accounts, global)
+	for _, t := range names {
+		e.Accounts = append(e.Accounts, accounts[t])
+		e.Users = append(e.Users, &server.User{Username: t, Password: keys[t], Permissions: TenantPermissions(t), Account: accounts[t]})
 	}
 	return e, nil
 }
@@ -104,7 +119,7 @@ func (s *Secrets) RoutePassword() (string, error) {
 // authentication on, routes require RouteUser and the password derived
 // from the shared secrets, and present them to the nodes they dial.
 func (e *Embedded) Apply(o *server.Options) {
-	o.Users, o.Nkeys = e.Users, e.Nkeys
+	o.Users, o.Nkeys, o.Accounts = e.Users, e.Nkeys, e.Accounts
 	if o.Cluster.Port != 0 && e.Secrets != nil {
 		if pass, err := e.Secrets.RoutePassword(); err == nil {
 			o.Cluster.Username, o.Cluster.Password = RouteUser, pass
@@ -124,7 +139,7 @@ func (e *Embedded) Apply(o *server.Options) {
 	}
 }
 
-// BlockOptions select what AuthorizationBlock prints.
+// BlockOptions select what AccountsBlock prints.
 type BlockOptions struct {
 	// Sets are the role sets to print besides the operator; empty: each
 	// service role alone and all four together.
@@ -133,12 +148,14 @@ type BlockOptions struct {
 	BcryptCost int
 }
 
-// AuthorizationBlock renders the nats-server `authorization` block for an
-// external server: the service identities (public nkeys from sec) and the
-// tenants (user = tenant, password = bcrypt of its API key, read from the
-// environment now). No secret is printed: nkeys are public keys, and
-// nats-server checks a bcrypt hash without knowing the key.
-func AuthorizationBlock(c *config.Config, sec *Secrets, getenv func(string) string, o BlockOptions) (string, error) {
+// AccountsBlock renders the nats-server `accounts` block for an external
+// server: the service account (ServiceAccount: JetStream, the service
+// identities as public nkeys from sec, and the exports to each tenant),
+// and one account per tenant (user = tenant, password = bcrypt of its API
+// key, read from the environment now; its imports). No secret is printed:
+// nkeys are public keys, and nats-server checks a bcrypt hash without
+// knowing the key.
+func AccountsBlock(c *config.Config, sec *Secrets, getenv func(string) string, o BlockOptions) (string, error) {
 	sets := o.Sets
 	if len(sets) == 0 {
 		sets = append(slices.Clone(ServiceRoles), SetName(ServiceRoles))
@@ -148,12 +165,20 @@ func AuthorizationBlock(c *config.Config, sec *Secrets, getenv func(string) stri
 	if err != nil {
 		return "", err
 	}
+	cost := o.BcryptCost
+	if cost == 0 {
+		cost = bcrypt.DefaultCost
+	}
+	q := strconv.Quote
 	var b strings.Builder
-	b.WriteString("# Sluice's NATS users, written by `sluice nats-auth`. Paste into nats-server.conf or\n")
+	b.WriteString("# Sluice's NATS accounts and users, written by `sluice nats-auth`. Paste into nats-server.conf or\n")
 	b.WriteString("# include it (deploy/nats/sluice-auth.conf). Write it again when tenants or keys change.\n")
 	b.WriteString("# Services connect with the nkey seeds in " + SecretsFile + " (role set -> seed);\n")
-	b.WriteString("# tenants as user <tenant> with their Sluice API key as the password.\n")
-	b.WriteString("authorization {\n  users = [\n")
+	b.WriteString("# tenants as user <tenant> with their Sluice API key as the password. Each tenant has an\n")
+	b.WriteString("# account of its own that imports only its own subjects, so a reply subject it sets is\n")
+	b.WriteString("# answered inside its account.\n")
+	b.WriteString("accounts {\n")
+	fmt.Fprintf(&b, "  %s: {\n    jetstream: enabled\n    users: [\n", ServiceAccount)
 	seen := map[string]bool{}
 	for _, set := range sets {
 		if seen[set] {
@@ -168,12 +193,13 @@ func AuthorizationBlock(c *config.Config, sec *Secrets, getenv func(string) stri
 		if err != nil {
 			return "", err
 		}
-		fmt.Fprintf(&b, "    # service: %s\n", set)
-		writeUser(&b, [][2]string{{"nkey", pub}}, p)
+		fmt.Fprintf(&b, "      # service: %s\n", set)
+		writeUser(&b, "      ", [][2]string{{"nkey", pub}}, p)
 	}
-	cost := o.BcryptCost
-	if cost == 0 {
-		cost = bcrypt.DefaultCost
+	b.WriteString("    ]\n")
+	var tenants strings.Builder
+	if len(c.Tenants) > 0 {
+		b.WriteString("    exports: [\n")
 	}
 	for _, t := range c.Tenants {
 		key := tenantKey(t, getenv)
@@ -187,35 +213,52 @@ func AuthorizationBlock(c *config.Config, sec *Secrets, getenv func(string) stri
 		if err != nil {
 			return "", fmt.Errorf("tenant %q: %w", t.Name, err)
 		}
-		fmt.Fprintf(&b, "    # tenant: %s (password: bcrypt of $%s)\n", t.Name, t.APIKeyEnv)
-		writeUser(&b, [][2]string{{"user", t.Name}, {"password", string(hash)}}, TenantPermissions(t.Name))
+		acc := q(TenantAccount(t.Name))
+		fmt.Fprintf(&tenants, "  %s: {\n    users: [\n", acc)
+		fmt.Fprintf(&tenants, "      # tenant: %s (password: bcrypt of $%s)\n", t.Name, t.APIKeyEnv)
+		writeUser(&tenants, "      ", [][2]string{{"user", t.Name}, {"password", string(hash)}}, TenantPermissions(t.Name))
+		tenants.WriteString("    ]\n    imports: [\n")
+		for _, s := range tenantServices(t.Name) {
+			fmt.Fprintf(&b, "      { service: %s, accounts: [%s] }\n", q(s), acc)
+			fmt.Fprintf(&tenants, "      { service: { account: %s, subject: %s } }\n", ServiceAccount, q(s))
+		}
+		for _, s := range tenantStreams(t.Name) {
+			fmt.Fprintf(&b, "      { stream: %s, accounts: [%s] }\n", q(s), acc)
+			fmt.Fprintf(&tenants, "      { stream: { account: %s, subject: %s } }\n", ServiceAccount, q(s))
+		}
+		tenants.WriteString("    ]\n  }\n")
 	}
-	b.WriteString("  ]\n}\n")
+	if len(c.Tenants) > 0 {
+		b.WriteString("    ]\n")
+	}
+	b.WriteString("  }\n")
+	b.WriteString(tenants.String())
+	b.WriteString("}\n")
 	return b.String(), nil
 }
 
 // writeUser writes one user in nats-server's configuration syntax (a
 // superset of JSON: strings are quoted, so "$JS.API.>" is not a variable).
-func writeUser(b *strings.Builder, ident [][2]string, p *server.Permissions) {
+func writeUser(b *strings.Builder, indent string, ident [][2]string, p *server.Permissions) {
 	q := strconv.Quote
 	list := func(s []string) string {
-		var b strings.Builder
-		b.WriteString("[\n")
+		var l strings.Builder
+		l.WriteString("[\n")
 		for _, v := range s {
-			b.WriteString("          " + q(v) + "\n")
+			l.WriteString(indent + "      " + q(v) + "\n")
 		}
-		b.WriteString("        ]")
-		return b.String()
+		l.WriteString(indent + "    ]")
+		return l.String()
 	}
-	b.WriteString("    {\n")
+	b.WriteString(indent + "{\n")
 	for _, kv := range ident {
-		fmt.Fprintf(b, "      %s: %s\n", kv[0], q(kv[1]))
+		fmt.Fprintf(b, "%s  %s: %s\n", indent, kv[0], q(kv[1]))
 	}
-	b.WriteString("      permissions: {\n")
-	fmt.Fprintf(b, "        publish: { allow: %s }\n", list(p.Publish.Allow))
-	fmt.Fprintf(b, "        subscribe: { allow: %s }\n", list(p.Subscribe.Allow))
+	b.WriteString(indent + "  permissions: {\n")
+	fmt.Fprintf(b, "%s    publish: { allow: %s }\n", indent, list(p.Publish.Allow))
+	fmt.Fprintf(b, "%s    subscribe: { allow: %s }\n", indent, list(p.Subscribe.Allow))
 	if p.Response != nil {
-		fmt.Fprintf(b, "        allow_responses: { max: %d, expires: %q }\n", p.Response.MaxMsgs, p.Response.Expires.String())
+		fmt.Fprintf(b, "%s    allow_responses: { max: %d, expires: %q }\n", indent, p.Response.MaxMsgs, p.Response.Expires.String())
 	}
-	b.WriteString("      }\n    }\n")
+	b.WriteString(indent + "  }\n" + indent + "}\n")
 }

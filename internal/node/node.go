@@ -228,7 +228,7 @@ func Run(ctx context.Context, o Options) error {
 	if slices.ContainsFunc(o.Services, func(s string) bool { return s != "result" }) {
 		var key []byte
 		if err := streams.Retry(setupCtx, func(ctx context.Context) (err error) {
-			key, err = guard.LoadKey(ctx, m.Budgets)
+			key, err = guard.LoadKey(ctx, m.Fleet)
 			return err
 		}); err != nil {
 			return err
@@ -381,14 +381,18 @@ func ensureStreams(ctx context.Context, o Options, natsURL string, js jetstream.
 		if err := streams.Ensure(ctx, js, streamOptions(o.Config)); err != nil {
 			return err
 		}
-		// The fleet key is made here too, with the identity that may
-		// write it: a process whose services may only read it (ingest)
-		// finds it.
-		kv, err := js.KeyValue(ctx, streams.BucketBudgets)
+		// The fleet key is made here too, with the only identity that
+		// may write it: services find it (carried over from the budgets
+		// bucket, where an older fleet kept it).
+		fleet, err := js.KeyValue(ctx, streams.BucketFleet)
+		if err != nil {
+			return fmt.Errorf("bind bucket %s: %w", streams.BucketFleet, err)
+		}
+		budgets, err := js.KeyValue(ctx, streams.BucketBudgets)
 		if err != nil {
 			return fmt.Errorf("bind bucket %s: %w", streams.BucketBudgets, err)
 		}
-		_, err = guard.LoadKey(ctx, kv)
+		_, err = guard.EnsureKey(ctx, fleet, budgets)
 		return err
 	}, func(err error) { log.Debug("ensure streams: will retry", "err", err) })
 	if err != nil {

@@ -42,7 +42,7 @@ type Config struct {
 	App *config.Config
 	Now func() time.Time
 	// Guard re-validates jobs read from QUEUE and signs reservations; nil:
-	// Run makes one with the fleet key from the budgets bucket.
+	// Run makes one with the fleet key from the fleet bucket.
 	Guard *guard.Guard
 	// AckWait bounds how long a batch waits for DISPATCH to confirm its
 	// publishes before the unconfirmed jobs go back to QUEUE (0:
@@ -225,7 +225,7 @@ func (s *Service) Ready() error {
 // Run consumes QUEUE until ctx ends.
 func (s *Service) Run(ctx context.Context) (err error) {
 	if s.guard == nil {
-		key, err := guard.LoadKey(ctx, s.mesh.Budgets)
+		key, err := guard.LoadKey(ctx, s.mesh.Fleet)
 		if err != nil {
 			return err
 		}
@@ -307,6 +307,11 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	defer func() { _ = psub.Unsubscribe() }()
 	whys := make(chan whyQuery)
 	wsub, err := s.mesh.JS.Conn().Subscribe(WhySubjectPrefix+"*", func(m *nats.Msg) {
+		if !mesh.ReplyAllowed(m.Reply, "") {
+			s.m.RepliesDropped.WithLabelValues("admission").Inc()
+			s.log.Debug("why: reply subject refused", "len", len(m.Reply))
+			return
+		}
 		q := whyQuery{id: strings.TrimPrefix(m.Subject, WhySubjectPrefix), reply: make(chan *Waiting, 1)}
 		select {
 		case whys <- q:

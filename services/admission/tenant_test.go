@@ -171,7 +171,7 @@ func TestLetsGoWithoutBudgetStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, err := guard.LoadKey(ctx, healthy.Budgets)
+	key, err := guard.LoadKey(ctx, healthy.Fleet)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -141,7 +141,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 // calls in progress finish (bounded by their own timeouts).
 func (s *Service) Run(ctx context.Context) error {
 	if s.guard == nil {
-		key, err := guard.LoadKey(ctx, s.mesh.Budgets)
+		key, err := guard.LoadKey(ctx, s.mesh.Fleet)
 		if err != nil {
 			return err
 		}

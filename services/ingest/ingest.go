@@ -22,6 +22,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
+	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/config"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/tokens"
@@ -35,7 +36,7 @@ type Config struct {
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Guard seals estimates; nil: New makes one with the fleet key from
-	// the budgets bucket.
+	// the fleet bucket.
 	Guard *guard.Guard
 	// Waiters bounds the HTTP requests per tenant that wait for a result
 	// (shared with the result service); nil makes one from the config.
@@ -75,7 +76,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	if cfg.Guard == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		key, err := guard.LoadKey(ctx, m.Budgets)
+		key, err := guard.LoadKey(ctx, m.Fleet)
 		if err != nil {
 			return nil, err
 		}
@@ -571,6 +572,11 @@ func (s *Service) Run(ctx context.Context) error {
 	var hints hintGate
 	defer hints.close()
 	sub, err := s.mesh.JS.Conn().QueueSubscribe(job.WaitPrefix+"*", "ingest", func(m *nats.Msg) {
+		if !mesh.ReplyAllowed(m.Reply, client.InboxPrefix(m.Subject[len(job.WaitPrefix):])) {
+			s.m.RepliesDropped.WithLabelValues("ingest").Inc()
+			s.log.Debug("wait hint: reply subject refused", "len", len(m.Reply))
+			return
+		}
 		hints.serve(ctx, m, func(ctx context.Context, m *nats.Msg) {
 			wctx, cancel := context.WithTimeout(ctx, time.Second)
 			defer cancel()
