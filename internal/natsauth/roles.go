@@ -1,7 +1,8 @@
-// Package natsauth decides who may do what on Sluice's NATS: the
-// permissions of each service role, of the operator and of each tenant; the
-// service identities (nkeys) kept in the data directory; the users of the
-// embedded server; the nats-server authorization block for an external
+// Package natsauth decides who may do what on Sluice's NATS: the accounts
+// (the services' and one per tenant, see accounts.go); the permissions of
+// each service role, of the operator and of each tenant; the service
+// identities (nkeys) kept in the data directory; the accounts and users of
+// the embedded server; the nats-server accounts block for an external
 // cluster; and how a process or CLI command connects.
 //
 // A process connects once, as the union of the roles of the services it
