@@ -53,7 +53,7 @@ type Config struct {
 	// Calib receives usage to calibrate token estimates; may be nil.
 	Calib *calib.Table
 	// Guard verifies dispatched jobs; nil: Run makes one with the fleet
-	// key from the budgets bucket.
+	// key from the fleet bucket.
 	Guard *guard.Guard
 }
 
