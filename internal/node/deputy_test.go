@@ -179,6 +179,15 @@ func TestTenantRepliesStayInItsAccount(t *testing.T) {
 		"$KV." + streams.BucketFleet + "." + guard.KeyName,
 	}
 	acme := connect(t, info.NATSURL, client.TenantUser("acme", env["ACME_KEY"]))
+	// The node is ready before its services subscribe: wait until ingest
+	// answers wait hints, so the attempts below reach it.
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		if _, err := acme.Request(job.WaitSubject("acme"), nil, 500*time.Millisecond); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("ingest never answered a wait hint: %v", err)
+		}
+	}
 	for i, reply := range foreign {
 		body, _ := json.Marshal(&job.Job{Tenant: "acme", Request: chat(3)})
 		if err := acme.PublishRequest(job.WaitSubject("acme"), reply, body); err != nil {
