@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/bench"
@@ -25,6 +26,7 @@ func runBenchAnthropic(ctx context.Context, args []string, stdout, stderr io.Wri
 	ttft := fs.Duration("ttft", 200*time.Millisecond, "simulated latency before the first token")
 	perToken := fs.Duration("per-token", 2*time.Millisecond, "simulated latency per output token")
 	jsonPath := fs.String("json", "", "write the figures here as JSON")
+	verbose := fs.Bool("v", false, "the fleet's logs (info) on stderr")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}
@@ -32,7 +34,11 @@ func runBenchAnthropic(ctx context.Context, args []string, stdout, stderr io.Wri
 		return errors.New("want --jobs >= 1, --itpm >= 1, --otpm and --rpm >= 0, --concurrency >= 1 and --run-timeout > 0")
 	}
 	fmt.Fprintf(stdout, "sluice bench anthropic-cache: %s against the simulator's anthropic profile, Sluice told the real limits\n", bench.FleetDescription())
-	r, err := bench.RunAnthropicCache(ctx, spec, bench.Options{Concurrency: *conc, Seed: *seed, RunTimeout: *runTimeout, TTFT: *ttft, PerToken: *perToken})
+	opt := bench.Options{Concurrency: *conc, Seed: *seed, RunTimeout: *runTimeout, TTFT: *ttft, PerToken: *perToken}
+	if *verbose {
+		opt.Log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	r, err := bench.RunAnthropicCache(ctx, spec, opt)
 	if err != nil {
 		return err
 	}

@@ -62,6 +62,10 @@ type AnthropicCacheResult struct {
 	WallS                   float64
 	Pass                    bool
 	Why                     string
+	// Timeline is the simulator's per second; Sluice what the fleet's
+	// metrics said.
+	Timeline []sim.MessagesSecond `json:"timeline"`
+	Sluice   *SluiceMetrics       `json:"sluice,omitempty"`
 }
 
 // anthropicJobs are the scenario's bodies (OpenAI chat shape, the system
@@ -142,6 +146,7 @@ func RunAnthropicCache(ctx context.Context, s AnthropicCacheSpec, opt Options) (
 		r.CacheHit = float64(st.CacheRead) / float64(in)
 	}
 	r.Fill, r.OTPMFill, r.RPM = steadyMessages(st.Timeline, s)
+	r.Timeline, r.Sluice = st.Timeline, m.metrics
 	perRequest := s.SystemTokens + s.TurnTokens + 3 // the simulator's count, 3 for the message
 	r.FullPromptRPM = float64(s.ITPM) / float64(perRequest)
 	if r.FullPromptRPM > 0 {

@@ -135,7 +135,7 @@ func Compute(c Config, st State, now time.Time) Effective {
 	if !c.Adapts {
 		e.PerMinute = e.Configured
 		for d := range Dims {
-			e.PerSecond[d] = perSecond(e.PerMinute[d], c.BurstFraction, 1)
+			e.PerSecond[d] = perSecond(e.PerMinute[d], c.burstFraction(), 1)
 		}
 		return e
 	}
@@ -164,9 +164,22 @@ func Compute(c Config, st State, now time.Time) Effective {
 			lim = max(int(float64(lim)*e.Ramp), 1)
 		}
 		e.PerMinute[d] = lim
-		e.PerSecond[d] = perSecond(lim, c.BurstFraction, st.quantum(d, ms))
+		e.PerSecond[d] = perSecond(lim, c.burstFraction(), st.quantum(d, ms))
 	}
 	return e
+}
+
+// burstFraction is the share of the minute the per-second caps start at:
+// BurstFraction, or the whole minute for a provider that limits input and
+// output apart (Anthropic): it enforces a continuously refilled bucket,
+// not a per-second window, and pacing at the minute's rate holds a bucket
+// (a quarter-full second's cap of lumpy requests would waste up to half of
+// it). A burst refusal still cuts the cap from there.
+func (c Config) burstFraction() float64 {
+	if c.SplitOutput {
+		return 1
+	}
+	return c.BurstFraction
 }
 
 // quantum is the factor on dimension d's per-second cap at ms: 1 without a

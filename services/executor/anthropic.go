@@ -50,7 +50,10 @@ func (s *Service) settleSplit(ctx context.Context, j *job.Job, u job.Usage) bool
 		// As returnOverReserved: one give-back per model at a time.
 		busy, _ := s.returning.LoadOrStore(key, new(atomic.Bool))
 		if busy.(*atomic.Bool).CompareAndSwap(false, true) {
-			if err := s.store.ReturnAt(context.WithoutCancel(ctx), key, r.SendAt, back); err != nil {
+			// The provider's bucket was charged the usage: pace what it was
+			// charged (at the configured limits, never above the effective).
+			lim := budget.Limits{RPM: model.RPM, TPM: model.TokenLimit(), OTPM: model.OTPM}
+			if err := s.store.ReturnRewind(context.WithoutCancel(ctx), key, r.SendAt, back, lim); err != nil {
 				s.log.Debug("settle: return", "job_id", j.ID, "err", err)
 			}
 			busy.(*atomic.Bool).Store(false)
