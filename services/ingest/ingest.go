@@ -268,7 +268,7 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 		}
 		if old.Tenant != j.Tenant {
 			dropOp()
-			return Accepted{}, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "id", Message: "is already used"}
+			return Accepted{}, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "id", Message: "is already used by another job: ids are global, so use ones nobody can guess (a UUID), or none to have one assigned"}
 		}
 		if old.Status.Terminal() {
 			dropOp()

@@ -154,3 +154,52 @@ func TestWaitHintsSurviveAnotherTenantsFlood(t *testing.T) {
 	}
 	t.Logf("acme's %d large hint requests: %d answered so far", floodN, answered.Load())
 }
+
+// A job id another tenant took first: this tenant's NATS submission is
+// not dropped as a duplicate but refused on its own result subject, and
+// nothing is stored under the other tenant's job.
+func TestIDTakenByAnotherTenant(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	taken := newJob("beta", "")
+	if _, err := f.svc.Accept(ctx, taken); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := f.nc.SubscribeSync(job.ResultPrefix + "acme.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	mine := newJob("acme", "")
+	mine.ID = taken.ID
+	data, _ := json.Marshal(mine)
+	if _, err := f.js.Publish(ctx, job.IntakeSubject("acme"), data); err != nil {
+		t.Fatal(err)
+	}
+	m, err := sub.NextMsg(15 * time.Second)
+	if err != nil {
+		t.Fatalf("acme heard nothing about its job: %v", err)
+	}
+	var r job.Result
+	if json.Unmarshal(m.Data, &r) != nil || r.JobID != taken.ID || r.Error == nil || !strings.Contains(r.Error.Message, "already used") {
+		t.Errorf("acme's result %s; want a refusal of id %s as already used", m.Data, taken.ID)
+	}
+	st, err := f.js.Stream(ctx, streams.Results)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 0 {
+		t.Errorf("RESULTS holds %d messages after the refusal; want nothing stored (the id is beta's)", info.State.Msgs)
+	}
+	rec, _, err := f.mesh.Lookup(ctx, taken.ID)
+	if err != nil || rec.Tenant != "beta" || rec.Status != job.StatusQueued {
+		t.Errorf("beta's record after acme's refusal: %+v, %v; want beta's, queued", rec, err)
+	}
+}
