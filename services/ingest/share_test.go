@@ -123,7 +123,7 @@ func TestTenantBytesInIntakeAreBounded(t *testing.T) {
 	t.Parallel()
 	f := setupBytes(t)
 	// acme's QUEUE share is full.
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for range 2 {
 		if _, err := f.svc.Accept(ctx, bigJob("acme", "slow")); err != nil {
@@ -143,7 +143,7 @@ func TestTenantBytesInIntakeAreBounded(t *testing.T) {
 	}
 	f.run(t)
 	// Two fit acme's 256 KiB of INTAKE and wait; the rest are refused.
-	m, err := sub.NextMsg(15 * time.Second)
+	m, err := sub.NextMsg(45 * time.Second)
 	if err != nil {
 		t.Fatalf("no refusal for acme's jobs beyond its INTAKE share: %v", err)
 	}
@@ -151,8 +151,11 @@ func TestTenantBytesInIntakeAreBounded(t *testing.T) {
 	if json.Unmarshal(m.Data, &r) != nil || r.Error == nil || r.Error.Code != job.CodeQueueFull || !strings.Contains(r.Error.Message, "queues.intake.max_bytes_per_tenant") {
 		t.Fatalf("refusal %s; want queue_full naming queues.intake.max_bytes_per_tenant", m.Data)
 	}
+	st, err := f.js.Stream(ctx, streams.Intake)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for {
-		st, _ := f.js.Stream(ctx, streams.Intake)
 		info, err := st.Info(ctx)
 		if err != nil {
 			t.Fatal(err)
