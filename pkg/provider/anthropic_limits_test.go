@@ -1,7 +1,9 @@
 package provider
 
 import (
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -99,5 +101,26 @@ func TestToAnthropicPassesCacheAndThinking(t *testing.T) {
 	out, _ = toAnthropic([]byte(`{"model":"m","messages":[{"role":"system","content":"a"},{"role":"user","content":"b"}]}`), "")
 	if !strings.Contains(string(out), `"system":"a"`) {
 		t.Errorf("plain system prompt: %s", out)
+	}
+}
+
+// TestOpenAIPassesPromptCacheFields: prompt_cache_key and
+// prompt_cache_retention reach an OpenAI-kind provider as sent.
+func TestOpenAIPassesPromptCacheFields(t *testing.T) {
+	t.Parallel()
+	got := make(chan []byte, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- b
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"id":"c","object":"chat.completion","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`))
+	}))
+	defer srv.Close()
+	body := `{"model":"gpt-4o-mini","prompt_cache_key":"tenant-a/agent-7","prompt_cache_retention":"24h","messages":[{"role":"user","content":"hi"}]}`
+	if _, err := NewOpenAI(OpenAIConfig{BaseURL: srv.URL}).Do(t.Context(), Call{Body: []byte(body)}); err != nil {
+		t.Fatal(err)
+	}
+	if b := <-got; string(b) != body {
+		t.Errorf("provider received %s, want the body as sent", b)
 	}
 }
