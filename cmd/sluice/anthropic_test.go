@@ -223,6 +223,7 @@ tenants:
 		// The anthropic-version header is required, as Anthropic requires it.
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, n.HTTP+"/v1/messages",
 			strings.NewReader(`{"model":"claude-sim","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`))
+		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("x-api-key", "acme-key")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {

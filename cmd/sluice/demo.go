@@ -178,6 +178,7 @@ tenants:
 		`{"model":"no-such-model","messages":[{"role":"user","content":"hi"}]}`,
 	} {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(bad))
+		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("X-Sluice-Tenant", "acme")
 		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
@@ -293,6 +294,7 @@ func submitDemoJob(ctx context.Context, cl *client.Client, base string, dj demoJ
 	switch dj.tenant {
 	case "acme": // the OpenAI-compatible endpoint, waiting for the answer
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(dj.body))
+		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("X-Sluice-Tenant", dj.tenant)
 		req.Header.Set("X-Sluice-Priority", string(dj.priority))
 		resp, err := http.DefaultClient.Do(req)
@@ -312,6 +314,7 @@ func submitDemoJob(ctx context.Context, cl *client.Client, base string, dj demoJ
 	default: // the jobs API
 		env, _ := json.Marshal(job.Job{Tenant: dj.tenant, Priority: dj.priority, Request: dj.body})
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/jobs", bytes.NewReader(env))
+		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("X-Sluice-Tenant", dj.tenant)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {

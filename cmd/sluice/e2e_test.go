@@ -273,6 +273,7 @@ func TestBadInput(t *testing.T) {
 	}
 	for _, tc := range cases {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, n.HTTP+tc.path, strings.NewReader(tc.body))
+		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", "Bearer "+tc.key)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {

@@ -230,6 +230,7 @@ func TestNATSTrustBoundary(t *testing.T) {
 	// The HTTP paths exercise ingest's and result's waits and reads.
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ingestHTTP+"/v1/chat/completions",
 		bytes.NewReader(chatBody(model, 5, 16)))
+	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+testEnv["GLOBEX_KEY"])
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

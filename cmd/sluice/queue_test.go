@@ -95,6 +95,7 @@ func TestQueueVisibilityAndBackpressure(t *testing.T) {
 	post := func(priority, deadline string) (int, string, string) {
 		body := fmt.Sprintf(`{"priority":%q,%s"request":{"model":"gpt-4o-mini","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}}`, priority, deadline)
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, n.HTTP+"/v1/jobs", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", "Bearer acme-key")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {

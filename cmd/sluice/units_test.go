@@ -181,6 +181,7 @@ func chatWithCost(ctx context.Context, base, key string, body []byte, cost strin
 // status and body of the answer.
 func chatStatus(ctx context.Context, base, key string, body []byte, cost string) (int, string) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+key)
 	req.Header.Set("X-Sluice-Cost", cost)
 	resp, err := http.DefaultClient.Do(req)

@@ -262,6 +262,10 @@ func StatusFor(code string) int {
 		return http.StatusGatewayTimeout
 	case job.CodeUnknownModel:
 		return http.StatusNotFound
+	case CodeUnsupportedMediaType:
+		return http.StatusUnsupportedMediaType
+	case job.CodeIdempotencyMismatch:
+		return http.StatusUnprocessableEntity
 	}
 	return http.StatusBadRequest
 }

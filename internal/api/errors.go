@@ -7,6 +7,13 @@ import (
 	"strings"
 )
 
+// Error codes of the HTTP API beyond the job's own (job.Code*).
+const (
+	// CodeUnsupportedMediaType refuses a body not declared
+	// application/json (415).
+	CodeUnsupportedMediaType = "unsupported_media_type"
+)
+
 // ErrorParam writes an OpenAI-shaped error body whose param names the field
 // at fault ("" writes null, as Error does).
 func ErrorParam(w http.ResponseWriter, status int, typ, code, param, msg string) {

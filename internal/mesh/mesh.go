@@ -195,6 +195,9 @@ func IsStreamFull(err error) bool {
 
 // Lookup returns a job's record.
 func (m *Mesh) Lookup(ctx context.Context, jobID string) (*Record, uint64, error) {
+	if !jobRef("", jobID) {
+		return nil, 0, job.ErrNotFound
+	}
 	e, err := m.Results.Get(ctx, jobID)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, 0, job.ErrNotFound
@@ -248,6 +251,10 @@ func (m *Mesh) CreateRecords(ctx context.Context, jobID string, rec []byte, opKe
 		fut   jetstream.PubAckFuture
 		out   Created
 		retry bool
+	}
+	if !jobRef("", jobID) || !validOpKey(opKey) {
+		err := fmt.Errorf("records of job %q under %q: not a job id or operation key", clipKey(jobID), clipKey(opKey))
+		return Created{Err: err}, Created{Err: err}
 	}
 	both := [2]*one{{kv: m.Results, key: jobID, data: rec}, {kv: m.Idempotency, key: opKey, data: op}}
 	for _, o := range both {
@@ -313,6 +320,9 @@ type OpRecord struct {
 	// never recorded (its executor was lost).
 	Sent      *SentMark `json:"sent,omitempty"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// BodyDigest is the request's digest (BodyDigest) when the caller
+	// gave the idempotency key.
+	BodyDigest string `json:"body_digest,omitempty"`
 }
 
 // SentMark is the record of a call leaving for the provider.
@@ -349,6 +359,9 @@ func ProviderKey(opKey string) string {
 
 // GetOp reads an operation record.
 func (m *Mesh) GetOp(ctx context.Context, bucketKey string) (*OpRecord, uint64, error) {
+	if !validOpKey(bucketKey) {
+		return nil, 0, job.ErrNotFound
+	}
 	e, err := m.Idempotency.Get(ctx, bucketKey)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, 0, job.ErrNotFound
@@ -399,6 +412,9 @@ func (m *Mesh) UpdateOpRev(ctx context.Context, bucketKey string, fn func(r *OpR
 // without reading it first: the record at a revision is the one written
 // at it.
 func (m *Mesh) PutOpAt(ctx context.Context, bucketKey string, r *OpRecord, rev uint64) (uint64, error) {
+	if !validOpKey(bucketKey) {
+		return 0, fmt.Errorf("op record %q: not an operation key", clipKey(bucketKey))
+	}
 	r.UpdatedAt = time.Now().UTC()
 	data, err := json.Marshal(r)
 	if err != nil {
@@ -411,6 +427,9 @@ func (m *Mesh) PutOpAt(ctx context.Context, bucketKey string, r *OpRecord, rev u
 // subscribes to the job's result subject before looking the record up, so a
 // result written in between is not missed.
 func (m *Mesh) Wait(ctx context.Context, tenant, jobID string) (*job.Result, error) {
+	if !jobRef(tenant, jobID) {
+		return nil, job.ErrNotFound
+	}
 	ch := make(chan *nats.Msg, 1)
 	sub, err := m.JS.Conn().ChanSubscribe(job.ResultSubject(tenant, jobID), ch)
 	if err != nil {
@@ -451,6 +470,9 @@ const errCodeStoreFailed jetstream.ErrorCode = 10077
 
 // StoredResult reads a job's result straight from the RESULTS stream.
 func (m *Mesh) StoredResult(ctx context.Context, tenant, jobID string) (*job.Result, error) {
+	if !jobRef(tenant, jobID) {
+		return nil, job.ErrNotFound
+	}
 	m.resultsMu.Lock()
 	st := m.results
 	if st == nil {

@@ -77,6 +77,7 @@ type Info struct {
 	// sets one (else /metrics is on HTTPAddr).
 	MetricsAddr string
 	Registry    *prometheus.Registry
+	conn        *nats.Conn // the services' connection (tests)
 }
 
 // ParseServices checks a comma-separated service list.
@@ -187,9 +188,10 @@ func Run(ctx context.Context, o Options) error {
 		// for it.
 		dial = "nats://" + strings.TrimPrefix(strings.TrimPrefix(natsURL, "tls://"), "nats://")
 	}
+	closed := make(chan struct{})
 	nc, err := nats.Connect(dial, append(authOpts, nats.Name("sluice "+strings.Join(o.Services, ",")),
 		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond), nats.RetryOnFailedConnect(true),
-		nats.ErrorHandler(natsErrorLogger(log)))...)
+		nats.ErrorHandler(natsErrorLogger(log)), nats.ClosedHandler(func(*nats.Conn) { close(closed) }))...)
 	if err != nil {
 		return fmt.Errorf("connect nats %s: %w", natsauth.RedactURL(natsURL), err)
 	}
@@ -293,7 +295,7 @@ func Run(ctx context.Context, o Options) error {
 	if ns != nil && o.NATSCluster != "" && o.Config.Server.Replicas > 1 {
 		readiness = append(readiness, (&catchUp{js: js, server: ns.Name()}).Ready)
 	}
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.Handle("GET /healthz", healthz(nc))
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !nc.IsConnected() {
 			http.Error(w, "nats: not connected", http.StatusServiceUnavailable)
@@ -319,6 +321,7 @@ func Run(ctx context.Context, o Options) error {
 	}, func(error) { stop() })
 	svcCtx, stopServices := context.WithCancel(context.Background())
 	defer stopServices()
+	g.Add(func() error { return connClosed(runCtx, nc, closed, errStopped) }, func(error) { stop() })
 	for i, s := range services {
 		name := o.Services[i]
 		g.Add(func() error {
@@ -336,7 +339,7 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	if o.OnReady != nil {
-		o.OnReady(Info{NATSURL: natsURL, NATSOptions: opOpts, HTTPAddr: httpAddr, MetricsAddr: metricsAddr, Registry: reg})
+		o.OnReady(Info{NATSURL: natsURL, NATSOptions: opOpts, HTTPAddr: httpAddr, MetricsAddr: metricsAddr, Registry: reg, conn: nc})
 	}
 	log.Info("sluice up", "services", strings.Join(o.Services, ","), "nats", natsauth.RedactURL(natsURL), "nats_identity", ident.String())
 	err = g.Run()

@@ -122,8 +122,8 @@ func New(nc *nats.Conn) (*Client, error) {
 // two minutes is dropped by the stream and reported as a *DuplicateError
 // (errors.Is ErrDuplicate), so retrying a Submit is safe and visible.
 func (c *Client) Submit(ctx context.Context, j *job.Job) (string, error) {
-	if !job.ValidName(j.Tenant) {
-		return "", fmt.Errorf("sluice: tenant %q is not a valid name", j.Tenant)
+	if err := checkRef(j.Tenant, j.ID); err != nil {
+		return "", err
 	}
 	if j.ID == "" {
 		j.ID = job.NewID()
@@ -206,6 +206,12 @@ func isFull(err error) bool {
 
 // Await waits for the job's terminal result.
 func (c *Client) Await(ctx context.Context, tenant, id string) (*job.Result, error) {
+	if err := checkRef(tenant, id); err != nil {
+		return nil, err
+	}
+	if id == "" {
+		return nil, ErrInvalidID
+	}
 	ch := make(chan *nats.Msg, 1)
 	sub, err := c.nc.ChanSubscribe(job.ResultSubject(tenant, id), ch)
 	if err != nil {
@@ -249,6 +255,9 @@ func (c *Client) Lookup(ctx context.Context, id string) (*job.Result, error) {
 	if c.tenant != "" {
 		return nil, ErrTenantConnection
 	}
+	if !job.CanonicalID(id) {
+		return nil, ErrInvalidID
+	}
 	kv, err := c.js.KeyValue(ctx, "results")
 	if err != nil {
 		return nil, err
@@ -290,8 +299,8 @@ type Pending struct {
 // result cannot be missed, and no JetStream read is needed (so it works on
 // a tenant's connection). Wait for the result with Wait; Stop when done.
 func (c *Client) Start(ctx context.Context, j *job.Job) (*Pending, error) {
-	if !job.ValidName(j.Tenant) {
-		return nil, fmt.Errorf("sluice: tenant %q is not a valid name", j.Tenant)
+	if err := checkRef(j.Tenant, j.ID); err != nil {
+		return nil, err
 	}
 	if j.ID == "" {
 		j.ID = job.NewID()
@@ -319,6 +328,9 @@ func (p *Pending) Stop() { _ = p.sub.Unsubscribe() }
 // are published once per job; a subscriber that is not connected at the time
 // misses it and can Lookup the job instead.
 func (c *Client) Subscribe(tenant string, fn func(*job.Result)) (*nats.Subscription, error) {
+	if err := checkRef(tenant, ""); err != nil {
+		return nil, err
+	}
 	return c.nc.Subscribe(job.ResultPrefix+tenant+".>", func(m *nats.Msg) {
 		var r job.Result
 		if err := json.Unmarshal(m.Data, &r); err == nil {

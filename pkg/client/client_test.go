@@ -172,23 +172,24 @@ func TestAwaitFindsStoredAndLaterResults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	a, b := job.NewID(), job.NewID()
 	// Already stored before Await.
-	stored, _ := json.Marshal(map[string]any{"result": job.Result{JobID: "a", Tenant: "acme", Status: job.StatusSucceeded}})
-	if _, err := kv.Put(ctx, "a", stored); err != nil {
+	stored, _ := json.Marshal(map[string]any{"result": job.Result{JobID: a, Tenant: "acme", Status: job.StatusSucceeded}})
+	if _, err := kv.Put(ctx, a, stored); err != nil {
 		t.Fatal(err)
 	}
-	r, err := c.Await(ctx, "acme", "a")
+	r, err := c.Await(ctx, "acme", a)
 	if err != nil || r.Status != job.StatusSucceeded {
 		t.Fatalf("Await(stored) = %+v, %v", r, err)
 	}
 	// Published while Await waits.
 	go func() {
 		time.Sleep(100 * time.Millisecond)
-		data, _ := json.Marshal(job.Result{JobID: "b", Tenant: "acme", Status: job.StatusFailed})
-		_, _ = js.Publish(ctx, job.StoreSubject("acme", "b"), data)
+		data, _ := json.Marshal(job.Result{JobID: b, Tenant: "acme", Status: job.StatusFailed})
+		_, _ = js.Publish(ctx, job.StoreSubject("acme", b), data)
 	}()
-	r, err = c.Await(ctx, "acme", "b")
-	if err != nil || r.Status != job.StatusFailed || r.JobID != "b" {
+	r, err = c.Await(ctx, "acme", b)
+	if err != nil || r.Status != job.StatusFailed || r.JobID != b {
 		t.Fatalf("Await(later) = %+v, %v", r, err)
 	}
 }

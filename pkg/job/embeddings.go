@@ -36,7 +36,7 @@ type EmbeddingsRequest struct {
 func ParseEmbeddings(body []byte) (*EmbeddingsRequest, error) {
 	var r EmbeddingsRequest
 	if err := json.Unmarshal(body, &r); err != nil {
-		return nil, invalid("request", "malformed embeddings body: %v", err)
+		return nil, DecodeError("request", "embeddings body", err)
 	}
 	if r.Model == "" {
 		return nil, invalid("request.model", "is required")

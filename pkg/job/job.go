@@ -466,7 +466,7 @@ func Parse(data []byte, lim Limits) (*Job, error) {
 			name, _ := strconv.Unquote(f)
 			return nil, invalid(clip(name), "is not a field of the job envelope (its fields: %s)", strings.Join(EnvelopeFields, ", "))
 		}
-		return nil, invalid("", "malformed job JSON: %v", err)
+		return nil, DecodeError("", "job JSON", err)
 	}
 	if dec.More() {
 		return nil, invalid("", "malformed job JSON: data after the envelope")
@@ -545,7 +545,7 @@ func (j *Job) CheckEnvelope() error {
 func ParseRequest(body []byte, lim Limits) (*ChatRequest, error) {
 	var r ChatRequest
 	if err := json.Unmarshal(body, &r); err != nil {
-		return nil, invalid("request", "malformed chat-completions body: %v", err)
+		return nil, DecodeError("request", "chat-completions body", err)
 	}
 	if r.Model == "" {
 		return nil, invalid("request.model", "is required")

@@ -58,7 +58,7 @@ func decodeCases() []decodeCase {
 
 		{name: "malformed JSON", data: `{"tenant":"acme","request":`, wantCode: job.CodeInvalidRequest, wantMsg: "malformed job JSON"},
 		{name: "not an object", data: `[1,2]`, wantCode: job.CodeInvalidRequest, wantMsg: "malformed job JSON"},
-		{name: "wrong type for tenant", data: `{"tenant":5,"request":` + minimalRequest + `}`, wantCode: job.CodeInvalidRequest, wantMsg: "malformed job JSON"},
+		{name: "wrong type for tenant", data: `{"tenant":5,"request":` + minimalRequest + `}`, wantCode: job.CodeInvalidRequest, wantField: "tenant", wantMsg: "tenant: invalid type: expected a string, but got a number"},
 		{name: "missing request", data: `{"tenant":"acme"}`, wantCode: job.CodeInvalidRequest, wantField: "request", wantMsg: "is required", wantJob: true},
 		{name: "null request", data: `{"tenant":"acme","request":null}`, wantCode: job.CodeInvalidRequest, wantField: "request", wantMsg: "is required", wantJob: true},
 		{name: "request not an object", data: envelope("", `"hello"`), wantCode: job.CodeInvalidRequest, wantField: "request", wantMsg: "malformed chat-completions body", wantJob: true},
@@ -73,7 +73,9 @@ func decodeCases() []decodeCase {
 		{name: "max_tokens above a custom limit", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":101}`), lim: &job.Limits{MaxTokens: 100}, wantCode: job.CodeInvalidRequest, wantField: "request.max_tokens", wantMsg: "is 101; at most 100", wantJob: true},
 		{name: "max_completion_tokens 0", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":0}`), wantCode: job.CodeInvalidRequest, wantField: "request.max_completion_tokens", wantMsg: "must be positive", wantJob: true},
 		{name: "max_completion_tokens above limit", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":200000}`), wantCode: job.CodeInvalidRequest, wantField: "request.max_completion_tokens", wantMsg: "at most 128000", wantJob: true},
-		{name: "max_tokens not a number", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":"10"}`), wantCode: job.CodeInvalidRequest, wantField: "request", wantMsg: "malformed chat-completions body", wantJob: true},
+		{name: "max_tokens not a number", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":"10"}`), wantCode: job.CodeInvalidRequest, wantField: "request.max_tokens", wantMsg: "request.max_tokens: invalid type: expected an integer, but got a string", wantJob: true},
+		{name: "role not a string", data: envelope("", `{"model":"m","messages":[{"role":7,"content":"hi"}]}`), wantCode: job.CodeInvalidRequest, wantField: "request.messages.role", wantMsg: "expected a string, but got a number", wantJob: true},
+		{name: "max_tokens a fraction", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1.5}`), wantCode: job.CodeInvalidRequest, wantField: "request.max_tokens", wantMsg: "expected an integer, but got the number 1.5", wantJob: true},
 		{name: "n=2", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":2}`), wantJob: true},
 		{name: "n=128", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":128}`), wantJob: true},
 		{name: "n=0", data: envelope("", `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":0}`), wantCode: job.CodeInvalidRequest, wantField: "request.n", wantMsg: "between 1 and 128", wantJob: true},
@@ -137,6 +139,9 @@ func TestDecode(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), tc.wantMsg) {
 				t.Errorf("message: got %q, want it to contain %q", err, tc.wantMsg)
+			}
+			if msg := err.Error(); strings.Contains(msg, "Go ") || strings.Contains(msg, "ChatRequest") || strings.Contains(msg, "json: ") {
+				t.Errorf("message: got %q, which names Go's types or decoder, not the field and JSON type", msg)
 			}
 		})
 	}

@@ -1159,7 +1159,8 @@ func (s *Service) finish(ctx context.Context, j *job.Job, opKey string, r *job.R
 func (s *Service) markInFlight(ctx context.Context, j *job.Job, opKey string, attempt int, sent *mesh.SentMark, lost **mesh.SentMark, cancelled, wasInFlight *bool) (*mesh.OpRecord, uint64, error) {
 	if j.Revs != nil && j.Revs.Op > 0 {
 		_, key := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
-		r := &mesh.OpRecord{Key: key, JobID: j.ID, Tenant: j.Tenant, State: mesh.OpInFlight, Provider: j.Provider, Model: j.Model, Attempt: attempt, Sent: sent}
+		r := &mesh.OpRecord{Key: key, JobID: j.ID, Tenant: j.Tenant, State: mesh.OpInFlight, Provider: j.Provider, Model: j.Model, Attempt: attempt, Sent: sent,
+			BodyDigest: mesh.BodyDigest(j)}
 		if rev, err := s.mesh.PutOpAt(ctx, opKey, r, j.Revs.Op); err == nil {
 			return r, rev, nil
 		}

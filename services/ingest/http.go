@@ -27,6 +27,9 @@ func (s *Service) Routes(mux *http.ServeMux, auth api.Auth) {
 const DefaultWait = 10 * time.Minute
 
 func (s *Service) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	if err := checkContentType(r); err != nil {
+		return nil, err
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.lim.MaxBodyBytes)))
 	if err != nil {
 		var mbe *http.MaxBytesError
@@ -34,6 +37,9 @@ func (s *Service) readBody(w http.ResponseWriter, r *http.Request) ([]byte, erro
 			return nil, &job.ValidationError{Code: job.CodeTooLarge, Message: fmt.Sprintf("body is over the %d-byte limit", s.lim.MaxBodyBytes)}
 		}
 		return nil, &job.ValidationError{Code: job.CodeInvalidRequest, Message: "could not read body"}
+	}
+	if err := checkUTF8(body); err != nil {
+		return nil, err
 	}
 	return body, nil
 }

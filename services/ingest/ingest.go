@@ -167,6 +167,7 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 	if err := j.CheckEnvelope(); err != nil {
 		return Accepted{}, err
 	}
+	j.Request = canonicalBody(j.Request) // what the seal and the digest bind
 	if _, ok := s.cfg.App.Tenant(j.Tenant); !ok {
 		return Accepted{}, &job.ValidationError{Code: job.CodeUnknownTenant, Field: "tenant", Message: fmt.Sprintf("unknown tenant %q", clip(j.Tenant))}
 	}
@@ -240,7 +241,8 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 	// stopped), and the operation record, which a different job with the
 	// same idempotency key joins.
 	opKey, key := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
-	op := mesh.OpRecord{Key: key, JobID: j.ID, Tenant: j.Tenant, State: mesh.OpQueued, Provider: prov.Name, Model: model.Name, UpdatedAt: now}
+	op := mesh.OpRecord{Key: key, JobID: j.ID, Tenant: j.Tenant, State: mesh.OpQueued, Provider: prov.Name, Model: model.Name, UpdatedAt: now,
+		BodyDigest: mesh.BodyDigest(j)}
 	opData, _ := json.Marshal(op)
 	var made created
 	rec := mesh.Record{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusQueued, SubmittedAt: j.SubmittedAt}
@@ -296,6 +298,9 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 			continue // the operation's job was refused and withdrawn meanwhile: this job takes it on
 		}
 		if err != nil {
+			if !held && made.job != 0 {
+				_ = withdraw(context.WithoutCancel(ctx), s.mesh.Results, j.ID, made.job)
+			}
 			return Accepted{}, err
 		}
 		if joined != "" {
@@ -494,9 +499,13 @@ func (s *Service) intakeWait(ctx context.Context, data []byte) time.Duration {
 // the job id j joined, or "" when the record is j's own (a repeat of the
 // same job, which then continues to enqueue).
 func (s *Service) join(ctx context.Context, opKey string, j *job.Job) (string, error) {
-	var done bool
+	var done, mismatch bool
+	digest := mesh.BodyDigest(j)
 	rec, err := s.mesh.UpdateOp(ctx, opKey, func(r *mesh.OpRecord) bool {
 		if r.JobID == j.ID {
+			return false
+		}
+		if mismatch = digest != "" && r.BodyDigest != "" && r.BodyDigest != digest; mismatch {
 			return false
 		}
 		switch r.State {
@@ -514,6 +523,9 @@ func (s *Service) join(ctx context.Context, opKey string, j *job.Job) (string, e
 	})
 	if err != nil {
 		return "", &transientError{err}
+	}
+	if mismatch {
+		return "", errIdempotencyMismatch
 	}
 	if rec.JobID == j.ID {
 		return "", nil

@@ -39,7 +39,7 @@ type fixture struct {
 
 // setup runs ingest's dependencies on an embedded server, with QUEUE
 // bounded at 2 jobs per tenant and priority and no admission draining it.
-func setup(t *testing.T) *fixture {
+func setup(t testing.TB) *fixture {
 	t.Helper()
 	s := natstest.Server(t)
 	nc := natstest.Conn(t, s)
@@ -123,6 +123,7 @@ func TestRefusedJobLeavesNoRecords(t *testing.T) {
 	f.svc.Routes(mux, api.Auth{Tenants: []string{"acme", "beta"}, Open: true})
 	body := `{"idempotency_key":"order-4","request":{"model":"fast","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}}`
 	req := httptest.NewRequest(http.MethodPost, "/v1/jobs", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Sluice-Tenant", "acme")
 	rec := httptest.NewRecorder()
 	mux.ServeHTTP(rec, req)
@@ -441,6 +442,7 @@ func TestAcceptResolvesCost(t *testing.T) {
 	mux := http.NewServeMux()
 	f.svc.Routes(mux, api.Auth{Tenants: []string{"acme", "beta"}, Open: true})
 	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(`{"model":"painter","messages":[{"role":"user","content":"a cat"}]}`))
+	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Sluice-Tenant", "beta")
 	req.Header.Set(CostHeader, "images=2, videos=1")
 	rec := httptest.NewRecorder()

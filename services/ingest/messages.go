@@ -290,7 +290,7 @@ func messagesToChat(body []byte) ([]byte, string, error) {
 	}
 	var in anInRequest
 	if err := json.Unmarshal(body, &in); err != nil {
-		return nil, "", fmt.Errorf("malformed Messages API body: %v", err)
+		return nil, "", job.DecodeError("", "Messages API body", err)
 	}
 	switch {
 	case in.Model == "":

@@ -37,6 +37,7 @@ func TestQueueFullRetryAfterCapped(t *testing.T) {
 	mux := http.NewServeMux()
 	f.svc.Routes(mux, api.Auth{Tenants: []string{"acme", "beta"}, Open: true})
 	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(slow))
+	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Sluice-Tenant", "acme")
 	rec := httptest.NewRecorder()
 	mux.ServeHTTP(rec, req)

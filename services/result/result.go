@@ -253,6 +253,12 @@ func (s *Service) get(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 		return
 	}
 	id := r.PathValue("id")
+	if !job.CanonicalID(id) {
+		// Sluice's ids are canonical UUIDs; anything else names no job,
+		// and goes no further: the id becomes a KV key and a subject.
+		api.Error(w, http.StatusNotFound, "invalid_request_error", "job_not_found", "no such job")
+		return
+	}
 	var wait time.Duration
 	if v := r.URL.Query().Get("wait"); v != "" {
 		d, err := api.ParseWait(v, s.cfg.MaxWait, true)
