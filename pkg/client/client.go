@@ -122,7 +122,7 @@ func New(nc *nats.Conn) (*Client, error) {
 // two minutes is dropped by the stream and reported as a *DuplicateError
 // (errors.Is ErrDuplicate), so retrying a Submit is safe and visible.
 func (c *Client) Submit(ctx context.Context, j *job.Job) (string, error) {
-	if err := checkRef(j.Tenant, j.ID); err != nil {
+	if err := checkRef(j.Tenant, ""); err != nil {
 		return "", err
 	}
 	if j.ID == "" {

@@ -31,6 +31,7 @@ func TestSubmitRidesThroughElection(t *testing.T) {
 		body := `{"request":{"model":"fast","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}}`
 		req := httptest.NewRequest(http.MethodPost, "/v1/jobs", strings.NewReader(body))
 		req.Header.Set("X-Sluice-Tenant", "acme")
+		req.Header.Set("Content-Type", "application/json")
 		rec := httptest.NewRecorder()
 		mux.ServeHTTP(rec, req)
 		answered <- rec

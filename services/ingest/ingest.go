@@ -167,7 +167,6 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 	if err := j.CheckEnvelope(); err != nil {
 		return Accepted{}, err
 	}
-	j.Request = canonicalBody(j.Request) // what the seal and the digest bind
 	if _, ok := s.cfg.App.Tenant(j.Tenant); !ok {
 		return Accepted{}, &job.ValidationError{Code: job.CodeUnknownTenant, Field: "tenant", Message: fmt.Sprintf("unknown tenant %q", clip(j.Tenant))}
 	}
@@ -233,6 +232,7 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 	}
 	j.SubmittedAt = now
 	j.Provider, j.Model, j.Estimate = prov.Name, model.Name, &est
+	j.Request = canonicalBody(j.Request) // what the seal and the digest bind
 	s.cfg.Guard.Seal(j)
 
 	// Two records, written at once (one round trip, not two): the job

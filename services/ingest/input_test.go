@@ -44,24 +44,10 @@ func post(mux http.Handler, path, tenant, body string, headers map[string]string
 	return rec
 }
 
-// queued reads the last job QUEUE holds for tenant at standard priority.
-func (f *fixture) queued(t *testing.T, tenant string) *job.Job {
+// lastQueued reads the last job QUEUE holds for tenant at standard priority.
+func (f *fixture) lastQueued(t *testing.T, tenant string) *job.Job {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	st, err := f.js.Stream(ctx, streams.Queue)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := st.GetLastMsgForSubject(ctx, job.QueueSubject(job.Standard, tenant))
-	if err != nil {
-		t.Fatalf("QUEUE for %s: %v", tenant, err)
-	}
-	var j job.Job
-	if err := json.Unmarshal(m.Data, &j); err != nil {
-		t.Fatal(err)
-	}
-	return &j
+	return f.queued(t, job.Standard, tenant)
 }
 
 // A body not declared JSON is refused with 415 before it is read: a
@@ -166,7 +152,7 @@ func TestIdempotencyKeyBodyMismatch(t *testing.T) {
 	_ = json.Unmarshal(rec.Body.Bytes(), &acc)
 	// The executor writes the record in flight with the digest it
 	// computes from the job it reads: the same as ingest's.
-	queued := f.queued(t, "acme")
+	queued := f.lastQueued(t, "acme")
 	ctx := context.Background()
 	opKey, _ := mesh.OpKey("acme", "order-17", queued.ID)
 	op, rev, err := f.mesh.GetOp(ctx, opKey)
@@ -209,7 +195,7 @@ func TestNonCompactBodyVerifies(t *testing.T) {
 	if _, err := f.svc.Accept(context.Background(), &job.Job{Tenant: "beta", Request: json.RawMessage(body)}); err != nil {
 		t.Fatal(err)
 	}
-	if j := f.queued(t, "beta"); !f.svc.cfg.Guard.Sealed(j) {
+	if j := f.lastQueued(t, "beta"); !f.svc.cfg.Guard.Sealed(j) {
 		t.Errorf("the queued job's seal does not verify (request %s)", j.Request)
 	}
 	// Through HTTP as well.
@@ -217,7 +203,7 @@ func TestNonCompactBodyVerifies(t *testing.T) {
 	if rec.Code != http.StatusAccepted {
 		t.Fatalf("POST /v1/jobs: %d %s", rec.Code, rec.Body)
 	}
-	if j := f.queued(t, "acme"); !f.svc.cfg.Guard.Sealed(j) {
+	if j := f.lastQueued(t, "acme"); !f.svc.cfg.Guard.Sealed(j) {
 		t.Errorf("the queued job's seal does not verify (request %s)", j.Request)
 	}
 }
