@@ -89,6 +89,11 @@ func reportCheck(w io.Writer, path string, c *config.Config, ps config.Problems,
 		fmt.Fprintf(w, "  nats      %s (%d replicas)\n", natsauth.RedactURL(s.NATSURL), max(s.Replicas, 1))
 	}
 	fmt.Fprintf(w, "  http      %s\n", s.HTTP)
+	if s.Metrics == "" || s.Metrics == "off" {
+		fmt.Fprintf(w, "  metrics   off\n")
+	} else {
+		fmt.Fprintf(w, "  metrics   %s (/metrics, apart from the API)\n", s.Metrics)
+	}
 	fmt.Fprintf(w, "  services  %s\n", strings.Join(services, ","))
 	return nil
 }

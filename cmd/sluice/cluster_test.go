@@ -85,12 +85,13 @@ func startCluster(t testing.TB, yaml string, lab *netLab, routeAddr func(from, t
 		t.Fatal(err)
 	}
 	// Each node's client, route and HTTP address.
-	var clientAddr, routeListen, httpAddr []string
+	var clientAddr, routeListen, httpAddr, metricsAddr []string
 	if lab != nil {
 		for i := range 3 {
 			clientAddr = append(clientAddr, lab.ip(i)+":4222")
 			routeListen = append(routeListen, lab.ip(i)+":6222")
 			httpAddr = append(httpAddr, lab.ip(i)+":8080")
+			metricsAddr = append(metricsAddr, lab.ip(i)+":9464")
 		}
 	} else {
 		ports := freePorts(t, 6)
@@ -98,6 +99,7 @@ func startCluster(t testing.TB, yaml string, lab *netLab, routeAddr func(from, t
 			clientAddr = append(clientAddr, fmt.Sprintf("127.0.0.1:%d", ports[i]))
 			routeListen = append(routeListen, fmt.Sprintf("127.0.0.1:%d", ports[3+i]))
 			httpAddr = append(httpAddr, "127.0.0.1:0")
+			metricsAddr = append(metricsAddr, "127.0.0.1:0")
 		}
 	}
 	for i := range 3 {
@@ -119,7 +121,7 @@ func startCluster(t testing.TB, yaml string, lab *netLab, routeAddr func(from, t
 		name := fmt.Sprintf("n%d", i+1)
 		c.urls = append(c.urls, "nats://"+clientAddr[i])
 		n := &clusterNode{name: name, args: []string{
-			"--config", cfgPath, "--data", data, "--http", httpAddr[i], "--log-level", "debug",
+			"--config", cfgPath, "--data", data, "--http", httpAddr[i], "--metrics", metricsAddr[i], "--log-level", "debug",
 			"--nats-listen", clientAddr[i], "--nats-cluster", routeListen[i],
 			"--nats-routes", strings.Join(routes, ","), "--nats-name", name, "--replicas", "3"}}
 		if lab != nil {
@@ -645,7 +647,7 @@ func TestClusterPartition(t *testing.T) {
 	if x < 0 {
 		t.Fatal("no QUEUE leader")
 	}
-	minority := c.nodes[x].proc.HTTP
+	minority := c.nodes[x].proc.metricsURL()
 	setCut(x, true)
 	cutAt := load.sim.Stats().Completed
 	t.Logf("cut %s (QUEUE leader) off at %d provider completions", c.nodes[x].name, cutAt)

@@ -216,7 +216,7 @@ func crashRecovery(t *testing.T, honours bool) {
 				break
 			}
 			if ctx.Err() != nil {
-				out, _ := exec.Command("curl", "-s", second.HTTP+"/metrics").Output()
+				out, _ := exec.Command("curl", "-s", second.metricsURL()+"/metrics").Output()
 				t.Logf("metrics: %s", grepLines(string(out), "sluice_", "llm_"))
 				dumpStreams(t, second.NATS)
 				out, _ = exec.Command("curl", "-s", second.HTTP+"/v1/jobs/"+id, "-H", "Authorization: Bearer acme-key").Output()

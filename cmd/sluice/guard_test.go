@@ -133,7 +133,7 @@ func TestForgedMessagesNeverReachTheProvider(t *testing.T) {
 	// 5. QUEUE: 1 + 1 tokens claimed for a request of about 15,000.
 	long := &job.Job{ID: job.NewID(), Tenant: "acme", Priority: job.Standard, Provider: "sim", Model: "gpt-4o-mini", SubmittedAt: now,
 		Request: chatBody("gpt-4o-mini", 15000, 16), Estimate: &job.Estimate{PromptTokens: 1, MaxTokens: 1}}
-	reservedBefore := metricSum(t, n.HTTP, "llm_tokens_reserved_total")
+	reservedBefore := metricSum(t, n.metricsURL(), "llm_tokens_reserved_total")
 	publish(job.QueueSubject(job.Standard, "acme"), long)
 
 	for _, id := range []string{forged.ID, over.ID} {
@@ -147,7 +147,7 @@ func TestForgedMessagesNeverReachTheProvider(t *testing.T) {
 	if v := waitJobAs(t, n.HTTP, long.ID); v["status"] != string(job.StatusSucceeded) {
 		t.Errorf("long job: got %v, want succeeded", v)
 	}
-	reserved := metricSum(t, n.HTTP, "llm_tokens_reserved_total") - reservedBefore
+	reserved := metricSum(t, n.metricsURL(), "llm_tokens_reserved_total") - reservedBefore
 	if reserved < 15000 {
 		t.Errorf("tokens reserved for the long job claimed at 2 tokens: %.0f, want at least 15,000 (recomputed)", reserved)
 	}
@@ -172,10 +172,10 @@ func TestForgedMessagesNeverReachTheProvider(t *testing.T) {
 	if got := st.Completed; got != 3 {
 		t.Errorf("provider completed %d calls, want 3 (the long job, the recomputed one, the plain call)", got)
 	}
-	if got := metricSum(t, n.HTTP, "sluice_jobs_rejected_total", `via="dispatch"`, `code="invalid_request"`); got != 2 {
+	if got := metricSum(t, n.metricsURL(), "sluice_jobs_rejected_total", `via="dispatch"`, `code="invalid_request"`); got != 2 {
 		t.Errorf("dispatch rejections counted: %.0f, want 2", got)
 	}
-	if got := metricSum(t, n.HTTP, "sluice_jobs_rejected_total", `via="queue"`, `code="estimate_recomputed"`); got < 2 {
+	if got := metricSum(t, n.metricsURL(), "sluice_jobs_rejected_total", `via="queue"`, `code="estimate_recomputed"`); got < 2 {
 		t.Errorf("estimates recomputed counted: %.0f, want at least 2", got)
 	}
 }

@@ -63,6 +63,9 @@ type upNode struct {
 	Metrics string // the metrics listener's address, if it has one
 }
 
+// metricsURL is the base URL of the node's metrics listener.
+func (n upNode) metricsURL() string { return "http://" + n.Metrics }
+
 // nodeData maps an embedded NATS URL to its node's data directory, where
 // the operator's NATS identity is: natsClient and operatorOpts find it.
 var nodeData sync.Map
@@ -236,7 +239,9 @@ tenants:
 %s`, simURL, model, rpm, tpm, extra)
 }
 
-var testEnv = map[string]string{"SIM_KEY": "sim-secret", "ACME_KEY": "acme-key", "GLOBEX_KEY": "globex-key", "INITECH_KEY": "initech-key"}
+// SLUICE_METRICS: each node's metrics on a port of its own, not the
+// default one, so nodes of tests running at once do not collide.
+var testEnv = map[string]string{"SLUICE_METRICS": "127.0.0.1:0", "SIM_KEY": "sim-secret", "ACME_KEY": "acme-key", "GLOBEX_KEY": "globex-key", "INITECH_KEY": "initech-key"}
 
 func asErr[T error](err error, target *T) bool { return errors.As(err, target) }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/examples"
+	"github.com/sluice-dev/sluice/pkg/config"
 )
 
 func TestInitWritesTheExampleAndRefusesToOverwrite(t *testing.T) {
@@ -89,7 +90,8 @@ func TestUpCheck(t *testing.T) {
 	if err := run(ctx, args, getenv, &out, &errOut); err != nil {
 		t.Fatalf("up --check on the example: %v", err)
 	}
-	for _, w := range []string{path + ": ok", "provider  sim http://127.0.0.1:8090/v1: gpt-4o-mini (500 rpm, 200000 tpm", "tenant    demo (key from $SLUICE_DEMO_KEY"} {
+	for _, w := range []string{path + ": ok", "provider  sim http://127.0.0.1:8090/v1: gpt-4o-mini (500 rpm, 200000 tpm", "tenant    demo (key from $SLUICE_DEMO_KEY",
+		"metrics   " + config.DefaultMetrics + " (/metrics, apart from the API)"} {
 		if !strings.Contains(out.String(), w) {
 			t.Errorf("up --check output: got %q, want it to contain %q", out.String(), w)
 		}

@@ -122,7 +122,7 @@ routes:
 	t.Logf("results %v", count)
 	time.Sleep(2500 * time.Millisecond) // queue depth is sampled every 2 s
 
-	m := scrape(t, n.HTTP+"/metrics")
+	m := scrape(t, n.metricsURL()+"/metrics")
 	must := func(name string, labels ...string) float64 {
 		v, k := sum(m, name, labels...)
 		if k == 0 {

@@ -92,7 +92,7 @@ func TestOpenAISurface(t *testing.T) {
 
 	t.Run("embeddings", func(t *testing.T) {
 		inputs := []string{"hello world", "tiktoken is great!", "Sluice queues embeddings like chat"}
-		before := scrape(t, n.HTTP+"/metrics")
+		before := scrape(t, n.metricsURL()+"/metrics")
 		resp, err := c.Embeddings.New(ctx, openai.EmbeddingNewParams{
 			Model: "text-embedding-3-small",
 			Input: openai.EmbeddingNewParamsInputUnion{OfArrayOfStrings: inputs},
@@ -116,7 +116,7 @@ func TestOpenAISurface(t *testing.T) {
 		if est < 8 {
 			t.Fatalf("token count %d is implausible", est)
 		}
-		after := scrape(t, n.HTTP+"/metrics")
+		after := scrape(t, n.metricsURL()+"/metrics")
 		r0, _ := sum(before, "llm_tokens_reserved_total", `model="text-embedding-3-small"`)
 		r1, _ := sum(after, "llm_tokens_reserved_total", `model="text-embedding-3-small"`)
 		if got, want := int(r1-r0), int(math.Ceil(float64(est)*calib.Prior)); got != want {
@@ -131,7 +131,7 @@ func TestOpenAISurface(t *testing.T) {
 	t.Run("n=2", func(t *testing.T) {
 		const maxTokens = 40
 		msgs := []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Give me two greetings.")}
-		before := scrape(t, n.HTTP+"/metrics")
+		before := scrape(t, n.metricsURL()+"/metrics")
 		var httpResp *http.Response
 		resp, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
 			Model: "gpt-4o-mini", Messages: msgs, MaxTokens: openai.Int(maxTokens), N: openai.Int(2),
@@ -143,7 +143,7 @@ func TestOpenAISurface(t *testing.T) {
 			t.Fatalf("got choices %+v, want two", resp.Choices)
 		}
 		prompt := tokens.Prompt(&job.ChatRequest{Model: "gpt-4o-mini", Messages: []job.ChatMessage{{Role: "user", Content: []byte(`"Give me two greetings."`)}}})
-		after := scrape(t, n.HTTP+"/metrics")
+		after := scrape(t, n.metricsURL()+"/metrics")
 		r0, _ := sum(before, "llm_tokens_reserved_total", `model="gpt-4o-mini"`)
 		r1, _ := sum(after, "llm_tokens_reserved_total", `model="gpt-4o-mini"`)
 		// The model's first call: the prompt at the prior correction.
@@ -229,7 +229,7 @@ func TestOpenAISurface(t *testing.T) {
 			}
 		}
 		// The plain endpoints keep working next to the catch-all.
-		for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
+		for _, p := range []string{"/healthz", "/readyz"} {
 			resp, err := http.Get(n.HTTP + p)
 			if err != nil || resp.StatusCode != http.StatusOK {
 				t.Errorf("GET %s: %v %v", p, resp, err)

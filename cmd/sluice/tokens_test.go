@@ -61,13 +61,13 @@ func TestImagesAndToolsReserved(t *testing.T) {
 	defer cancel()
 	reserved := func(body string) float64 {
 		t.Helper()
-		before := scrape(t, n.HTTP+"/metrics")
+		before := scrape(t, n.metricsURL()+"/metrics")
 		r, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: []byte(body)})
 		if err != nil || r.Status != job.StatusSucceeded {
 			t.Fatalf("job: %v %+v", err, r)
 		}
 		b, _ := sum(before, "llm_tokens_reserved_total", `model="gpt-4o-mini"`)
-		a, _ := sum(scrape(t, n.HTTP+"/metrics"), "llm_tokens_reserved_total", `model="gpt-4o-mini"`)
+		a, _ := sum(scrape(t, n.metricsURL()+"/metrics"), "llm_tokens_reserved_total", `model="gpt-4o-mini"`)
 		return a - b
 	}
 	plain := reserved(`{"model":"gpt-4o-mini","max_tokens":10,"messages":[{"role":"user","content":"Describe this."}]}`)

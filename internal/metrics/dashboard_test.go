@@ -316,8 +316,8 @@ func TestPrometheusConfig(t *testing.T) {
 			t.Error("job sluice has no targets")
 		}
 		for _, tg := range targets {
-			if !strings.HasSuffix(tg, ":8080") {
-				t.Errorf("job sluice: target %q, want the SLUICE_HTTP port 8080", tg)
+			if !strings.HasSuffix(tg, ":9464") {
+				t.Errorf("job sluice: target %q, want the SLUICE_METRICS port 9464 (compose.yaml)", tg)
 			}
 		}
 	}

@@ -67,8 +67,10 @@ func httpAuth(o Options, log *slog.Logger) (api.Auth, error) {
 	return api.NewAuth(keys, tenants, c.Server.Open), nil
 }
 
-// addHTTP adds the HTTP API server (and, with server.metrics, a metrics
-// server of its own) to g. It returns the addresses bound.
+// addHTTP adds the HTTP API server and, with server.metrics, the metrics
+// server to g. It returns the addresses bound. /metrics is never on the
+// API listener: it names every tenant and its traffic, and the API
+// listener is what callers reach.
 func addHTTP(g *run.Group, o Options, mux *http.ServeMux, reg *prometheus.Registry, log *slog.Logger) (httpAddr, metricsAddr string, err error) {
 	s := o.Config.Server
 	metrics := promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
@@ -119,14 +121,12 @@ func addHTTP(g *run.Group, o Options, mux *http.ServeMux, reg *prometheus.Regist
 		log.Info(name+" listening", "addr", ln.Addr().String(), "tls", tlsCfg != nil)
 		return ln.Addr().String(), nil
 	}
-	if s.Metrics != "" {
+	if s.Metrics != "" && s.Metrics != "off" {
 		mm := http.NewServeMux()
 		mm.Handle("GET /metrics", metrics)
 		if metricsAddr, err = serve("metrics", s.Metrics, mm); err != nil {
-			return "", "", err
+			return "", "", fmt.Errorf("%w (server.metrics, --metrics: another address, or off)", err)
 		}
-	} else {
-		mux.Handle("GET /metrics", metrics)
 	}
 	if o.HTTP != "" {
 		if httpAddr, err = serve("http", o.HTTP, mux); err != nil {

@@ -74,7 +74,7 @@ type Info struct {
 	NATSOptions []nats.Option
 	HTTPAddr    string
 	// MetricsAddr is the metrics listener's address when server.metrics
-	// sets one (else /metrics is on HTTPAddr).
+	// sets one ("": /metrics is not served).
 	MetricsAddr string
 	Registry    *prometheus.Registry
 	conn        *nats.Conn // the services' connection (tests)

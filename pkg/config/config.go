@@ -90,8 +90,9 @@ type Server struct {
 	// DefaultTenant when none is configured). Without it, a process that
 	// serves the HTTP API refuses to start with no tenant keys.
 	Open bool `yaml:"open"`
-	// Metrics, when set, serves /metrics on its own listener at this
-	// address, and no longer on the API listener.
+	// Metrics is the address of the listener that serves /metrics, apart
+	// from the API (`sluice up` defaults it to DefaultMetrics); "" or
+	// "off" serves no metrics.
 	Metrics string `yaml:"metrics"`
 	// HTTPTLS serves the HTTP API (and a separate metrics listener) over
 	// TLS when both files are set.
@@ -1007,6 +1008,9 @@ func (n NATS) Validate() error {
 	}
 	if (n.ListenTLS.Cert == "") != (n.ListenTLS.Key == "") || (n.ListenTLS.CA != "" && n.ListenTLS.Cert == "") {
 		return fail("listen_tls", "needs cert and key (and ca only with them)")
+	}
+	if err := listenCAClient(n); err != "" {
+		return fail("listen_tls", "%s", err)
 	}
 	return nil
 }
