@@ -20,20 +20,24 @@ import (
 )
 
 // unlimitedConfig is one simulated provider with no rate limits (so calls
-// are not paced: send_lead does not apply) and room for conc calls.
-func unlimitedConfig(simURL string, conc int) string {
+// are not paced) and room for conc calls.
+func unlimitedConfig(simURL string, conc int) string { return modelConfig(simURL, 0, conc) }
+
+// modelConfig is one simulated provider whose model is limited to rpm
+// requests a minute (0: unlimited, not paced) with room for conc calls.
+func modelConfig(simURL string, rpm, conc int) string {
 	return fmt.Sprintf(`
 providers:
   - name: sim
     base_url: %s/v1
     api_key_env: SIM_KEY
     models:
-      - {name: gpt-4o-mini, rpm: 0, tpm: 0, max_concurrency: %d}
+      - {name: gpt-4o-mini, rpm: %d, tpm: 0, max_concurrency: %d}
 tenants:
   - {name: acme, api_key_env: ACME_KEY}
 limits:
   max_waiters_per_tenant: 1000   # one tenant holds every stream
-`, simURL, conc)
+`, simURL, rpm, conc)
 }
 
 var streamBenchBody = []byte(`{"model":"gpt-4o-mini","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"Say hello to the benchmark."}]}`)
@@ -88,12 +92,24 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // BenchmarkStreamTTFT measures what Sluice adds to the time to first
 // token, unloaded: the same streamed request sent one at a time, in turn
 // directly to the simulator and through Sluice (HTTP in, queue,
-// admission, executor, STREAMS, HTTP relay out). Run:
+// admission, executor, STREAMS, HTTP relay out), on a model without
+// limits (unpaced) and on a paced one with room (6,000 RPM, which the
+// simulator enforces). added_* is through Sluice minus direct, per
+// quantile. Run:
 //
 //	go test -run XXX -bench StreamTTFT -benchtime 300x ./cmd/sluice/
 func BenchmarkStreamTTFT(b *testing.B) {
-	_, simURL := startSim(b, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini"}}, TTFT: 20 * time.Millisecond, PerToken: time.Millisecond, APIKeys: []string{"sim-secret"}})
-	n := startUp(b, unlimitedConfig(simURL, 64), testEnv)
+	for _, c := range []struct {
+		name string
+		rpm  int
+	}{{"unpaced", 0}, {"paced", 6000}} {
+		b.Run(c.name, func(b *testing.B) { benchTTFT(b, c.rpm) })
+	}
+}
+
+func benchTTFT(b *testing.B, rpm int) {
+	_, simURL := startSim(b, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: rpm}}, TTFT: 20 * time.Millisecond, PerToken: time.Millisecond, APIKeys: []string{"sim-secret"}})
+	n := startUp(b, modelConfig(simURL, rpm, 64), testEnv)
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
 	ctx := context.Background()
 	for range 20 { // warm up both paths

@@ -183,7 +183,7 @@ func rolePerms(role string) perms {
 		p.add(kvRead(streams.BucketFleet)) // checks seals, signs reservations
 		p.add(perms{
 			pub:       []string{job.DispatchPrefix + ">", job.StorePrefix + ">"},
-			sub:       []string{pauseSubjects, whySubjects},
+			sub:       []string{pauseSubjects, whySubjects, mesh.TransitSubject},
 			responses: true, // answers "why does this job wait"
 		})
 	case Executor:
@@ -194,7 +194,7 @@ func rolePerms(role string) perms {
 		p.add(kvRead(streams.BucketFleet)) // verifies reservations
 		p.add(follow())                    // what a lost executor streamed of a job (resume.go)
 		p.add(perms{
-			pub: []string{job.QueuePrefix + ">", job.StorePrefix + ">", job.DLQPrefix + ">", pauseSubjects, job.StreamPrefix + ">"},
+			pub: []string{job.QueuePrefix + ">", job.StorePrefix + ">", job.DLQPrefix + ">", pauseSubjects, mesh.TransitSubject, job.StreamPrefix + ">"},
 			sub: []string{job.CancelPrefix + ">"},
 		})
 	case Result:

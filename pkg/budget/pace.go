@@ -53,6 +53,14 @@ type planned struct {
 
 func (p Params) paced() bool { return p.Short > 0 }
 
+// lead is how far ahead of now a placement may be at the earliest.
+func (s *Store) lead(now time.Time) time.Duration {
+	if s.Lead != nil {
+		return s.Lead(now)
+	}
+	return s.p.Lead
+}
+
 // shortUS is the short window plus the tolerance, in microseconds.
 func (p Params) shortUS() int64 { return (p.Short + p.Tolerance).Microseconds() }
 
@@ -62,7 +70,7 @@ func (p Params) shortUS() int64 { return (p.Short + p.Tolerance).Microseconds() 
 func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time, now time.Time) Grant {
 	mins, caps := lim.caps(s.p.BurstFraction)
 	nowUS := now.UnixMicro()
-	earliest := nowUS + s.p.Lead.Microseconds()
+	earliest := nowUS + s.lead(now).Microseconds()
 	h := s.p.Horizon
 	if lim.Horizon > 0 {
 		h = min(h, lim.Horizon)

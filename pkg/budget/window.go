@@ -329,6 +329,9 @@ type Store struct {
 	Writes func() // called after each successful write, for metrics; may be nil
 	// Conflicts is called on a lost compare-and-set; may be nil.
 	Conflicts func()
+	// Lead, when set, is how far ahead of now a paced store plans at the
+	// earliest (learned: lead.go); nil plans Params.Lead ahead.
+	Lead func(now time.Time) time.Duration
 }
 
 // NewStore makes a store; now may be nil for time.Now.

@@ -76,6 +76,7 @@ type Service struct {
 	cfg       Config
 	mesh      *mesh.Mesh
 	store     *budget.Store
+	lead      *budget.LeadEstimator // learned from executors' transits (lead.go)
 	log       *slog.Logger
 	m         *metrics.Set
 	now       func() time.Time
@@ -124,6 +125,8 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 		x.Writes, x.Conflicts = ms.BudgetWrites.Inc, ms.BudgetConflict.Inc
 	}
 	s := &Service{cfg: cfg, guard: cfg.Guard, mesh: m, store: st, learn: adapt.NewStore(m.Budgets, now), pcache: promptcache.New(m.Budgets, now), learned: map[string]*learnCache{}, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, heldIdx: map[string]string{}, heldJobs: map[string]*Candidate{}, notBefore: map[string]time.Time{}, leases: map[string]*budget.Lease{}, tblocks: map[string]*budget.Lease{}}
+	s.lead = newLead(a)
+	st.Lead = s.lead.Lead
 	s.ackWait = cmp.Or(cfg.AckWait, mesh.PublishAckWait)
 	s.letGo = cmp.Or(cfg.LetGoAfter, LetGoAfter)
 	s.heldMax = cmp.Or(cfg.HeldMax, HeldMax)
@@ -327,6 +330,11 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("subscribe why: %w", err)
 	}
 	defer func() { _ = wsub.Unsubscribe() }()
+	tsub, err := s.watchTransits()
+	if err != nil {
+		return fmt.Errorf("subscribe transits: %w", err)
+	}
+	defer func() { _ = tsub.Unsubscribe() }()
 
 	msgs := make([]jetstream.Msg, 0, batch)
 	tick := time.NewTicker(s.store.Params().Slice)
@@ -600,6 +608,7 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 		// for urgent work: no room is asked for the backlog behind it.
 		backlog = budget.Cost{}
 	}
+	planned := s.now() // the transit executors report runs from here
 	g, err := s.lease(ctx, key, lim, allowed, backlog, urgent)
 	if err == nil && len(g.SendAt) < g.N {
 		err = fmt.Errorf("lease granted %d jobs with %d send instants", g.N, len(g.SendAt))
@@ -623,7 +632,7 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 		j.Reservation = &job.Reservation{
 			ID: fmt.Sprintf("%d-%d", s.store.SliceOf(at), i), Requests: c.Cost.Requests, Tokens: c.Cost.Tokens,
 			Output: c.Cost.Output, Cached: c.cached,
-			ReservedAt: now.UTC(), ValidUntil: at.Add(s.cfg.App.Admission.SendTolerance.D()).UTC(), SendAt: at.UTC(),
+			ReservedAt: planned.UTC(), ValidUntil: at.Add(s.cfg.App.Admission.SendTolerance.D()).UTC(), SendAt: at.UTC(),
 		}
 		if len(ms.units) > 0 {
 			j.Reservation.Units = make(map[string]int, len(ms.units))
@@ -849,7 +858,11 @@ func demandChunks(d budget.Cost) []budget.Cost {
 	if d.Requests <= 0 || d.Tokens <= 0 {
 		return nil
 	}
-	k := min(d.Requests, leaseChunks)
+	return piecesOf(d, min(d.Requests, leaseChunks))
+}
+
+// piecesOf splits d into k equal pieces (k <= d.Requests).
+func piecesOf(d budget.Cost, k int) []budget.Cost {
 	piece := budget.Cost{Requests: d.Requests / k, Tokens: d.Tokens / k, Output: max(d.Output, 0) / k}
 	for i, u := range d.Units {
 		// Rounded up: a unit's amounts are small, and a piece with none
@@ -909,8 +922,9 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 		}
 		l.Count(c.Cost, urgent, now)
 	}
-	// Spend the blocks while an executor can still reach their instant.
-	lead := s.cfg.App.Admission.SendLead.D() / 2
+	// Spend the blocks while an executor can still reach their instant
+	// (or be late by half the lead, within its tolerance).
+	lead := s.lead.Lead(now) / 2
 	for _, c := range cands {
 		b, ok := l.Spend(c.Cost, urgent, now, lead)
 		if !ok {
@@ -946,11 +960,10 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 		}
 	} else {
 		// Room for the demand expected in the slice (for urgent work too:
-		// a steady interactive stream would otherwise cost a
-		// compare-and-set per job).
-		d := l.Demand(urgent, now)
-		extra = demandChunks(d.Minus(need))
+		// a dense interactive stream would otherwise cost a
+		// compare-and-set per job), when it is dense enough (lead.go).
 		spread = s.store.Params().Slice
+		extra = demandBlocks(l.Demand(urgent, now).Minus(need), spread)
 	}
 	tg, err := l.Take(ctx, lim, costs, extra, urgent, spread)
 	if err != nil {

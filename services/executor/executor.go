@@ -65,6 +65,7 @@ type Service struct {
 	givingBack sync.Map
 	// returning does the same for over-reserved prompt tokens (settle.go).
 	returning sync.Map
+	transits  transits // paced calls' dispatch transits, to report (transit.go)
 	guard     *guard.Guard
 	cfg       Config
 	mesh      *mesh.Mesh
@@ -214,10 +215,12 @@ func (s *Service) Run(ctx context.Context) error {
 							return
 						}
 						r := j.Reservation
+						waitFrom := s.now()
 						if !sleepUntil(ctx, r.SendAt.Add(-slotAhead)) {
 							_ = msg.NakWithDelay(time.Second)
 							return
 						}
+						waited := s.now().Sub(waitFrom)
 						actx, cancel := context.WithDeadline(ctx, r.ValidUntil)
 						err := pool.Acquire(actx)
 						cancel()
@@ -230,7 +233,7 @@ func (s *Service) Run(ctx context.Context) error {
 						}
 						// Without a slot by ValidUntil, execute finds the
 						// reservation lapsed and re-admits the job.
-						s.run(callCtx, msg, j)
+						s.run(withWaited(callCtx, waited), msg, j)
 					}()
 					return
 				}
@@ -289,6 +292,7 @@ func (s *Service) Run(ctx context.Context) error {
 			tp.Run(leaseCtx, func(err error) { s.m.BudgetErrors.Inc() })
 		}()
 	}
+	wg.Go(func() { s.reportTransits(ctx) })
 	<-ctx.Done()
 	for _, cc := range ccs {
 		cc.Stop()
@@ -513,6 +517,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 			j.Reservation = nil
 			return s.mesh.Enqueue(ctx, j, "drain:"+j.ID+":"+dispatchSeq(msg))
 		}
+		s.noteReady(ctx, msg, j) // transit.go
 		if !sleepUntil(ctx, r.SendAt) {
 			s.withdrawSent(ctx, opKey, sent)
 			return errors.New("shutting down before the send instant")
