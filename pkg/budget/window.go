@@ -253,8 +253,8 @@ type Params struct {
 	DispatchGrace time.Duration
 	BurstFraction float64
 	// Short > 0 makes the store paced (see pace.go): every reservation gets
-	// the instant its call may leave, at least Lead from now and at most
-	// Horizon ahead, and is valid until Tolerance after that instant; Short
+	// the instant its call may leave, at least Lead from now (Store.Lead's,
+	// when set: lead.go) and at most Horizon ahead, and is valid until Tolerance after that instant; Short
 	// is the window the per-second caps apply to (one second). A paced
 	// store's minute sums Window + Tolerance instead of + DispatchGrace.
 	Short, Lead, Tolerance, Horizon time.Duration

@@ -235,9 +235,11 @@ type Admission struct {
 	// document ("60,000 RPM may be enforced as 1,000 requests/second").
 	BurstFraction float64 `yaml:"burst_fraction"`
 	// SendLead, SendTolerance and PlanHorizon shape send-time pacing: a
-	// reservation names the instant its call may leave, at least SendLead
-	// and at most PlanHorizon from now, and an executor sends it no later
-	// than SendTolerance after that instant (else it is admitted again).
+	// reservation names the instant its call may leave, a lead from now
+	// learned from the dispatch transit executors report and at most
+	// SendLead (budget.LeadEstimator), and at most PlanHorizon from now;
+	// an executor sends it no later than SendTolerance after that instant
+	// (else it is admitted again).
 	SendLead      Duration `yaml:"send_lead"`
 	SendTolerance Duration `yaml:"send_tolerance"`
 	PlanHorizon   Duration `yaml:"plan_horizon"`

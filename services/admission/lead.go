@@ -17,7 +17,7 @@ const MinSendLead = time.Millisecond
 // newLead makes the process's send-lead estimator: from the transits
 // executors report, bounded by [MinSendLead, send_lead]; the slowest calls
 // may be late by half the send tolerance, which leaves the other half for
-// the jitter of the transit to the provider.
+// the jitter of the transit to the provider (ARCHITECTURE.md).
 func newLead(a config.Admission) *budget.LeadEstimator {
 	return budget.NewLeadEstimator(min(MinSendLead, a.SendLead.D()), a.SendLead.D(), a.SendTolerance.D()/2)
 }
