@@ -106,7 +106,11 @@ limits:
 
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	longPrompt := strings.Repeat("lorem ipsum dolor sit amet ", 790) // about 4,000 tokens
+	// About 4,000 tokens as the simulator counts them (characters/4, its
+	// own count: Sluice estimates about 3,400 and learns the rest), so a
+	// minute holds 30 whole calls: the fill is not capped by how many
+	// calls fit a window.
+	longPrompt := strings.Repeat("lorem ipsum dolor sit amet ", 590)
 	longBody, _ := json.Marshal(map[string]any{"model": longModel, "max_tokens": 1000, "messages": []map[string]string{{"role": "user", "content": longPrompt}}})
 	shortBody := chatBody(shortModel, 110, 80) // about 200 tokens
 	var ids sync.Map
