@@ -38,7 +38,7 @@ func TestImageTokens(t *testing.T) {
 		{1024, 1024, "high", 765},  // 768×768: 4 tiles
 		{2048, 4096, "high", 1105}, // 1024×2048, then 768×1536: 6 tiles
 		{4096, 8192, "low", 85},
-		{512, 512, "auto", 255}, // not scaled up: 1 tile
+		{512, 512, "auto", 255},  // not scaled up: 1 tile
 		{100, 3000, "high", 765}, // 68×2048: 4 tiles
 	} {
 		if got := tokens.ImageTokens(tc.w, tc.h, tc.detail); got != tc.want {

@@ -38,7 +38,7 @@ func shapeBody(j *job.Job, p *config.Provider, m *config.Model, defMax int) erro
 		// OpenAI's reasoning models refuse max_tokens.
 		key = "max_completion_tokens"
 	}
-	if _, null := fields["max_tokens"]; !null {
+	if _, null := fields["max_tokens"]; !null && len(fields) > 0 {
 		if _, null = fields["max_completion_tokens"]; !null {
 			// The common case: append the field, leaving the rest of the
 			// body as the caller wrote it.

@@ -86,6 +86,20 @@ func TestShapeBodyReasoningModel(t *testing.T) {
 	}
 }
 
+// An empty object gains the field as valid JSON.
+func TestShapeBodyEmptyObject(t *testing.T) {
+	t.Parallel()
+	for _, body := range []string{`{}`, "{ }\n"} {
+		j := &job.Job{Request: json.RawMessage(body)}
+		if err := shapeBody(j, &config.Provider{Kind: "openai"}, &config.Model{Name: "gpt-4o-mini"}, 300); err != nil {
+			t.Fatal(err)
+		}
+		if !json.Valid(j.Request) || !strings.Contains(string(j.Request), `"max_tokens":300`) {
+			t.Errorf("body %q shaped to %s, want a valid object with max_tokens 300", body, j.Request)
+		}
+	}
+}
+
 // A billing-relevant body field the budgets do not see is refused with a
 // 400 naming it, unless the model allows it.
 func TestDeniedBodyFieldRefused(t *testing.T) {
