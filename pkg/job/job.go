@@ -108,6 +108,11 @@ type Job struct {
 	// Revs are hints ingest leaves for the services that later update the
 	// job's records (see Revs).
 	Revs *Revs `json:"revs,omitempty"`
+	// Gated: admission took this attempt's tenant and per-day budgets when
+	// it placed the job. A job sent back unsent (its instant lapsed, the
+	// limits were cut) keeps them and passes those gates again free; the
+	// executor clears it once the call is made.
+	Gated bool `json:"gated,omitempty"`
 }
 
 // Revs are the revisions at which ingest created a job's record (results
@@ -127,7 +132,7 @@ type Revs struct {
 // wrote there is believed: ingest calls it on every envelope it accepts.
 func (j *Job) ClearInternal() {
 	j.SubmittedAt, j.Provider, j.Model, j.Estimate, j.NotBefore = time.Time{}, "", "", nil, nil
-	j.Attempts, j.Reservation, j.RateLimited, j.Seal, j.Revs = nil, nil, 0, "", nil
+	j.Attempts, j.Reservation, j.RateLimited, j.Seal, j.Revs, j.Gated = nil, nil, 0, "", nil, false
 }
 
 // TaskType is the job's task for metric labels: its Task, or "default".

@@ -644,6 +644,7 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, popped []*Item) [
 			// Unlimited: nothing to pace, so no instant to keep.
 			j.Reservation.SendAt, j.Reservation.ValidUntil = time.Time{}, now.Add(s.cfg.App.Admission.DispatchGrace.D()).UTC()
 		}
+		j.Gated = true
 		s.guard.Sign(j)
 		s.m.TokensReserved.WithLabelValues(j.Provider, j.Model).Add(float64(c.Cost.Tokens))
 		if len(j.Attempts) == 0 {
@@ -993,6 +994,9 @@ func (s *Service) tenantGate(ctx context.Context, cands []*Candidate) ([]*Candid
 	byTenant := map[string][]*Candidate{}
 	limited := false
 	for _, c := range cands {
+		if c.Job.Gated {
+			continue // paid when first placed (job.Job.Gated)
+		}
 		if t, ok := s.cfg.App.Tenant(c.Job.Tenant); ok && t.HasLimits() {
 			limited = true
 		}

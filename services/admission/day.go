@@ -33,8 +33,18 @@ func (s *Service) modelDayGate(ctx context.Context, provider string, model *conf
 		return cands, nil, nil
 	}
 	key := modelDayKey(provider, model.Name)
-	costs := make([]budget.Cost, len(cands))
-	for i, c := range cands {
+	// Jobs that paid when first placed (job.Job.Gated) pass free.
+	var ungated []*Candidate
+	for _, c := range cands {
+		if !c.Job.Gated {
+			ungated = append(ungated, c)
+		}
+	}
+	if len(ungated) == 0 {
+		return cands, nil, nil
+	}
+	costs := make([]budget.Cost, len(ungated))
+	for i, c := range ungated {
 		// A day quota counts requests and tokens only.
 		costs[i] = budget.Cost{Requests: c.Cost.Requests, Tokens: c.Cost.Tokens}
 	}
@@ -43,16 +53,22 @@ func (s *Service) modelDayGate(ctx context.Context, provider string, model *conf
 		return nil, nil, err
 	}
 	h := &dayHold{key: key, slice: g.Slice, costs: make(map[*Candidate]budget.Cost, g.N)}
-	for i, c := range cands[:g.N] {
+	for i, c := range ungated[:g.N] {
 		h.costs[c] = costs[i]
 	}
-	refused := cands[g.N:]
+	refused := ungated[g.N:]
 	s.giveBack(ctx, held, refused)
 	now := s.now()
+	out := cands[:0:0]
+	for _, c := range cands {
+		if _, took := h.costs[c]; took || c.Job.Gated {
+			out = append(out, c)
+		}
+	}
 	for _, c := range refused {
 		s.deferUntil(ctx, c, now, g.RetryAt, "model_day_"+g.Reason, "the model's per-day quota")
 	}
-	return cands[:g.N], h, nil
+	return out, h, nil
 }
 
 // dayGiveBack returns the per-day quota of candidates the model's pacing

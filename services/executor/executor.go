@@ -569,6 +569,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		return s.readmit(ctx, msg, j)
 	}
 	s.m.ProviderLatency.WithLabelValues(labels...).Observe(elapsed.Seconds())
+	j.Gated = false // sent: another attempt pays the tenant and day budgets again
 	if end != nil {
 		// Past the first token (or a clean end, or cancelled): the job ends
 		// here whatever happened; it is never retried.
