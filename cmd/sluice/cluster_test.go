@@ -221,6 +221,10 @@ type clusterLoad struct {
 	mu     sync.Mutex
 	ids    []string
 	failed atomic.Int64 // submits that had to be retried
+	// mayRefuse: a producer connected to a node cut off for longer than a
+	// submit's bound is refused (and retries); such refusals are logged,
+	// not failed.
+	mayRefuse bool
 	js     jetstream.JetStream
 	// seen and plans set each provider refusal against its planned
 	// instant, in the log (judged_test.go).
@@ -347,7 +351,7 @@ func (l *clusterLoad) verify(ctx context.Context) {
 	ms := st.Models[l.model]
 	t.Logf("%d jobs (%d outcome_unknown); submits refused %d times; provider: %d completed, %d duplicate completions, 429s %d, busiest 60 s %d requests (limit %d), per-second cap %d",
 		len(ids), len(unknown), l.failed.Load(), st.Completed, st.DuplicateCompletions, ms.RateLimited, ms.MaxRequestsIn60s, ms.RPM, ms.BurstRequests)
-	if n := l.failed.Load(); n != 0 {
+	if n := l.failed.Load(); n != 0 && !l.mayRefuse {
 		t.Errorf("%d submissions were refused; a node loss must cost a caller latency only", n)
 	}
 	if st.DuplicateCompletions != 0 {
@@ -640,6 +644,7 @@ func TestClusterPartition(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	offered := make(chan error, 1)
+	load.mayRefuse = true // the cut (20 s) outlasts a submit's bound
 	go func() { offered <- load.offer(ctx, jobs, 60) }()
 	waitCompleted(ctx, t, load.sim, jobs/5)
 

@@ -71,7 +71,7 @@ func entry(tenant string) *dlq.Entry {
 				{N: 1, Provider: "openai", Model: "gpt-4o-mini", StartedAt: at, Status: 503, Outcome: "retry"},
 				{N: 2, Provider: "openai", Model: "gpt-4o-mini", StartedAt: at.Add(time.Second), Status: 503, Outcome: "dead_lettered"},
 			},
-			RateLimited: 2, Seal: "c2VhbA", Revs: &job.Revs{Record: 7, Op: 8},
+			RateLimited: 2, Seal: "c2VhbA", Revs: &job.Revs{Record: 7, Op: 8}, Gated: true,
 		},
 		Reason:    dlq.ReasonRetriesExhausted,
 		LastError: &job.Error{Code: "server_is_overloaded", Message: "try again later"},

@@ -50,17 +50,11 @@ func (c *Client) Stream(ctx context.Context, j *job.Job) iter.Seq2[*job.Chunk, e
 			yield(nil, err)
 			return
 		}
-		var msgs iter.Seq2[*job.StreamMessage, error]
-		var id string
-		if c.tenant != "" {
-			// A tenant's connection may not read JetStream: watch the
-			// stream and result subjects before the job exists, so
-			// nothing published can be missed.
-			msgs, id, err = c.followLive(ctx, j, req.WantsUsage())
-		} else {
-			id, err = c.Submit(ctx, j)
-			msgs = Follow(ctx, c.js, j.Tenant, id, req.WantsUsage())
-		}
+		// Watch the stream and result subjects before the job exists, so
+		// nothing published can be missed: a tenant's connection may not
+		// read JetStream, and a refusal of a job that never had a record is
+		// published, not stored.
+		msgs, id, err := c.followLive(ctx, j, req.WantsUsage())
 		if err != nil {
 			yield(nil, err)
 			return
