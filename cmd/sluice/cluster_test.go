@@ -225,7 +225,7 @@ type clusterLoad struct {
 	// submit's bound is refused (and retries); such refusals are logged,
 	// not failed.
 	mayRefuse bool
-	js     jetstream.JetStream
+	js        jetstream.JetStream
 	// seen and plans set each provider refusal against its planned
 	// instant, in the log (judged_test.go).
 	seen      *judged
