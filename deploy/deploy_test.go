@@ -13,7 +13,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/internal/config"
 )
 
 type compose struct {

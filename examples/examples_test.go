@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/sluice-dev/sluice/examples"
-	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/internal/config"
 )
 
 // Every example loads as is, and passes the checks `sluice up --check` makes

@@ -14,7 +14,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sluice-dev/sluice/pkg/natstest"
+	"github.com/sluice-dev/sluice/internal/embedded"
+	"github.com/sluice-dev/sluice/internal/natstest"
 )
 
 // TestKVStreamConfigMatchesNATS: the stream Ensure makes for a bucket is
@@ -92,7 +93,7 @@ func TestEnsureOnFormingCluster(t *testing.T) {
 	}
 	var jss []jetstream.JetStream
 	for i := range 3 {
-		s, err := natstest.Start(natstest.Options{Listen: ls[i].Addr().String(), StoreDir: t.TempDir(), Name: fmt.Sprintf("n%d", i+1),
+		s, err := embedded.Start(embedded.Options{Listen: ls[i].Addr().String(), StoreDir: t.TempDir(), Name: fmt.Sprintf("n%d", i+1),
 			Cluster: ls[3+i].Addr().String(), Routes: routes})
 		if err != nil {
 			t.Fatal(err)

@@ -8,9 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/embedded"
 	"github.com/sluice-dev/sluice/internal/natsauth"
-	"github.com/sluice-dev/sluice/pkg/config"
-	"github.com/sluice-dev/sluice/pkg/natstest"
 )
 
 // errNoConfig is what `sluice up` says when it is given no configuration: a
@@ -51,7 +51,7 @@ func loadConfig(path string, check bool, getenv func(string) string) (*config.Co
 func reportCheck(w io.Writer, path string, c *config.Config, ps config.Problems, services []string) error {
 	s := c.Server
 	if s.NATSURL == "" {
-		if err := natstest.CheckStoreDir(filepath.Join(s.Data, "jetstream")); err != nil {
+		if err := embedded.CheckStoreDir(filepath.Join(s.Data, "jetstream")); err != nil {
 			ps = append(ps, config.Problem{Key: "server.data", Msg: err.Error()})
 		}
 	}

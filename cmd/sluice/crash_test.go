@@ -20,8 +20,8 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/sluice-dev/sluice/internal/dlq"
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/job"
-	"github.com/sluice-dev/sluice/pkg/natstest"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
 

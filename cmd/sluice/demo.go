@@ -21,9 +21,9 @@ import (
 	"golang.org/x/term"
 
 	"github.com/sluice-dev/sluice/internal/bench"
+	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/node"
 	"github.com/sluice-dev/sluice/pkg/client"
-	"github.com/sluice-dev/sluice/pkg/config"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
 	"github.com/sluice-dev/sluice/services/admission"

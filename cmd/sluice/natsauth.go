@@ -6,8 +6,8 @@ import (
 	"io"
 	"strings"
 
+	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/natsauth"
-	"github.com/sluice-dev/sluice/pkg/config"
 )
 
 // runNATSAuth prints the nats-server accounts block for the current

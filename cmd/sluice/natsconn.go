@@ -8,8 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/natsauth"
-	"github.com/sluice-dev/sluice/pkg/config"
 )
 
 // cliNATS is how a CLI command (queue, submit, dlq) reaches NATS: the URL,

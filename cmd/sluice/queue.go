@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sluice-dev/sluice/pkg/adapt"
-	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/internal/adapt"
+	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/services/admission"
 	"github.com/sluice-dev/sluice/streams"
@@ -137,7 +137,7 @@ func limitRows(ctx context.Context, js jetstream.JetStream, cfg *config.Config) 
 			for _, p := range cfg.Providers {
 				for i, m := range p.Models {
 					if p.Name+"."+job.ModelToken(m.Name) == name {
-						ac, model = admission.AdaptConfig(cfg.Admission, m), &p.Models[i]
+						ac, model = adapt.For(cfg.Admission, m), &p.Models[i]
 					}
 				}
 			}
@@ -234,7 +234,7 @@ func queueRows(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, cfg *
 						rpm, tpm := model.RPM, model.TPM
 						if kv, err := js.KeyValue(ctx, streams.BucketBudgets); err == nil {
 							if rec, _, err := adapt.NewStore(kv, nil).Get(ctx, adapt.Key(p.Name, job.ModelToken(model.Name))); err == nil {
-								e := adapt.Compute(admission.AdaptConfig(cfg.Admission, *model), rec, now)
+								e := adapt.Compute(adapt.For(cfg.Admission, *model), rec, now)
 								rpm, tpm = e.PerMinute[adapt.Requests], e.PerMinute[adapt.Tokens]
 								// A learned per-second cap may be the slower pace.
 								if ps := 60 * e.PerSecond[adapt.Requests]; ps > 0 && (rpm == 0 || ps < rpm) {

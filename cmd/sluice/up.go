@@ -11,9 +11,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/natsauth"
 	"github.com/sluice-dev/sluice/internal/node"
-	"github.com/sluice-dev/sluice/pkg/config"
 )
 
 // upFlags are the settings of `sluice up`; each also comes from the config

@@ -11,11 +11,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sluice-dev/sluice/pkg/natstest"
+	"github.com/sluice-dev/sluice/internal/embedded"
 )
 
 // JetStreamRates are JetStream's own rates, measured on the server
-// configuration the overhead benchmark's node embeds (natstest.Start, a
+// configuration the overhead benchmark's node embeds (embedded.Start, a
 // file store in a temporary directory) over one loopback TCP connection,
 // as the node's own connection is: each operation waits for the one
 // before it, so they are the rates of a serial pipeline.
@@ -69,7 +69,7 @@ func freshServer(prefix string) (ns *server.Server, stop func(), err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	ns, err = natstest.Start(natstest.Options{StoreDir: dir})
+	ns, err = embedded.Start(embedded.Options{StoreDir: dir})
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, nil, err

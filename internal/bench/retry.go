@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/provider"
 	"github.com/sluice-dev/sluice/pkg/job"
-	"github.com/sluice-dev/sluice/pkg/provider"
 )
 
 // RetryPolicy is the "just retry" client's policy: exponential backoff with

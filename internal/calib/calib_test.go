@@ -8,7 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sluice-dev/sluice/pkg/natstest"
+	"github.com/sluice-dev/sluice/internal/natstest"
 )
 
 // answers feeds n answers whose actual/estimated ratio is around ratio

@@ -38,9 +38,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/calib"
-	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
-	"github.com/sluice-dev/sluice/pkg/tokens"
 )
 
 // KeyName is the fleet key's key in the fleet bucket (streams.BucketFleet).

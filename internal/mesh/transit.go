@@ -8,7 +8,7 @@ import (
 // TransitSubject carries executors' dispatch transits to every admission
 // process: how long paced calls took from being planned to being ready to
 // send, deliberate waits taken out. Admission learns its send lead from
-// them (pkg/budget LeadEstimator).
+// them (internal/budget LeadEstimator).
 const TransitSubject = "sluice.signal.transit"
 
 // maxTransits bounds one report.

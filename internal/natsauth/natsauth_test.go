@@ -16,11 +16,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/embedded"
 	"github.com/sluice-dev/sluice/internal/natsauth"
 	"github.com/sluice-dev/sluice/pkg/client"
-	"github.com/sluice-dev/sluice/pkg/config"
 	"github.com/sluice-dev/sluice/pkg/job"
-	"github.com/sluice-dev/sluice/pkg/natstest"
 	"github.com/sluice-dev/sluice/streams"
 )
 
@@ -293,7 +293,7 @@ func TestEmbeddedTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := natstest.Start(natstest.Options{StoreDir: filepath.Join(dir, "js"), Configure: emb.Apply})
+	s, err := embedded.Start(embedded.Options{StoreDir: filepath.Join(dir, "js"), Configure: emb.Apply})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -156,8 +156,8 @@ func info() perms {
 }
 
 // rolePerms is what each role needs, read from the services' code: keep it
-// in step with services/*, internal/mesh, internal/dlq, pkg/budget,
-// pkg/adapt and internal/calib (the end-to-end tests run every service
+// in step with services/*, internal/mesh, internal/dlq, internal/budget,
+// internal/adapt and internal/calib (the end-to-end tests run every service
 // under these permissions and fail on a violation).
 func rolePerms(role string) perms {
 	var p perms

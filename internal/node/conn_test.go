@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-dev/sluice/pkg/config"
-	"github.com/sluice-dev/sluice/pkg/natstest"
+	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/natstest"
 )
 
 // A connection the client closes for good (here as the server's refusal

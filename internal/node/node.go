@@ -25,12 +25,12 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/calib"
+	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/embedded"
 	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/natsauth"
-	"github.com/sluice-dev/sluice/pkg/config"
-	"github.com/sluice-dev/sluice/pkg/natstest"
 	"github.com/sluice-dev/sluice/services/admission"
 	"github.com/sluice-dev/sluice/services/executor"
 	"github.com/sluice-dev/sluice/services/ingest"
@@ -136,7 +136,7 @@ func Run(ctx context.Context, o Options) error {
 		if err != nil {
 			return err
 		}
-		ns, err = natstest.Start(natstest.Options{Listen: o.NATSListen, StoreDir: filepath.Join(o.Data, "jetstream"), Configure: emb.Apply,
+		ns, err = embedded.Start(embedded.Options{Listen: o.NATSListen, StoreDir: filepath.Join(o.Data, "jetstream"), Configure: emb.Apply,
 			Name: o.NATSName, Cluster: o.NATSCluster, Routes: o.NATSRoutes, Logger: serverLogger(o, log),
 			ClusterAdvertise: o.NATSClusterAdvertise})
 		if err != nil {

@@ -9,8 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/internal/promptcache"
-	"github.com/sluice-dev/sluice/pkg/natstest"
 )
 
 func chat(model, system, ttl, turn string) []byte {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sluice-dev/sluice/pkg/budget"
+	"github.com/sluice-dev/sluice/internal/budget"
 )
 
 // Bounds and pacing of the registry.

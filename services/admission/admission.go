@@ -25,14 +25,14 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/adapt"
+	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/calib"
+	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/promptcache"
-	"github.com/sluice-dev/sluice/pkg/adapt"
-	"github.com/sluice-dev/sluice/pkg/budget"
-	"github.com/sluice-dev/sluice/pkg/config"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -115,7 +115,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 		now = time.Now
 	}
 	a := cfg.App.Admission
-	st := budget.NewStore(m.Budgets, ModelParams(a), now)
+	st := budget.NewStore(m.Budgets, a.Params(), now)
 	st.Writes = ms.BudgetWrites.Inc
 	st.Conflicts = ms.BudgetConflict.Inc
 	grace := a.DispatchGrace.D() + a.Slice.D() // the model lease may land one slice later
@@ -144,13 +144,6 @@ func UnitQuantum(limit int, burstFraction float64) int {
 	return max(int(math.Ceil(float64(limit)*burstFraction)), 1)
 }
 
-// ModelParams are the paced windows of provider models: the same in every
-// process (admission plans, executors settle).
-func ModelParams(a config.Admission) budget.Params {
-	return budget.Params{Slice: a.Slice.D(), BurstFraction: a.BurstFraction, Short: time.Second,
-		Lead: a.SendLead.D(), Tolerance: a.SendTolerance.D(), Horizon: a.PlanHorizon.D()}
-}
-
 // learnCache is a model's learned record as this process last read it.
 type learnCache struct {
 	st      adapt.State
@@ -159,16 +152,10 @@ type learnCache struct {
 	started bool
 }
 
-// AdaptConfig is what adaptation needs of a model's configuration.
-func AdaptConfig(a config.Admission, m config.Model) adapt.Config {
-	return adapt.Config{RPM: m.RPM, TPM: m.TokenLimit(), OTPM: m.OTPM, SplitOutput: m.SplitsOutput(),
-		Adapts: m.Adapts(), Discovers: m.Discovers(), BurstFraction: a.BurstFraction}
-}
-
 // effective returns the limits in effect for a model, reading the fleet's
 // learned record at most every adapt.AdmissionRefresh.
 func (s *Service) effective(ctx context.Context, ms *modelState, model config.Model) adapt.Effective {
-	ac := AdaptConfig(s.cfg.App.Admission, model)
+	ac := adapt.For(s.cfg.App.Admission, model)
 	lc := s.learned[ms.key]
 	if lc == nil {
 		lc = &learnCache{}

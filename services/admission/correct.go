@@ -5,9 +5,9 @@ import (
 	"math"
 	"time"
 
-	"github.com/sluice-dev/sluice/pkg/budget"
+	"github.com/sluice-dev/sluice/internal/budget"
+	"github.com/sluice-dev/sluice/internal/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
-	"github.com/sluice-dev/sluice/pkg/tokens"
 )
 
 // correctionWait bounds a read of the fleet's correction (at most one per

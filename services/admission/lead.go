@@ -5,9 +5,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluice-dev/sluice/internal/budget"
+	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/mesh"
-	"github.com/sluice-dev/sluice/pkg/budget"
-	"github.com/sluice-dev/sluice/pkg/config"
 )
 
 // MinSendLead is the least lead a paced call is planned with, however fast

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-dev/sluice/pkg/budget"
+	"github.com/sluice-dev/sluice/internal/budget"
 )
 
 func TestDemandBlocks(t *testing.T) {

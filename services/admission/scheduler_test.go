@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-dev/sluice/pkg/budget"
+	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 

@@ -23,21 +23,20 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/adapt"
+	"github.com/sluice-dev/sluice/internal/breaker"
+	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/calib"
+	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/dlq"
 	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/promptcache"
-	"github.com/sluice-dev/sluice/pkg/adapt"
-	"github.com/sluice-dev/sluice/pkg/breaker"
-	"github.com/sluice-dev/sluice/pkg/budget"
-	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/internal/provider"
+	"github.com/sluice-dev/sluice/internal/route"
+	"github.com/sluice-dev/sluice/internal/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
-	"github.com/sluice-dev/sluice/pkg/provider"
-	"github.com/sluice-dev/sluice/pkg/route"
-	"github.com/sluice-dev/sluice/pkg/tokens"
-	"github.com/sluice-dev/sluice/services/admission"
 	"github.com/sluice-dev/sluice/streams"
 )
 
@@ -105,7 +104,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 		now = time.Now
 	}
 	a := cfg.App.Admission
-	st := budget.NewStore(m.Budgets, admission.ModelParams(a), now)
+	st := budget.NewStore(m.Budgets, a.Params(), now)
 	st.Writes = ms.BudgetWrites.Inc
 	s := &Service{cfg: cfg, mesh: m, store: st, log: log.With("service", "executor"), m: ms, now: now,
 		clients: map[string]provider.Client{}, rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7)),
@@ -173,7 +172,7 @@ func (s *Service) Run(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			// Slots come from a lease on the fleet-wide limit (pkg/budget
+			// Slots come from a lease on the fleet-wide limit (internal/budget
 			// Pool): taken just before the call, given back when it ends.
 			pool := budget.NewPool(s.mesh.Budgets, budget.ConcKey(p.Name, job.ModelToken(m.Name)), s.holder, m.MaxConcurrency, 10*time.Second, s.now)
 			labels := []string{p.Name, m.Name}
@@ -868,7 +867,7 @@ func (s *Service) throttled(ctx context.Context, msg jetstream.Msg, j *job.Job, 
 		case "output_tokens":
 			dim = adapt.Output
 		}
-		cut, reason, err := s.learn.Cut(ctx, adapt.Key(j.Provider, job.ModelToken(j.Model)), admission.AdaptConfig(s.cfg.App.Admission, *model), adapt.Refusal{
+		cut, reason, err := s.learn.Cut(ctx, adapt.Key(j.Provider, job.ModelToken(j.Model)), adapt.For(s.cfg.App.Admission, *model), adapt.Refusal{
 			Kind: info.Kind, Dim: dim, ReservedAt: j.Reservation.ReservedAt, RetryAfter: info.RetryAfter,
 			Stated: [adapt.Dims]int{info.StatedLimitRequests, info.StatedLimitTokens, info.StatedLimitOutput}, Used: used, Recent: recent,
 			Cost: budget.Cost{Requests: j.Reservation.Requests, Tokens: j.Reservation.Tokens, Output: j.Reservation.Output}})
@@ -1066,7 +1065,7 @@ func (s *Service) seed(ctx context.Context, j *job.Job, rl provider.RateLimit) {
 	}
 	s.seeded[key] = s.now()
 	s.seedMu.Unlock()
-	ac := admission.AdaptConfig(s.cfg.App.Admission, *model)
+	ac := adapt.For(s.cfg.App.Admission, *model)
 	if rl.LimitRequests > 0 || rl.LimitTokens > 0 || rl.LimitOutput > 0 {
 		if err := s.learn.Observe(ctx, adapt.Key(j.Provider, job.ModelToken(j.Model)), ac, [adapt.Dims]int{rl.LimitRequests, rl.LimitTokens, rl.LimitOutput}); err != nil {
 			s.log.Debug("stated limits", "err", err)

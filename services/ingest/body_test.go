@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/sluice-dev/sluice/internal/api"
-	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )

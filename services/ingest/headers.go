@@ -7,12 +7,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/adapt"
+	"github.com/sluice-dev/sluice/internal/budget"
+	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/mesh"
-	"github.com/sluice-dev/sluice/pkg/adapt"
-	"github.com/sluice-dev/sluice/pkg/budget"
-	"github.com/sluice-dev/sluice/pkg/config"
 	"github.com/sluice-dev/sluice/pkg/job"
-	"github.com/sluice-dev/sluice/services/admission"
 )
 
 // limitView is Sluice's own view of a model's limits for response headers:
@@ -42,7 +41,7 @@ func newLimitView(app *config.Config, m *mesh.Mesh, now func() time.Time) *limit
 	v := &limitView{app: app, now: now, cache: map[string]limitSnapshot{}}
 	if m != nil && m.Budgets != nil {
 		v.learn = adapt.NewStore(m.Budgets, now)
-		v.store = budget.NewStore(m.Budgets, admission.ModelParams(app.Admission), now)
+		v.store = budget.NewStore(m.Budgets, app.Admission.Params(), now)
 	}
 	return v
 }
@@ -66,7 +65,7 @@ func (v *limitView) get(ctx context.Context, provider, model string) (limitSnaps
 		ctx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
 		defer cancel()
 		if st, _, err := v.learn.Get(ctx, adapt.Key(provider, job.ModelToken(model))); err == nil {
-			e := adapt.Compute(admission.AdaptConfig(v.app.Admission, *m), st, now)
+			e := adapt.Compute(adapt.For(v.app.Admission, *m), st, now)
 			snap.limit = [2]int{e.PerMinute[adapt.Requests], e.PerMinute[adapt.Tokens]}
 		}
 		if used, err := v.store.Used(ctx, budget.ModelKey(provider, job.ModelToken(model))); err == nil {

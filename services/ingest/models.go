@@ -6,7 +6,7 @@ import (
 	"net/http"
 
 	"github.com/sluice-dev/sluice/internal/api"
-	"github.com/sluice-dev/sluice/pkg/config"
+	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/api"
+	"github.com/sluice-dev/sluice/internal/provider"
 	"github.com/sluice-dev/sluice/pkg/job"
-	"github.com/sluice-dev/sluice/pkg/provider"
 )
 
 // A queue_full answer tells an SDK to wait at most MaxRetryAfter, and its

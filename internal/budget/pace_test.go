@@ -1,0 +1,219 @@
+package budget_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/sluice-dev/sluice/internal/budget"
+)
+
+// pacedParams are the configuration's defaults for a provider model.
+var pacedParams = budget.Params{Slice: 250 * time.Millisecond, BurstFraction: 1.0 / 60,
+	Short: time.Second, Lead: 20 * time.Millisecond, Tolerance: 25 * time.Millisecond, Horizon: 2 * time.Second}
+
+// send is one call as the provider sees it.
+type send struct {
+	at   time.Time
+	r, t int
+}
+
+// strictProvider checks sends the way a provider that quantizes per second
+// does: a sliding 60-s window at the limits, and a sliding 1-s window at
+// ceil(limit/60) in which a request larger than the cap is admitted only
+// alone. It returns how many sends it would have refused.
+func strictProvider(sends []send, rpm, tpm int) (refused int) {
+	sort.Slice(sends, func(i, j int) bool { return sends[i].at.Before(sends[j].at) })
+	capR, capT := (rpm+59)/60, (tpm+59)/60
+	for i, s := range sends {
+		var r1, t1, r60, t60 int
+		for _, p := range sends[:i] {
+			d := s.at.Sub(p.at)
+			if d < time.Second {
+				r1 += p.r
+				t1 += p.t
+			}
+			if d < time.Minute {
+				r60 += p.r
+				t60 += p.t
+			}
+		}
+		switch {
+		case rpm > 0 && r60+s.r > rpm, tpm > 0 && t60+s.t > tpm:
+			refused++
+		case rpm > 0 && r1+s.r > capR:
+			refused++
+		case tpm > 0 && t1 > 0 && t1+s.t > capT:
+			refused++
+		}
+	}
+	return refused
+}
+
+// TestPacedScheduleHoldsAtTheProvider has three admission processes take
+// costs from one paced store at random moments, and executors send each at
+// its SendAt plus a random delay within the tolerance. A provider that
+// quantizes per second must refuse none of them, and the minute must be
+// nearly full once backlogged.
+func TestPacedScheduleHoldsAtTheProvider(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		rpm, tpm int
+		cost     func(*rand.Rand) budget.Cost
+		minFill  float64 // of the binding limit over the second minute
+		binding  string
+	}{
+		// 150 RPM: a cap of 3 per second for 2.5 per second on average.
+		{"small requests, RPM-bound", 150, 10_000_000, func(*rand.Rand) budget.Cost { return budget.Cost{Requests: 1, Tokens: 200} }, 0.97, "rpm"},
+		// 150,000 TPM: a cap of 2,500 tokens per second; every job is
+		// larger and needs a second of its own.
+		{"large requests, TPM-bound", 10_000, 150_000, func(r *rand.Rand) budget.Cost {
+			return budget.Cost{Requests: 1, Tokens: 4500 + r.IntN(1000)}
+		}, 0.97, "tpm"},
+		// 600 RPM: the per-second cap equals the average pace.
+		{"RPM 600, cap equal to the pace", 600, 10_000_000, func(*rand.Rand) budget.Cost { return budget.Cost{Requests: 1, Tokens: 100} }, 0.96, "rpm"},
+		// Jobs of 100-6,100 tokens against a cap equal to the average pace
+		// (10,000 a second): a sliding window that must hold the next job
+		// whole idles about half a job per second, whoever sends.
+		{"mixed sizes below the cap, TPM-bound", 10_000, 600_000, func(r *rand.Rand) budget.Cost {
+			return budget.Cost{Requests: 1, Tokens: 100 + r.IntN(6_000)}
+		}, 0.83, "tpm"},
+		// The demo's jobs: 94-494 tokens against a 2,000-token cap.
+		{"demo-sized jobs, TPM-bound", 600, 120_000, func(r *rand.Rand) budget.Cost {
+			return budget.Cost{Requests: 1, Tokens: 94 + r.IntN(400)}
+		}, 0.80, "tpm"},
+		// Jobs up to 1.2x the per-second cap: one larger than the cap waits
+		// for an empty window behind smaller ones, in fair order.
+		{"mixed sizes around the cap, TPM-bound", 10_000, 600_000, func(r *rand.Rand) budget.Cost {
+			return budget.Cost{Requests: 1, Tokens: 100 + r.IntN(12_000)}
+		}, 0.78, "tpm"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, pacedParams)
+			rnd := rand.New(rand.NewPCG(1, 2))
+			ctx := context.Background()
+			lim := budget.Limits{RPM: tc.rpm, TPM: tc.tpm}
+			var sends []send
+			// 150 s of 50-ms steps; each step one of three processes asks
+			// for a batch of up to 8 jobs (always backlogged).
+			for step := 0; step < 3000; step++ {
+				now := b.clock.Advance(50 * time.Millisecond)
+				batch := make([]budget.Cost, 1+rnd.IntN(8))
+				for i := range batch {
+					batch[i] = tc.cost(rnd)
+				}
+				g, err := b.store.Take(ctx, key, lim, batch)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if g.N != len(g.SendAt) {
+					t.Fatalf("grant of %d with %d send instants", g.N, len(g.SendAt))
+				}
+				for i := range g.N {
+					if g.SendAt[i].Before(now) {
+						t.Fatalf("send instant %v before now %v", g.SendAt[i], now)
+					}
+					if g.SendAt[i].After(now.Add(pacedParams.Horizon)) {
+						t.Fatalf("send instant %v beyond the horizon", g.SendAt[i])
+					}
+					late := time.Duration(rnd.Int64N(int64(pacedParams.Tolerance) + 1))
+					sends = append(sends, send{at: g.SendAt[i].Add(late), r: batch[i].Requests, t: batch[i].Tokens})
+				}
+			}
+			if n := strictProvider(sends, tc.rpm, tc.tpm); n > 0 {
+				t.Errorf("the provider refused %d of %d sends", n, len(sends))
+			}
+			// Fill over [60 s, 120 s).
+			var got int
+			for _, s := range sends {
+				if d := s.at.Sub(t0); d >= time.Minute && d < 2*time.Minute {
+					if tc.binding == "rpm" {
+						got += s.r
+					} else {
+						got += s.t
+					}
+				}
+			}
+			limit := tc.rpm
+			if tc.binding == "tpm" {
+				limit = tc.tpm
+			}
+			if fill := float64(got) / float64(limit); fill < tc.minFill || fill > 1 {
+				t.Errorf("fill of the second minute %.3f, want [%.2f, 1]", fill, tc.minFill)
+			} else {
+				t.Logf("fill of the second minute %.3f (%d sends in all)", fill, len(sends))
+			}
+		})
+	}
+}
+
+// TestPacedSpacing checks pacing itself: sends are spread at the average
+// rate rather than bunched at the start of each second, and a request
+// larger than the per-second cap gets a window of its own.
+func TestPacedSpacing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pacedParams)
+	ctx := context.Background()
+	g, err := b.store.Take(ctx, key, budget.Limits{RPM: 150, TPM: 1_000_000}, costs(4, budget.Cost{Requests: 1, Tokens: 10}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.N != 4 {
+		t.Fatalf("granted %d of 4 within the horizon", g.N)
+	}
+	for i := 1; i < g.N; i++ {
+		if d := g.SendAt[i].Sub(g.SendAt[i-1]); d < 400*time.Millisecond {
+			t.Errorf("send %d only %v after the previous; 150 RPM paces every 400 ms", i, d)
+		}
+	}
+	if want := b.clock.Now().Add(pacedParams.Lead); !g.SendAt[0].Equal(want) {
+		t.Errorf("first send at %v, want now + lead %v", g.SendAt[0], want)
+	}
+	if !g.ValidUntil.Equal(g.SendAt[3].Add(pacedParams.Tolerance)) {
+		t.Errorf("valid until %v, want the last send + tolerance", g.ValidUntil)
+	}
+
+	// 5,000-token jobs against a 2,500-token per-second cap (TPM 150,000;
+	// pacing alone would space them 2 s): each alone in 1 s + tolerance.
+	b2 := setup(t, pacedParams)
+	lim := budget.Limits{RPM: 10_000, TPM: 150_000, BurstTokens: 2500}
+	g, err = b2.store.Take(ctx, key, lim, costs(3, budget.Cost{Requests: 1, Tokens: 1000}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 1,000 tokens pace every 400 ms; two fit a 2,500 cap, the third must
+	// wait until the first leaves the window (1 s + tolerance).
+	if g.N != 3 {
+		t.Fatalf("granted %d of 3", g.N)
+	}
+	if d := g.SendAt[2].Sub(g.SendAt[0]); d < time.Second+pacedParams.Tolerance {
+		t.Errorf("third 1,000-token send %v after the first; the 2,500 cap needs >= 1s + tolerance", d)
+	}
+}
+
+// TestPacedReturnAt gives back an unused placement: the minute and the
+// window see it gone.
+func TestPacedReturnAt(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pacedParams)
+	ctx := context.Background()
+	lim := budget.Limits{RPM: 600, TPM: 1_000_000}
+	g, err := b.store.Take(ctx, key, lim, costs(1, budget.Cost{Requests: 1, Tokens: 500}))
+	if err != nil || g.N != 1 {
+		t.Fatalf("take: %v, %d", err, g.N)
+	}
+	if err := b.store.ReturnAt(ctx, key, g.SendAt[0], budget.Cost{Requests: 1, Tokens: 500}); err != nil {
+		t.Fatal(err)
+	}
+	used, err := b.store.Used(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if used != (budget.Cost{}) {
+		t.Errorf("after the return the window holds %+v, want nothing", used)
+	}
+}

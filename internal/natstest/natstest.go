@@ -1,0 +1,39 @@
+// Package natstest starts a fresh embedded NATS server with JetStream for a
+// test (like net/http/httptest), on a random loopback port with a temporary
+// store.
+package natstest
+
+import (
+	"testing"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/sluice-dev/sluice/internal/embedded"
+)
+
+// Server starts a fresh embedded JetStream server on a random loopback port
+// with a temporary store, and shuts it down when the test ends.
+func Server(t testing.TB) *server.Server {
+	t.Helper()
+	s, err := embedded.Start(embedded.Options{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	return s
+}
+
+// Conn connects to s and closes the connection when the test ends.
+func Conn(t testing.TB, s *server.Server) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}

@@ -1,0 +1,21 @@
+package provider_test
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/sluice-dev/sluice/internal/provider"
+)
+
+// The README documents the classification table; it must be the one in code.
+func TestREADMEHasClassTable(t *testing.T) {
+	t.Parallel()
+	data, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), strings.TrimSpace(provider.ClassTable())) {
+		t.Error("README.md's classification table differs from provider.ClassTable(); paste the new one in")
+	}
+}
