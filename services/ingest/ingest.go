@@ -158,179 +158,26 @@ type created struct{ job, op uint64 }
 
 // accept is Accept; held says the caller holds the job durably and offers
 // it again later (an INTAKE message), so a job QUEUE refuses keeps its
-// records: it is accepted and waits.
+// records: it is accepted and waits. Its phases are in accept.go.
 func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, error) {
-	// Sluice sets these; nothing a producer wrote there is believed.
-	j.ClearInternal()
-	// The request body is parsed and checked once, by the token estimate
-	// below (the same checks as job.Check).
-	if err := j.CheckEnvelope(); err != nil {
-		return Accepted{}, err
-	}
-	if _, ok := s.cfg.App.Tenant(j.Tenant); !ok {
-		return Accepted{}, &job.ValidationError{Code: job.CodeUnknownTenant, Field: "tenant", Message: fmt.Sprintf("unknown tenant %q", clip(j.Tenant))}
-	}
-	name, est, err := tokens.Estimate(j.Endpoint, j.Request, s.lim, s.cfg.App.Limits.DefaultMaxTokens)
+	prov, model, est, err := s.check(j)
 	if err != nil {
 		return Accepted{}, err
 	}
-	prov, model, ok := s.cfg.App.ModelRef(name)
-	if !ok {
-		return Accepted{}, &job.ValidationError{Code: job.CodeUnknownModel, Field: "request.model", Message: fmt.Sprintf("model %q is not configured", clip(name))}
-	}
-	if err := endpointServed(j, prov); err != nil {
-		return Accepted{}, err
-	}
-	if err := shapeBody(j, prov, model, s.cfg.App.Limits.DefaultMaxTokens); err != nil {
-		return Accepted{}, err
-	}
-	if model.TPM > 0 && est.Cost() > model.TPM {
-		return Accepted{}, &job.ValidationError{Code: job.CodeTooLarge, Field: "request",
-			Message: fmt.Sprintf("needs %d tokens (%d prompt + %d max output), above the model's limit of %d tokens per minute", est.Cost(), est.PromptTokens, est.MaxTokens, model.TPM)}
-	}
-	if err := splitTooLarge(est, model); err != nil { // anthropic.go
-		return Accepted{}, err
-	}
-	if model.TPD > 0 && est.Cost() > model.TPD {
-		return Accepted{}, &job.ValidationError{Code: job.CodeTooLarge, Field: "request",
-			Message: fmt.Sprintf("needs %d tokens (%d prompt + %d max output), above the model's quota of %d tokens per day", est.Cost(), est.PromptTokens, est.MaxTokens, model.TPD)}
-	}
-	if est.Units, err = guard.UnitCost(j.Cost, model, true); err != nil {
-		return Accepted{}, err
-	}
-	if t, _ := s.cfg.App.Tenant(j.Tenant); t != nil {
-		for _, l := range []struct {
-			name  string
-			limit int
-		}{{"tokens per minute", t.TPM}, {"tokens per day", t.TPD}} {
-			if l.limit > 0 && est.Cost() > l.limit {
-				return Accepted{}, &job.ValidationError{Code: job.CodeTooLarge, Field: "request",
-					Message: fmt.Sprintf("needs %d tokens, above the tenant's limit of %d %s", est.Cost(), l.limit, l.name)}
-			}
-		}
-	}
 	now := s.now().UTC()
-	if j.Deadline != nil && !j.Deadline.After(now) {
-		return Accepted{}, &job.ValidationError{Code: job.CodeDeadlineExpired, Field: "deadline", Message: "is already past"}
-	}
-	fill, wait, retry, ahead := s.pressure(ctx, model, est.Cost())
-	if j.Deadline != nil && now.Add(wait).After(*j.Deadline) {
-		return Accepted{}, &job.ValidationError{Code: CodeDeadlineUnmeetable, Field: "deadline",
-			Message: fmt.Sprintf("cannot be met: the estimated wait is %s (the queue ahead at %s's admission rate) and the deadline is in %s", wait.Round(100*time.Millisecond), model.Name, j.Deadline.Sub(now).Round(100*time.Millisecond))}
-	}
-	shed := s.cfg.App.Admission.Shed
-	if (j.Priority == job.Batch && fill >= shed.Batch) || (j.Priority == job.Standard && fill >= shed.Standard) {
-		s.m.Shed.WithLabelValues(j.Tenant, string(j.Priority)).Inc()
-		return Accepted{}, &BusyError{Code: "shed", RetryAfter: retry, Ahead: ahead,
-			Message: fmt.Sprintf("the queue is %.0f%% full; %s work is deferred until it drains", 100*fill, j.Priority)}
-	}
-	if err := s.queueRoom(ctx, j, model, est.Cost()); err != nil {
+	room, err := s.admit(ctx, j, model, est.Cost(), now)
+	if err != nil {
 		return Accepted{}, err
 	}
-	if j.ID == "" {
-		j.ID = job.NewID()
+	s.stamp(j, prov, model, est, now)
+	opKey, made, joined, err := s.record(ctx, j, held, now)
+	if err != nil {
+		return Accepted{}, err
 	}
-	j.SubmittedAt = now
-	j.Provider, j.Model, j.Estimate = prov.Name, model.Name, &est
-	j.Request = canonicalBody(j.Request) // what the seal and the digest bind
-	s.cfg.Guard.Seal(j)
-
-	// Two records, written at once (one round trip, not two): the job
-	// record, created once (a repeat of the same job id, a redelivered
-	// intake message or a client retrying its POST, continues where it
-	// stopped), and the operation record, which a different job with the
-	// same idempotency key joins.
-	opKey, key := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
-	op := mesh.OpRecord{Key: key, JobID: j.ID, Tenant: j.Tenant, State: mesh.OpQueued, Provider: prov.Name, Model: model.Name, UpdatedAt: now,
-		BodyDigest: mesh.BodyDigest(j)}
-	opData, _ := json.Marshal(op)
-	var made created
-	rec := mesh.Record{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusQueued, SubmittedAt: j.SubmittedAt}
-	data, _ := json.Marshal(rec)
-	jobMade, first := s.mesh.CreateRecords(ctx, j.ID, data, opKey, opData)
-	jobRev, jobErr := jobMade.Rev, jobMade.Err
-	// An operation record this call created for a job it does not take on
-	// goes again (only at the revision written here).
-	dropOp := func() {
-		if first.Err == nil {
-			_ = withdraw(context.WithoutCancel(ctx), s.mesh.Idempotency, opKey, first.Rev)
-		}
+	if joined != nil {
+		return *joined, nil
 	}
-	if jobErr == nil {
-		made.job = jobRev
-	} else {
-		if !errors.Is(jobErr, jetstream.ErrKeyExists) {
-			dropOp()
-			return Accepted{}, &transientError{fmt.Errorf("record job: %w", jobErr)}
-		}
-		old, _, lerr := s.mesh.Lookup(ctx, j.ID)
-		if lerr != nil {
-			dropOp()
-			return Accepted{}, &transientError{lerr}
-		}
-		if old.Tenant != j.Tenant {
-			dropOp()
-			return Accepted{}, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "id", Message: "is already used by another job: ids are global, so use ones nobody can guess (a UUID), or none to have one assigned"}
-		}
-		if old.Status.Terminal() {
-			dropOp()
-			return Accepted{JobID: j.ID, Tenant: j.Tenant, Joined: true}, nil
-		}
-	}
-
-	for attempt := 1; ; attempt++ {
-		rev, err := first.Rev, first.Err
-		if attempt > 1 {
-			rev, err = s.mesh.Idempotency.Create(ctx, opKey, opData)
-		}
-		if err == nil {
-			made.op = rev
-			break
-		}
-		if !errors.Is(err, jetstream.ErrKeyExists) {
-			if !held {
-				_ = withdraw(context.WithoutCancel(ctx), s.mesh.Results, j.ID, made.job)
-			}
-			return Accepted{}, &transientError{fmt.Errorf("record operation: %w", err)}
-		}
-		joined, err := s.join(ctx, opKey, j)
-		if errors.Is(err, job.ErrNotFound) && attempt < 3 {
-			continue // the operation's job was refused and withdrawn meanwhile: this job takes it on
-		}
-		if err != nil {
-			if !held && made.job != 0 {
-				_ = withdraw(context.WithoutCancel(ctx), s.mesh.Results, j.ID, made.job)
-			}
-			return Accepted{}, err
-		}
-		if joined != "" {
-			s.m.DupSuppressed.WithLabelValues(s.cfg.App.TaskLabel(j.Task)).Inc()
-			return Accepted{JobID: joined, Tenant: j.Tenant, Joined: true}, nil
-		}
-		break
-	}
-
-	// Hints for the executor and the result service: the records are at
-	// these revisions until one of them (or a joiner) changes them.
-	j.Revs = nil
-	if made.job != 0 || made.op != 0 {
-		j.Revs = &job.Revs{Record: made.job, Op: made.op}
-	}
-	if err := s.mesh.Enqueue(ctx, j, "job:"+j.ID); err != nil {
-		var refusal error = &transientError{err}
-		if mesh.IsStreamFull(err) {
-			refusal = &BusyError{Code: job.CodeQueueFull, RetryAfter: retry, Ahead: ahead, Message: "Sluice's queue is full"}
-		}
-		if held {
-			return Accepted{}, refusal
-		}
-		// Whatever refused it, a refused job leaves nothing behind: a
-		// retry with the same Idempotency-Key must not join a job that
-		// never runs.
-		return s.settleRefusal(context.WithoutCancel(ctx), j, opKey, made, refusal)
-	}
-	s.queueShare.note(j.Tenant, envelopeSize(j), true)
-	return Accepted{JobID: j.ID, Tenant: j.Tenant}, nil
+	return s.enqueue(ctx, j, held, opKey, made, room)
 }
 
 // settleRefusal undoes what one accept call created for a job QUEUE
