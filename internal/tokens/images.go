@@ -41,6 +41,31 @@ func ImageTokens(width, height int, detail string) int {
 	return ImageBaseTokens + ImageTileTokens*tiles
 }
 
+// Anthropic's published rule: an image costs width×height/750 tokens after
+// it is scaled to fit 1568 px on its long edge and about 1.15 megapixels
+// (1,600 tokens at most). An image whose size Sluice cannot read is charged
+// that maximum.
+const (
+	anthropicPixelsPerToken = 750
+	anthropicMaxEdge        = 1568
+	AnthropicMaxImageTokens = 1600
+)
+
+// AnthropicImageTokens is what Anthropic charges for a width×height image.
+func AnthropicImageTokens(width, height int) int {
+	w, h := float64(max(width, 1)), float64(max(height, 1))
+	if m := max(w, h); m > anthropicMaxEdge {
+		w, h = w*anthropicMaxEdge/m, h*anthropicMaxEdge/m
+	}
+	return min(int(w*h/anthropicPixelsPerToken+0.999), AnthropicMaxImageTokens)
+}
+
+// anthropicModel reports whether model is one of Anthropic's, whose images
+// are charged by AnthropicImageTokens.
+func anthropicModel(model string) bool {
+	return strings.HasPrefix(strings.ToLower(model), "claude")
+}
+
 func ceilDiv(a, b int) int { return (max(a, 1) + b - 1) / b }
 
 // imagePart is an image_url content part.
@@ -52,11 +77,13 @@ type imagePart struct {
 	} `json:"image_url"`
 }
 
-// Images counts the image parts of a chat request's messages by
-// ImageTokens: a data URL's size is read from its header; any other image
-// is charged as 1024×1024.
+// Images counts the image parts of a chat request's messages by the
+// model's provider's rule (AnthropicImageTokens for Claude models,
+// ImageTokens otherwise): a data URL's size is read from its header; any
+// other image is charged as 1024×1024 by OpenAI's rule and at the maximum
+// by Anthropic's.
 func Images(req *job.ChatRequest) int {
-	n := 0
+	n, anthropic := 0, anthropicModel(req.Model)
 	for _, m := range req.Messages {
 		if len(m.Content) == 0 || m.Content[0] != '[' || !bytes.Contains(m.Content, []byte("image_url")) {
 			continue
@@ -69,29 +96,36 @@ func Images(req *job.ChatRequest) int {
 			if p.Type != "image_url" {
 				continue
 			}
-			w, h := imageSize(p.ImageURL.URL)
-			n += ImageTokens(w, h, p.ImageURL.Detail)
+			w, h, known := imageSize(p.ImageURL.URL)
+			switch {
+			case anthropic && !known:
+				n += AnthropicMaxImageTokens
+			case anthropic:
+				n += AnthropicImageTokens(w, h)
+			default:
+				n += ImageTokens(w, h, p.ImageURL.Detail)
+			}
 		}
 	}
 	return n
 }
 
-// imageSize reads a base64 data URL's image size; unknownSide for anything
-// else.
-func imageSize(url string) (int, int) {
+// imageSize reads a base64 data URL's image size; unknownSide (and false)
+// for anything else.
+func imageSize(url string) (int, int, bool) {
 	rest, ok := strings.CutPrefix(url, "data:")
 	if !ok {
-		return unknownSide, unknownSide
+		return unknownSide, unknownSide, false
 	}
 	_, data, ok := strings.Cut(rest, ";base64,")
 	if !ok {
-		return unknownSide, unknownSide
+		return unknownSide, unknownSide, false
 	}
 	cfg, _, err := image.DecodeConfig(base64.NewDecoder(base64.StdEncoding, strings.NewReader(data)))
 	if err != nil || cfg.Width <= 0 || cfg.Height <= 0 {
-		return unknownSide, unknownSide
+		return unknownSide, unknownSide, false
 	}
-	return cfg.Width, cfg.Height
+	return cfg.Width, cfg.Height, true
 }
 
 // HasImages reports whether any message has an image part.

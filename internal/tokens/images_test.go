@@ -99,3 +99,34 @@ func TestClass(t *testing.T) {
 		}
 	}
 }
+
+// Anthropic's vision guide's worked examples, and its resize of the long
+// edge to 1568 px.
+func TestAnthropicImageTokens(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ w, h, want int }{
+		{200, 200, 54},
+		{1000, 1000, 1334},
+		{1092, 1092, 1590},
+		{3136, 1568, 1600}, // 1568×784: 1639, capped at the 1,600 maximum
+		{1568, 100, 210},
+	} {
+		if got := tokens.AnthropicImageTokens(tc.w, tc.h); got != tc.want {
+			t.Errorf("AnthropicImageTokens(%d, %d) = %d, want %d", tc.w, tc.h, got, tc.want)
+		}
+	}
+	text := tokens.Prompt(&job.ChatRequest{Model: "claude-sonnet-4-5", Messages: []job.ChatMessage{msg("user", "", "hello world")}})
+	for _, tc := range []struct {
+		url  string
+		want int
+	}{
+		{pngDataURL(1000, 1000), 1334},
+		{"https://example.test/a.png", tokens.AnthropicMaxImageTokens},
+	} {
+		content := fmt.Sprintf(`[{"type":"text","text":"hello "},{"type":"image_url","image_url":{"url":%q}},{"type":"text","text":"world"}]`, tc.url)
+		req := &job.ChatRequest{Model: "claude-sonnet-4-5", Messages: []job.ChatMessage{{Role: "user", Content: json.RawMessage(content)}}}
+		if got := tokens.Prompt(req); got != text+tc.want {
+			t.Errorf("Claude image %.40s: prompt %d, want %d (text) + %d (image)", tc.url, got, text, tc.want)
+		}
+	}
+}
