@@ -400,32 +400,15 @@ const IntakeParallel = 32
 
 // Run consumes INTAKE until ctx ends.
 func (s *Service) Run(ctx context.Context) error {
-	cons, err := streams.EnsureConsumer(ctx, s.mesh.JS, streams.Intake, "ingest", "", "")
-	if err != nil {
-		return err
-	}
 	// Each accept waits on three round trips (two records, then QUEUE);
 	// handled one at a time, they bound ingest to one job per three round
 	// trips whatever the cores. Up to IntakeParallel run at once: jobs are
 	// independent (accept is idempotent per job id), so only the order in
 	// which concurrently delivered jobs reach QUEUE may differ from INTAKE's.
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, IntakeParallel)
-	cc, err := cons.Consume(func(msg jetstream.Msg) {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			s.handle(ctx, msg)
-		}()
-	}, jetstream.PullMaxMessages(512), streams.PullExpiry(), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
-			s.log.Debug("intake consume", "err", err)
-		}
-	}))
+	loop, err := s.mesh.Consume(ctx, mesh.Consumer{Stream: streams.Intake, Template: "ingest", What: "intake", Batch: 512, Parallel: IntakeParallel}, s.log,
+		func(msg jetstream.Msg) { s.handle(ctx, msg) })
 	if err != nil {
-		return fmt.Errorf("consume intake: %w", err)
+		return err
 	}
 	// Producers INTAKE refuses ask how long to wait; one ingest process answers.
 	var hints hintGate
@@ -444,17 +427,12 @@ func (s *Service) Run(ctx context.Context) error {
 		})
 	})
 	if err != nil {
-		cc.Stop()
+		loop.Stop()
 		return fmt.Errorf("subscribe %s*: %w", job.WaitPrefix, err)
 	}
 	<-ctx.Done()
 	_ = sub.Drain()
-	cc.Drain()
-	select {
-	case <-cc.Closed():
-	case <-time.After(10 * time.Second):
-	}
-	wg.Wait()
+	loop.Drain(10 * time.Second)
 	return nil
 }
 

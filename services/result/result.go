@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -67,40 +66,19 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 
 // Run consumes RESULTS until ctx ends.
 func (s *Service) Run(ctx context.Context) error {
-	cons, err := streams.EnsureConsumer(ctx, s.mesh.JS, streams.Results, "result", "", "")
+	loop, err := s.mesh.Consume(ctx, mesh.Consumer{Stream: streams.Results, Template: "result", What: "results", Batch: 256, Parallel: 32}, s.log, func(msg jetstream.Msg) {
+		if err := s.handle(ctx, msg); err != nil {
+			s.log.Warn("result: will retry", "subject", msg.Subject(), "err", err)
+			_ = msg.NakWithDelay(time.Second)
+			return
+		}
+		_ = msg.Ack()
+	})
 	if err != nil {
 		return err
 	}
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 32)
-	cc, err := cons.Consume(func(msg jetstream.Msg) {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			if err := s.handle(ctx, msg); err != nil {
-				s.log.Warn("result: will retry", "subject", msg.Subject(), "err", err)
-				_ = msg.NakWithDelay(time.Second)
-				return
-			}
-			_ = msg.Ack()
-		}()
-	}, jetstream.PullMaxMessages(256), streams.PullExpiry(), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
-			s.log.Debug("results consume", "err", err)
-		}
-	}))
-	if err != nil {
-		return fmt.Errorf("consume results: %w", err)
-	}
 	<-ctx.Done()
-	cc.Drain()
-	select {
-	case <-cc.Closed():
-	case <-time.After(10 * time.Second):
-	}
-	wg.Wait()
+	loop.Drain(10 * time.Second)
 	return nil
 }
 
