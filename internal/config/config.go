@@ -507,7 +507,20 @@ var DefaultPolicies = map[string]Policy{
 	"batch":       {MaxAttempts: 8, MaxElapsed: Duration(300 * time.Second), BaseDelay: Duration(time.Second), MaxDelay: Duration(60 * time.Second)},
 }
 
+// withDefaults fills every setting left out with its default, area by
+// area.
 func (c *Config) withDefaults() {
+	c.limitsDefaults()
+	c.httpDefaults()
+	c.admissionDefaults()
+	c.queuesDefaults()
+	c.providersDefaults()
+	c.tenantsDefaults()
+	c.streamingDefaults()
+	c.retryDefaults()
+}
+
+func (c *Config) limitsDefaults() {
 	if c.Limits.MaxBodyBytes == 0 {
 		c.Limits.MaxBodyBytes = job.DefaultLimits.MaxBodyBytes
 	}
@@ -532,6 +545,9 @@ func (c *Config) withDefaults() {
 	if c.Limits.MaxWaitersPerTenant == 0 {
 		c.Limits.MaxWaitersPerTenant = DefaultMaxWaitersPerTenant
 	}
+}
+
+func (c *Config) httpDefaults() {
 	for _, d := range []struct {
 		got *Duration
 		def time.Duration
@@ -541,6 +557,9 @@ func (c *Config) withDefaults() {
 			*d.got = Duration(d.def)
 		}
 	}
+}
+
+func (c *Config) admissionDefaults() {
 	if c.Admission.Slice == 0 {
 		c.Admission.Slice = Duration(250 * time.Millisecond)
 	}
@@ -580,6 +599,9 @@ func (c *Config) withDefaults() {
 	if c.Admission.Shed == (Shed{}) {
 		c.Admission.Shed = Shed{Batch: 0.8, Standard: 0.95}
 	}
+}
+
+func (c *Config) queuesDefaults() {
 	for _, q := range []struct{ got, def *StreamBounds }{{&c.Queues.Intake, &DefaultIntakeBounds}, {&c.Queues.Queue, &DefaultQueueBounds}} {
 		if q.got.MaxMsgs == 0 {
 			q.got.MaxMsgs = q.def.MaxMsgs
@@ -591,6 +613,9 @@ func (c *Config) withDefaults() {
 			q.got.MaxPerTenant = min(q.def.MaxPerTenant, q.got.MaxMsgs)
 		}
 	}
+}
+
+func (c *Config) providersDefaults() {
 	for i := range c.Providers {
 		p := &c.Providers[i]
 		if p.Kind == "" {
@@ -606,11 +631,17 @@ func (c *Config) withDefaults() {
 			p.Models[j].splits = SplitsOutput(p.Kind)
 		}
 	}
+}
+
+func (c *Config) tenantsDefaults() {
 	for i := range c.Tenants {
 		if c.Tenants[i].Weight == 0 {
 			c.Tenants[i].Weight = 1
 		}
 	}
+}
+
+func (c *Config) streamingDefaults() {
 	st := &c.Streaming
 	for _, d := range []struct {
 		v   *Duration
@@ -621,6 +652,9 @@ func (c *Config) withDefaults() {
 			*d.v = Duration(d.def)
 		}
 	}
+}
+
+func (c *Config) retryDefaults() {
 	if c.Retry == nil {
 		c.Retry = map[string]Policy{}
 	}
@@ -639,12 +673,37 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// failFunc records a problem with key.
+type failFunc func(key, format string, args ...any)
+
 // problems checks every rule and returns what breaks them, in key order.
+// Each area has its own check; the order of the list is the order of the
+// report.
 func (c *Config) problems() Problems {
 	var ps Problems
 	fail := func(key, format string, args ...any) {
 		ps = append(ps, Problem{Key: key, Msg: fmt.Sprintf(format, args...)})
 	}
+	for _, check := range []func(*Config, failFunc){
+		(*Config).checkLimits,
+		(*Config).checkHTTP,
+		(*Config).checkDefaultMaxTokens,
+		(*Config).checkAdmission,
+		(*Config).checkStreaming,
+		(*Config).checkQueues,
+		(*Config).checkNATS,
+		(*Config).checkProviders,
+		(*Config).checkTenants,
+		(*Config).checkRetry,
+		(*Config).checkRoutes,
+	} {
+		check(c, fail)
+	}
+	return ps
+}
+
+// checkLimits checks limits.*.
+func (c *Config) checkLimits(fail failFunc) {
 	if c.Limits.MaxBodyBytes < 1024 {
 		fail("limits.max_body_bytes", "must be at least 1024, got %d", c.Limits.MaxBodyBytes)
 	}
@@ -669,6 +728,10 @@ func (c *Config) problems() Problems {
 	if c.Limits.MaxWaitersPerTenant < 1 {
 		fail("limits.max_waiters_per_tenant", "must be positive, got %d", c.Limits.MaxWaitersPerTenant)
 	}
+}
+
+// checkHTTP checks the HTTP server's timeouts and TLS files.
+func (c *Config) checkHTTP(fail failFunc) {
 	for _, d := range []struct {
 		key string
 		v   Duration
@@ -681,9 +744,17 @@ func (c *Config) problems() Problems {
 	if t := c.Server.HTTPTLS; t.Enabled() && (t.Cert == "" || t.Key == "") {
 		fail("server.http_tls", "needs both cert and key (PEM files), got cert %q key %q", t.Cert, t.Key)
 	}
+}
+
+// checkDefaultMaxTokens checks that the default output bound fits the largest.
+func (c *Config) checkDefaultMaxTokens(fail failFunc) {
 	if c.Limits.DefaultMaxTokens > c.Limits.MaxTokens {
 		fail("limits.default_max_tokens", "is %d, above limits.max_tokens %d", c.Limits.DefaultMaxTokens, c.Limits.MaxTokens)
 	}
+}
+
+// checkAdmission checks admission.*.
+func (c *Config) checkAdmission(fail failFunc) {
 	if s := c.Admission.Slice.D(); s < 10*time.Millisecond || s > 5*time.Second {
 		fail("admission.slice", "must be between 10ms and 5s, got %s", s)
 	}
@@ -717,6 +788,10 @@ func (c *Config) problems() Problems {
 	if c.Admission.Batch < 1 {
 		fail("admission.batch", "must be positive, got %d", c.Admission.Batch)
 	}
+}
+
+// checkStreaming checks streaming.*.
+func (c *Config) checkStreaming(fail failFunc) {
 	st := c.Streaming
 	for _, d := range []struct {
 		key      string
@@ -734,6 +809,10 @@ func (c *Config) problems() Problems {
 			fail("streaming.cancel_on_disconnect."+clip(k), "is not a priority (interactive, standard, batch)")
 		}
 	}
+}
+
+// checkQueues checks the bounds of INTAKE and QUEUE.
+func (c *Config) checkQueues(fail failFunc) {
 	for _, q := range []struct {
 		key string
 		b   StreamBounds
@@ -751,11 +830,20 @@ func (c *Config) problems() Problems {
 			fail(q.key+".max_bytes_per_tenant", "must be 0 (a share of max_bytes) or between %d and max_bytes (%d), got %d", MinStreamBytes, q.b.MaxBytes, v)
 		}
 	}
+}
+
+// checkNATS checks server.nats.
+func (c *Config) checkNATS(fail failFunc) {
 	if err := c.Server.NATS.Validate(); err != nil {
 		fail("server.nats", "%s", strings.TrimPrefix(err.Error(), "config: server.nats."))
 	}
+}
+
+// checkProviders checks each provider and its models; a model name and
+// its subject token belong to one provider and one model.
+func (c *Config) checkProviders(fail failFunc) {
 	seenP := map[string]bool{}
-	models := map[string]string{}
+	models := map[string]string{} // model -> provider
 	for i, p := range c.Providers {
 		key := fmt.Sprintf("providers[%d]", i)
 		if !job.ValidName(p.Name) {
@@ -781,60 +869,70 @@ func (c *Config) problems() Problems {
 		if len(p.Models) == 0 {
 			fail(key+".models", "must list at least one model")
 		}
-		tokens := map[string]string{}
+		tokens := map[string]string{} // subject token -> model
 		for j, m := range p.Models {
-			mk := fmt.Sprintf("%s.models[%d]", key, j)
-			if m.Name == "" {
-				fail(mk+".name", "is required")
-			}
-			if other, ok := models[m.Name]; ok {
-				fail(mk+".name", "%q is already served by provider %q; route it with one provider", m.Name, other)
-			}
-			models[m.Name] = p.Name
-			tok := job.ModelToken(m.Name)
-			if other, ok := tokens[tok]; ok {
-				fail(mk+".name", "%q and %q map to the same subject token %q", m.Name, other, tok)
-			}
-			tokens[tok] = m.Name
-			if m.RPM < 0 {
-				fail(mk+".rpm", "must be >= 0 (0 = no limit), got %d", m.RPM)
-			}
-			if m.TPM < 0 {
-				fail(mk+".tpm", "must be >= 0 (0 = no limit), got %d", m.TPM)
-			}
-			checkTokenLimits(p.Kind, m, mk, fail) // anthropic.go
-			if m.MaxConcurrency < 0 {
-				fail(mk+".max_concurrency", "must be > 0, got %d", m.MaxConcurrency)
-			}
-			if m.RPD < 0 {
-				fail(mk+".rpd", "must be >= 0 (0 = no per-day quota), got %d", m.RPD)
-			}
-			if m.TPD < 0 {
-				fail(mk+".tpd", "must be >= 0 (0 = no per-day quota), got %d", m.TPD)
-			}
-			for _, l := range []struct {
-				key   string
-				names []string
-			}{{".allow_fields", m.AllowFields}, {".deny_fields", m.DenyFields}} {
-				for k, f := range l.names {
-					if f == "" || len(f) > 64 {
-						fail(fmt.Sprintf("%s%s[%d]", mk, l.key, k), "a body field name is 1-64 characters, got %q", clip(f))
-					}
-				}
-			}
-			if len(m.Units) > job.MaxUnits {
-				fail(mk+".units", "names %d units; at most %d", len(m.Units), job.MaxUnits)
-			}
-			for _, name := range m.UnitNames() {
-				if !job.ValidUnitName(name) {
-					fail(mk+".units", "%q: a unit is named by 1-32 of a-z, 0-9 and '_' (requests and tokens are rpm and tpm)", clipName(name))
-				}
-				if v := m.Units[name]; v < 0 || v > job.MaxUnitCost {
-					fail(mk+".units."+name, "must be between 0 (no limit) and %d per minute, got %d", job.MaxUnitCost, v)
-				}
+			checkModel(p, m, fmt.Sprintf("%s.models[%d]", key, j), models, tokens, fail)
+		}
+	}
+}
+
+// checkModel checks one model (at key mk) of provider p. models maps the
+// model names seen so far to their provider, tokens the subject tokens seen
+// in p to their model.
+func checkModel(p Provider, m Model, mk string, models, tokens map[string]string, fail failFunc) {
+	if m.Name == "" {
+		fail(mk+".name", "is required")
+	}
+	if other, ok := models[m.Name]; ok {
+		fail(mk+".name", "%q is already served by provider %q; route it with one provider", m.Name, other)
+	}
+	models[m.Name] = p.Name
+	tok := job.ModelToken(m.Name)
+	if other, ok := tokens[tok]; ok {
+		fail(mk+".name", "%q and %q map to the same subject token %q", m.Name, other, tok)
+	}
+	tokens[tok] = m.Name
+	if m.RPM < 0 {
+		fail(mk+".rpm", "must be >= 0 (0 = no limit), got %d", m.RPM)
+	}
+	if m.TPM < 0 {
+		fail(mk+".tpm", "must be >= 0 (0 = no limit), got %d", m.TPM)
+	}
+	checkTokenLimits(p.Kind, m, mk, fail) // anthropic.go
+	if m.MaxConcurrency < 0 {
+		fail(mk+".max_concurrency", "must be > 0, got %d", m.MaxConcurrency)
+	}
+	if m.RPD < 0 {
+		fail(mk+".rpd", "must be >= 0 (0 = no per-day quota), got %d", m.RPD)
+	}
+	if m.TPD < 0 {
+		fail(mk+".tpd", "must be >= 0 (0 = no per-day quota), got %d", m.TPD)
+	}
+	for _, l := range []struct {
+		key   string
+		names []string
+	}{{".allow_fields", m.AllowFields}, {".deny_fields", m.DenyFields}} {
+		for k, f := range l.names {
+			if f == "" || len(f) > 64 {
+				fail(fmt.Sprintf("%s%s[%d]", mk, l.key, k), "a body field name is 1-64 characters, got %q", clip(f))
 			}
 		}
 	}
+	if len(m.Units) > job.MaxUnits {
+		fail(mk+".units", "names %d units; at most %d", len(m.Units), job.MaxUnits)
+	}
+	for _, name := range m.UnitNames() {
+		if !job.ValidUnitName(name) {
+			fail(mk+".units", "%q: a unit is named by 1-32 of a-z, 0-9 and '_' (requests and tokens are rpm and tpm)", clipName(name))
+		}
+		if v := m.Units[name]; v < 0 || v > job.MaxUnitCost {
+			fail(mk+".units."+name, "must be between 0 (no limit) and %d per minute, got %d", job.MaxUnitCost, v)
+		}
+	}
+}
+
+// checkTenants checks each tenant.
+func (c *Config) checkTenants(fail failFunc) {
 	seenT := map[string]bool{}
 	for i, t := range c.Tenants {
 		key := fmt.Sprintf("tenants[%d]", i)
@@ -860,6 +958,10 @@ func (c *Config) problems() Problems {
 			fail(key+".weight", "must be between 1 and 1000, got %d", t.Weight)
 		}
 	}
+}
+
+// checkRetry checks the retry policies, in name order.
+func (c *Config) checkRetry(fail failFunc) {
 	names := make([]string, 0, len(c.Retry))
 	for name := range c.Retry {
 		names = append(names, name)
@@ -881,6 +983,10 @@ func (c *Config) problems() Problems {
 			fail(key+".base_delay", "must be positive and at most max_delay")
 		}
 	}
+}
+
+// checkRoutes checks the routes against the models configured.
+func (c *Config) checkRoutes(fail failFunc) {
 	hasModel := func(provider, model string) bool {
 		p, _, ok := c.ModelRef(model)
 		return ok && p.Name == provider
@@ -892,7 +998,6 @@ func (c *Config) problems() Problems {
 		}
 		fail(key, "%s", msg)
 	}
-	return ps
 }
 
 func envName(s string) bool {

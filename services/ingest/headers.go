@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/adapt"
@@ -24,21 +23,18 @@ type limitView struct {
 	learn *adapt.Store
 	store *budget.Store
 	now   func() time.Time
-
-	mu    sync.Mutex
-	cache map[string]limitSnapshot
+	cache *adapt.Cache[limitSnapshot]
 }
 
 // limitRefresh is how stale a model's header view may be.
 const limitRefresh = time.Second
 
 type limitSnapshot struct {
-	read             time.Time
 	limit, remaining [2]int // by adapt.Requests / adapt.Tokens; limit 0: none
 }
 
 func newLimitView(app *config.Config, m *mesh.Mesh, now func() time.Time) *limitView {
-	v := &limitView{app: app, now: now, cache: map[string]limitSnapshot{}}
+	v := &limitView{app: app, now: now, cache: adapt.NewCache[limitSnapshot](limitRefresh)}
 	if m != nil && m.Budgets != nil {
 		v.learn = adapt.NewStore(m.Budgets, now)
 		v.store = budget.NewStore(m.Budgets, app.Admission.Params(), now)
@@ -52,30 +48,30 @@ func (v *limitView) get(ctx context.Context, provider, model string) (limitSnaps
 	if !found || p.Name != provider {
 		return limitSnapshot{}, false
 	}
-	key := provider + "/" + model
 	now := v.now()
-	v.mu.Lock()
-	snap, cached := v.cache[key]
-	v.mu.Unlock()
-	if cached && now.Sub(snap.read) < limitRefresh {
-		return snap, true
-	}
-	snap = limitSnapshot{read: now, limit: [2]int{m.RPM, m.TPM}, remaining: [2]int{-1, -1}}
-	if v.learn != nil {
-		ctx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
-		defer cancel()
-		if st, _, err := v.learn.Get(ctx, adapt.Key(provider, job.ModelToken(model))); err == nil {
-			e := adapt.Compute(adapt.For(v.app.Admission, *m), st, now)
-			snap.limit = [2]int{e.PerMinute[adapt.Requests], e.PerMinute[adapt.Tokens]}
-		}
-		if used, err := v.store.Used(ctx, budget.ModelKey(provider, job.ModelToken(model))); err == nil {
-			snap.remaining = [2]int{max(snap.limit[0]-used.Requests, 0), max(snap.limit[1]-used.Tokens, 0)}
-		}
-	}
-	v.mu.Lock()
-	v.cache[key] = snap
-	v.mu.Unlock()
+	snap, _ := v.cache.Get(provider+"/"+model, now, func(limitSnapshot, bool) (limitSnapshot, error) {
+		return v.read(ctx, provider, model, m, now), nil
+	})
 	return snap, true
+}
+
+// read reads a model's view: the configured limits when the learned
+// record cannot be read, remaining -1 when the window cannot.
+func (v *limitView) read(ctx context.Context, provider, model string, m *config.Model, now time.Time) limitSnapshot {
+	snap := limitSnapshot{limit: [2]int{m.RPM, m.TPM}, remaining: [2]int{-1, -1}}
+	if v.learn == nil {
+		return snap
+	}
+	ctx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
+	defer cancel()
+	if st, _, err := v.learn.Get(ctx, adapt.Key(provider, job.ModelToken(model))); err == nil {
+		e := adapt.Compute(adapt.For(v.app.Admission, *m), st, now)
+		snap.limit = [2]int{e.PerMinute[adapt.Requests], e.PerMinute[adapt.Tokens]}
+	}
+	if used, err := v.store.Used(ctx, budget.ModelKey(provider, job.ModelToken(model))); err == nil {
+		snap.remaining = [2]int{max(snap.limit[0]-used.Requests, 0), max(snap.limit[1]-used.Tokens, 0)}
+	}
+	return snap
 }
 
 // set writes OpenAI's x-ratelimit-{limit,remaining}-{requests,tokens} for
