@@ -3,7 +3,6 @@ package examples_test
 import (
 	"bytes"
 	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -98,44 +97,4 @@ func exportedVars(data string) map[string]string {
 		}
 	}
 	return out
-}
-
-// fence opens a ```yaml block in the README; the block ends at the next ```.
-var fence = regexp.MustCompile("(?m)^```yaml\\s*\\n")
-
-// partialMark, on the line before a ```yaml block in the README, marks a
-// snippet that is not a whole configuration; it is not loaded. (An HTML
-// comment: GitHub does not show it.)
-const partialMark = "<!-- sluice:partial -->"
-
-// Every ```yaml block in the README is a whole configuration that loads as
-// written, unless the line before it is <!-- sluice:partial -->.
-func TestReadmeConfigsLoad(t *testing.T) {
-	t.Parallel()
-	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := string(readme)
-	loaded := 0
-	for _, loc := range fence.FindAllStringIndex(text, -1) {
-		start := loc[1]
-		end := strings.Index(text[start:], "```")
-		if end < 0 {
-			t.Fatalf("README: a ```yaml block at byte %d never ends", loc[0])
-		}
-		block := text[start : start+end]
-		line := strings.Count(text[:start], "\n") + 1
-		before := strings.TrimRight(text[:loc[0]], "\n")
-		if strings.HasSuffix(before, partialMark) {
-			continue
-		}
-		loaded++
-		if _, err := config.Parse([]byte(block)); err != nil {
-			t.Errorf("README.md:%d: the yaml block does not load (mark a partial snippet with %s on the line before it): %v", line, partialMark, err)
-		}
-	}
-	if loaded < 2 {
-		t.Errorf("README: loaded %d yaml blocks, want at least 2 (the Configuration section's and the adaptive one)", loaded)
-	}
 }

@@ -561,7 +561,7 @@ func (e *ctxError) Error() string {
 }
 func (e *ctxError) Unwrap() []error { return []error{e.ctx, e.err} }
 
-// ClassTable renders Rules as a Markdown table, for the README.
+// ClassTable renders Rules as a Markdown table, for docs/OPERATIONS.md.
 func ClassTable() string {
 	var b strings.Builder
 	b.WriteString("| When | Status | Type | Code | Message contains | Class | Safe to retry | Note |\n")

@@ -45,8 +45,8 @@
 //
 // [Rules] is the whole classification table, in one place: transport phases,
 // HTTP statuses and the error type/code/message of OpenAI and Anthropic error
-// bodies, matched first-row-wins. [ClassTable] renders it as Markdown for the
-// README. [Classify] turns a (Response, error) pair into an [Outcome]: a
+// bodies, matched first-row-wins. [ClassTable] renders it as Markdown for
+// docs/OPERATIONS.md. [Classify] turns a (Response, error) pair into an [Outcome]: a
 // [Class] (whose String is the error_type metric label), the provider's error
 // code and message, Retry-After, which limit was hit, and whether the
 // provider certainly did not, may have, or surely did process the request.

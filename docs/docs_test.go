@@ -1,0 +1,160 @@
+// Package docs_test checks the documentation against the code and itself:
+// every configuration block loads, and every relative link resolves.
+package docs_test
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"unicode"
+
+	"github.com/sluice-dev/sluice/internal/config"
+)
+
+// markdownFiles are README.md and every docs/*.md, relative to this directory.
+func markdownFiles(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob("*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) < 3 {
+		t.Fatalf("docs/*.md: got %v, want the reference documents", files)
+	}
+	return append([]string{filepath.Join("..", "README.md")}, files...)
+}
+
+func read(t *testing.T, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+// fence opens a ```yaml block; the block ends at the next ```.
+var fence = regexp.MustCompile("(?m)^```yaml\\s*\\n")
+
+// partialMark, on the line before a ```yaml block, marks a snippet that is
+// not a whole configuration; it is not loaded. (An HTML comment: GitHub does
+// not show it.)
+const partialMark = "<!-- sluice:partial -->"
+
+// Every ```yaml block in README.md and docs/*.md is a whole configuration
+// that loads as written, unless the line before it is <!-- sluice:partial -->.
+func TestReadmeConfigsLoad(t *testing.T) {
+	t.Parallel()
+	loaded := map[string]int{}
+	for _, path := range markdownFiles(t) {
+		text := read(t, path)
+		name := filepath.Base(path)
+		for _, loc := range fence.FindAllStringIndex(text, -1) {
+			start := loc[1]
+			end := strings.Index(text[start:], "```")
+			if end < 0 {
+				t.Fatalf("%s: a ```yaml block at byte %d never ends", name, loc[0])
+			}
+			block := text[start : start+end]
+			line := strings.Count(text[:start], "\n") + 1
+			if strings.HasSuffix(strings.TrimRight(text[:loc[0]], "\n"), partialMark) {
+				continue
+			}
+			loaded[name]++
+			if _, err := config.Parse([]byte(block)); err != nil {
+				t.Errorf("%s:%d: the yaml block does not load (mark a partial snippet with %s on the line before it): %v", name, line, partialMark, err)
+			}
+		}
+	}
+	if loaded["README.md"] < 1 {
+		t.Errorf("README.md: loaded %d yaml blocks, want at least 1 (the Configuration section's)", loaded["README.md"])
+	}
+	if loaded["CONFIG.md"] < 2 {
+		t.Errorf("CONFIG.md: loaded %d yaml blocks, want at least 2 (every key, and the adaptive one)", loaded["CONFIG.md"])
+	}
+}
+
+var (
+	link       = regexp.MustCompile(`\]\(([^()\s]+)\)`)
+	inlineCode = regexp.MustCompile("`[^`\n]*`")
+	heading    = regexp.MustCompile(`(?m)^#{1,6} +(.+?) *#*$`)
+)
+
+// prose is text without its fenced code blocks, whose lines are blanked so
+// that line numbers stay true.
+func prose(text string) string {
+	lines := strings.Split(text, "\n")
+	in := false
+	for i, l := range lines {
+		if strings.HasPrefix(l, "```") {
+			in = !in
+			lines[i] = ""
+		} else if in {
+			lines[i] = ""
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+// anchors are the ids GitHub gives a file's headings: lower case, punctuation
+// other than - and _ dropped, spaces as -, a repeat suffixed -1, -2, ...
+func anchors(text string) map[string]bool {
+	out := map[string]bool{}
+	for _, m := range heading.FindAllStringSubmatch(prose(text), -1) {
+		var b strings.Builder
+		for _, r := range strings.ToLower(m[1]) {
+			switch {
+			case r == ' ':
+				b.WriteRune('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r) || unicode.IsMark(r):
+				b.WriteRune(r)
+			}
+		}
+		id := b.String()
+		for n := 1; out[id]; n++ {
+			id = b.String() + "-" + string(rune('0'+n))
+		}
+		out[id] = true
+	}
+	return out
+}
+
+// Every relative link in README.md and docs/*.md names a file that exists,
+// and its #anchor, if any, a heading of that file.
+func TestDocLinksResolve(t *testing.T) {
+	t.Parallel()
+	checked := 0
+	for _, path := range markdownFiles(t) {
+		text := prose(read(t, path))
+		for _, m := range link.FindAllStringSubmatchIndex(inlineCode.ReplaceAllStringFunc(text, func(s string) string {
+			return strings.Repeat(" ", len(s))
+		}), -1) {
+			target := text[m[2]:m[3]]
+			line := strings.Count(text[:m[0]], "\n") + 1
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			file, anchor, _ := strings.Cut(target, "#")
+			dest := path
+			if file != "" {
+				dest = filepath.Join(filepath.Dir(path), file)
+				if _, err := os.Stat(dest); err != nil {
+					t.Errorf("%s:%d: link %q: %v", path, line, target, err)
+					continue
+				}
+			}
+			checked++
+			if anchor == "" || !strings.HasSuffix(dest, ".md") {
+				continue
+			}
+			if !anchors(read(t, dest))[anchor] {
+				t.Errorf("%s:%d: link %q: %s has no heading with id %q", path, line, target, dest, anchor)
+			}
+		}
+	}
+	if checked < 20 {
+		t.Errorf("checked %d relative links, want the documents' many", checked)
+	}
+}
