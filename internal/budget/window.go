@@ -1,6 +1,7 @@
-// Package budget keeps the rate budgets (requests, tokens and up to MaxUnits
-// other units per minute) that every Sluice process shares, in the budgets
-// KV bucket.
+// Package budget keeps the rate budgets that every Sluice process shares in
+// the budgets KV bucket: windows of requests, tokens and up to MaxUnits other
+// units, the paced send schedule of each provider/model, the leases through
+// which a process spends them locally, and the fleet-wide concurrency slots.
 //
 // # Dimensions
 //
@@ -10,37 +11,51 @@
 // pacing, the per-second quantum, the minute and the leases apply to each
 // entry alike. Cost and Limits name requests and tokens for their callers
 // and carry the units by index (a model's units in the order of their
-// names); the windows store vectors. Stored as JSON arrays, a window
-// written before the units existed ([requests, tokens]) reads as a vector
-// whose units are zero.
+// names); the windows store vectors, as JSON arrays without their trailing
+// zeros, so a window without units reads as one whose units are zero. A key
+// limited on input and output apart (Anthropic) counts output in one more
+// entry, last.
 //
-// # The model
+// # Windows
 //
-// Time is cut into slices (250 ms by default). A shared window per
-// provider/model records, per slice, the requests and tokens reserved in it.
-// A reservation made in slice k may start its provider call until the end of
-// slice k plus a dispatch grace g (the executor enforces this and sends a late
-// job back for a new reservation). Two reservations made in slices k1 < k2 can
-// therefore both reach the provider inside one 60-s window only if
-// k2-k1 < (60s+g)/d + 1, so the check sums the last Span = ceil((60s+g)/d)+1
-// slices: whatever the dispatch delays, the provider never sees more than the
-// limit in any trailing 60 s. Steady-state throughput is limit·60/(Span·d),
-// 98.0 % with the defaults (60 s / (245 × 250 ms)).
+// A [Store] keeps one [Window] per key and changes it only by
+// compare-and-set. Time is cut into slices (250 ms by default), and a window
+// records, per slice, what was reserved in it. On a plain store (tenant
+// budgets per minute, and per-day windows with one-minute slices) a
+// reservation made in slice k may start its call until the end of slice k
+// plus a dispatch grace g, and the check sums the last Span =
+// ceil((window+g)/slice)+1 slices, so no trailing window ever holds more
+// than the limit whatever the dispatch delays. A paced store (Params.Short >
+// 0: every provider/model) also plans, for each reservation, the instant its
+// call may leave (Grant.SendAt) on one shared schedule; pace.go states the
+// rules and why the provider then never sees more than the limits in any
+// window it enforces.
 //
-// A second cap bounds what the last second of slices may take
-// (BurstFraction of the per-minute limit), because providers also enforce
-// limits over shorter periods; a request alone in its second is always
-// allowed if the minute has room, so a request larger than the cap still runs.
+// # Leases
 //
-// # Leases, not per-job round trips
+// A [Lease] is one process's share of a window: [Lease.Take] places the jobs
+// a process holds and room for its expected demand with one
+// compare-and-set, the room stays in the process as blocks that jobs spend
+// locally ([Lease.Spend]), and a block's leftover goes back to the window
+// when it can no longer be spent ([Lease.Expire]). So the KV is touched a few
+// times a second per key, not per job. [LeadEstimator] learns how far ahead
+// of now a paced plan starts, from the transits executors report.
 //
-// Take reserves a whole batch of jobs (an ordered list of costs) with one
-// compare-and-set and grants the longest prefix that fits. Admission fetches
-// jobs in batches, so KV writes per job fall as load rises. Nothing is handed
-// back after the call: providers charge prompt + max_tokens at arrival
-// (OpenAI documents this), so refunding the unused output would let the
-// shared view drift below what the provider counts. When the provider
-// reports more prompt tokens than estimated, Settle charges the difference.
+// # After the call
+//
+// Output is not refunded: providers charge prompt + max_tokens at arrival,
+// so handing unused output back would let the shared view drift below what
+// the provider counts. The prompt is settled to what the provider reported:
+// [Store.Settle] charges a larger one, [Store.ReturnAt] gives back what was
+// planned and not charged ([Store.ReturnLapsed] for an instant an executor
+// let lapse, [Store.ReturnRewind] for a provider that refills a bucket).
+//
+// # Concurrency
+//
+// A [Pool] holds one executor process's lease on a model's call slots
+// (ConcKey): renewed with one compare-and-set every third of its period,
+// sized to recent use plus a spare, capped at an equal share when holders
+// compete. The unexpired leases never add up to more than the limit.
 package budget
 
 import (

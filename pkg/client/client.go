@@ -1,8 +1,14 @@
 // Package client is the Go client for Sluice over NATS: submit jobs, await
-// their results, or subscribe to a tenant's results.
+// their results, stream their answers as they are generated, or subscribe to
+// a tenant's results. The job and result envelopes are package job's.
 //
 //	c, _ := client.New(nc)
 //	res, err := c.Do(ctx, &job.Job{Tenant: "acme", Request: body})
+//
+// [Client.Stream] submits a streamed job and yields its chunks; [Follow]
+// reads any job's stream by id, from its start, as the HTTP API's relay does.
+// A submission waits through a NATS leader election (up to [ElectionWait]),
+// offering the job again under the same id, so it never makes a second job.
 //
 // A submission Sluice cannot take now fails with an error that matches
 // ErrQueueFull (errors.Is) and carries a suggested wait (errors.As

@@ -1,10 +1,22 @@
-// Package admission is Sluice's rate-aware dispatcher. It takes jobs from
-// QUEUE in batches, ends expired ones, sends jobs whose not_before is in the
-// future back to wait (JetStream redelivery delay, never a sleeping
-// goroutine), reserves the rest against the shared per-model budgets with one
-// compare-and-set per model per batch, and publishes what it reserved to
-// DISPATCH. Jobs that do not fit wait by redelivery delay until their
-// estimated turn.
+// Package admission is Sluice's rate-aware dispatcher. It consumes QUEUE,
+// re-validates each job (internal/guard), ends expired ones and sends a job
+// whose not_before is in the future back to wait by JetStream redelivery
+// delay, never in a sleeping goroutine. The rest it holds in memory, in one
+// fair queue per model ([Scheduler]: deficit round robin over tenants by
+// reserved tokens, then priority with floors within a tenant, new flows
+// first), bounded in count and bytes, their messages kept alive.
+//
+// One loop per process pops jobs in fair order and passes each through the
+// gates: its tenant's budgets, the model's per-day quota, then the model's
+// paced schedule (internal/budget), each leased in blocks so the budget store
+// is touched a few times a second, not per job; a later gate's refusal gives
+// back what the earlier ones took. A placed job gets a signed reservation
+// naming the instant its call may leave and goes to DISPATCH; a refused one
+// goes back to the head of its queue until the budget is expected to free.
+// Executors' pause signals (a provider's Retry-After) hold a model across
+// the fleet; a watchdog gives back the held jobs of a model that dispatches
+// nothing; a process that cannot reach the budget store lets its jobs go to
+// one that can.
 package admission
 
 import (
