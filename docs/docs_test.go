@@ -158,3 +158,25 @@ func TestDocLinksResolve(t *testing.T) {
 		t.Errorf("checked %d relative links, want the documents' many", checked)
 	}
 }
+
+// The README's two commands are what a newcomer runs first: the demo, and
+// exactly the test command .ci/run ends with.
+func TestReadmeCommands(t *testing.T) {
+	t.Parallel()
+	readme := read(t, filepath.Join("..", "README.md"))
+	ci := strings.TrimSpace(read(t, filepath.Join("..", ".ci", "run")))
+	test := ci[strings.LastIndex(ci, "\n")+1:]
+	if !strings.HasPrefix(test, "go test ") {
+		t.Fatalf(".ci/run: its last line is %q, want the suite's go test command", test)
+	}
+	_, after, ok := strings.Cut(readme, "\n## Two commands\n")
+	if !ok {
+		t.Fatal("README.md: no \"## Two commands\" section")
+	}
+	block, _, _ := strings.Cut(after, "\n## ")
+	for _, want := range []string{"\ngo run ./cmd/sluice demo ", "\n" + test + " "} {
+		if !strings.Contains(block, want) {
+			t.Errorf("README.md's Two commands lack the line starting %q", strings.TrimSpace(want))
+		}
+	}
+}

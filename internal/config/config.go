@@ -1,7 +1,7 @@
 // Package config loads and checks Sluice's YAML configuration.
 //
-// The keys documented in the README are a contract: they keep their names so
-// users' files and tools keep working. Unknown keys are an error (a typo must
+// The keys documented in docs/CONFIG.md are a contract: they keep their names
+// so users' files and tools keep working. Unknown keys are an error (a typo must
 // not silently fall back to a default).
 package config
 

@@ -1,11 +1,16 @@
 // Package executor calls providers. It takes reserved jobs from DISPATCH
-// (one durable consumer per provider/model), takes a concurrency slot only
-// right before the network call, calls the provider (no retries below it),
-// classifies the outcome, and then either publishes the terminal result or
-// sends the job back to QUEUE with a not_before at least Retry-After away.
-// The job's idempotency record is marked in_flight before the call, so a
-// redelivery after a crash never pays twice: the same Idempotency-Key is sent
-// again and a provider that honours it answers from its own record.
+// (one durable consumer per provider/model), verifies their reservation,
+// waits for the instant it names and sends within its tolerance or not at
+// all, takes a concurrency slot only right before the network call, calls
+// the provider once (no retries below it) and classifies the outcome. Then
+// it publishes the terminal result, sends the job back to QUEUE with a
+// not_before at least Retry-After away (a rate-limit refusal spends no
+// attempt), falls back by route, or dead-letters it.
+//
+// The operation record is marked in_flight, with a sent mark, before the
+// request leaves. A redelivery that finds a mark it did not write finds a call
+// that may have reached the provider: it is not sent again blindly but ends
+// outcome_unknown, unless the provider honours Idempotency-Key.
 package executor
 
 import (

@@ -1,6 +1,6 @@
 // Package ingest is Sluice's front door. It takes jobs from the INTAKE stream
-// (producers publish to sluice.intake.<tenant>) and over HTTP (a jobs API and
-// an OpenAI-compatible chat-completions endpoint), validates them, estimates
+// (producers publish to sluice.intake.<tenant>) and over HTTP (the jobs API
+// and the OpenAI- and Anthropic-compatible endpoints), validates them, estimates
 // their token cost, records their idempotency key and enqueues them on QUEUE.
 // Bad input gets a clear error result and is never retried; a second
 // submission of the same operation joins the first.
