@@ -126,7 +126,7 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 		return reportCheck(stdout, f.config, cfg, problems, services)
 	}
 	if len(cfg.Providers) == 0 {
-		log.Warn("no providers configured: jobs will be refused with unknown_model (see README: Configuration)")
+		log.Warn("no providers configured: jobs will be refused with unknown_model (see docs/CONFIG.md)")
 	}
 	httpAddr := s.HTTP
 	if httpAddr == "off" {
