@@ -180,3 +180,20 @@ func TestReadmeCommands(t *testing.T) {
 		}
 	}
 }
+
+// The README and ARCHITECTURE.md stay documents a reader finishes: the
+// reference belongs in docs/, the measurements in BENCHMARKS.md.
+func TestDocSizes(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		path string
+		max  int
+	}{
+		{filepath.Join("..", "README.md"), 30_000},
+		{"ARCHITECTURE.md", 35_000},
+	} {
+		if n := len(read(t, c.path)); n > c.max {
+			t.Errorf("%s: %d bytes, want at most %d: move reference material to docs/ and measurements to BENCHMARKS.md", c.path, n, c.max)
+		}
+	}
+}
