@@ -348,6 +348,9 @@ type Provider struct {
 	// OpenAI and Anthropic do not document this for their completions
 	// endpoints: false by default.
 	HonoursIdempotencyKey bool `yaml:"honours_idempotency_key"`
+	// Responses: how /v1/responses jobs reach an OpenAI-kind provider,
+	// native or chat (responses.go).
+	Responses string `yaml:"responses"`
 }
 
 // Model is one model of a provider with its limits.
@@ -856,6 +859,7 @@ func (c *Config) checkProviders(fail failFunc) {
 		if p.Kind != "openai" && p.Kind != "anthropic" {
 			fail(key+".kind", "must be openai or anthropic, got %q", p.Kind)
 		}
+		checkResponses(p, key, fail) // responses.go
 		u, err := url.Parse(p.BaseURL)
 		if p.BaseURL == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			fail(key+".base_url", "must be an http(s) URL, got %q", p.BaseURL)

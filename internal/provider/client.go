@@ -392,6 +392,9 @@ type OpenAIConfig struct {
 	// Transport replaces the built-in transport (tests). Phase detection is
 	// exact only with the built-in one; see TransportError.
 	Transport http.RoundTripper
+	// Responses: the provider serves the Responses API, and calls of
+	// job.EndpointResponses go there (responses.go).
+	Responses bool
 }
 
 // OpenAI is a Client for OpenAI-compatible chat-completions and embeddings
@@ -401,6 +404,7 @@ type OpenAI struct {
 	apiKey  string
 	rt      http.RoundTripper
 	maxResp int
+	native  bool // Responses API (OpenAIConfig.Responses)
 }
 
 // NewOpenAI returns a client. An invalid BaseURL surfaces as a PhaseBuild
@@ -410,12 +414,15 @@ func NewOpenAI(cfg OpenAIConfig) *OpenAI {
 	if rt == nil {
 		rt = newTransport(cfg.ConnectTimeout, cfg.HeaderTimeout)
 	}
-	return &OpenAI{baseURL: cfg.BaseURL, apiKey: cfg.APIKey, rt: rt, maxResp: cfg.MaxResponseBytes}
+	return &OpenAI{baseURL: cfg.BaseURL, apiKey: cfg.APIKey, rt: rt, maxResp: cfg.MaxResponseBytes, native: cfg.Responses}
 }
 
 // Do POSTs c.Body, untouched, to {BaseURL}/chat/completions, or to
 // {BaseURL}/embeddings for an embeddings call.
 func (o *OpenAI) Do(ctx context.Context, c Call) (*Response, error) {
+	if o.native && c.Endpoint == job.EndpointResponses {
+		return o.doResponses(ctx, c)
+	}
 	ctx = withSendBy(ctx, c)
 	path := "/chat/completions"
 	if c.Endpoint == job.EndpointEmbeddings {

@@ -155,6 +155,9 @@ func (c *cappedBody) Read(p []byte) (int, error) {
 // Stream POSTs c.Body (which asks for stream: true), untouched, to
 // {BaseURL}/chat/completions and reads OpenAI's chunks.
 func (o *OpenAI) Stream(ctx context.Context, c Call) (*Response, *Stream, error) {
+	if o.native && c.Endpoint == job.EndpointResponses {
+		return o.streamResponses(ctx, c)
+	}
 	ctx = withSendBy(ctx, c)
 	target, err := endpoint(o.baseURL, "/chat/completions")
 	if err != nil {

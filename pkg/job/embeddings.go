@@ -10,6 +10,11 @@ import (
 const (
 	EndpointChat       = "chat.completions"
 	EndpointEmbeddings = "embeddings"
+	// EndpointResponses: the request is a chat-completions body that a
+	// Responses API request was translated to (internal/wire). It runs as
+	// a chat job; a provider that serves the Responses API natively is
+	// called there instead.
+	EndpointResponses = "responses"
 )
 
 // MaxEmbeddingInputs is how many inputs one embeddings request may carry

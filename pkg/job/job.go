@@ -532,7 +532,7 @@ func (j *Job) CheckEnvelope() error {
 		return err
 	}
 	switch j.Endpoint {
-	case "", EndpointChat:
+	case "", EndpointChat, EndpointResponses:
 		if len(j.Request) == 0 || string(j.Request) == "null" {
 			return invalid("request", "is required (an OpenAI chat-completions body)")
 		}
@@ -543,7 +543,7 @@ func (j *Job) CheckEnvelope() error {
 		}
 		return nil
 	}
-	return invalid("endpoint", "must be %q or %q, got %q", EndpointChat, EndpointEmbeddings, clip(j.Endpoint))
+	return invalid("endpoint", "must be %q, %q or %q, got %q", EndpointChat, EndpointEmbeddings, EndpointResponses, clip(j.Endpoint))
 }
 
 // ParseRequest parses and checks a chat-completions body.

@@ -189,6 +189,7 @@ type messagesCall struct {
 	ttls    []time.Duration
 	readKey string
 	readTTL time.Duration
+	stream  bool // answered as Anthropic's event stream (streamMessage)
 }
 
 func anthropicErr(w http.ResponseWriter, status int, typ, msg string) {
@@ -267,7 +268,15 @@ func (s *Server) serveMessages(w http.ResponseWriter, r *http.Request) {
 	if out >= c.maxOut {
 		resp["stop_reason"] = "max_tokens"
 	}
+	if t := s.anthropicTool(body); t != nil {
+		resp["content"] = []map[string]any{{"type": "tool_use", "id": t.id, "name": t.name, "input": json.RawMessage(t.args)}}
+		resp["stop_reason"] = "tool_use"
+	}
 	w.Header().Set("Request-Id", "req_"+randomID(24))
+	if c.stream {
+		s.streamMessage(w, resp)
+		return
+	}
 	writeJSON(w, http.StatusOK, resp)
 }
 
@@ -284,13 +293,11 @@ func parseMessages(body []byte) (*messagesCall, error) {
 		return nil, fmt.Errorf("max_tokens: Field required (at least 1)")
 	case len(in.Messages) == 0:
 		return nil, fmt.Errorf("messages: at least one message is required")
-	case in.Stream:
-		return nil, fmt.Errorf("stream: the simulator's /v1/messages does not stream")
 	}
 	if t := in.Thinking; t != nil && t.Type == "enabled" && (t.BudgetTokens < 1024 || t.BudgetTokens >= *in.MaxTokens) {
 		return nil, fmt.Errorf("thinking.budget_tokens: must be ≥ 1024 and less than max_tokens")
 	}
-	c := &messagesCall{model: in.Model, maxOut: *in.MaxTokens}
+	c := &messagesCall{model: in.Model, maxOut: *in.MaxTokens, stream: in.Stream}
 	for _, t := range in.Tools {
 		var b anBodyBlock
 		_ = json.Unmarshal(t, &b)

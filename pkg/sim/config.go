@@ -161,6 +161,13 @@ type Config struct {
 	// with the caller's plan. It runs on the request's goroutine and must
 	// be safe for concurrent use and quick.
 	OnArrival func(Arrival)
+	// ToolCalls, when positive, answers a request that offers function
+	// tools with a call of one (instead of text) while its conversation
+	// holds fewer than ToolCalls tool results (responses.go).
+	ToolCalls int
+	// NoResponses makes the simulator a chat-only provider: POST
+	// /v1/responses answers 404 as an unknown URL.
+	NoResponses bool
 }
 
 // Arrival is one request as the rate limits judged it.

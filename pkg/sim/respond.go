@@ -196,9 +196,21 @@ type choice struct {
 
 type message struct {
 	Role        string          `json:"role"`
-	Content     string          `json:"content"`
+	Content     *string         `json:"content"`
+	ToolCalls   []chatToolCall  `json:"tool_calls,omitempty"`
 	Refusal     json.RawMessage `json:"refusal"`
 	Annotations []struct{}      `json:"annotations"`
+}
+
+type chatToolCall struct {
+	ID       string       `json:"id"`
+	Type     string       `json:"type"`
+	Function chatFunction `json:"function"`
+}
+
+type chatFunction struct {
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
 }
 
 type usage struct {
@@ -220,12 +232,14 @@ func (s *Server) newCompletion(c *call, completionTokens int, created time.Time)
 	n := max(c.n, 1)
 	choices := make([]choice, n)
 	for i := range choices {
-		choices[i] = choice{
-			Index:        i,
-			Message:      message{Role: "assistant", Content: s.filler.text(completionTokens) + strings.Repeat(".", s.cfg.PadResponseBytes), Refusal: null, Annotations: []struct{}{}},
-			Logprobs:     null,
-			FinishReason: finish,
+		text := s.filler.text(completionTokens) + strings.Repeat(".", s.cfg.PadResponseBytes)
+		msg := message{Role: "assistant", Content: &text, Refusal: null, Annotations: []struct{}{}}
+		f := finish
+		if t := c.tool; t != nil {
+			msg.Content, f = nil, "tool_calls"
+			msg.ToolCalls = []chatToolCall{{ID: t.id, Type: "function", Function: chatFunction{Name: t.name, Arguments: t.args}}}
 		}
+		choices[i] = choice{Index: i, Message: msg, Logprobs: null, FinishReason: f}
 	}
 	return chatCompletion{
 		ID:      "chatcmpl-" + randomID(24),

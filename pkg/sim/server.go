@@ -29,6 +29,7 @@ type Server struct {
 	filler      filler
 	gen         atomic.Pointer[generation]
 	anth        atomic.Pointer[anthropicState] // /v1/messages (anthropic.go)
+	rec         recorder                       // Requests (responses.go)
 }
 
 // New validates cfg, fills in its defaults and returns a simulator.
@@ -84,6 +85,7 @@ func (s *Server) Reset() {
 //	POST /v1/chat/completions, /chat/completions  chat completions (n choices)
 //	POST /v1/embeddings, /embeddings              embeddings, charged by input tokens
 //	POST /v1/messages, /messages                  Anthropic's Messages API (anthropic.go)
+//	POST /v1/responses, /responses                OpenAI's Responses API, unless Config.NoResponses (responses.go)
 //	GET  /v1/models, /models                      the configured models
 //	GET  /stats                                   Stats as JSON (?summary=1: no per-key maps or timelines)
 //	POST /reset                                   Reset
@@ -99,6 +101,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	case "/v1/messages", "/messages":
 		s.serveMessages(w, r)
+	case "/v1/responses", "/responses":
+		if s.cfg.NoResponses {
+			s.unknownURL(w, r)
+		} else if s.allow(w, r, http.MethodPost) {
+			s.serveCall(w, r, s.parseResponses)
+		}
 	case "/v1/models", "/models":
 		if s.allow(w, r, http.MethodGet) {
 			s.listModels(w, r)
@@ -113,12 +121,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(http.StatusNoContent)
 		}
 	default:
-		s.fail(w, s.gen.Load(), nil, http.StatusNotFound, apiError{
-			Message: fmt.Sprintf("Unknown request URL: %s %s.", r.Method, r.URL.Path),
-			Type:    "invalid_request_error",
-			Code:    "unknown_url",
-		})
+		s.unknownURL(w, r)
 	}
+}
+
+func (s *Server) unknownURL(w http.ResponseWriter, r *http.Request) {
+	s.fail(w, s.gen.Load(), nil, http.StatusNotFound, apiError{
+		Message: fmt.Sprintf("Unknown request URL: %s %s.", r.Method, r.URL.Path),
+		Type:    "invalid_request_error",
+		Code:    "unknown_url",
+	})
 }
 
 func (s *Server) allow(w http.ResponseWriter, r *http.Request, method string) bool {
@@ -152,6 +164,10 @@ type call struct {
 	// arrived is when the request reached the server (Server.now), 0 for
 	// the instant it is charged.
 	arrived int64
+	// responses: a Responses API call (responses.go); tool: the tool call
+	// it is answered with, if any.
+	responses bool
+	tool      *toolCall
 }
 
 // serveCall answers a chat-completions or embeddings request: parse reads
@@ -173,6 +189,7 @@ func (s *Server) serveCall(w http.ResponseWriter, r *http.Request, parse func([]
 		s.failRead(w, g, err)
 		return
 	}
+	s.rec.add(r.URL.Path, body)
 	c, err := parse(body)
 	if c != nil {
 		c.arrived = arrived
@@ -214,7 +231,7 @@ func (s *Server) parseChat(body []byte) (*call, error) {
 		return nil, err
 	}
 	c := &call{model: req.Model, prompt: s.cfg.Count.Prompt(req), maxOut: req.OutputLimit(s.cfg.DefaultMaxTokens), n: req.Choices(),
-		stream: req.Stream, usage: req.WantsUsage(), reasoning: s.reasoning[req.Model]}
+		stream: req.Stream, usage: req.WantsUsage(), reasoning: s.reasoning[req.Model], tool: s.chatTool(body)}
 	if c.reasoning {
 		if err := checkReasoning(body); err != nil {
 			return nil, err
@@ -345,9 +362,13 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request, g *generation, 
 func (s *Server) complete(w http.ResponseWriter, r *http.Request, g *generation, m *modelState, c *call, e *entry, arrival int64) {
 	var resp any
 	completion := 0 // per choice
-	if c.embed != nil {
+	switch {
+	case c.embed != nil:
 		resp = newEmbeddings(c)
-	} else {
+	case c.responses:
+		completion = min(max(s.cfg.OutputTokens(c.maxOut, c.body), 0), c.maxOut)
+		resp = s.newResponse(c, completion)
+	default:
 		completion = min(max(s.cfg.OutputTokens(c.maxOut, c.body), 0), c.maxOut)
 		resp = s.newCompletion(c, completion, s.cfg.Now())
 	}

@@ -74,6 +74,10 @@ func startSSE(w http.ResponseWriter) sse {
 // billed output), so a stream cut after its first token counts once and a
 // stream cut before it counts nothing.
 func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, g *generation, m *modelState, c *call, e *entry, arrival int64, f fault) {
+	if c.responses {
+		s.streamResponse(w, r, g, m, c, e, arrival, f)
+		return
+	}
 	completion := min(max(s.cfg.OutputTokens(c.maxOut, c.body), 0), c.maxOut)
 	cc := s.newCompletion(c, completion, s.cfg.Now())
 	m.peek(s.now()).set(w.Header(), s.form)
@@ -99,6 +103,15 @@ func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, g *gen
 		return chunk{ID: cc.ID, Object: "chat.completion.chunk", Created: cc.Created, Model: cc.Model, ServiceTier: cc.ServiceTier,
 			SystemFingerprint: cc.SystemFingerprint, Usage: usage, Choices: []chunkChoice{{Delta: delta, Logprobs: json.RawMessage("null"), FinishReason: finish}}}
 	}
+	content := func(p string) map[string]any { return map[string]any{"content": p} }
+	if t := c.tool; t != nil {
+		// A tool call: its arguments stream in two pieces.
+		cut := len(t.args) / 2
+		pieces = []string{t.args[:cut], t.args[cut:]}
+		content = func(p string) map[string]any {
+			return map[string]any{"tool_calls": []any{map[string]any{"index": 0, "function": map[string]any{"arguments": p}}}}
+		}
+	}
 	sent := 0 // content chunks written
 	// gone ends a stream whose client left, or that a fault ends: what was
 	// sent was generated and billed.
@@ -120,6 +133,13 @@ func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, g *gen
 		gone(true)
 		return
 	}
+	if t := c.tool; t != nil && stopAt != 0 {
+		if !out.data(mk(map[string]any{"tool_calls": []any{map[string]any{"index": 0, "id": t.id, "type": "function",
+			"function": map[string]any{"name": t.name, "arguments": ""}}}}, nil)) {
+			gone(true)
+			return
+		}
+	}
 	for i, p := range pieces {
 		if i == stopAt {
 			break
@@ -128,7 +148,7 @@ func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, g *gen
 			gone(true)
 			return
 		}
-		if !out.data(mk(map[string]any{"content": p}, nil)) {
+		if !out.data(mk(content(p), nil)) {
 			gone(true)
 			return
 		}
@@ -174,6 +194,10 @@ func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, g *gen
 // replayStream answers a streamed request from a stored completion (the
 // idempotency ledger), without delays and without charging anything.
 func (s *Server) replayStream(w http.ResponseWriter, g *generation, m *modelState, c *call, body []byte) {
+	if c.responses {
+		s.replayResponseStream(w, g, m, body)
+		return
+	}
 	m.peek(s.now()).set(w.Header(), s.form)
 	w.Header().Set("Idempotent-Replayed", "true")
 	out := startSSE(w)

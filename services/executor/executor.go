@@ -136,7 +136,8 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 		case "anthropic":
 			s.clients[p.Name] = provider.NewAnthropic(provider.AnthropicConfig{BaseURL: p.BaseURL, APIKey: key, Transport: cfg.Transport, MaxResponseBytes: cfg.App.Limits.MaxResponseBytes})
 		default:
-			s.clients[p.Name] = provider.NewOpenAI(provider.OpenAIConfig{BaseURL: p.BaseURL, APIKey: key, Transport: cfg.Transport, MaxResponseBytes: cfg.App.Limits.MaxResponseBytes})
+			s.clients[p.Name] = provider.NewOpenAI(provider.OpenAIConfig{BaseURL: p.BaseURL, APIKey: key, Transport: cfg.Transport, MaxResponseBytes: cfg.App.Limits.MaxResponseBytes,
+				Responses: p.NativeResponses()})
 		}
 	}
 	return s, nil

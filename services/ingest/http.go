@@ -20,6 +20,7 @@ func (s *Service) Routes(mux *http.ServeMux, auth api.Auth) {
 	mux.HandleFunc("POST /v1/jobs", func(w http.ResponseWriter, r *http.Request) { s.postJob(w, r, auth) })
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.chat(w, r, auth) })
 	s.surfaceRoutes(mux, auth)
+	s.responsesRoutes(mux, auth) // responses.go
 }
 
 // DefaultWait bounds how long /v1/chat/completions waits for a result when
@@ -150,7 +151,7 @@ func (s *Service) chat(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 		// A stream has no overall wait: its deadlines move with each
 		// event (stream.go).
 		out, f := w, eventFormat(openAIEvents{})
-		if c, ok := w.(*captured); ok && c.stream != nil { // POST /v1/messages
+		if c, ok := w.(*captured); ok && c.stream != nil { // POST /v1/messages, /v1/responses
 			out, f = c.beginStream(), c.stream
 		}
 		s.streamChat(out, r, j, acc, usage, f) // stream.go

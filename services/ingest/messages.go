@@ -87,14 +87,15 @@ func (s *Service) messages(w http.ResponseWriter, r *http.Request, auth api.Auth
 }
 
 // captured holds an OpenAI-shaped answer so it can be rewritten. For a
-// stream, once the job is accepted, the relay writes Anthropic's events
-// (stream) to the client's writer (real) instead (beginStream).
+// stream, once the job is accepted, the relay writes the API's events
+// (stream: Anthropic's, or the Responses API's) to the client's writer
+// (real) instead (beginStream).
 type captured struct {
 	h        http.Header
 	status   int
 	body     bytes.Buffer
 	real     http.ResponseWriter
-	stream   *anthropicEvents
+	stream   eventFormat
 	streamed bool
 }
 

@@ -1,0 +1,330 @@
+package node_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
+
+	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/node"
+	"github.com/sluice-dev/sluice/pkg/sim"
+)
+
+// A Responses backend: how the simulator and the provider are set up, and
+// where a call shows at the simulator.
+type respBackend struct {
+	name     string
+	provider string // the provider's YAML (%s: the simulator's URL)
+	sim      sim.Config
+	// received returns the bodies the provider got for the API it was
+	// called on.
+	received func(s *sim.Server) [][]byte
+}
+
+const respModel = "resp-model"
+
+func simRequests(path string) func(s *sim.Server) [][]byte {
+	return func(s *sim.Server) [][]byte {
+		var out [][]byte
+		for _, r := range s.Requests() {
+			if r.Path == path {
+				out = append(out, r.Body)
+			}
+		}
+		return out
+	}
+}
+
+var respBackends = []respBackend{
+	{name: "native", provider: `
+  - name: sim
+    base_url: %s/v1
+    api_key_env: SIM_KEY
+    responses: native
+    models:
+      - {name: resp-model, rpm: 100000, tpm: 10000000}`,
+		sim: sim.Config{ToolCalls: 2}, received: simRequests("/v1/responses")},
+	{name: "chat", provider: `
+  - name: sim
+    base_url: %s/v1
+    api_key_env: SIM_KEY
+    models:
+      - {name: resp-model, rpm: 100000, tpm: 10000000}`,
+		sim: sim.Config{ToolCalls: 2, NoResponses: true}, received: simRequests("/v1/chat/completions")},
+	{name: "anthropic", provider: `
+  - name: claude
+    kind: anthropic
+    base_url: %s/v1
+    api_key_env: SIM_KEY
+    models:
+      - {name: resp-model, rpm: 100000, itpm: 1000000, otpm: 1000000}`,
+		sim: sim.Config{ToolCalls: 2}, received: (*sim.Server).Received},
+}
+
+type respNode struct {
+	sim  *sim.Server
+	info node.Info
+	sdk  openai.Client
+	base string
+}
+
+// startResponses runs a node with HTTP in front of the backend's
+// simulator.
+func startResponses(t *testing.T, b respBackend) respNode {
+	t.Helper()
+	sc := b.sim
+	sc.Models = []sim.ModelLimits{{Name: respModel, RPM: 100000, TPM: 10000000, ITPM: 1000000, OTPM: 1000000}}
+	sc.APIKeys = []string{"sim-secret"}
+	s, err := sim.New(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(s)
+	t.Cleanup(ts.Close)
+	cfg, err := config.Parse([]byte(fmt.Sprintf("providers:"+b.provider+`
+tenants:
+  - {name: acme, api_key_env: ACME_KEY}
+  - {name: globex, api_key_env: GLOBEX_KEY}
+`, ts.URL)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan node.Info, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	data := t.TempDir() // removed after the node stops
+	go func() {
+		done <- node.Run(ctx, node.Options{Config: cfg, NATSListen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Data: data, Getenv: getenv,
+			OnReady: func(i node.Info) { ready <- i }})
+	}()
+	var once sync.Once
+	t.Cleanup(func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("node: %v", err)
+			}
+		})
+	})
+	var info node.Info
+	select {
+	case info = <-ready:
+	case err := <-done:
+		done <- err
+		t.Fatalf("node did not start: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("node not ready after 30s")
+	}
+	base := "http://" + info.HTTPAddr
+	return respNode{sim: s, info: info, base: base,
+		sdk: openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey("acme-key"), option.WithMaxRetries(0))}
+}
+
+// counter sums a counter's series in the node's registry.
+func (n respNode) counter(t *testing.T, name string) float64 {
+	t.Helper()
+	mfs, err := n.info.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// eventually polls cond until it holds or 10 s pass.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10s", what)
+		}
+	}
+}
+
+func usageOf(r *responses.Response) int64 { return r.Usage.TotalTokens }
+
+var weather = responses.ToolParamOfFunction("get_weather", map[string]any{"type": "object", "properties": map[string]any{"n": map[string]any{"type": "integer"}}}, false)
+
+// TestResponsesSDK drives POST /v1/responses with the official OpenAI Go
+// SDK against each backend: a simulator serving the Responses API
+// natively, a chat-only simulator, and an Anthropic-kind one.
+func TestResponsesSDK(t *testing.T) {
+	t.Parallel()
+	for _, b := range respBackends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			n := startResponses(t, b)
+			ctx, cancel := context.WithTimeout(context.Background(), 18*time.Second)
+			defer cancel()
+			var total int64
+
+			// A string input.
+			r1, err := n.sdk.Responses.New(ctx, responses.ResponseNewParams{Model: respModel, MaxOutputTokens: openai.Int(32),
+				Instructions: openai.String("Be brief."), Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Say hello.")}})
+			if err != nil {
+				t.Fatalf("Responses.New: %v", err)
+			}
+			if r1.Status != responses.ResponseStatusCompleted && r1.Status != responses.ResponseStatusIncomplete || r1.OutputText() == "" {
+				t.Fatalf("status %q text %q, want completed with text", r1.Status, r1.OutputText())
+			}
+			if !strings.HasPrefix(r1.ID, "resp_") || r1.Usage.InputTokens <= 0 || r1.Usage.OutputTokens <= 0 {
+				t.Fatalf("id %q usage %+v, want resp_... and input and output tokens", r1.ID, r1.Usage)
+			}
+			total += usageOf(r1)
+			if got := b.received(n.sim); len(got) != 1 {
+				t.Fatalf("the provider got %d calls on its %s API, want 1", len(got), b.name)
+			}
+
+			// Items with a function tool, then the function_call_output turn.
+			items := responses.ResponseInputParam{responses.ResponseInputItemParamOfMessage("What is the weather?", responses.EasyInputMessageRoleUser)}
+			r2, err := n.sdk.Responses.New(ctx, responses.ResponseNewParams{Model: respModel, MaxOutputTokens: openai.Int(32),
+				Input: responses.ResponseNewParamsInputUnion{OfInputItemList: items}, Tools: []responses.ToolUnionParam{weather}, Store: openai.Bool(false)})
+			if err != nil {
+				t.Fatalf("Responses.New with a tool: %v", err)
+			}
+			if len(r2.Output) != 1 || r2.Output[0].Type != "function_call" {
+				t.Fatalf("output %+v, want one function_call", r2.Output)
+			}
+			fc := r2.Output[0].AsFunctionCall()
+			if fc.Name != "get_weather" || fc.CallID == "" || !json.Valid([]byte(fc.Arguments)) {
+				t.Fatalf("function call %+v, want get_weather with a call id and JSON arguments", fc)
+			}
+			total += usageOf(r2)
+			items = append(items, responses.ResponseInputItemParamOfFunctionCall(fc.Arguments, fc.CallID, fc.Name),
+				responses.ResponseInputItemParamOfFunctionCallOutput("sunny"))
+			items[len(items)-1].OfFunctionCallOutput.CallID = openai.String(fc.CallID)
+			r3, err := n.sdk.Responses.New(ctx, responses.ResponseNewParams{Model: respModel, MaxOutputTokens: openai.Int(32),
+				Input: responses.ResponseNewParamsInputUnion{OfInputItemList: items}, Tools: []responses.ToolUnionParam{weather}})
+			if err != nil {
+				t.Fatalf("Responses.New with the function output: %v", err)
+			}
+			// ToolCalls: 2, so the simulator calls once more, then answers.
+			if len(r3.Output) != 1 || r3.Output[0].Type != "function_call" {
+				t.Fatalf("after one result: output %+v, want a second function_call", r3.Output)
+			}
+			total += usageOf(r3)
+			got := b.received(n.sim)
+			last := string(got[len(got)-1])
+			if !strings.Contains(last, fc.CallID) || !strings.Contains(last, "sunny") {
+				t.Errorf("the provider's last call does not carry the call id and its output: %s", last)
+			}
+			// A stored response is there to get; one with store: false is not.
+			if _, err := n.sdk.Responses.Get(ctx, r2.ID, responses.ResponseGetParams{}); !isStatus(err, http.StatusNotFound) {
+				t.Errorf("Get of a response with store: false: %v, want 404", err)
+			}
+
+			// A stream consumed to response.completed.
+			st := n.sdk.Responses.NewStreaming(ctx, responses.ResponseNewParams{Model: respModel, MaxOutputTokens: openai.Int(32),
+				Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Stream, please.")}})
+			var types []string
+			var text strings.Builder
+			var done responses.Response
+			seq := int64(-1)
+			for st.Next() {
+				ev := st.Current()
+				if ev.SequenceNumber != seq+1 {
+					t.Errorf("event %s: sequence_number %d after %d", ev.Type, ev.SequenceNumber, seq)
+				}
+				seq = ev.SequenceNumber
+				types = append(types, ev.Type)
+				switch ev.Type {
+				case "response.output_text.delta":
+					text.WriteString(ev.Delta)
+				case "response.completed", "response.incomplete":
+					done = ev.Response
+				case "response.failed":
+					t.Errorf("response.failed: %s", ev.RawJSON())
+				}
+			}
+			if err := st.Err(); err != nil {
+				t.Fatalf("stream: %v (events %v)", err, types)
+			}
+			if len(types) < 6 || types[0] != "response.created" || types[1] != "response.in_progress" || types[2] != "response.output_item.added" ||
+				types[3] != "response.content_part.added" {
+				t.Fatalf("events %v, want created, in_progress, output_item.added, content_part.added, deltas …", types)
+			}
+			if done.ID == "" || done.OutputText() != text.String() || text.Len() == 0 || done.Usage.OutputTokens <= 0 {
+				t.Fatalf("final response %q (usage %+v), deltas %q: want the deltas' text with usage", done.OutputText(), done.Usage, text.String())
+			}
+			total += usageOf(&done)
+
+			// previous_response_id over three turns.
+			prev := ""
+			var turns []*responses.Response
+			for i, say := range []string{"My name is Ada.", "I live in Paris.", "Where do I live?"} {
+				p := responses.ResponseNewParams{Model: respModel, MaxOutputTokens: openai.Int(32), Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(say)}}
+				if prev != "" {
+					p.PreviousResponseID = openai.String(prev)
+				}
+				r, err := n.sdk.Responses.New(ctx, p)
+				if err != nil {
+					t.Fatalf("turn %d: %v", i+1, err)
+				}
+				if r.PreviousResponseID != prev {
+					t.Errorf("turn %d: previous_response_id %q, want %q", i+1, r.PreviousResponseID, prev)
+				}
+				total += usageOf(r)
+				turns = append(turns, r)
+				prev = r.ID
+			}
+			got = b.received(n.sim)
+			last = string(got[len(got)-1])
+			for _, want := range []string{"My name is Ada.", "I live in Paris.", "Where do I live?", turns[0].OutputText()[:10], turns[1].OutputText()[:10]} {
+				if !strings.Contains(last, want) {
+					t.Errorf("the third turn's call does not carry %q: %s", want, last)
+				}
+			}
+
+			// Get returns the stored response; another tenant's key does not.
+			g, err := n.sdk.Responses.Get(ctx, turns[1].ID, responses.ResponseGetParams{})
+			if err != nil {
+				t.Fatalf("Get: %v", err)
+			}
+			if g.ID != turns[1].ID || g.OutputText() != turns[1].OutputText() || g.Usage.TotalTokens != turns[1].Usage.TotalTokens {
+				t.Errorf("Get: %q %q, want %q %q", g.ID, g.OutputText(), turns[1].ID, turns[1].OutputText())
+			}
+			globex := openai.NewClient(option.WithBaseURL(n.base+"/v1"), option.WithAPIKey("globex-key"), option.WithMaxRetries(0))
+			if _, err := globex.Responses.Get(ctx, turns[1].ID, responses.ResponseGetParams{}); !isStatus(err, http.StatusNotFound) {
+				t.Errorf("Get by another tenant: %v, want 404", err)
+			}
+			_, err = globex.Responses.New(ctx, responses.ResponseNewParams{Model: respModel, PreviousResponseID: openai.String(turns[1].ID),
+				Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")}})
+			if !isStatus(err, http.StatusNotFound) {
+				t.Errorf("previous_response_id of another tenant: %v, want 404", err)
+			}
+			if err := n.sdk.Responses.Delete(ctx, turns[1].ID); err != nil {
+				t.Fatalf("Delete: %v", err)
+			}
+			if _, err := n.sdk.Responses.Get(ctx, turns[1].ID, responses.ResponseGetParams{}); !isStatus(err, http.StatusNotFound) {
+				t.Errorf("Get after Delete: %v, want 404", err)
+			}
+
+			// The executor counted every reported token (the usage it settles
+			// reservations with).
+			eventually(t, "tokens used", func() bool { return n.counter(t, "llm_tokens_used_total") == float64(total) })
+		})
+	}
+}
+
+func isStatus(err error, status int) bool {
+	var apiErr *openai.Error
+	return errors.As(err, &apiErr) && apiErr.StatusCode == status
+}

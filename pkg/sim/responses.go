@@ -1,0 +1,515 @@
+package sim
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/sluice-dev/sluice/pkg/job"
+)
+
+// The Responses API (POST /v1/responses), served natively unless
+// Config.NoResponses: a request is charged like a chat completion (its
+// input counted as the equivalent messages, max_output_tokens as the
+// output limit) and answered with a Response object, or with the typed
+// stream events (response.created … response.completed, each with a
+// sequence_number). Stream faults cut or stall it as they do a chat
+// stream, counting output_text deltas as content chunks.
+//
+// Tool calls (all three APIs): with Config.ToolCalls > 0, a request that
+// offers function tools, and whose conversation holds fewer than
+// ToolCalls tool results, is answered with one call of the next tool
+// (the tools in turn) instead of text, its arguments {"n": k} for the
+// k-th call. So an agent loop runs a fixed number of rounds and then
+// gets its answer.
+
+// Request is one request the simulator received (Requests).
+type Request struct {
+	Path string
+	Body []byte
+}
+
+// recorder keeps the last maxReceived requests of the chat, embeddings and
+// responses endpoints.
+type recorder struct {
+	mu   sync.Mutex
+	reqs []Request
+}
+
+func (r *recorder) add(path string, body []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reqs = append(r.reqs, Request{Path: path, Body: body})
+	if len(r.reqs) > maxReceived {
+		r.reqs = append(r.reqs[:0], r.reqs[len(r.reqs)-maxReceived:]...)
+	}
+}
+
+// Requests returns the last requests to /v1/chat/completions,
+// /v1/embeddings and /v1/responses (up to 64, oldest first), as they
+// arrived; /v1/messages has Received.
+func (s *Server) Requests() []Request {
+	s.rec.mu.Lock()
+	defer s.rec.mu.Unlock()
+	return append([]Request(nil), s.rec.reqs...)
+}
+
+// toolCall is the tool call the simulator answers with.
+type toolCall struct {
+	id, name, args string
+}
+
+// pickTool decides the tool call for a request offering tools (names)
+// whose conversation holds results tool results.
+func (s *Server) pickTool(names []string, results int, choice json.RawMessage) *toolCall {
+	if s.cfg.ToolCalls <= 0 || len(names) == 0 || results >= s.cfg.ToolCalls || strings.TrimSpace(string(choice)) == `"none"` {
+		return nil
+	}
+	return &toolCall{id: "call_" + randomID(24), name: names[results%len(names)], args: fmt.Sprintf(`{"n":%d}`, results+1)}
+}
+
+// chatTool is the tool call for a chat-completions body.
+func (s *Server) chatTool(body []byte) *toolCall {
+	var b struct {
+		Messages []struct {
+			Role string `json:"role"`
+		} `json:"messages"`
+		Tools []struct {
+			Function struct {
+				Name string `json:"name"`
+			} `json:"function"`
+		} `json:"tools"`
+		ToolChoice json.RawMessage `json:"tool_choice"`
+	}
+	if s.cfg.ToolCalls <= 0 || json.Unmarshal(body, &b) != nil {
+		return nil
+	}
+	var names []string
+	for _, t := range b.Tools {
+		names = append(names, t.Function.Name)
+	}
+	results := 0
+	for _, m := range b.Messages {
+		if m.Role == "tool" {
+			results++
+		}
+	}
+	return s.pickTool(names, results, b.ToolChoice)
+}
+
+// anthropicTool is the tool call for a Messages body.
+func (s *Server) anthropicTool(body []byte) *toolCall {
+	var b struct {
+		Messages []struct {
+			Content json.RawMessage `json:"content"`
+		} `json:"messages"`
+		Tools []struct {
+			Name string `json:"name"`
+		} `json:"tools"`
+		ToolChoice *struct {
+			Type string `json:"type"`
+		} `json:"tool_choice"`
+	}
+	if s.cfg.ToolCalls <= 0 || json.Unmarshal(body, &b) != nil {
+		return nil
+	}
+	var names []string
+	for _, t := range b.Tools {
+		names = append(names, t.Name)
+	}
+	results := 0
+	for _, m := range b.Messages {
+		var blocks []struct {
+			Type string `json:"type"`
+		}
+		_ = json.Unmarshal(m.Content, &blocks)
+		for _, bl := range blocks {
+			if bl.Type == "tool_result" {
+				results++
+			}
+		}
+	}
+	var choice json.RawMessage
+	if b.ToolChoice != nil && b.ToolChoice.Type == "none" {
+		choice = json.RawMessage(`"none"`)
+	}
+	tc := s.pickTool(names, results, choice)
+	if tc != nil {
+		tc.id = "toolu_" + randomID(24)
+	}
+	return tc
+}
+
+// responsesBody is the part of a Responses request the simulator reads.
+type responsesBody struct {
+	Model           string          `json:"model"`
+	Instructions    string          `json:"instructions"`
+	Input           json.RawMessage `json:"input"`
+	MaxOutputTokens *int            `json:"max_output_tokens"`
+	Stream          bool            `json:"stream"`
+	Tools           []struct {
+		Type string `json:"type"`
+		Name string `json:"name"`
+	} `json:"tools"`
+	ToolChoice json.RawMessage `json:"tool_choice"`
+}
+
+// parseResponses reads a Responses body: charged as the chat request with
+// the same text would be.
+func (s *Server) parseResponses(body []byte) (*call, error) {
+	var b responsesBody
+	if err := json.Unmarshal(body, &b); err != nil {
+		return nil, fmt.Errorf("malformed Responses request: %v", err)
+	}
+	if b.Model == "" {
+		return nil, fmt.Errorf("model: is required")
+	}
+	var msgs []job.ChatMessage
+	text := func(role, s string) {
+		raw, _ := json.Marshal(s)
+		msgs = append(msgs, job.ChatMessage{Role: role, Content: raw})
+	}
+	if b.Instructions != "" {
+		text("system", b.Instructions)
+	}
+	results := 0
+	var one string
+	var items []struct {
+		Type      string          `json:"type"`
+		Role      string          `json:"role"`
+		Content   json.RawMessage `json:"content"`
+		Arguments string          `json:"arguments"`
+		Output    json.RawMessage `json:"output"`
+	}
+	switch {
+	case json.Unmarshal(b.Input, &one) == nil:
+		text("user", one)
+	case json.Unmarshal(b.Input, &items) == nil:
+		for _, it := range items {
+			switch it.Type {
+			case "", "message":
+				if it.Role == "" {
+					return nil, fmt.Errorf("input: a message needs a role")
+				}
+				msgs = append(msgs, job.ChatMessage{Role: it.Role, Content: it.Content})
+			case "function_call":
+				text("assistant", it.Arguments)
+			case "function_call_output":
+				results++
+				var out string
+				_ = json.Unmarshal(it.Output, &out)
+				text("tool", out)
+			case "reasoning":
+			default:
+				return nil, fmt.Errorf("input: item type %q is not supported by the simulator", it.Type)
+			}
+		}
+	default:
+		return nil, fmt.Errorf("input: must be a string or a list of items")
+	}
+	if len(msgs) == 0 {
+		return nil, fmt.Errorf("input: is required")
+	}
+	maxOut := s.cfg.DefaultMaxTokens
+	if b.MaxOutputTokens != nil {
+		if *b.MaxOutputTokens < 1 {
+			return nil, fmt.Errorf("max_output_tokens: must be positive")
+		}
+		maxOut = *b.MaxOutputTokens
+	}
+	var names []string
+	for _, t := range b.Tools {
+		if t.Type != "function" {
+			return nil, fmt.Errorf("tools: the simulator serves function tools only, not %q", t.Type)
+		}
+		names = append(names, t.Name)
+	}
+	c := &call{model: b.Model, prompt: s.cfg.Count.Prompt(&job.ChatRequest{Model: b.Model, Messages: msgs}), maxOut: maxOut, n: 1,
+		stream: b.Stream, usage: true, responses: true, reasoning: s.reasoning[b.Model], tool: s.pickTool(names, results, b.ToolChoice)}
+	c.cost = int64(c.prompt) + int64(c.maxOut)
+	return c, nil
+}
+
+// simResponse builds a Response for a completed Responses call.
+func (s *Server) simResponse(c *call, completion int, created int64, status string, text string) map[string]any {
+	id := "resp_" + randomID(24)
+	var output []map[string]any
+	if c.tool != nil {
+		output = append(output, map[string]any{"type": "function_call", "id": "fc_" + randomID(24), "call_id": c.tool.id,
+			"name": c.tool.name, "arguments": c.tool.args, "status": "completed"})
+	} else {
+		output = append(output, map[string]any{"type": "message", "id": "msg_" + randomID(24), "role": "assistant", "status": "completed",
+			"content": []any{map[string]any{"type": "output_text", "text": text, "annotations": []any{}}}})
+	}
+	r := map[string]any{"id": id, "object": "response", "created_at": created, "status": status, "model": c.model, "output": output,
+		"error": nil, "incomplete_details": nil,
+		"usage": map[string]any{"input_tokens": c.prompt, "input_tokens_details": map[string]int{"cached_tokens": 0},
+			"output_tokens": completion, "output_tokens_details": map[string]int{"reasoning_tokens": c.reasoningTokens(completion)},
+			"total_tokens": c.prompt + completion}}
+	if status == "incomplete" {
+		r["incomplete_details"] = map[string]any{"reason": "max_output_tokens"}
+	}
+	return r
+}
+
+// responseStatus is a Responses call's status for its output length.
+func responseStatus(c *call, completion int) string {
+	if c.tool == nil && completion >= c.maxOut {
+		return "incomplete"
+	}
+	return "completed"
+}
+
+// newResponse is complete's answer to a Responses call.
+func (s *Server) newResponse(c *call, completion int) map[string]any {
+	text := s.filler.text(completion) + strings.Repeat(".", s.cfg.PadResponseBytes)
+	return s.simResponse(c, completion, s.cfg.Now().Unix(), responseStatus(c, completion), text)
+}
+
+// respEvents writes typed Responses events.
+type respEvents struct {
+	out sse
+	seq int
+}
+
+func (e *respEvents) send(typ string, v map[string]any) bool {
+	v["type"] = typ
+	v["sequence_number"] = e.seq
+	e.seq++
+	b, err := json.Marshal(v)
+	if err != nil { // only our own values are written
+		panic(fmt.Sprintf("sim: encoding event: %v", err))
+	}
+	buf := make([]byte, 0, len(b)+len(typ)+16)
+	buf = append(buf, "event: "...)
+	buf = append(buf, typ...)
+	buf = append(buf, "\ndata: "...)
+	buf = append(buf, b...)
+	buf = append(buf, "\n\n"...)
+	if _, err := e.out.w.Write(buf); err != nil {
+		return false
+	}
+	return e.out.rc.Flush() == nil
+}
+
+// streamResponse answers an admitted streamed Responses call, as
+// streamCompletion does a chat one: the events after TTFT, a delta per
+// token PerToken apart, stream faults after StreamCutAfter (or
+// StreamStallAfter) deltas, the completion recorded once a token was
+// sent.
+func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *generation, m *modelState, c *call, e *entry, arrival int64, f fault) {
+	completion := min(max(s.cfg.OutputTokens(c.maxOut, c.body), 0), c.maxOut)
+	status := responseStatus(c, completion)
+	pieces := s.filler.pieces(completion)
+	if pad := s.cfg.PadResponseBytes; pad > 0 {
+		pieces = append(pieces, strings.Repeat(".", pad))
+	}
+	full := s.simResponse(c, completion, s.cfg.Now().Unix(), status, strings.Join(pieces, ""))
+	m.peek(s.now()).set(w.Header(), s.form)
+	ev := &respEvents{out: startSSE(w)}
+	g.streamed.Add(1)
+	s.count(g, m, http.StatusOK)
+	stopAt := -1
+	switch f {
+	case faultStreamCut:
+		stopAt = s.cfg.Faults.StreamCutAfter
+	case faultStreamStall:
+		stopAt = s.cfg.Faults.StreamStallAfter
+	}
+	sent := 0
+	gone := func(clientLeft bool) {
+		if sent > 0 {
+			m.succeeded(arrival, c.cost, int64(c.prompt+min(sent, completion)))
+			g.complete(c.key, c.jobID, nil, nil)
+		}
+		if clientLeft {
+			g.clientGone.Add(1)
+		}
+		g.release(c.key, e)
+	}
+	if !sleep(r.Context(), s.cfg.TTFT) {
+		gone(true)
+		return
+	}
+	started := map[string]any{}
+	for k, v := range full {
+		started[k] = v
+	}
+	started["status"], started["output"], started["usage"], started["incomplete_details"] = "in_progress", []any{}, nil, nil
+	if !ev.send("response.created", map[string]any{"response": started}) || !ev.send("response.in_progress", map[string]any{"response": started}) {
+		gone(true)
+		return
+	}
+	item := full["output"].([]map[string]any)[0]
+	added := map[string]any{}
+	for k, v := range item {
+		added[k] = v
+	}
+	added["status"] = "in_progress"
+	itemID := item["id"]
+	if c.tool != nil {
+		added["arguments"] = ""
+		pieces = []string{c.tool.args}
+	} else {
+		added["content"] = []any{}
+	}
+	if !ev.send("response.output_item.added", map[string]any{"output_index": 0, "item": added}) {
+		gone(true)
+		return
+	}
+	if c.tool == nil && !ev.send("response.content_part.added", map[string]any{"item_id": itemID, "output_index": 0, "content_index": 0,
+		"part": map[string]any{"type": "output_text", "text": "", "annotations": []any{}}}) {
+		gone(true)
+		return
+	}
+	for i, p := range pieces {
+		if i == stopAt {
+			break
+		}
+		if i > 0 && !sleep(r.Context(), s.cfg.PerToken) {
+			gone(true)
+			return
+		}
+		var ok bool
+		if c.tool != nil {
+			ok = ev.send("response.function_call_arguments.delta", map[string]any{"item_id": itemID, "output_index": 0, "delta": p})
+		} else {
+			ok = ev.send("response.output_text.delta", map[string]any{"item_id": itemID, "output_index": 0, "content_index": 0, "delta": p, "logprobs": []any{}})
+		}
+		if !ok {
+			gone(true)
+			return
+		}
+		sent++
+	}
+	switch {
+	case f == faultStreamCut:
+		g.streamCuts.Add(1)
+		gone(false)
+		dropConnection(w)
+		return
+	case f == faultStreamStall:
+		g.streamStalls.Add(1)
+		gone(false)
+		hang(r.Context(), w, s.cfg.Faults.HangFor)
+		return
+	}
+	body, err := json.Marshal(full)
+	if err != nil {
+		panic(fmt.Sprintf("sim: encoding response: %v", err))
+	}
+	m.succeeded(arrival, c.cost, int64(c.prompt+completion))
+	g.complete(c.key, c.jobID, e, body)
+	if !s.finishResponseStream(ev, full) {
+		g.clientGone.Add(1)
+	}
+}
+
+// finishResponseStream writes the .done events of a Response's one item
+// and its terminal event.
+func (s *Server) finishResponseStream(ev *respEvents, full map[string]any) bool {
+	item := full["output"].([]map[string]any)[0]
+	id := item["id"]
+	ok := true
+	if item["type"] == "function_call" {
+		ok = ev.send("response.function_call_arguments.done", map[string]any{"item_id": id, "output_index": 0, "arguments": item["arguments"]})
+	} else {
+		part := item["content"].([]any)[0]
+		ok = ev.send("response.output_text.done", map[string]any{"item_id": id, "output_index": 0, "content_index": 0,
+			"text": part.(map[string]any)["text"], "logprobs": []any{}}) &&
+			ev.send("response.content_part.done", map[string]any{"item_id": id, "output_index": 0, "content_index": 0, "part": part})
+	}
+	typ := "response.completed"
+	if full["status"] == "incomplete" {
+		typ = "response.incomplete"
+	}
+	return ok && ev.send("response.output_item.done", map[string]any{"output_index": 0, "item": item}) &&
+		ev.send(typ, map[string]any{"response": full})
+}
+
+// replayResponseStream answers a streamed Responses request from a stored
+// Response (the idempotency ledger).
+func (s *Server) replayResponseStream(w http.ResponseWriter, g *generation, m *modelState, body []byte) {
+	var full map[string]any
+	if json.Unmarshal(body, &full) != nil {
+		return
+	}
+	raw, _ := json.Marshal(full["output"])
+	var items []map[string]any
+	_ = json.Unmarshal(raw, &items)
+	if len(items) == 0 {
+		return
+	}
+	full["output"] = items
+	m.peek(s.now()).set(w.Header(), s.form)
+	w.Header().Set("Idempotent-Replayed", "true")
+	ev := &respEvents{out: startSSE(w)}
+	g.replayed.Add(1)
+	s.count(g, m, http.StatusOK)
+	started := map[string]any{"id": full["id"], "object": "response", "created_at": full["created_at"], "status": "in_progress",
+		"model": full["model"], "output": []any{}}
+	_ = ev.send("response.created", map[string]any{"response": started}) &&
+		ev.send("response.output_item.added", map[string]any{"output_index": 0, "item": items[0]}) &&
+		s.finishResponseStream(ev, full)
+}
+
+// streamMessage writes a Messages answer (resp, as the unstreamed call
+// returns it) as Anthropic's event stream: message_start, each content
+// block as content_block_start, its deltas (text_delta per word,
+// input_json_delta in two pieces) and content_block_stop, then
+// message_delta with the stop reason and output tokens, and message_stop.
+// The generation's latency was already waited out.
+func (s *Server) streamMessage(w http.ResponseWriter, resp map[string]any) {
+	out := startSSE(w)
+	send := func(typ string, v map[string]any) bool {
+		v["type"] = typ
+		b, err := json.Marshal(v)
+		if err != nil { // only our own values are written
+			panic(fmt.Sprintf("sim: encoding event: %v", err))
+		}
+		if _, err := fmt.Fprintf(out.w, "event: %s\ndata: %s\n\n", typ, b); err != nil {
+			return false
+		}
+		return out.rc.Flush() == nil
+	}
+	usage := resp["usage"].(map[string]any)
+	start := map[string]any{"id": resp["id"], "type": "message", "role": "assistant", "model": resp["model"], "content": []any{},
+		"stop_reason": nil, "stop_sequence": nil, "usage": map[string]any{"input_tokens": usage["input_tokens"], "output_tokens": 1,
+			"cache_creation_input_tokens": usage["cache_creation_input_tokens"], "cache_read_input_tokens": usage["cache_read_input_tokens"]}}
+	if !send("message_start", map[string]any{"message": start}) {
+		return
+	}
+	for i, b := range resp["content"].([]map[string]any) {
+		var deltas []map[string]any
+		block := map[string]any{"type": b["type"]}
+		if b["type"] == "tool_use" {
+			block["id"], block["name"], block["input"] = b["id"], b["name"], map[string]any{}
+			args := string(b["input"].(json.RawMessage))
+			cut := len(args) / 2
+			for _, p := range []string{args[:cut], args[cut:]} {
+				deltas = append(deltas, map[string]any{"type": "input_json_delta", "partial_json": p})
+			}
+		} else {
+			block["text"] = ""
+			words := strings.SplitAfter(b["text"].(string), " ")
+			for _, p := range words {
+				deltas = append(deltas, map[string]any{"type": "text_delta", "text": p})
+			}
+		}
+		if !send("content_block_start", map[string]any{"index": i, "content_block": block}) {
+			return
+		}
+		for _, d := range deltas {
+			if !send("content_block_delta", map[string]any{"index": i, "delta": d}) {
+				return
+			}
+		}
+		if !send("content_block_stop", map[string]any{"index": i}) {
+			return
+		}
+	}
+	_ = send("message_delta", map[string]any{"delta": map[string]any{"stop_reason": resp["stop_reason"], "stop_sequence": nil},
+		"usage": map[string]any{"output_tokens": usage["output_tokens"]}}) && send("message_stop", map[string]any{})
+}

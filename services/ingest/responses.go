@@ -1,0 +1,336 @@
+package ingest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/internal/api"
+	"github.com/sluice-dev/sluice/internal/wire"
+	"github.com/sluice-dev/sluice/pkg/job"
+)
+
+// POST /v1/responses: OpenAI's Responses API, through the same mesh as
+// chat completions. The request is translated to a chat body (package
+// wire) and runs as a chat job (endpoint job.EndpointResponses, so a
+// provider serving the Responses API natively is called there); the
+// answer is translated to a Response object, or to the Responses stream
+// events. A response is the job: its id is "resp_" + the job id.
+//
+// Conversation state lives in the results bucket, under
+// responses.<tenant>.<job id>, for limits.result_retention like the job's
+// record: the response's request (Meta) and its whole input as chat
+// messages. Its output is the job's result. previous_response_id reads
+// both back as the next call's history; a key is built from the caller's
+// tenant, so another tenant's id (or an expired one) is not found.
+func (s *Service) responsesRoutes(mux *http.ServeMux, auth api.Auth) {
+	mux.HandleFunc("POST /v1/responses", func(w http.ResponseWriter, r *http.Request) { s.responses(w, r, auth) })
+	mux.HandleFunc("GET /v1/responses/{id}", func(w http.ResponseWriter, r *http.Request) { s.getResponse(w, r, auth) })
+	mux.HandleFunc("DELETE /v1/responses/{id}", func(w http.ResponseWriter, r *http.Request) { s.deleteResponse(w, r, auth) })
+}
+
+// storedResponse is what the results bucket keeps of a stored response.
+type storedResponse struct {
+	Meta     wire.Meta          `json:"meta"`
+	Messages []wire.ChatMessage `json:"messages"`
+}
+
+// responseKey is the results-bucket key of a tenant's stored response.
+func responseKey(tenant, jobID string) string { return "responses." + tenant + "." + jobID }
+
+// responseJob is the job id a response id names ("" when it names none).
+func responseJob(id string) string {
+	jobID, ok := strings.CutPrefix(id, "resp_")
+	if !ok || !job.CanonicalID(jobID) {
+		return ""
+	}
+	return jobID
+}
+
+func (s *Service) responses(w http.ResponseWriter, r *http.Request, auth api.Auth) {
+	tenant, err := auth.Tenant(r)
+	if err != nil {
+		s.fail(w, "responses", err)
+		return
+	}
+	body, err := s.readBody(w, r)
+	if err != nil {
+		s.fail(w, "responses", err)
+		return
+	}
+	req, err := wire.ParseRequest(body)
+	if err != nil {
+		s.invalidResponse(w, err)
+		return
+	}
+	input, err := req.InputMessages()
+	if err != nil {
+		s.invalidResponse(w, err)
+		return
+	}
+	var history []wire.ChatMessage
+	if req.PreviousResponseID != "" {
+		if history, err = s.history(r.Context(), tenant, req.PreviousResponseID); err != nil {
+			s.invalidResponse(w, err)
+			return
+		}
+	}
+	opts := wire.ChatOptions{}
+	if reasoningModel(req.Model) {
+		opts.MaxTokensField = "max_completion_tokens"
+	}
+	chat, err := req.ChatBody(history, input, opts)
+	if err != nil {
+		s.invalidResponse(w, err)
+		return
+	}
+	created := time.Now().Unix()
+	stored := storedResponse{Messages: append(history, input...)}
+	// Once accepted (the job id known): the response's id, and its record.
+	accepted := func(jobID string) wire.Meta {
+		m := req.Meta("resp_"+jobID, created)
+		if req.Stored() {
+			stored.Meta = m
+			s.storeResponse(r.Context(), tenant, jobID, &stored)
+		}
+		return m
+	}
+	r2 := r.Clone(withEndpoint(r.Context(), job.EndpointResponses))
+	r2.Body = io.NopCloser(bytes.NewReader(chat))
+	r2.ContentLength = int64(len(chat))
+	rec := &captured{h: http.Header{}, real: w}
+	if req.Stream {
+		rec.stream = &responsesEvents{start: func() *wire.Events { return wire.NewEvents(accepted(rec.h.Get("X-Sluice-Job-Id"))) }}
+	}
+	s.chat(rec, r2, auth)
+	if rec.streamed {
+		return
+	}
+	h := w.Header()
+	for k, v := range rec.h {
+		if k != "Content-Length" {
+			h[k] = v
+		}
+	}
+	jobID := rec.h.Get("X-Sluice-Job-Id")
+	if rec.status >= 300 || rec.status == 0 || jobID == "" {
+		if rec.status == 0 {
+			rec.status = http.StatusInternalServerError
+		}
+		w.WriteHeader(rec.status)
+		_, _ = w.Write(rec.body.Bytes())
+		return
+	}
+	out, err := wire.FromChat(accepted(jobID), rec.body.Bytes())
+	if err != nil {
+		api.Error(w, http.StatusBadGateway, "sluice_error", "bad_response", "the provider's answer could not be translated to a response")
+		return
+	}
+	api.JSON(w, http.StatusOK, out)
+}
+
+// invalidResponse answers a request that cannot be translated or whose
+// previous response is not there, in OpenAI's error shape.
+func (s *Service) invalidResponse(w http.ResponseWriter, err error) {
+	var we *wire.Error
+	if errors.As(err, &we) {
+		s.m.JobsRejected.WithLabelValues("responses", job.CodeInvalidRequest).Inc()
+		api.ErrorParam(w, http.StatusBadRequest, "invalid_request_error", job.CodeInvalidRequest, we.Param, we.Error())
+		return
+	}
+	var nf *responseNotFound
+	if errors.As(err, &nf) {
+		s.m.JobsRejected.WithLabelValues("responses", "previous_response_not_found").Inc()
+		api.ErrorParam(w, http.StatusNotFound, "invalid_request_error", "previous_response_not_found", "previous_response_id", nf.Error())
+		return
+	}
+	s.fail(w, "responses", err)
+}
+
+// responseNotFound: a response id names no response the tenant has.
+type responseNotFound struct{ id string }
+
+func (e *responseNotFound) Error() string {
+	return fmt.Sprintf("Response with id '%s' not found.", clip(e.id))
+}
+
+// storeResponse writes a response's record. A failure is logged: the
+// response is still answered, only not retrievable.
+func (s *Service) storeResponse(ctx context.Context, tenant, jobID string, st *storedResponse) {
+	data, err := json.Marshal(st)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_, err = s.mesh.Results.Put(ctx, responseKey(tenant, jobID), data)
+	}
+	if err != nil {
+		s.log.Warn("responses: store", "job_id", jobID, "err", err)
+	}
+}
+
+// loadResponse reads a tenant's stored response and its job's result
+// (nil while the job runs).
+func (s *Service) loadResponse(ctx context.Context, tenant, id string) (*storedResponse, *job.Result, error) {
+	jobID := responseJob(id)
+	if jobID == "" {
+		return nil, nil, &responseNotFound{id}
+	}
+	e, err := s.mesh.Results.Get(ctx, responseKey(tenant, jobID))
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return nil, nil, &responseNotFound{id}
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	var st storedResponse
+	if json.Unmarshal(e.Value(), &st) != nil {
+		return nil, nil, &responseNotFound{id}
+	}
+	rec, _, err := s.mesh.Lookup(ctx, jobID)
+	if err != nil && !errors.Is(err, job.ErrNotFound) {
+		return nil, nil, err
+	}
+	if rec != nil && rec.Tenant != tenant {
+		return nil, nil, &responseNotFound{id}
+	}
+	if rec != nil && rec.Result != nil {
+		return &st, rec.Result, nil
+	}
+	if res, err := s.mesh.StoredResult(ctx, tenant, jobID); err == nil {
+		return &st, res, nil
+	}
+	return &st, nil, nil
+}
+
+// history is the conversation a previous response ends: its input and
+// its answer.
+func (s *Service) history(ctx context.Context, tenant, id string) ([]wire.ChatMessage, error) {
+	st, res, err := s.loadResponse(ctx, tenant, id)
+	if err != nil {
+		return nil, err
+	}
+	if res == nil || res.Status != job.StatusSucceeded {
+		state := "is still in progress"
+		if res != nil {
+			state = "did not complete (" + string(res.Status) + ")"
+		}
+		return nil, &wire.Error{Param: "previous_response_id", Msg: fmt.Sprintf("response '%s' %s; a conversation continues from a completed response", clip(id), state)}
+	}
+	answer, err := wire.AssistantMessage(res.Response)
+	if err != nil {
+		return nil, &wire.Error{Param: "previous_response_id", Msg: "the previous response's answer cannot be read"}
+	}
+	return append(append([]wire.ChatMessage(nil), st.Messages...), answer), nil
+}
+
+// responseObject renders a stored response as it stands.
+func responseObject(st *storedResponse, res *job.Result) map[string]any {
+	if res == nil {
+		return wire.Response(st.Meta, wire.StatusInProgress, nil, nil, "", nil)
+	}
+	switch res.Status {
+	case job.StatusSucceeded:
+		if out, err := wire.FromChat(st.Meta, res.Response); err == nil {
+			return out
+		}
+	case job.StatusInterrupted:
+		if out, err := wire.FromChat(st.Meta, res.Response); err == nil {
+			out["status"], out["incomplete_details"] = wire.StatusIncomplete, map[string]any{"reason": wire.ReasonInterrupted}
+			return out
+		}
+		return wire.Response(st.Meta, wire.StatusIncomplete, nil, nil, wire.ReasonInterrupted, nil)
+	case job.StatusCancelled:
+		return wire.Response(st.Meta, wire.StatusCancelled, nil, nil, "", nil)
+	}
+	f := &wire.Failure{Code: string(res.Status), Message: "the response did not complete"}
+	if res.Error != nil {
+		f.Code, f.Message = res.Error.Code, res.Error.Message
+	}
+	return wire.Response(st.Meta, wire.StatusFailed, nil, nil, "", f)
+}
+
+// GET /v1/responses/{id}
+func (s *Service) getResponse(w http.ResponseWriter, r *http.Request, auth api.Auth) {
+	tenant, err := auth.Tenant(r)
+	if err != nil {
+		s.fail(w, "responses", err)
+		return
+	}
+	id := r.PathValue("id")
+	st, res, err := s.loadResponse(r.Context(), tenant, id)
+	if err != nil {
+		s.notFoundOr(w, err)
+		return
+	}
+	api.JSON(w, http.StatusOK, responseObject(st, res))
+}
+
+// DELETE /v1/responses/{id}: the stored response is forgotten (the job's
+// own record stays for its retention).
+func (s *Service) deleteResponse(w http.ResponseWriter, r *http.Request, auth api.Auth) {
+	tenant, err := auth.Tenant(r)
+	if err != nil {
+		s.fail(w, "responses", err)
+		return
+	}
+	id := r.PathValue("id")
+	if _, _, err := s.loadResponse(r.Context(), tenant, id); err != nil {
+		s.notFoundOr(w, err)
+		return
+	}
+	if err := s.mesh.Results.Delete(r.Context(), responseKey(tenant, responseJob(id))); err != nil {
+		s.fail(w, "responses", err)
+		return
+	}
+	api.JSON(w, http.StatusOK, map[string]any{"id": id, "object": "response", "deleted": true})
+}
+
+func (s *Service) notFoundOr(w http.ResponseWriter, err error) {
+	var nf *responseNotFound
+	if errors.As(err, &nf) {
+		api.ErrorParam(w, http.StatusNotFound, "invalid_request_error", "not_found", "id", nf.Error())
+		return
+	}
+	s.fail(w, "responses", err)
+}
+
+// responsesEvents is the Responses API's stream (wire.Events), built when
+// the first event is written: the job is accepted by then, so the
+// response has its id.
+type responsesEvents struct {
+	e     *wire.Events
+	start func() *wire.Events
+}
+
+func (f *responsesEvents) events() *wire.Events {
+	if f.e == nil {
+		f.e = f.start()
+	}
+	return f.e
+}
+
+func write(w io.Writer, b []byte) bool {
+	if len(b) == 0 {
+		return true
+	}
+	_, err := w.Write(b)
+	return err == nil
+}
+
+func (f *responsesEvents) chunk(w io.Writer, c []byte) bool { return write(w, f.events().Chunk(c)) }
+func (f *responsesEvents) done(w io.Writer) bool            { return write(w, f.events().Done()) }
+func (f *responsesEvents) fail(w io.Writer, typ, code, msg string, _ int) bool {
+	return write(w, f.events().Fail(typ == "sluice_"+string(job.StatusInterrupted), code, msg))
+}
+func (f *responsesEvents) keepAlive(w io.Writer) bool {
+	_, err := io.WriteString(w, ": keep-alive\n\n")
+	return err == nil
+}
