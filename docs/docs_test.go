@@ -5,6 +5,7 @@ package docs_test
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -194,6 +195,44 @@ func TestDocSizes(t *testing.T) {
 	} {
 		if n := len(read(t, c.path)); n > c.max {
 			t.Errorf("%s: %d bytes, want at most %d: move reference material to docs/ and measurements to BENCHMARKS.md", c.path, n, c.max)
+		}
+	}
+}
+
+// yamlKeys are the keys of every struct reachable from t, by their yaml tags.
+func yamlKeys(t reflect.Type, seen map[reflect.Type]bool, out map[string]bool) {
+	for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Map {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct || seen[t] {
+		return
+	}
+	seen[t] = true
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if name == "-" || !f.IsExported() {
+			continue
+		}
+		if name != "" {
+			out[name] = true
+		}
+		yamlKeys(f.Type, seen, out)
+	}
+}
+
+// Every key the configuration accepts is documented in CONFIG.md.
+func TestConfigKeysDocumented(t *testing.T) {
+	t.Parallel()
+	doc := read(t, "CONFIG.md")
+	keys := map[string]bool{}
+	yamlKeys(reflect.TypeFor[config.Config](), map[reflect.Type]bool{}, keys)
+	if len(keys) < 50 {
+		t.Fatalf("found %d configuration keys, want the whole file's", len(keys))
+	}
+	for k := range keys {
+		if !regexp.MustCompile(`(?m)[\s{,]` + regexp.QuoteMeta(k) + `:`).MatchString(doc) {
+			t.Errorf("configuration key %q is not documented in docs/CONFIG.md", k)
 		}
 	}
 }

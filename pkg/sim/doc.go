@@ -1,8 +1,8 @@
 // Package sim is an OpenAI-compatible provider simulator, for Sluice's own
 // tests, demos and benchmarks and for users' tests of code that calls a
 // rate-limited LLM API. It answers POST /v1/chat/completions (streamed or
-// not), /v1/embeddings, Anthropic's /v1/messages and GET /v1/models the way a
-// provider does, including the way it rate-limits, fails and de-duplicates,
+// not), /v1/responses, /v1/embeddings, Anthropic's /v1/messages and GET
+// /v1/models the way a provider does, including the way it rate-limits, fails and de-duplicates,
 // and keeps a ledger of what it saw ([Server.Stats]).
 //
 // # Rate limits
