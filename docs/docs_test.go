@@ -11,7 +11,10 @@ import (
 	"testing"
 	"unicode"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/metrics"
 )
 
 // markdownFiles are README.md and every docs/*.md, relative to this directory.
@@ -234,5 +237,43 @@ func TestConfigKeysDocumented(t *testing.T) {
 		if !regexp.MustCompile(`(?m)[\s{,]` + regexp.QuoteMeta(k) + `:`).MatchString(doc) {
 			t.Errorf("configuration key %q is not documented in docs/CONFIG.md", k)
 		}
+	}
+}
+
+// recorder is a prometheus.Registerer that keeps what is registered.
+type recorder struct{ cs []prometheus.Collector }
+
+func (r *recorder) Register(c prometheus.Collector) error   { r.cs = append(r.cs, c); return nil }
+func (r *recorder) MustRegister(cs ...prometheus.Collector) { r.cs = append(r.cs, cs...) }
+func (r *recorder) Unregister(prometheus.Collector) bool    { return false }
+
+var fqName = regexp.MustCompile(`fqName: "([a-z0-9_]+)"`)
+
+// Every metric Sluice registers is documented in METRICS.md.
+func TestMetricsDocumented(t *testing.T) {
+	t.Parallel()
+	doc := read(t, "METRICS.md")
+	var r recorder
+	metrics.New(&r)
+	ch := make(chan *prometheus.Desc, 256)
+	go func() {
+		for _, c := range r.cs {
+			c.Describe(ch)
+		}
+		close(ch)
+	}()
+	n := 0
+	for d := range ch {
+		m := fqName.FindStringSubmatch(d.String())
+		if m == nil {
+			t.Fatalf("no name in %v", d)
+		}
+		n++
+		if !strings.Contains(doc, "`"+m[1]+"`") {
+			t.Errorf("metric %s is not documented in docs/METRICS.md", m[1])
+		}
+	}
+	if n < 30 {
+		t.Errorf("found %d metrics, want every one Sluice registers", n)
 	}
 }
