@@ -328,3 +328,188 @@ func isStatus(err error, status int) bool {
 	var apiErr *openai.Error
 	return errors.As(err, &apiErr) && apiErr.StatusCode == status
 }
+
+// TestResponsesAgentLoop runs an agent loop as the OpenAI Agents SDK
+// drives one: the model calls a tool, gets its output, calls another,
+// gets that output and answers, and the user says thanks; four turns
+// chained by previous_response_id, each sending only the new items.
+func TestResponsesAgentLoop(t *testing.T) {
+	t.Parallel()
+	for _, b := range respBackends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			n := startResponses(t, b)
+			ctx, cancel := context.WithTimeout(context.Background(), 18*time.Second)
+			defer cancel()
+			lookup := responses.ToolParamOfFunction("lookup", map[string]any{"type": "object"}, false)
+			tools := []responses.ToolUnionParam{weather, lookup}
+			turn := func(prev string, input responses.ResponseInputParam) *responses.Response {
+				t.Helper()
+				p := responses.ResponseNewParams{Model: respModel, MaxOutputTokens: openai.Int(32), Tools: tools,
+					Input: responses.ResponseNewParamsInputUnion{OfInputItemList: input}}
+				if prev != "" {
+					p.PreviousResponseID = openai.String(prev)
+				}
+				r, err := n.sdk.Responses.New(ctx, p)
+				if err != nil {
+					t.Fatalf("turn after %q: %v", prev, err)
+				}
+				return r
+			}
+			output := func(r *responses.Response, result string) responses.ResponseInputParam {
+				t.Helper()
+				if len(r.Output) != 1 || r.Output[0].Type != "function_call" {
+					t.Fatalf("output %+v, want one function_call", r.Output)
+				}
+				item := responses.ResponseInputItemParamOfFunctionCallOutput(result)
+				item.OfFunctionCallOutput.CallID = openai.String(r.Output[0].AsFunctionCall().CallID)
+				return responses.ResponseInputParam{item}
+			}
+			r1 := turn("", responses.ResponseInputParam{responses.ResponseInputItemParamOfMessage("Weather in Paris, and the news?", responses.EasyInputMessageRoleUser)})
+			if name := r1.Output[0].AsFunctionCall().Name; name != "get_weather" {
+				t.Fatalf("first call %q, want get_weather", name)
+			}
+			r2 := turn(r1.ID, output(r1, "sunny, 21C"))
+			if name := r2.Output[0].AsFunctionCall().Name; name != "lookup" {
+				t.Fatalf("second call %q, want lookup", name)
+			}
+			r3 := turn(r2.ID, output(r2, "no news today"))
+			if r3.OutputText() == "" || r3.Output[0].Type != "message" {
+				t.Fatalf("third turn: output %+v, want the answer", r3.Output)
+			}
+			r4 := turn(r3.ID, responses.ResponseInputParam{responses.ResponseInputItemParamOfMessage("Thanks!", responses.EasyInputMessageRoleUser)})
+			if r4.OutputText() == "" || r4.PreviousResponseID != r3.ID {
+				t.Fatalf("fourth turn: output %+v previous %q, want an answer after %s", r4.Output, r4.PreviousResponseID, r3.ID)
+			}
+			got := b.received(n.sim)
+			if len(got) != 4 {
+				t.Fatalf("the provider got %d calls, want 4", len(got))
+			}
+			last := string(got[3])
+			for _, want := range []string{r1.Output[0].AsFunctionCall().CallID, r2.Output[0].AsFunctionCall().CallID, "sunny, 21C", "no news today",
+				"Weather in Paris, and the news?", "Thanks!", r3.OutputText()[:10]} {
+				if !strings.Contains(last, want) {
+					t.Errorf("the fourth call does not carry %q: %s", want, last)
+				}
+			}
+		})
+	}
+}
+
+// TestResponsesStreamBoundary: a stream the provider cuts before its
+// first token is retried unseen (the caller reads one whole answer); cut
+// after it, the provider is called exactly once and the response ends
+// incomplete with what was sent.
+func TestResponsesStreamBoundary(t *testing.T) {
+	t.Parallel()
+	for _, b := range respBackends[:2] { // the simulator's Messages stream has no faults
+		for _, after := range []int{0, 3} {
+			t.Run(fmt.Sprintf("%s/cut_after_%d", b.name, after), func(t *testing.T) {
+				t.Parallel()
+				b := b
+				b.sim.Faults = sim.Faults{RateStreamCut: 1, MaxFaults: 1, StreamCutAfter: after}
+				n := startResponses(t, b)
+				ctx, cancel := context.WithTimeout(context.Background(), 18*time.Second)
+				defer cancel()
+				st := n.sdk.Responses.NewStreaming(ctx, responses.ResponseNewParams{Model: respModel, MaxOutputTokens: openai.Int(32),
+					Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Tell me a story.")}})
+				var text strings.Builder
+				var end responses.ResponseStreamEventUnion
+				created := 0
+				for st.Next() {
+					ev := st.Current()
+					switch ev.Type {
+					case "response.created":
+						created++
+					case "response.output_text.delta":
+						text.WriteString(ev.Delta)
+					case "response.completed", "response.incomplete", "response.failed":
+						end = ev
+					}
+				}
+				if err := st.Err(); err != nil {
+					t.Fatalf("stream: %v", err)
+				}
+				calls := len(b.received(n.sim))
+				if after == 0 {
+					if end.Type != "response.completed" || created != 1 || end.Response.OutputText() != text.String() {
+						t.Fatalf("ended %q after %d response.created, text %q vs %q: want one whole answer", end.Type, created, end.Response.OutputText(), text.String())
+					}
+					if calls != 2 {
+						t.Errorf("the provider got %d calls, want 2 (the cut one, retried)", calls)
+					}
+					return
+				}
+				if end.Type != "response.incomplete" || end.Response.IncompleteDetails.Reason != "interrupted" {
+					t.Fatalf("ended %q (%s), want response.incomplete, reason interrupted", end.Type, end.RawJSON())
+				}
+				if words := strings.Fields(text.String()); len(words) != after || end.Response.OutputText() != text.String() {
+					t.Errorf("text %q (response %q), want the %d words sent", text.String(), end.Response.OutputText(), after)
+				}
+				// The job has ended (its stream did): no call can follow.
+				if calls != 1 {
+					t.Errorf("the provider got %d calls, want exactly 1", calls)
+				}
+				g, err := n.sdk.Responses.Get(ctx, end.Response.ID, responses.ResponseGetParams{})
+				if err != nil || g.Status != responses.ResponseStatusIncomplete {
+					t.Errorf("Get: %v status %q, want incomplete", err, g.Status)
+				}
+			})
+		}
+	}
+}
+
+// TestChatPassThrough: on /v1/chat/completions, a streamed tool call's
+// deltas reach the caller as the provider sent them, and
+// response_format json_schema reaches the provider unchanged.
+func TestChatPassThrough(t *testing.T) {
+	t.Parallel()
+	n := startResponses(t, respBackends[1])
+	ctx, cancel := context.WithTimeout(context.Background(), 18*time.Second)
+	defer cancel()
+	tool := openai.ChatCompletionFunctionTool(openai.FunctionDefinitionParam{Name: "get_weather", Parameters: openai.FunctionParameters{"type": "object"}})
+	st := n.sdk.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: respModel, MaxTokens: openai.Int(32),
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Weather?")}, Tools: []openai.ChatCompletionToolUnionParam{tool}})
+	var acc openai.ChatCompletionAccumulator
+	deltas := 0
+	for st.Next() {
+		c := st.Current()
+		acc.AddChunk(c)
+		if len(c.Choices) > 0 && len(c.Choices[0].Delta.ToolCalls) > 0 {
+			deltas++
+		}
+	}
+	if err := st.Err(); err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	if len(acc.Choices) != 1 || len(acc.Choices[0].Message.ToolCalls) != 1 {
+		t.Fatalf("accumulated %+v, want one tool call", acc.Choices)
+	}
+	tc := acc.Choices[0].Message.ToolCalls[0]
+	if tc.Function.Name != "get_weather" || tc.Function.Arguments != `{"n":1}` || !strings.HasPrefix(tc.ID, "call_") ||
+		acc.Choices[0].FinishReason != "tool_calls" || deltas != 3 {
+		t.Fatalf("tool call %+v finish %q in %d deltas, want get_weather {\"n\":1} (a name delta and two argument pieces), tool_calls", tc, acc.Choices[0].FinishReason, deltas)
+	}
+
+	schema := `{"type":"object","properties":{"city":{"type":"string"}},"required":["city"],"additionalProperties":false}`
+	body := fmt.Sprintf(`{"model":%q,"max_tokens":16,"messages":[{"role":"user","content":"City?"}],"response_format":{"type":"json_schema","json_schema":{"name":"city","strict":true,"schema":%s}}}`, respModel, schema)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, n.base+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer acme-key")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	got := respBackends[1].received(n.sim)
+	var sent, want struct {
+		ResponseFormat json.RawMessage `json:"response_format"`
+	}
+	_ = json.Unmarshal([]byte(body), &want)
+	if err := json.Unmarshal(got[len(got)-1], &sent); err != nil || string(sent.ResponseFormat) != string(want.ResponseFormat) {
+		t.Errorf("the provider got response_format %s, want %s", sent.ResponseFormat, want.ResponseFormat)
+	}
+}
