@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/dlq"
 	"github.com/sluice-dev/sluice/internal/node"
@@ -288,8 +289,8 @@ retry:
 }
 
 // TestLateExecutorGivesItsInstantBack: an executor late for a paced
-// call's instant (here its clock runs a second ahead for the first two
-// seconds) sends nothing and returns the instant's budget, so the job is
+// call's instant (here its clock runs a second ahead until a reservation
+// has lapsed) sends nothing and returns the instant's budget, so the job is
 // planned again at once. On a model allowed one request a minute, a kept
 // instant would hold the job back a whole minute. The provider sees the
 // one call, within its limit.
@@ -300,16 +301,21 @@ func TestLateExecutorGivesItsInstantBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
+	// The executor's clock runs a second ahead until a reservation has
+	// lapsed, however long the node takes to start.
+	var ahead atomic.Bool
+	ahead.Store(true)
 	ready := make(chan node.Info, 1)
 	nodeCtx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
+	// Made before the node starts: its removal runs after the node stops.
+	data := t.TempDir()
 	go func() {
-		done <- node.Run(nodeCtx, node.Options{Config: cfg, NATSListen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Data: t.TempDir(),
+		done <- node.Run(nodeCtx, node.Options{Config: cfg, NATSListen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Data: data,
 			Getenv: func(k string) string { return testEnv[k] }, OnReady: func(i node.Info) { ready <- i },
 			Executor: func(c *executor.Config) {
 				c.Now = func() time.Time {
-					if time.Since(start) < 2*time.Second {
+					if ahead.Load() {
 						return time.Now().Add(time.Second)
 					}
 					return time.Now()
@@ -340,8 +346,22 @@ func TestLateExecutorGivesItsInstantBack(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	go func() {
+		for ctx.Err() == nil && counterSum(info.Registry, "sluice_reservations_expired_total") == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		ahead.Store(false)
+	}()
 	res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: chatBody("gpt-4o-mini", 5, 16)})
 	if err != nil || res.Status != job.StatusSucceeded {
+		// What the model's schedule holds says which instant the job waits for.
+		if js, jerr := jetstream.New(nc); jerr == nil {
+			if kv, kerr := js.KeyValue(context.Background(), "budgets"); kerr == nil {
+				if e, gerr := kv.Get(context.Background(), budget.ModelKey("sim", job.ModelToken("gpt-4o-mini"))); gerr == nil {
+					t.Logf("schedule: %s", e.Value())
+				}
+			}
+		}
 		t.Fatalf("job: %+v %v (a lapsed instant kept its budget: the next one is a minute away)", res, err)
 	}
 	if m := metricValue(t, info.Registry, "sluice_reservations_expired_total"); m == 0 {
@@ -356,10 +376,16 @@ func TestLateExecutorGivesItsInstantBack(t *testing.T) {
 // metricValue sums a counter's series in a registry.
 func metricValue(t testing.TB, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
+	if _, err := reg.Gather(); err != nil {
 		t.Fatal(err)
 	}
+	return counterSum(reg, name)
+}
+
+// counterSum sums a counter's series in a registry (0 if it cannot be
+// read).
+func counterSum(reg *prometheus.Registry, name string) float64 {
+	mfs, _ := reg.Gather()
 	var sum float64
 	for _, mf := range mfs {
 		if mf.GetName() == name {

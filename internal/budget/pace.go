@@ -337,6 +337,13 @@ func (s *Store) returnAt(ctx context.Context, key string, at time.Time, c Cost, 
 					w.TAT[d] = min(w.TAT[d], us)
 				}
 			}
+		} else if rewind && w.Last != 0 && (w.Last+999)/1000*1000 == us {
+			// The placement is gone from the schedule (given back more
+			// than a short window after its instant) but was the newest:
+			// nothing was spaced after it.
+			for d := range w.TAT {
+				w.TAT[d] = min(w.TAT[d], us)
+			}
 		}
 		return true
 	})

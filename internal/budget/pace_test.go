@@ -217,3 +217,34 @@ func TestPacedReturnAt(t *testing.T) {
 		t.Errorf("after the return the window holds %+v, want nothing", used)
 	}
 }
+
+// A lapsed instant given back after its placement left the schedule (the
+// executor woke more than a short window late) still frees the pace when it
+// was the newest placement: on a model allowed one request a minute, the
+// job's next plan is now, not a minute on.
+func TestReturnLapsedAfterPrune(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pacedParams)
+	ctx := context.Background()
+	lim := budget.Limits{RPM: 1, TPM: 1_000_000}
+	c := budget.Cost{Requests: 1, Tokens: 50}
+	g, err := b.store.Take(ctx, key, lim, costs(1, c))
+	if err != nil || g.N != 1 {
+		t.Fatalf("take: %v, %d", err, g.N)
+	}
+	b.clock.Advance(3 * time.Second)
+	// Another model's write on the key prunes old placements first.
+	if _, err := b.store.Used(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.store.ReturnLapsed(ctx, key, g.SendAt[0], c); err != nil {
+		t.Fatal(err)
+	}
+	g2, err := b.store.Take(ctx, key, lim, costs(1, c))
+	if err != nil || g2.N != 1 {
+		t.Fatalf("take after the give-back: %v, %d (reason %q, retry at %v): the lapsed instant kept its pace", err, g2.N, g2.Reason, g2.RetryAt)
+	}
+	if wait := g2.SendAt[0].Sub(b.clock.Now()); wait > time.Second {
+		t.Errorf("the next instant is %v away, want now", wait)
+	}
+}

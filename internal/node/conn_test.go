@@ -26,8 +26,10 @@ func TestClosedConnectionEndsTheNode(t *testing.T) {
 	done := make(chan error, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	// Made before the node starts: its removal runs after the node stops.
+	data := t.TempDir()
 	go func() {
-		done <- Run(ctx, Options{Config: cfg, NATSListen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Data: t.TempDir(),
+		done <- Run(ctx, Options{Config: cfg, NATSListen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Data: data,
 			Services: []string{"result"}, OnReady: func(i Info) { ready <- i }})
 	}()
 	var info Info

@@ -24,8 +24,10 @@ func TestMetricsNotOnTheAPIListener(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		ready := make(chan Info, 1)
 		done := make(chan error, 1)
+		// Made before the node starts: its removal runs after the node stops.
+		data := t.TempDir()
 		go func() {
-			done <- Run(ctx, Options{Config: cfg, NATSListen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Data: t.TempDir(),
+			done <- Run(ctx, Options{Config: cfg, NATSListen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Data: data,
 				Services: []string{"ingest", "result"}, OnReady: func(i Info) { ready <- i }})
 		}()
 		var info Info
