@@ -81,6 +81,9 @@ func ParseRequest(body []byte) (*Request, error) {
 	if r.MaxOutputTokens != nil && *r.MaxOutputTokens < 1 {
 		return nil, errf("max_output_tokens", "must be positive, got %d", *r.MaxOutputTokens)
 	}
+	if len(r.Include) > 0 {
+		return nil, errf("include", "is not supported: Sluice's responses carry no extra output data")
+	}
 	if r.Truncation != "" && r.Truncation != "disabled" {
 		return nil, errf("truncation", "only \"disabled\" is supported")
 	}
