@@ -30,12 +30,19 @@ func shapeBody(j *job.Job, p *config.Provider, m *config.Model, defMax int) erro
 				Message: fmt.Sprintf("is not allowed for model %q: it changes what the call costs in ways Sluice's budgets do not count (the model's allow_fields can let it through)", m.Name)}
 		}
 	}
+	// OpenAI's reasoning models refuse max_tokens.
+	reasoning := p.Kind != "anthropic" && reasoningModel(m.Name)
+	if reasoning && set(fields["max_tokens"]) && !set(fields["max_completion_tokens"]) {
+		// The bound the caller set, under the name the model takes.
+		fields["max_completion_tokens"] = fields["max_tokens"]
+		delete(fields, "max_tokens")
+		return encodeBody(j, fields)
+	}
 	if defMax <= 0 || set(fields["max_tokens"]) || set(fields["max_completion_tokens"]) {
 		return nil
 	}
 	key := "max_tokens"
-	if p.Kind != "anthropic" && reasoningModel(m.Name) {
-		// OpenAI's reasoning models refuse max_tokens.
+	if reasoning {
 		key = "max_completion_tokens"
 	}
 	if _, null := fields["max_tokens"]; !null && len(fields) > 0 {
@@ -54,6 +61,11 @@ func shapeBody(j *job.Job, p *config.Provider, m *config.Model, defMax int) erro
 	delete(fields, "max_tokens")
 	delete(fields, "max_completion_tokens")
 	fields[key] = json.RawMessage(strconv.Itoa(defMax))
+	return encodeBody(j, fields)
+}
+
+// encodeBody writes fields as the job's request.
+func encodeBody(j *job.Job, fields map[string]json.RawMessage) error {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)

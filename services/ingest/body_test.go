@@ -86,6 +86,26 @@ func TestShapeBodyReasoningModel(t *testing.T) {
 	}
 }
 
+// A caller's max_tokens reaches an OpenAI reasoning model as
+// max_completion_tokens, the only name it takes; other models keep theirs.
+func TestShapeBodyRenamesForReasoningModel(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ kind, model, body, want string }{
+		{"openai", "o3-mini", `{"model":"o3-mini","max_tokens":50,"messages":[]}`, `{"max_completion_tokens":50,"messages":[],"model":"o3-mini"}`},
+		{"openai", "o3-mini", `{"model":"o3-mini","max_completion_tokens":70,"messages":[]}`, `{"model":"o3-mini","max_completion_tokens":70,"messages":[]}`},
+		{"openai", "gpt-4o-mini", `{"model":"gpt-4o-mini","max_tokens":50,"messages":[]}`, `{"model":"gpt-4o-mini","max_tokens":50,"messages":[]}`},
+		{"anthropic", "claude-haiku-4-5", `{"model":"claude-haiku-4-5","max_tokens":50,"messages":[]}`, `{"model":"claude-haiku-4-5","max_tokens":50,"messages":[]}`},
+	} {
+		j := &job.Job{Request: json.RawMessage(tc.body)}
+		if err := shapeBody(j, &config.Provider{Kind: tc.kind}, &config.Model{Name: tc.model}, 300); err != nil {
+			t.Fatal(err)
+		}
+		if string(j.Request) != tc.want {
+			t.Errorf("%s %s: body %s, want %s", tc.kind, tc.model, j.Request, tc.want)
+		}
+	}
+}
+
 // An empty object gains the field as valid JSON.
 func TestShapeBodyEmptyObject(t *testing.T) {
 	t.Parallel()
