@@ -1,6 +1,8 @@
 package provider
 
 import (
+	"github.com/sluice-dev/sluice/internal/wire"
+
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -58,7 +60,7 @@ func TestAnthropicHeadersAndUsage(t *testing.T) {
 		{"both", `{"input_tokens":5,"output_tokens":1,"cache_creation_input_tokens":200,"cache_read_input_tokens":3000}`,
 			job.Usage{PromptTokens: 3205, CompletionTokens: 1, TotalTokens: 3206, CachedTokens: 3000, CacheWriteTokens: 200}},
 	} {
-		body, u, err := fromAnthropic([]byte(`{"type":"message","content":[{"type":"text","text":"ok"}],"stop_reason":"end_turn","usage":`+tc.usage+`}`), now)
+		body, u, err := wire.AnthropicToChat([]byte(`{"type":"message","content":[{"type":"text","text":"ok"}],"stop_reason":"end_turn","usage":`+tc.usage+`}`), now)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
@@ -84,7 +86,7 @@ func TestToAnthropicPassesCacheAndThinking(t *testing.T) {
 	  {"role":"user","content":[{"type":"text","text":"doc","cache_control":{"type":"ephemeral"}},{"type":"text","text":"question"}]},
 	  {"role":"assistant","content":"answer","cache_control":{"type":"ephemeral"}},
 	  {"role":"user","content":"next"}]}`
-	out, err := toAnthropic([]byte(in), "")
+	out, err := wire.ChatToAnthropic([]byte(in), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +100,7 @@ func TestToAnthropicPassesCacheAndThinking(t *testing.T) {
 		t.Errorf("got  %s\nwant %s", canon(t, out), canon(t, []byte(want)))
 	}
 	// Without breakpoints the system prompt stays a string.
-	out, _ = toAnthropic([]byte(`{"model":"m","messages":[{"role":"system","content":"a"},{"role":"user","content":"b"}]}`), "")
+	out, _ = wire.ChatToAnthropic([]byte(`{"model":"m","messages":[{"role":"system","content":"a"},{"role":"user","content":"b"}]}`), "")
 	if !strings.Contains(string(out), `"system":"a"`) {
 		t.Errorf("plain system prompt: %s", out)
 	}

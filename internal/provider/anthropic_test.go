@@ -1,6 +1,8 @@
 package provider
 
 import (
+	"github.com/sluice-dev/sluice/internal/wire"
+
 	"encoding/json"
 	"io"
 	"net/http"
@@ -45,7 +47,7 @@ func TestToAnthropic(t *testing.T) {
 	    {"role":"assistant","content":""}
 	  ]
 	}`
-	got, err := toAnthropic([]byte(in), "")
+	got, err := wire.ChatToAnthropic([]byte(in), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +79,7 @@ func TestToAnthropic(t *testing.T) {
 
 func TestToAnthropicDefaults(t *testing.T) {
 	t.Parallel()
-	got, err := toAnthropic([]byte(`{"model":"gpt-ish","messages":[{"role":"user","content":"hi"}],"stop":["a","b"],"tool_choice":"required","tools":[{"type":"function","function":{"name":"f"}}]}`), "claude-haiku-4-5")
+	got, err := wire.ChatToAnthropic([]byte(`{"model":"gpt-ish","messages":[{"role":"user","content":"hi"}],"stop":["a","b"],"tool_choice":"required","tools":[{"type":"function","function":{"name":"f"}}]}`), "claude-haiku-4-5")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +102,7 @@ func TestToAnthropicDefaults(t *testing.T) {
 	if !reflect.DeepEqual(req.Stop, []string{"a", "b"}) || req.ToolChoice["type"] != "any" || req.Tools[0].InputSchema["type"] != "object" {
 		t.Errorf("%s", got)
 	}
-	got, _ = toAnthropic([]byte(`{"model":"m","max_tokens":77,"messages":[{"role":"user","content":"hi"}],"tool_choice":"none"}`), "")
+	got, _ = wire.ChatToAnthropic([]byte(`{"model":"m","max_tokens":77,"messages":[{"role":"user","content":"hi"}],"tool_choice":"none"}`), "")
 	if !strings.Contains(string(got), `"max_tokens":77`) || !strings.Contains(string(got), `"tool_choice":{"type":"none"}`) {
 		t.Errorf("%s", got)
 	}
@@ -125,7 +127,7 @@ func TestToAnthropicErrors(t *testing.T) {
 		"bad choice":     `{"model":"m","tool_choice":"maybe","messages":[{"role":"user","content":"` + secret + `"}]}`,
 		"bad choice obj": `{"model":"m","tool_choice":{"type":"function"},"messages":[{"role":"user","content":"` + secret + `"}]}`,
 	} {
-		_, err := toAnthropic([]byte(body), "")
+		_, err := wire.ChatToAnthropic([]byte(body), "")
 		if err == nil {
 			t.Errorf("%s: no error", name)
 			continue
@@ -145,7 +147,7 @@ const anthropicMessage = `{"id":"msg_01","type":"message","role":"assistant","mo
 func TestFromAnthropic(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1700000000, 0)
-	got, u, err := fromAnthropic([]byte(anthropicMessage), now)
+	got, u, err := wire.AnthropicToChat([]byte(anthropicMessage), now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,12 +166,12 @@ func TestFromAnthropic(t *testing.T) {
 		t.Errorf("ParseUsage disagrees: %+v", ParseUsage(got))
 	}
 	for stop, finish := range map[string]string{"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "refusal": "content_filter"} {
-		b, _, err := fromAnthropic([]byte(`{"type":"message","content":[],"stop_reason":"`+stop+`","usage":{}}`), now)
+		b, _, err := wire.AnthropicToChat([]byte(`{"type":"message","content":[],"stop_reason":"`+stop+`","usage":{}}`), now)
 		if err != nil || !strings.Contains(string(b), `"finish_reason":"`+finish+`"`) || !strings.Contains(string(b), `"content":""`) {
 			t.Errorf("%s: %s %v", stop, b, err)
 		}
 	}
-	if _, _, err := fromAnthropic([]byte(`{"error":1}`), now); err == nil {
+	if _, _, err := wire.AnthropicToChat([]byte(`{"error":1}`), now); err == nil {
 		t.Error("non-message accepted")
 	}
 }

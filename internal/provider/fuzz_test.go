@@ -1,6 +1,8 @@
 package provider
 
 import (
+	"github.com/sluice-dev/sluice/internal/wire"
+
 	"encoding/json"
 	"net/http"
 	"testing"
@@ -71,13 +73,13 @@ func FuzzAnthropicConversion(f *testing.F) {
 	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:;base64,"}}]}]}`))
 	now := time.Unix(0, 0)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		if out, err := toAnthropic(body, ""); err == nil && !json.Valid(out) {
+		if out, err := wire.ChatToAnthropic(body, ""); err == nil && !json.Valid(out) {
 			t.Fatalf("invalid request JSON: %s", out)
 		}
-		if out, _, err := fromAnthropic(body, now); err == nil && !json.Valid(out) {
+		if out, _, err := wire.AnthropicToChat(body, now); err == nil && !json.Valid(out) {
 			t.Fatalf("invalid response JSON: %s", out)
 		}
-		if out, ok := anthropicErrorToOpenAI(body); ok && !json.Valid(out) {
+		if out, ok := wire.AnthropicErrorToOpenAI(body); ok && !json.Valid(out) {
 			t.Fatalf("invalid error JSON: %s", out)
 		}
 	})

@@ -12,6 +12,7 @@ import (
 
 	"github.com/openai/openai-go/v3/packages/ssestream"
 
+	"github.com/sluice-dev/sluice/internal/wire"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -208,7 +209,7 @@ func (a *Anthropic) Stream(ctx context.Context, c Call) (*Response, *Stream, err
 	if err != nil {
 		return nil, nil, buildErr("%v", err)
 	}
-	body, err := toAnthropic(job.WithoutMembers(c.Body, "stream", "stream_options"), c.Model)
+	body, err := wire.ChatToAnthropic(job.WithoutMembers(c.Body, "stream", "stream_options"), c.Model)
 	if err != nil {
 		return nil, nil, buildErr("converting request for the Messages API: %v", err)
 	}
@@ -218,14 +219,14 @@ func (a *Anthropic) Stream(ctx context.Context, c Call) (*Response, *Stream, err
 	h.Set("Anthropic-Version", a.version)
 	tr := &anStream{created: time.Now().Unix(), tools: map[int]int{}}
 	r, st, err := openStream(ctx, a.rt, target, body, h, a.maxResp, tr.event, func(b []byte) [][]byte {
-		conv, _, err := fromAnthropic(b, time.Now())
+		conv, _, err := wire.AnthropicToChat(b, time.Now())
 		if err != nil {
 			return nil
 		}
 		return raw(job.CompletionChunks(conv, true))
 	})
 	if r != nil && st == nil {
-		if conv, ok := anthropicErrorToOpenAI(r.Body); ok {
+		if conv, ok := wire.AnthropicErrorToOpenAI(r.Body); ok {
 			r.Body = conv
 		}
 	}
@@ -236,7 +237,7 @@ func (a *Anthropic) Stream(ctx context.Context, c Call) (*Response, *Stream, err
 type anStream struct {
 	id, model string
 	created   int64
-	usage     oaUsage
+	usage     wire.AnthropicChatUsage
 	tools     map[int]int // content block index -> tool call index
 }
 
@@ -320,30 +321,17 @@ func (t *anStream) event(ev ssestream.Event) ([][]byte, bool, error) {
 		if e.Delta.StopReason == "" {
 			return nil, false, nil
 		}
-		finish := finishReason(e.Delta.StopReason)
+		finish := wire.AnthropicFinish(e.Delta.StopReason)
 		t.usage.TotalTokens = t.usage.PromptTokens + t.usage.CompletionTokens
 		u, _ := json.Marshal(map[string]any{"id": t.id, "object": "chat.completion.chunk", "created": t.created, "model": t.model, "choices": []any{}, "usage": t.usage})
 		return [][]byte{t.chunk(map[string]any{}, &finish), u}, false, nil
 	case "message_stop":
 		return nil, true, nil
 	case "error":
-		if conv, ok := anthropicErrorToOpenAI(ev.Data); ok {
+		if conv, ok := wire.AnthropicErrorToOpenAI(ev.Data); ok {
 			return nil, false, &StreamError{Body: conv}
 		}
 		return nil, false, &StreamError{Body: []byte(`{"error":{"message":"error event","type":"api_error"}}`)}
 	}
 	return nil, false, nil // ping, content_block_stop, and events added later
-}
-
-// finishReason maps Anthropic's stop_reason to OpenAI's finish_reason.
-func finishReason(stop string) string {
-	switch stop {
-	case "max_tokens", "model_context_window_exceeded":
-		return "length"
-	case "tool_use":
-		return "tool_calls"
-	case "refusal":
-		return "content_filter"
-	}
-	return "stop"
 }
