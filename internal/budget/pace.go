@@ -313,18 +313,12 @@ func (s *Store) returnAt(ctx context.Context, key string, at time.Time, c Cost, 
 	}
 	cv := c.vec()
 	return s.modify(ctx, key, "return", func(w *Window, cur int64) bool {
-		k := s.sliceOf(at)
-		if k < cur-s.p.Span()+1 {
+		i, ok := s.subtract(w, cur, at, cv)
+		if !ok {
 			return false
 		}
-		if v, ok := w.Slices[k]; ok {
-			v.sub(cv)
-			w.Slices[k] = v
-		}
 		us := at.UnixMicro()
-		i := sort.Search(len(w.P), func(i int) bool { return w.P[i].At >= us })
-		if i < len(w.P) && w.P[i].At == us {
-			w.P[i].V.sub(cv)
+		if i >= 0 {
 			last := rewind && !w.P[i].V.any()
 			for _, p := range w.P[i+1:] {
 				if p.V.any() {
@@ -347,6 +341,27 @@ func (s *Store) returnAt(ctx context.Context, key string, at time.Time, c Cost, 
 		}
 		return true
 	})
+}
+
+// subtract takes cv off the minute's slice and the placement at instant
+// at. It reports false when the slice has left the window (nothing to
+// change), and the placement's index, or -1 when none is at that instant.
+func (s *Store) subtract(w *Window, cur int64, at time.Time, cv Vec) (int, bool) {
+	k := s.sliceOf(at)
+	if k < cur-s.p.Span()+1 {
+		return -1, false
+	}
+	if v, ok := w.Slices[k]; ok {
+		v.sub(cv)
+		w.Slices[k] = v
+	}
+	us := at.UnixMicro()
+	i := sort.Search(len(w.P), func(i int) bool { return w.P[i].At >= us })
+	if i < len(w.P) && w.P[i].At == us {
+		w.P[i].V.sub(cv)
+		return i, true
+	}
+	return -1, true
 }
 
 // Recent returns what the schedule holds in the short window that ends at

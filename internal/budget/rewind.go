@@ -2,7 +2,6 @@ package budget
 
 import (
 	"context"
-	"sort"
 	"time"
 )
 
@@ -25,18 +24,8 @@ func (s *Store) ReturnRewind(ctx context.Context, key string, at time.Time, c Co
 	cv := c.vec()
 	mins := lim.minute()
 	return s.modify(ctx, key, "return", func(w *Window, cur int64) bool {
-		k := s.sliceOf(at)
-		if k < cur-s.p.Span()+1 {
+		if _, ok := s.subtract(w, cur, at, cv); !ok {
 			return false
-		}
-		if v, ok := w.Slices[k]; ok {
-			v.sub(cv)
-			w.Slices[k] = v
-		}
-		us := at.UnixMicro()
-		i := sort.Search(len(w.P), func(i int) bool { return w.P[i].At >= us })
-		if i < len(w.P) && w.P[i].At == us {
-			w.P[i].V.sub(cv)
 		}
 		for d, m := range mins {
 			if m > 0 && cv[d] > 0 {
