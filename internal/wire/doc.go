@@ -1,12 +1,16 @@
 // Package wire translates between the LLM APIs Sluice speaks: OpenAI's
 // Chat Completions (the form every job carries through the mesh), OpenAI's
-// Responses API and, in time, Anthropic's Messages API. It does no I/O.
+// Responses API and Anthropic's Messages API. It does no I/O beyond
+// writing stream events to the writer it is given.
 //
-// A Responses request becomes a chat-completions body at the front door
-// (Request.ChatBody); the chat answer becomes a Response object
-// (FromChat) or a stream of typed Responses events (Events). A provider
-// that serves the Responses API natively gets the chat body translated
-// back (ChatToResponses) and its answer translated to chat
-// (ResponseToChat, NativeStream), so the executor handles every job
-// alike.
+// At the front door a Responses request becomes a chat body
+// (Request.ChatBody) and its chat answer a Response object (FromChat) or
+// the typed Responses events (Events); a Messages request becomes a chat
+// body (MessagesToChat) and its answer a message (ChatToMessage) or
+// Anthropic's events (MessageEvents). At the provider, an Anthropic
+// provider gets the chat body as a Messages request (ChatToAnthropic) and
+// answers as chat (AnthropicToChat); a provider serving the Responses API
+// natively gets it as a Responses request (ChatToResponses) and answers
+// as chat (ResponseToChat, NativeStream). So every service between
+// handles every job alike.
 package wire

@@ -1,6 +1,8 @@
 package ingest
 
 import (
+	"github.com/sluice-dev/sluice/internal/wire"
+
 	"context"
 	"encoding/json"
 	"io"
@@ -100,7 +102,7 @@ func TestMessagesToChat(t *testing.T) {
 	    {"role":"user","content":[{"type":"tool_result","tool_use_id":"tu_1","content":[{"type":"text","text":"sunny"}]},{"type":"text","text":"Thanks"}]}
 	  ]
 	}`
-	out, model, err := messagesToChat([]byte(in))
+	out, model, err := wire.MessagesToChat([]byte(in))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +132,7 @@ func TestMessagesToChat(t *testing.T) {
 		{"server tool", `{"model":"m","max_tokens":5,"tools":[{"type":"web_search_20250305","name":"web_search"}],"messages":[{"role":"user","content":"hi"}]}`, "tools[0].type"},
 		{"not an object", `[1]`, "not a JSON object"},
 	} {
-		if _, _, err := messagesToChat([]byte(tc.body)); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, _, err := wire.MessagesToChat([]byte(tc.body)); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: got %v, want an error containing %q", tc.name, err, tc.want)
 		}
 	}
@@ -141,7 +143,7 @@ func TestChatToMessage(t *testing.T) {
 	in := `{"id":"chatcmpl-abc","object":"chat.completion","model":"m","choices":[{"index":0,"finish_reason":"tool_calls",
 	  "message":{"role":"assistant","content":"Checking.","tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]}}],
 	  "usage":{"prompt_tokens":50,"completion_tokens":7,"total_tokens":57,"prompt_tokens_details":{"cached_tokens":20}}}`
-	out, err := chatToMessage([]byte(in), "asked")
+	out, err := wire.ChatToMessage([]byte(in), "asked")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +154,7 @@ func TestChatToMessage(t *testing.T) {
 		t.Errorf("message:\n got %s\nwant %s", out, want)
 	}
 	for finish, stop := range map[string]string{"stop": "end_turn", "length": "max_tokens", "content_filter": "refusal"} {
-		out, err := chatToMessage([]byte(`{"id":"x","choices":[{"finish_reason":"`+finish+`","message":{"content":"hi"}}]}`), "m")
+		out, err := wire.ChatToMessage([]byte(`{"id":"x","choices":[{"finish_reason":"`+finish+`","message":{"content":"hi"}}]}`), "m")
 		if err != nil || !strings.Contains(string(out), `"stop_reason":"`+stop+`"`) {
 			t.Errorf("finish_reason %s: got %s %v, want stop_reason %s", finish, out, err, stop)
 		}
@@ -181,7 +183,7 @@ func TestMessagesThroughAnthropicUpstream(t *testing.T) {
 	  "messages":[{"role":"user","content":"Weather?"},
 	    {"role":"assistant","content":[{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{"city":"Paris"}}]},
 	    {"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":"sunny"},{"type":"text","text":"And Rome?"}]}]}`
-	chat, model, err := messagesToChat([]byte(in))
+	chat, model, err := wire.MessagesToChat([]byte(in))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +201,7 @@ func TestMessagesThroughAnthropicUpstream(t *testing.T) {
 	if string(up) != wantUp {
 		t.Errorf("Messages body the provider got:\n got %s\nwant %s", up, wantUp)
 	}
-	out, err := chatToMessage(resp.Body, model)
+	out, err := wire.ChatToMessage(resp.Body, model)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +220,7 @@ func TestAnthropicErrorTypes(t *testing.T) {
 	t.Parallel()
 	for status, want := range map[int]string{400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
 		404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 502: "api_error", 503: "overloaded_error", 504: "timeout_error"} {
-		if got := anthropicErrorType(status); got != want {
+		if got := wire.AnthropicErrorType(status); got != want {
 			t.Errorf("status %d: %q, want %q", status, got, want)
 		}
 	}
