@@ -20,8 +20,9 @@ import (
 // compare-and-set (the revision check is the leader's), but every stale
 // read is a wasted round trip and a conflict, and a plain read of a
 // record written a moment ago (a result, an operation, the fleet key that
-// another node created at start) must see it.
-var LeaderReadBuckets = []string{BucketBudgets, BucketIdempotency, BucketResults, BucketFleet}
+// another node created at start, an answer cached just before its result
+// went out) must see it.
+var LeaderReadBuckets = []string{BucketBudgets, BucketIdempotency, BucketResults, BucketFleet, BucketCache}
 
 // ensureBucket creates or updates a bucket. A replicated bucket that takes
 // compare-and-set traffic is made as its stream, with direct gets off from

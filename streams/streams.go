@@ -35,6 +35,8 @@ const (
 	BucketBudgets     = "budgets"
 	BucketIdempotency = "idempotency"
 	BucketResults     = "results"
+	// BucketCache holds cached answers (internal/cache).
+	BucketCache = "cache"
 	// BucketFleet holds the fleet key: only the operator identity writes
 	// it, so no service role (nor anyone it can be made to publish for)
 	// can change it.
@@ -52,6 +54,8 @@ type Options struct {
 	// that carry jobs (INTAKE, QUEUE, DISPATCH, DLQ) and of RESULTS.
 	// 0 keeps the files' values.
 	JobMsgBytes, ResultMsgBytes int32
+	// CacheBytes bounds the cache bucket; 0 keeps the file's value.
+	CacheBytes int64
 }
 
 // Bounds are the limits of a bounded stream; a zero field keeps the file's
@@ -202,6 +206,9 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opt Options) error {
 		}
 		if c.TTL > 0 && opt.ResultRetention > 0 && c.Bucket != BucketBudgets {
 			c.TTL = opt.ResultRetention
+		}
+		if c.Bucket == BucketCache && opt.CacheBytes > 0 {
+			c.MaxBytes = opt.CacheBytes
 		}
 		jobs = append(jobs, func() error { return raced(ensureBucket(ctx, js, c)) })
 	}

@@ -26,6 +26,7 @@ Commands:
   queue    show what waits: depth, oldest age, estimated wait per tenant and priority
   submit   send one job over NATS and print its result
   dlq      list, show and replay dead-lettered jobs
+  cache    show the response cache's size ('cache stats') or empty it ('cache purge')
   nats-auth  print the nats-server authorization block (service and tenant
            users with their permissions) for an external NATS
   version  print the version
@@ -60,6 +61,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runSubmit(ctx, rest, getenv, stdout, stderr)
 	case "dlq":
 		return runDLQ(ctx, rest, getenv, stdout, stderr)
+	case "cache":
+		return runCache(ctx, rest, getenv, stdout, stderr)
 	case "nats-auth":
 		return runNATSAuth(ctx, rest, getenv, stdout, stderr)
 	case "version", "--version":

@@ -33,6 +33,7 @@ type Config struct {
 	Retry     map[string]Policy `yaml:"retry"`
 	Routes    []Route           `yaml:"routes"`
 	Streaming Streaming         `yaml:"streaming"`
+	Cache     Cache             `yaml:"cache"` // cache.go
 }
 
 // Streaming configures streamed answers (stream: true).
@@ -521,6 +522,7 @@ func (c *Config) withDefaults() {
 	c.tenantsDefaults()
 	c.streamingDefaults()
 	c.retryDefaults()
+	c.Cache.withDefaults() // cache.go
 }
 
 func (c *Config) limitsDefaults() {
@@ -699,6 +701,7 @@ func (c *Config) problems() Problems {
 		(*Config).checkTenants,
 		(*Config).checkRetry,
 		(*Config).checkRoutes,
+		(*Config).checkCache, // cache.go
 	} {
 		check(c, fail)
 	}

@@ -149,7 +149,8 @@ func kvWrite(bucket string) perms {
 func info() perms {
 	var p perms
 	for _, s := range []string{streams.Intake, streams.Queue, streams.Dispatch, streams.Results, streams.DLQ, streams.StreamChunks,
-		"KV_" + streams.BucketBudgets, "KV_" + streams.BucketIdempotency, "KV_" + streams.BucketResults, "KV_" + streams.BucketFleet} {
+		"KV_" + streams.BucketBudgets, "KV_" + streams.BucketIdempotency, "KV_" + streams.BucketResults, "KV_" + streams.BucketFleet,
+		"KV_" + streams.BucketCache} {
 		p.pub = append(p.pub, api+"STREAM.INFO."+s)
 	}
 	return p
@@ -168,6 +169,7 @@ func rolePerms(role string) perms {
 		p.add(kvWrite(streams.BucketIdempotency))
 		p.add(kvRead(streams.BucketBudgets)) // estimate calibration
 		p.add(kvRead(streams.BucketFleet))   // seals estimates
+		p.add(kvRead(streams.BucketCache))   // answers from the response cache
 		p.add(streamRead(streams.Results))   // HTTP waits read a stored result
 		p.add(follow())                      // HTTP streams relay any job's chunks
 		p.add(perms{
@@ -191,8 +193,9 @@ func rolePerms(role string) perms {
 		p.add(perms{pub: []string{api + "CONSUMER.PAUSE." + streams.Dispatch + ".*"}})
 		p.add(kvWrite(streams.BucketBudgets))
 		p.add(kvWrite(streams.BucketIdempotency))
-		p.add(kvRead(streams.BucketFleet)) // verifies reservations
-		p.add(follow())                    // what a lost executor streamed of a job (resume.go)
+		p.add(kvRead(streams.BucketFleet))  // verifies reservations
+		p.add(kvWrite(streams.BucketCache)) // stores complete answers
+		p.add(follow())                     // what a lost executor streamed of a job (resume.go)
 		p.add(perms{
 			pub: []string{job.QueuePrefix + ">", job.StorePrefix + ">", job.DLQPrefix + ">", pauseSubjects, mesh.TransitSubject, job.StreamPrefix + ">"},
 			sub: []string{job.CancelPrefix + ">"},

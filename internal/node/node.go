@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/sluice-dev/sluice/internal/api"
+	"github.com/sluice-dev/sluice/internal/cache"
 	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/embedded"
@@ -255,12 +256,24 @@ func Run(ctx context.Context, o Options) error {
 	waiters := api.NewWaiters(o.Config.Limits.MaxWaitersPerTenant)
 	mux := http.NewServeMux()
 	cal := calib.New(m.Budgets, nil)
+	// The response cache: ingest reads it, the executor stores in it.
+	var answers *cache.Cache
+	if slices.Contains(o.Services, "ingest") || slices.Contains(o.Services, "executor") {
+		var kv jetstream.KeyValue
+		if err := streams.Retry(setupCtx, func(ctx context.Context) (err error) {
+			kv, err = cache.Open(ctx, js)
+			return err
+		}); err != nil {
+			return err
+		}
+		answers = cache.New(kv, reg, log)
+	}
 	var services []runner
 	var readiness []func() error
 	for _, name := range o.Services {
 		switch name {
 		case "ingest":
-			s, err := ingest.New(ingest.Config{App: o.Config, Guard: gd, Waiters: waiters}, m, log, ms)
+			s, err := ingest.New(ingest.Config{App: o.Config, Guard: gd, Waiters: waiters, Cache: answers}, m, log, ms)
 			if err != nil {
 				return err
 			}
@@ -274,7 +287,7 @@ func Run(ctx context.Context, o Options) error {
 			readiness = append(readiness, s.Ready)
 			services = append(services, s)
 		case "executor":
-			cfg := executor.Config{App: o.Config, Getenv: o.Getenv, Calib: cal, Guard: gd}
+			cfg := executor.Config{App: o.Config, Getenv: o.Getenv, Calib: cal, Guard: gd, Cache: answers}
 			if o.Executor != nil {
 				o.Executor(&cfg)
 			}
@@ -356,7 +369,8 @@ func streamOptions(c *config.Config) streams.Options {
 	}
 	return streams.Options{Replicas: c.Server.Replicas, ResultRetention: c.Limits.ResultRetention.D(), StreamReplay: c.Streaming.Replay.D(),
 		DLQRetention: c.Limits.DLQRetention.D(), Intake: bounds(c.Queues.Intake), Queue: bounds(c.Queues.Queue),
-		JobMsgBytes: int32(c.Limits.JobMsgBytes()), ResultMsgBytes: int32(c.Limits.ResultMsgBytes())}
+		JobMsgBytes: int32(c.Limits.JobMsgBytes()), ResultMsgBytes: int32(c.Limits.ResultMsgBytes()),
+		CacheBytes: c.Cache.MaxBytes}
 }
 
 // ensureStreams creates or updates the JetStream objects, as the operator

@@ -88,6 +88,8 @@ type Job struct {
 	// job may be paid twice. Without it such a job ends outcome_unknown,
 	// unless its provider honours idempotency keys.
 	AtLeastOnce bool `json:"at_least_once,omitempty"`
+	// Cache asks for the answer to be cached and reused (cache.go).
+	Cache *CacheOptions `json:"cache,omitempty"`
 
 	// Set by Sluice.
 	SubmittedAt time.Time    `json:"submitted_at,omitzero"`
@@ -113,6 +115,9 @@ type Job struct {
 	// limits were cut) keeps them and passes those gates again free; the
 	// executor clears it once the call is made.
 	Gated bool `json:"gated,omitempty"`
+	// CacheTarget is where the answer is stored (cache.go); ingest sets
+	// it on every job it accepts.
+	CacheTarget *CacheTarget `json:"cache_target,omitempty"`
 }
 
 // Revs are the revisions at which ingest created a job's record (results

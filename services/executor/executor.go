@@ -31,6 +31,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/adapt"
 	"github.com/sluice-dev/sluice/internal/breaker"
 	"github.com/sluice-dev/sluice/internal/budget"
+	"github.com/sluice-dev/sluice/internal/cache"
 	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/dlq"
@@ -59,6 +60,9 @@ type Config struct {
 	// Guard verifies dispatched jobs; nil: Run makes one with the fleet
 	// key from the fleet bucket.
 	Guard *guard.Guard
+	// Cache stores complete answers of jobs that carry a cache target
+	// (cache.go); nil: none are stored.
+	Cache *cache.Cache
 }
 
 // Service is the executor service.
@@ -545,7 +549,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	stop := keepAlive(callCtx, msg)
 	s.m.InFlight.WithLabelValues(labels...).Inc()
 	start := s.now()
-	call := provider.Call{Provider: j.Provider, Model: j.Model, Endpoint: j.Endpoint, Body: j.Request, IdempotencyKey: mesh.ProviderKey(opKey), JobID: j.ID, SendBy: sendBy}
+	call := provider.Call{Provider: j.Provider, Model: j.Model, Endpoint: j.Endpoint, Body: j.Request, IdempotencyKey: mesh.CallKey(j, opKey), JobID: j.ID, SendBy: sendBy}
 	var resp *provider.Response
 	var cerr error
 	var end *streamEnd
@@ -1211,6 +1215,7 @@ func (s *Service) finishHinted(ctx context.Context, j *job.Job, opKey string, r 
 	if len(r.Response) > s.cfg.App.Limits.MaxResponseBytes {
 		r.Status, r.Response, r.Error = job.StatusFailed, nil, s.tooLarge()
 	}
+	s.storeAnswer(ctx, j, r) // cache.go
 	hints := mesh.ResultHints{Op: inFlight, OpRev: opRev}
 	if j.Revs != nil {
 		hints.RecordRev = j.Revs.Record

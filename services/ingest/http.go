@@ -72,7 +72,7 @@ func (s *Service) postJob(w http.ResponseWriter, r *http.Request, auth api.Auth)
 	if k := r.Header.Get("Idempotency-Key"); k != "" && j.IdempotencyKey == "" {
 		j.IdempotencyKey = k
 	}
-	acc, err := s.acceptHTTP(r, j, body)
+	acc, err := s.acceptCached(r.Context(), j, func() (Accepted, error) { return s.acceptHTTP(r, j, body) }) // cache.go
 	if err != nil {
 		s.fail(w, "http", err)
 		return
@@ -138,11 +138,18 @@ func (s *Service) chat(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 		}
 		j.Cost = c
 	}
+	plan, done := s.cacheBefore(w, r, j, body) // cache.go
+	if done {
+		return
+	}
+	unlock := s.coalescing(j) // cache.go
 	acc, err := s.acceptHTTP(r, j, body)
+	unlock()
 	if err != nil {
 		s.fail(w, "openai", err)
 		return
 	}
+	s.cacheAccepted(plan, acc)
 	if !acc.Joined {
 		s.m.JobsAccepted.WithLabelValues(tenant, "openai").Inc()
 	}
@@ -176,6 +183,7 @@ func (s *Service) chat(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 		api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not wait for the result; the job goes on")
 		return
 	}
+	s.cacheAnswered(plan, acc, res)
 	s.resultHeaders(r.Context(), w, res)
 	WriteOpenAIResult(w, res)
 }

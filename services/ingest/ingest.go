@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/api"
+	"github.com/sluice-dev/sluice/internal/cache"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/mesh"
@@ -41,6 +42,8 @@ type Config struct {
 	// Waiters bounds the HTTP requests per tenant that wait for a result
 	// (shared with the result service); nil makes one from the config.
 	Waiters *api.Waiters
+	// Cache is the response cache (cache.go); nil: none.
+	Cache *cache.Cache
 }
 
 // Service is the ingest service.
@@ -62,6 +65,8 @@ type Service struct {
 	limits *limitView // the limits in effect, for x-ratelimit-* headers
 
 	queueShare, intakeShare *share // each tenant's bytes in QUEUE and INTAKE
+
+	coalesce keyLocks // cache.go
 }
 
 // New builds the service; it does no I/O.
@@ -452,7 +457,7 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 	case j.Tenant != tenant:
 		err = &job.ValidationError{Code: job.CodeInvalidRequest, Field: "tenant", Message: fmt.Sprintf("%q does not match the subject's tenant %q", clip(j.Tenant), tenant)}
 	default:
-		_, err = s.accept(ctx, j, true)
+		_, err = s.acceptCached(ctx, j, func() (Accepted, error) { return s.accept(ctx, j, true) }) // cache.go
 	}
 	var te *transientError
 	switch {

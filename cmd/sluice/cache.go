@@ -1,0 +1,120 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"text/tabwriter"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/internal/cache"
+)
+
+const cacheUsage = `Usage: sluice cache <command> [flags]
+
+Commands:
+  stats    entries, bytes and the bucket's bound; entries per tenant (or shared scope) and model
+  purge    remove entries: all, or --tenant T and/or --model M
+`
+
+func runCache(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, cacheUsage)
+		return errors.New("cache: no command given")
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "stats":
+		return runCacheStats(ctx, rest, getenv, stdout, stderr)
+	case "purge":
+		return runCachePurge(ctx, rest, getenv, stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, cacheUsage)
+		return nil
+	}
+	fmt.Fprint(stderr, cacheUsage)
+	return fmt.Errorf("cache: unknown command %q", cmd)
+}
+
+func cacheBucket(ctx context.Context, conn *cliNATS, who string) (jetstream.KeyValue, func(), error) {
+	nc, _, err := conn.connect(who)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	kv, err := cache.Open(ctx, js)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return kv, nc.Close, nil
+}
+
+func runCacheStats(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("cache stats", stderr)
+	conn := addCLINATS(fs, getenv, nil)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if help, err := parseFlags(fs, args); help || err != nil {
+		return err
+	}
+	kv, closeConn, err := cacheBucket(ctx, conn, "sluice cache stats")
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	st, err := cache.ReadStats(ctx, kv)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	}
+	fmt.Fprintf(stdout, "entries %d, %d bytes of %d\n", st.Entries, st.Bytes, st.MaxBytes)
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	for _, group := range []struct {
+		head string
+		m    map[string]int
+	}{{"SCOPE\tENTRIES", st.ByScope}, {"MODEL\tENTRIES", st.ByModel}} {
+		if len(group.m) == 0 {
+			continue
+		}
+		fmt.Fprintln(tw, group.head)
+		names := make([]string, 0, len(group.m))
+		for n := range group.m {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			fmt.Fprintf(tw, "%s\t%d\n", n, group.m[n])
+		}
+	}
+	return tw.Flush()
+}
+
+func runCachePurge(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("cache purge", stderr)
+	conn := addCLINATS(fs, getenv, nil)
+	tenant := fs.String("tenant", "", "only this tenant's entries (shared scopes are left alone)")
+	model := fs.String("model", "", "only entries for this model")
+	if help, err := parseFlags(fs, args); help || err != nil {
+		return err
+	}
+	kv, closeConn, err := cacheBucket(ctx, conn, "sluice cache purge")
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	n, err := cache.Purge(ctx, kv, *tenant, *model)
+	fmt.Fprintf(stdout, "purged %d entries\n", n)
+	return err
+}
