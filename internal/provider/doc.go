@@ -4,11 +4,12 @@
 // # Clients
 //
 // [OpenAI] speaks any OpenAI-compatible chat-completions API and forwards the
-// job's body untouched. [Anthropic] speaks the Messages API: it converts the
-// OpenAI body on the way out (system and developer messages become the system
-// prompt, max_tokens defaults to 1024, tools and tool calls are mapped) and
-// converts the answer back to an OpenAI chat.completion, so callers only ever
-// see OpenAI shapes. Both parse token usage and rate-limit headers into the
+// job's body untouched; a job that came in on /v1/responses goes to a
+// provider serving the Responses API natively as a Responses request
+// (OpenAIConfig.Responses). [Anthropic] speaks the Messages API. Where the
+// wire format differs, package wire translates the body on the way out and
+// the answer back to an OpenAI chat.completion, so the executor only ever
+// sees OpenAI shapes. Both parse token usage and rate-limit headers into the
 // [Response]. Nothing here logs, and no error carries a prompt or a key.
 //
 // # One call, one attempt
