@@ -200,7 +200,8 @@ func rev(h nats.Header, key string) uint64 {
 	return v
 }
 
-// start runs the four stages; stop ends them.
+// start runs the four stages (ingest, admit, execute, settle); stop ends
+// them.
 func (p *floorPipeline) start(ctx context.Context) (stop func(), err error) {
 	var ccs []jetstream.ConsumeContext
 	stop = func() {
@@ -220,46 +221,17 @@ func (p *floorPipeline) start(ctx context.Context) (stop func(), err error) {
 		ccs = append(ccs, cc)
 		return nil
 	}
-	// ingest: up to 32 jobs at once; the records at once, then QUEUE.
+	// ingest: up to 32 jobs at once.
 	sem := make(chan struct{}, 32)
 	if err := consume(streams.Intake, "ingest", "ingest", "", 512, func(m jetstream.Msg) {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem }()
-			id := m.Headers().Get(floorID)
-			var opRev uint64
-			var opErr error
-			var wg sync.WaitGroup
-			if !p.oneRecord {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					opRev, opErr = p.ops.Create(ctx, floorTenant+"."+id, p.data(floorOp))
-				}()
-			}
-			recRev, err := p.records.Create(ctx, id, p.data(floorRecord))
-			wg.Wait()
-			if err = errors.Join(err, opErr); err != nil {
-				p.fail(fmt.Errorf("ingest: %w", err))
-				return
-			}
-			q := nats.NewMsg(job.QueueSubject(job.Interactive, floorTenant))
-			q.Data = p.data(floorQueued)
-			q.Header.Set(jetstream.MsgIDHeader, "job:"+id)
-			q.Header.Set(floorID, id)
-			q.Header.Set(floorRecRev, strconv.FormatUint(recRev, 10))
-			q.Header.Set(floorOpRev, strconv.FormatUint(opRev, 10))
-			if _, err := p.js.PublishMsg(ctx, q); err != nil {
-				p.fail(fmt.Errorf("ingest: %w", err))
-				return
-			}
-			_ = m.Ack()
+			p.ingest(ctx, m)
 		}()
 	}); err != nil {
 		return stop, err
 	}
-	// admission: one loop, batches of what has arrived, published
-	// asynchronously; each QUEUE message acknowledged after its dispatch.
 	in := make(chan jetstream.Msg, 1024)
 	if err := consume(streams.Queue, "admission", "admission", "", 256, func(m jetstream.Msg) { in <- m }); err != nil {
 		return stop, err
@@ -267,106 +239,147 @@ func (p *floorPipeline) start(ctx context.Context) (stop func(), err error) {
 	loopCtx, cancel := context.WithCancel(ctx)
 	prev := stop
 	stop = func() { prev(); cancel() }
-	go func() {
-		var batch []jetstream.Msg
-		var futs []jetstream.PubAckFuture
-		for {
-			select {
-			case m := <-in:
-				batch = append(batch[:0], m)
-			case <-loopCtx.Done():
-				return
-			}
-		drain:
-			for len(batch) < 64 {
-				select {
-				case m := <-in:
-					batch = append(batch, m)
-				default:
-					break drain
-				}
-			}
-			futs = futs[:0]
-			for _, m := range batch {
-				d := nats.NewMsg(job.DispatchSubject("sim", floorModel))
-				d.Data = p.data(floorDispatched)
-				d.Header = m.Headers()
-				d.Header.Set(jetstream.MsgIDHeader, "dispatch:"+m.Headers().Get(floorID))
-				fut, err := p.js.PublishMsgAsync(d)
-				if err != nil {
-					p.fail(fmt.Errorf("admission: %w", err))
-					return
-				}
-				futs = append(futs, fut)
-			}
-			for i, fut := range futs {
-				select {
-				case <-fut.Ok():
-					_ = batch[i].Ack()
-				case err := <-fut.Err():
-					p.fail(fmt.Errorf("admission: %w", err))
-					return
-				}
-			}
-		}
-	}()
-	// executor: each job on its own goroutine; the operation in flight,
-	// the call, the result.
+	go p.admit(loopCtx, in)
+	// executor: each job on its own goroutine.
 	if err := consume(streams.Dispatch, "executor", "executor-sim-"+job.ModelToken(floorModel), job.DispatchSubject("sim", floorModel), 256, func(m jetstream.Msg) {
-		go func() {
-			h := m.Headers()
-			id := h.Get(floorID)
-			var opRev uint64
-			var err error
-			if p.oneRecord {
-				opRev, err = p.records.Update(ctx, id, p.data(floorFlight), rev(h, floorRecRev))
-			} else {
-				opRev, err = p.ops.Update(ctx, floorTenant+"."+id, p.data(floorFlight), rev(h, floorOpRev))
-			}
-			if err == nil && p.providerURL != "" {
-				err = p.call(ctx)
-			}
-			if err != nil {
-				p.fail(fmt.Errorf("executor: %w", err))
-				return
-			}
-			r := nats.NewMsg(job.StoreSubject(floorTenant, id))
-			r.Data = p.data(floorResult)
-			r.Header.Set(jetstream.MsgIDHeader, "result:"+id)
-			r.Header.Set(floorID, id)
-			r.Header.Set(floorRecRev, h.Get(floorRecRev))
-			r.Header.Set(floorOpRev, strconv.FormatUint(opRev, 10))
-			if _, err := p.js.PublishMsg(ctx, r); err != nil {
-				p.fail(fmt.Errorf("executor: %w", err))
-				return
-			}
-			_ = m.Ack()
-		}()
+		go p.execute(ctx, m)
 	}); err != nil {
 		return stop, err
 	}
-	// result: the terminal record and the settled operation.
-	if err := consume(streams.Results, "result", "result", "", 256, func(m jetstream.Msg) {
-		h := m.Headers()
-		id := h.Get(floorID)
-		var err error
-		if p.oneRecord {
-			_, err = p.records.Update(ctx, id, p.data(floorTerminal), rev(h, floorOpRev))
-		} else {
-			_, err = p.records.Update(ctx, id, p.data(floorTerminal), rev(h, floorRecRev))
-			if err == nil {
-				_, err = p.ops.Update(ctx, floorTenant+"."+id, p.data(floorSettled), rev(h, floorOpRev))
-			}
-		}
-		if err != nil {
-			p.fail(fmt.Errorf("result: %w", err))
-			return
-		}
-		_ = m.Ack()
-	}); err != nil {
+	if err := consume(streams.Results, "result", "result", "", 256, func(m jetstream.Msg) { p.settle(ctx, m) }); err != nil {
 		return stop, err
 	}
 	return stop, nil
+}
+
+// ingest writes a job's records at once, then puts it on QUEUE.
+func (p *floorPipeline) ingest(ctx context.Context, m jetstream.Msg) {
+	id := m.Headers().Get(floorID)
+	var opRev uint64
+	var opErr error
+	var wg sync.WaitGroup
+	if !p.oneRecord {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			opRev, opErr = p.ops.Create(ctx, floorTenant+"."+id, p.data(floorOp))
+		}()
+	}
+	recRev, err := p.records.Create(ctx, id, p.data(floorRecord))
+	wg.Wait()
+	if err = errors.Join(err, opErr); err != nil {
+		p.fail(fmt.Errorf("ingest: %w", err))
+		return
+	}
+	q := nats.NewMsg(job.QueueSubject(job.Interactive, floorTenant))
+	q.Data = p.data(floorQueued)
+	q.Header.Set(jetstream.MsgIDHeader, "job:"+id)
+	q.Header.Set(floorID, id)
+	q.Header.Set(floorRecRev, strconv.FormatUint(recRev, 10))
+	q.Header.Set(floorOpRev, strconv.FormatUint(opRev, 10))
+	if _, err := p.js.PublishMsg(ctx, q); err != nil {
+		p.fail(fmt.Errorf("ingest: %w", err))
+		return
+	}
+	_ = m.Ack()
+}
+
+// admit is admission's one loop: batches of what has arrived, published
+// asynchronously; each QUEUE message acknowledged after its dispatch.
+func (p *floorPipeline) admit(ctx context.Context, in <-chan jetstream.Msg) {
+	var batch []jetstream.Msg
+	var futs []jetstream.PubAckFuture
+	for {
+		select {
+		case m := <-in:
+			batch = append(batch[:0], m)
+		case <-ctx.Done():
+			return
+		}
+	drain:
+		for len(batch) < 64 {
+			select {
+			case m := <-in:
+				batch = append(batch, m)
+			default:
+				break drain
+			}
+		}
+		futs = futs[:0]
+		for _, m := range batch {
+			d := nats.NewMsg(job.DispatchSubject("sim", floorModel))
+			d.Data = p.data(floorDispatched)
+			d.Header = m.Headers()
+			d.Header.Set(jetstream.MsgIDHeader, "dispatch:"+m.Headers().Get(floorID))
+			fut, err := p.js.PublishMsgAsync(d)
+			if err != nil {
+				p.fail(fmt.Errorf("admission: %w", err))
+				return
+			}
+			futs = append(futs, fut)
+		}
+		for i, fut := range futs {
+			select {
+			case <-fut.Ok():
+				_ = batch[i].Ack()
+			case err := <-fut.Err():
+				p.fail(fmt.Errorf("admission: %w", err))
+				return
+			}
+		}
+	}
+}
+
+// execute marks the operation in flight, makes the call and publishes the
+// result.
+func (p *floorPipeline) execute(ctx context.Context, m jetstream.Msg) {
+	h := m.Headers()
+	id := h.Get(floorID)
+	var opRev uint64
+	var err error
+	if p.oneRecord {
+		opRev, err = p.records.Update(ctx, id, p.data(floorFlight), rev(h, floorRecRev))
+	} else {
+		opRev, err = p.ops.Update(ctx, floorTenant+"."+id, p.data(floorFlight), rev(h, floorOpRev))
+	}
+	if err == nil && p.providerURL != "" {
+		err = p.call(ctx)
+	}
+	if err != nil {
+		p.fail(fmt.Errorf("executor: %w", err))
+		return
+	}
+	r := nats.NewMsg(job.StoreSubject(floorTenant, id))
+	r.Data = p.data(floorResult)
+	r.Header.Set(jetstream.MsgIDHeader, "result:"+id)
+	r.Header.Set(floorID, id)
+	r.Header.Set(floorRecRev, h.Get(floorRecRev))
+	r.Header.Set(floorOpRev, strconv.FormatUint(opRev, 10))
+	if _, err := p.js.PublishMsg(ctx, r); err != nil {
+		p.fail(fmt.Errorf("executor: %w", err))
+		return
+	}
+	_ = m.Ack()
+}
+
+// settle writes the terminal record and settles the operation.
+func (p *floorPipeline) settle(ctx context.Context, m jetstream.Msg) {
+	h := m.Headers()
+	id := h.Get(floorID)
+	var err error
+	if p.oneRecord {
+		_, err = p.records.Update(ctx, id, p.data(floorTerminal), rev(h, floorOpRev))
+	} else {
+		_, err = p.records.Update(ctx, id, p.data(floorTerminal), rev(h, floorRecRev))
+		if err == nil {
+			_, err = p.ops.Update(ctx, floorTenant+"."+id, p.data(floorSettled), rev(h, floorOpRev))
+		}
+	}
+	if err != nil {
+		p.fail(fmt.Errorf("result: %w", err))
+		return
+	}
+	_ = m.Ack()
 }
 
 // call sends the overhead benchmark's request to the provider, as the

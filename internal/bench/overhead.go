@@ -173,7 +173,8 @@ var overheadBody = []byte(`{"model":"` + Model + `","max_tokens":16,"messages":[
 // provider receiving it, on one in-process node against a zero-latency
 // simulator with no limits, and how many jobs per second it completes.
 // progress, if not nil, is called once per result (Warmup + Serial + Jobs
-// in all).
+// in all). Its phases: JetStream's rates, a node against the simulator,
+// serial jobs, loaded jobs, the floors, JetStream's rates again.
 func Overhead(ctx context.Context, opt OverheadOptions, progress func()) (*OverheadReport, error) {
 	opt = opt.withDefaults()
 	ctx, cancel := context.WithTimeout(ctx, opt.Timeout)
@@ -202,82 +203,127 @@ func Overhead(ctx context.Context, opt OverheadOptions, progress func()) (*Overh
 		return nil, err
 	}
 	defer func() { _ = n.stop() }()
-
-	var mu sync.Mutex
-	results := map[string]chan arrival{}
-	sub, err := n.cl.Subscribe(tenant, func(r *job.Result) {
-		now := time.Now()
-		mu.Lock()
-		ch := results[r.JobID]
-		mu.Unlock()
-		if ch != nil {
-			select {
-			case ch <- arrival{ok: r.Status == job.StatusSucceeded, at: now}:
-				if progress != nil {
-					progress()
-				}
-			default:
-			}
-		}
-	})
+	sub := &submitter{n: n, arr: arr, results: map[string]chan arrival{}, progress: progress}
+	subscription, err := n.cl.Subscribe(tenant, sub.arrived)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = sub.Unsubscribe() }()
+	defer func() { _ = subscription.Unsubscribe() }()
 
-	// submit hands one job over and returns its id, submit time and the
-	// channel its result will arrive on.
-	submit := func(ctx context.Context) (string, time.Time, chan arrival, error) {
-		id := job.NewID()
-		ch := make(chan arrival, 1)
-		mu.Lock()
-		results[id] = ch
-		mu.Unlock()
-		sent := time.Now()
-		err := n.submit(ctx, &job.Job{ID: id, Tenant: tenant, Priority: job.Interactive, Request: overheadBody})
-		return id, sent, ch, err
+	if err := sub.serial(ctx, opt, rep); err != nil {
+		return nil, err
 	}
-	await := func(ctx context.Context, ch chan arrival) (arrival, error) {
-		select {
-		case a := <-ch:
-			return a, nil
-		case <-ctx.Done():
-			return arrival{}, ctx.Err()
+	if err := sub.loaded(ctx, opt, rep); err != nil {
+		return rep, fmt.Errorf("overhead (timeout %s): %w", opt.Timeout, err)
+	}
+	if opt.FloorJobs > 0 {
+		if err := measureFloors(ctx, opt, url, rep); err != nil {
+			return rep, err
 		}
 	}
+	if opt.JetStreamOps > 0 {
+		r, err := MeasureJetStream(ctx, opt.JetStreamOps)
+		if err != nil {
+			return rep, fmt.Errorf("jetstream rates: %w", err)
+		}
+		rep.JetStreamAfter = r
+		rep.JetStream = meanRates(rep.JetStreamBefore, rep.JetStreamAfter)
+		if rep.CeilingJobsPerS = rep.JetStream.Ceiling(); rep.CeilingJobsPerS > 0 {
+			rep.CeilingRatio = rep.JobsPerSec / rep.CeilingJobsPerS
+		}
+	}
+	return rep, nil
+}
 
-	// Serial, unloaded: one job at a time (after a warm-up).
+// submitter hands jobs to the node under test and hands each result to
+// the channel of the job it is for.
+type submitter struct {
+	n        *meshNode
+	arr      *arrivals
+	progress func()
+
+	mu      sync.Mutex
+	results map[string]chan arrival
+}
+
+// arrived takes a result from the tenant's subscription.
+func (s *submitter) arrived(r *job.Result) {
+	now := time.Now()
+	s.mu.Lock()
+	ch := s.results[r.JobID]
+	s.mu.Unlock()
+	if ch != nil {
+		select {
+		case ch <- arrival{ok: r.Status == job.StatusSucceeded, at: now}:
+			if s.progress != nil {
+				s.progress()
+			}
+		default:
+		}
+	}
+}
+
+// submit hands one job over and returns its id, submit time and the
+// channel its result will arrive on.
+func (s *submitter) submit(ctx context.Context) (string, time.Time, chan arrival, error) {
+	id := job.NewID()
+	ch := make(chan arrival, 1)
+	s.mu.Lock()
+	s.results[id] = ch
+	s.mu.Unlock()
+	sent := time.Now()
+	err := s.n.submit(ctx, &job.Job{ID: id, Tenant: tenant, Priority: job.Interactive, Request: overheadBody})
+	return id, sent, ch, err
+}
+
+func await(ctx context.Context, ch chan arrival) (arrival, error) {
+	select {
+	case a := <-ch:
+		return a, nil
+	case <-ctx.Done():
+		return arrival{}, ctx.Err()
+	}
+}
+
+// serial measures unloaded: one job at a time (after a warm-up).
+func (s *submitter) serial(ctx context.Context, opt OverheadOptions, rep *OverheadReport) error {
 	var added, e2e []time.Duration
 	for k := range opt.Warmup + opt.Serial {
-		id, sent, ch, err := submit(ctx)
+		id, sent, ch, err := s.submit(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("serial job %d: %w", k, err)
+			return fmt.Errorf("serial job %d: %w", k, err)
 		}
 		a, err := await(ctx, ch)
 		if err != nil {
-			return nil, fmt.Errorf("serial job %d: %w", k, err)
+			return fmt.Errorf("serial job %d: %w", k, err)
 		}
 		if !a.ok || k < opt.Warmup {
 			continue
 		}
-		if at, seen := arr.get(id); seen {
+		if at, seen := s.arr.get(id); seen {
 			added = append(added, at.Sub(sent))
 		}
 		e2e = append(e2e, a.at.Sub(sent))
 	}
 	rep.Serial, rep.SerialEndToEnd = quantiles(added), quantiles(e2e)
+	return nil
+}
 
-	// Loaded: Concurrency submitters hand over Jobs jobs. Open (default):
-	// they submit as fast as Submit returns and the results are awaited
-	// afterwards; closed: each submitter awaits its job's result before
-	// submitting the next.
-	type sample struct {
-		id   string
-		sent time.Time
-		ch   chan arrival
-		res  arrival
-		err  error
-	}
+// sample is one loaded job.
+type sample struct {
+	id   string
+	sent time.Time
+	ch   chan arrival
+	res  arrival
+	err  error
+}
+
+// loaded measures under load: Concurrency submitters hand over Jobs jobs.
+// Open (default): they submit as fast as Submit returns and the results
+// are awaited afterwards; closed: each submitter awaits its job's result
+// before submitting the next. The report is filled even when a job
+// failed; the error is the first job's.
+func (s *submitter) loaded(ctx context.Context, opt OverheadOptions, rep *OverheadReport) error {
 	samples := make([]sample, opt.Jobs)
 	cpu0 := processCPU()
 	next := make(chan int)
@@ -287,10 +333,10 @@ func Overhead(ctx context.Context, opt OverheadOptions, progress func()) (*Overh
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				s := &samples[i]
-				s.id, s.sent, s.ch, s.err = submit(ctx)
-				if s.err == nil && opt.Closed {
-					s.res, s.err = await(ctx, s.ch)
+				sm := &samples[i]
+				sm.id, sm.sent, sm.ch, sm.err = s.submit(ctx)
+				if sm.err == nil && opt.Closed {
+					sm.res, sm.err = await(ctx, sm.ch)
 				}
 			}
 		}()
@@ -307,36 +353,42 @@ feed:
 	wg.Wait()
 	var firstErr error
 	for i := range samples {
-		s := &samples[i]
-		if s.err == nil && s.ch != nil && !opt.Closed {
-			s.res, s.err = await(ctx, s.ch)
+		sm := &samples[i]
+		if sm.err == nil && sm.ch != nil && !opt.Closed {
+			sm.res, sm.err = await(ctx, sm.ch)
 		}
-		if s.ch == nil {
-			s.err = ctx.Err()
+		if sm.ch == nil {
+			sm.err = ctx.Err()
 		}
-		if s.err != nil && firstErr == nil {
-			firstErr = s.err
+		if sm.err != nil && firstErr == nil {
+			firstErr = sm.err
 		}
 	}
-	cpu := processCPU() - cpu0
-	added, e2e = added[:0], e2e[:0]
+	s.report(rep, samples, processCPU()-cpu0)
+	return firstErr
+}
+
+// report fills rep's loaded figures from the samples and the process's
+// CPU time they took.
+func (s *submitter) report(rep *OverheadReport, samples []sample, cpu time.Duration) {
+	var added, e2e []time.Duration
 	var first, last time.Time
-	for _, s := range samples {
-		if !s.sent.IsZero() && (first.IsZero() || s.sent.Before(first)) {
-			first = s.sent
+	for _, sm := range samples {
+		if !sm.sent.IsZero() && (first.IsZero() || sm.sent.Before(first)) {
+			first = sm.sent
 		}
-		if !s.res.ok {
+		if !sm.res.ok {
 			rep.Failed++
 			continue
 		}
 		rep.Completed++
-		if s.res.at.After(last) {
-			last = s.res.at
+		if sm.res.at.After(last) {
+			last = sm.res.at
 		}
-		if at, seen := arr.get(s.id); seen {
-			added = append(added, at.Sub(s.sent))
+		if at, seen := s.arr.get(sm.id); seen {
+			added = append(added, at.Sub(sm.sent))
 		}
-		e2e = append(e2e, s.res.at.Sub(s.sent))
+		e2e = append(e2e, sm.res.at.Sub(sm.sent))
 	}
 	rep.Added, rep.EndToEnd = quantiles(added), quantiles(e2e)
 	if rep.Completed > 0 && cpu > 0 {
@@ -346,36 +398,25 @@ feed:
 		rep.WallS = wall.Seconds()
 		rep.JobsPerSec = float64(rep.Completed) / wall.Seconds()
 	}
-	if firstErr != nil {
-		return rep, fmt.Errorf("overhead (timeout %s): %w", opt.Timeout, firstErr)
-	}
-	if opt.FloorJobs > 0 {
-		for _, v := range []struct {
-			url       string
-			oneRecord bool
-		}{{"", false}, {url + "/v1", false}, {url + "/v1", true}} {
-			f, err := MeasureFloor(ctx, opt.FloorJobs, opt.Concurrency, v.url, v.oneRecord)
-			if err != nil {
-				return rep, fmt.Errorf("floor: %w", err)
-			}
-			rep.Floors = append(rep.Floors, f)
-			if f.Call && !f.OneRecord && f.JobsPerSec > 0 {
-				rep.FloorRatio = rep.JobsPerSec / f.JobsPerSec
-			}
-		}
-	}
-	if opt.JetStreamOps > 0 {
-		r, err := MeasureJetStream(ctx, opt.JetStreamOps)
+}
+
+// measureFloors measures the floors against the same simulator (url):
+// without a call, with one, with one and a single record.
+func measureFloors(ctx context.Context, opt OverheadOptions, url string, rep *OverheadReport) error {
+	for _, v := range []struct {
+		url       string
+		oneRecord bool
+	}{{"", false}, {url + "/v1", false}, {url + "/v1", true}} {
+		f, err := MeasureFloor(ctx, opt.FloorJobs, opt.Concurrency, v.url, v.oneRecord)
 		if err != nil {
-			return rep, fmt.Errorf("jetstream rates: %w", err)
+			return fmt.Errorf("floor: %w", err)
 		}
-		rep.JetStreamAfter = r
-		rep.JetStream = meanRates(rep.JetStreamBefore, rep.JetStreamAfter)
-		if rep.CeilingJobsPerS = rep.JetStream.Ceiling(); rep.CeilingJobsPerS > 0 {
-			rep.CeilingRatio = rep.JobsPerSec / rep.CeilingJobsPerS
+		rep.Floors = append(rep.Floors, f)
+		if f.Call && !f.OneRecord && f.JobsPerSec > 0 {
+			rep.FloorRatio = rep.JobsPerSec / f.JobsPerSec
 		}
 	}
-	return rep, nil
+	return nil
 }
 
 // WriteOverhead prints an OverheadReport.

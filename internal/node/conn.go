@@ -16,13 +16,13 @@ import (
 // to restart it, and /healthz fails meanwhile.
 
 // connClosed blocks until the connection is closed (an error naming the
-// last one) or ctx ends (stopped).
-func connClosed(ctx context.Context, nc *nats.Conn, closed <-chan struct{}, stopped error) error {
+// last one) or ctx ends (its error).
+func connClosed(ctx context.Context, nc *nats.Conn, closed <-chan struct{}) error {
 	select {
 	case <-closed:
 		return fmt.Errorf("nats connection closed for good (last error: %v); stopping so the process can be restarted", nc.LastError())
 	case <-ctx.Done():
-		return stopped
+		return ctx.Err()
 	}
 }
 

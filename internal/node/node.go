@@ -104,10 +104,60 @@ type runner interface {
 }
 
 // Run starts the node and blocks until ctx ends or a part fails. It returns
-// nil on a requested shutdown.
+// nil on a requested shutdown. Its steps, in order: fill the options'
+// defaults, resolve the HTTP API's keys, start the embedded NATS server
+// (unless the node joins one), connect, set up the streams, buckets and
+// fleet key, build the services, and run them with the HTTP servers.
 func Run(ctx context.Context, o Options) error {
+	o, err := o.withDefaults()
+	if err != nil {
+		return err
+	}
+	log := o.Log
+	// Before anything starts: a node that would serve the API open, or
+	// without a tenant's key, does not start at all.
+	auth, err := httpAuth(o, log)
+	if err != nil {
+		return err
+	}
+	ns, natsURL, err := startNATS(o, log)
+	if err != nil {
+		return err
+	}
+	if ns != nil {
+		defer func() {
+			ns.Shutdown()
+			ns.WaitForShutdown()
+		}()
+	}
+	c, err := connect(o, ns, natsURL, log)
+	if err != nil {
+		return err
+	}
+	defer c.nc.Close()
+	st, err := setUp(ctx, o, natsURL, c, log)
+	if err != nil {
+		return err
+	}
+	reg, ms := newMetrics(o.Config)
+	mux := http.NewServeMux()
+	services, readiness, err := newServices(o, st, reg, ms, auth, mux)
+	if err != nil {
+		return err
+	}
+	if ns != nil && o.NATSCluster != "" && o.Config.Server.Replicas > 1 {
+		readiness = append(readiness, (&catchUp{js: c.js, server: ns.Name()}).Ready)
+	}
+	mux.Handle("GET /healthz", healthz(c.nc))
+	mux.Handle("GET /readyz", readyz(c.nc, readiness))
+	mux.Handle("/", api.NotFound(mux))
+	return serve(ctx, o, c, natsURL, services, mux, reg, log)
+}
+
+// withDefaults checks o and fills what it leaves out.
+func (o Options) withDefaults() (Options, error) {
 	if o.Config == nil {
-		return errors.New("node: no configuration")
+		return o, errors.New("node: no configuration")
 	}
 	if o.Getenv == nil {
 		o.Getenv = func(string) string { return "" }
@@ -119,47 +169,57 @@ func Run(ctx context.Context, o Options) error {
 	if len(o.Services) == 0 {
 		o.Services = AllServices
 	}
-	log := o.Log
-	// Before anything starts: a node that would serve the API open, or
-	// without a tenant's key, does not start at all.
-	auth, err := httpAuth(o, log)
-	if err != nil {
-		return err
-	}
+	return o, nil
+}
 
-	natsURL := o.NATSURL
-	var ns *server.Server
-	if natsURL == "" {
-		if err := checkClusterSecrets(o); err != nil {
-			return err
-		}
-		emb, err := natsauth.ForEmbedded(o.Config, o.Data, o.Getenv)
-		if err != nil {
-			return err
-		}
-		ns, err = embedded.Start(embedded.Options{Listen: o.NATSListen, StoreDir: filepath.Join(o.Data, "jetstream"), Configure: emb.Apply,
-			Name: o.NATSName, Cluster: o.NATSCluster, Routes: o.NATSRoutes, Logger: serverLogger(o, log),
-			ClusterAdvertise: o.NATSClusterAdvertise})
-		if err != nil {
-			return err
-		}
-		if o.NATSCluster != "" {
-			log.Info("embedded nats: cluster node", "name", ns.Name(), "cluster", ns.ClusterAddr().String(), "routes", natsauth.RedactURL(strings.Join(o.NATSRoutes, ",")))
-		}
-		defer func() {
-			ns.Shutdown()
-			ns.WaitForShutdown()
-		}()
-		natsURL = ns.ClientURL()
-		log.Info("embedded nats started", "url", natsURL, "store", filepath.Join(o.Data, "jetstream"),
-			"auth", emb.Secrets != nil, "tls", emb.TLS != nil)
-		if emb.Secrets == nil && len(o.Config.Tenants) > 0 {
-			log.Warn("embedded nats: authentication is off (server.nats.auth: false): anyone who reaches the port reads and changes every tenant's jobs")
-		}
-		if len(emb.NoKey) > 0 {
-			log.Warn("embedded nats: tenants without an API key cannot connect over NATS", "tenants", strings.Join(emb.NoKey, ","))
-		}
+// startNATS starts the embedded server when the node joins none
+// (o.NATSURL empty) and returns it with the URL to connect to; a nil
+// server means the node joins o.NATSURL. The caller shuts the server down.
+func startNATS(o Options, log *slog.Logger) (*server.Server, string, error) {
+	if o.NATSURL != "" {
+		return nil, o.NATSURL, nil
 	}
+	if err := checkClusterSecrets(o); err != nil {
+		return nil, "", err
+	}
+	emb, err := natsauth.ForEmbedded(o.Config, o.Data, o.Getenv)
+	if err != nil {
+		return nil, "", err
+	}
+	ns, err := embedded.Start(embedded.Options{Listen: o.NATSListen, StoreDir: filepath.Join(o.Data, "jetstream"), Configure: emb.Apply,
+		Name: o.NATSName, Cluster: o.NATSCluster, Routes: o.NATSRoutes, Logger: serverLogger(o, log),
+		ClusterAdvertise: o.NATSClusterAdvertise})
+	if err != nil {
+		return nil, "", err
+	}
+	if o.NATSCluster != "" {
+		log.Info("embedded nats: cluster node", "name", ns.Name(), "cluster", ns.ClusterAddr().String(), "routes", natsauth.RedactURL(strings.Join(o.NATSRoutes, ",")))
+	}
+	natsURL := ns.ClientURL()
+	log.Info("embedded nats started", "url", natsURL, "store", filepath.Join(o.Data, "jetstream"),
+		"auth", emb.Secrets != nil, "tls", emb.TLS != nil)
+	if emb.Secrets == nil && len(o.Config.Tenants) > 0 {
+		log.Warn("embedded nats: authentication is off (server.nats.auth: false): anyone who reaches the port reads and changes every tenant's jobs")
+	}
+	if len(emb.NoKey) > 0 {
+		log.Warn("embedded nats: tenants without an API key cannot connect over NATS", "tenants", strings.Join(emb.NoKey, ","))
+	}
+	return ns, natsURL, nil
+}
+
+// link is the services' connection to NATS.
+type link struct {
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	closed chan struct{} // closed when the client closes nc for good
+	ident  natsauth.Identity
+	opOpts []nats.Option // connect as the operator (ensuring streams, Info)
+}
+
+// connect makes the services' connection, with the identity of the
+// services the node runs. It connects in the background: setUp waits for
+// it.
+func connect(o Options, ns *server.Server, natsURL string, log *slog.Logger) (*link, error) {
 	set := natsauth.SetName(o.Services)
 	// A single embedded node's services reach its server through an
 	// in-process pipe: the same authentication and permissions as over
@@ -171,7 +231,7 @@ func Run(ctx context.Context, o Options) error {
 	conn := natsauth.Conn{Config: o.Config, DataDir: o.Data, Getenv: o.Getenv, Set: set, Embedded: ns != nil, InProcess: inProcess}
 	authOpts, ident, err := conn.Options()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if inProcess {
 		authOpts = append(authOpts, nats.InProcessServer(ns))
@@ -181,7 +241,7 @@ func Run(ctx context.Context, o Options) error {
 	opConn.InProcess = false // it dials the listener
 	opOpts, _, err := opConn.Options()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	dial := natsURL
 	if inProcess {
@@ -189,61 +249,86 @@ func Run(ctx context.Context, o Options) error {
 		// for it.
 		dial = "nats://" + strings.TrimPrefix(strings.TrimPrefix(natsURL, "tls://"), "nats://")
 	}
-	closed := make(chan struct{})
-	nc, err := nats.Connect(dial, append(authOpts, nats.Name("sluice "+strings.Join(o.Services, ",")),
+	c := &link{closed: make(chan struct{}), ident: ident, opOpts: opOpts}
+	c.nc, err = nats.Connect(dial, append(authOpts, nats.Name("sluice "+strings.Join(o.Services, ",")),
 		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond), nats.RetryOnFailedConnect(true),
-		nats.ErrorHandler(natsErrorLogger(log)), nats.ClosedHandler(func(*nats.Conn) { close(closed) }))...)
+		nats.ErrorHandler(natsErrorLogger(log)), nats.ClosedHandler(func(*nats.Conn) { close(c.closed) }))...)
 	if err != nil {
-		return fmt.Errorf("connect nats %s: %w", natsauth.RedactURL(natsURL), err)
+		return nil, fmt.Errorf("connect nats %s: %w", natsauth.RedactURL(natsURL), err)
 	}
-	defer nc.Close()
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(mesh.PublishAckWait))
-	if err != nil {
-		return err
+	if c.js, err = jetstream.New(c.nc, jetstream.WithPublishAsyncTimeout(mesh.PublishAckWait)); err != nil {
+		c.nc.Close()
+		return nil, err
 	}
+	return c, nil
+}
+
+// stores are what the services share in JetStream.
+type stores struct {
+	mesh  *mesh.Mesh
+	guard *guard.Guard // nil: only the result service runs, which may not even read the fleet key
+	// cache is the response cache's bucket: ingest reads it, the executor
+	// stores in it (nil when neither runs).
+	cache jetstream.KeyValue
+}
+
+// setUp waits for the connection, ensures the streams and buckets, opens
+// the mesh over them, loads the fleet key and opens the response cache's
+// bucket, for the services that need them.
+func setUp(ctx context.Context, o Options, natsURL string, c *link, log *slog.Logger) (*stores, error) {
 	// A cluster node may wait for the others to start (a quorum) before
 	// it can make or bind the streams.
 	setup := 30 * time.Second
 	if o.NATSCluster != "" || o.Config.Server.Replicas > 1 {
 		setup = 2 * time.Minute
 	}
-	setupCtx, cancel := context.WithTimeout(ctx, setup)
+	ctx, cancel := context.WithTimeout(ctx, setup)
 	defer cancel()
-	if err := waitConnected(setupCtx, nc); err != nil {
-		return fmt.Errorf("connect nats %s as %s: %w (last error: %v)", natsauth.RedactURL(natsURL), ident, err, nc.LastError())
+	if err := waitConnected(ctx, c.nc); err != nil {
+		return nil, fmt.Errorf("connect nats %s as %s: %w (last error: %v)", natsauth.RedactURL(natsURL), c.ident, err, c.nc.LastError())
 	}
-	if err := o.Config.Limits.CheckPayload(nc.MaxPayload()); err != nil {
-		return err
+	if err := o.Config.Limits.CheckPayload(c.nc.MaxPayload()); err != nil {
+		return nil, err
 	}
-	if err := ensureStreams(setupCtx, o, natsURL, js, ident, opOpts, log); err != nil {
-		return err
+	if err := ensureStreams(ctx, o, natsURL, c.js, c.ident, c.opOpts, log); err != nil {
+		return nil, err
 	}
-	var m *mesh.Mesh
-	if err := streams.Retry(setupCtx, func(ctx context.Context) (err error) {
-		m, err = mesh.Open(ctx, js)
+	st := &stores{}
+	if err := streams.Retry(ctx, func(ctx context.Context) (err error) {
+		st.mesh, err = mesh.Open(ctx, c.js)
 		return err
 	}); err != nil {
-		return err
+		return nil, err
 	}
-	// The services that seal, sign or verify jobs need the fleet key; the
-	// result service alone may not even read it.
-	var gd *guard.Guard
 	if slices.ContainsFunc(o.Services, func(s string) bool { return s != "result" }) {
 		var key []byte
-		if err := streams.Retry(setupCtx, func(ctx context.Context) (err error) {
-			key, err = guard.LoadKey(ctx, m.Fleet)
+		if err := streams.Retry(ctx, func(ctx context.Context) (err error) {
+			key, err = guard.LoadKey(ctx, st.mesh.Fleet)
 			return err
 		}); err != nil {
-			return err
+			return nil, err
 		}
-		gd = guard.New(o.Config, key)
+		st.guard = guard.New(o.Config, key)
 	}
+	if slices.Contains(o.Services, "ingest") || slices.Contains(o.Services, "executor") {
+		if err := streams.Retry(ctx, func(ctx context.Context) (err error) {
+			st.cache, err = cache.Open(ctx, c.js)
+			return err
+		}); err != nil {
+			return nil, err
+		}
+	}
+	return st, nil
+}
 
+// newMetrics makes the node's registry and metrics, with the configured
+// limits set.
+func newMetrics(cfg *config.Config) (*prometheus.Registry, *metrics.Set) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ms := metrics.New(reg)
-	ms.Preset(o.Config)
-	for _, p := range o.Config.Providers {
+	ms.Preset(cfg)
+	for _, p := range cfg.Providers {
 		for _, m := range p.Models {
 			ms.ModelLimit.WithLabelValues(p.Name, m.Name, "rpm").Set(float64(m.RPM))
 			ms.ModelLimit.WithLabelValues(p.Name, m.Name, "tpm").Set(float64(m.TPM))
@@ -253,36 +338,32 @@ func Run(ctx context.Context, o Options) error {
 			}
 		}
 	}
+	return reg, ms
+}
+
+// newServices builds the services o names, in its order, adding their
+// routes to mux; readiness are the checks /readyz makes.
+func newServices(o Options, st *stores, reg prometheus.Registerer, ms *metrics.Set, auth api.Auth, mux *http.ServeMux) (services []runner, readiness []func() error, err error) {
+	m, gd := st.mesh, st.guard
 	waiters := api.NewWaiters(o.Config.Limits.MaxWaitersPerTenant)
-	mux := http.NewServeMux()
 	cal := calib.New(m.Budgets, nil)
-	// The response cache: ingest reads it, the executor stores in it.
 	var answers *cache.Cache
-	if slices.Contains(o.Services, "ingest") || slices.Contains(o.Services, "executor") {
-		var kv jetstream.KeyValue
-		if err := streams.Retry(setupCtx, func(ctx context.Context) (err error) {
-			kv, err = cache.Open(ctx, js)
-			return err
-		}); err != nil {
-			return err
-		}
-		answers = cache.New(kv, reg, log)
+	if st.cache != nil {
+		answers = cache.New(st.cache, reg, o.Log)
 	}
-	var services []runner
-	var readiness []func() error
 	for _, name := range o.Services {
 		switch name {
 		case "ingest":
-			s, err := ingest.New(ingest.Config{App: o.Config, Guard: gd, Waiters: waiters, Cache: answers}, m, log, ms)
+			s, err := ingest.New(ingest.Config{App: o.Config, Guard: gd, Waiters: waiters, Cache: answers}, m, o.Log, ms)
 			if err != nil {
-				return err
+				return nil, nil, err
 			}
 			s.Routes(mux, auth)
 			services = append(services, s)
 		case "admission":
-			s, err := admission.New(admission.Config{App: o.Config, Guard: gd, Calib: cal}, m, log, ms)
+			s, err := admission.New(admission.Config{App: o.Config, Guard: gd, Calib: cal}, m, o.Log, ms)
 			if err != nil {
-				return err
+				return nil, nil, err
 			}
 			readiness = append(readiness, s.Ready)
 			services = append(services, s)
@@ -291,25 +372,26 @@ func Run(ctx context.Context, o Options) error {
 			if o.Executor != nil {
 				o.Executor(&cfg)
 			}
-			s, err := executor.New(cfg, m, log, ms)
+			s, err := executor.New(cfg, m, o.Log, ms)
 			if err != nil {
-				return err
+				return nil, nil, err
 			}
 			services = append(services, s)
 		case "result":
-			s, err := result.New(result.Config{App: o.Config, Waiters: waiters}, m, log, ms)
+			s, err := result.New(result.Config{App: o.Config, Waiters: waiters}, m, o.Log, ms)
 			if err != nil {
-				return err
+				return nil, nil, err
 			}
 			s.Routes(mux, auth)
 			services = append(services, s)
 		}
 	}
-	if ns != nil && o.NATSCluster != "" && o.Config.Server.Replicas > 1 {
-		readiness = append(readiness, (&catchUp{js: js, server: ns.Name()}).Ready)
-	}
-	mux.Handle("GET /healthz", healthz(nc))
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+	return services, readiness, nil
+}
+
+// readyz answers 200 when the connection is up and every check passes.
+func readyz(nc *nats.Conn, readiness []func() error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		if !nc.IsConnected() {
 			http.Error(w, "nats: not connected", http.StatusServiceUnavailable)
 			return
@@ -322,19 +404,21 @@ func Run(ctx context.Context, o Options) error {
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
-	mux.Handle("/", api.NotFound(mux))
+}
 
+// serve runs the services and the HTTP servers in one group until ctx
+// ends (nil) or one of them fails or stops (its error). A closed
+// connection is a failure. The services get a context of their own, ended
+// only once the group stops, so they drain when the node is asked to
+// stop, not when ctx ends.
+func serve(ctx context.Context, o Options, c *link, natsURL string, services []runner, mux *http.ServeMux, reg *prometheus.Registry, log *slog.Logger) error {
 	var g run.Group
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	errStopped := errors.New("stopped")
-	g.Add(func() error {
-		<-runCtx.Done()
-		return errStopped
-	}, func(error) { stop() })
+	g.Add(run.ContextHandler(ctx))
+	connCtx, stopConn := context.WithCancel(ctx)
+	defer stopConn()
+	g.Add(func() error { return connClosed(connCtx, c.nc, c.closed) }, func(error) { stopConn() })
 	svcCtx, stopServices := context.WithCancel(context.Background())
 	defer stopServices()
-	g.Add(func() error { return connClosed(runCtx, nc, closed, errStopped) }, func(error) { stop() })
 	for i, s := range services {
 		name := o.Services[i]
 		g.Add(func() error {
@@ -352,14 +436,13 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	if o.OnReady != nil {
-		o.OnReady(Info{NATSURL: natsURL, NATSOptions: opOpts, HTTPAddr: httpAddr, MetricsAddr: metricsAddr, Registry: reg, conn: nc})
+		o.OnReady(Info{NATSURL: natsURL, NATSOptions: c.opOpts, HTTPAddr: httpAddr, MetricsAddr: metricsAddr, Registry: reg, conn: c.nc})
 	}
-	log.Info("sluice up", "services", strings.Join(o.Services, ","), "nats", natsauth.RedactURL(natsURL), "nats_identity", ident.String())
-	err = g.Run()
-	if errors.Is(err, errStopped) {
-		return nil
+	log.Info("sluice up", "services", strings.Join(o.Services, ","), "nats", natsauth.RedactURL(natsURL), "nats_identity", c.ident.String())
+	if err := g.Run(); !errors.Is(err, ctx.Err()) {
+		return err
 	}
-	return err
+	return nil
 }
 
 // streamOptions are the stream settings a configuration asks for.
