@@ -88,6 +88,8 @@ type Result struct {
 	MaxRequestsIn60s   int     `json:"max_requests_in_60s"`
 	MaxTokensIn60s     int     `json:"max_tokens_in_60s"`
 	Duplicates         int64   `json:"duplicate_completions"`
+	// Distinct is how many distinct requests the jobs held.
+	Distinct int `json:"distinct_requests"`
 	// Caller figures: latency from submission to result of successful jobs.
 	P50MS      float64 `json:"p50_ms"`
 	P95MS      float64 `json:"p95_ms"`
@@ -227,6 +229,12 @@ func RunSetup(ctx context.Context, w *Workload, setup Setup, opt Options) (*Work
 			return nil, err
 		}
 	}
+	distinct := len(jobs)
+	if setup.Repeats > 0 {
+		if jobs, distinct, err = repeatJobs(jobs, setup.Repeats, opt.Seed); err != nil {
+			return nil, err
+		}
+	}
 	for _, name := range Strategies {
 		s, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: Model, RPM: w.RPM, TPM: w.TPM, Reasoning: setup.Reasoning}},
 			Profile: setup.Profile, NoRateHeaders: setup.NoRateHeaders, TTFT: opt.TTFT, PerToken: opt.PerToken, Count: count})
@@ -241,7 +249,7 @@ func RunSetup(ctx context.Context, w *Workload, setup Setup, opt Options) (*Work
 		lanes = append(lanes, l)
 		if name == Sluice {
 			l.strat = &mesh{spec: nodeSpec{rpm: srpm, tpm: stpm, discover: discover, maxConcurrency: opt.Concurrency,
-				retry: opt.Retry, maxElapsed: opt.RunTimeout, log: opt.Log, joiners: Fleet}}
+				retry: opt.Retry, maxElapsed: opt.RunTimeout, log: opt.Log, joiners: Fleet, cache: setup.Repeats > 0}}
 		} else {
 			d, err := newDirect(name, opt.Concurrency, opt.Seed, opt.Retry, w.RPM, w.TPM)
 			if err != nil {
@@ -269,6 +277,7 @@ func RunSetup(ctx context.Context, w *Workload, setup Setup, opt Options) (*Work
 			l.strat.run(runCtx, jobs, t)
 			st := l.sim.Stats() // at the run's end: the timeline stops here
 			results[i] = summarize(l.name, w, bind, st, t, time.Since(t0))
+			results[i].Distinct = distinct
 			if m, ok := l.strat.(*mesh); ok {
 				results[i].Sluice = m.metrics
 			}

@@ -29,6 +29,9 @@ type Setup struct {
 	// max_completion_tokens (it refuses max_tokens) and it reports
 	// reasoning tokens.
 	Reasoning bool `json:"reasoning,omitempty"`
+	// Repeats is the share of jobs that repeat an earlier request exactly
+	// (repeats.go); Sluice is configured to cache the tenant's answers.
+	Repeats float64 `json:"repeats,omitempty"`
 }
 
 // DefaultSetup is the workload comparison's: the simulator's default
@@ -74,6 +77,9 @@ func (s Setup) Describe() string {
 	if s.Reasoning {
 		headers += ", reasoning model (max_completion_tokens)"
 	}
+	if s.Repeats > 0 {
+		headers += fmt.Sprintf(", %g%% of jobs repeating an earlier request (Sluice caching the tenant's answers)", 100*s.Repeats)
+	}
 	return fmt.Sprintf("%s profile, %s, %s", s.Profile, headers, told)
 }
 
@@ -89,6 +95,9 @@ type Target struct {
 	After30   bool    `json:"after_30s,omitempty"`
 	// NoLoss requires every job to succeed.
 	NoLoss bool `json:"no_loss,omitempty"`
+	// DistinctCalls requires one successful provider call per distinct
+	// request (Result.Distinct): repeats are answered without a call.
+	DistinctCalls bool `json:"distinct_calls,omitempty"`
 }
 
 // String is the target in a table cell, e.g. "≥97% fill, ≤0.5% 429s, 0 lost".
@@ -106,6 +115,9 @@ func (t Target) String() string {
 	}
 	if t.NoLoss {
 		parts = append(parts, "0 lost")
+	}
+	if t.DistinctCalls {
+		parts = append(parts, "calls = distinct requests")
 	}
 	return strings.Join(parts, ", ")
 }
@@ -143,6 +155,9 @@ func (t Target) Check(r Result) Verdict {
 	}
 	if t.NoLoss && r.Lost > 0 {
 		misses = append(misses, fmt.Sprintf("%d lost", r.Lost))
+	}
+	if t.DistinctCalls && r.Successes != int64(r.Distinct) {
+		misses = append(misses, fmt.Sprintf("%d successful calls for %d distinct requests", r.Successes, r.Distinct))
 	}
 	return Verdict{Pass: len(misses) == 0, Misses: misses}
 }
@@ -189,6 +204,8 @@ var Scenarios = []Scenario{
 		Setup: Setup{Profile: sim.ProfileQuantized, SluiceFactor: 1, TokenRatio: 0.6}, Target: Target{MinFill: 0.95}},
 	{Name: "reasoning", Description: "quantized reasoning model (max_completion_tokens, reasoning tokens reported), Sluice configured with the real limits", Workload: "b",
 		Setup: Setup{Profile: sim.ProfileQuantized, SluiceFactor: 1, Reasoning: true}, Target: Target{MinFill: 0.95}},
+	{Name: "repeats", Description: "quantized provider, Sluice configured with the real limits and caching; 30% of jobs repeat an earlier request", Workload: "a",
+		Setup: Setup{Profile: sim.ProfileQuantized, SluiceFactor: 1, Repeats: 0.3}, Target: Target{MinFill: 0.97, Max429Pct: 0.5, NoLoss: true, DistinctCalls: true}},
 }
 
 // ScenarioNames lists the names of Scenarios.

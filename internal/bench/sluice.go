@@ -51,6 +51,9 @@ type nodeSpec struct {
 	// node of a JetStream cluster with every service, streams and
 	// buckets replicated cluster times (natsOpen only).
 	cluster int
+	// cache: the tenant's deterministic answers are cached (config
+	// cache.tenants) and identical jobs coalesce.
+	cache bool
 }
 
 type natsMode int
@@ -116,7 +119,15 @@ retry:
   interactive: %s
   standard: %s
   batch: %s
-`, s.providerURL, model, tenant, keyEnv, policy, policy, policy))
+%s`, s.providerURL, model, tenant, keyEnv, policy, policy, policy, s.cacheConfig()))
+}
+
+// cacheConfig is the configuration's cache block when s caches.
+func (s nodeSpec) cacheConfig() string {
+	if !s.cache {
+		return ""
+	}
+	return fmt.Sprintf("cache:\n  tenants: {%s: 1h}\n", tenant)
 }
 
 // process is one running in-process node.

@@ -66,5 +66,10 @@ func (s Scenario) LoadFor(load float64) float64 {
 	if s.TokenRatio > 0 {
 		return load / s.TokenRatio
 	}
+	if s.Repeats > 0 {
+		// The distinct work is what reaches the provider: it is offered
+		// at load, the repeats on top.
+		return load / (1 - s.Repeats)
+	}
 	return load
 }
