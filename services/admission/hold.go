@@ -110,10 +110,10 @@ func (s *Service) weight(tenant string) int {
 
 // hold queues a job in its model's scheduler, keeping memory bounded.
 func (s *Service) hold(c *Candidate, now time.Time) {
-	if old, ok := s.heldJobs[c.Job.ID]; ok && seqOf(old.Msg) == seqOf(c.Msg) {
+	if old, ok := s.held.get(c.Job.ID); ok && seqOf(old.c.Msg) == seqOf(c.Msg) {
 		// JetStream redelivered a message we hold (its keep-alive was
 		// late): keep one copy, acked through the newest delivery.
-		old.Msg, old.touched = c.Msg, now
+		old.c.Msg, old.c.touched = c.Msg, now
 		return
 	}
 	key := budget.ModelKey(c.Job.Provider, job.ModelToken(c.Job.Model))
@@ -141,12 +141,9 @@ func (s *Service) hold(c *Candidate, now time.Time) {
 	} else {
 		ms.sched.Push(it)
 	}
-	s.heldIdx[c.Job.ID] = key
-	s.heldJobs[c.Job.ID] = c
-	s.held++
-	s.heldBytes += it.Size
+	s.held.add(key, it)
 	a := s.cfg.App.Admission
-	for s.held > a.MaxHeld || s.heldBytes > a.MaxHeldBytes {
+	for s.held.over(a.MaxHeld, a.MaxHeldBytes) {
 		if !s.evict() {
 			break
 		}
@@ -168,18 +165,11 @@ func (s *Service) evict() bool {
 	if it == nil {
 		return false
 	}
-	s.forget(biggest, it)
+	s.held.remove(it)
 	c := it.Value.(*Candidate)
 	s.m.AdmissionWaits.WithLabelValues(c.Job.Provider, c.Job.Model, "evicted").Inc()
 	_ = c.Msg.NakWithDelay(5*time.Second + jitter(5*time.Second))
 	return true
-}
-
-func (s *Service) forget(ms *modelState, it *Item) {
-	delete(s.heldIdx, it.Value.(*Candidate).Job.ID)
-	delete(s.heldJobs, it.Value.(*Candidate).Job.ID)
-	s.held--
-	s.heldBytes -= it.Size
 }
 
 // dispatchAll reserves and dispatches what each model's budget allows, in
@@ -204,10 +194,10 @@ func (s *Service) dispatchAll(ctx context.Context) {
 			if it == nil {
 				break
 			}
-			delete(s.heldJobs, it.Value.(*Candidate).Job.ID)
-			s.held--
-			s.heldBytes -= it.Size
-			pending = append(pending, s.reserve(ctx, ms, []*Item{it})...)
+			s.held.remove(it)
+			if p := s.reserve(ctx, ms, it); p != nil {
+				pending = append(pending, p)
+			}
 		}
 	}
 	if len(pending) == 0 {
@@ -262,7 +252,7 @@ func (s *Service) expireHeld(ctx context.Context) {
 			return dl != nil && !dl.After(now)
 		})
 		for _, it := range gone {
-			s.forget(ms, it)
+			s.held.remove(it)
 			c := it.Value.(*Candidate)
 			s.expire(ctx, c.Msg, c.Job, "deadline passed while waiting for "+orQueued(ms.reason)+" budget")
 		}
@@ -294,7 +284,7 @@ func (s *Service) keepAlive() {
 func (s *Service) letGoAll() {
 	for _, ms := range s.models {
 		for _, it := range ms.sched.Remove(func(*Item) bool { return true }) {
-			s.forget(ms, it)
+			s.held.remove(it)
 			_ = it.Value.(*Candidate).Msg.NakWithDelay(jitter(time.Second))
 		}
 		ms.wakeAt = time.Time{}
@@ -314,8 +304,8 @@ func (s *Service) releaseAll() {
 
 // why answers for a job this process knows about; nil otherwise.
 func (s *Service) why(id string) *Waiting {
-	if key, ok := s.heldIdx[id]; ok {
-		ms := s.models[key]
+	if hj, ok := s.held.get(id); ok {
+		ms := s.models[hj.key]
 		w := &Waiting{JobID: id, Reason: orQueued(ms.reason), Until: ms.wakeAt}
 		if s.now().Before(ms.pausedUntil) {
 			w.Reason, w.Until = "paused_provider", ms.pausedUntil

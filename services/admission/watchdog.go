@@ -35,7 +35,7 @@ func (s *Service) watchHeld() {
 			return false
 		})
 		for _, it := range gone {
-			s.forget(ms, it)
+			s.held.remove(it)
 			c := it.Value.(*Candidate)
 			s.m.AdmissionWaits.WithLabelValues(c.Job.Provider, c.Job.Model, "held_too_long").Inc()
 			_ = c.Msg.NakWithDelay(jitter(time.Second))
