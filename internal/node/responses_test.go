@@ -266,6 +266,28 @@ func TestResponsesSDK(t *testing.T) {
 			}
 			total += usageOf(&done)
 
+			// A streamed tool call: its arguments as deltas, the item whole at the end.
+			st = n.sdk.Responses.NewStreaming(ctx, responses.ResponseNewParams{Model: respModel, MaxOutputTokens: openai.Int(32),
+				Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Weather?")}, Tools: []responses.ToolUnionParam{weather}, Store: openai.Bool(false)})
+			var args strings.Builder
+			done = responses.Response{}
+			for st.Next() {
+				switch ev := st.Current(); ev.Type {
+				case "response.function_call_arguments.delta":
+					args.WriteString(ev.Delta)
+				case "response.completed":
+					done = ev.Response
+				}
+			}
+			if err := st.Err(); err != nil {
+				t.Fatalf("streamed tool call: %v", err)
+			}
+			if len(done.Output) != 1 || done.Output[0].Type != "function_call" || args.String() != `{"n":1}` ||
+				done.Output[0].AsFunctionCall().Arguments != args.String() || done.Output[0].AsFunctionCall().Name != "get_weather" {
+				t.Fatalf("streamed tool call: output %+v, argument deltas %q; want get_weather with {\"n\":1}", done.Output, args.String())
+			}
+			total += usageOf(&done)
+
 			// previous_response_id over three turns.
 			prev := ""
 			var turns []*responses.Response

@@ -40,47 +40,16 @@ func ChatToResponses(chat []byte) ([]byte, error) {
 		return nil, errors.New("malformed chat-completions body")
 	}
 	out := map[string]any{"model": in.Model, "store": false}
-	var instructions []string
-	var input []map[string]any
-	for _, m := range in.Messages {
-		switch m.Role {
-		case "system", "developer":
-			instructions = append(instructions, chatText(m.Content))
-		case "user":
-			input = append(input, map[string]any{"type": "message", "role": "user", "content": userParts(m.Content)})
-		case "assistant":
-			if t := chatText(m.Content); t != "" {
-				input = append(input, map[string]any{"type": "message", "role": "assistant", "content": []any{map[string]any{"type": "output_text", "text": t, "annotations": []any{}}}})
-			}
-			for _, tc := range m.ToolCalls {
-				input = append(input, map[string]any{"type": "function_call", "call_id": tc.ID, "name": tc.Function.Name, "arguments": tc.Function.Arguments})
-			}
-		case "tool":
-			input = append(input, map[string]any{"type": "function_call_output", "call_id": m.ToolCallID, "output": chatText(m.Content)})
-		default:
-			return nil, errors.New("message role " + clip(m.Role) + " has no Responses form")
-		}
+	instructions, input, err := responsesInput(in.Messages)
+	if err != nil {
+		return nil, err
 	}
-	if len(instructions) > 0 {
-		out["instructions"] = strings.Join(instructions, "\n\n")
+	if instructions != "" {
+		out["instructions"] = instructions
 	}
 	out["input"] = input
 	if len(in.Tools) > 0 {
-		tools := make([]map[string]any, 0, len(in.Tools))
-		for _, t := range in.Tools {
-			f := map[string]any{"type": "function", "name": t.Function.Name}
-			if t.Function.Description != "" {
-				f["description"] = t.Function.Description
-			}
-			if p := present(t.Function.Parameters); p != nil {
-				f["parameters"] = p
-			}
-			if t.Function.Strict != nil {
-				f["strict"] = *t.Function.Strict
-			}
-			tools = append(tools, f)
-		}
-		out["tools"] = tools
+		out["tools"] = responsesTools(in.Tools)
 	}
 	if tc := present(in.ToolChoice); tc != nil {
 		var s string
@@ -136,6 +105,52 @@ func ChatToResponses(chat []byte) ([]byte, error) {
 		out["stream"] = true
 	}
 	return marshal(out)
+}
+
+// responsesInput splits chat messages into Responses instructions (the
+// system and developer messages) and input items.
+func responsesInput(msgs []chatIn) (string, []map[string]any, error) {
+	var instructions []string
+	var input []map[string]any
+	for _, m := range msgs {
+		switch m.Role {
+		case "system", "developer":
+			instructions = append(instructions, chatText(m.Content))
+		case "user":
+			input = append(input, map[string]any{"type": "message", "role": "user", "content": userParts(m.Content)})
+		case "assistant":
+			if t := chatText(m.Content); t != "" {
+				input = append(input, map[string]any{"type": "message", "role": "assistant", "content": []any{map[string]any{"type": "output_text", "text": t, "annotations": []any{}}}})
+			}
+			for _, tc := range m.ToolCalls {
+				input = append(input, map[string]any{"type": "function_call", "call_id": tc.ID, "name": tc.Function.Name, "arguments": tc.Function.Arguments})
+			}
+		case "tool":
+			input = append(input, map[string]any{"type": "function_call_output", "call_id": m.ToolCallID, "output": chatText(m.Content)})
+		default:
+			return "", nil, errors.New("message role " + clip(m.Role) + " has no Responses form")
+		}
+	}
+	return strings.Join(instructions, "\n\n"), input, nil
+}
+
+// responsesTools are chat function tools as Responses function tools.
+func responsesTools(in []chatTool) []map[string]any {
+	tools := make([]map[string]any, 0, len(in))
+	for _, t := range in {
+		f := map[string]any{"type": "function", "name": t.Function.Name}
+		if t.Function.Description != "" {
+			f["description"] = t.Function.Description
+		}
+		if p := present(t.Function.Parameters); p != nil {
+			f["parameters"] = p
+		}
+		if t.Function.Strict != nil {
+			f["strict"] = *t.Function.Strict
+		}
+		tools = append(tools, f)
+	}
+	return tools
 }
 
 type chatIn struct {

@@ -3,6 +3,7 @@ package sim
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
@@ -300,111 +301,73 @@ func (e *respEvents) send(typ string, v map[string]any) bool {
 // StreamStallAfter) deltas, the completion recorded once a token was
 // sent.
 func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *generation, m *modelState, c *call, e *entry, arrival int64, f fault) {
-	completion := min(max(s.cfg.OutputTokens(c.maxOut, c.body), 0), c.maxOut)
-	status := responseStatus(c, completion)
-	pieces := s.filler.pieces(completion)
-	if pad := s.cfg.PadResponseBytes; pad > 0 {
-		pieces = append(pieces, strings.Repeat(".", pad))
-	}
-	full := s.simResponse(c, completion, s.cfg.Now().Unix(), status, strings.Join(pieces, ""))
+	run := s.newStreamRun(w, r, g, m, c, e, arrival, f)
+	pieces := run.pieces()
+	full := s.simResponse(c, run.completion, s.cfg.Now().Unix(), responseStatus(c, run.completion), strings.Join(pieces, ""))
 	m.peek(s.now()).set(w.Header(), s.form)
 	ev := &respEvents{out: startSSE(w)}
 	g.streamed.Add(1)
 	s.count(g, m, http.StatusOK)
-	stopAt := -1
-	switch f {
-	case faultStreamCut:
-		stopAt = s.cfg.Faults.StreamCutAfter
-	case faultStreamStall:
-		stopAt = s.cfg.Faults.StreamStallAfter
-	}
-	sent := 0
-	gone := func(clientLeft bool) {
-		if sent > 0 {
-			m.succeeded(arrival, c.cost, int64(c.prompt+min(sent, completion)))
-			g.complete(c.key, c.jobID, nil, nil)
-		}
-		if clientLeft {
-			g.clientGone.Add(1)
-		}
-		g.release(c.key, e)
-	}
-	if !sleep(r.Context(), s.cfg.TTFT) {
-		gone(true)
-		return
-	}
-	started := map[string]any{}
-	for k, v := range full {
-		started[k] = v
-	}
-	started["status"], started["output"], started["usage"], started["incomplete_details"] = "in_progress", []any{}, nil, nil
-	if !ev.send("response.created", map[string]any{"response": started}) || !ev.send("response.in_progress", map[string]any{"response": started}) {
-		gone(true)
-		return
-	}
 	item := full["output"].([]map[string]any)[0]
-	added := map[string]any{}
-	for k, v := range item {
-		added[k] = v
-	}
-	added["status"] = "in_progress"
 	itemID := item["id"]
 	if c.tool != nil {
-		added["arguments"] = ""
 		pieces = []string{c.tool.args}
-	} else {
-		added["content"] = []any{}
 	}
-	if !ev.send("response.output_item.added", map[string]any{"output_index": 0, "item": added}) {
-		gone(true)
+	if !sleep(r.Context(), s.cfg.TTFT) || !beginResponseStream(ev, full, item) {
+		run.gone(true)
 		return
 	}
-	if c.tool == nil && !ev.send("response.content_part.added", map[string]any{"item_id": itemID, "output_index": 0, "content_index": 0,
-		"part": map[string]any{"type": "output_text", "text": "", "annotations": []any{}}}) {
-		gone(true)
-		return
-	}
-	for i, p := range pieces {
-		if i == stopAt {
-			break
-		}
-		if i > 0 && !sleep(r.Context(), s.cfg.PerToken) {
-			gone(true)
-			return
-		}
-		var ok bool
+	write := func(p string) bool {
 		if c.tool != nil {
-			ok = ev.send("response.function_call_arguments.delta", map[string]any{"item_id": itemID, "output_index": 0, "delta": p})
-		} else {
-			ok = ev.send("response.output_text.delta", map[string]any{"item_id": itemID, "output_index": 0, "content_index": 0, "delta": p, "logprobs": []any{}})
+			return ev.send("response.function_call_arguments.delta", map[string]any{"item_id": itemID, "output_index": 0, "delta": p})
 		}
-		if !ok {
-			gone(true)
-			return
-		}
-		sent++
+		return ev.send("response.output_text.delta", map[string]any{"item_id": itemID, "output_index": 0, "content_index": 0, "delta": p, "logprobs": []any{}})
 	}
-	switch {
-	case f == faultStreamCut:
-		g.streamCuts.Add(1)
-		gone(false)
-		dropConnection(w)
-		return
-	case f == faultStreamStall:
-		g.streamStalls.Add(1)
-		gone(false)
-		hang(r.Context(), w, s.cfg.Faults.HangFor)
+	if !run.send(pieces, write) || run.faulted() {
 		return
 	}
 	body, err := json.Marshal(full)
 	if err != nil {
 		panic(fmt.Sprintf("sim: encoding response: %v", err))
 	}
-	m.succeeded(arrival, c.cost, int64(c.prompt+completion))
-	g.complete(c.key, c.jobID, e, body)
+	run.finished(body)
 	if !s.finishResponseStream(ev, full) {
 		g.clientGone.Add(1)
 	}
+}
+
+// beginResponseStream writes the events before a Response's first delta:
+// created and in_progress (the response without output), the item added
+// and, for a message, its text part added.
+func beginResponseStream(ev *respEvents, full, item map[string]any) bool {
+	started := maps.Clone(full)
+	started["status"], started["output"], started["usage"], started["incomplete_details"] = "in_progress", []any{}, nil, nil
+	added := maps.Clone(item)
+	added["status"] = "in_progress"
+	if item["type"] == "function_call" {
+		added["arguments"] = ""
+	} else {
+		added["content"] = []any{}
+	}
+	ok := ev.send("response.created", map[string]any{"response": started}) && ev.send("response.in_progress", map[string]any{"response": started}) &&
+		ev.send("response.output_item.added", map[string]any{"output_index": 0, "item": added})
+	if item["type"] == "function_call" {
+		return ok
+	}
+	return ok && ev.send("response.content_part.added", map[string]any{"item_id": item["id"], "output_index": 0, "content_index": 0,
+		"part": map[string]any{"type": "output_text", "text": "", "annotations": []any{}}})
+}
+
+// chatDeltas is how a chat stream sends the tool call: a delta naming it,
+// then its arguments in two pieces.
+func (t *toolCall) chatDeltas() (head map[string]any, pieces []string, delta func(string) map[string]any) {
+	head = map[string]any{"tool_calls": []any{map[string]any{"index": 0, "id": t.id, "type": "function",
+		"function": map[string]any{"name": t.name, "arguments": ""}}}}
+	cut := len(t.args) / 2
+	delta = func(p string) map[string]any {
+		return map[string]any{"tool_calls": []any{map[string]any{"index": 0, "function": map[string]any{"arguments": p}}}}
+	}
+	return head, []string{t.args[:cut], t.args[cut:]}, delta
 }
 
 // finishResponseStream writes the .done events of a Response's one item

@@ -78,23 +78,12 @@ func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, g *gen
 		s.streamResponse(w, r, g, m, c, e, arrival, f)
 		return
 	}
-	completion := min(max(s.cfg.OutputTokens(c.maxOut, c.body), 0), c.maxOut)
-	cc := s.newCompletion(c, completion, s.cfg.Now())
+	run := s.newStreamRun(w, r, g, m, c, e, arrival, f)
+	cc := s.newCompletion(c, run.completion, s.cfg.Now())
 	m.peek(s.now()).set(w.Header(), s.form)
 	out := startSSE(w)
 	g.streamed.Add(1)
 	s.count(g, m, http.StatusOK)
-	pieces := s.filler.pieces(completion)
-	if pad := s.cfg.PadResponseBytes; pad > 0 {
-		pieces = append(pieces, strings.Repeat(".", pad))
-	}
-	stopAt := -1
-	switch f {
-	case faultStreamCut:
-		stopAt = s.cfg.Faults.StreamCutAfter
-	case faultStreamStall:
-		stopAt = s.cfg.Faults.StreamStallAfter
-	}
 	var usage json.RawMessage
 	if c.usage {
 		usage = json.RawMessage("null")
@@ -103,80 +92,29 @@ func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, g *gen
 		return chunk{ID: cc.ID, Object: "chat.completion.chunk", Created: cc.Created, Model: cc.Model, ServiceTier: cc.ServiceTier,
 			SystemFingerprint: cc.SystemFingerprint, Usage: usage, Choices: []chunkChoice{{Delta: delta, Logprobs: json.RawMessage("null"), FinishReason: finish}}}
 	}
-	content := func(p string) map[string]any { return map[string]any{"content": p} }
+	pieces, delta := run.pieces(), func(p string) map[string]any { return map[string]any{"content": p} }
+	var head map[string]any
 	if t := c.tool; t != nil {
-		// A tool call: its arguments stream in two pieces.
-		cut := len(t.args) / 2
-		pieces = []string{t.args[:cut], t.args[cut:]}
-		content = func(p string) map[string]any {
-			return map[string]any{"tool_calls": []any{map[string]any{"index": 0, "function": map[string]any{"arguments": p}}}}
-		}
+		head, pieces, delta = t.chatDeltas()
 	}
-	sent := 0 // content chunks written
-	// gone ends a stream whose client left, or that a fault ends: what was
-	// sent was generated and billed.
-	gone := func(clientLeft bool) {
-		if sent > 0 {
-			m.succeeded(arrival, c.cost, int64(c.prompt+min(sent, completion)))
-			g.complete(c.key, c.jobID, nil, nil)
-		}
-		if clientLeft {
-			g.clientGone.Add(1)
-		}
-		g.release(c.key, e)
-	}
-	if !sleep(r.Context(), s.cfg.TTFT) {
-		gone(true)
+	if !sleep(r.Context(), s.cfg.TTFT) || !out.data(mk(map[string]any{"role": "assistant", "content": "", "refusal": nil}, nil)) ||
+		head != nil && run.stopAt != 0 && !out.data(mk(head, nil)) {
+		run.gone(true)
 		return
 	}
-	if !out.data(mk(map[string]any{"role": "assistant", "content": "", "refusal": nil}, nil)) {
-		gone(true)
-		return
-	}
-	if t := c.tool; t != nil && stopAt != 0 {
-		if !out.data(mk(map[string]any{"tool_calls": []any{map[string]any{"index": 0, "id": t.id, "type": "function",
-			"function": map[string]any{"name": t.name, "arguments": ""}}}}, nil)) {
-			gone(true)
-			return
-		}
-	}
-	for i, p := range pieces {
-		if i == stopAt {
-			break
-		}
-		if i > 0 && !sleep(r.Context(), s.cfg.PerToken) {
-			gone(true)
-			return
-		}
-		if !out.data(mk(content(p), nil)) {
-			gone(true)
-			return
-		}
-		sent++
-	}
-	switch {
-	case f == faultStreamCut:
-		g.streamCuts.Add(1)
-		gone(false)
-		dropConnection(w)
-		return
-	case f == faultStreamStall:
-		g.streamStalls.Add(1)
-		gone(false)
-		hang(r.Context(), w, s.cfg.Faults.HangFor)
+	if !run.send(pieces, func(p string) bool { return out.data(mk(delta(p), nil)) }) || run.faulted() {
 		return
 	}
 	finish := cc.Choices[0].FinishReason
 	if !out.data(mk(map[string]any{}, &finish)) {
-		gone(true)
+		run.gone(true)
 		return
 	}
 	body, err := json.Marshal(cc)
 	if err != nil {
 		panic(fmt.Sprintf("sim: encoding completion: %v", err))
 	}
-	m.succeeded(arrival, c.cost, int64(c.prompt+completion))
-	g.complete(c.key, c.jobID, e, body)
+	run.finished(body)
 	if c.usage {
 		u, _ := json.Marshal(cc.Usage)
 		last := mk(nil, nil)
@@ -189,6 +127,98 @@ func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, g *gen
 	if !out.raw([]byte("[DONE]")) {
 		g.clientGone.Add(1)
 	}
+}
+
+// streamRun is one admitted streamed call as it goes: how much of its
+// answer it sent, and how it ends.
+type streamRun struct {
+	s          *Server
+	w          http.ResponseWriter
+	r          *http.Request
+	g          *generation
+	m          *modelState
+	c          *call
+	e          *entry
+	arrival    int64
+	f          fault
+	completion int // output tokens of the whole answer
+	stopAt     int // the piece a stream fault stops before (-1: none)
+	sent       int // pieces written
+}
+
+func (s *Server) newStreamRun(w http.ResponseWriter, r *http.Request, g *generation, m *modelState, c *call, e *entry, arrival int64, f fault) *streamRun {
+	run := &streamRun{s: s, w: w, r: r, g: g, m: m, c: c, e: e, arrival: arrival, f: f, stopAt: -1,
+		completion: min(max(s.cfg.OutputTokens(c.maxOut, c.body), 0), c.maxOut)}
+	switch f {
+	case faultStreamCut:
+		run.stopAt = s.cfg.Faults.StreamCutAfter
+	case faultStreamStall:
+		run.stopAt = s.cfg.Faults.StreamStallAfter
+	}
+	return run
+}
+
+// pieces is the answer's text as a stream sends it, word by word.
+func (run *streamRun) pieces() []string {
+	pieces := run.s.filler.pieces(run.completion)
+	if pad := run.s.cfg.PadResponseBytes; pad > 0 {
+		pieces = append(pieces, strings.Repeat(".", pad))
+	}
+	return pieces
+}
+
+// send writes pieces PerToken apart, up to the fault's stop; it reports
+// false when the client left (the stream is then ended).
+func (run *streamRun) send(pieces []string, write func(p string) bool) bool {
+	for i, p := range pieces {
+		if i == run.stopAt {
+			break
+		}
+		if i > 0 && !sleep(run.r.Context(), run.s.cfg.PerToken) || !write(p) {
+			run.gone(true)
+			return false
+		}
+		run.sent++
+	}
+	return true
+}
+
+// faulted ends a stream its fault cuts or stalls, and reports whether it
+// did.
+func (run *streamRun) faulted() bool {
+	switch run.f {
+	case faultStreamCut:
+		run.g.streamCuts.Add(1)
+		run.gone(false)
+		dropConnection(run.w)
+	case faultStreamStall:
+		run.g.streamStalls.Add(1)
+		run.gone(false)
+		hang(run.r.Context(), run.w, run.s.cfg.Faults.HangFor)
+	default:
+		return false
+	}
+	return true
+}
+
+// gone ends a stream whose client left, or that a fault ends: what was
+// sent was generated and billed.
+func (run *streamRun) gone(clientLeft bool) {
+	c := run.c
+	if run.sent > 0 {
+		run.m.succeeded(run.arrival, c.cost, int64(c.prompt+min(run.sent, run.completion)))
+		run.g.complete(c.key, c.jobID, nil, nil)
+	}
+	if clientLeft {
+		run.g.clientGone.Add(1)
+	}
+	run.g.release(c.key, run.e)
+}
+
+// finished records the whole answer, body, as completed.
+func (run *streamRun) finished(body []byte) {
+	run.m.succeeded(run.arrival, run.c.cost, int64(run.c.prompt+run.completion))
+	run.g.complete(run.c.key, run.c.jobID, run.e, body)
 }
 
 // replayStream answers a streamed request from a stored completion (the
