@@ -1,15 +1,13 @@
 package provider
 
 import (
-	"github.com/sluice-dev/sluice/internal/wire"
-
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/wire"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -71,38 +69,6 @@ func TestAnthropicHeadersAndUsage(t *testing.T) {
 		if got := ParseUsage(body); got != tc.want {
 			t.Errorf("%s: ParseUsage of the converted answer %+v, want %+v", tc.name, got, tc.want)
 		}
-	}
-}
-
-// TestToAnthropicPassesCacheAndThinking: breakpoints on a system part, a
-// content part, a tool and a whole message, and the thinking object, reach
-// the Messages API body as sent.
-func TestToAnthropicPassesCacheAndThinking(t *testing.T) {
-	t.Parallel()
-	in := `{"model":"claude-x","max_tokens":4000,"thinking":{"type":"enabled","budget_tokens":2000},
-	 "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}},"cache_control":{"type":"ephemeral","ttl":"1h"}}],
-	 "messages":[
-	  {"role":"system","content":[{"type":"text","text":"rules","cache_control":{"type":"ephemeral"}}]},
-	  {"role":"user","content":[{"type":"text","text":"doc","cache_control":{"type":"ephemeral"}},{"type":"text","text":"question"}]},
-	  {"role":"assistant","content":"answer","cache_control":{"type":"ephemeral"}},
-	  {"role":"user","content":"next"}]}`
-	out, err := wire.ChatToAnthropic([]byte(in), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := `{"model":"claude-x","max_tokens":4000,"system":[{"type":"text","text":"rules","cache_control":{"type":"ephemeral"}}],` +
-		`"messages":[{"role":"user","content":[{"type":"text","text":"doc","cache_control":{"type":"ephemeral"}},{"type":"text","text":"question"}]},` +
-		`{"role":"assistant","content":[{"type":"text","text":"answer","cache_control":{"type":"ephemeral"}}]},` +
-		`{"role":"user","content":[{"type":"text","text":"next"}]}],` +
-		`"tools":[{"name":"f","input_schema":{"type":"object"},"cache_control":{"type":"ephemeral","ttl":"1h"}}],` +
-		`"thinking":{"type":"enabled","budget_tokens":2000}}`
-	if canon(t, out) != canon(t, []byte(want)) {
-		t.Errorf("got  %s\nwant %s", canon(t, out), canon(t, []byte(want)))
-	}
-	// Without breakpoints the system prompt stays a string.
-	out, _ = wire.ChatToAnthropic([]byte(`{"model":"m","messages":[{"role":"system","content":"a"},{"role":"user","content":"b"}]}`), "")
-	if !strings.Contains(string(out), `"system":"a"`) {
-		t.Errorf("plain system prompt: %s", out)
 	}
 }
 

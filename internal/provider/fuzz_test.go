@@ -1,13 +1,13 @@
 package provider
 
 import (
-	"github.com/sluice-dev/sluice/internal/wire"
-
 	"encoding/json"
 	"net/http"
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/sluice-dev/sluice/internal/wire"
 )
 
 func FuzzClassify(f *testing.F) {
