@@ -175,62 +175,11 @@ func ChatToAnthropic(body []byte, model string) ([]byte, error) {
 	}
 	out.StopSequences = stops
 
-	var system []anBlock
-	for i, m := range in.Messages {
-		var role string
-		var blocks []anBlock
-		switch m.Role {
-		case "system", "developer":
-			parts, err := contentBlocks(m.Content, false)
-			if err != nil {
-				return nil, fmt.Errorf("messages[%d]: %w", i, err)
-			}
-			system = append(system, markLast(parts, m.CacheControl)...)
-			continue
-		case "user":
-			role = "user"
-			if blocks, err = contentBlocks(m.Content, true); err != nil {
-				return nil, fmt.Errorf("messages[%d]: %w", i, err)
-			}
-		case "assistant":
-			role = "assistant"
-			if blocks, err = contentBlocks(m.Content, false); err != nil {
-				return nil, fmt.Errorf("messages[%d]: %w", i, err)
-			}
-			for j, tc := range m.ToolCalls {
-				input := json.RawMessage(`{}`)
-				if a := strings.TrimSpace(tc.Function.Arguments); a != "" {
-					if !json.Valid([]byte(a)) {
-						return nil, fmt.Errorf("messages[%d].tool_calls[%d]: arguments are not JSON", i, j)
-					}
-					input = json.RawMessage(a)
-				}
-				blocks = append(blocks, anBlock{Type: "tool_use", ID: tc.ID, Name: tc.Function.Name, Input: input})
-			}
-		case "tool":
-			role = "user"
-			parts, err := contentBlocks(m.Content, false)
-			if err != nil {
-				return nil, fmt.Errorf("messages[%d]: %w", i, err)
-			}
-			var text strings.Builder
-			for _, p := range parts {
-				text.WriteString(p.Text)
-			}
-			blocks = []anBlock{{Type: "tool_result", ToolUseID: m.ToolCallID, Content: text.String()}}
-		default:
-			return nil, fmt.Errorf("messages[%d]: role %q is not supported", i, clipName(m.Role))
-		}
-		blocks = markLast(blocks, m.CacheControl)
-		if len(blocks) == 0 {
-			continue
-		}
-		if n := len(out.Messages); n > 0 && out.Messages[n-1].Role == role {
-			out.Messages[n-1].Content = append(out.Messages[n-1].Content, blocks...)
-		} else {
-			out.Messages = append(out.Messages, anMessage{Role: role, Content: blocks})
-		}
+	system, msgs, err := anthropicMessages(in.Messages)
+	if err != nil {
+		return nil, err
 	}
+	out.Messages = msgs
 	out.System = systemPrompt(system)
 	if len(out.Messages) == 0 {
 		return nil, errors.New("no user or assistant messages")
@@ -258,6 +207,67 @@ func ChatToAnthropic(body []byte, model string) ([]byte, error) {
 		}
 	}
 	return json.Marshal(out)
+}
+
+// anthropicMessages converts chat messages to the system prompt's blocks
+// and Messages API messages (consecutive messages of one role merged).
+func anthropicMessages(in []oaMessage) (system []anBlock, msgs []anMessage, err error) {
+	for i, m := range in {
+		var role string
+		var blocks []anBlock
+		switch m.Role {
+		case "system", "developer":
+			parts, err := contentBlocks(m.Content, false)
+			if err != nil {
+				return nil, nil, fmt.Errorf("messages[%d]: %w", i, err)
+			}
+			system = append(system, markLast(parts, m.CacheControl)...)
+			continue
+		case "user":
+			role = "user"
+			if blocks, err = contentBlocks(m.Content, true); err != nil {
+				return nil, nil, fmt.Errorf("messages[%d]: %w", i, err)
+			}
+		case "assistant":
+			role = "assistant"
+			if blocks, err = contentBlocks(m.Content, false); err != nil {
+				return nil, nil, fmt.Errorf("messages[%d]: %w", i, err)
+			}
+			for j, tc := range m.ToolCalls {
+				input := json.RawMessage(`{}`)
+				if a := strings.TrimSpace(tc.Function.Arguments); a != "" {
+					if !json.Valid([]byte(a)) {
+						return nil, nil, fmt.Errorf("messages[%d].tool_calls[%d]: arguments are not JSON", i, j)
+					}
+					input = json.RawMessage(a)
+				}
+				blocks = append(blocks, anBlock{Type: "tool_use", ID: tc.ID, Name: tc.Function.Name, Input: input})
+			}
+		case "tool":
+			role = "user"
+			parts, err := contentBlocks(m.Content, false)
+			if err != nil {
+				return nil, nil, fmt.Errorf("messages[%d]: %w", i, err)
+			}
+			var text strings.Builder
+			for _, p := range parts {
+				text.WriteString(p.Text)
+			}
+			blocks = []anBlock{{Type: "tool_result", ToolUseID: m.ToolCallID, Content: text.String()}}
+		default:
+			return nil, nil, fmt.Errorf("messages[%d]: role %q is not supported", i, clipName(m.Role))
+		}
+		blocks = markLast(blocks, m.CacheControl)
+		if len(blocks) == 0 {
+			continue
+		}
+		if n := len(msgs); n > 0 && msgs[n-1].Role == role {
+			msgs[n-1].Content = append(msgs[n-1].Content, blocks...)
+		} else {
+			msgs = append(msgs, anMessage{Role: role, Content: blocks})
+		}
+	}
+	return system, msgs, nil
 }
 
 // contentBlocks converts OpenAI content (a string or an array of parts) to
