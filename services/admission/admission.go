@@ -97,7 +97,6 @@ type Service struct {
 	tenantMin *budget.Store            // tenants' per-minute windows
 	tenantDay *budget.Store            // tenants' per-day windows
 	learn     *adapt.Store             // limits learned from the providers
-	learned   map[string]*learnCache   // per budget key
 	budgetErr atomic.Value             // last budget store error (string), "" when healthy
 	failed    atomic.Value             // why the scheduler stopped (string), "" while it runs
 	guard     *guard.Guard
@@ -109,6 +108,9 @@ type Service struct {
 	// downLast.
 	downSince, downLast time.Time
 	lettingGo           bool
+
+	learned *adapt.Cache[adapt.State] // per learn key: the record as last read
+	shown   map[string]time.Time      // per budget key: the limit gauges last set
 }
 
 // New builds the service; it does no I/O.
@@ -130,7 +132,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	for _, x := range []*budget.Store{tmin, tday} {
 		x.Writes, x.Conflicts = ms.BudgetWrites.Inc, ms.BudgetConflict.Inc
 	}
-	s := &Service{cfg: cfg, guard: cfg.Guard, mesh: m, store: st, learn: adapt.NewStore(m.Budgets, now), pcache: promptcache.New(m.Budgets, now), learned: map[string]*learnCache{}, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, held: newHeldSet(), notBefore: map[string]time.Time{}, leases: map[string]*budget.Lease{}, tblocks: map[string]*budget.Lease{}}
+	s := &Service{cfg: cfg, guard: cfg.Guard, mesh: m, store: st, learn: adapt.NewStore(m.Budgets, now), pcache: promptcache.New(m.Budgets, now), learned: adapt.NewCache[adapt.State](adapt.AdmissionRefresh), shown: map[string]time.Time{}, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, held: newHeldSet(), notBefore: map[string]time.Time{}, leases: map[string]*budget.Lease{}, tblocks: map[string]*budget.Lease{}}
 	s.lead = newLead(a)
 	st.Lead = s.lead.Lead
 	s.ackWait = cmp.Or(cfg.AckWait, mesh.PublishAckWait)
@@ -150,44 +152,33 @@ func UnitQuantum(limit int, burstFraction float64) int {
 	return max(int(math.Ceil(float64(limit)*burstFraction)), 1)
 }
 
-// learnCache is a model's learned record as this process last read it.
-type learnCache struct {
-	st      adapt.State
-	read    time.Time
-	shown   time.Time // gauges last set
-	started bool
-}
-
 // effective returns the limits in effect for a model, reading the fleet's
 // learned record at most every adapt.AdmissionRefresh.
 func (s *Service) effective(ctx context.Context, ms *modelState, model config.Model) adapt.Effective {
 	ac := adapt.For(s.cfg.App.Admission, model)
-	lc := s.learned[ms.key]
-	if lc == nil {
-		lc = &learnCache{}
-		s.learned[ms.key] = lc
-	}
+	lk := adapt.Key(ms.provider, job.ModelToken(ms.model))
 	now := s.now()
-	if ac.Adapts && now.Sub(lc.read) >= adapt.AdmissionRefresh {
-		lk := adapt.Key(ms.provider, job.ModelToken(ms.model))
-		var st adapt.State
+	st, _ := s.learned.Last(lk)
+	if ac.Adapts {
 		var err error
-		if !lc.started {
-			st, err = s.learn.Start(ctx, lk, ac)
-		} else {
-			st, _, err = s.learn.Get(ctx, lk)
-		}
-		if err == nil {
-			lc.st, lc.read, lc.started = st, now, true
-		} else {
+		// The first read starts the record (it is made from the
+		// configuration when the fleet has none).
+		st, err = s.learned.Get(lk, now, func(_ adapt.State, started bool) (adapt.State, error) {
+			if !started {
+				return s.learn.Start(ctx, lk, ac)
+			}
+			st, _, err := s.learn.Get(ctx, lk)
+			return st, err
+		})
+		if err != nil {
 			s.log.Debug("learned limits", "key", lk, "err", err)
 		}
 	}
-	e := adapt.Compute(ac, lc.st, now)
-	if now.Sub(lc.shown) >= adapt.AdmissionRefresh {
+	e := adapt.Compute(ac, st, now)
+	if now.Sub(s.shown[ms.key]) >= adapt.AdmissionRefresh {
 		// The gauges move with the record, the warm-up and the probe: a few
 		// times a second is enough, not once per job.
-		lc.shown = now
+		s.shown[ms.key] = now
 		for i, d := range []string{"requests_per_minute", "tokens_per_minute", "requests_per_second", "tokens_per_second"} {
 			v := [4]int{e.PerMinute[0], e.PerMinute[1], e.PerSecond[0], e.PerSecond[1]}[i]
 			s.m.LimitEffective.WithLabelValues(ms.provider, ms.model, d).Set(float64(v))

@@ -3,7 +3,6 @@ package admission
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"runtime/debug"
 	"strings"
@@ -59,13 +58,9 @@ func (s *Service) recoverScheduler(err *error) {
 // and watches QUEUE's depth. stop drains the consumer and sends back what
 // was pulled and not taken.
 func (s *Service) consumeQueue(ctx context.Context) (in chan jetstream.Msg, stop func(), err error) {
-	cons, err := streams.EnsureConsumer(ctx, s.mesh.JS, streams.Queue, "admission", "", "")
-	if err != nil {
-		return nil, nil, err
-	}
 	batch := s.cfg.App.Admission.Batch
 	in = make(chan jetstream.Msg, batch)
-	cc, err := cons.Consume(func(msg jetstream.Msg) {
+	loop, err := s.mesh.Consume(ctx, mesh.Consumer{Stream: streams.Queue, Template: "admission", What: "queue", Batch: batch}, s.log, func(msg jetstream.Msg) {
 		select {
 		case in <- msg:
 		case <-ctx.Done():
@@ -73,13 +68,9 @@ func (s *Service) consumeQueue(ctx context.Context) (in chan jetstream.Msg, stop
 			// not after the ack wait.
 			_ = msg.Nak()
 		}
-	}, jetstream.PullMaxMessages(batch), streams.PullExpiry(), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
-			s.log.Debug("queue consume", "err", err)
-		}
-	}))
+	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("consume queue: %w", err)
+		return nil, nil, err
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() { s.watchDepth(ctx) })
@@ -87,11 +78,8 @@ func (s *Service) consumeQueue(ctx context.Context) (in chan jetstream.Msg, stop
 		// Messages pulled but not handed over yet go back at once (the
 		// handler NAKs them once ctx is done), so a rolling restart does
 		// not hold up to a batch of jobs for the 30 s ack wait.
-		cc.Drain()
-		select {
-		case <-cc.Closed():
-		case <-time.After(2 * time.Second):
-			cc.Stop()
+		if !loop.Drain(2 * time.Second) {
+			loop.Stop()
 		}
 		for {
 			select {
