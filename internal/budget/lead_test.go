@@ -108,7 +108,11 @@ func TestPlacementUsesTheLearnedLead(t *testing.T) {
 	for _, c := range []struct {
 		lead time.Duration
 		want time.Duration // the instant, after now
-	}{{20 * time.Millisecond, 20 * time.Millisecond}, {2 * time.Millisecond, 2 * time.Millisecond}} {
+	}{
+		{20 * time.Millisecond, 20 * time.Millisecond}, {2 * time.Millisecond, 2 * time.Millisecond},
+		// To the nearest millisecond: the lead is learned, not a bound.
+		{2400 * time.Microsecond, 2 * time.Millisecond}, {2600 * time.Microsecond, 3 * time.Millisecond},
+	} {
 		now = now.Add(time.Second) // room: the last placement is long past
 		lead = c.lead
 		g, err := st.TakeAt(t.Context(), "k", lim, []budget.Cost{{Requests: 1}}, nil)
@@ -117,6 +121,9 @@ func TestPlacementUsesTheLearnedLead(t *testing.T) {
 		}
 		if got := g.SendAt[0].Sub(now); got != c.want {
 			t.Errorf("lead %v: planned %v ahead, want %v", c.lead, got, c.want)
+		}
+		if !g.Planned.Equal(now) {
+			t.Errorf("lead %v: planned at %v, want now (%v)", c.lead, g.Planned, now)
 		}
 	}
 }

@@ -70,7 +70,10 @@ func (p Params) shortUS() int64 { return (p.Short + p.Tolerance).Microseconds() 
 func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time, now time.Time) Grant {
 	mins, caps := lim.caps(s.p.BurstFraction)
 	nowUS := now.UnixMicro()
-	earliest := nowUS + s.lead(now).Microseconds()
+	// Rounded to the nearest millisecond, not up with the instant below: the
+	// lead is learned to be just long enough, and a placement with room
+	// starts at the earliest instant, which then needs no rounding.
+	earliest := (nowUS + s.lead(now).Microseconds() + 500) / 1000 * 1000
 	h := s.p.Horizon
 	if lim.Horizon > 0 {
 		h = min(h, lim.Horizon)

@@ -327,6 +327,11 @@ type Grant struct {
 	// sent (its call is valid until Tolerance after it); ValidUntil is then
 	// the last one's.
 	SendAt []time.Time
+	// Planned is the instant the grant was computed at: a paced store's
+	// instants are at least its lead after it, so a call's dispatch
+	// transit runs from here (the read of the window before it is not
+	// transit).
+	Planned time.Time
 }
 
 // KV is the part of a jetstream.KeyValue the store uses.
@@ -347,6 +352,8 @@ type Store struct {
 	// Lead, when set, is how far ahead of now a paced store plans at the
 	// earliest (learned: lead.go); nil plans Params.Lead ahead.
 	Lead func(now time.Time) time.Duration
+
+	known knownWindows // known.go
 }
 
 // NewStore makes a store; now may be nil for time.Now.
@@ -379,9 +386,16 @@ func (s *Store) Take(ctx context.Context, key string, lim Limits, costs []Cost) 
 // in a slice, say.
 func (s *Store) TakeAt(ctx context.Context, key string, lim Limits, costs []Cost, notBefore []time.Time) (Grant, error) {
 	for attempt := 0; ; attempt++ {
-		w, rev, err := s.load(ctx, key)
-		if err != nil {
-			return Grant{}, err
+		w, rev, known := s.known.take(key)
+		if !known {
+			wrote := rev
+			var err error
+			if w, rev, err = s.load(ctx, key); err != nil {
+				return Grant{}, err
+			}
+			if wrote != 0 {
+				s.known.count(key, rev == wrote)
+			}
 		}
 		now := s.now()
 		cur := s.sliceOf(now)
@@ -393,11 +407,26 @@ func (s *Store) TakeAt(ctx context.Context, key string, lim Limits, costs []Cost
 		} else {
 			g = s.plan(&w, lim, costs, cur)
 		}
+		g.Planned = now
+		if g.N == 0 && known {
+			// A copy may be stale with less room than the window has (a
+			// return since): a refusal stands only on a fresh read.
+			attempt--
+			continue
+		}
 		if g.N == 0 {
 			return g, nil
 		}
-		if err := s.store(ctx, key, w, rev); err != nil {
+		rev, err := s.store(ctx, key, w, rev)
+		if err != nil {
 			if errors.Is(err, errConflict) {
+				if known {
+					// The copy was stale (known.go): read the window, as
+					// without one; no contention to report.
+					s.known.count(key, false)
+					attempt--
+					continue
+				}
 				if s.Conflicts != nil {
 					s.Conflicts()
 				}
@@ -408,6 +437,10 @@ func (s *Store) TakeAt(ctx context.Context, key string, lim Limits, costs []Cost
 			}
 			return Grant{}, err
 		}
+		if known {
+			s.known.count(key, true)
+		}
+		s.known.keep(key, w, rev)
 		return g, nil
 	}
 }
@@ -449,7 +482,10 @@ func (s *Store) modify(ctx context.Context, key, what string, fn func(w *Window,
 		if !fn(&w, cur) {
 			return nil
 		}
-		err = s.store(ctx, key, w, rev)
+		rev, err = s.store(ctx, key, w, rev)
+		if err == nil {
+			s.known.refresh(key, w, rev)
+		}
 		if errors.Is(err, errConflict) {
 			if s.Conflicts != nil {
 				s.Conflicts()
@@ -738,29 +774,31 @@ func appendVec(b []byte, v []int64, least int) []byte {
 	return append(b, ']')
 }
 
-func (s *Store) store(ctx context.Context, key string, w Window, rev uint64) error {
+// store writes w as key's window if it is still at revision rev (0: the
+// key does not exist), and returns the revision written.
+func (s *Store) store(ctx context.Context, key string, w Window, rev uint64) (uint64, error) {
 	data, err := w.MarshalJSON()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if rev == 0 {
-		_, err = s.kv.Create(ctx, key, data)
+		rev, err = s.kv.Create(ctx, key, data)
 		if errors.Is(err, jetstream.ErrKeyExists) {
-			return errConflict
+			return 0, errConflict
 		}
 	} else {
-		_, err = s.kv.Update(ctx, key, data, rev)
+		rev, err = s.kv.Update(ctx, key, data, rev)
 		if IsConflict(err) {
-			return errConflict
+			return 0, errConflict
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("%w: write %s: %v", ErrUnavailable, key, err)
+		return 0, fmt.Errorf("%w: write %s: %v", ErrUnavailable, key, err)
 	}
 	if s.Writes != nil {
 		s.Writes()
 	}
-	return nil
+	return rev, nil
 }
 
 // IsConflict reports a lost compare-and-set on a KV key.

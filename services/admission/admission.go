@@ -482,10 +482,12 @@ func piecesOf(d budget.Cost, k int) []budget.Cost {
 const backlogChunks = 32
 
 // leaseGrant is what lease admits: the first N candidates, each with the
-// instant its call may leave.
+// instant its call may leave and the instant that one was planned at (its
+// dispatch transit runs from there: lead.go).
 type leaseGrant struct {
 	N       int
 	SendAt  []time.Time
+	Planned []time.Time
 	Reason  string
 	RetryAt time.Time
 }
@@ -505,6 +507,7 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 		for i := range g.SendAt {
 			g.SendAt[i] = now
 		}
+		g.Planned = g.SendAt
 		return g, nil
 	}
 	l := s.leases[key]
@@ -534,6 +537,7 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 		}
 		g.N++
 		g.SendAt = append(g.SendAt, b.At)
+		g.Planned = append(g.Planned, now)
 	}
 	rest := cands[g.N:]
 	if len(rest) == 0 {
@@ -573,6 +577,9 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 	}
 	g.N += tg.N
 	g.SendAt = append(g.SendAt, tg.SendAt...)
+	for range tg.SendAt {
+		g.Planned = append(g.Planned, tg.Planned)
+	}
 	g.Reason, g.RetryAt = tg.Reason, tg.RetryAt
 	if g.N < len(cands) && g.Reason == "" {
 		g.Reason, g.RetryAt = "burst", now.Add(s.store.Params().Slice)

@@ -46,9 +46,8 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, it *Item) *pub {
 		return nil
 	}
 	lim, backlog := s.limitsFor(ctx, ms, model, c, it.Urgent)
-	planned := s.now() // the transit executors report runs from here
 	g, err := s.lease(ctx, ms.key, lim, []*Candidate{c}, backlog, it.Urgent)
-	if err == nil && len(g.SendAt) < g.N {
+	if err == nil && (len(g.SendAt) < g.N || len(g.Planned) < g.N) {
 		err = fmt.Errorf("lease granted %d jobs with %d send instants", g.N, len(g.SendAt))
 	}
 	if g.N == 0 {
@@ -68,7 +67,7 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, it *Item) *pub {
 		return nil
 	}
 	ms.wakeAt, ms.reason = time.Time{}, ""
-	return s.publish(ms, c, g.SendAt[0], planned, lim)
+	return s.publish(ms, c, g.SendAt[0], g.Planned[0], lim)
 }
 
 // limitsFor is what c is placed against on ms: the limits in effect, with
@@ -150,7 +149,8 @@ func (s *Service) sleep(ms *modelState, wake time.Time, reason string) {
 }
 
 // publish sends c to DISPATCH with its reservation: its cost on the
-// model's schedule at the instant at, as planned at planned.
+// model's schedule at the instant at, as planned at planned (its dispatch
+// transit runs from there: lead.go).
 func (s *Service) publish(ms *modelState, c *Candidate, at, planned time.Time, lim budget.Limits) *pub {
 	now := s.now()
 	j := c.Job

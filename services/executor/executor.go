@@ -71,6 +71,9 @@ type Service struct {
 	// givingBack holds, per model key, whether a lapsed instant is being
 	// returned (giveBackUnsent): one at a time.
 	givingBack sync.Map
+	// warming holds, per learn key, whether its last cut is being read
+	// ahead of a paced call (transit.go).
+	warming sync.Map
 	// returning does the same for over-reserved prompt tokens (settle.go).
 	returning sync.Map
 	transits  transits // paced calls' dispatch transits, to report (transit.go)
@@ -205,6 +208,7 @@ func (s *Service) Run(ctx context.Context) error {
 					return
 				}
 				if r := j.Reservation; r != nil && !r.SendAt.IsZero() {
+					s.warmEpoch(ctx, j, startCall, calls.Done) // transit.go
 					// A paced call: it is checked now, while it waits for its
 					// instant without a slot (admission plans at most
 					// plan_horizon ahead, which bounds how many wait), takes
@@ -527,7 +531,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 			return s.mesh.Enqueue(ctx, j, "drain:"+j.ID+":"+dispatchSeq(msg))
 		}
 		s.noteReady(ctx, msg, j) // transit.go
-		if !sleepUntil(ctx, r.SendAt) {
+		if !waitInstant(ctx, r.SendAt) { // instant.go
 			s.withdrawSent(ctx, opKey, sent)
 			return errors.New("shutting down before the send instant")
 		}
@@ -783,16 +787,25 @@ func (s *Service) drained(ctx context.Context, j *job.Job) bool {
 	v := s.epochs[key]
 	s.epochMu.Unlock()
 	if now := s.now(); now.Sub(v.read) >= epochRefresh {
-		st, _, err := s.learn.Get(ctx, key)
-		if err != nil {
+		var err error
+		if v, err = s.readEpoch(ctx, key, now); err != nil {
 			return false
 		}
-		v = epochView{epoch: st.Epoch, read: now}
-		s.epochMu.Lock()
-		s.epochs[key] = v
-		s.epochMu.Unlock()
 	}
 	return v.epoch > 0 && j.Reservation.ReservedAt.UnixMilli() < v.epoch+adapt.AdmissionRefresh.Milliseconds()
+}
+
+// readEpoch reads the model's last cut (learn key) at now and keeps it.
+func (s *Service) readEpoch(ctx context.Context, key string, now time.Time) (epochView, error) {
+	st, _, err := s.learn.Get(ctx, key)
+	if err != nil {
+		return epochView{}, err
+	}
+	v := epochView{epoch: st.Epoch, read: now}
+	s.epochMu.Lock()
+	s.epochs[key] = v
+	s.epochMu.Unlock()
+	return v, nil
 }
 
 // requeueOp marks an operation that was about to be called queued again

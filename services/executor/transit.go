@@ -3,10 +3,12 @@ package executor
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/adapt"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -84,4 +86,33 @@ func (s *Service) noteReady(ctx context.Context, msg jetstream.Msg, j *job.Job) 
 	}
 	waited, _ := ctx.Value(waitedKey{}).(time.Duration)
 	s.transits.add(s.now().Sub(r.ReservedAt) - waited)
+}
+
+// warmEpoch reads the model's last cut now, in the background, when the
+// view drained consults before the call would be stale by its instant:
+// the read is then done while the call crosses to its executor, not on
+// its transit (which the lead of every paced call is learned from). One
+// read per model at a time; drained still reads itself a view it finds
+// stale. The read is counted among the service's calls (start, done).
+func (s *Service) warmEpoch(ctx context.Context, j *job.Job, start func() bool, done func()) {
+	key := adapt.Key(j.Provider, job.ModelToken(j.Model))
+	s.epochMu.Lock()
+	v := s.epochs[key]
+	s.epochMu.Unlock()
+	if j.Reservation.SendAt.Sub(v.read) < epochRefresh {
+		return
+	}
+	busy, _ := s.warming.LoadOrStore(key, new(atomic.Bool))
+	if !busy.(*atomic.Bool).CompareAndSwap(false, true) {
+		return
+	}
+	if !start() {
+		busy.(*atomic.Bool).Store(false)
+		return
+	}
+	go func() {
+		defer done()
+		defer busy.(*atomic.Bool).Store(false)
+		_, _ = s.readEpoch(ctx, key, s.now())
+	}()
 }
