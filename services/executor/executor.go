@@ -531,7 +531,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 			return s.mesh.Enqueue(ctx, j, "drain:"+j.ID+":"+dispatchSeq(msg))
 		}
 		s.noteReady(ctx, msg, j) // transit.go
-		if !waitInstant(ctx, r.SendAt) { // instant.go
+		if !waitInstant(ctx, r.SendAt) {
 			s.withdrawSent(ctx, opKey, sent)
 			return errors.New("shutting down before the send instant")
 		}
