@@ -2,11 +2,15 @@ package ingest
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/cache"
@@ -70,10 +74,23 @@ func (s *Service) cacheJob(ctx context.Context, j *job.Job) (acc Accepted, serve
 		if j.ID == "" {
 			j.ID = job.NewID()
 		}
+		// The job's record first, as accept makes it: the job is known
+		// (GET /v1/jobs/{id}) from the moment it is acknowledged. An id
+		// that has a record already goes through accept, which knows
+		// what a repeat is.
 		now := s.now().UTC()
+		data, _ := json.Marshal(&mesh.Record{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusQueued, SubmittedAt: now})
+		rev, err := s.mesh.Results.Create(ctx, j.ID, data)
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			s.prepare(ctx, p, j)
+			return Accepted{}, false, nil
+		}
+		if err != nil {
+			return Accepted{}, false, &transientError{err}
+		}
 		res := &job.Result{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusSucceeded, Response: e.Response, Usage: e.Usage,
 			Provider: e.Provider, Model: e.Model, SubmittedAt: now, CompletedAt: now}
-		if err := s.mesh.PublishResult(ctx, res, ""); err != nil {
+		if err := s.mesh.PublishResultWith(ctx, res, "", mesh.ResultHints{RecordRev: rev}); err != nil {
 			return Accepted{}, false, &transientError{err}
 		}
 		return Accepted{JobID: j.ID, Tenant: j.Tenant}, true, nil
