@@ -201,68 +201,104 @@ func RunSetup(ctx context.Context, w *Workload, setup Setup, opt Options) (*Work
 	if bind == Tokens {
 		out.OfferedLoad = ratio(toks, out.Limit)
 	}
-
-	type lane struct {
-		name  string
-		sim   *sim.Server
-		stopS func()
-		strat strategy
-	}
-	var lanes []*lane
-	defer func() {
-		for _, l := range lanes {
-			if l.strat != nil {
-				if err := l.strat.close(); err != nil {
-					opt.Log.Warn("close strategy", "strategy", l.name, "err", err)
-				}
-			}
-			l.stopS()
-		}
-	}()
 	count, err := setup.tokenCount(w)
 	if err != nil {
 		return nil, err
 	}
+	jobs, distinct, err := setup.jobs(w, opt.Seed)
+	if err != nil {
+		return nil, err
+	}
+	lanes, err := startLanes(ctx, w, setup, opt, count, out)
+	defer closeLanes(lanes, opt.Log)
+	if err != nil {
+		return nil, err
+	}
+	results := runLanes(ctx, w, opt, lanes, jobs)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	for i := range results {
+		results[i].Distinct = distinct
+	}
+	out.Results = results
+	out.WallS = time.Since(began).Seconds()
+	return out, nil
+}
+
+// jobs are the jobs the setup offers (w's, as a reasoning model's, with
+// repeats) and how many of them are distinct.
+func (setup Setup) jobs(w *Workload, seed uint64) ([]Job, int, error) {
 	jobs := w.Jobs
 	if setup.Reasoning {
+		var err error
 		if jobs, err = reasoningJobs(w.Jobs); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
-	distinct := len(jobs)
 	if setup.Repeats > 0 {
-		if jobs, distinct, err = repeatJobs(jobs, setup.Repeats, opt.Seed); err != nil {
-			return nil, err
-		}
+		return repeatJobs(jobs, setup.Repeats, seed)
 	}
+	return jobs, len(jobs), nil
+}
+
+// lane is one strategy against a simulator of its own.
+type lane struct {
+	name  string
+	sim   *sim.Server
+	stopS func()
+	strat strategy
+}
+
+// startLanes starts a simulator for each strategy and prepares the
+// strategy against it; the lanes started are returned even with an error,
+// for closeLanes.
+func startLanes(ctx context.Context, w *Workload, setup Setup, opt Options, count sim.TokenCount, out *WorkloadResult) ([]*lane, error) {
+	var lanes []*lane
 	for _, name := range Strategies {
 		s, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: Model, RPM: w.RPM, TPM: w.TPM, Reasoning: setup.Reasoning}},
 			Profile: setup.Profile, NoRateHeaders: setup.NoRateHeaders, TTFT: opt.TTFT, PerToken: opt.PerToken, Count: count})
 		if err != nil {
-			return nil, err
+			return lanes, err
 		}
 		url, stop, err := serve(s)
 		if err != nil {
-			return nil, err
+			return lanes, err
 		}
 		l := &lane{name: name, sim: s, stopS: stop}
 		lanes = append(lanes, l)
 		if name == Sluice {
-			l.strat = &mesh{spec: nodeSpec{rpm: srpm, tpm: stpm, discover: discover, maxConcurrency: opt.Concurrency,
+			l.strat = &mesh{spec: nodeSpec{rpm: out.SluiceRPM, tpm: out.SluiceTPM, discover: out.SluiceDiscovers, maxConcurrency: opt.Concurrency,
 				retry: opt.Retry, maxElapsed: opt.RunTimeout, log: opt.Log, joiners: Fleet, cache: setup.Repeats > 0}}
 		} else {
 			d, err := newDirect(name, opt.Concurrency, opt.Seed, opt.Retry, w.RPM, w.TPM)
 			if err != nil {
-				return nil, err
+				return lanes, err
 			}
 			l.strat = d
 		}
 		if err := l.strat.prepare(ctx, url+"/v1"); err != nil {
-			return nil, fmt.Errorf("%s: %w", name, err)
+			return lanes, fmt.Errorf("%s: %w", name, err)
 		}
 	}
+	return lanes, nil
+}
 
-	// Every lane starts together, on a fresh ledger.
+func closeLanes(lanes []*lane, log *slog.Logger) {
+	for _, l := range lanes {
+		if l.strat != nil {
+			if err := l.strat.close(); err != nil {
+				log.Warn("close strategy", "strategy", l.name, "err", err)
+			}
+		}
+		l.stopS()
+	}
+}
+
+// runLanes runs every lane's jobs, all starting together, each on a fresh
+// ledger, and summarizes each.
+func runLanes(ctx context.Context, w *Workload, opt Options, lanes []*lane, jobs []Job) []Result {
+	bind := w.Binding()
 	t0 := time.Now()
 	results := make([]Result, len(lanes))
 	var wg sync.WaitGroup
@@ -277,19 +313,13 @@ func RunSetup(ctx context.Context, w *Workload, setup Setup, opt Options) (*Work
 			l.strat.run(runCtx, jobs, t)
 			st := l.sim.Stats() // at the run's end: the timeline stops here
 			results[i] = summarize(l.name, w, bind, st, t, time.Since(t0))
-			results[i].Distinct = distinct
 			if m, ok := l.strat.(*mesh); ok {
 				results[i].Sluice = m.metrics
 			}
 		}()
 	}
 	wg.Wait()
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	out.Results = results
-	out.WallS = time.Since(began).Seconds()
-	return out, nil
+	return results
 }
 
 // summarize turns one lane's simulator stats and tracker into a Result.
