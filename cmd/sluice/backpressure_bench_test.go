@@ -290,7 +290,7 @@ func backpressure(b *testing.B) {
 	time.Sleep(2 * time.Second) // a second result, if any, would arrive now
 	// A result the subscription missed is still stored: not lost.
 	for _, id := range missing() {
-		if r, err := cl.Lookup(ctx, id); err == nil && r != nil {
+		if r, err := cl.Lookup(ctx, "acme", id); err == nil && r != nil {
 			rmu.Lock()
 			results[id] = 1
 			rmu.Unlock()

@@ -157,6 +157,7 @@ func runClusterFault(b *testing.B, fault string) faultRun {
 	)
 	hc := &http.Client{Timeout: time.Minute}
 	tenants := []struct{ name, key string }{{"acme", "acme-key"}, {"globex", "globex-key"}, {"initech", "initech-key"}}
+	owner := map[string]string{} // job id -> tenant
 	for i := range jobs {
 		time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / perSecond)))
 		wg.Add(1)
@@ -174,6 +175,7 @@ func runClusterFault(b *testing.B, fault string) faultRun {
 			}
 			mu.Lock()
 			ids = append(ids, id)
+			owner[id] = tn.name
 			r.maxSubmit = max(r.maxSubmit, time.Since(sent))
 			mu.Unlock()
 		}()
@@ -188,7 +190,7 @@ func runClusterFault(b *testing.B, fault string) faultRun {
 	for _, id := range ids {
 		for {
 			rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
-			res, err := load.cl.Lookup(rctx, id)
+			res, err := load.cl.Lookup(rctx, owner[id], id)
 			rcancel()
 			if err == nil && res != nil {
 				switch {

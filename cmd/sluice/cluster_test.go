@@ -220,7 +220,8 @@ type clusterLoad struct {
 	rpm    int
 	mu     sync.Mutex
 	ids    []string
-	failed atomic.Int64 // submits that had to be retried
+	owner  map[string]string // job id -> tenant
+	failed atomic.Int64      // submits that had to be retried
 	// mayRefuse: a producer connected to a node cut off for longer than a
 	// submit's bound is refused (and retries); such refusals are logged,
 	// not failed.
@@ -293,6 +294,10 @@ func (l *clusterLoad) offer(ctx context.Context, n int, perSecond float64) error
 			if err == nil || errors.Is(err, client.ErrDuplicate) {
 				l.mu.Lock()
 				l.ids = append(l.ids, id)
+				if l.owner == nil {
+					l.owner = map[string]string{}
+				}
+				l.owner[id] = j.Tenant
 				l.mu.Unlock()
 				break
 			}
@@ -313,12 +318,13 @@ func (l *clusterLoad) verify(ctx context.Context) {
 	t := l.t
 	l.mu.Lock()
 	ids := append([]string(nil), l.ids...)
+	owner := l.owner
 	l.mu.Unlock()
 	unknown := map[string]bool{}
 	for _, id := range ids {
 		for {
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			r, err := l.cl.Lookup(rctx, id)
+			r, err := l.cl.Lookup(rctx, owner[id], id)
 			cancel()
 			if err == nil && r != nil {
 				switch {
@@ -335,7 +341,7 @@ func (l *clusterLoad) verify(ctx context.Context) {
 					t.Logf("%s: %s", name, streamCluster(context.Background(), l.js, name))
 				}
 				// Whoever holds it says why it waits.
-				if m, err := l.js.Conn().Request(mesh.WhySubjectPrefix+id, nil, 2*time.Second); err == nil {
+				if m, err := l.js.Conn().Request(mesh.WhySubject(owner[id], id), nil, 2*time.Second); err == nil {
 					t.Logf("job %s: its admission process says %s", id, m.Data)
 				} else {
 					t.Logf("job %s: no admission process holds it (%v)", id, err)

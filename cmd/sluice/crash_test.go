@@ -200,9 +200,9 @@ func crashRecovery(t *testing.T, honours bool) {
 	}
 	statuses := map[string]int{}
 	var unknown []string
-	for _, id := range ids {
+	for i, id := range ids {
 		for {
-			r, err := cl2.Lookup(ctx, id)
+			r, err := cl2.Lookup(ctx, []string{"acme", "globex", "initech"}[i%3], id)
 			if err == nil && r != nil {
 				switch {
 				case r.Status == job.StatusSucceeded:
@@ -236,7 +236,7 @@ func crashRecovery(t *testing.T, honours bool) {
 	for _, id := range unknown {
 		isUnknown[id] = true
 		// The operator sees it, with the attempt that was lost.
-		e, err := dlq.Get(ctx, js2, id)
+		e, err := dlq.Get(ctx, js2, "", id)
 		if err != nil || e.Reason != dlq.ReasonOutcomeUnknown || len(e.Job.Attempts) == 0 {
 			t.Errorf("job %s ended outcome_unknown; its dead letter is %+v (%v)", id, e, err)
 		}

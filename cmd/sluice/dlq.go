@@ -100,6 +100,7 @@ func runDLQShow(ctx context.Context, args []string, getenv func(string) string, 
 	fs := newFlagSet("dlq show", stderr)
 	conn := addCLINATS(fs, getenv, nil)
 	withRequest := fs.Bool("with-request", false, "include the request body (prompts); by default only its size is shown")
+	tenant := fs.String("tenant", "", "the job's tenant (needed when several tenants dead-lettered the same id)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "Usage: sluice dlq show [flags] JOB_ID")
 		fs.PrintDefaults()
@@ -116,7 +117,7 @@ func runDLQShow(ctx context.Context, args []string, getenv func(string) string, 
 		return err
 	}
 	defer closeConn()
-	l, err := dlq.Get(ctx, js, ids[0])
+	l, err := dlq.Get(ctx, js, *tenant, ids[0])
 	if err != nil {
 		return err
 	}
@@ -126,7 +127,7 @@ func runDLQShow(ctx context.Context, args []string, getenv func(string) string, 
 func runDLQReplay(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("dlq replay", stderr)
 	conn := addCLINATS(fs, getenv, nil)
-	tenant := fs.String("tenant", "", "replay this tenant's jobs (with ids: check that they are this tenant's)")
+	tenant := fs.String("tenant", "", "replay this tenant's jobs (with ids: the ids are this tenant's)")
 	all := fs.Bool("all", false, "replay every dead-lettered job of every tenant")
 	asJSON := fs.Bool("json", false, "print the original and new id of every job as JSON")
 	fs.Usage = func() {

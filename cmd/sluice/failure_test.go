@@ -49,7 +49,7 @@ func TestQuotaErrorIsNeverRetried(t *testing.T) {
 		t.Errorf("provider saw %d quota answers, want exactly 1 (never retried)", got)
 	}
 	js, _ := jetstream.New(nc)
-	e, err := dlq.Get(ctx, js, res.JobID)
+	e, err := dlq.Get(ctx, js, "", res.JobID)
 	if err != nil || e.Reason != "operator_action" || e.LastError == nil || e.LastError.Code != "insufficient_quota" {
 		t.Errorf("dead letter %+v (%v), want reason operator_action with the quota error", e, err)
 	}
@@ -246,13 +246,13 @@ retry:
 	t.Logf("killed executors %d times; provider completed %d calls so far", kills, simSrv.Stats().Completed)
 
 	statuses := map[job.Status]int{}
-	for _, id := range ids {
+	for i, id := range ids {
 		for {
-			r, err := cl.Lookup(ctx, id)
+			r, err := cl.Lookup(ctx, []string{"acme", "globex"}[i%2], id)
 			if err == nil && r != nil {
 				statuses[r.Status]++
 				if r.Status != job.StatusSucceeded {
-					e, err := dlq.Get(ctx, js, id)
+					e, err := dlq.Get(ctx, js, "", id)
 					if err != nil || e.Reason == "" || len(e.Job.Attempts) == 0 {
 						t.Errorf("job %s ended %s but its dead letter is %+v (%v)", id, r.Status, e, err)
 					}

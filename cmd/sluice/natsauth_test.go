@@ -145,7 +145,7 @@ func TestNATSTrustBoundary(t *testing.T) {
 	if err != nil || res.Status != job.StatusSucceeded {
 		t.Fatalf("acme's job over NATS: %+v, %v; want succeeded", res, err)
 	}
-	if _, err := acl.Lookup(ctx, res.JobID); !errors.Is(err, client.ErrTenantConnection) {
+	if _, err := acl.Lookup(ctx, "acme", res.JobID); !errors.Is(err, client.ErrTenantConnection) {
 		t.Errorf("Lookup on a tenant connection = %v, want ErrTenantConnection", err)
 	}
 	all := make(chan *job.Result, 4)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/adapt"
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/services/admission"
 	"github.com/sluice-dev/sluice/streams"
@@ -221,7 +222,7 @@ func queueRows(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, cfg *
 			var j job.Job
 			if json.Unmarshal(m.Data, &j) == nil {
 				r.Model = j.Model
-				if reply, err := nc.Request(admission.WhySubjectPrefix+j.ID, nil, 200*time.Millisecond); err == nil {
+				if reply, err := nc.Request(mesh.WhySubject(j.Tenant, j.ID), nil, 200*time.Millisecond); err == nil {
 					var w admission.Waiting
 					if json.Unmarshal(reply.Data, &w) == nil {
 						r.Waiting = w.Reason

@@ -53,7 +53,7 @@ func TestUnknownOutcomeCalledOnce(t *testing.T) {
 				t.Errorf("provider saw %d calls (%d reset), want the one that was reset", calls, st.ConnResets)
 			}
 			js, _ := jetstream.New(nc)
-			e, err := dlq.Get(ctx, js, res.JobID)
+			e, err := dlq.Get(ctx, js, "", res.JobID)
 			if err != nil || e.Reason != dlq.ReasonOutcomeUnknown || len(e.Job.Attempts) != 1 {
 				t.Errorf("dead letter %+v (%v), want reason outcome_unknown with the one attempt", e, err)
 			}

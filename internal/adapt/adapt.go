@@ -42,6 +42,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/budget"
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/provider"
 )
 
@@ -211,7 +212,7 @@ func perSecond(limit int, frac, q float64) int {
 }
 
 // Key is the KV key of a provider/model's record.
-func Key(provider, modelToken string) string { return "learn." + provider + "." + modelToken }
+func Key(provider, modelToken string) string { return keys.Learn(provider, modelToken) }
 
 // Store reads and updates records in the budgets bucket.
 type Store struct {

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -265,7 +266,7 @@ func (p *floorPipeline) ingest(ctx context.Context, m jetstream.Msg) {
 			opRev, opErr = p.ops.Create(ctx, floorTenant+"."+id, p.data(floorOp))
 		}()
 	}
-	recRev, err := p.records.Create(ctx, id, p.data(floorRecord))
+	recRev, err := p.records.Create(ctx, keys.Record(floorTenant, id), p.data(floorRecord))
 	wg.Wait()
 	if err = errors.Join(err, opErr); err != nil {
 		p.fail(fmt.Errorf("ingest: %w", err))
@@ -273,7 +274,7 @@ func (p *floorPipeline) ingest(ctx context.Context, m jetstream.Msg) {
 	}
 	q := nats.NewMsg(job.QueueSubject(job.Interactive, floorTenant))
 	q.Data = p.data(floorQueued)
-	q.Header.Set(jetstream.MsgIDHeader, "job:"+id)
+	q.Header.Set(jetstream.MsgIDHeader, keys.MsgID(keys.MsgQueued, floorTenant, id, ""))
 	q.Header.Set(floorID, id)
 	q.Header.Set(floorRecRev, strconv.FormatUint(recRev, 10))
 	q.Header.Set(floorOpRev, strconv.FormatUint(opRev, 10))
@@ -310,7 +311,7 @@ func (p *floorPipeline) admit(ctx context.Context, in <-chan jetstream.Msg) {
 			d := nats.NewMsg(job.DispatchSubject("sim", floorModel))
 			d.Data = p.data(floorDispatched)
 			d.Header = m.Headers()
-			d.Header.Set(jetstream.MsgIDHeader, "dispatch:"+m.Headers().Get(floorID))
+			d.Header.Set(jetstream.MsgIDHeader, keys.MsgID(keys.MsgDispatch, floorTenant, m.Headers().Get(floorID), ""))
 			fut, err := p.js.PublishMsgAsync(d)
 			if err != nil {
 				p.fail(fmt.Errorf("admission: %w", err))
@@ -338,7 +339,7 @@ func (p *floorPipeline) execute(ctx context.Context, m jetstream.Msg) {
 	var opRev uint64
 	var err error
 	if p.oneRecord {
-		opRev, err = p.records.Update(ctx, id, p.data(floorFlight), rev(h, floorRecRev))
+		opRev, err = p.records.Update(ctx, keys.Record(floorTenant, id), p.data(floorFlight), rev(h, floorRecRev))
 	} else {
 		opRev, err = p.ops.Update(ctx, floorTenant+"."+id, p.data(floorFlight), rev(h, floorOpRev))
 	}
@@ -351,7 +352,7 @@ func (p *floorPipeline) execute(ctx context.Context, m jetstream.Msg) {
 	}
 	r := nats.NewMsg(job.StoreSubject(floorTenant, id))
 	r.Data = p.data(floorResult)
-	r.Header.Set(jetstream.MsgIDHeader, "result:"+id)
+	r.Header.Set(jetstream.MsgIDHeader, keys.MsgID(keys.MsgResult, floorTenant, id, ""))
 	r.Header.Set(floorID, id)
 	r.Header.Set(floorRecRev, h.Get(floorRecRev))
 	r.Header.Set(floorOpRev, strconv.FormatUint(opRev, 10))
@@ -368,9 +369,9 @@ func (p *floorPipeline) settle(ctx context.Context, m jetstream.Msg) {
 	id := h.Get(floorID)
 	var err error
 	if p.oneRecord {
-		_, err = p.records.Update(ctx, id, p.data(floorTerminal), rev(h, floorOpRev))
+		_, err = p.records.Update(ctx, keys.Record(floorTenant, id), p.data(floorTerminal), rev(h, floorOpRev))
 	} else {
-		_, err = p.records.Update(ctx, id, p.data(floorTerminal), rev(h, floorRecRev))
+		_, err = p.records.Update(ctx, keys.Record(floorTenant, id), p.data(floorTerminal), rev(h, floorRecRev))
 		if err == nil {
 			_, err = p.ops.Update(ctx, floorTenant+"."+id, p.data(floorSettled), rev(h, floorOpRev))
 		}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/internal/keys"
 )
 
 // Concurrency is shared by leases. The key (ConcKey) holds, per holder (one
@@ -35,7 +37,7 @@ type slotState struct {
 }
 
 // ConcKey is the budgets key of a provider/model's concurrency.
-func ConcKey(provider, modelToken string) string { return "conc." + provider + "." + modelToken }
+func ConcKey(provider, modelToken string) string { return keys.Conc(provider, modelToken) }
 
 // Pool is one holder's view of a concurrency lease.
 type Pool struct {

@@ -69,6 +69,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/internal/keys"
 )
 
 // MaxUnits is how many units besides requests and tokens one key may
@@ -807,7 +809,7 @@ func IsConflict(err error) bool {
 }
 
 // ModelKey is the budgets key of a provider/model.
-func ModelKey(provider, modelToken string) string { return "rate." + provider + "." + modelToken }
+func ModelKey(provider, modelToken string) string { return keys.Rate(provider, modelToken) }
 
 // Charge adds cost to key's current slice (the provider reported less room
 // than the shared view believed). It only ever lowers what is available.
@@ -817,7 +819,7 @@ func (s *Store) Charge(ctx context.Context, key string, extra Cost) error {
 
 // CalibrationKey is the budgets key holding a model's estimate calibration.
 func CalibrationKey(provider, modelToken string) string {
-	return "calib." + provider + "." + modelToken
+	return keys.Calib(provider, modelToken, "")
 }
 
 // Return gives back cost reserved in slice and not spent (a lease's

@@ -30,6 +30,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/internal/keys"
 )
 
 // Tunables.
@@ -95,11 +97,7 @@ func New(kv jetstream.KeyValue, now func() time.Time) *Table {
 // Key is the budgets key of a provider/model ("" class) or of one of its
 // request shape classes.
 func Key(provider, modelToken, class string) string {
-	k := "calib." + provider + "." + modelToken
-	if class != "" {
-		k += "." + class
-	}
-	return k
+	return keys.Calib(provider, modelToken, class)
 }
 
 // Observe records one answer: estimated prompt tokens (Sluice's own count,

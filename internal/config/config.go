@@ -698,6 +698,7 @@ func (c *Config) problems() Problems {
 		(*Config).checkQueues,
 		(*Config).checkNATS,
 		(*Config).checkProviders,
+		(*Config).checkKeyNames, // names.go
 		(*Config).checkTenants,
 		(*Config).checkRetry,
 		(*Config).checkRoutes,

@@ -4,7 +4,7 @@
 //
 // # Publishing
 //
-// Publish writes an entry with the message id "dlq:<job id>", so a repeat
+// Publish writes an entry with the message id "dlq:<tenant>.<job id>", so a repeat
 // within the stream's duplicate window is dropped; after the window the DLQ
 // keeps one message per subject, so a repeat replaces the entry and a job
 // never has two.
@@ -14,7 +14,8 @@
 // List and Get read the stream without consuming anything: List scans
 // headers only with an ephemeral ordered consumer and then fetches the
 // entries it returns by sequence; Get fetches the last message on
-// sluice.dlq.*.<job_id>.
+// sluice.dlq.<tenant>.<job_id>. Job ids are unique within a tenant only: an
+// id given without its tenant must be in one tenant's DLQ.
 //
 // # Replaying
 //
@@ -25,7 +26,7 @@
 // the new job at once), and no idempotency key (so it does not join the
 // failed operation and receive its failure). It is published to
 // sluice.intake.<tenant> with the header Sluice-Replay-Of naming the original
-// job and the message id "replay:<original id>:<dlq sequence>", so re-running
+// job and the message id "replay:<tenant>.<original id>:<dlq sequence>", so re-running
 // the same replay within INTAKE's duplicate window is dropped by the stream
 // (the report then marks the pair Duplicate and cannot know the new id). Once
 // INTAKE has the job, the DLQ message is deleted. A job stays in the DLQ if its
@@ -37,12 +38,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
@@ -84,6 +88,7 @@ type Filter struct {
 
 // Pair reports one replayed job.
 type Pair struct {
+	Tenant   string `json:"tenant,omitempty"`
 	Original string `json:"original"`
 	New      string `json:"new,omitempty"`
 	// Duplicate is set when INTAKE already held this replay (an earlier run
@@ -119,7 +124,7 @@ func Publish(ctx context.Context, js jetstream.JetStream, e *Entry) error {
 	}
 	msg := nats.NewMsg(job.DLQSubject(e.Job.Tenant, e.Job.ID))
 	msg.Data = data
-	msg.Header.Set(jetstream.MsgIDHeader, "dlq:"+e.Job.ID)
+	msg.Header.Set(jetstream.MsgIDHeader, keys.MsgID(keys.MsgDLQ, e.Job.Tenant, e.Job.ID, ""))
 	if _, err := js.PublishMsg(ctx, msg, jetstream.WithExpectStream(streams.DLQ)); err != nil {
 		return fmt.Errorf("dlq: publish job %s: %w", e.Job.ID, err)
 	}
@@ -174,23 +179,43 @@ func List(ctx context.Context, js jetstream.JetStream, f Filter) ([]Listed, erro
 	return out, nil
 }
 
-// Get returns the entry of one job. The error matches job.ErrNotFound
-// (errors.Is) when the DLQ holds none.
-func Get(ctx context.Context, js jetstream.JetStream, jobID string) (*Listed, error) {
+// Get returns the entry of tenant's job; with tenant "", of the one
+// tenant whose DLQ holds jobID (an error when several do). The error
+// matches job.ErrNotFound (errors.Is) when the DLQ holds none.
+func Get(ctx context.Context, js jetstream.JetStream, tenant, jobID string) (*Listed, error) {
 	s, err := dlqStream(ctx, js)
 	if err != nil {
 		return nil, err
 	}
-	return get(ctx, s, jobID)
+	return get(ctx, s, tenant, jobID)
 }
 
-func get(ctx context.Context, s jetstream.Stream, jobID string) (*Listed, error) {
+func get(ctx context.Context, s jetstream.Stream, tenant, jobID string) (*Listed, error) {
 	if !job.ValidName(jobID) {
 		return nil, &notFoundError{id: jobID, invalid: true}
 	}
-	m, err := s.GetLastMsgForSubject(ctx, job.DLQPrefix+"*."+jobID)
+	if tenant != "" && !job.ValidName(tenant) {
+		return nil, fmt.Errorf("dlq: tenant %q is not a valid name", tenant)
+	}
+	subject := job.DLQSubject(tenant, jobID)
+	if tenant == "" {
+		subject = job.DLQPrefix + "*." + jobID
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(subject))
+		if err != nil {
+			return nil, fmt.Errorf("dlq: get job %s: %w", jobID, err)
+		}
+		if len(info.State.Subjects) > 1 {
+			var tenants []string
+			for subj := range info.State.Subjects {
+				tenants = append(tenants, strings.Split(subj, ".")[2])
+			}
+			slices.Sort(tenants)
+			return nil, fmt.Errorf("dlq: job id %s is dead-lettered for several tenants (%s): name the tenant", jobID, strings.Join(tenants, ", "))
+		}
+	}
+	m, err := s.GetLastMsgForSubject(ctx, subject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, &notFoundError{id: jobID}
+		return nil, &notFoundError{id: jobID, tenant: tenant}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("dlq: get job %s: %w", jobID, err)
@@ -200,8 +225,9 @@ func get(ctx context.Context, s jetstream.Stream, jobID string) (*Listed, error)
 
 // Replay submits a new job for each dead-lettered job in ids (see the
 // package documentation), or, with no ids, for every one in the DLQ (only
-// tenant's when tenant is set). With ids and a tenant, every id must belong
-// to the tenant. Every id is looked up before anything is replayed: an
+// tenant's when tenant is set). With ids and a tenant, the ids are the
+// tenant's; without a tenant, each id must be in one tenant's DLQ. Every
+// id is looked up before anything is replayed: an
 // unknown id is an error (matching job.ErrNotFound) and nothing is replayed.
 // progress, when not nil, is called after each job. The error is not nil when
 // any job was not replayed (it wraps the first failure, or ctx's error when
@@ -215,31 +241,30 @@ func Replay(ctx context.Context, js jetstream.JetStream, ids []string, tenant st
 	if err != nil {
 		return rep, err
 	}
+	type ref struct{ tenant, id string }
+	var refs []ref
 	if len(ids) > 0 {
 		seen := make(map[string]bool, len(ids))
-		var unique []string
 		for _, id := range ids {
 			if seen[id] {
 				continue
 			}
 			seen[id] = true
-			l, err := get(ctx, s, id)
+			l, err := get(ctx, s, tenant, id)
 			if err != nil {
 				return rep, err
 			}
-			if tenant != "" && l.Job.Tenant != tenant {
-				return rep, fmt.Errorf("dead-lettered job %s belongs to tenant %q, not %q", id, l.Job.Tenant, tenant)
-			}
-			unique = append(unique, id)
+			refs = append(refs, ref{l.Job.Tenant, id})
 		}
-		ids = unique
 	} else {
 		filter := job.DLQPrefix + ">"
 		if tenant != "" {
 			filter = job.DLQPrefix + tenant + ".*"
 		}
 		err := scan(ctx, s, filter, func(_ uint64, subject string) {
-			ids = append(ids, subject[strings.LastIndexByte(subject, '.')+1:])
+			if parts := strings.Split(subject, "."); len(parts) == 4 {
+				refs = append(refs, ref{parts[2], parts[3]})
+			}
 		})
 		if err != nil {
 			return rep, err
@@ -247,12 +272,12 @@ func Replay(ctx context.Context, js jetstream.JetStream, ids []string, tenant st
 	}
 
 	var first error
-	for i, id := range ids {
+	for i, r := range refs {
 		if ctx.Err() != nil {
 			first = ctx.Err() // the rest are not tried
 			break
 		}
-		p, err := replayOne(ctx, js, s, id)
+		p, err := replayOne(ctx, js, s, r.tenant, r.id)
 		if err != nil {
 			p.Error = err.Error()
 			rep.Failed = append(rep.Failed, p)
@@ -263,18 +288,18 @@ func Replay(ctx context.Context, js jetstream.JetStream, ids []string, tenant st
 			rep.Replayed = append(rep.Replayed, p)
 		}
 		if progress != nil {
-			progress(i+1, len(ids))
+			progress(i+1, len(refs))
 		}
 	}
 	if first != nil {
-		return rep, fmt.Errorf("%d of %d jobs not replayed (first: %w)", len(ids)-len(rep.Replayed), len(ids), first)
+		return rep, fmt.Errorf("%d of %d jobs not replayed (first: %w)", len(refs)-len(rep.Replayed), len(refs), first)
 	}
 	return rep, nil
 }
 
-func replayOne(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, id string) (Pair, error) {
-	p := Pair{Original: id}
-	l, err := get(ctx, s, id) // again: it may have changed since the ids were gathered
+func replayOne(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, tenant, id string) (Pair, error) {
+	p := Pair{Tenant: tenant, Original: id}
+	l, err := get(ctx, s, tenant, id) // again: it may have changed since the ids were gathered
 	if err != nil {
 		return p, err
 	}
@@ -285,7 +310,7 @@ func replayOne(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, 
 	}
 	msg := nats.NewMsg(job.IntakeSubject(nj.Tenant))
 	msg.Data = data
-	msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("replay:%s:%d", id, l.Seq))
+	msg.Header.Set(jetstream.MsgIDHeader, keys.MsgID(keys.MsgReplay, tenant, id, strconv.FormatUint(l.Seq, 10)))
 	msg.Header.Set(HeaderReplayOf, id)
 	ack, err := js.PublishMsg(ctx, msg, jetstream.WithExpectStream(streams.Intake))
 	if err != nil {
@@ -308,13 +333,16 @@ func replayOne(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, 
 // notFoundError says the DLQ holds no entry for a job; it matches
 // job.ErrNotFound.
 type notFoundError struct {
-	id      string
-	invalid bool
+	id, tenant string
+	invalid    bool
 }
 
 func (e *notFoundError) Error() string {
 	if e.invalid {
 		return fmt.Sprintf("no dead-lettered job with id %q: not a valid job id", e.id)
+	}
+	if e.tenant != "" {
+		return fmt.Sprintf("no dead-lettered job with id %s of tenant %s", e.id, e.tenant)
 	}
 	return "no dead-lettered job with id " + e.id
 }

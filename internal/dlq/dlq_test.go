@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluice-dev/sluice/internal/dlq"
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
@@ -126,7 +128,7 @@ func TestPublishListGet(t *testing.T) {
 		}
 	}
 
-	got, err := dlq.Get(f.ctx, f.js, b1.Job.ID)
+	got, err := dlq.Get(f.ctx, f.js, "", b1.Job.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +162,7 @@ func TestGetUnknown(t *testing.T) {
 	f := setup(t)
 	f.publish(t, entry("acme"))
 	for _, id := range []string{job.NewID(), "*", ">", "a.b", ""} {
-		_, err := dlq.Get(f.ctx, f.js, id)
+		_, err := dlq.Get(f.ctx, f.js, "", id)
 		if !errors.Is(err, job.ErrNotFound) {
 			t.Errorf("Get(%q) = %v, want job.ErrNotFound", id, err)
 		}
@@ -251,7 +253,7 @@ func TestReplayByID(t *testing.T) {
 	if got := m.Header.Get(dlq.HeaderReplayOf); got != a.Job.ID {
 		t.Errorf("%s = %q, want %q", dlq.HeaderReplayOf, got, a.Job.ID)
 	}
-	if got, want := m.Header.Get(jetstream.MsgIDHeader), "replay:"+a.Job.ID+":1"; got != want {
+	if got, want := m.Header.Get(jetstream.MsgIDHeader), "replay:acme."+a.Job.ID+":1"; got != want {
 		t.Errorf("message id = %q, want %q", got, want)
 	}
 	nj, err := job.Decode(m.Data, job.DefaultLimits)
@@ -276,7 +278,7 @@ func TestReplayByID(t *testing.T) {
 		}
 	}
 
-	if _, err := dlq.Get(f.ctx, f.js, a.Job.ID); !errors.Is(err, job.ErrNotFound) {
+	if _, err := dlq.Get(f.ctx, f.js, "", a.Job.ID); !errors.Is(err, job.ErrNotFound) {
 		t.Errorf("after replay, Get(original) = %v, want job.ErrNotFound", err)
 	}
 	left, err := dlq.List(f.ctx, f.js, dlq.Filter{})
@@ -363,14 +365,14 @@ func TestReplayRerunDeduplicated(t *testing.T) {
 	f := setup(t)
 	a := entry("acme")
 	f.publish(t, a)
-	l, err := dlq.Get(f.ctx, f.js, a.Job.ID)
+	l, err := dlq.Get(f.ctx, f.js, "", a.Job.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// What the first run published before it stopped.
 	earlier := nats.NewMsg(job.IntakeSubject("acme"))
 	earlier.Data = []byte(`{"tenant":"acme"}`)
-	earlier.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("replay:%s:%d", a.Job.ID, l.Seq))
+	earlier.Header.Set(jetstream.MsgIDHeader, keys.MsgID(keys.MsgReplay, "acme", a.Job.ID, strconv.FormatUint(l.Seq, 10)))
 	if _, err := f.js.PublishMsg(f.ctx, earlier); err != nil {
 		t.Fatal(err)
 	}
@@ -379,13 +381,13 @@ func TestReplayRerunDeduplicated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []dlq.Pair{{Original: a.Job.ID, Duplicate: true}}; !slices.Equal(rep.Replayed, want) {
+	if want := []dlq.Pair{{Tenant: "acme", Original: a.Job.ID, Duplicate: true}}; !slices.Equal(rep.Replayed, want) {
 		t.Errorf("rerun replayed %+v, want %+v", rep.Replayed, want)
 	}
 	if n := len(f.intake(t, "acme")); n != 1 {
 		t.Errorf("INTAKE holds %d messages, want 1: the rerun must be deduplicated", n)
 	}
-	if _, err := dlq.Get(f.ctx, f.js, a.Job.ID); !errors.Is(err, job.ErrNotFound) {
+	if _, err := dlq.Get(f.ctx, f.js, "", a.Job.ID); !errors.Is(err, job.ErrNotFound) {
 		t.Errorf("after the rerun, Get(original) = %v, want job.ErrNotFound", err)
 	}
 }

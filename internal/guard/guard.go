@@ -39,6 +39,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
@@ -49,7 +50,7 @@ const KeyName = "key"
 // LegacyKeyName is where the fleet key was kept before it had a bucket of
 // its own: in the budgets bucket, which the admission and executor roles
 // may write. EnsureKey copies it from there once.
-const LegacyKeyName = "fleet.key"
+const LegacyKeyName = keys.LegacyFleetKey
 
 // keySize is the fleet key's length.
 const keySize = 32

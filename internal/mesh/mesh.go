@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -24,7 +25,7 @@ import (
 // Mesh bundles the JetStream objects a service uses.
 type Mesh struct {
 	JS          jetstream.JetStream
-	Results     jetstream.KeyValue // job id -> Record
+	Results     jetstream.KeyValue // keys.Record(tenant, job id) -> Record
 	Idempotency jetstream.KeyValue // <tenant>.<hash> -> OpRecord
 	Budgets     jetstream.KeyValue
 	Fleet       jetstream.KeyValue // the fleet key (internal/guard); services only read it
@@ -127,7 +128,7 @@ func (m *Mesh) PublishResultWith(ctx context.Context, r *job.Result, opKey strin
 	}
 	msg := nats.NewMsg(job.StoreSubject(r.Tenant, r.JobID))
 	msg.Data = data
-	msg.Header.Set(jetstream.MsgIDHeader, "result:"+r.JobID)
+	msg.Header.Set(jetstream.MsgIDHeader, keys.MsgID(keys.MsgResult, r.Tenant, r.JobID, ""))
 	if opKey != "" {
 		msg.Header.Set(OpKeyHeader, opKey)
 		if h.Op != nil && h.OpRev > 0 {
@@ -193,12 +194,33 @@ func IsStreamFull(err error) bool {
 		strings.Contains(s, "maximum messages per subject exceeded") || strings.Contains(s, "insufficient resources")
 }
 
-// Lookup returns a job's record.
-func (m *Mesh) Lookup(ctx context.Context, jobID string) (*Record, uint64, error) {
-	if !jobRef("", jobID) {
+// Lookup returns a tenant's job's record. A record kept under the bare job
+// id (keys.LegacyRecord, written before ids were scoped by tenant) is
+// returned when it is the tenant's, at revision 0: it is read, never
+// written, and expires with the bucket's TTL.
+func (m *Mesh) Lookup(ctx context.Context, tenant, jobID string) (*Record, uint64, error) {
+	r, rev, err := m.LookupRecord(ctx, tenant, jobID)
+	if !errors.Is(err, job.ErrNotFound) || !jobRef(tenant, jobID) {
+		return r, rev, err
+	}
+	r, _, err = m.getRecord(ctx, keys.LegacyRecord(jobID))
+	if err == nil && r.Tenant != tenant {
 		return nil, 0, job.ErrNotFound
 	}
-	e, err := m.Results.Get(ctx, jobID)
+	return r, 0, err
+}
+
+// LookupRecord is Lookup without the legacy key: the record a writer
+// updates by compare-and-set, at its revision.
+func (m *Mesh) LookupRecord(ctx context.Context, tenant, jobID string) (*Record, uint64, error) {
+	if !jobRef(tenant, jobID) || tenant == "" {
+		return nil, 0, job.ErrNotFound
+	}
+	return m.getRecord(ctx, keys.Record(tenant, jobID))
+}
+
+func (m *Mesh) getRecord(ctx context.Context, key string) (*Record, uint64, error) {
+	e, err := m.Results.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, 0, job.ErrNotFound
 	}
@@ -207,7 +229,7 @@ func (m *Mesh) Lookup(ctx context.Context, jobID string) (*Record, uint64, error
 	}
 	var r Record
 	if err := json.Unmarshal(e.Value(), &r); err != nil {
-		return nil, 0, fmt.Errorf("record %s: %w", jobID, err)
+		return nil, 0, fmt.Errorf("record %s: %w", key, err)
 	}
 	return &r, e.Revision(), nil
 }
@@ -236,14 +258,14 @@ type Created struct {
 	Err error
 }
 
-// CreateRecords creates a job's record (in results) and its operation
+// CreateRecords creates a tenant's job's record (in results) and its operation
 // record (in idempotency) at once: both as asynchronous publishes that
 // expect no earlier message on their key, awaited together, which is what
 // jetstream.KeyValue.Create sends, without a goroutine or a second round
 // trip's wait. A record the fast path does not create (its key holds a
 // record or a delete marker, an acknowledgement lost or late) is created
 // again with Create, which tells a key that exists from one deleted.
-func (m *Mesh) CreateRecords(ctx context.Context, jobID string, rec []byte, opKey string, op []byte) (job, operation Created) {
+func (m *Mesh) CreateRecords(ctx context.Context, tenant, jobID string, rec []byte, opKey string, op []byte) (job, operation Created) {
 	type one struct {
 		kv    jetstream.KeyValue
 		key   string
@@ -252,11 +274,11 @@ func (m *Mesh) CreateRecords(ctx context.Context, jobID string, rec []byte, opKe
 		out   Created
 		retry bool
 	}
-	if !jobRef("", jobID) || !validOpKey(opKey) {
+	if tenant == "" || !jobRef(tenant, jobID) || !validOpKey(opKey) {
 		err := fmt.Errorf("records of job %q under %q: not a job id or operation key", clipKey(jobID), clipKey(opKey))
 		return Created{Err: err}, Created{Err: err}
 	}
-	both := [2]*one{{kv: m.Results, key: jobID, data: rec}, {kv: m.Idempotency, key: opKey, data: op}}
+	both := [2]*one{{kv: m.Results, key: keys.Record(tenant, jobID), data: rec}, {kv: m.Idempotency, key: opKey, data: op}}
 	for _, o := range both {
 		msg := &nats.Msg{Subject: "$KV." + o.kv.Bucket() + "." + o.key, Data: o.data, Header: nats.Header{}}
 		fut, err := m.JS.PublishMsgAsync(msg, jetstream.WithExpectLastSequencePerSubject(0))
@@ -345,7 +367,7 @@ func OpKey(tenant, idemKey, jobID string) (bucketKey, key string) {
 		key = "job:" + jobID
 	}
 	sum := sha256.Sum256([]byte(key))
-	return tenant + "." + hex.EncodeToString(sum[:16]), key
+	return keys.Op(tenant, hex.EncodeToString(sum[:16])), key
 }
 
 // ProviderKey is the Idempotency-Key sent to providers for the operation
@@ -436,7 +458,7 @@ func (m *Mesh) Wait(ctx context.Context, tenant, jobID string) (*job.Result, err
 		return nil, fmt.Errorf("subscribe result: %w", err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	rec, _, err := m.Lookup(ctx, jobID)
+	rec, _, err := m.Lookup(ctx, tenant, jobID)
 	if err != nil {
 		return nil, err
 	}
@@ -504,10 +526,13 @@ const (
 	// provider throttle (429 with Retry-After); every admission process stops
 	// dispatching to that model until the time in the message.
 	PauseSubjectPrefix = "sluice.signal.pause."
-	// WhySubjectPrefix + <job id>: a request; the admission process holding
-	// the job answers why it waits.
+	// WhySubjectPrefix + <tenant>.<job id> (WhySubject): a request; the
+	// admission process holding the job answers why it waits.
 	WhySubjectPrefix = "sluice.admission.why."
 )
+
+// WhySubject asks the admission process holding a tenant's job why it waits.
+func WhySubject(tenant, jobID string) string { return WhySubjectPrefix + keys.Job(tenant, jobID) }
 
 // Pause tells every admission process to hold a model's jobs until until.
 func (m *Mesh) Pause(provider, model string, until time.Time) error {

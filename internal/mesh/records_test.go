@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
@@ -34,7 +35,7 @@ func TestCreateRecords(t *testing.T) {
 	id := job.NewID()
 	opKey, _ := OpKey("acme", "", id)
 
-	rec, op := m.CreateRecords(ctx, id, []byte(`{"r":1}`), opKey, []byte(`{"o":1}`))
+	rec, op := m.CreateRecords(ctx, "acme", id, []byte(`{"r":1}`), opKey, []byte(`{"o":1}`))
 	if rec.Err != nil || op.Err != nil || rec.Rev == 0 || op.Rev == 0 {
 		t.Fatalf("first create: %+v %+v; want both created", rec, op)
 	}
@@ -43,7 +44,7 @@ func TestCreateRecords(t *testing.T) {
 		key string
 		rev uint64
 		val string
-	}{{m.Results, id, rec.Rev, `{"r":1}`}, {m.Idempotency, opKey, op.Rev, `{"o":1}`}} {
+	}{{m.Results, keys.Record("acme", id), rec.Rev, `{"r":1}`}, {m.Idempotency, opKey, op.Rev, `{"o":1}`}} {
 		e, err := c.kv.Get(ctx, c.key)
 		if err != nil || e.Revision() != c.rev || string(e.Value()) != c.val {
 			t.Fatalf("%s/%s: %v, %v; want %s at %d", c.kv.Bucket(), c.key, e, err, c.val, c.rev)
@@ -51,11 +52,11 @@ func TestCreateRecords(t *testing.T) {
 	}
 
 	// Both exist: ErrKeyExists for each, nothing overwritten.
-	rec2, op2 := m.CreateRecords(ctx, id, []byte(`{"r":2}`), opKey, []byte(`{"o":2}`))
+	rec2, op2 := m.CreateRecords(ctx, "acme", id, []byte(`{"r":2}`), opKey, []byte(`{"o":2}`))
 	if !errors.Is(rec2.Err, jetstream.ErrKeyExists) || !errors.Is(op2.Err, jetstream.ErrKeyExists) {
 		t.Fatalf("second create: %+v %+v; want ErrKeyExists for both", rec2, op2)
 	}
-	if e, _ := m.Results.Get(ctx, id); e == nil || string(e.Value()) != `{"r":1}` {
+	if e, _ := m.Results.Get(ctx, keys.Record("acme", id)); e == nil || string(e.Value()) != `{"r":1}` {
 		t.Fatalf("job record overwritten: %v", e)
 	}
 
@@ -64,7 +65,7 @@ func TestCreateRecords(t *testing.T) {
 	if err := m.Idempotency.Purge(ctx, opKey, jetstream.LastRevision(op.Rev)); err != nil {
 		t.Fatal(err)
 	}
-	rec3, op3 := m.CreateRecords(ctx, id, []byte(`{"r":3}`), opKey, []byte(`{"o":3}`))
+	rec3, op3 := m.CreateRecords(ctx, "acme", id, []byte(`{"r":3}`), opKey, []byte(`{"o":3}`))
 	if !errors.Is(rec3.Err, jetstream.ErrKeyExists) || op3.Err != nil || op3.Rev <= op.Rev {
 		t.Fatalf("after a withdrawal: %+v %+v; want the job record existing, the operation record made anew", rec3, op3)
 	}

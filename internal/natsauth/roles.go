@@ -221,7 +221,7 @@ const responseExpiry = 10 * time.Second
 // Fleet-wide signal subjects (internal/mesh).
 const (
 	pauseSubjects = mesh.PauseSubjectPrefix + ">"
-	whySubjects   = mesh.WhySubjectPrefix + "*"
+	whySubjects   = mesh.WhySubjectPrefix + "*.*"
 )
 
 // ServicePermissions are the permissions of a role set (SetName).

@@ -68,7 +68,7 @@ func startNode(t *testing.T, cfg *config.Config, data string) (node.Info, func()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- node.Run(ctx, node.Options{Config: cfg, NATSListen: "127.0.0.1:0", Data: data, Getenv: getenv,
+		done <- node.Run(ctx, node.Options{Config: cfg, NATSListen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Data: data, Getenv: getenv,
 			OnReady: func(i node.Info) { ready <- i }})
 	}()
 	var once sync.Once

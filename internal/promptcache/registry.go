@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/budget"
+	"github.com/sluice-dev/sluice/internal/keys"
 )
 
 // Bounds and pacing of the registry.
@@ -39,7 +40,7 @@ type Entry struct {
 }
 
 // Key is the budgets key of a provider/model's record.
-func Key(provider, modelToken string) string { return "pcache." + provider + "." + modelToken }
+func Key(provider, modelToken string) string { return keys.PromptCache(provider, modelToken) }
 
 // Registry is the fleet's view of warm prefixes: one record per
 // provider/model in the budgets bucket (a map of prefix hash to Entry,

@@ -42,6 +42,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -237,7 +238,7 @@ func (c *Client) Await(ctx context.Context, tenant, id string) (*job.Result, err
 			}
 		}
 	}
-	if r, err := c.Lookup(ctx, id); err == nil && r != nil {
+	if r, err := c.Lookup(ctx, tenant, id); err == nil && r != nil {
 		return r, nil
 	}
 	return waitResult(ctx, id, ch)
@@ -256,10 +257,15 @@ func waitResult(ctx context.Context, id string, ch <-chan *nats.Msg) (*job.Resul
 	}
 }
 
-// Lookup returns the job's result if it has one (nil, nil while pending).
-func (c *Client) Lookup(ctx context.Context, id string) (*job.Result, error) {
+// Lookup returns tenant's job's result if it has one (nil, nil while
+// pending). Job ids are unique within a tenant: another tenant's job with
+// the same id is not this one.
+func (c *Client) Lookup(ctx context.Context, tenant, id string) (*job.Result, error) {
 	if c.tenant != "" {
 		return nil, ErrTenantConnection
+	}
+	if err := checkRef(tenant, id); err != nil {
+		return nil, err
 	}
 	if !job.CanonicalID(id) {
 		return nil, ErrInvalidID
@@ -268,7 +274,11 @@ func (c *Client) Lookup(ctx context.Context, id string) (*job.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	e, err := kv.Get(ctx, id)
+	e, err := kv.Get(ctx, keys.Record(tenant, id))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		// A record written before ids were scoped by tenant.
+		e, err = kv.Get(ctx, keys.LegacyRecord(id))
+	}
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, job.ErrNotFound
 	}
@@ -276,10 +286,14 @@ func (c *Client) Lookup(ctx context.Context, id string) (*job.Result, error) {
 		return nil, err
 	}
 	var rec struct {
+		Tenant string      `json:"tenant"`
 		Result *job.Result `json:"result"`
 	}
 	if err := json.Unmarshal(e.Value(), &rec); err != nil {
 		return nil, err
+	}
+	if rec.Tenant != tenant {
+		return nil, job.ErrNotFound
 	}
 	return rec.Result, nil
 }

@@ -174,8 +174,8 @@ func TestAwaitFindsStoredAndLaterResults(t *testing.T) {
 	}
 	a, b := job.NewID(), job.NewID()
 	// Already stored before Await.
-	stored, _ := json.Marshal(map[string]any{"result": job.Result{JobID: a, Tenant: "acme", Status: job.StatusSucceeded}})
-	if _, err := kv.Put(ctx, a, stored); err != nil {
+	stored, _ := json.Marshal(map[string]any{"tenant": "acme", "result": job.Result{JobID: a, Tenant: "acme", Status: job.StatusSucceeded}})
+	if _, err := kv.Put(ctx, "acme."+a, stored); err != nil {
 		t.Fatal(err)
 	}
 	r, err := c.Await(ctx, "acme", a)
@@ -219,7 +219,7 @@ func TestTenantConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Lookup(ctx, job.NewID()); !errors.Is(err, client.ErrTenantConnection) {
+	if _, err := c.Lookup(ctx, "acme", job.NewID()); !errors.Is(err, client.ErrTenantConnection) {
 		t.Errorf("Lookup on a tenant connection = %v, want ErrTenantConnection", err)
 	}
 	p, err := c.Start(ctx, &job.Job{Tenant: "acme", Request: []byte(`{}`)})

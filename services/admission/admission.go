@@ -234,11 +234,11 @@ func (s *Service) admit(ctx context.Context, msgs []jetstream.Msg) {
 				continue
 			}
 			s.m.AdmissionWaits.WithLabelValues(j.Provider, j.Model, "not_before").Inc()
-			s.notBefore[j.ID] = *j.NotBefore
+			s.notBefore[j.Key()] = *j.NotBefore
 			_ = msg.NakWithDelay(j.NotBefore.Sub(now))
 			continue
 		}
-		delete(s.notBefore, j.ID)
+		delete(s.notBefore, j.Key())
 		s.hold(&Candidate{Job: j, Msg: msg}, now)
 	}
 	s.dispatchAll(ctx)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -38,12 +39,12 @@ type passage struct {
 	slice int64 // the slice it was taken in
 }
 
-func tenantMinuteKey(tenant string) string { return "tenant." + tenant + ".minute" }
-func tenantDayKey(tenant string) string    { return "tenant." + tenant + ".day" }
+func tenantMinuteKey(tenant string) string { return keys.TenantMinute(tenant) }
+func tenantDayKey(tenant string) string    { return keys.TenantDay(tenant) }
 
 // modelDayKey is the budgets key of a model's per-day quota.
 func modelDayKey(provider, model string) string {
-	return "model." + provider + "." + job.ModelToken(model) + ".day"
+	return keys.ModelDay(provider, job.ModelToken(model))
 }
 
 // gatesFor lists the gates c passes, in order, before the model of

@@ -1,7 +1,7 @@
 package admission
 
 // heldSet is the bookkeeping of the jobs this process holds in its models'
-// schedulers: each by id, with its model's budget key (for "why does it
+// schedulers: each by its key (job.Job.Key: ids are unique per tenant only), with its model's budget key (for "why does it
 // wait" and for a redelivery of a job already held), and how many there
 // are and how many bytes they take (admission.max_held, max_held_bytes).
 // Every item that enters a scheduler is added here, and removed when it
@@ -24,21 +24,21 @@ func newHeldSet() heldSet {
 // add records it, held for the model at key.
 func (h *heldSet) add(key string, it *Item) {
 	c := it.Value.(*Candidate)
-	h.byID[c.Job.ID] = heldJob{key: key, c: c}
+	h.byID[c.Job.Key()] = heldJob{key: key, c: c}
 	h.n++
 	h.bytes += it.Size
 }
 
 // remove forgets it.
 func (h *heldSet) remove(it *Item) {
-	delete(h.byID, it.Value.(*Candidate).Job.ID)
+	delete(h.byID, it.Value.(*Candidate).Job.Key())
 	h.n--
 	h.bytes -= it.Size
 }
 
-// get returns the held job with id.
-func (h *heldSet) get(id string) (heldJob, bool) {
-	hj, ok := h.byID[id]
+// get returns the held job with jobKey (job.Job.Key).
+func (h *heldSet) get(jobKey string) (heldJob, bool) {
+	hj, ok := h.byID[jobKey]
 	return hj, ok
 }
 

@@ -2,6 +2,7 @@ package admission
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -110,7 +111,7 @@ func (s *Service) weight(tenant string) int {
 
 // hold queues a job in its model's scheduler, keeping memory bounded.
 func (s *Service) hold(c *Candidate, now time.Time) {
-	if old, ok := s.held.get(c.Job.ID); ok && seqOf(old.c.Msg) == seqOf(c.Msg) {
+	if old, ok := s.held.get(c.Job.Key()); ok && seqOf(old.c.Msg) == seqOf(c.Msg) {
 		// JetStream redelivered a message we hold (its keep-alive was
 		// late): keep one copy, acked through the newest delivery.
 		old.c.Msg, old.c.touched = c.Msg, now
@@ -302,9 +303,11 @@ func (s *Service) releaseAll() {
 	}
 }
 
-// why answers for a job this process knows about; nil otherwise.
-func (s *Service) why(id string) *Waiting {
-	if hj, ok := s.held.get(id); ok {
+// why answers for a job this process knows about, by its key
+// (job.Job.Key); nil otherwise.
+func (s *Service) why(jobKey string) *Waiting {
+	id := jobKey[strings.IndexByte(jobKey, '.')+1:]
+	if hj, ok := s.held.get(jobKey); ok {
 		ms := s.models[hj.key]
 		w := &Waiting{JobID: id, Reason: orQueued(ms.reason), Until: ms.wakeAt}
 		if s.now().Before(ms.pausedUntil) {
@@ -313,7 +316,7 @@ func (s *Service) why(id string) *Waiting {
 		w.Position, _ = ms.sched.Len()
 		return w
 	}
-	if at, ok := s.notBefore[id]; ok {
+	if at, ok := s.notBefore[jobKey]; ok {
 		return &Waiting{JobID: id, Reason: "not_before", Until: at}
 	}
 	return nil

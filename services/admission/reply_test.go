@@ -58,7 +58,7 @@ func TestWhyAnswersOnlyReplies(t *testing.T) {
 	}
 	id := fmt.Sprintf("00000000-0000-7000-8000-%012d", 1)
 	for {
-		if _, err := nc.Request(mesh.WhySubjectPrefix+id, nil, time.Second); err == nil {
+		if _, err := nc.Request(mesh.WhySubject("t", id), nil, time.Second); err == nil {
 			break
 		}
 		if ctx.Err() != nil {
@@ -70,10 +70,10 @@ func TestWhyAnswersOnlyReplies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := nc.PublishRequest(mesh.WhySubjectPrefix+id, job.ResultSubject("other", id), nil); err != nil {
+	if err := nc.PublishRequest(mesh.WhySubject("t", id), job.ResultSubject("other", id), nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := nc.Request(mesh.WhySubjectPrefix+id, nil, 5*time.Second); err != nil {
+	if _, err := nc.Request(mesh.WhySubject("t", id), nil, 5*time.Second); err != nil {
 		t.Errorf("why, asked on an inbox: %v", err)
 	}
 	if msg, err := watch.NextMsg(200 * time.Millisecond); err == nil {

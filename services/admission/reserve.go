@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -182,7 +183,7 @@ func (s *Service) publish(ms *modelState, c *Candidate, at, planned time.Time, l
 	// One dispatch per QUEUE message: a redelivery of the same message (a
 	// crash between publish and ack) is dropped by DISPATCH's duplicate
 	// window, while a job re-admitted later is a new message.
-	msg.Header.Set(jetstream.MsgIDHeader, "dispatch:"+j.ID+":"+seqOf(c.Msg))
+	msg.Header.Set(jetstream.MsgIDHeader, keys.MsgID(keys.MsgDispatch, j.Tenant, j.ID, seqOf(c.Msg)))
 	fut, err := s.mesh.JS.PublishMsgAsync(msg)
 	if err != nil {
 		s.log.Warn("dispatch publish failed", "job_id", j.ID, "err", err)

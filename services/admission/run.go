@@ -127,7 +127,7 @@ func (s *Service) listen(ctx context.Context) (sig signals, unsubscribe func(), 
 		return sig, nil, fmt.Errorf("subscribe pauses: %w", err)
 	}
 	subs = append(subs, psub)
-	wsub, err := nc.Subscribe(WhySubjectPrefix+"*", func(m *nats.Msg) { s.answerWhy(ctx, m, sig.whys) })
+	wsub, err := nc.Subscribe(WhySubjectPrefix+"*.*", func(m *nats.Msg) { s.answerWhy(ctx, m, sig.whys) })
 	if err != nil {
 		unsubscribe()
 		return sig, nil, fmt.Errorf("subscribe why: %w", err)

@@ -195,7 +195,7 @@ func TestLetsGoWithoutBudgetStore(t *testing.T) {
 	id := fmt.Sprintf("00000000-0000-7000-8000-%012d", 1)
 	// The sick process takes it and cannot reserve.
 	for {
-		if m, err := nc.Request(mesh.WhySubjectPrefix+id, nil, time.Second); err == nil && strings.Contains(string(m.Data), "budget_store") {
+		if m, err := nc.Request(mesh.WhySubject("t", id), nil, time.Second); err == nil && strings.Contains(string(m.Data), "budget_store") {
 			break
 		}
 		if ctx.Err() != nil {

@@ -22,6 +22,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,6 +37,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/dlq"
 	"github.com/sluice-dev/sluice/internal/guard"
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/promptcache"
@@ -127,7 +129,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	s.tenantPools = map[string]*budget.Pool{}
 	for _, t := range cfg.App.Tenants {
 		if t.MaxConcurrency > 0 {
-			s.tenantPools[t.Name] = budget.NewPool(m.Budgets, "conc.tenant."+t.Name, s.holder, t.MaxConcurrency, 10*time.Second, now)
+			s.tenantPools[t.Name] = budget.NewPool(m.Budgets, keys.TenantConc(t.Name), s.holder, t.MaxConcurrency, 10*time.Second, now)
 		}
 	}
 	for _, p := range cfg.App.Providers {
@@ -180,7 +182,7 @@ func (s *Service) Run(ctx context.Context) error {
 	defer stopLeases()
 	for _, p := range s.cfg.App.Providers {
 		for _, m := range p.Models {
-			name := "executor-" + p.Name + "-" + job.ModelToken(m.Name)
+			name := keys.DispatchConsumer(p.Name, job.ModelToken(m.Name))
 			cons, err := streams.EnsureConsumer(ctx, s.mesh.JS, streams.Dispatch, "executor", name, job.DispatchSubject(p.Name, m.Name))
 			if err != nil {
 				return err
@@ -438,8 +440,8 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		var cancelJob context.CancelCauseFunc
 		ctx, cancelJob = context.WithCancelCause(ctx)
 		defer cancelJob(nil)
-		s.running.add(j.ID, cancelJob)
-		defer s.running.remove(j.ID)
+		s.running.add(j.Key(), cancelJob)
+		defer s.running.remove(j.Key())
 	}
 	cancelled, wasInFlight := false, false
 	// The in-flight record also marks the call as leaving (unknown.go):
@@ -490,7 +492,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 			j.NotBefore, j.Reservation = &nb, nil
 			s.requeueOp(ctx, opKey, j, "tenant slot")
 			s.m.AdmissionWaits.WithLabelValues(j.Provider, j.Model, "tenant_concurrency").Inc()
-			return s.mesh.Enqueue(ctx, j, "tenantslot:"+j.ID+":"+dispatchSeq(msg))
+			return s.mesh.Enqueue(ctx, j, keys.MsgID(keys.MsgTenantSlot, j.Tenant, j.ID, dispatchSeq(msg)))
 		}
 		defer tp.Release()
 	}
@@ -510,7 +512,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		j.NotBefore, j.Reservation = &nb, nil
 		s.requeueOp(ctx, opKey, j, "breaker open")
 		s.m.AdmissionWaits.WithLabelValues(j.Provider, j.Model, "breaker_open").Inc()
-		return s.mesh.Enqueue(ctx, j, "breaker:"+j.ID+":"+dispatchSeq(msg))
+		return s.mesh.Enqueue(ctx, j, keys.MsgID(keys.MsgBreaker, j.Tenant, j.ID, dispatchSeq(msg)))
 	}
 	until := now.Add(prov.Timeout.D())
 	if j.Deadline != nil && j.Deadline.Before(until) {
@@ -528,7 +530,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 			s.requeueOp(ctx, opKey, j, "drain")
 			s.m.RateLimitRequeues.WithLabelValues(j.Provider, j.Model, "drained").Inc()
 			j.Reservation = nil
-			return s.mesh.Enqueue(ctx, j, "drain:"+j.ID+":"+dispatchSeq(msg))
+			return s.mesh.Enqueue(ctx, j, keys.MsgID(keys.MsgDrain, j.Tenant, j.ID, dispatchSeq(msg)))
 		}
 		s.noteReady(ctx, msg, j) // transit.go
 		if !waitInstant(ctx, r.SendAt) {
@@ -727,7 +729,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 		}); err != nil && !errors.Is(err, job.ErrNotFound) {
 			s.log.Debug("requeue: op record", "job_id", j.ID, "err", err)
 		}
-		return s.mesh.Enqueue(ctx, j, fmt.Sprintf("retry:%s:%d", j.ID, attempt))
+		return s.mesh.Enqueue(ctx, j, keys.MsgID(keys.MsgRetry, j.Tenant, j.ID, strconv.Itoa(attempt)))
 	}
 	// No retry on this target. A route may name another.
 	if !unknown {
@@ -864,7 +866,7 @@ func (s *Service) giveBackUnsent(ctx context.Context, msg jetstream.Msg, j *job.
 func (s *Service) readmit(ctx context.Context, msg jetstream.Msg, j *job.Job) error {
 	s.m.ReservationsExpired.WithLabelValues(j.Provider, j.Model).Inc()
 	j.Reservation = nil
-	return s.mesh.Enqueue(ctx, j, "readmit:"+j.ID+":"+dispatchSeq(msg))
+	return s.mesh.Enqueue(ctx, j, keys.MsgID(keys.MsgReadmit, j.Tenant, j.ID, dispatchSeq(msg)))
 }
 
 // throttled handles a rate-limit refusal of a call Sluice admitted: that is
@@ -935,7 +937,7 @@ func (s *Service) throttled(ctx context.Context, msg jetstream.Msg, j *job.Job, 
 		j.NotBefore = &nb
 	}
 	s.requeueOp(ctx, opKey, j, "throttled")
-	return s.mesh.Enqueue(ctx, j, fmt.Sprintf("ratelimited:%s:%d", j.ID, j.RateLimited))
+	return s.mesh.Enqueue(ctx, j, keys.MsgID(keys.MsgRateLimited, j.Tenant, j.ID, strconv.Itoa(j.RateLimited)))
 }
 
 // MaxDeliveries is how many times a dispatch is tried when the mesh itself
@@ -1014,7 +1016,7 @@ func (s *Service) reroute(ctx context.Context, msg jetstream.Msg, j *job.Job, op
 	j.Reservation, j.NotBefore = nil, nil
 	s.guard.Seal(j)
 	s.requeueOp(ctx, opKey, j, "reroute")
-	return s.mesh.Enqueue(ctx, j, "fallback:"+j.ID+":"+dispatchSeq(msg))
+	return s.mesh.Enqueue(ctx, j, keys.MsgID(keys.MsgFallback, j.Tenant, j.ID, dispatchSeq(msg)))
 }
 
 // reservedUnits returns a reservation's units by the model's budget index
@@ -1061,7 +1063,7 @@ func (s *Service) pause(ctx context.Context, j *job.Job, until time.Time) {
 	if err := s.mesh.Pause(j.Provider, j.Model, until); err != nil {
 		s.log.Debug("pause signal", "err", err)
 	}
-	name := "executor-" + j.Provider + "-" + job.ModelToken(j.Model)
+	name := keys.DispatchConsumer(j.Provider, job.ModelToken(j.Model))
 	if _, err := s.mesh.JS.PauseConsumer(ctx, streams.Dispatch, name, until); err != nil {
 		s.log.Debug("pause consumer", "consumer", name, "err", err)
 	}
@@ -1216,7 +1218,7 @@ func (s *Service) markInFlight(ctx context.Context, j *job.Job, opKey string, at
 // this attempt wrote it, passed on to the result service so it can settle
 // the record without reading it (nil: not known).
 func (s *Service) finishHinted(ctx context.Context, j *job.Job, opKey string, r *job.Result, inFlight *mesh.OpRecord, opRev uint64) error {
-	if _, ended := s.ended.LoadAndDelete(j.ID); !ended && r.Status != job.StatusSucceeded {
+	if _, ended := s.ended.LoadAndDelete(j.Key()); !ended && r.Status != job.StatusSucceeded {
 		if stream, _ := streamed(j); stream {
 			// A streamed job that ends before its first token: its stream
 			// subject says so too, for NATS readers.

@@ -6,11 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -64,7 +64,7 @@ func (s *Service) readStreamed(ctx context.Context, j *job.Job) (*streamedBefore
 			}
 		}
 		if id := m.Headers().Get(jetstream.MsgIDHeader); id != "" {
-			if n, err := strconv.Atoi(id[strings.LastIndexByte(id, ':')+1:]); err == nil {
+			if n, err := strconv.Atoi(keys.MsgSeq(id)); err == nil {
 				out.seq = max(out.seq, n)
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/budget"
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/provider"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
@@ -74,12 +76,12 @@ func (c *cancels) cancel(id string) bool {
 
 // onCancel handles sluice.cancel.<tenant>.<job_id>.
 func (s *Service) onCancel(m *nats.Msg) {
-	i := strings.LastIndexByte(m.Subject, '.')
-	if i < 0 {
+	key, ok := strings.CutPrefix(m.Subject, job.CancelPrefix) // <tenant>.<job id>: the job's key
+	if !ok {
 		return
 	}
-	if s.running.cancel(m.Subject[i+1:]) {
-		s.log.Info("stream cancelled by its caller", "job_id", m.Subject[i+1:])
+	if s.running.cancel(key) {
+		s.log.Info("stream cancelled by its caller", "job_id", key[strings.IndexByte(key, '.')+1:])
 	}
 }
 
@@ -241,7 +243,7 @@ func (s *Service) endStream(ctx context.Context, j *job.Job, opKey string, pub *
 		s.settle(ctx, j, *u)
 	}
 	pub.end(r.Status, r.Error)
-	s.ended.Store(j.ID, true)
+	s.ended.Store(j.Key(), true)
 	return s.finish(ctx, j, opKey, r)
 }
 
@@ -252,6 +254,7 @@ func (s *Service) endStream(ctx context.Context, j *job.Job, opKey string, pub *
 type chunkPublisher struct {
 	js       jetstream.JetStream
 	subject  string
+	tenant   string
 	jobID    string
 	interval time.Duration
 	now      func() time.Time
@@ -270,7 +273,7 @@ type chunkPublisher struct {
 const maxBatchBytes = 256 << 10
 
 func newChunkPublisher(js jetstream.JetStream, j *job.Job, interval time.Duration, now func() time.Time, onErr func(error)) *chunkPublisher {
-	return &chunkPublisher{js: js, subject: job.StreamSubject(j.Tenant, j.ID), jobID: j.ID, interval: interval, now: now, onErr: onErr}
+	return &chunkPublisher{js: js, subject: job.StreamSubject(j.Tenant, j.ID), tenant: j.Tenant, jobID: j.ID, interval: interval, now: now, onErr: onErr}
 }
 
 func (p *chunkPublisher) add(chunks ...json.RawMessage) {
@@ -321,7 +324,7 @@ func (p *chunkPublisher) flushLocked(end job.Status, e *job.Error) {
 	p.pending, p.size, p.last = nil, 0, p.now()
 	msg := nats.NewMsg(p.subject)
 	msg.Data = data
-	msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("stream:%s:%d", p.jobID, p.seq))
+	msg.Header.Set(jetstream.MsgIDHeader, keys.MsgID(keys.MsgChunk, p.tenant, p.jobID, strconv.Itoa(p.seq)))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := p.js.PublishMsg(ctx, msg); err != nil && p.onErr != nil {

@@ -113,7 +113,7 @@ func (s *Service) outcomeUnknown(ctx context.Context, j *job.Job, opKey, reason 
 	s.log.Warn("outcome unknown: the job ends without calling the provider again", "job_id", j.ID,
 		"provider", j.Provider, "model", j.Model, "reason", reason)
 	return s.terminal(ctx, j, opKey, job.StatusFailed, dlq.ReasonOutcomeUnknown, &job.Error{Code: dlq.ReasonOutcomeUnknown,
-		Message: fmt.Sprintf("outcome unknown (%s): the provider may have completed, and billed, this request; Sluice does not call it again without an idempotency guarantee. An operator can replay it: sluice dlq replay %s", reason, j.ID)})
+		Message: fmt.Sprintf("outcome unknown (%s): the provider may have completed, and billed, this request; Sluice does not call it again without an idempotency guarantee. An operator can replay it: sluice dlq replay --tenant %s %s", reason, j.Tenant, j.ID)})
 }
 
 // withdrawSent removes mark from the operation record if it is still

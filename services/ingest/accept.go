@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/guard"
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -142,7 +143,7 @@ func (s *Service) record(ctx context.Context, j *job.Job, held bool, now time.Ti
 	opData, _ := json.Marshal(op)
 	rec := mesh.Record{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusQueued, SubmittedAt: j.SubmittedAt}
 	data, _ := json.Marshal(rec)
-	jobMade, first := s.mesh.CreateRecords(ctx, j.ID, data, opKey, opData)
+	jobMade, first := s.mesh.CreateRecords(ctx, j.Tenant, j.ID, data, opKey, opData)
 	made.job, joined, err = s.recordJob(ctx, j, opKey, jobMade, first)
 	if err != nil || joined != nil {
 		return opKey, made, joined, err
@@ -168,14 +169,10 @@ func (s *Service) recordJob(ctx context.Context, j *job.Job, opKey string, jobMa
 		dropOp()
 		return 0, nil, &transientError{fmt.Errorf("record job: %w", jobMade.Err)}
 	}
-	old, _, lerr := s.mesh.Lookup(ctx, j.ID)
+	old, _, lerr := s.mesh.LookupRecord(ctx, j.Tenant, j.ID)
 	if lerr != nil {
 		dropOp()
 		return 0, nil, &transientError{lerr}
-	}
-	if old.Tenant != j.Tenant {
-		dropOp()
-		return 0, nil, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "id", Message: "is already used by another job: ids are global, so use ones nobody can guess (a UUID), or none to have one assigned"}
 	}
 	if old.Status.Terminal() {
 		dropOp()
@@ -199,7 +196,7 @@ func (s *Service) recordOp(ctx context.Context, j *job.Job, held bool, opKey str
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			if !held {
-				_ = withdraw(context.WithoutCancel(ctx), s.mesh.Results, j.ID, jobRev)
+				_ = withdraw(context.WithoutCancel(ctx), s.mesh.Results, keys.Record(j.Tenant, j.ID), jobRev)
 			}
 			return 0, nil, &transientError{fmt.Errorf("record operation: %w", err)}
 		}
@@ -209,7 +206,7 @@ func (s *Service) recordOp(ctx context.Context, j *job.Job, held bool, opKey str
 		}
 		if err != nil {
 			if !held && jobRev != 0 {
-				_ = withdraw(context.WithoutCancel(ctx), s.mesh.Results, j.ID, jobRev)
+				_ = withdraw(context.WithoutCancel(ctx), s.mesh.Results, keys.Record(j.Tenant, j.ID), jobRev)
 			}
 			return 0, nil, err
 		}
@@ -230,7 +227,7 @@ func (s *Service) enqueue(ctx context.Context, j *job.Job, held bool, opKey stri
 	if made.job != 0 || made.op != 0 {
 		j.Revs = &job.Revs{Record: made.job, Op: made.op}
 	}
-	if err := s.mesh.Enqueue(ctx, j, "job:"+j.ID); err != nil {
+	if err := s.mesh.Enqueue(ctx, j, keys.MsgID(keys.MsgQueued, j.Tenant, j.ID, "")); err != nil {
 		var refusal error = &transientError{err}
 		if mesh.IsStreamFull(err) {
 			refusal = &BusyError{Code: job.CodeQueueFull, RetryAfter: r.retry, Ahead: r.ahead, Message: "Sluice's queue is full"}

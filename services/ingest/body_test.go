@@ -60,7 +60,7 @@ func TestDefaultMaxTokensIsSent(t *testing.T) {
 		if req.Messages[0].Text() != "hi" && req.Messages[0].Text() != "<hi>" {
 			t.Errorf("body %s: message now %q", body, req.Messages[0].Text())
 		}
-		if _, _, err := f.mesh.Lookup(ctx, j.ID); err != nil {
+		if _, _, err := f.mesh.Lookup(ctx, j.Tenant, j.ID); err != nil {
 			t.Fatal(err)
 		}
 		// Room for the next one (QUEUE holds 2 per tenant and priority).

@@ -22,6 +22,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/cache"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/guard"
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/tokens"
@@ -199,7 +200,7 @@ func (s *Service) settleRefusal(ctx context.Context, j *job.Job, opKey string, m
 	if err == nil {
 		// The job record follows the operation record: a job without one
 		// is unknown to everyone.
-		err = withdraw(ctx, s.mesh.Results, j.ID, made.job)
+		err = withdraw(ctx, s.mesh.Results, keys.Record(j.Tenant, j.ID), made.job)
 	}
 	if err == nil {
 		return Accepted{}, busy
@@ -384,7 +385,7 @@ func (s *Service) join(ctx context.Context, opKey string, j *job.Job) (string, e
 	}
 	if done {
 		// The operation already ended: answer this job from the stored result.
-		orig, _, err := s.mesh.Lookup(ctx, rec.JobID)
+		orig, _, err := s.mesh.Lookup(ctx, j.Tenant, rec.JobID)
 		if err != nil {
 			return "", &transientError{err}
 		}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/natstest"
@@ -83,7 +84,7 @@ func newJob(tenant, idemKey string) *job.Job {
 func (f *fixture) records(t *testing.T, j *job.Job) (jobRec, opRec bool) {
 	t.Helper()
 	ctx := context.Background()
-	_, _, err := f.mesh.Lookup(ctx, j.ID)
+	_, _, err := f.mesh.Lookup(ctx, j.Tenant, j.ID)
 	if err != nil && !errors.Is(err, job.ErrNotFound) {
 		t.Fatal(err)
 	}
@@ -130,12 +131,12 @@ func TestRefusedJobLeavesNoRecords(t *testing.T) {
 	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") == "" || !strings.Contains(rec.Body.String(), job.CodeQueueFull) {
 		t.Errorf("POST /v1/jobs into a full queue: %d Retry-After %q %s; want 429 queue_full with Retry-After", rec.Code, rec.Header().Get("Retry-After"), rec.Body)
 	}
-	keys, err := f.mesh.Idempotency.ListKeys(ctx)
+	opKeys, err := f.mesh.Idempotency.ListKeys(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := 0
-	for range keys.Keys() {
+	for range opKeys.Keys() {
 		n++
 	}
 	if n != 2 {
@@ -146,7 +147,7 @@ func TestRefusedJobLeavesNoRecords(t *testing.T) {
 	// refusal.
 	for _, kv := range []struct {
 		bucket, key string
-	}{{streams.BucketResults, refused.ID}, {streams.BucketIdempotency, refusedOp}} {
+	}{{streams.BucketResults, keys.Record(refused.Tenant, refused.ID)}, {streams.BucketIdempotency, refusedOp}} {
 		st, err := f.js.Stream(ctx, "KV_"+kv.bucket)
 		if err != nil {
 			t.Fatal(err)
@@ -193,7 +194,7 @@ func TestRefusedJobWithAJoinerGoesToIntake(t *testing.T) {
 		j.Provider, j.Model = "p", "fast"
 		var made created
 		rec, _ := json.Marshal(mesh.Record{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusQueued})
-		rev, err := f.mesh.Results.Create(ctx, j.ID, rec)
+		rev, err := f.mesh.Results.Create(ctx, keys.Record(j.Tenant, j.ID), rec)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -269,7 +270,7 @@ func TestIntakeJobWaitsForRoom(t *testing.T) {
 	}
 	// It is deferred, not refused: its records say queued.
 	for {
-		rec, _, err := f.mesh.Lookup(tctx, j.ID)
+		rec, _, err := f.mesh.Lookup(tctx, j.Tenant, j.ID)
 		if err == nil && rec.Status == job.StatusQueued {
 			break
 		}

@@ -15,7 +15,7 @@ import (
 // result subject and is not kept, so a flood of invalid jobs costs the
 // store nothing.
 func (s *Service) refusalStored(ctx context.Context, tenant, id string) (bool, error) {
-	rec, _, err := s.mesh.Lookup(ctx, id)
+	rec, _, err := s.mesh.Lookup(ctx, tenant, id)
 	if errors.Is(err, job.ErrNotFound) {
 		return false, nil
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/api"
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/wire"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
@@ -44,7 +45,7 @@ type storedResponse struct {
 }
 
 // responseKey is the results-bucket key of a tenant's stored response.
-func responseKey(tenant, jobID string) string { return "responses." + tenant + "." + jobID }
+func responseKey(tenant, jobID string) string { return keys.Response(tenant, jobID) }
 
 // responseJob is the job id a response id names ("" when it names none).
 func responseJob(id string) string {
@@ -194,7 +195,7 @@ func (s *Service) loadResponse(ctx context.Context, tenant, id string) (*storedR
 	if json.Unmarshal(e.Value(), &st) != nil {
 		return nil, nil, &responseNotFound{id}
 	}
-	rec, _, err := s.mesh.Lookup(ctx, jobID)
+	rec, _, err := s.mesh.Lookup(ctx, tenant, jobID)
 	if err != nil && !errors.Is(err, job.ErrNotFound) {
 		return nil, nil, err
 	}

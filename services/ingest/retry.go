@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -70,7 +71,7 @@ func (s *Service) retryJoin(ctx context.Context, key, tenant string) (string, bo
 		return "", false
 	}
 	id := string(e.Value())
-	rec, _, err := s.mesh.Lookup(ctx, id)
+	rec, _, err := s.mesh.Lookup(ctx, tenant, id)
 	if err != nil || rec.Tenant != tenant {
 		return "", false // withdrawn (refused) or gone: submit anew
 	}
@@ -83,5 +84,5 @@ func retryKey(tenant, path string, body []byte) string {
 	h.Write([]byte(path))
 	h.Write([]byte{0})
 	h.Write(body)
-	return tenant + ".retry." + hex.EncodeToString(h.Sum(nil)[:16])
+	return keys.RetryPointer(tenant, hex.EncodeToString(h.Sum(nil)[:16]))
 }

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -155,10 +157,11 @@ func TestWaitHintsSurviveAnotherTenantsFlood(t *testing.T) {
 	t.Logf("acme's %d large hint requests: %d answered so far", floodN, answered.Load())
 }
 
-// A job id another tenant took first: this tenant's NATS submission is
-// not dropped as a duplicate but refused on its own result subject, and
-// nothing is stored under the other tenant's job.
-func TestIDTakenByAnotherTenant(t *testing.T) {
+// A job id another tenant took first: job ids are unique within a tenant
+// only, so this tenant's NATS submission of the same id is a job of its
+// own, with its own records and its own place in QUEUE, and the other
+// tenant's job is untouched.
+func TestSameIDInTwoTenants(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	f.run(t)
@@ -168,38 +171,34 @@ func TestIDTakenByAnotherTenant(t *testing.T) {
 	if _, err := f.svc.Accept(ctx, taken); err != nil {
 		t.Fatal(err)
 	}
-	sub, err := f.nc.SubscribeSync(job.ResultPrefix + "acme.>")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
 	mine := newJob("acme", "")
 	mine.ID = taken.ID
 	data, _ := json.Marshal(mine)
-	if _, err := f.js.Publish(ctx, job.IntakeSubject("acme"), data); err != nil {
-		t.Fatal(err)
+	if ack, err := f.js.Publish(ctx, job.IntakeSubject("acme"), data); err != nil || ack.Duplicate {
+		t.Fatalf("acme's submission: %+v, %v; want stored, not a duplicate", ack, err)
 	}
-	m, err := sub.NextMsg(15 * time.Second)
-	if err != nil {
-		t.Fatalf("acme heard nothing about its job: %v", err)
-	}
-	var r job.Result
-	if json.Unmarshal(m.Data, &r) != nil || r.JobID != taken.ID || r.Error == nil || !strings.Contains(r.Error.Message, "already used") {
-		t.Errorf("acme's result %s; want a refusal of id %s as already used", m.Data, taken.ID)
-	}
-	st, err := f.js.Stream(ctx, streams.Results)
+	q, err := f.js.Stream(ctx, streams.Queue)
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
+	for {
+		info, err := q.Info(ctx, jetstream.WithSubjectFilter(job.QueuePrefix+">"))
+		if err == nil && len(info.State.Subjects) == 2 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("QUEUE subjects %v (%v); want one job of each tenant", info.State.Subjects, err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	if info.State.Msgs != 0 {
-		t.Errorf("RESULTS holds %d messages after the refusal; want nothing stored (the id is beta's)", info.State.Msgs)
-	}
-	rec, _, err := f.mesh.Lookup(ctx, taken.ID)
-	if err != nil || rec.Tenant != "beta" || rec.Status != job.StatusQueued {
-		t.Errorf("beta's record after acme's refusal: %+v, %v; want beta's, queued", rec, err)
+	for _, j := range []*job.Job{taken, mine} {
+		rec, _, err := f.mesh.Lookup(ctx, j.Tenant, j.ID)
+		if err != nil || rec.Tenant != j.Tenant || rec.JobID != taken.ID || rec.Status != job.StatusQueued {
+			t.Errorf("%s's record: %+v, %v; want its own, queued", j.Tenant, rec, err)
+		}
+		opKey, _ := mesh.OpKey(j.Tenant, "", j.ID)
+		if op, _, err := f.mesh.GetOp(ctx, opKey); err != nil || op.Tenant != j.Tenant {
+			t.Errorf("%s's operation record: %+v, %v; want its own", j.Tenant, op, err)
+		}
 	}
 }

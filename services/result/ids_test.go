@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/api"
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -27,7 +28,7 @@ func setupIDs(t testing.TB) *idFixture {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	id := job.NewID()
-	if _, err := f.mesh.Results.Create(ctx, id, []byte(`{"job_id":"`+id+`","tenant":"acme","status":"queued"}`)); err != nil {
+	if _, err := f.mesh.Results.Create(ctx, keys.Record("acme", id), []byte(`{"job_id":"`+id+`","tenant":"acme","status":"queued"}`)); err != nil {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()

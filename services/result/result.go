@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -129,14 +130,14 @@ func (s *Service) tenantLabel(name string) string {
 func (s *Service) record(ctx context.Context, r *job.Result, hint uint64) (bool, error) {
 	if hint > 0 {
 		data, _ := json.Marshal(&mesh.Record{JobID: r.JobID, Tenant: r.Tenant, Status: r.Status, SubmittedAt: r.SubmittedAt, Result: r})
-		if _, err := s.mesh.Results.Update(ctx, r.JobID, data, hint); err == nil {
+		if _, err := s.mesh.Results.Update(ctx, keys.Record(r.Tenant, r.JobID), data, hint); err == nil {
 			return true, nil
 		}
 		// Changed since (a result already written, a withdrawal), gone, or
 		// not known to be written: read it.
 	}
 	for attempt := 0; attempt < 20; attempt++ {
-		rec, rev, err := s.mesh.Lookup(ctx, r.JobID)
+		rec, rev, err := s.mesh.LookupRecord(ctx, r.Tenant, r.JobID)
 		if errors.Is(err, job.ErrNotFound) {
 			rec = &mesh.Record{JobID: r.JobID, Tenant: r.Tenant, SubmittedAt: r.SubmittedAt}
 		} else if err != nil {
@@ -148,9 +149,9 @@ func (s *Service) record(ctx context.Context, r *job.Result, hint uint64) (bool,
 		rec.Status, rec.Result = r.Status, r
 		data, _ := json.Marshal(rec)
 		if rev == 0 {
-			_, err = s.mesh.Results.Create(ctx, r.JobID, data)
+			_, err = s.mesh.Results.Create(ctx, keys.Record(r.Tenant, r.JobID), data)
 		} else {
-			_, err = s.mesh.Results.Update(ctx, r.JobID, data, rev)
+			_, err = s.mesh.Results.Update(ctx, keys.Record(r.Tenant, r.JobID), data, rev)
 		}
 		if err == nil {
 			return true, nil
@@ -254,7 +255,7 @@ func (s *Service) get(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 		}
 		defer release()
 	}
-	rec, _, err := s.mesh.Lookup(r.Context(), id)
+	rec, _, err := s.mesh.Lookup(r.Context(), tenant, id)
 	if errors.Is(err, job.ErrNotFound) || (err == nil && rec.Tenant != tenant) {
 		api.Error(w, http.StatusNotFound, "invalid_request_error", "job_not_found", "no such job")
 		return
@@ -274,7 +275,7 @@ func (s *Service) get(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 	body := map[string]any{"id": rec.JobID, "tenant": rec.Tenant, "status": rec.Status, "submitted_at": rec.SubmittedAt}
 	if rec.Result != nil {
 		body["result"] = rec.Result
-	} else if m, err := s.mesh.JS.Conn().Request(mesh.WhySubjectPrefix+id, nil, 250*time.Millisecond); err == nil {
+	} else if m, err := s.mesh.JS.Conn().Request(mesh.WhySubject(tenant, id), nil, 250*time.Millisecond); err == nil {
 		// The admission process holding the job says why it waits.
 		var w map[string]any
 		if json.Unmarshal(m.Data, &w) == nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/natstest"
@@ -108,7 +109,7 @@ func TestLongPollLimits(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	id := job.NewID()
-	if _, err := f.mesh.Results.Create(ctx, id, []byte(`{"job_id":"`+id+`","tenant":"acme","status":"queued"}`)); err != nil {
+	if _, err := f.mesh.Results.Create(ctx, keys.Record("acme", id), []byte(`{"job_id":"`+id+`","tenant":"acme","status":"queued"}`)); err != nil {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
@@ -175,11 +176,11 @@ func TestResultHints(t *testing.T) {
 			defer cancel()
 			id, joiner := job.NewID(), job.NewID()
 			opKey, key := mesh.OpKey("acme", "", id)
-			recRev, err := f.mesh.Results.Create(ctx, id, []byte(`{"job_id":"`+id+`","tenant":"acme","status":"queued"}`))
+			recRev, err := f.mesh.Results.Create(ctx, keys.Record("acme", id), []byte(`{"job_id":"`+id+`","tenant":"acme","status":"queued"}`))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := f.mesh.Results.Create(ctx, joiner, []byte(`{"job_id":"`+joiner+`","tenant":"acme","status":"queued"}`)); err != nil {
+			if _, err := f.mesh.Results.Create(ctx, keys.Record("acme", joiner), []byte(`{"job_id":"`+joiner+`","tenant":"acme","status":"queued"}`)); err != nil {
 				t.Fatal(err)
 			}
 			opData := []byte(`{"key":"` + key + `","job_id":"` + id + `","tenant":"acme","state":"queued"}`)
@@ -234,7 +235,7 @@ func TestResultHints(t *testing.T) {
 func awaitRecord(t *testing.T, ctx context.Context, m *mesh.Mesh, id string) *mesh.Record {
 	t.Helper()
 	for {
-		rec, _, err := m.Lookup(ctx, id)
+		rec, _, err := m.Lookup(ctx, "acme", id)
 		if err == nil && rec.Result != nil {
 			return rec
 		}

@@ -1,0 +1,170 @@
+// Package keys owns every name Sluice derives from a tenant, a job, a
+// provider or a model: the keys of the results, idempotency and budgets
+// buckets, the JetStream message ids (Nats-Msg-Id) that deduplicate
+// publishes, and the DISPATCH consumer names. Subjects are in pkg/job.
+//
+// The parts are single tokens of known alphabets: tenant and provider names
+// and model tokens are 1-64 of [A-Za-z0-9_-] (job.ValidName, job.ModelToken),
+// job ids canonical UUIDs, digests hex. None holds '.' or ':', so every
+// scheme below starts with a fixed token of its own and joins its parts with
+// those separators: two schemes never produce the same name, and one scheme
+// produces it from one set of parts only. Where a scheme puts two names side
+// by side with a separator they may hold ('-'), or puts a fixed word where a
+// name goes, configuration refuses the names that would collide
+// (ProviderProblem, DispatchConsumer).
+//
+// A job id is the producer's (or one Sluice assigned), unique only within its
+// tenant: every name that derives from a job has the tenant in it, so two
+// tenants may use the same id and each has its own job.
+package keys
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+)
+
+// Job names one tenant's job: "<tenant>.<job id>". It is the key of the
+// job's record in the results bucket, and the key under which a process
+// tracks a job it holds or runs.
+func Job(tenant, id string) string { return tenant + "." + id }
+
+// Record is the results bucket key of a job's record.
+func Record(tenant, id string) string { return Job(tenant, id) }
+
+// LegacyRecord is where a job's record was kept when job ids were global:
+// the bare id. Such records are read (never written) until the bucket's TTL
+// removes them.
+func LegacyRecord(id string) string { return id }
+
+// Response is the results bucket key of what a Responses API call keeps
+// for its response id (services/ingest): three tokens, a record's two.
+func Response(tenant, id string) string { return "responses." + tenant + "." + id }
+
+// Idempotency bucket.
+
+// Op is the idempotency bucket key of a tenant's operation, digest the hex
+// digest of its idempotency key (mesh.OpKey).
+func Op(tenant, digest string) string { return tenant + "." + digest }
+
+// RetryPointer is the idempotency bucket key of an SDK retry pointer,
+// digest the hex digest of the request's path and body.
+func RetryPointer(tenant, digest string) string { return tenant + ".retry." + digest }
+
+// Budgets bucket. The first token says what the key holds.
+
+// Rate is the key of a provider/model's shared rate windows.
+func Rate(provider, modelToken string) string { return "rate." + provider + "." + modelToken }
+
+// Conc is the key of a provider/model's concurrency lease.
+func Conc(provider, modelToken string) string { return "conc." + provider + "." + modelToken }
+
+// TenantConc is the key of a tenant's concurrency lease. It shares Conc's
+// first token, with ReservedProvider in the provider's place.
+func TenantConc(tenant string) string { return Conc(ReservedProvider, tenant) }
+
+// Learn is the key of the limits learned for a provider/model.
+func Learn(provider, modelToken string) string { return "learn." + provider + "." + modelToken }
+
+// PromptCache is the key of a provider/model's warm prompt prefixes.
+func PromptCache(provider, modelToken string) string {
+	return "pcache." + provider + "." + modelToken
+}
+
+// Calib is the key of a provider/model's estimate calibration ("" class)
+// or of one of its request shape classes.
+func Calib(provider, modelToken, class string) string {
+	k := "calib." + provider + "." + modelToken
+	if class != "" {
+		k += "." + class
+	}
+	return k
+}
+
+// TenantMinute and TenantDay are the keys of a tenant's budget windows.
+func TenantMinute(tenant string) string { return "tenant." + tenant + ".minute" }
+func TenantDay(tenant string) string    { return "tenant." + tenant + ".day" }
+
+// ModelDay is the key of a provider/model's per-day quota.
+func ModelDay(provider, modelToken string) string {
+	return "model." + provider + "." + modelToken + ".day"
+}
+
+// LegacyFleetKey is where the fleet key was kept before it had a bucket of
+// its own (internal/guard copies it from there once).
+const LegacyFleetKey = "fleet.key"
+
+// ReservedProvider can name no provider: TenantConc puts it where Conc has
+// a provider's name.
+const ReservedProvider = "tenant"
+
+// ProviderProblem says why name cannot be a provider's ("" when it can):
+// it must not produce another key's name.
+func ProviderProblem(name string) string {
+	if name == ReservedProvider {
+		return "is reserved (tenants' concurrency keys use it in the budgets bucket)"
+	}
+	return ""
+}
+
+// DispatchConsumer is the name of the executors' DISPATCH consumer of a
+// provider/model. Provider names and model tokens may hold '-', so two
+// models can produce one name (provider "a-b", model "c" and provider "a",
+// model "b-c"); configuration refuses such pairs (config checks every
+// model's name here for uniqueness).
+func DispatchConsumer(provider, modelToken string) string {
+	return "executor-" + provider + "-" + modelToken
+}
+
+// Message ids. JetStream drops a publish whose Nats-Msg-Id it saw within
+// the stream's duplicate window; each kind of publish has its own first
+// token, and every id that derives from a job names its tenant, so one
+// tenant's publish never makes another's vanish.
+
+// Msg is the kind of a publish a message id deduplicates.
+type Msg string
+
+const (
+	MsgQueued      Msg = "job"         // ingest hands an accepted job to QUEUE
+	MsgDispatch    Msg = "dispatch"    // admission hands a reserved job to DISPATCH; seq: its QUEUE delivery
+	MsgRetry       Msg = "retry"       // the executor re-queues a failed attempt; seq: the attempt
+	MsgRateLimited Msg = "ratelimited" // ... a job the provider throttled; seq: the count
+	MsgTenantSlot  Msg = "tenantslot"  // ... a job its tenant's concurrency refused; seq: its DISPATCH delivery
+	MsgBreaker     Msg = "breaker"     // ... a job whose model's breaker is open
+	MsgDrain       Msg = "drain"       // ... a job taken while the executor drains
+	MsgReadmit     Msg = "readmit"     // ... a job whose reservation lapsed
+	MsgFallback    Msg = "fallback"    // ... a job moved to its fallback model
+	MsgResult      Msg = "result"      // a job's terminal result to RESULTS
+	MsgDLQ         Msg = "dlq"         // a dead letter to DLQ
+	MsgReplay      Msg = "replay"      // a dead letter replayed to INTAKE; seq: its DLQ sequence
+	MsgChunk       Msg = "stream"      // a streamed job's chunks; seq: the batch (read back on resume)
+)
+
+// MsgID is the message id of a publish of kind for tenant's job id, with
+// seq (a delivery, an attempt) when one job publishes kind more than once.
+func MsgID(kind Msg, tenant, id, seq string) string {
+	s := string(kind) + ":" + Job(tenant, id)
+	if seq != "" {
+		s += ":" + seq
+	}
+	return s
+}
+
+// MsgSeq returns the seq of a message id MsgID made ("" when none).
+func MsgSeq(msgID string) string {
+	i := strings.LastIndexByte(msgID, ':')
+	if i < 0 || strings.IndexByte(msgID, ':') == i {
+		return ""
+	}
+	return msgID[i+1:]
+}
+
+// IntakeMsgID is the message id of a job published to INTAKE (the public
+// form is job.IntakeMsgID, which producers use). Producers set it
+// themselves, so it names the tenant and a digest of the envelope: a retry
+// of the same publish is dropped as a duplicate, while another tenant that
+// guesses a job id cannot make this tenant's submission vanish.
+func IntakeMsgID(tenant, id string, envelope []byte) string {
+	sum := sha256.Sum256(envelope)
+	return "intake:" + tenant + ":" + id + ":" + hex.EncodeToString(sum[:12])
+}
