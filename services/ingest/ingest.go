@@ -470,6 +470,9 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 		// stream's refusal. It is offered again after half the estimated
 		// drain time, so QUEUE does not run dry while jobs wait here.
 		s.intakeShare.note(tenant, len(msg.Data()), false)
+		if md, err := msg.Metadata(); err == nil {
+			s.intakeShare.arrived(tenant, md.Sequence.Stream, md.NumDelivered == 1)
+		}
 		if over := s.intakeOver(ctx, tenant, err); over != nil {
 			s.refuse(ctx, msg, j, tenant, over)
 			s.intakeShare.gone(tenant)
@@ -533,7 +536,11 @@ func (s *Service) refuse(ctx context.Context, msg jetstream.Msg, j *job.Job, ten
 		_ = msg.Ack()
 		return
 	}
-	if perr := s.mesh.PublishResult(ctx, res, ""); perr != nil {
+	// The operation ends with the job (if it is this job's): a submission
+	// that joined it gets the refusal rather than waiting for a job that
+	// never runs.
+	opKey, _ := mesh.OpKey(tenant, j.IdempotencyKey, id)
+	if perr := s.mesh.PublishResult(ctx, res, opKey); perr != nil {
 		s.log.Warn("intake: could not publish refusal, will retry", "err", perr)
 		_ = msg.NakWithDelay(2 * time.Second)
 		return

@@ -32,9 +32,10 @@ type share struct {
 	key            string // the config key of the bound, for messages
 	bound          int64
 
-	mu     sync.Mutex
-	at     time.Time
-	counts map[string]uint64 // tenant -> messages waiting
+	mu      sync.Mutex
+	at      time.Time
+	lastSeq uint64            // the stream's last sequence at the last refresh
+	counts  map[string]uint64 // tenant -> messages waiting
 	sizes  map[string]*sizeRing
 }
 
@@ -73,8 +74,19 @@ func (sh *share) refresh(ctx context.Context, js jetstream.JetStream, now time.T
 		counts[tenantOfSubject(subj)] += n
 	}
 	sh.mu.Lock()
-	sh.counts = counts
+	sh.counts, sh.lastSeq = counts, info.State.LastSeq
 	sh.mu.Unlock()
+}
+
+// arrived counts a message of tenant at stream sequence seq, delivered for
+// the first time, as waiting if the last refresh did not count it: a burst
+// between two refreshes is seen as it comes.
+func (sh *share) arrived(tenant string, seq uint64, first bool) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if first && seq > sh.lastSeq {
+		sh.counts[tenant]++
+	}
 }
 
 // note records the size of a job of tenant seen in the stream; added also
@@ -154,12 +166,13 @@ func (s *Service) queueRoom(ctx context.Context, j *job.Job, model *config.Model
 
 // intakeOver returns a refusal for an INTAKE job that cannot move on to
 // QUEUE now (busy) when its tenant's jobs in INTAKE hold more than the
-// tenant's bound there: waiting, it would keep other tenants out of INTAKE.
-// Only a job refused before it had records (its tenant's own bound, or
-// shed) is given up; one QUEUE refused as a whole is accepted and waits.
+// tenant's bound there: waiting, it would keep other tenants out of INTAKE,
+// whose bytes JetStream bounds only in all. Whatever keeps it out of QUEUE
+// (its tenant's own bound, shedding, QUEUE full as a whole), a job past its
+// tenant's share is refused rather than kept waiting; each tenant's jobs
+// within its share wait, and the shares add up to no more than INTAKE.
 func (s *Service) intakeOver(ctx context.Context, tenant string, busy error) error {
-	var be *BusyError
-	if !errors.As(busy, &be) || (be.Bound == "" && be.Code != "shed") {
+	if !errors.Is(busy, ErrQueueFull) {
 		return nil
 	}
 	s.intakeShare.refresh(ctx, s.mesh.JS, s.now())

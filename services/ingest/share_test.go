@@ -174,3 +174,64 @@ func TestTenantBytesInIntakeAreBounded(t *testing.T) {
 		t.Errorf("beta's intake job after acme's flood: %v, want stored", err)
 	}
 }
+
+// The same holds when QUEUE is full as a whole, so that a job has its
+// records and waits in INTAKE for room: a tenant's jobs past its INTAKE
+// share are refused (with a stored result, since they had records), the
+// ones within it wait, and the other tenant's submissions are still
+// stored by INTAKE.
+func TestIntakeShareWhenQueueIsFull(t *testing.T) {
+	t.Parallel()
+	f := setupBytes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// QUEUE full as a whole, by a tenant ingest never sees.
+	filler := make([]byte, 200<<10)
+	for {
+		if _, err := f.js.Publish(ctx, job.QueueSubject(job.Standard, "zeta"), filler); err != nil {
+			if !mesh.IsStreamFull(err) {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	f.run(t)
+	var sent []*job.Job
+	for range 10 {
+		j := bigJob("acme", "fast")
+		data, _ := json.Marshal(j)
+		if _, err := f.js.Publish(ctx, job.IntakeSubject("acme"), data); err == nil {
+			sent = append(sent, j)
+		}
+	}
+	st, err := f.js.Stream(ctx, streams.Intake)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for held := uint64(1 << 30); held > 256<<10; time.Sleep(100 * time.Millisecond) {
+		if ctx.Err() != nil {
+			t.Fatalf("INTAKE still holds %d bytes of acme's; want at most its 256 KiB share", held)
+		}
+		if info, err := st.Info(ctx); err == nil {
+			held = info.State.Bytes
+		}
+	}
+	refused := 0
+	for _, j := range sent {
+		if r, err := f.mesh.StoredResult(ctx, "acme", j.ID); err == nil {
+			if r.Error == nil || r.Error.Code != job.CodeQueueFull || !strings.Contains(r.Error.Message, "queues.intake.max_bytes_per_tenant") {
+				t.Errorf("acme's stored refusal %+v; want queue_full naming queues.intake.max_bytes_per_tenant", r)
+			}
+			refused++
+		}
+	}
+	if refused == 0 {
+		t.Errorf("none of acme's %d stored jobs was refused; want those past its share", len(sent))
+	}
+	for i := range 2 {
+		data, _ := json.Marshal(bigJob("beta", "fast"))
+		if _, err := f.js.Publish(ctx, job.IntakeSubject("beta"), data); err != nil {
+			t.Errorf("beta's intake job %d after acme's flood: %v, want stored", i+1, err)
+		}
+	}
+}
