@@ -36,7 +36,7 @@ type share struct {
 	at      time.Time
 	lastSeq uint64            // the stream's last sequence at the last refresh
 	counts  map[string]uint64 // tenant -> messages waiting
-	sizes  map[string]*sizeRing
+	sizes   map[string]*sizeRing
 }
 
 type sizeRing struct {
