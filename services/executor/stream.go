@@ -76,12 +76,13 @@ func (c *cancels) cancel(id string) bool {
 
 // onCancel handles sluice.cancel.<tenant>.<job_id>.
 func (s *Service) onCancel(m *nats.Msg) {
-	key, ok := strings.CutPrefix(m.Subject, job.CancelPrefix) // <tenant>.<job id>: the job's key
+	rest, _ := strings.CutPrefix(m.Subject, job.CancelPrefix)
+	tenant, id, ok := strings.Cut(rest, ".")
 	if !ok {
 		return
 	}
-	if s.running.cancel(key) {
-		s.log.Info("stream cancelled by its caller", "job_id", key[strings.IndexByte(key, '.')+1:])
+	if s.running.cancel(keys.Job(tenant, id)) {
+		s.log.Info("stream cancelled by its caller", "job_id", id)
 	}
 }
 
