@@ -29,12 +29,12 @@ func (m *heldMsg) NakWithDelay(time.Duration) error { m.naks++; return nil }
 func TestHeldSet(t *testing.T) {
 	t.Parallel()
 	h := newHeldSet()
-	a := &Item{Size: 100, Value: &Candidate{Job: &job.Job{ID: "a"}}}
-	b := &Item{Size: 50, Value: &Candidate{Job: &job.Job{ID: "b"}}}
+	a := &Item{Size: 100, Value: &Candidate{Job: &job.Job{ID: "a", Tenant: "t"}}}
+	b := &Item{Size: 50, Value: &Candidate{Job: &job.Job{ID: "b", Tenant: "t"}}}
 	h.add("k1", a)
 	h.add("k2", b)
-	if got, ok := h.get("b"); !ok || got.key != "k2" || got.c != b.Value {
-		t.Fatalf("get(b) = %+v, %v; want key k2 and b's candidate", got, ok)
+	if got, ok := h.get("t.b"); !ok || got.key != "k2" || got.c != b.Value {
+		t.Fatalf("get(t.b) = %+v, %v; want key k2 and b's candidate", got, ok)
 	}
 	if h.n != 2 || h.bytes != 150 {
 		t.Fatalf("n, bytes = %d, %d; want 2, 150", h.n, h.bytes)
@@ -42,9 +42,19 @@ func TestHeldSet(t *testing.T) {
 	if !h.over(1, 1000) || !h.over(10, 149) || h.over(2, 150) {
 		t.Fatalf("over: want true past either bound and false at both")
 	}
+	// Another tenant's job with the same id is another job.
+	b2 := &Item{Size: 10, Value: &Candidate{Job: &job.Job{ID: "b", Tenant: "u"}}}
+	h.add("k3", b2)
+	if got, ok := h.get("t.b"); !ok || got.c != b.Value {
+		t.Fatalf("get(t.b) after u's b = %+v, %v; want t's b", got, ok)
+	}
+	h.remove(b2)
 	h.remove(a)
-	if _, ok := h.get("a"); ok || h.n != 1 || h.bytes != 50 {
+	if _, ok := h.get("t.a"); ok || h.n != 1 || h.bytes != 50 {
 		t.Fatalf("after remove(a): held a %v, n %d, bytes %d; want false, 1, 50", ok, h.n, h.bytes)
+	}
+	if _, ok := h.get("t.b"); !ok {
+		t.Fatal("t's b gone with u's")
 	}
 }
 
