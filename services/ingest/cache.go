@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/cache"
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
@@ -80,7 +81,7 @@ func (s *Service) cacheJob(ctx context.Context, j *job.Job) (acc Accepted, serve
 		// what a repeat is.
 		now := s.now().UTC()
 		data, _ := json.Marshal(&mesh.Record{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusQueued, SubmittedAt: now})
-		rev, err := s.mesh.Results.Create(ctx, j.ID, data)
+		rev, err := s.mesh.Results.Create(ctx, keys.Record(j.Tenant, j.ID), data)
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			s.prepare(ctx, p, j)
 			return Accepted{}, false, nil
