@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -162,6 +164,20 @@ func TestEndToEnd(t *testing.T) {
 
 // httpSubmit posts a job over HTTP and returns its id.
 func httpSubmit(ctx context.Context, base, key string, body []byte, openAI bool) (string, error) {
+	// A 503 (the stream could not take the job in time, as on a busy
+	// machine) is retried with the same Idempotency-Key, as the README
+	// advises callers: the retry joins the first attempt, never a second job.
+	idem := uuid.NewString()
+	for {
+		id, status, err := httpSubmitOnce(ctx, base, key, body, openAI, idem)
+		if status != http.StatusServiceUnavailable || ctx.Err() != nil {
+			return id, err
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+func httpSubmitOnce(ctx context.Context, base, key string, body []byte, openAI bool, idem string) (string, int, error) {
 	url := base + "/v1/jobs"
 	payload := body
 	if !openAI {
@@ -172,25 +188,28 @@ func httpSubmit(ctx context.Context, base, key string, body []byte, openAI bool)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
 	req.Header.Set("Authorization", "Bearer "+key)
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", idem)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	defer resp.Body.Close()
 	if openAI {
 		if resp.StatusCode != http.StatusOK {
-			return "", fmt.Errorf("chat completions: HTTP %d", resp.StatusCode)
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 500))
+			return "", resp.StatusCode, fmt.Errorf("chat completions: HTTP %d %s", resp.StatusCode, b)
 		}
-		return resp.Header.Get("X-Sluice-Job-Id"), nil
+		return resp.Header.Get("X-Sluice-Job-Id"), resp.StatusCode, nil
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusAccepted {
+		return "", resp.StatusCode, fmt.Errorf("jobs API: HTTP %d %.500s", resp.StatusCode, b)
 	}
 	var out struct{ ID string }
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return "", err
+	if err := json.Unmarshal(b, &out); err != nil {
+		return "", resp.StatusCode, err
 	}
-	if resp.StatusCode != http.StatusAccepted {
-		return "", fmt.Errorf("jobs API: HTTP %d", resp.StatusCode)
-	}
-	return out.ID, nil
+	return out.ID, resp.StatusCode, nil
 }
 
 // TestOpenAISDK points the official OpenAI Go SDK at Sluice.
