@@ -351,14 +351,16 @@ func (e *notFoundError) Is(target error) bool { return target == job.ErrNotFound
 
 // fresh returns the job a replay of old submits: the producer's fields
 // (tenant, priority, task, request, cost: the same work costs the same
-// units; at_least_once) without the deadline and idempotency key,
-// a new id, and none of the fields Sluice fills in.
+// units; at_least_once; cache) without the deadline and idempotency key,
+// a new id, and none of the fields Sluice fills in (ingest decides the
+// cache target again).
 func fresh(old job.Job) job.Job {
 	nj := old
 	nj.ID = job.NewID()
 	nj.Deadline = nil
 	nj.IdempotencyKey = ""
 	nj.ClearInternal()
+	nj.CacheTarget = nil
 	return nj
 }
 
