@@ -3,7 +3,6 @@ package executor
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/promptcache"
@@ -48,16 +47,14 @@ func (s *Service) settleSplit(ctx context.Context, j *job.Job, u job.Usage) bool
 	}
 	if back.Tokens+back.Output >= minReturn && !r.SendAt.IsZero() {
 		// As returnOverReserved: one give-back per model at a time.
-		busy, _ := s.returning.LoadOrStore(key, new(atomic.Bool))
-		if busy.(*atomic.Bool).CompareAndSwap(false, true) {
+		s.returning.try(key, func() {
 			// The provider's bucket was charged the usage: pace what it was
 			// charged (at the configured limits, never above the effective).
 			lim := budget.Limits{RPM: model.RPM, TPM: model.TokenLimit(), OTPM: model.OTPM}
 			if err := s.store.ReturnRewind(context.WithoutCancel(ctx), key, r.SendAt, back, lim); err != nil {
 				s.log.Debug("settle: return", "job_id", j.ID, "err", err)
 			}
-			busy.(*atomic.Bool).Store(false)
-		}
+		})
 	}
 	s.recordPrefix(ctx, j, u)
 	return true

@@ -24,7 +24,6 @@ import (
 	"os"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -72,12 +71,12 @@ type Service struct {
 	pcache *promptcache.Registry // warm prompt prefixes (anthropic.go)
 	// givingBack holds, per model key, whether a lapsed instant is being
 	// returned (giveBackUnsent): one at a time.
-	givingBack sync.Map
+	givingBack perKey
 	// warming holds, per learn key, whether its last cut is being read
 	// ahead of a paced call (transit.go).
 	warming sync.Map
 	// returning does the same for over-reserved prompt tokens (settle.go).
-	returning sync.Map
+	returning perKey
 	transits  transits // paced calls' dispatch transits, to report (transit.go)
 	guard     *guard.Guard
 	cfg       Config
@@ -349,15 +348,12 @@ func (s *Service) giveBackUnsent(ctx context.Context, msg jetstream.Msg, j *job.
 	// lapsed job returned its instant, the conflicts slowed planning and the
 	// sends, more instants lapsed, and no job reached the provider for
 	// minutes.
-	busy, _ := s.givingBack.LoadOrStore(key, new(atomic.Bool))
-	if !busy.(*atomic.Bool).CompareAndSwap(false, true) {
-		return
-	}
-	defer busy.(*atomic.Bool).Store(false)
-	back := budget.Cost{Requests: r.Requests, Tokens: r.Tokens, Units: reservedUnits(r, model)}
-	if err := s.store.ReturnLapsed(ctx, key, r.SendAt, back); err != nil {
-		s.log.Debug("return a lapsed reservation", "job_id", j.ID, "err", err)
-	}
+	s.givingBack.try(key, func() {
+		back := budget.Cost{Requests: r.Requests, Tokens: r.Tokens, Units: reservedUnits(r, model)}
+		if err := s.store.ReturnLapsed(ctx, key, r.SendAt, back); err != nil {
+			s.log.Debug("return a lapsed reservation", "job_id", j.ID, "err", err)
+		}
+	})
 }
 
 // readmit sends a job whose reservation lapsed back to admission.

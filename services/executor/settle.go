@@ -2,6 +2,7 @@ package executor
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 
 	"github.com/sluice-dev/sluice/internal/budget"
@@ -43,12 +44,23 @@ func (s *Service) returnOverReserved(ctx context.Context, j *job.Job, n int) {
 		return
 	}
 	key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
-	busy, _ := s.returning.LoadOrStore(key, new(atomic.Bool))
-	if !busy.(*atomic.Bool).CompareAndSwap(false, true) {
+	s.returning.try(key, func() {
+		if err := s.store.ReturnAt(context.WithoutCancel(ctx), key, r.SendAt, budget.Cost{Tokens: n}); err != nil {
+			s.log.Debug("return over-reserved prompt tokens", "job_id", j.ID, "err", err)
+		}
+	})
+}
+
+// perKey runs one function at a time per key: a call that finds one
+// running for its key is skipped.
+type perKey struct{ m sync.Map }
+
+func (p *perKey) try(key string, f func()) {
+	v, _ := p.m.LoadOrStore(key, new(atomic.Bool))
+	busy := v.(*atomic.Bool)
+	if !busy.CompareAndSwap(false, true) {
 		return
 	}
-	defer busy.(*atomic.Bool).Store(false)
-	if err := s.store.ReturnAt(context.WithoutCancel(ctx), key, r.SendAt, budget.Cost{Tokens: n}); err != nil {
-		s.log.Debug("return over-reserved prompt tokens", "job_id", j.ID, "err", err)
-	}
+	defer busy.Store(false)
+	f()
 }
