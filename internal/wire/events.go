@@ -91,25 +91,7 @@ func (e *Events) closeOpen(buf []byte, status string) []byte {
 
 // Chunk translates one chat.completion.chunk.
 func (e *Events) Chunk(c []byte) []byte {
-	var ch struct {
-		Choices []struct {
-			Index int `json:"index"`
-			Delta struct {
-				Content   *string `json:"content"`
-				Refusal   *string `json:"refusal"`
-				ToolCalls []struct {
-					Index    int    `json:"index"`
-					ID       string `json:"id"`
-					Function struct {
-						Name      string `json:"name"`
-						Arguments string `json:"arguments"`
-					} `json:"function"`
-				} `json:"tool_calls"`
-			} `json:"delta"`
-			FinishReason *string `json:"finish_reason"`
-		} `json:"choices"`
-		Usage *chatUsage `json:"usage"`
-	}
+	var ch chatChunk[chatUsage]
 	if json.Unmarshal(c, &ch) != nil {
 		return nil // not a chunk: nothing a Responses client could read
 	}

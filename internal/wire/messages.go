@@ -576,7 +576,11 @@ func NewMessageEvents(model string) *MessageEvents {
 }
 
 // msgChunk is the part of a chat.completion.chunk the translation reads.
-type msgChunk struct {
+type msgChunk = chatChunk[msgUsage]
+
+// chatChunk is the part of a chat.completion.chunk the translations read,
+// with usage as each reads it.
+type chatChunk[U any] struct {
 	ID      string `json:"id"`
 	Model   string `json:"model"`
 	Choices []struct {
@@ -595,7 +599,7 @@ type msgChunk struct {
 		} `json:"delta"`
 		FinishReason *string `json:"finish_reason"`
 	} `json:"choices"`
-	Usage *msgUsage `json:"usage"`
+	Usage *U `json:"usage"`
 }
 
 func (a *MessageEvents) emit(w io.Writer, typ string, v map[string]any) bool {

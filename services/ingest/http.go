@@ -118,25 +118,10 @@ func (s *Service) chat(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 		s.fail(w, "openai", &job.ValidationError{Code: job.CodeInvalidRequest, Message: "body is not valid JSON"})
 		return
 	}
-	j := &job.Job{Tenant: tenant, Endpoint: endpointOf(r.Context()), Request: body, IdempotencyKey: r.Header.Get("Idempotency-Key")}
-	if p := r.Header.Get("X-Sluice-Priority"); p != "" {
-		j.Priority = job.Priority(strings.ToLower(p))
-	}
-	if v := r.Header.Get("X-Sluice-Deadline"); v != "" {
-		t, err := time.Parse(time.RFC3339Nano, v)
-		if err != nil {
-			s.fail(w, "openai", &job.ValidationError{Code: job.CodeInvalidRequest, Field: "X-Sluice-Deadline", Message: "must be an RFC 3339 time"})
-			return
-		}
-		j.Deadline = &t
-	}
-	if v := r.Header.Values(CostHeader); len(v) > 0 {
-		c, err := ParseCost(strings.Join(v, ","))
-		if err != nil {
-			s.fail(w, "openai", err)
-			return
-		}
-		j.Cost = c
+	j, err := chatJob(r, tenant, body)
+	if err != nil {
+		s.fail(w, "openai", err)
+		return
 	}
 	plan, done := s.cacheBefore(w, r, j, body) // cache.go
 	if done {
@@ -186,6 +171,30 @@ func (s *Service) chat(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 	s.cacheAnswered(plan, acc, res)
 	s.resultHeaders(r.Context(), w, res)
 	WriteOpenAIResult(w, res)
+}
+
+// chatJob is the job of an OpenAI-compatible request: its body and what
+// the Sluice headers ask of it (priority, deadline, cost).
+func chatJob(r *http.Request, tenant string, body []byte) (*job.Job, error) {
+	j := &job.Job{Tenant: tenant, Endpoint: endpointOf(r.Context()), Request: body, IdempotencyKey: r.Header.Get("Idempotency-Key")}
+	if p := r.Header.Get("X-Sluice-Priority"); p != "" {
+		j.Priority = job.Priority(strings.ToLower(p))
+	}
+	if v := r.Header.Get("X-Sluice-Deadline"); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return nil, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "X-Sluice-Deadline", Message: "must be an RFC 3339 time"}
+		}
+		j.Deadline = &t
+	}
+	if v := r.Header.Values(CostHeader); len(v) > 0 {
+		c, err := ParseCost(strings.Join(v, ","))
+		if err != nil {
+			return nil, err
+		}
+		j.Cost = c
+	}
+	return j, nil
 }
 
 // deadlineSlack is what a waiting request's connection deadlines allow
