@@ -3,6 +3,7 @@ package ingest
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 )
@@ -37,6 +38,38 @@ func FuzzSubmitHeaders(f *testing.F) {
 			}
 			if nc := fx.nc; !nc.IsConnected() {
 				t.Fatalf("POST %s: NATS connection %v (%v)", tc.path, nc.Status(), nc.LastError())
+			}
+		}
+	})
+}
+
+// FuzzResponseIDPath reads and deletes stored responses by any id (the
+// path parameter of GET and DELETE /v1/responses/{id}, which becomes a
+// results key): an id that is not resp_ and a canonical job id is a 404 in
+// OpenAI's shape, never a server error, and the NATS connection stays up.
+func FuzzResponseIDPath(f *testing.F) {
+	for _, s := range []string{"resp_0190f6c4-8b1e-7c3a-9d2e-4f5a6b7c8d9e", "resp_", "resp_*", "resp_a.b.>", strings.Repeat("resp_x", 800), "%3E", ".."} {
+		f.Add(s)
+	}
+	fx := setup(f)
+	mux := fx.mux()
+	f.Fuzz(func(t *testing.T, id string) {
+		for _, method := range []string{http.MethodGet, http.MethodDelete} {
+			req := httptest.NewRequest(method, "/v1/responses/x", nil)
+			req.URL.Path = "/v1/responses/" + id
+			req.URL.RawPath = ""
+			req.Header.Set("X-Sluice-Tenant", "acme")
+			rec := httptest.NewRecorder()
+			mux.ServeHTTP(rec, req)
+			if rec.Code >= 500 {
+				t.Fatalf("%s /v1/responses/%q: %d %s", method, id, rec.Code, rec.Body)
+			}
+			// (The mux redirects a path it cleans: nothing reaches NATS.)
+			if responseJob(id) == "" && rec.Code != http.StatusNotFound && (rec.Code < 300 || rec.Code > 399) {
+				t.Fatalf("%s /v1/responses/%q: %d %s, want 404", method, id, rec.Code, rec.Body)
+			}
+			if nc := fx.nc; !nc.IsConnected() {
+				t.Fatalf("%s /v1/responses/%q: NATS connection %v (%v)", method, id, nc.Status(), nc.LastError())
 			}
 		}
 	})
