@@ -46,10 +46,10 @@ func runSim(ctx context.Context, args []string, getenv func(string) string, stdo
 		fs.PrintDefaults()
 	}
 	listen := fs.String("listen", "127.0.0.1:8090", "address to serve the OpenAI-compatible API on")
-	models := fs.String("models", "gpt-4o-mini=500/200000", "models and limits: name=RPM/TPM[/RPD/TPD][,...] (0 = unlimited; RPD/TPD are per-day quotas)")
+	models := fs.String("models", "gpt-4o-mini=500/200000", "models and limits: name=RPM/TPM[/RPD/TPD][,...] (0 = unlimited; RPD/TPD are per-day quotas); with --profile anthropic, name=RPM/ITPM/OTPM")
 	profile := fs.String("profile", sim.DefaultProfile, "how limits are enforced: "+strings.Join(sim.Profiles(), ", "))
 	burst := fs.Float64("burst-fraction", sim.DefaultBurstFraction, "quantized, acceleration, hidden: cap of any 1-s window as a fraction of each per-minute limit (1/60: the average pace)")
-	bucket := fs.Float64("bucket-seconds", sim.DefaultBucketSeconds, "token-bucket: bucket capacity in seconds of refill (refill is limit/60 per second)")
+	bucket := fs.Float64("bucket-seconds", sim.DefaultBucketSeconds, "token-bucket, anthropic: bucket capacity in seconds of refill (refill is limit/60 per second)")
 	noHeaders := fs.Bool("no-rate-headers", false, "send no x-ratelimit-* headers, whatever the profile")
 	ttft := fs.Duration("ttft", 200*time.Millisecond, "latency before the first token")
 	perToken := fs.Duration("per-token", 2*time.Millisecond, "latency per output token")
@@ -74,7 +74,11 @@ func runSim(ctx context.Context, args []string, getenv func(string) string, stdo
 	if err := checkProfileFlags(fs, *profile); err != nil {
 		return err
 	}
-	ml, err := parseModels(*models)
+	split := *profile == sim.ProfileAnthropic
+	if split && !flagSet(fs, "models") {
+		*models = "claude-3-5-haiku-latest=50/50000/10000"
+	}
+	ml, err := parseModels(*models, split)
 	if err != nil {
 		return fmt.Errorf("--models: %w", err)
 	}
@@ -111,6 +115,12 @@ func runSim(ctx context.Context, args []string, getenv func(string) string, stdo
 	}
 }
 
+// flagSet reports whether the command line set the named flag.
+func flagSet(fs *flag.FlagSet, name string) (set bool) {
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
 // checkProfileFlags refuses a profile flag that the chosen profile would
 // ignore, rather than run with a setting that has no effect.
 func checkProfileFlags(fs *flag.FlagSet, profile string) error {
@@ -120,17 +130,22 @@ func checkProfileFlags(fs *flag.FlagSet, profile string) error {
 		case err != nil:
 		case f.Name == "burst-fraction" && (profile == sim.ProfileAzure || profile == sim.ProfileTokenBucket):
 			err = fmt.Errorf("--burst-fraction has no effect with --profile %s (no 1-s window)", profile)
-		case f.Name == "bucket-seconds" && profile != sim.ProfileTokenBucket:
-			err = fmt.Errorf("--bucket-seconds has no effect with --profile %s (token-bucket only)", profile)
+		case f.Name == "bucket-seconds" && profile != sim.ProfileTokenBucket && profile != sim.ProfileAnthropic:
+			err = fmt.Errorf("--bucket-seconds has no effect with --profile %s (token-bucket and anthropic only)", profile)
 		}
 	})
 	return err
 }
 
 // parseModels reads "name=RPM/TPM,name=RPM/TPM/RPD/TPD": per-minute
-// limits, and optionally per-day quotas.
-func parseModels(s string) ([]sim.ModelLimits, error) {
-	const want = "want name=RPM/TPM or name=RPM/TPM/RPD/TPD"
+// limits, and optionally per-day quotas; or, for the anthropic profile
+// (split), "name=RPM/ITPM/OTPM": Anthropic's separate input and output
+// token limits.
+func parseModels(s string, split bool) ([]sim.ModelLimits, error) {
+	want := "want name=RPM/TPM or name=RPM/TPM/RPD/TPD"
+	if split {
+		want = "want name=RPM/ITPM/OTPM (--profile anthropic)"
+	}
 	var out []sim.ModelLimits
 	for _, part := range strings.Split(s, ",") {
 		part = strings.TrimSpace(part)
@@ -142,7 +157,7 @@ func parseModels(s string) ([]sim.ModelLimits, error) {
 			return nil, fmt.Errorf("%q: %s", part, want)
 		}
 		fields := strings.Split(lim, "/")
-		if len(fields) != 2 && len(fields) != 4 {
+		if split && len(fields) != 3 || !split && len(fields) != 2 && len(fields) != 4 {
 			return nil, fmt.Errorf("%q: %s", part, want)
 		}
 		v := make([]int, 4)
@@ -152,6 +167,10 @@ func parseModels(s string) ([]sim.ModelLimits, error) {
 				return nil, fmt.Errorf("%q: limits must be non-negative integers", part)
 			}
 			v[i] = n
+		}
+		if split {
+			out = append(out, sim.ModelLimits{Name: name, RPM: v[0], ITPM: v[1], OTPM: v[2]})
+			continue
 		}
 		out = append(out, sim.ModelLimits{Name: name, RPM: v[0], TPM: v[1], RPD: v[2], TPD: v[3]})
 	}

@@ -181,3 +181,34 @@ func TestSimModelsDayQuota(t *testing.T) {
 		}
 	}
 }
+
+// TestSimModelsAnthropic: with --profile anthropic, --models takes
+// Anthropic's three limits, RPM/ITPM/OTPM, which the simulator states in
+// its headers; the two-field form is refused there.
+func TestSimModelsAnthropic(t *testing.T) {
+	t.Parallel()
+	url := startSimCommand(t, "--profile", "anthropic", "--models", "m=600/100000/5000")
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/messages",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":50}`))
+	req.Header.Set("content-type", "application/json")
+	req.Header.Set("x-api-key", "k")
+	req.Header.Set("anthropic-version", "2023-06-01")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s, want 200", resp.StatusCode, b)
+	}
+	for h, want := range map[string]string{"requests": "600", "input-tokens": "100000", "output-tokens": "5000"} {
+		if got := resp.Header.Get("anthropic-ratelimit-" + h + "-limit"); got != want {
+			t.Errorf("anthropic-ratelimit-%s-limit = %q, want %s", h, got, want)
+		}
+	}
+	err = runSim(context.Background(), []string{"--listen", "127.0.0.1:0", "--profile", "anthropic", "--models", "m=1/2"}, nil, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "RPM/ITPM/OTPM") {
+		t.Errorf("--models m=1/2 under anthropic: error %v, want the three-limit form asked for", err)
+	}
+}
