@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -22,22 +21,10 @@ Commands:
 `
 
 func runCache(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, cacheUsage)
-		return errors.New("cache: no command given")
-	}
-	cmd, rest := args[0], args[1:]
-	switch cmd {
-	case "stats":
-		return runCacheStats(ctx, rest, getenv, stdout, stderr)
-	case "purge":
-		return runCachePurge(ctx, rest, getenv, stdout, stderr)
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, cacheUsage)
-		return nil
-	}
-	fmt.Fprint(stderr, cacheUsage)
-	return fmt.Errorf("cache: unknown command %q", cmd)
+	return dispatch(ctx, "cache", cacheUsage, map[string]command{
+		"stats": runCacheStats,
+		"purge": runCachePurge,
+	}, args, getenv, stdout, stderr)
 }
 
 func cacheBucket(ctx context.Context, conn *cliNATS, who string) (jetstream.KeyValue, func(), error) {

@@ -31,24 +31,11 @@ Run 'sluice dlq <command> -h' for a command's flags.
 const dlqReplayBarMin = 20
 
 func runDLQ(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, dlqUsage)
-		return errors.New("dlq: no command given")
-	}
-	cmd, rest := args[0], args[1:]
-	switch cmd {
-	case "list":
-		return runDLQList(ctx, rest, getenv, stdout, stderr)
-	case "show":
-		return runDLQShow(ctx, rest, getenv, stdout, stderr)
-	case "replay":
-		return runDLQReplay(ctx, rest, getenv, stdout, stderr)
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, dlqUsage)
-		return nil
-	}
-	fmt.Fprint(stderr, dlqUsage)
-	return fmt.Errorf("dlq: unknown command %q", cmd)
+	return dispatch(ctx, "dlq", dlqUsage, map[string]command{
+		"list":   runDLQList,
+		"show":   runDLQShow,
+		"replay": runDLQReplay,
+	}, args, getenv, stdout, stderr)
 }
 
 func runDLQList(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {

@@ -39,41 +39,20 @@ var version = "dev"
 
 // run is the whole program; tests call it directly.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return errors.New("no command given")
-	}
-	cmd, rest := args[0], args[1:]
-	switch cmd {
-	case "init":
-		return runInit(ctx, rest, getenv, stdout, stderr)
-	case "up":
-		return runUp(ctx, rest, getenv, stdout, stderr)
-	case "sim":
-		return runSim(ctx, rest, getenv, stdout, stderr)
-	case "demo":
-		return runDemo(ctx, rest, getenv, stdout, stderr)
-	case "bench":
-		return runBench(ctx, rest, getenv, stdout, stderr)
-	case "queue":
-		return runQueue(ctx, rest, getenv, stdout, stderr)
-	case "submit":
-		return runSubmit(ctx, rest, getenv, stdout, stderr)
-	case "dlq":
-		return runDLQ(ctx, rest, getenv, stdout, stderr)
-	case "cache":
-		return runCache(ctx, rest, getenv, stdout, stderr)
-	case "nats-auth":
-		return runNATSAuth(ctx, rest, getenv, stdout, stderr)
-	case "version", "--version":
-		fmt.Fprintln(stdout, "sluice", version)
-		return nil
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
-		return nil
-	}
-	fmt.Fprint(stderr, usage)
-	return fmt.Errorf("unknown command %q", cmd)
+	return dispatch(ctx, "", usage, map[string]command{
+		"init":      runInit,
+		"up":        runUp,
+		"sim":       runSim,
+		"demo":      runDemo,
+		"bench":     runBench,
+		"queue":     runQueue,
+		"submit":    runSubmit,
+		"dlq":       runDLQ,
+		"cache":     runCache,
+		"nats-auth": runNATSAuth,
+		"version":   runVersion,
+		"--version": runVersion,
+	}, args, getenv, stdout, stderr)
 }
 
 // newFlagSet makes a flag set that reports errors instead of exiting.
@@ -103,4 +82,36 @@ func newLogger(w io.Writer, level string) (*slog.Logger, error) {
 		return nil, fmt.Errorf("log level %q: want debug, info, warn or error", level)
 	}
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})), nil
+}
+
+// command is a (sub)command's entry point, given the arguments after its name.
+type command func(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error
+
+// dispatch runs the command that args[0] names. help, -h and --help print
+// usage to stdout; no name or an unknown one prints it to stderr and is an
+// error, prefixed with the group's name ("dlq: ") for a group's commands.
+func dispatch(ctx context.Context, group, usage string, cmds map[string]command, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	prefix := ""
+	if group != "" {
+		prefix = group + ": "
+	}
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errors.New(prefix + "no command given")
+	}
+	name, rest := args[0], args[1:]
+	if cmd, ok := cmds[name]; ok {
+		return cmd(ctx, rest, getenv, stdout, stderr)
+	}
+	if name == "help" || name == "-h" || name == "--help" {
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("%sunknown command %q", prefix, name)
+}
+
+func runVersion(_ context.Context, _ []string, _ func(string) string, stdout, _ io.Writer) error {
+	fmt.Fprintln(stdout, "sluice", version)
+	return nil
 }

@@ -49,20 +49,11 @@ type oaRequest struct {
 type oaMessage struct {
 	Role       string          `json:"role"`
 	Content    json.RawMessage `json:"content"`
-	ToolCalls  []oaToolCall    `json:"tool_calls"`
+	ToolCalls  []ChatToolCall  `json:"tool_calls"`
 	ToolCallID string          `json:"tool_call_id"`
 	// CacheControl on a message marks its last block as a prompt-cache
 	// breakpoint; on a part or a tool, that part or tool. Passed through.
 	CacheControl json.RawMessage `json:"cache_control"`
-}
-
-type oaToolCall struct {
-	ID       string `json:"id"`
-	Type     string `json:"type"`
-	Function struct {
-		Name      string `json:"name"`
-		Arguments string `json:"arguments"`
-	} `json:"function"`
 }
 
 type oaTool struct {
@@ -412,26 +403,10 @@ type oaCompletion struct {
 }
 
 type oaChoice struct {
-	Index        int          `json:"index"`
-	Message      oaOutMessage `json:"message"`
-	FinishReason string       `json:"finish_reason"`
-	Logprobs     *struct{}    `json:"logprobs"`
-}
-
-type oaOutMessage struct {
-	Role      string          `json:"role"`
-	Content   *string         `json:"content"`
-	Refusal   *string         `json:"refusal"`
-	ToolCalls []oaOutToolCall `json:"tool_calls,omitempty"`
-}
-
-type oaOutToolCall struct {
-	ID       string `json:"id"`
-	Type     string `json:"type"`
-	Function struct {
-		Name      string `json:"name"`
-		Arguments string `json:"arguments"`
-	} `json:"function"`
+	Index        int       `json:"index"`
+	Message      chatReply `json:"message"`
+	FinishReason string    `json:"finish_reason"`
+	Logprobs     *struct{} `json:"logprobs"`
 }
 
 type AnthropicChatUsage struct {
@@ -456,14 +431,14 @@ func AnthropicToChat(body []byte, now time.Time) ([]byte, job.Usage, error) {
 	if err := json.Unmarshal(body, &in); err != nil || in.Type != "message" {
 		return nil, job.Usage{}, errMalformed
 	}
-	msg := oaOutMessage{Role: "assistant"}
+	msg := chatReply{Role: "assistant"}
 	var text strings.Builder
 	for _, b := range in.Content {
 		switch b.Type {
 		case "text":
 			text.WriteString(b.Text)
 		case "tool_use":
-			tc := oaOutToolCall{ID: b.ID, Type: "function"}
+			tc := ChatToolCall{ID: b.ID, Type: "function"}
 			tc.Function.Name = b.Name
 			tc.Function.Arguments = "{}"
 			if len(bytes.TrimSpace(b.Input)) > 0 {

@@ -82,21 +82,12 @@ type anInBlock struct {
 }
 
 type oaOutMsg struct {
-	Role       string        `json:"role"`
-	Content    any           `json:"content,omitempty"`
-	ToolCalls  []msgToolCall `json:"tool_calls,omitempty"`
-	ToolCallID string        `json:"tool_call_id,omitempty"`
+	Role       string         `json:"role"`
+	Content    any            `json:"content,omitempty"`
+	ToolCalls  []ChatToolCall `json:"tool_calls,omitempty"`
+	ToolCallID string         `json:"tool_call_id,omitempty"`
 	// CacheControl marks the message's last block a cache breakpoint.
 	CacheControl json.RawMessage `json:"cache_control,omitempty"`
-}
-
-type msgToolCall struct {
-	ID       string `json:"id"`
-	Type     string `json:"type"`
-	Function struct {
-		Name      string `json:"name"`
-		Arguments string `json:"arguments"`
-	} `json:"function"`
 }
 
 type msgPart struct {
@@ -252,7 +243,7 @@ func convertMessage(i int, m anInMessage) ([]oaOutMsg, error) {
 	}
 	var tools []oaOutMsg
 	var parts []msgPart
-	var calls []msgToolCall
+	var calls []ChatToolCall
 	var last json.RawMessage // an assistant's breakpoint, on its message
 	for j, b := range blocks {
 		at := fmt.Sprintf("messages[%d].content[%d]", i, j)
@@ -272,7 +263,7 @@ func convertMessage(i int, m anInMessage) ([]oaOutMsg, error) {
 				return nil, fmt.Errorf("%s.source.type: must be base64 or url", at)
 			}
 		case b.Type == "tool_use" && m.Role == "assistant":
-			tc := msgToolCall{ID: b.ID, Type: "function"}
+			tc := ChatToolCall{ID: b.ID, Type: "function"}
 			tc.Function.Name = b.Name
 			tc.Function.Arguments = "{}"
 			if len(bytes.TrimSpace(b.Input)) > 0 {
@@ -351,12 +342,8 @@ type msgCompletion struct {
 	ID      string `json:"id"`
 	Model   string `json:"model"`
 	Choices []struct {
-		Message struct {
-			Content   *string       `json:"content"`
-			Refusal   *string       `json:"refusal"`
-			ToolCalls []msgToolCall `json:"tool_calls"`
-		} `json:"message"`
-		FinishReason string `json:"finish_reason"`
+		Message      chatReply `json:"message"`
+		FinishReason string    `json:"finish_reason"`
 	} `json:"choices"`
 	Usage msgUsage `json:"usage"`
 }

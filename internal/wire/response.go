@@ -228,12 +228,8 @@ type Failure struct {
 // chatCompletion is the part of a chat.completion the translation reads.
 type chatCompletion struct {
 	Choices []struct {
-		Message struct {
-			Content   *string        `json:"content"`
-			Refusal   *string        `json:"refusal"`
-			ToolCalls []ChatToolCall `json:"tool_calls"`
-		} `json:"message"`
-		FinishReason *string `json:"finish_reason"`
+		Message      chatReply `json:"message"`
+		FinishReason *string   `json:"finish_reason"`
 	} `json:"choices"`
 	Usage *chatUsage `json:"usage"`
 }

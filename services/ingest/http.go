@@ -15,12 +15,27 @@ import (
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
-// Routes registers ingest's HTTP API on mux.
+// Routes registers ingest's HTTP API on mux: every endpoint, in one table.
 func (s *Service) Routes(mux *http.ServeMux, auth api.Auth) {
-	mux.HandleFunc("POST /v1/jobs", func(w http.ResponseWriter, r *http.Request) { s.postJob(w, r, auth) })
-	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.chat(w, r, auth) })
-	s.surfaceRoutes(mux, auth)
-	s.responsesRoutes(mux, auth) // responses.go
+	started := s.now().Unix() // the models' "created"
+	listModels := func(w http.ResponseWriter, r *http.Request, a api.Auth) { s.listModels(w, r, a, started) }
+	getModel := func(w http.ResponseWriter, r *http.Request, a api.Auth) { s.getModel(w, r, a, started) }
+	for _, rt := range []struct {
+		pattern string
+		handle  func(http.ResponseWriter, *http.Request, api.Auth)
+	}{
+		{"POST /v1/jobs", s.postJob},
+		{"POST /v1/chat/completions", s.chat},
+		{"GET /v1/models", listModels},
+		{"GET /v1/models/{id...}", getModel},
+		{"POST /v1/embeddings", s.embeddings},
+		{"POST /v1/messages", s.messages},
+		{"POST /v1/responses", s.responses},
+		{"GET /v1/responses/{id}", s.getResponse},
+		{"DELETE /v1/responses/{id}", s.deleteResponse},
+	} {
+		mux.HandleFunc(rt.pattern, func(w http.ResponseWriter, r *http.Request) { rt.handle(w, r, auth) })
+	}
 }
 
 // DefaultWait bounds how long /v1/chat/completions waits for a result when

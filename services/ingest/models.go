@@ -10,16 +10,6 @@ import (
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
-// surfaceRoutes registers the OpenAI- and Anthropic-compatible endpoints
-// beyond chat completions.
-func (s *Service) surfaceRoutes(mux *http.ServeMux, auth api.Auth) {
-	started := s.now().Unix()
-	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) { s.listModels(w, r, auth, started) })
-	mux.HandleFunc("GET /v1/models/{id...}", func(w http.ResponseWriter, r *http.Request) { s.getModel(w, r, auth, started) })
-	mux.HandleFunc("POST /v1/embeddings", func(w http.ResponseWriter, r *http.Request) { s.embeddings(w, r, auth) })
-	mux.HandleFunc("POST /v1/messages", func(w http.ResponseWriter, r *http.Request) { s.messages(w, r, auth) })
-}
-
 // Model is one entry of GET /v1/models: OpenAI's model object. The id is
 // the name callers send as "model"; owned_by is the provider that serves it.
 type Model struct {

@@ -32,11 +32,6 @@ import (
 // messages. Its output is the job's result. previous_response_id reads
 // both back as the next call's history; a key is built from the caller's
 // tenant, so another tenant's id (or an expired one) is not found.
-func (s *Service) responsesRoutes(mux *http.ServeMux, auth api.Auth) {
-	mux.HandleFunc("POST /v1/responses", func(w http.ResponseWriter, r *http.Request) { s.responses(w, r, auth) })
-	mux.HandleFunc("GET /v1/responses/{id}", func(w http.ResponseWriter, r *http.Request) { s.getResponse(w, r, auth) })
-	mux.HandleFunc("DELETE /v1/responses/{id}", func(w http.ResponseWriter, r *http.Request) { s.deleteResponse(w, r, auth) })
-}
 
 // storedResponse is what the results bucket keeps of a stored response.
 type storedResponse struct {
