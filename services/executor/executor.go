@@ -151,60 +151,42 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	return s, nil
 }
 
-// decode reads a dispatched job; one that does not decode is terminated
-// (it can never become valid) and decode reports false.
-func (s *Service) decode(msg jetstream.Msg) (*job.Job, bool) {
+// decode reads a dispatched job; one that does not decode can never
+// become valid, and decode returns errTerminate.
+func (s *Service) decode(msg jetstream.Msg) (*job.Job, error) {
 	var j job.Job
 	if err := json.Unmarshal(msg.Data(), &j); err != nil || j.ID == "" {
 		s.log.Error("dispatch: undecodable job dropped", "subject", msg.Subject(), "err", err)
 		s.m.JobsRejected.WithLabelValues("dispatch", "undecodable").Inc()
-		_ = msg.Term()
-		return nil, false
+		return nil, errTerminate
 	}
-	return &j, true
+	return &j, nil
 }
 
-// unverified settles a message verify did not pass: nothing more when
-// verify dealt with it, else a redelivery.
-func (s *Service) unverified(msg jetstream.Msg, j *job.Job, err error) {
-	if errors.Is(err, errHandled) {
-		return
+// run executes a verified job. It returns nil when the message is to be
+// acknowledged; a job that failed on its last allowed delivery is dead
+// lettered first.
+func (s *Service) run(ctx context.Context, msg jetstream.Msg, j *job.Job) error {
+	err := s.execute(ctx, msg, j)
+	var later redeliverAfter
+	if err == nil || errors.As(err, &later) {
+		return err
 	}
-	s.log.Warn("dispatch: will retry", "job_id", j.ID, "err", err)
-	_ = msg.NakWithDelay(time.Second)
-}
-
-// run executes a verified job and settles its message.
-func (s *Service) run(ctx context.Context, msg jetstream.Msg, j *job.Job) {
-	if err := s.execute(ctx, msg, j); err != nil {
-		var later redeliverAfter
-		if errors.As(err, &later) {
-			_ = msg.NakWithDelay(time.Duration(later))
-			return
+	if md, merr := msg.Metadata(); merr == nil && md.NumDelivered >= MaxDeliveries {
+		opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
+		e := &job.Error{Code: "max_deliveries", Message: fmt.Sprintf("gave up after %d deliveries; last error: %v", md.NumDelivered, err)}
+		if terr := s.terminal(ctx, j, opKey, job.StatusDeadLettered, "max_deliveries", e); terr == nil {
+			return nil
 		}
-		if md, merr := msg.Metadata(); merr == nil && md.NumDelivered >= MaxDeliveries {
-			opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
-			e := &job.Error{Code: "max_deliveries", Message: fmt.Sprintf("gave up after %d deliveries; last error: %v", md.NumDelivered, err)}
-			if terr := s.terminal(ctx, j, opKey, job.StatusDeadLettered, "max_deliveries", e); terr == nil {
-				_ = msg.Ack()
-				return
-			}
-		}
-		s.log.Warn("dispatch: will retry", "job_id", j.ID, "err", err)
-		_ = msg.NakWithDelay(time.Second)
-		return
 	}
-	_ = msg.Ack()
+	return err
 }
-
-// errHandled: verify dealt with the message (acknowledged or terminated).
-var errHandled = errors.New("handled")
 
 // verify checks a dispatched job before anything is spent on it (see
 // internal/guard): a job that can never run ends failed; a reservation
 // that does not verify sends the job back to admission, which checks it
-// from scratch. It returns nil for a job to execute, errHandled when the
-// message is settled, or an error to redeliver it.
+// from scratch. It returns nil for a job to execute, errSettled or
+// errTerminate when the message is done with, or an error to redeliver it.
 func (s *Service) verify(ctx context.Context, msg jetstream.Msg, j *job.Job) error {
 	err := s.guard.Dispatched(j)
 	if err == nil {
@@ -223,8 +205,7 @@ func (s *Service) verify(ctx context.Context, msg jetstream.Msg, j *job.Job) err
 		// an id that is no key.
 		s.m.JobsRejected.WithLabelValues("dispatch", ve.Code).Inc()
 		s.log.Warn("dispatch: invalid job dropped", "code", ve.Code, "field", ve.Field)
-		_ = msg.Term()
-		return errHandled
+		return errTerminate
 	default:
 		e := &job.Error{Code: job.CodeInvalidRequest, Message: err.Error()}
 		if errors.As(err, &ve) {
@@ -237,8 +218,7 @@ func (s *Service) verify(ctx context.Context, msg jetstream.Msg, j *job.Job) err
 			return err
 		}
 	}
-	_ = msg.Ack()
-	return errHandled
+	return errSettled
 }
 
 func clip(s string) string {

@@ -2,7 +2,6 @@ package executor
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/keys"
+	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -32,26 +32,27 @@ func (s *Service) Run(ctx context.Context) error {
 	// Leases are returned after the calls in flight end.
 	leaseCtx, stopLeases := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopLeases()
-	var ccs []jetstream.ConsumeContext
+	var loops []*mesh.Loop
+	stop := func() {
+		for _, l := range loops {
+			l.Stop()
+		}
+	}
 	for _, p := range s.cfg.App.Providers {
 		for i := range p.Models {
-			cc, err := s.consumeModel(ctx, leaseCtx, &wg, &calls, p.Name, &p.Models[i])
+			l, err := s.consumeModel(ctx, leaseCtx, &wg, &calls, p.Name, &p.Models[i])
 			if err != nil {
-				for _, cc := range ccs {
-					cc.Stop()
-				}
+				stop()
 				return err
 			}
-			ccs = append(ccs, cc)
+			loops = append(loops, l)
 		}
 	}
 	// Streaming callers that go away ask for their call to stop; every
 	// executor hears it, the one running the job stops it.
 	cancelSub, err := s.mesh.JS.Conn().Subscribe(job.CancelPrefix+">", s.onCancel)
 	if err != nil {
-		for _, cc := range ccs {
-			cc.Stop()
-		}
+		stop()
 		return fmt.Errorf("subscribe %s>: %w", job.CancelPrefix, err)
 	}
 	defer func() { _ = cancelSub.Unsubscribe() }()
@@ -64,9 +65,7 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	wg.Go(func() { s.reportTransits(ctx) })
 	<-ctx.Done()
-	for _, cc := range ccs {
-		cc.Stop()
-	}
+	stop()
 	calls.close()
 	stopLeases()
 	wg.Wait()
@@ -107,35 +106,29 @@ func (g *callGroup) close() {
 // job is verified and run with one of the model's concurrency slots, from
 // a lease on the fleet-wide limit (internal/budget Pool) kept until
 // leaseCtx ends.
-func (s *Service) consumeModel(ctx, leaseCtx context.Context, wg *sync.WaitGroup, calls *callGroup, provider string, m *config.Model) (jetstream.ConsumeContext, error) {
-	name := keys.DispatchConsumer(provider, job.ModelToken(m.Name))
-	cons, err := streams.EnsureConsumer(ctx, s.mesh.JS, streams.Dispatch, "executor", name, job.DispatchSubject(provider, m.Name))
-	if err != nil {
-		return nil, err
-	}
+func (s *Service) consumeModel(ctx, leaseCtx context.Context, wg *sync.WaitGroup, calls *callGroup, provider string, m *config.Model) (*mesh.Loop, error) {
 	// Slots are taken just before the call and given back when it ends.
 	pool := budget.NewPool(s.mesh.Budgets, budget.ConcKey(provider, job.ModelToken(m.Name)), s.holder, m.MaxConcurrency, 10*time.Second, s.now)
 	labels := []string{provider, m.Name}
+	mc := &modelCalls{s: s, ctx: ctx, pool: pool, labels: labels, calls: calls,
+		// Calls outlive ctx by a grace period so a shutdown does not cut
+		// responses the provider is already billing for.
+		callCtx: context.WithoutCancel(ctx)}
+	name := keys.DispatchConsumer(provider, job.ModelToken(m.Name))
+	// The handler runs on the consume goroutine and hands each call off
+	// (take): it blocks there only while it waits for a slot.
+	l, err := s.mesh.Consume(ctx, mesh.Consumer{Stream: streams.Dispatch, Template: "executor", Name: name,
+		Filter: job.DispatchSubject(provider, m.Name), What: name, Batch: max(2, m.MaxConcurrency)}, s.log, mc.take)
+	if err != nil {
+		return nil, err
+	}
 	wg.Go(func() {
 		pool.Run(leaseCtx, func(err error) {
 			s.m.BudgetErrors.Inc()
 			s.log.Warn("concurrency lease", "provider", labels[0], "model", labels[1], "err", err)
 		})
 	})
-	mc := &modelCalls{s: s, ctx: ctx, pool: pool, labels: labels, calls: calls,
-		// Calls outlive ctx by a grace period so a shutdown does not cut
-		// responses the provider is already billing for.
-		callCtx: context.WithoutCancel(ctx)}
-	cc, err := cons.Consume(mc.take, jetstream.PullMaxMessages(max(2, m.MaxConcurrency)), streams.PullExpiry(),
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			if !errors.Is(err, jetstream.ErrNoHeartbeat) {
-				s.log.Debug("dispatch consume", "err", err)
-			}
-		}))
-	if err != nil {
-		return nil, fmt.Errorf("consume %s: %w", name, err)
-	}
-	return cc, nil
+	return l, nil
 }
 
 // modelCalls starts the calls of one model's dispatched jobs.
@@ -150,14 +143,22 @@ type modelCalls struct {
 
 // take handles one dispatched message: a paced call is checked at once
 // and waits for its instant without a slot; any other waits here for a
-// slot first.
+// slot first. What it does not hand off it settles at once.
 func (mc *modelCalls) take(msg jetstream.Msg) {
+	if j, err := mc.start(msg); err != nil {
+		mc.s.acknowledge(msg, j, err)
+	}
+}
+
+// start hands msg's job off to a goroutine of its own, which settles the
+// message when it is done; an error says it was not handed off.
+func (mc *modelCalls) start(msg jetstream.Msg) (*job.Job, error) {
 	s := mc.s
 	// Decoded once, here: the envelope carries the request, and a large
 	// one is the costliest thing an executor parses.
-	j, ok := s.decode(msg)
-	if !ok {
-		return
+	j, err := s.decode(msg)
+	if err != nil {
+		return nil, err
 	}
 	if r := j.Reservation; r != nil && !r.SendAt.IsZero() {
 		s.warmEpoch(mc.ctx, j, mc.calls.start, mc.calls.done) // transit.go
@@ -169,53 +170,49 @@ func (mc *modelCalls) take(msg jetstream.Msg) {
 		// waking missed its send tolerance on a loaded machine every time,
 		// and was planned again for ever.
 		if !mc.calls.start() {
-			_ = msg.NakWithDelay(time.Second)
-			return
+			return j, redeliverAfter(time.Second)
 		}
 		go func() {
 			defer mc.calls.done()
-			s.verifyThenRun(mc.callCtx, msg, j, func() (context.Context, func(), bool) { return mc.slotAtInstant(msg, j) })
+			s.acknowledge(msg, j, s.verifyThenRun(mc.callCtx, msg, j, func() (context.Context, func(), error) { return mc.slotAtInstant(j) }))
 		}()
-		return
+		return j, nil
 	}
 	// Wait here for a slot: the consumer buffers at most max_concurrency
 	// jobs, so a slow provider backs up DISPATCH, not this process's memory.
 	if err := mc.pool.Acquire(mc.ctx); err != nil {
-		_ = msg.NakWithDelay(time.Second)
-		return
+		return j, redeliverAfter(time.Second)
 	}
 	held, _ := mc.pool.Held()
 	s.m.ConcLeased.WithLabelValues(mc.labels...).Set(float64(held))
 	if !mc.calls.start() {
 		mc.pool.Release()
-		_ = msg.NakWithDelay(time.Second)
-		return
+		return j, redeliverAfter(time.Second)
 	}
 	go func() {
 		defer mc.calls.done()
 		defer mc.pool.Release()
-		s.verifyThenRun(mc.callCtx, msg, j, nil)
+		s.acknowledge(msg, j, s.verifyThenRun(mc.callCtx, msg, j, nil))
 	}()
+	return j, nil
 }
 
 // slotAtInstant waits until just before a paced call's instant and takes
 // a slot for it, waiting for one at most until the reservation lapses.
-// It returns the context to run the call in and what releases the slot;
-// false when the service shut down (the message is then sent back).
-func (mc *modelCalls) slotAtInstant(msg jetstream.Msg, j *job.Job) (context.Context, func(), bool) {
+// It returns the context to run the call in and what releases the slot,
+// or a redelivery when the service shut down.
+func (mc *modelCalls) slotAtInstant(j *job.Job) (context.Context, func(), error) {
 	s, r := mc.s, j.Reservation
 	waitFrom := s.now()
 	if !sleepUntil(mc.ctx, r.SendAt.Add(-slotAhead)) {
-		_ = msg.NakWithDelay(time.Second)
-		return nil, nil, false
+		return nil, nil, redeliverAfter(time.Second)
 	}
 	waited := s.now().Sub(waitFrom)
 	actx, cancel := context.WithDeadline(mc.ctx, r.ValidUntil)
 	err := mc.pool.Acquire(actx)
 	cancel()
 	if err != nil && mc.ctx.Err() != nil {
-		_ = msg.NakWithDelay(time.Second)
-		return nil, nil, false
+		return nil, nil, redeliverAfter(time.Second)
 	}
 	release := func() {}
 	if err == nil {
@@ -223,25 +220,24 @@ func (mc *modelCalls) slotAtInstant(msg jetstream.Msg, j *job.Job) (context.Cont
 	}
 	// Without a slot by ValidUntil, execute finds the reservation lapsed
 	// and re-admits the job.
-	return withWaited(mc.callCtx, waited), release, true
+	return withWaited(mc.callCtx, waited), release, nil
 }
 
-// verifyThenRun verifies a dispatched job and runs it. slot, when not
-// nil, is called after the verification to take the job's concurrency
-// slot: it returns the context to run in and the slot's release, or false
-// when it settled the message itself.
-func (s *Service) verifyThenRun(ctx context.Context, msg jetstream.Msg, j *job.Job, slot func() (context.Context, func(), bool)) {
+// verifyThenRun verifies a dispatched job and runs it; its error says how
+// the message is settled (acknowledge). slot, when not nil, is called
+// after the verification to take the job's concurrency slot: it returns
+// the context to run in and the slot's release.
+func (s *Service) verifyThenRun(ctx context.Context, msg jetstream.Msg, j *job.Job, slot func() (context.Context, func(), error)) error {
 	if err := s.verify(ctx, msg, j); err != nil {
-		s.unverified(msg, j, err)
-		return
+		return err
 	}
 	if slot != nil {
-		runCtx, release, ok := slot()
-		if !ok {
-			return
+		runCtx, release, err := slot()
+		if err != nil {
+			return err
 		}
 		defer release()
 		ctx = runCtx
 	}
-	s.run(ctx, msg, j)
+	return s.run(ctx, msg, j)
 }
