@@ -84,7 +84,9 @@ type respNode struct {
 func startResponses(t *testing.T, b respBackend) respNode {
 	t.Helper()
 	sc := b.sim
-	sc.Models = []sim.ModelLimits{{Name: respModel, RPM: 100000, TPM: 10000000, ITPM: 1000000, OTPM: 1000000}}
+	if sc.Models == nil {
+		sc.Models = []sim.ModelLimits{{Name: respModel, RPM: 100000, TPM: 10000000, ITPM: 1000000, OTPM: 1000000}}
+	}
 	sc.APIKeys = []string{"sim-secret"}
 	s, err := sim.New(sc)
 	if err != nil {

@@ -436,7 +436,11 @@ func (o *OpenAI) Do(ctx context.Context, c Call) (*Response, error) {
 	if o.apiKey != "" {
 		h.Set("Authorization", "Bearer "+o.apiKey)
 	}
-	status, hdr, body, err := send(ctx, o.rt, target, c.Body, h, o.maxResp)
+	reqBody, err := forChat(c)
+	if err != nil {
+		return nil, err
+	}
+	status, hdr, body, err := send(ctx, o.rt, target, reqBody, h, o.maxResp)
 	if err != nil {
 		return nil, err
 	}

@@ -80,3 +80,17 @@ func (o *OpenAI) header(c Call) http.Header {
 	}
 	return h
 }
+
+// forChat is the body a Responses job is sent on Chat Completions (the
+// caller's built-in tools refused, its reasoning items dropped: package
+// wire); any other job's body is sent untouched.
+func forChat(c Call) ([]byte, error) {
+	if c.Endpoint != job.EndpointResponses {
+		return c.Body, nil
+	}
+	b, err := wire.ForChat(c.Body)
+	if err != nil {
+		return nil, buildErr("%v", err)
+	}
+	return b, nil
+}

@@ -168,7 +168,11 @@ func (o *OpenAI) Stream(ctx context.Context, c Call) (*Response, *Stream, error)
 	if o.apiKey != "" {
 		h.Set("Authorization", "Bearer "+o.apiKey)
 	}
-	return openStream(ctx, o.rt, target, c.Body, h, o.maxResp, openAIEvent, func(b []byte) [][]byte { return raw(job.CompletionChunks(b, true)) })
+	body, err := forChat(c)
+	if err != nil {
+		return nil, nil, err
+	}
+	return openStream(ctx, o.rt, target, body, h, o.maxResp, openAIEvent, func(b []byte) [][]byte { return raw(job.CompletionChunks(b, true)) })
 }
 
 func raw(in []json.RawMessage) [][]byte {

@@ -134,6 +134,10 @@ var errMalformed = errors.New("malformed chat-completions body")
 // and tool results become tool_use / tool_result blocks; consecutive
 // messages of one role are merged. Errors never quote request content.
 func ChatToAnthropic(body []byte, model string) ([]byte, error) {
+	body, err := ForChat(body)
+	if err != nil {
+		return nil, err
+	}
 	var in oaRequest
 	if err := json.Unmarshal(body, &in); err != nil {
 		return nil, errMalformed

@@ -99,6 +99,16 @@ func (e *Events) Chunk(c []byte) []byte {
 	if ch.Usage != nil {
 		e.usage = ch.Usage.usage()
 	}
+	if len(ch.Items) > 0 {
+		// The provider's own items (reasoning, built-in tool calls)
+		// arrive whole: each is added and done at once.
+		buf = e.closeOpen(buf, StatusCompleted)
+		for _, k := range e.out.addNative(ch.Items) {
+			it := e.out.items[k]
+			buf = e.frame(buf, "response.output_item.added", map[string]any{"output_index": k, "item": maps.Clone(it)})
+			buf = e.frame(buf, "response.output_item.done", map[string]any{"output_index": k, "item": maps.Clone(it)})
+		}
+	}
 	for _, choice := range ch.Choices {
 		if choice.Index != 0 {
 			continue

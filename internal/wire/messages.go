@@ -586,7 +586,8 @@ type chatChunk[U any] struct {
 		} `json:"delta"`
 		FinishReason *string `json:"finish_reason"`
 	} `json:"choices"`
-	Usage *U `json:"usage"`
+	Usage *U                `json:"usage"`
+	Items []json.RawMessage `json:"sluice_items"`
 }
 
 func (a *MessageEvents) emit(w io.Writer, typ string, v map[string]any) bool {

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
+
+	"github.com/sluice-dev/sluice/pkg/job"
 )
 
 // ChatToResponses translates a chat-completions body (as a Responses
@@ -34,7 +36,8 @@ func ChatToResponses(chat []byte) ([]byte, error) {
 				Strict      *bool           `json:"strict"`
 			} `json:"json_schema"`
 		} `json:"response_format"`
-		Stream bool `json:"stream"`
+		Stream bool    `json:"stream"`
+		Native *Native `json:"sluice_responses"`
 	}
 	if json.Unmarshal(chat, &in) != nil {
 		return nil, errors.New("malformed chat-completions body")
@@ -103,6 +106,26 @@ func ChatToResponses(chat []byte) ([]byte, error) {
 	}
 	if in.Stream {
 		out["stream"] = true
+	}
+	if n := in.Native; n != nil {
+		// The request's own items and tools, as the caller sent them.
+		delete(out, "instructions")
+		if n.Instructions != nil && *n.Instructions != "" {
+			out["instructions"] = *n.Instructions
+		}
+		out["input"] = n.Input
+		if len(n.Tools) > 0 {
+			out["tools"] = n.Tools
+		}
+		if n.ToolChoice != nil {
+			out["tool_choice"] = n.ToolChoice
+		}
+		if len(n.Include) > 0 {
+			out["include"] = n.Include
+		}
+		if n.Reasoning != nil {
+			out["reasoning"] = n.Reasoning
+		}
 	}
 	return marshal(out)
 }
@@ -272,6 +295,16 @@ func ResponseToChat(body []byte) ([]byte, error) {
 	if json.Unmarshal(body, &r) != nil || r.Status == "" {
 		return nil, errors.New("not a Response")
 	}
+	var raw struct {
+		Output []json.RawMessage `json:"output"`
+	}
+	_ = json.Unmarshal(body, &raw)
+	var items []json.RawMessage
+	for _, it := range raw.Output {
+		if !chatItem(itemType(it)) {
+			items = append(items, it)
+		}
+	}
 	var text strings.Builder
 	var calls []ChatToolCall
 	for _, it := range r.Output {
@@ -298,6 +331,9 @@ func ResponseToChat(body []byte) ([]byte, error) {
 		"choices": []any{map[string]any{"index": 0, "message": msg, "logprobs": nil, "finish_reason": r.chatFinish(len(calls) > 0)}}}
 	if u := chatUsageOf(r.Usage); u != nil {
 		out["usage"] = u
+	}
+	if len(items) > 0 {
+		out[job.ItemsMember] = items
 	}
 	return marshal(out)
 }
@@ -369,6 +405,16 @@ func (s *NativeStream) Event(data []byte) (chunks [][]byte, done bool, err error
 		s.calls[ev.OutputIndex] = n
 		return [][]byte{s.chunk(map[string]any{"tool_calls": []any{map[string]any{"index": n, "id": ev.Item.CallID, "type": "function",
 			"function": map[string]any{"name": ev.Item.Name, "arguments": ""}}}}, nil)}, false, nil
+	case "response.output_item.done":
+		var done struct {
+			Item json.RawMessage `json:"item"`
+		}
+		if json.Unmarshal(data, &done) != nil || chatItem(itemType(done.Item)) {
+			return nil, false, nil
+		}
+		b, _ := marshal(map[string]any{"id": s.id, "object": "chat.completion.chunk", "created": s.created, "model": s.model, "choices": []any{},
+			job.ItemsMember: []json.RawMessage{done.Item}})
+		return [][]byte{b}, false, nil
 	case "response.function_call_arguments.delta":
 		n, ok := s.calls[ev.OutputIndex]
 		if !ok || ev.Delta == "" {

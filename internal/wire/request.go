@@ -26,12 +26,10 @@ type Request struct {
 	Stream             bool              `json:"stream"`
 	PreviousResponseID string            `json:"previous_response_id"`
 	User               string            `json:"user"`
-	Reasoning          *struct {
-		Effort string `json:"effort"`
-	} `json:"reasoning"`
-	Truncation string          `json:"truncation"`
-	Include    []string        `json:"include"`
-	StreamOpts json.RawMessage `json:"stream_options"`
+	Reasoning          json.RawMessage   `json:"reasoning"`
+	Truncation         string            `json:"truncation"`
+	Include            []string          `json:"include"`
+	StreamOpts         json.RawMessage   `json:"stream_options"`
 }
 
 // requestFields are the members a Responses request may have.
@@ -81,8 +79,13 @@ func ParseRequest(body []byte) (*Request, error) {
 	if r.MaxOutputTokens != nil && *r.MaxOutputTokens < 1 {
 		return nil, errf("max_output_tokens", "must be positive, got %d", *r.MaxOutputTokens)
 	}
-	if len(r.Include) > 0 {
-		return nil, errf("include", "is not supported: Sluice's responses carry no extra output data")
+	if present(r.Reasoning) != nil {
+		var re struct {
+			Effort string `json:"effort"`
+		}
+		if json.Unmarshal(r.Reasoning, &re) != nil {
+			return nil, errf("reasoning", "must be an object")
+		}
 	}
 	if r.Truncation != "" && r.Truncation != "disabled" {
 		return nil, errf("truncation", "only \"disabled\" is supported")
@@ -95,10 +98,12 @@ func ParseRequest(body []byte) (*Request, error) {
 		if json.Unmarshal(t, &tool) != nil {
 			return nil, errf(fmt.Sprintf("tools[%d]", i), "must be an object")
 		}
-		if tool.Type != "function" {
-			return nil, errf(fmt.Sprintf("tools[%d].type", i), "built-in tool %q is not supported through Sluice; only function tools are", clip(tool.Type))
+		if tool.Type == "" {
+			return nil, errf(fmt.Sprintf("tools[%d].type", i), "is required")
 		}
-		if tool.Name == "" {
+		// A built-in tool is checked against the model's provider
+		// (BuiltinTools): only one serving the Responses API runs it.
+		if tool.Type == "function" && tool.Name == "" {
 			return nil, errf(fmt.Sprintf("tools[%d].name", i), "is required")
 		}
 	}
@@ -140,58 +145,18 @@ type item struct {
 }
 
 // InputMessages translates the request's input (this turn's, not the
-// history a previous response holds) to chat messages. Reasoning items
-// are dropped: no chat provider reads them.
+// history a previous response holds) to chat messages, for a model
+// translated to chat (ChatMessages).
 func (r *Request) InputMessages() ([]ChatMessage, error) {
-	in := bytes.TrimSpace(r.Input)
-	var s string
-	if json.Unmarshal(in, &s) == nil {
-		return []ChatMessage{{Role: "user", Content: s}}, nil
+	items, err := r.Items()
+	if err != nil {
+		return nil, err
 	}
-	var items []item
-	if json.Unmarshal(in, &items) != nil {
-		return nil, errf("input", "must be a string or a list of items")
-	}
-	var out []ChatMessage
-	for i, it := range items {
-		param := fmt.Sprintf("input[%d]", i)
-		switch it.Type {
-		case "", "message":
-			m, err := messageItem(param, it)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, m)
-		case "function_call":
-			if it.CallID == "" || it.Name == "" {
-				return nil, errf(param, "a function_call needs call_id and name")
-			}
-			tc := ChatToolCall{ID: it.CallID, Type: "function"}
-			tc.Function.Name, tc.Function.Arguments = it.Name, it.Arguments
-			if n := len(out); n > 0 && out[n-1].Role == "assistant" {
-				out[n-1].ToolCalls = append(out[n-1].ToolCalls, tc)
-				continue
-			}
-			out = append(out, ChatMessage{Role: "assistant", Content: nil, ToolCalls: []ChatToolCall{tc}})
-		case "function_call_output":
-			if it.CallID == "" {
-				return nil, errf(param+".call_id", "is required")
-			}
-			text, err := outputText(it.Output)
-			if err != nil {
-				return nil, errf(param+".output", "%s", err.Msg)
-			}
-			out = append(out, ChatMessage{Role: "tool", ToolCallID: it.CallID, Content: text})
-		case "reasoning":
-			// Opaque to every chat provider; nothing to carry.
-		default:
-			return nil, errf(param+".type", "item type %q is not supported through Sluice", clip(it.Type))
-		}
-	}
-	if len(out) == 0 {
+	out, err := ChatMessages(items, false)
+	if err == nil && len(out) == 0 {
 		return nil, errf("input", "holds no message")
 	}
-	return out, nil
+	return out, err
 }
 
 // messageItem translates a message item (an easy message or an output
@@ -281,6 +246,8 @@ type ChatOptions struct {
 	// MaxTokensField is the member max_output_tokens becomes:
 	// "max_tokens" (the default) or "max_completion_tokens".
 	MaxTokensField string
+	// Native, when set, is carried in the body's NativeMember.
+	Native *Native
 }
 
 // ChatBody is the chat-completions body for r: its instructions as the
@@ -298,6 +265,9 @@ func (r *Request) ChatBody(history, input []ChatMessage, o ChatOptions) ([]byte,
 	if len(r.Tools) > 0 {
 		tools := make([]map[string]any, 0, len(r.Tools))
 		for _, t := range r.Tools {
+			if toolType(t) != "function" {
+				continue // built-in: in the Native member only
+			}
 			var f struct {
 				Name        string          `json:"name"`
 				Description string          `json:"description"`
@@ -319,16 +289,18 @@ func (r *Request) ChatBody(history, input []ChatMessage, o ChatOptions) ([]byte,
 			}
 			tools = append(tools, map[string]any{"type": "function", "function": fn})
 		}
-		out["tools"] = tools
+		if len(tools) > 0 {
+			out["tools"] = tools
+		}
 	}
-	if tc := present(r.ToolChoice); tc != nil {
+	if tc := present(r.ToolChoice); tc != nil && !builtinChoice(tc) {
 		choice, err := chatToolChoice(tc)
 		if err != nil {
 			return nil, err
 		}
 		out["tool_choice"] = choice
 	}
-	if r.ParallelToolCalls != nil && len(r.Tools) > 0 {
+	if _, tools := out["tools"]; r.ParallelToolCalls != nil && tools {
 		out["parallel_tool_calls"] = *r.ParallelToolCalls
 	}
 	if r.MaxOutputTokens != nil {
@@ -347,8 +319,11 @@ func (r *Request) ChatBody(history, input []ChatMessage, o ChatOptions) ([]byte,
 	if r.User != "" {
 		out["user"] = r.User
 	}
-	if r.Reasoning != nil && r.Reasoning.Effort != "" {
-		out["reasoning_effort"] = r.Reasoning.Effort
+	var re struct {
+		Effort string `json:"effort"`
+	}
+	if json.Unmarshal(present(r.Reasoning), &re) == nil && re.Effort != "" {
+		out["reasoning_effort"] = re.Effort
 	}
 	if f, err := chatResponseFormat(r.Text); err != nil {
 		return nil, err
@@ -359,6 +334,9 @@ func (r *Request) ChatBody(history, input []ChatMessage, o ChatOptions) ([]byte,
 		out["stream"] = true
 		// The usage chunk carries what response.completed reports.
 		out["stream_options"] = map[string]any{"include_usage": true}
+	}
+	if o.Native != nil {
+		out[NativeMember] = o.Native
 	}
 	return marshal(out)
 }

@@ -104,10 +104,13 @@ type output struct {
 	text strings.Builder
 	// calls maps a chat tool-call index to its item's index in items.
 	calls map[int]int
+	// native marks the provider's own items (job.ItemsMember), which
+	// keep their status.
+	native map[int]bool
 }
 
 func newOutput(respID string) *output {
-	return &output{base: strings.TrimPrefix(respID, "resp_"), msg: -1, calls: map[int]int{}}
+	return &output{base: strings.TrimPrefix(respID, "resp_"), msg: -1, calls: map[int]int{}, native: map[int]bool{}}
 }
 
 func (o *output) messageID() string { return "msg_" + o.base }
@@ -146,11 +149,29 @@ func (o *output) addCall(i int, id, name, args string) bool {
 	return !ok
 }
 
+// addNative appends the provider's own items, as they are; it returns
+// their indexes in items.
+func (o *output) addNative(raws []json.RawMessage) []int {
+	var added []int
+	for _, raw := range raws {
+		var it map[string]any
+		if json.Unmarshal(raw, &it) != nil || it == nil {
+			continue
+		}
+		o.native[len(o.items)] = true
+		added = append(added, len(o.items))
+		o.items = append(o.items, it)
+	}
+	return added
+}
+
 // finish sets every item's status and the message's text; it returns the
 // items.
 func (o *output) finish(status string) []map[string]any {
-	for _, it := range o.items {
-		it["status"] = status
+	for i, it := range o.items {
+		if !o.native[i] {
+			it["status"] = status
+		}
 	}
 	if o.msg >= 0 {
 		o.items[o.msg]["content"] = []any{textPart(o.text.String())}
@@ -231,7 +252,8 @@ type chatCompletion struct {
 		Message      chatReply `json:"message"`
 		FinishReason *string   `json:"finish_reason"`
 	} `json:"choices"`
-	Usage *chatUsage `json:"usage"`
+	Usage *chatUsage        `json:"usage"`
+	Items []json.RawMessage `json:"sluice_items"`
 }
 
 var errNotCompletion = errors.New("not a chat.completion")
@@ -244,6 +266,7 @@ func FromChat(m Meta, completion []byte) (map[string]any, error) {
 	}
 	ch := c.Choices[0]
 	o := newOutput(m.ID)
+	o.addNative(c.Items)
 	switch {
 	case ch.Message.Content != nil && *ch.Message.Content != "":
 		o.addText(*ch.Message.Content)

@@ -12,7 +12,7 @@ func TestParseRequestRefuses(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ body, param string }{
 		{`{"model":"m","input":"hi","background":true}`, "background"},
-		{`{"model":"m","input":"hi","tools":[{"type":"web_search"}]}`, "tools[0].type"},
+		{`{"model":"m","input":"hi","tools":[{"name":"f"}]}`, "tools[0].type"},
 		{`{"input":"hi"}`, "model"},
 		{`{"model":"m"}`, "input"},
 		{`{"model":"m","input":"hi","max_output_tokens":0}`, "max_output_tokens"},

@@ -46,7 +46,15 @@ type Chunk struct {
 	SystemFingerprint string        `json:"system_fingerprint,omitempty"`
 	Choices           []ChunkChoice `json:"choices"`
 	Usage             *ChunkUsage   `json:"usage,omitempty"`
+	// Items are provider output items chat has no form for (ItemsMember).
+	Items []json.RawMessage `json:"sluice_items,omitempty"`
 }
+
+// ItemsMember is the member of a chat.completion (or chunk) carrying, in
+// order, the output items a provider serving the Responses API natively
+// returned that chat has no form for (reasoning, built-in tool calls),
+// verbatim. Only jobs that came in on /v1/responses carry it.
+const ItemsMember = "sluice_items"
 
 // ChunkChoice is one choice's delta.
 type ChunkChoice struct {
@@ -142,6 +150,7 @@ type Transcript struct {
 	finish                 string
 	usage                  *Usage
 	output                 bool
+	items                  []json.RawMessage
 }
 
 type toolCall struct {
@@ -165,6 +174,7 @@ func (t *Transcript) Add(c *Chunk) {
 	if c.HasOutput() {
 		t.output = true
 	}
+	t.items = append(t.items, c.Items...)
 	for _, ch := range c.Choices {
 		if ch.Index != 0 {
 			continue
@@ -252,6 +262,9 @@ func (t *Transcript) Completion() json.RawMessage {
 	if t.fingerprint != "" {
 		out["system_fingerprint"] = t.fingerprint
 	}
+	if len(t.items) > 0 {
+		out[ItemsMember] = t.items
+	}
 	if t.usage != nil {
 		out["usage"] = map[string]any{"prompt_tokens": t.usage.PromptTokens, "completion_tokens": t.usage.CompletionTokens,
 			"total_tokens": t.usage.TotalTokens, "prompt_tokens_details": map[string]int{"cached_tokens": t.usage.CachedTokens}}
@@ -282,7 +295,8 @@ func CompletionChunks(body []byte, usage bool) []json.RawMessage {
 			} `json:"message"`
 			FinishReason *string `json:"finish_reason"`
 		} `json:"choices"`
-		Usage json.RawMessage `json:"usage"`
+		Usage json.RawMessage   `json:"usage"`
+		Items []json.RawMessage `json:"sluice_items"`
 	}
 	if json.Unmarshal(body, &c) != nil {
 		return nil
@@ -305,6 +319,11 @@ func CompletionChunks(body []byte, usage bool) []json.RawMessage {
 			role = "assistant"
 		}
 		add([]any{map[string]any{"index": ch.Index, "delta": map[string]any{"role": role, "content": ""}, "logprobs": nil, "finish_reason": nil}}, nil)
+		if len(c.Items) > 0 && ch.Index == 0 {
+			m := map[string]any{"id": c.ID, "object": "chat.completion.chunk", "created": c.Created, "model": c.Model, "choices": []any{}, ItemsMember: c.Items}
+			data, _ := json.Marshal(m)
+			out = append(out, data)
+		}
 		if ch.Message.Content != nil && *ch.Message.Content != "" {
 			add([]any{map[string]any{"index": ch.Index, "delta": map[string]any{"content": *ch.Message.Content}, "logprobs": nil, "finish_reason": nil}}, nil)
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 
@@ -18,6 +19,13 @@ import (
 // stream events (response.created … response.completed, each with a
 // sequence_number). Stream faults cut or stall it as they do a chat
 // stream, counting output_text deltas as content chunks.
+//
+// Built-in tools and reasoning: a Responses request may offer any tool
+// type (the simulator "runs" a web_search tool: its answer starts with a
+// completed web_search_call item); a reasoning model's answer starts
+// with a reasoning item, with an encrypted_content when include asks for
+// reasoning.encrypted_content. Input items of any *_call or
+// *_call_output type, and reasoning items, are accepted and not counted.
 //
 // Tool calls (all three APIs): with Config.ToolCalls > 0, a request that
 // offers function tools, and whose conversation holds fewer than
@@ -155,6 +163,7 @@ type responsesBody struct {
 		Name string `json:"name"`
 	} `json:"tools"`
 	ToolChoice json.RawMessage `json:"tool_choice"`
+	Include    []string        `json:"include"`
 }
 
 // parseResponses reads a Responses body: charged as the chat request with
@@ -204,6 +213,9 @@ func (s *Server) parseResponses(body []byte) (*call, error) {
 				text("tool", out)
 			case "reasoning":
 			default:
+				if strings.HasSuffix(it.Type, "_call") || strings.HasSuffix(it.Type, "_call_output") {
+					continue
+				}
 				return nil, fmt.Errorf("input: item type %q is not supported by the simulator", it.Type)
 			}
 		}
@@ -221,14 +233,30 @@ func (s *Server) parseResponses(body []byte) (*call, error) {
 		maxOut = *b.MaxOutputTokens
 	}
 	var names []string
+	search := false
 	for _, t := range b.Tools {
-		if t.Type != "function" {
-			return nil, fmt.Errorf("tools: the simulator serves function tools only, not %q", t.Type)
+		switch {
+		case t.Type == "":
+			return nil, fmt.Errorf("tools: a tool needs a type")
+		case t.Type == "function":
+			names = append(names, t.Name)
+		case strings.HasPrefix(t.Type, "web_search"):
+			search = true
 		}
-		names = append(names, t.Name)
 	}
 	c := &call{model: b.Model, prompt: s.cfg.Count.Prompt(&job.ChatRequest{Model: b.Model, Messages: msgs}), maxOut: maxOut, n: 1,
 		stream: b.Stream, usage: true, responses: true, reasoning: s.reasoning[b.Model], tool: s.pickTool(names, results, b.ToolChoice)}
+	if c.reasoning {
+		r := map[string]any{"type": "reasoning", "id": "rs_" + randomID(24), "summary": []any{}}
+		if slices.Contains(b.Include, "reasoning.encrypted_content") {
+			r["encrypted_content"] = "enc_" + randomID(32)
+		}
+		c.before = append(c.before, r)
+	}
+	if search && c.tool == nil {
+		c.before = append(c.before, map[string]any{"type": "web_search_call", "id": "ws_" + randomID(24), "status": "completed",
+			"action": map[string]any{"type": "search", "query": "simulated"}})
+	}
 	c.cost = int64(c.prompt) + int64(c.maxOut)
 	return c, nil
 }
@@ -236,7 +264,7 @@ func (s *Server) parseResponses(body []byte) (*call, error) {
 // simResponse builds a Response for a completed Responses call.
 func (s *Server) simResponse(c *call, completion int, created int64, status string, text string) map[string]any {
 	id := "resp_" + randomID(24)
-	var output []map[string]any
+	output := append([]map[string]any(nil), c.before...)
 	if c.tool != nil {
 		output = append(output, map[string]any{"type": "function_call", "id": "fc_" + randomID(24), "call_id": c.tool.id,
 			"name": c.tool.name, "arguments": c.tool.args, "status": "completed"})
@@ -308,7 +336,7 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *gener
 	ev := &respEvents{out: startSSE(w)}
 	g.streamed.Add(1)
 	s.count(g, m, http.StatusOK)
-	item := full["output"].([]map[string]any)[0]
+	k, item := answerItem(full)
 	itemID := item["id"]
 	if c.tool != nil {
 		pieces = []string{c.tool.args}
@@ -319,9 +347,9 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *gener
 	}
 	write := func(p string) bool {
 		if c.tool != nil {
-			return ev.send("response.function_call_arguments.delta", map[string]any{"item_id": itemID, "output_index": 0, "delta": p})
+			return ev.send("response.function_call_arguments.delta", map[string]any{"item_id": itemID, "output_index": k, "delta": p})
 		}
-		return ev.send("response.output_text.delta", map[string]any{"item_id": itemID, "output_index": 0, "content_index": 0, "delta": p, "logprobs": []any{}})
+		return ev.send("response.output_text.delta", map[string]any{"item_id": itemID, "output_index": k, "content_index": 0, "delta": p, "logprobs": []any{}})
 	}
 	if !run.send(pieces, write) || run.faulted() {
 		return
@@ -336,9 +364,17 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *gener
 	}
 }
 
+// answerItem is a Response's last output item (its message or function
+// call: any before it are reasoning or built-in tool calls) and its index.
+func answerItem(full map[string]any) (int, map[string]any) {
+	out := full["output"].([]map[string]any)
+	return len(out) - 1, out[len(out)-1]
+}
+
 // beginResponseStream writes the events before a Response's first delta:
-// created and in_progress (the response without output), the item added
-// and, for a message, its text part added.
+// created and in_progress (the response without output), the items
+// before the answer added and done, the answer's item added and, for a
+// message, its text part added.
 func beginResponseStream(ev *respEvents, full, item map[string]any) bool {
 	started := maps.Clone(full)
 	started["status"], started["output"], started["usage"], started["incomplete_details"] = "in_progress", []any{}, nil, nil
@@ -349,12 +385,17 @@ func beginResponseStream(ev *respEvents, full, item map[string]any) bool {
 	} else {
 		added["content"] = []any{}
 	}
-	ok := ev.send("response.created", map[string]any{"response": started}) && ev.send("response.in_progress", map[string]any{"response": started}) &&
-		ev.send("response.output_item.added", map[string]any{"output_index": 0, "item": added})
+	ok := ev.send("response.created", map[string]any{"response": started}) && ev.send("response.in_progress", map[string]any{"response": started})
+	k, _ := answerItem(full)
+	for i, it := range full["output"].([]map[string]any)[:k] {
+		ok = ok && ev.send("response.output_item.added", map[string]any{"output_index": i, "item": it}) &&
+			ev.send("response.output_item.done", map[string]any{"output_index": i, "item": it})
+	}
+	ok = ok && ev.send("response.output_item.added", map[string]any{"output_index": k, "item": added})
 	if item["type"] == "function_call" {
 		return ok
 	}
-	return ok && ev.send("response.content_part.added", map[string]any{"item_id": item["id"], "output_index": 0, "content_index": 0,
+	return ok && ev.send("response.content_part.added", map[string]any{"item_id": item["id"], "output_index": k, "content_index": 0,
 		"part": map[string]any{"type": "output_text", "text": "", "annotations": []any{}}})
 }
 
@@ -373,22 +414,22 @@ func (t *toolCall) chatDeltas() (head map[string]any, pieces []string, delta fun
 // finishResponseStream writes the .done events of a Response's one item
 // and its terminal event.
 func (s *Server) finishResponseStream(ev *respEvents, full map[string]any) bool {
-	item := full["output"].([]map[string]any)[0]
+	k, item := answerItem(full)
 	id := item["id"]
 	ok := true
 	if item["type"] == "function_call" {
-		ok = ev.send("response.function_call_arguments.done", map[string]any{"item_id": id, "output_index": 0, "arguments": item["arguments"]})
+		ok = ev.send("response.function_call_arguments.done", map[string]any{"item_id": id, "output_index": k, "arguments": item["arguments"]})
 	} else {
 		part := item["content"].([]any)[0]
-		ok = ev.send("response.output_text.done", map[string]any{"item_id": id, "output_index": 0, "content_index": 0,
+		ok = ev.send("response.output_text.done", map[string]any{"item_id": id, "output_index": k, "content_index": 0,
 			"text": part.(map[string]any)["text"], "logprobs": []any{}}) &&
-			ev.send("response.content_part.done", map[string]any{"item_id": id, "output_index": 0, "content_index": 0, "part": part})
+			ev.send("response.content_part.done", map[string]any{"item_id": id, "output_index": k, "content_index": 0, "part": part})
 	}
 	typ := "response.completed"
 	if full["status"] == "incomplete" {
 		typ = "response.incomplete"
 	}
-	return ok && ev.send("response.output_item.done", map[string]any{"output_index": 0, "item": item}) &&
+	return ok && ev.send("response.output_item.done", map[string]any{"output_index": k, "item": item}) &&
 		ev.send(typ, map[string]any{"response": full})
 }
 
@@ -413,8 +454,12 @@ func (s *Server) replayResponseStream(w http.ResponseWriter, g *generation, m *m
 	s.count(g, m, http.StatusOK)
 	started := map[string]any{"id": full["id"], "object": "response", "created_at": full["created_at"], "status": "in_progress",
 		"model": full["model"], "output": []any{}}
-	_ = ev.send("response.created", map[string]any{"response": started}) &&
-		ev.send("response.output_item.added", map[string]any{"output_index": 0, "item": items[0]}) &&
+	ok := ev.send("response.created", map[string]any{"response": started})
+	for i, it := range items[:len(items)-1] {
+		ok = ok && ev.send("response.output_item.added", map[string]any{"output_index": i, "item": it}) &&
+			ev.send("response.output_item.done", map[string]any{"output_index": i, "item": it})
+	}
+	_ = ok && ev.send("response.output_item.added", map[string]any{"output_index": len(items) - 1, "item": items[len(items)-1]}) &&
 		s.finishResponseStream(ev, full)
 }
 

@@ -168,6 +168,9 @@ type call struct {
 	// it is answered with, if any.
 	responses bool
 	tool      *toolCall
+	// before: a Responses call's output items ahead of its answer (a
+	// reasoning model's reasoning, a web search's call).
+	before []map[string]any
 }
 
 // serveCall answers a chat-completions or embeddings request: parse reads

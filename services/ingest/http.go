@@ -33,6 +33,7 @@ func (s *Service) Routes(mux *http.ServeMux, auth api.Auth) {
 		{"POST /v1/responses", s.responses},
 		{"GET /v1/responses/{id}", s.getResponse},
 		{"DELETE /v1/responses/{id}", s.deleteResponse},
+		{"GET /v1/responses/{id}/input_items", s.inputItems}, // input_items.go
 	} {
 		mux.HandleFunc(rt.pattern, func(w http.ResponseWriter, r *http.Request) { rt.handle(w, r, auth) })
 	}

@@ -28,15 +28,34 @@ import (
 //
 // Conversation state lives in the results bucket, under
 // responses.<tenant>.<job id>, for limits.result_retention like the job's
-// record: the response's request (Meta) and its whole input as chat
-// messages. Its output is the job's result. previous_response_id reads
+// record: the response's request (Meta) and its whole input as Responses
+// items. Its output is the job's result. previous_response_id reads
 // both back as the next call's history; a key is built from the caller's
 // tenant, so another tenant's id (or an expired one) is not found.
 
-// storedResponse is what the results bucket keeps of a stored response.
+// storedResponse is what the results bucket keeps of a stored response:
+// its request's Meta and its whole input as Responses items (the
+// conversation before it, then its own), as the caller sent them.
 type storedResponse struct {
-	Meta     wire.Meta          `json:"meta"`
-	Messages []wire.ChatMessage `json:"messages"`
+	Meta  wire.Meta         `json:"meta"`
+	Items []json.RawMessage `json:"items,omitempty"`
+	// Messages is the input of a response stored before items were kept.
+	Messages []wire.ChatMessage `json:"messages,omitempty"`
+}
+
+// items is the stored response's input as items.
+func (st *storedResponse) items() []json.RawMessage {
+	if len(st.Items) == 0 && len(st.Messages) > 0 {
+		return wire.ChatHistoryItems(st.Messages)
+	}
+	return st.Items
+}
+
+// nativeResponses reports whether model is served by a provider called on
+// its own Responses API.
+func (s *Service) nativeResponses(model string) bool {
+	p, _, ok := s.cfg.App.ModelRef(model)
+	return ok && p.NativeResponses()
 }
 
 // responseKey is the results-bucket key of a tenant's stored response.
@@ -67,21 +86,39 @@ func (s *Service) responses(w http.ResponseWriter, r *http.Request, auth api.Aut
 		s.invalidResponse(w, err)
 		return
 	}
-	input, err := req.InputMessages()
+	native := s.nativeResponses(req.Model)
+	if params, types := req.BuiltinTools(); len(params) > 0 && !native {
+		s.invalidResponse(w, &wire.Error{Param: params[0], Msg: fmt.Sprintf("built-in tool %q runs only on a provider serving the Responses API natively (responses: native); model %q is translated to another API", clip(types[0]), clip(req.Model))})
+		return
+	}
+	items, err := req.Items()
 	if err != nil {
 		s.invalidResponse(w, err)
 		return
 	}
-	var history []wire.ChatMessage
+	input, err := wire.ChatMessages(items, native)
+	if err != nil {
+		s.invalidResponse(w, err)
+		return
+	}
+	var prior []json.RawMessage
 	if req.PreviousResponseID != "" {
-		if history, err = s.history(r.Context(), tenant, req.PreviousResponseID); err != nil {
+		if prior, err = s.history(r.Context(), tenant, req.PreviousResponseID); err != nil {
 			s.invalidResponse(w, err)
 			return
 		}
 	}
+	history := wire.HistoryMessages(prior)
+	if len(history)+len(input) == 0 {
+		s.invalidResponse(w, &wire.Error{Param: "input", Msg: "holds no message"})
+		return
+	}
 	opts := wire.ChatOptions{}
 	if reasoningModel(req.Model) {
 		opts.MaxTokensField = "max_completion_tokens"
+	}
+	if native {
+		opts.Native = req.Native(append(wire.UpstreamHistory(prior), items...))
 	}
 	chat, err := req.ChatBody(history, input, opts)
 	if err != nil {
@@ -89,7 +126,7 @@ func (s *Service) responses(w http.ResponseWriter, r *http.Request, auth api.Aut
 		return
 	}
 	created := time.Now().Unix()
-	stored := storedResponse{Messages: append(history, input...)}
+	stored := storedResponse{Items: append(prior, items...)}
 	// Once accepted (the job id known): the response's id, and its record.
 	accepted := func(jobID string) wire.Meta {
 		m := req.Meta("resp_"+jobID, created)
@@ -206,9 +243,9 @@ func (s *Service) loadResponse(ctx context.Context, tenant, id string) (*storedR
 	return &st, nil, nil
 }
 
-// history is the conversation a previous response ends: its input and
-// its answer.
-func (s *Service) history(ctx context.Context, tenant, id string) ([]wire.ChatMessage, error) {
+// history is the conversation a previous response ends, as items: its
+// input, then its output.
+func (s *Service) history(ctx context.Context, tenant, id string) ([]json.RawMessage, error) {
 	st, res, err := s.loadResponse(ctx, tenant, id)
 	if err != nil {
 		return nil, err
@@ -220,11 +257,19 @@ func (s *Service) history(ctx context.Context, tenant, id string) ([]wire.ChatMe
 		}
 		return nil, &wire.Error{Param: "previous_response_id", Msg: fmt.Sprintf("response '%s' %s; a conversation continues from a completed response", clip(id), state)}
 	}
-	answer, err := wire.AssistantMessage(res.Response)
+	out, err := wire.FromChat(st.Meta, res.Response)
 	if err != nil {
 		return nil, &wire.Error{Param: "previous_response_id", Msg: "the previous response's answer cannot be read"}
 	}
-	return append(append([]wire.ChatMessage(nil), st.Messages...), answer), nil
+	items := append([]json.RawMessage(nil), st.items()...)
+	for _, it := range out["output"].([]map[string]any) {
+		b, err := json.Marshal(it)
+		if err != nil {
+			return nil, err
+		}
+		items = append(items, b)
+	}
+	return items, nil
 }
 
 // responseObject renders a stored response as it stands.
