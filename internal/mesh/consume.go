@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -27,27 +28,39 @@ type Consumer struct {
 	Parallel int
 }
 
-// Loop is a running consume loop.
+// Loop is a running consume loop. A loop the client ended by itself (the
+// server answered that the consumer is gone, or refused a pull) is started
+// again, consumer included, until Stop or Drain: a process that stopped
+// pulling would leave the messages it had been delivered unacknowledged
+// and, with no pull waiting, never redelivered.
 type Loop struct {
-	cc  jetstream.ConsumeContext
-	wg  sync.WaitGroup
-	sem chan struct{}
+	m    *Mesh
+	c    Consumer
+	log  *slog.Logger
+	h    func(jetstream.Msg)
+	wg   sync.WaitGroup
+	sem  chan struct{}
+	mu   sync.Mutex
+	cc   jetstream.ConsumeContext
+	err  error // the error that ended cc, if it ended by itself
+	done bool  // Stop or Drain was called
+	// Restarts counts loops started again.
+	Restarts atomic.Int64
 }
+
+// restartWait bounds the wait between attempts to start an ended loop.
+const restartWait = 5 * time.Second
 
 // Consume ensures the consumer and starts delivering its messages to h.
 // A missed heartbeat is routine (the server is briefly away) and is not
 // logged; other consume errors are logged at debug level, as the client
-// recovers from them itself.
+// recovers from them itself, except those that end the loop (logged when
+// it starts again).
 func (m *Mesh) Consume(ctx context.Context, c Consumer, log *slog.Logger, h func(jetstream.Msg)) (*Loop, error) {
-	cons, err := streams.EnsureConsumer(ctx, m.JS, c.Stream, c.Template, c.Name, c.Filter)
-	if err != nil {
-		return nil, err
-	}
-	l := &Loop{}
-	deliver := h
+	l := &Loop{m: m, c: c, log: log, h: h}
 	if c.Parallel > 0 {
 		l.sem = make(chan struct{}, c.Parallel)
-		deliver = func(msg jetstream.Msg) {
+		l.h = func(msg jetstream.Msg) {
 			l.sem <- struct{}{}
 			l.wg.Add(1)
 			go func() {
@@ -57,29 +70,99 @@ func (m *Mesh) Consume(ctx context.Context, c Consumer, log *slog.Logger, h func
 			}()
 		}
 	}
-	l.cc, err = cons.Consume(deliver, jetstream.PullMaxMessages(c.Batch), streams.PullExpiry(), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
-			log.Debug(c.What+" consume", "err", err)
+	cc, err := l.start(ctx)
+	if err != nil {
+		return nil, err
+	}
+	l.cc = cc
+	go l.watch(ctx, cc)
+	return l, nil
+}
+
+func (l *Loop) start(ctx context.Context) (jetstream.ConsumeContext, error) {
+	c := l.c
+	cons, err := streams.EnsureConsumer(ctx, l.m.JS, c.Stream, c.Template, c.Name, c.Filter)
+	if err != nil {
+		return nil, err
+	}
+	cc, err := cons.Consume(l.h, jetstream.PullMaxMessages(c.Batch), streams.PullExpiry(), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		switch {
+		case errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrBadRequest):
+			l.mu.Lock()
+			l.err = err
+			l.mu.Unlock()
+		case !errors.Is(err, jetstream.ErrNoHeartbeat):
+			l.log.Debug(c.What+" consume", "err", err)
 		}
 	}))
 	if err != nil {
 		return nil, fmt.Errorf("consume %s: %w", c.What, err)
 	}
-	return l, nil
+	return cc, nil
+}
+
+// watch starts the loop again whenever it ends while it should run.
+func (l *Loop) watch(ctx context.Context, cc jetstream.ConsumeContext) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-cc.Closed():
+		}
+		l.mu.Lock()
+		done, why := l.done, l.err
+		l.mu.Unlock()
+		if done || l.m.JS.Conn().IsClosed() {
+			return
+		}
+		l.log.Warn(l.c.What+" consume loop ended; starting it again", "consumer", l.c.Name, "err", why)
+		wait := 100 * time.Millisecond
+		for {
+			var err error
+			if cc, err = l.start(ctx); err == nil {
+				break
+			}
+			l.log.Debug(l.c.What+" consume restart", "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, restartWait)
+		}
+		l.mu.Lock()
+		if l.done { // stopped while it restarted
+			l.mu.Unlock()
+			cc.Stop()
+			return
+		}
+		l.cc, l.err = cc, nil
+		l.mu.Unlock()
+		l.Restarts.Add(1)
+	}
+}
+
+// current marks the loop done and returns its consume context.
+func (l *Loop) current() jetstream.ConsumeContext {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.done = true
+	return l.cc
 }
 
 // Stop stops delivering at once; messages pulled and not yet delivered go
 // back after the ack wait.
-func (l *Loop) Stop() { l.cc.Stop() }
+func (l *Loop) Stop() { l.current().Stop() }
 
 // Drain stops pulling, delivers what was already pulled and waits up to
 // timeout for that, then for every handler still running. It reports
 // whether the delivery ended within timeout.
 func (l *Loop) Drain(timeout time.Duration) bool {
-	l.cc.Drain()
+	cc := l.current()
+	cc.Drain()
 	closed := true
 	select {
-	case <-l.cc.Closed():
+	case <-cc.Closed():
 	case <-time.After(timeout):
 		closed = false
 	}

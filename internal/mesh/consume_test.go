@@ -77,3 +77,67 @@ func TestConsumeLoop(t *testing.T) {
 		t.Error("a consumer on an unknown stream: got no error")
 	}
 }
+
+// A loop the client ends by itself (here: its consumer deleted, which the
+// server answers pulls with "409 Consumer Deleted") starts again, consumer
+// included, and delivers what is published after; Stop ends it for good.
+func TestConsumeLoopRestarts(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	js, err := jetstream.New(natstest.Conn(t, natstest.Server(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := Open(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan byte, 8)
+	c := Consumer{Stream: streams.Intake, Template: "ingest", Name: "ingest-restart", What: "intake", Batch: 4}
+	loop, err := m.Consume(ctx, c, slog.New(slog.DiscardHandler), func(msg jetstream.Msg) {
+		_ = msg.Ack()
+		got <- msg.Data()[0]
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer loop.Stop()
+	publish := func(b byte) {
+		t.Helper()
+		if _, err := js.Publish(ctx, job.IntakeSubject("acme"), []byte{b}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A consumer made again starts from the stream's first message, so
+	// earlier ones may come again.
+	receive := func(want byte) {
+		t.Helper()
+		for {
+			select {
+			case b := <-got:
+				if b == want {
+					return
+				}
+			case <-ctx.Done():
+				t.Fatalf("message %d never delivered (loop restarts %d)", want, loop.Restarts.Load())
+			}
+		}
+	}
+	publish(1)
+	receive(1)
+	if err := js.DeleteConsumer(ctx, streams.Intake, c.Name); err != nil {
+		t.Fatal(err)
+	}
+	for loop.Restarts.Load() == 0 && ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	publish(2)
+	receive(2)
+	if _, err := js.Consumer(ctx, streams.Intake, c.Name); err != nil {
+		t.Errorf("the consumer was not made again: %v", err)
+	}
+}
