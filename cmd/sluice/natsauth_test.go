@@ -275,6 +275,9 @@ func TestNATSTrustBoundary(t *testing.T) {
 		if strings.Contains(strings.ToLower(string(logData)), "permissions violation") {
 			t.Errorf("%s logged a permissions violation:\n%s", p.log, logData)
 		}
+		if strings.Contains(string(logData), "deployment health: watch") {
+			t.Errorf("%s could not watch the deployments' health:\n%s", p.log, logData)
+		}
 	}
 }
 

@@ -81,6 +81,13 @@ func Calib(provider, modelToken, class string) string {
 	return k
 }
 
+// Health is the key of a deployment's (provider/model's) health record,
+// which the whole fleet reads (internal/health).
+func Health(provider, modelToken string) string { return "health." + provider + "." + modelToken }
+
+// HealthPrefix starts every Health key: what a watch of them filters on.
+const HealthPrefix = "health."
+
 // TenantMinute and TenantDay are the keys of a tenant's budget windows.
 func TenantMinute(tenant string) string { return "tenant." + tenant + ".minute" }
 func TenantDay(tenant string) string    { return "tenant." + tenant + ".day" }

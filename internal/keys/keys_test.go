@@ -35,6 +35,7 @@ func TestNoTwoThingsShareAName(t *testing.T) {
 			add(Calib(p, m, ""), "calib"+pm)
 			add(Calib(p, m, "tools"), "calib tools"+pm)
 			add(ModelDay(p, m), "model day"+pm)
+			add(Health(p, m), "health"+pm)
 		}
 	}
 	for _, tenant := range append(names, ReservedProvider) {

@@ -54,6 +54,8 @@ type Set struct {
 	StreamDuration      *prometheus.HistogramVec // provider, model, outcome
 	OutcomeUnknown      *prometheus.CounterVec   // provider, model, reason
 	HeldOldest          prometheus.Gauge
+	DeploymentChanges   *prometheus.CounterVec // provider, model, state (internal/health)
+	DeploymentState     *prometheus.GaugeVec   // provider, model
 }
 
 // New makes and registers the metrics on reg.
@@ -105,6 +107,9 @@ func New(reg prometheus.Registerer) *Set {
 		OutcomeUnknown: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_outcome_unknown_total", Help: "Jobs ended outcome_unknown: a call that may have reached the provider and whose outcome is unknown (reason: executor_lost, or the transport error that cut it), not sent again because its provider is not configured as honouring idempotency keys; each is in the DLQ."}, []string{"provider", "model", "reason"}),
 		HeldOldest:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_held_oldest_seconds", Help: "How long the oldest job this admission process holds has waited in it (a watchdog: a model's held jobs go back to the queue after a minute without a dispatch)."}),
 	}
+	s.DeploymentChanges = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_deployment_state_changes_total", Help: "Deployment health changes this process wrote, by the state entered (cooling: a Retry-After; down: a refused key, an unreachable endpoint or an open breaker; up: a call succeeded after either)."}, []string{"provider", "model", "state"})
+	s.DeploymentState = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_deployment_state", Help: "Each deployment's health as the fleet shares it: 0 up, 1 cooling, 2 down (no job is placed on it until a probe succeeds)."}, []string{"provider", "model"})
+	reg.MustRegister(s.DeploymentChanges, s.DeploymentState)
 	s.RepliesDropped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_nats_replies_dropped_total", Help: "NATS requests a service did not answer because their reply subject was not one it may answer on (a reply aimed at another subject)."}, []string{"service"})
 	reg.MustRegister(s.RepliesDropped)
 	reg.MustRegister(s.JobsAccepted, s.JobsRejected, s.Results, s.Requests, s.TokensReserved, s.TokensUsed,
@@ -153,6 +158,9 @@ func (s *Set) Preset(c *config.Config) {
 			}
 			for _, o := range []string{"requeued", "cap", "drained"} {
 				s.RateLimitRequeues.WithLabelValues(p.Name, m.Name, o)
+			}
+			for _, st := range []string{"cooling", "down", "up"} {
+				s.DeploymentChanges.WithLabelValues(p.Name, m.Name, st)
 			}
 		}
 	}

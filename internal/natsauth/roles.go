@@ -19,6 +19,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -144,6 +145,17 @@ func kvWrite(bucket string) perms {
 	return p
 }
 
+// kvWatch watches a bucket's keys under prefix (internal/health): an
+// ordered push consumer the client library names and deletes, with flow
+// control, delivering to the identity's own inbox.
+func kvWatch(bucket, prefix string) perms {
+	stream := "KV_" + bucket
+	return perms{pub: []string{
+		api + "CONSUMER.CREATE." + stream + ".*.$KV." + bucket + "." + prefix + ">",
+		api + "CONSUMER.DELETE." + stream + ".*",
+		"$JS.FC." + stream + ".>"}}
+}
+
 // info lets every service look up every stream and bucket (configuration
 // and counts, no messages): binding a bucket or stream reads its info.
 func info() perms {
@@ -182,7 +194,8 @@ func rolePerms(role string) perms {
 	case Admission:
 		p.add(consumer(streams.Queue, "admission", false))
 		p.add(kvWrite(streams.BucketBudgets))
-		p.add(kvRead(streams.BucketFleet)) // checks seals, signs reservations
+		p.add(kvWatch(streams.BucketBudgets, keys.HealthPrefix)) // deployments' health
+		p.add(kvRead(streams.BucketFleet))                       // checks seals, signs reservations
 		p.add(perms{
 			pub:       []string{job.DispatchPrefix + ">", job.StorePrefix + ">"},
 			sub:       []string{pauseSubjects, whySubjects, mesh.TransitSubject},
@@ -192,6 +205,7 @@ func rolePerms(role string) perms {
 		p.add(consumer(streams.Dispatch, "*", true))
 		p.add(perms{pub: []string{api + "CONSUMER.PAUSE." + streams.Dispatch + ".*"}})
 		p.add(kvWrite(streams.BucketBudgets))
+		p.add(kvWatch(streams.BucketBudgets, keys.HealthPrefix)) // deployments' health
 		p.add(kvWrite(streams.BucketIdempotency))
 		p.add(kvRead(streams.BucketFleet))  // verifies reservations
 		p.add(kvWrite(streams.BucketCache)) // stores complete answers

@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -29,9 +30,11 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/embedded"
 	"github.com/sluice-dev/sluice/internal/guard"
+	"github.com/sluice-dev/sluice/internal/health"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/natsauth"
+	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/services/admission"
 	"github.com/sluice-dev/sluice/services/executor"
 	"github.com/sluice-dev/sluice/services/ingest"
@@ -351,6 +354,7 @@ func newServices(o Options, st *stores, reg prometheus.Registerer, ms *metrics.S
 	if st.cache != nil {
 		answers = cache.New(st.cache, reg, o.Log)
 	}
+	hr := newHealth(o, m, ms)
 	for _, name := range o.Services {
 		switch name {
 		case "ingest":
@@ -368,7 +372,7 @@ func newServices(o Options, st *stores, reg prometheus.Registerer, ms *metrics.S
 			readiness = append(readiness, s.Ready)
 			services = append(services, s)
 		case "executor":
-			cfg := executor.Config{App: o.Config, Getenv: o.Getenv, Calib: cal, Guard: gd, Cache: answers}
+			cfg := executor.Config{App: o.Config, Getenv: o.Getenv, Calib: cal, Guard: gd, Cache: answers, Health: hr}
 			if o.Executor != nil {
 				o.Executor(&cfg)
 			}
@@ -386,7 +390,27 @@ func newServices(o Options, st *stores, reg prometheus.Registerer, ms *metrics.S
 			services = append(services, s)
 		}
 	}
+	if hr != nil {
+		services = append(services, hr) // after o.Services' (serve names them)
+	}
 	return services, readiness, nil
+}
+
+// newHealth makes the node's view of the deployments' health when it runs
+// a service that reads or writes it (admission, executor); nil otherwise.
+func newHealth(o Options, m *mesh.Mesh, ms *metrics.Set) *health.Registry {
+	if !slices.Contains(o.Services, "admission") && !slices.Contains(o.Services, "executor") {
+		return nil
+	}
+	var deps []health.Deployment
+	for _, p := range o.Config.Providers {
+		for _, md := range p.Models {
+			deps = append(deps, health.Deployment{Provider: p.Name, Model: md.Name})
+		}
+	}
+	host, _ := os.Hostname()
+	return health.New(health.Config{KV: m.Budgets, Deployments: deps, Holder: fmt.Sprintf("%s-%d-%s", host, os.Getpid(), job.NewID()[24:]),
+		Log: o.Log, Changes: ms.DeploymentChanges, States: ms.DeploymentState})
 }
 
 // readyz answers 200 when the connection is up and every check passes.
@@ -420,7 +444,10 @@ func serve(ctx context.Context, o Options, c *link, natsURL string, services []r
 	svcCtx, stopServices := context.WithCancel(context.Background())
 	defer stopServices()
 	for i, s := range services {
-		name := o.Services[i]
+		name := "deployment health"
+		if i < len(o.Services) {
+			name = o.Services[i]
+		}
 		g.Add(func() error {
 			if err := s.Run(svcCtx); err != nil {
 				return fmt.Errorf("%s: %w", name, err)

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/health"
 	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/services/result"
 )
@@ -182,8 +183,11 @@ func TestSetUpAndBuildServices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(services) != 3 || len(readiness) != 1 {
-		t.Fatalf("got %d services and %d readiness checks, want 3 and 1 (admission's)", len(services), len(readiness))
+	if len(services) != 4 || len(readiness) != 1 {
+		t.Fatalf("got %d services and %d readiness checks, want 3 and the deployments' health, and 1 (admission's)", len(services), len(readiness))
+	}
+	if _, ok := services[3].(*health.Registry); !ok {
+		t.Errorf("last service: got %T, want the deployments' health", services[3])
 	}
 	if _, ok := services[0].(*result.Service); !ok {
 		t.Errorf("first service: got %T, want the result service (the order given)", services[0])

@@ -36,6 +36,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/dlq"
 	"github.com/sluice-dev/sluice/internal/guard"
+	"github.com/sluice-dev/sluice/internal/health"
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
@@ -64,6 +65,9 @@ type Config struct {
 	// Cache stores complete answers of jobs that carry a cache target
 	// (cache.go); nil: none are stored.
 	Cache *cache.Cache
+	// Health is the fleet's view of deployments' health, which the
+	// executor writes (health.go); nil: not written.
+	Health *health.Registry
 }
 
 // Service is the executor service.

@@ -1,0 +1,293 @@
+package health
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/goleak"
+
+	"github.com/sluice-dev/sluice/internal/natstest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// clock is a settable clock the registries of one test share.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+var dep = Deployment{Provider: "east", Model: "gpt-4o-mini"}
+
+type fleet struct {
+	kv  jetstream.KeyValue
+	clk *clock
+}
+
+func setup(t *testing.T) *fleet {
+	t.Helper()
+	nc := natstest.Conn(t, natstest.Server(t))
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "budgets"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fleet{kv: kv, clk: &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}}
+}
+
+// process starts one process's registry, running until the test ends.
+func (f *fleet) process(t *testing.T, holder string, changes *prometheus.CounterVec) *Registry {
+	t.Helper()
+	r := New(Config{KV: f.kv, Deployments: []Deployment{dep, {Provider: "west", Model: "gpt-4o-mini"}}, Holder: holder, Now: f.clk.now, Changes: changes})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	select {
+	case <-r.Loaded():
+	case <-time.After(10 * time.Second):
+		t.Fatal("registry did not load")
+	}
+	return r
+}
+
+// eventually polls cond for up to 10 s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting: %s", what)
+}
+
+func TestLongestWaitWins(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a, b := f.process(t, "a", nil), f.process(t, "b", nil)
+	ctx := context.Background()
+	t0 := f.clk.now()
+	if err := a.Cool(ctx, dep.Provider, dep.Model, t0.Add(10*time.Second), "rate_limited"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Cool(ctx, dep.Provider, dep.Model, t0.Add(5*time.Second), "rate_limited"); err != nil {
+		t.Fatal(err)
+	}
+	for name, r := range map[string]*Registry{"a": a, "b": b} {
+		eventually(t, name+" sees the 10-s wait", func() bool {
+			until, reason, blocked := r.Blocked(dep.Provider, dep.Model, t0)
+			return blocked && until.Equal(t0.Add(10*time.Second)) && reason == "rate_limited"
+		})
+	}
+	if err := b.Cool(ctx, dep.Provider, dep.Model, t0.Add(20*time.Second), "rate_limited"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a sees the 20-s wait", func() bool {
+		until, _, _ := a.Blocked(dep.Provider, dep.Model, t0)
+		return until.Equal(t0.Add(20 * time.Second))
+	})
+	if _, _, blocked := a.Blocked("west", dep.Model, t0); blocked {
+		t.Error("another deployment of the group is blocked too")
+	}
+	// A deployment that is down stays down when a Retry-After comes.
+	if err := a.Down(ctx, "west", dep.Model, "auth_401", time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Cool(ctx, "west", dep.Model, t0.Add(time.Minute), "rate_limited"); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := a.Get("west", dep.Model); rec.State != Down || !rec.Until.Equal(t0.Add(time.Minute)) {
+		t.Errorf("down, then cooled: got %+v, want down until the cooling's end", rec)
+	}
+}
+
+// When the wait ends, exactly one process of the fleet takes the probe; the
+// others keep the deployment blocked until the probe's call succeeds.
+func TestOneProbeTaker(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	regs := make([]*Registry, 5)
+	for i := range regs {
+		regs[i] = f.process(t, fmt.Sprintf("p%d", i), nil)
+	}
+	t0 := f.clk.now()
+	if err := regs[0].Cool(ctx, dep.Provider, dep.Model, t0.Add(time.Second), "rate_limited"); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range regs {
+		eventually(t, "every process sees the wait", func() bool {
+			_, _, blocked := r.Blocked(dep.Provider, dep.Model, t0)
+			return blocked
+		})
+	}
+	f.clk.add(2 * time.Second)
+	now := f.clk.now()
+	// Every process asks at once (Blocked asks its Run to take the probe).
+	var wg sync.WaitGroup
+	for _, r := range regs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.Blocked(dep.Provider, dep.Model, now)
+		}()
+	}
+	wg.Wait()
+	var open []int
+	eventually(t, "one process holds the probe and every process knows it", func() bool {
+		open = open[:0]
+		for i, r := range regs {
+			rec, _ := r.Get(dep.Provider, dep.Model)
+			if rec.Probe == "" {
+				r.Blocked(dep.Provider, dep.Model, now)
+				return false
+			}
+			if _, _, blocked := r.Blocked(dep.Provider, dep.Model, now); !blocked {
+				open = append(open, i)
+			}
+		}
+		return len(open) == 1
+	})
+	// Taking it again directly changes nothing.
+	for i, r := range regs {
+		got, err := r.TakeProbe(ctx, dep.Provider, dep.Model)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := i == open[0]; got != want {
+			t.Errorf("process %d: TakeProbe = %v, want %v", i, got, want)
+		}
+	}
+	// A call sent before the cooling began proves nothing; one sent by the
+	// probe, after, opens the deployment to everyone.
+	if err := regs[open[0]].Up(ctx, dep.Provider, dep.Model, t0.Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, blocked := regs[(open[0]+1)%len(regs)].Blocked(dep.Provider, dep.Model, now); !blocked {
+		t.Fatal("a stale success opened the deployment")
+	}
+	if err := regs[open[0]].Up(ctx, dep.Provider, dep.Model, now); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range regs {
+		eventually(t, fmt.Sprintf("process %d sees it up", i), func() bool {
+			_, _, blocked := r.Blocked(dep.Provider, dep.Model, now)
+			return !blocked
+		})
+	}
+}
+
+// A lease nobody uses lapses and another process takes it.
+func TestProbeLeaseLapses(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	a, b := f.process(t, "a", nil), f.process(t, "b", nil)
+	if err := a.Down(ctx, dep.Provider, dep.Model, "unreachable", time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	f.clk.add(FirstBackoff)
+	if ok, err := a.TakeProbe(ctx, dep.Provider, dep.Model); err != nil || !ok {
+		t.Fatalf("a: TakeProbe = %v, %v; want true", ok, err)
+	}
+	if ok, _ := b.TakeProbe(ctx, dep.Provider, dep.Model); ok {
+		t.Fatal("b took a probe a holds")
+	}
+	f.clk.add(DefaultProbeLease)
+	if ok, err := b.TakeProbe(ctx, dep.Provider, dep.Model); err != nil || !ok {
+		t.Fatalf("b after the lease: TakeProbe = %v, %v; want true", ok, err)
+	}
+}
+
+// A failed probe doubles the wait before the next one; calls failing while
+// the deployment is down and waiting change nothing.
+func TestDownBacksOff(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	changes := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "c"}, []string{"provider", "model", "state"})
+	a := f.process(t, "a", changes)
+	for range 3 {
+		if err := a.Down(ctx, dep.Provider, dep.Model, "auth_401", time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec, _ := a.Get(dep.Provider, dep.Model)
+	if rec.Failures != 1 || !rec.Until.Equal(f.clk.now().Add(FirstBackoff)) {
+		t.Fatalf("after three failures while down: %+v, want one failure and the first backoff", rec)
+	}
+	f.clk.add(FirstBackoff) // the probe fails
+	if err := a.Down(ctx, dep.Provider, dep.Model, "auth_401", time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	rec, _ = a.Get(dep.Provider, dep.Model)
+	if rec.Failures != 2 || !rec.Until.Equal(f.clk.now().Add(2*FirstBackoff)) {
+		t.Fatalf("after a failed probe: %+v, want two failures and twice the backoff", rec)
+	}
+	var m dto.Metric
+	_ = changes.WithLabelValues(dep.Provider, dep.Model, "down").Write(&m)
+	if got := m.GetCounter().GetValue(); got != 1 {
+		t.Errorf("down changes counted: %v, want 1", got)
+	}
+	if backoff(100) != MaxBackoff {
+		t.Errorf("backoff(100) = %v, want %v", backoff(100), MaxBackoff)
+	}
+}
+
+// A process that starts later reads the state the fleet wrote.
+func TestRestartReadsState(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	a := f.process(t, "a", nil)
+	if err := a.Down(ctx, dep.Provider, dep.Model, "auth_403", time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Cool(ctx, "west", dep.Model, f.clk.now().Add(time.Minute), "rate_limited"); err != nil {
+		t.Fatal(err)
+	}
+	b := f.process(t, "b", nil)
+	if until, reason, blocked := b.Blocked(dep.Provider, dep.Model, f.clk.now()); !blocked || reason != "auth_403" || !until.IsZero() {
+		t.Errorf("down deployment: Blocked = %v, %q, %v; want blocked until a probe, auth_403", until, reason, blocked)
+	}
+	if until, _, blocked := b.Blocked("west", dep.Model, f.clk.now()); !blocked || !until.Equal(f.clk.now().Add(time.Minute)) {
+		t.Errorf("cooling deployment: Blocked = %v, %v; want blocked for a minute", until, blocked)
+	}
+	if _, _, blocked := b.Blocked("nowhere", dep.Model, f.clk.now()); blocked {
+		t.Error("an unknown deployment is blocked")
+	}
+	if err := b.Down(ctx, "nowhere", dep.Model, "x", time.Time{}); err == nil {
+		t.Error("Down of an unknown deployment: want an error")
+	}
+}
