@@ -71,11 +71,14 @@ func TestResponsesNativeItems(t *testing.T) {
 
 	// The follow-up sends the reasoning back, encrypted content and all,
 	// and the web search call; a reasoning item the caller passes is sent
-	// unchanged.
+	// unchanged, but for one without encrypted content, which names
+	// reasoning nothing kept (the call is store false: the simulator, as
+	// OpenAI, refuses it).
 	mine := responses.ResponseInputItemParamOfReasoning("rs_mine", []responses.ResponseReasoningItemSummaryParam{})
 	mine.OfReasoning.EncryptedContent = openai.String("enc_mine")
+	gone := responses.ResponseInputItemParamOfReasoning("rs_gone", []responses.ResponseReasoningItemSummaryParam{})
 	r2, err := n.sdk.Responses.New(ctx, responses.ResponseNewParams{Model: respModel, MaxOutputTokens: openai.Int(32), PreviousResponseID: openai.String(r1.ID),
-		Include: include, Input: responses.ResponseNewParamsInputUnion{OfInputItemList: responses.ResponseInputParam{mine,
+		Include: include, Input: responses.ResponseNewParamsInputUnion{OfInputItemList: responses.ResponseInputParam{gone, mine,
 			responses.ResponseInputItemParamOfMessage("And then?", responses.EasyInputMessageRoleUser)}}})
 	if err != nil {
 		t.Fatalf("follow-up: %v", err)
@@ -138,13 +141,13 @@ func TestResponsesNativeItems(t *testing.T) {
 		kinds = append(kinds, it.Type)
 		ids[it.ID] = true
 	}
-	if fmt.Sprint(kinds) != "[message reasoning message web_search_call reasoning message]" || len(ids) != 6 {
+	if fmt.Sprint(kinds) != "[message reasoning reasoning message web_search_call reasoning message]" || len(ids) != 7 || listed[2].ID != "rs_gone" {
 		t.Fatalf("input items %v (%d ids), want the conversation newest first, each with its own id", kinds, len(ids))
 	}
 	if m := listed[0].AsMessage(); len(m.Content) != 1 || m.Content[0].Text != "And then?" || m.Role != "user" {
 		t.Errorf("newest item %+v, want the user's message as an input_text part", listed[0])
 	}
-	if listed[4].AsReasoning().EncryptedContent != enc {
+	if listed[5].AsReasoning().EncryptedContent != enc {
 		t.Errorf("the first turn's reasoning %s, want it with its encrypted content", listed[4].RawJSON())
 	}
 	asc, err := n.sdk.Responses.InputItems.List(ctx, r1.ID, responses.InputItemListParams{Order: responses.InputItemListParamsOrderAsc})

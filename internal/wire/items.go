@@ -178,26 +178,38 @@ func builtinChoice(raw json.RawMessage) bool {
 
 // UpstreamHistory is a stored conversation as a provider serving the
 // Responses API is sent it: the ids of messages and function calls,
-// which are Sluice's, are removed, and a reasoning item without its
-// encrypted_content is dropped (Sluice calls the provider with store
-// false, so the provider has no reasoning to find by id). Every other
-// item goes as it was.
+// which are Sluice's, are removed, and reasoning items go as
+// UpstreamInput sends them. Every other item goes as it was.
 func UpstreamHistory(items []json.RawMessage) []json.RawMessage {
 	out := make([]json.RawMessage, 0, len(items))
+	for _, raw := range UpstreamInput(items) {
+		if chatItem(itemType(raw)) {
+			raw = job.WithoutMembers(raw, "id")
+		}
+		out = append(out, raw)
+	}
+	return out
+}
+
+// UpstreamInput is a request's input items as a provider serving the
+// Responses API is sent them: as they are, but for a reasoning item
+// without its encrypted_content, which is left out. Such an item names
+// reasoning the provider kept, and Sluice calls it with store false, so
+// there is none: the provider would refuse the call ("Item with id
+// 'rs_...' not found"). Reasoning carries over in its encrypted_content
+// (include: ["reasoning.encrypted_content"]).
+func UpstreamInput(items []json.RawMessage) []json.RawMessage {
+	out := make([]json.RawMessage, 0, len(items))
 	for _, raw := range items {
-		switch typ := itemType(raw); {
-		case chatItem(typ):
-			out = append(out, job.WithoutMembers(raw, "id"))
-		case typ == "reasoning":
+		if itemType(raw) == "reasoning" {
 			var r struct {
 				Encrypted string `json:"encrypted_content"`
 			}
-			if json.Unmarshal(raw, &r) == nil && r.Encrypted != "" {
-				out = append(out, raw)
+			if json.Unmarshal(raw, &r) != nil || r.Encrypted == "" {
+				continue
 			}
-		default:
-			out = append(out, raw)
 		}
+		out = append(out, raw)
 	}
 	return out
 }

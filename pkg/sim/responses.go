@@ -25,7 +25,9 @@ import (
 // completed web_search_call item); a reasoning model's answer starts
 // with a reasoning item, with an encrypted_content when include asks for
 // reasoning.encrypted_content. Input items of any *_call or
-// *_call_output type, and reasoning items, are accepted and not counted.
+// *_call_output type, and reasoning items, are accepted and not counted;
+// with store false a reasoning item without its encrypted_content is
+// refused, as OpenAI refuses it (it names reasoning nothing kept).
 //
 // Tool calls (all three APIs): with Config.ToolCalls > 0, a request that
 // offers function tools, and whose conversation holds fewer than
@@ -164,6 +166,7 @@ type responsesBody struct {
 	} `json:"tools"`
 	ToolChoice json.RawMessage `json:"tool_choice"`
 	Include    []string        `json:"include"`
+	Store      *bool           `json:"store"`
 }
 
 // parseResponses reads a Responses body: charged as the chat request with
@@ -188,10 +191,12 @@ func (s *Server) parseResponses(body []byte) (*call, error) {
 	var one string
 	var items []struct {
 		Type      string          `json:"type"`
+		ID        string          `json:"id"`
 		Role      string          `json:"role"`
 		Content   json.RawMessage `json:"content"`
 		Arguments string          `json:"arguments"`
 		Output    json.RawMessage `json:"output"`
+		Encrypted string          `json:"encrypted_content"`
 	}
 	switch {
 	case json.Unmarshal(b.Input, &one) == nil:
@@ -212,6 +217,10 @@ func (s *Server) parseResponses(body []byte) (*call, error) {
 				_ = json.Unmarshal(it.Output, &out)
 				text("tool", out)
 			case "reasoning":
+				// As OpenAI: with store false nothing was kept to find by id.
+				if it.Encrypted == "" && b.Store != nil && !*b.Store {
+					return nil, fmt.Errorf("Item with id '%s' not found. Items are not persisted when `store` is set to false.", it.ID)
+				}
 			default:
 				if strings.HasSuffix(it.Type, "_call") || strings.HasSuffix(it.Type, "_call_output") {
 					continue

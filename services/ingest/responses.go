@@ -118,7 +118,7 @@ func (s *Service) responses(w http.ResponseWriter, r *http.Request, auth api.Aut
 		opts.MaxTokensField = "max_completion_tokens"
 	}
 	if native {
-		opts.Native = req.Native(append(wire.UpstreamHistory(prior), items...))
+		opts.Native = req.Native(append(wire.UpstreamHistory(prior), wire.UpstreamInput(items)...))
 	}
 	chat, err := req.ChatBody(history, input, opts)
 	if err != nil {
