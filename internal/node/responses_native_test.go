@@ -24,6 +24,7 @@ type upstreamBody struct {
 	Input   []json.RawMessage `json:"input"`
 	Tools   []json.RawMessage `json:"tools"`
 	Include []string          `json:"include"`
+	Choice  json.RawMessage   `json:"tool_choice"`
 }
 
 func lastUpstream(t *testing.T, n respNode) upstreamBody {
@@ -103,7 +104,8 @@ func TestResponsesNativeItems(t *testing.T) {
 	// Streamed: each item arrives as output_item.done, and in the final
 	// response.
 	st := n.sdk.Responses.NewStreaming(ctx, responses.ResponseNewParams{Model: respModel, MaxOutputTokens: openai.Int(32), Include: include,
-		Tools: []responses.ToolUnionParam{webSearch}, Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Stream a search.")}})
+		Tools: []responses.ToolUnionParam{webSearch}, Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Stream a search.")},
+		ToolChoice: responses.ResponseNewParamsToolChoiceUnion{OfHostedTool: &responses.ToolChoiceTypesParam{Type: responses.ToolChoiceTypesTypeWebSearchPreview}}})
 	var doneItems []string
 	var final responses.Response
 	for st.Next() {
@@ -119,6 +121,9 @@ func TestResponsesNativeItems(t *testing.T) {
 	}
 	if fmt.Sprint(doneItems) != "[reasoning web_search_call message]" || len(final.Output) != 3 || !strings.HasPrefix(final.Output[0].AsReasoning().EncryptedContent, "enc_") {
 		t.Fatalf("streamed items %v, final output %s: want reasoning (encrypted), web_search_call, message", doneItems, final.RawJSON())
+	}
+	if c := string(lastUpstream(t, n).Choice); c != `{"type":"web_search_preview"}` {
+		t.Errorf("the provider got tool_choice %s, want the built-in tool's as sent", c)
 	}
 	g, err := n.sdk.Responses.Get(ctx, final.ID, responses.ResponseGetParams{})
 	if err != nil || len(g.Output) != 3 || g.Output[0].AsReasoning().EncryptedContent != final.Output[0].AsReasoning().EncryptedContent {
@@ -185,6 +190,12 @@ func TestResponsesTranslatedItems(t *testing.T) {
 			var apiErr *openai.Error
 			if !isStatus(err, http.StatusBadRequest) || !errors.As(err, &apiErr) || apiErr.Param != "tools[1].type" || !strings.Contains(apiErr.Message, `"web_search"`) {
 				t.Fatalf("web_search on a translated model: %v, want 400 naming tools[1].type and web_search", err)
+			}
+			_, err = n.sdk.Responses.New(ctx, responses.ResponseNewParams{Model: respModel, MaxOutputTokens: openai.Int(32),
+				ToolChoice: responses.ResponseNewParamsToolChoiceUnion{OfHostedTool: &responses.ToolChoiceTypesParam{Type: responses.ToolChoiceTypesTypeWebSearchPreview}},
+				Input:      responses.ResponseNewParamsInputUnion{OfString: openai.String("Search.")}})
+			if !isStatus(err, http.StatusBadRequest) || !errors.As(err, &apiErr) || apiErr.Param != "tool_choice" {
+				t.Fatalf("tool_choice web_search_preview on a translated model: %v, want 400 naming tool_choice", err)
 			}
 			if got := b.received(n.sim); len(got) != 0 {
 				t.Fatalf("the provider got %d calls, want none", len(got))

@@ -168,6 +168,9 @@ func toolType(raw json.RawMessage) string {
 	return t.Type
 }
 
+// BuiltinChoice reports whether tool_choice picks a built-in tool.
+func (r *Request) BuiltinChoice() bool { return builtinChoice(present(r.ToolChoice)) }
+
 // builtinChoice reports whether tool_choice picks a built-in tool.
 func builtinChoice(raw json.RawMessage) bool {
 	var f struct {

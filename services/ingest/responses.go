@@ -91,6 +91,10 @@ func (s *Service) responses(w http.ResponseWriter, r *http.Request, auth api.Aut
 		s.invalidResponse(w, &wire.Error{Param: params[0], Msg: fmt.Sprintf("built-in tool %q runs only on a provider serving the Responses API natively (responses: native); model %q is translated to another API", clip(types[0]), clip(req.Model))})
 		return
 	}
+	if req.BuiltinChoice() && !native {
+		s.invalidResponse(w, &wire.Error{Param: "tool_choice", Msg: fmt.Sprintf("a built-in tool runs only on a provider serving the Responses API natively (responses: native); model %q is translated to another API", clip(req.Model))})
+		return
+	}
 	items, err := req.Items()
 	if err != nil {
 		s.invalidResponse(w, err)
