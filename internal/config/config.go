@@ -337,7 +337,7 @@ type Shed struct {
 // Provider is one upstream API.
 type Provider struct {
 	Name      string   `yaml:"name"`
-	Kind      string   `yaml:"kind"` // openai (default) or anthropic
+	Kind      string   `yaml:"kind"` // openai (default), anthropic or azure
 	BaseURL   string   `yaml:"base_url"`
 	APIKeyEnv string   `yaml:"api_key_env"`
 	Timeout   Duration `yaml:"timeout"`
@@ -352,6 +352,8 @@ type Provider struct {
 	// Responses: how /v1/responses jobs reach an OpenAI-kind provider,
 	// native or chat (responses.go).
 	Responses string `yaml:"responses"`
+	// APIVersion is an azure provider's api-version (azure.go).
+	APIVersion string `yaml:"api_version"`
 }
 
 // Model is one model of a provider with its limits.
@@ -860,9 +862,10 @@ func (c *Config) checkProviders(fail failFunc) {
 			fail(key+".name", "%q appears twice", p.Name)
 		}
 		seenP[p.Name] = true
-		if p.Kind != "openai" && p.Kind != "anthropic" {
-			fail(key+".kind", "must be openai or anthropic, got %q", p.Kind)
+		if p.Kind != "openai" && p.Kind != "anthropic" && p.Kind != KindAzure {
+			fail(key+".kind", "must be openai, anthropic or azure, got %q", p.Kind)
 		}
+		checkAzure(p, key, fail) // azure.go
 		checkResponses(p, key, fail) // responses.go
 		u, err := url.Parse(p.BaseURL)
 		if p.BaseURL == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

@@ -309,8 +309,18 @@ func TestParseErrors(t *testing.T) {
 		},
 		{
 			name: "unknown provider kind",
-			yaml: "providers:\n  - name: openai\n    kind: azure\n    base_url: https://api.example.test\n    models:\n      - name: m\n",
-			want: []string{"providers[0].kind: ", `must be openai or anthropic, got "azure"`},
+			yaml: "providers:\n  - name: openai\n    kind: bedrock\n    base_url: https://api.example.test\n    models:\n      - name: m\n",
+			want: []string{"providers[0].kind: ", `must be openai, anthropic or azure, got "bedrock"`},
+		},
+		{
+			name: "api_version on an openai provider",
+			yaml: "providers:\n  - name: openai\n    api_version: 2024-10-21\n    base_url: https://api.example.test\n    models:\n      - name: m\n",
+			want: []string{"providers[0].api_version: ", "is an azure provider's"},
+		},
+		{
+			name: "azure api_version with a slash",
+			yaml: "providers:\n  - name: az\n    kind: azure\n    api_version: a/b\n    base_url: https://r.openai.azure.test\n    models:\n      - name: m\n",
+			want: []string{"providers[0].api_version: ", "must be a version"},
 		},
 		{
 			name: "negative provider timeout",

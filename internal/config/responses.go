@@ -17,9 +17,9 @@ const (
 // NativeResponses reports whether /v1/responses jobs are sent to the
 // provider's own Responses API: responses: native, or by default an
 // OpenAI-kind provider at api.openai.com. Anthropic providers are always
-// called on Messages.
+// called on Messages, Azure ones on chat completions.
 func (p *Provider) NativeResponses() bool {
-	if p.Kind == "anthropic" {
+	if p.Kind == "anthropic" || p.Kind == KindAzure {
 		return false
 	}
 	switch p.Responses {

@@ -25,7 +25,8 @@ const (
 	ProfileTokenBucket = "token-bucket"
 	// ProfileAzure enforces each limit also over a sliding 10-s window at
 	// limit/6, as Azure OpenAI evaluates RPM and TPM over short windows. Its
-	// headers are Azure's: only the remaining requests and tokens.
+	// headers are Azure's: only the remaining requests and tokens. It also
+	// serves Azure's URLs, with the key in the api-key header (azure.go).
 	ProfileAzure = "azure"
 	// ProfileAcceleration is ProfileQuantized plus a limit on how fast usage
 	// may grow (see Config.AccelFloor), as Anthropic's acceleration limits.

@@ -89,7 +89,12 @@ func (s *Server) Reset() {
 //	GET  /v1/models, /models                      the configured models
 //	GET  /stats                                   Stats as JSON (?summary=1: no per-key maps or timelines)
 //	POST /reset                                   Reset
+//
+// Under ProfileAzure, Azure's calls too (azure.go).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Profile == ProfileAzure && s.serveAzure(w, r) { // azure.go
+		return
+	}
 	switch r.URL.Path {
 	case "/v1/chat/completions", "/chat/completions":
 		if s.allow(w, r, http.MethodPost) {
@@ -448,6 +453,9 @@ func (s *Server) replay(w http.ResponseWriter, g *generation, m *modelState, bod
 // authorize checks the bearer key, answering 401 itself when it fails, and
 // returns the key.
 func (s *Server) authorize(w http.ResponseWriter, r *http.Request, g *generation) (string, bool) {
+	if s.cfg.Profile == ProfileAzure && strings.HasPrefix(r.URL.Path, AzurePathPrefix) {
+		return s.authorizeAzure(w, g, r)
+	}
 	key, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	key = strings.TrimSpace(key)
 	if len(s.keys) == 0 || s.keys[key] {

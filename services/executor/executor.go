@@ -147,6 +147,8 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 		switch p.Kind {
 		case "anthropic":
 			s.clients[p.Name] = provider.NewAnthropic(provider.AnthropicConfig{BaseURL: p.BaseURL, APIKey: key, Transport: cfg.Transport, MaxResponseBytes: cfg.App.Limits.MaxResponseBytes})
+		case config.KindAzure:
+			s.clients[p.Name] = provider.NewAzure(provider.AzureConfig{BaseURL: p.BaseURL, APIKey: key, APIVersion: p.APIVersion, Transport: cfg.Transport, MaxResponseBytes: cfg.App.Limits.MaxResponseBytes})
 		default:
 			s.clients[p.Name] = provider.NewOpenAI(provider.OpenAIConfig{BaseURL: p.BaseURL, APIKey: key, Transport: cfg.Transport, MaxResponseBytes: cfg.App.Limits.MaxResponseBytes,
 				Responses: p.NativeResponses()})
