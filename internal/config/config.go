@@ -865,7 +865,7 @@ func (c *Config) checkProviders(fail failFunc) {
 		if p.Kind != "openai" && p.Kind != "anthropic" && p.Kind != KindAzure {
 			fail(key+".kind", "must be openai, anthropic or azure, got %q", p.Kind)
 		}
-		checkAzure(p, key, fail) // azure.go
+		checkAzure(p, key, fail)     // azure.go
 		checkResponses(p, key, fail) // responses.go
 		u, err := url.Parse(p.BaseURL)
 		if p.BaseURL == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
