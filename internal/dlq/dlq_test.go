@@ -18,7 +18,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/dlq"
 	"github.com/sluice-dev/sluice/internal/keys"
-	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -34,16 +34,9 @@ type fixture struct {
 
 func setup(t *testing.T) fixture {
 	t.Helper()
-	nc := natstest.Conn(t, natstest.Server(t))
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := meshtest.JetStream(t, streams.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
-	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
-		t.Fatal(err)
-	}
 	return fixture{ctx: ctx, js: js}
 }
 

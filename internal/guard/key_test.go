@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/guard"
-	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/streams"
 )
 
@@ -22,13 +22,7 @@ func TestFleetKeyMigrates(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	js, err := jetstream.New(natstest.Conn(t, natstest.Server(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
-		t.Fatal(err)
-	}
+	js := meshtest.JetStream(t, streams.Options{})
 	budgets, err := js.KeyValue(ctx, streams.BucketBudgets)
 	if err != nil {
 		t.Fatal(err)

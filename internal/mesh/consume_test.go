@@ -1,7 +1,8 @@
-package mesh
+package mesh_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync/atomic"
 	"testing"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
@@ -20,27 +23,17 @@ func TestConsumeLoop(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	js, err := jetstream.New(natstest.Conn(t, natstest.Server(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := meshtest.New(t, streams.Options{})
 	const n, parallel = 40, 3
 	for i := range n {
-		if _, err := js.Publish(ctx, job.IntakeSubject("acme"), []byte{byte(i)}); err != nil {
+		if _, err := m.JS.Publish(ctx, job.IntakeSubject("acme"), []byte{byte(i)}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	var running, most, handled atomic.Int64
 	all := make(chan struct{})
 	log := slog.New(slog.DiscardHandler)
-	loop, err := m.Consume(ctx, Consumer{Stream: streams.Intake, Template: "ingest", What: "intake", Batch: 8, Parallel: parallel}, log, func(msg jetstream.Msg) {
+	loop, err := m.Consume(ctx, mesh.Consumer{Stream: streams.Intake, Template: "ingest", What: "intake", Batch: 8, Parallel: parallel}, log, func(msg jetstream.Msg) {
 		now := running.Add(1)
 		for {
 			old := most.Load()
@@ -73,7 +66,7 @@ func TestConsumeLoop(t *testing.T) {
 		t.Errorf("handlers at once: got %d, want 1 to %d", got, parallel)
 	}
 
-	if _, err := m.Consume(ctx, Consumer{Stream: "NO_SUCH_STREAM", Template: "ingest", What: "none", Batch: 1}, log, func(jetstream.Msg) {}); err == nil {
+	if _, err := m.Consume(ctx, mesh.Consumer{Stream: "NO_SUCH_STREAM", Template: "ingest", What: "none", Batch: 1}, log, func(jetstream.Msg) {}); err == nil {
 		t.Error("a consumer on an unknown stream: got no error")
 	}
 }
@@ -85,19 +78,10 @@ func TestConsumeLoopRestarts(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	js, err := jetstream.New(natstest.Conn(t, natstest.Server(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := meshtest.New(t, streams.Options{})
+	js := m.JS
 	got := make(chan byte, 8)
-	c := Consumer{Stream: streams.Intake, Template: "ingest", Name: "ingest-restart", What: "intake", Batch: 4}
+	c := mesh.Consumer{Stream: streams.Intake, Template: "ingest", Name: "ingest-restart", What: "intake", Batch: 4}
 	loop, err := m.Consume(ctx, c, slog.New(slog.DiscardHandler), func(msg jetstream.Msg) {
 		_ = msg.Ack()
 		got <- msg.Data()[0]
@@ -132,9 +116,12 @@ func TestConsumeLoopRestarts(t *testing.T) {
 	if err := js.DeleteConsumer(ctx, streams.Intake, c.Name); err != nil {
 		t.Fatal(err)
 	}
-	for loop.Restarts.Load() == 0 && ctx.Err() == nil {
-		time.Sleep(10 * time.Millisecond)
-	}
+	natstest.Eventually(t, 15*time.Second, func() error {
+		if loop.Restarts.Load() == 0 {
+			return errors.New("the loop has not restarted")
+		}
+		return nil
+	})
 	publish(2)
 	receive(2)
 	if _, err := js.Consumer(ctx, streams.Intake, c.Name); err != nil {

@@ -1,4 +1,4 @@
-package mesh
+package mesh_test
 
 import (
 	"context"
@@ -6,10 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/sluice-dev/sluice/internal/keys"
-	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -21,17 +19,7 @@ func TestLookupPerTenant(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	js, err := jetstream.New(natstest.Conn(t, natstest.Server(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := meshtest.New(t, streams.Options{})
 	id, legacy := job.NewID(), job.NewID()
 	for _, tenant := range []string{"acme", "beta"} {
 		if _, err := m.Results.Create(ctx, keys.Record(tenant, id), []byte(`{"job_id":"`+id+`","tenant":"`+tenant+`","status":"queued"}`)); err != nil {

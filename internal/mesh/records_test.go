@@ -1,4 +1,4 @@
-package mesh
+package mesh_test
 
 import (
 	"context"
@@ -9,7 +9,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/keys"
-	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -21,19 +22,9 @@ func TestCreateRecords(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	js, err := jetstream.New(natstest.Conn(t, natstest.Server(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := meshtest.New(t, streams.Options{})
 	id := job.NewID()
-	opKey, _ := OpKey("acme", "", id)
+	opKey, _ := mesh.OpKey("acme", "", id)
 
 	rec, op := m.CreateRecords(ctx, "acme", id, []byte(`{"r":1}`), opKey, []byte(`{"o":1}`))
 	if rec.Err != nil || op.Err != nil || rec.Rev == 0 || op.Rev == 0 {

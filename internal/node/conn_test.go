@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -48,14 +49,14 @@ func TestClosedConnectionEndsTheNode(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	for deadline := time.Now().Add(20 * time.Second); status("/readyz") != http.StatusOK; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("/readyz not 200 in 20s")
-		}
-	}
-	time.Sleep(200 * time.Millisecond) // the services consuming
-	if got := status("/healthz"); got != http.StatusOK {
-		t.Fatalf("/healthz before: %d, want 200", got)
+	// Ready, and healthy with the services consuming.
+	for _, path := range []string{"/readyz", "/healthz"} {
+		natstest.Eventually(t, 20*time.Second, func() error {
+			if got := status(path); got != http.StatusOK {
+				return fmt.Errorf("%s before: %d, want 200", path, got)
+			}
+			return nil
+		})
 	}
 	// What a subject longer than the server's control line does.
 	_ = info.conn.Publish(strings.Repeat("x", 5000), nil)

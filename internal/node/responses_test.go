@@ -17,6 +17,7 @@ import (
 	"github.com/openai/openai-go/v3/responses"
 
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/internal/node"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
@@ -149,16 +150,6 @@ func (n respNode) counter(t *testing.T, name string) float64 {
 		}
 	}
 	return sum
-}
-
-// eventually polls cond until it holds or 10 s pass.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
-		}
-	}
 }
 
 func usageOf(r *responses.Response) int64 { return r.Usage.TotalTokens }
@@ -343,7 +334,12 @@ func TestResponsesSDK(t *testing.T) {
 
 			// The executor counted every reported token (the usage it settles
 			// reservations with).
-			eventually(t, "tokens used", func() bool { return n.counter(t, "llm_tokens_used_total") == float64(total) })
+			natstest.Eventually(t, 10*time.Second, func() error {
+				if got := n.counter(t, "llm_tokens_used_total"); got != float64(total) {
+					return fmt.Errorf("tokens used %v, want %d", got, total)
+				}
+				return nil
+			})
 		})
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -18,18 +19,8 @@ import (
 
 func setup(t *testing.T) (*client.Client, jetstream.JetStream) {
 	t.Helper()
-	s := natstest.Server(t)
-	nc := natstest.Conn(t, s)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(nc)
+	js := meshtest.JetStream(t, streams.Options{})
+	c, err := client.New(js.Conn())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/internal/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
@@ -481,7 +482,12 @@ func TestIdempotentWaitsForInFlight(t *testing.T) {
 		r, _ := try(context.Background(), http.MethodPost, url+"/v1/chat/completions", b, "Idempotency-Key", "op-2")
 		firstc <- r
 	}()
-	waitFor(t, func() bool { return s.Stats().Models[model].Admitted == 1 })
+	natstest.Eventually(t, 2*time.Second, func() error {
+		if n := s.Stats().Models[model].Admitted; n != 1 {
+			return fmt.Errorf("admitted %d, want 1", n)
+		}
+		return nil
+	})
 	second := chat(t, url, b, "Idempotency-Key", "op-2")
 	first := <-firstc
 	wantStatus(t, first, http.StatusOK)
@@ -522,7 +528,12 @@ func TestClientGoneStillCompletes(t *testing.T) {
 	if _, err := try(ctx, http.MethodPost, url+"/v1/chat/completions", b, "Idempotency-Key", "op-4"); err == nil {
 		t.Fatal("expected the client to time out")
 	}
-	waitFor(t, func() bool { st := s.Stats(); return st.Completed == 1 && st.ClientGone == 1 })
+	natstest.Eventually(t, 2*time.Second, func() error {
+		if st := s.Stats(); st.Completed != 1 || st.ClientGone != 1 {
+			return fmt.Errorf("completed %d, client gone %d; want 1 and 1", st.Completed, st.ClientGone)
+		}
+		return nil
+	})
 	r := chat(t, url, b, "Idempotency-Key", "op-4")
 	wantStatus(t, r, http.StatusOK)
 	wantHeader(t, r, "Idempotent-Replayed", "true")
@@ -786,17 +797,6 @@ func TestNewValidates(t *testing.T) {
 		if _, err := sim.New(cfg); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 2s")
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -16,8 +16,8 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/metrics"
-	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/services/admission"
 	"github.com/sluice-dev/sluice/streams"
@@ -55,20 +55,8 @@ tenants: [`+tenant+`]
 
 func setupBenchCfg(b *testing.B, yaml string) *bench {
 	b.Helper()
-	s := natstest.Server(b)
-	nc := natstest.Conn(b, s)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx := context.Background()
-	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
-		b.Fatal(err)
-	}
-	m, err := mesh.Open(ctx, js)
-	if err != nil {
-		b.Fatal(err)
-	}
+	m := meshtest.New(b, streams.Options{})
+	js, nc := m.JS, m.JS.Conn()
 	cfg, err := config.Parse([]byte(yaml))
 	if err != nil {
 		b.Fatal(err)

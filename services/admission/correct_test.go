@@ -7,9 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/config"
-	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/meshtest"
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/services/admission"
 	"github.com/sluice-dev/sluice/streams"
@@ -34,10 +37,7 @@ tenants: [{name: t}]
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := mesh.Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := meshtest.Open(t, js)
 	defer runAdmission(ctx, t, admission.Config{App: cfg, Calib: calib.New(m.Budgets, nil)}, m)()
 	const n, prompt, maxTokens = 6, 1000, 50
 	for i := range n {
@@ -54,21 +54,19 @@ tenants: [{name: t}]
 		t.Fatal(err)
 	}
 	reserved := func(seq uint64) int {
-		for ctx.Err() == nil {
-			if raw, err := st.GetMsg(ctx, seq); err == nil {
-				var j job.Job
-				if err := json.Unmarshal(raw.Data, &j); err != nil || j.Reservation == nil {
-					t.Fatalf("dispatch %d: %v", seq, err)
-				}
-				if j.Estimate.PromptTokens != prompt {
-					t.Errorf("dispatch %d: the envelope's estimate became %d, want it left at %d", seq, j.Estimate.PromptTokens, prompt)
-				}
-				return j.Reservation.Tokens
-			}
-			time.Sleep(20 * time.Millisecond)
+		var raw *jetstream.RawStreamMsg
+		natstest.Eventually(t, 30*time.Second, func() (err error) {
+			raw, err = st.GetMsg(ctx, seq) // dispatch seq not there yet
+			return err
+		})
+		var j job.Job
+		if err := json.Unmarshal(raw.Data, &j); err != nil || j.Reservation == nil {
+			t.Fatalf("dispatch %d: %v", seq, err)
 		}
-		t.Fatalf("dispatch %d never came", seq)
-		return 0
+		if j.Estimate.PromptTokens != prompt {
+			t.Errorf("dispatch %d: the envelope's estimate became %d, want it left at %d", seq, j.Estimate.PromptTokens, prompt)
+		}
+		return j.Reservation.Tokens
 	}
 	if got, want := reserved(1), int(prompt*calib.Prior)+maxTokens; got != want {
 		t.Errorf("first placement reserved %d tokens, want %d (the prior %.2f before any answer)", got, want, calib.Prior)

@@ -11,9 +11,8 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/config"
-	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/metrics"
-	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -63,20 +62,7 @@ func TestHeldSet(t *testing.T) {
 // model p/m may take 1 request a day, model p/free any.
 func gateService(t *testing.T) *Service {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	nc := natstest.Conn(t, natstest.Server(t))
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := mesh.Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := meshtest.New(t, streams.Options{})
 	cfg, err := config.Parse([]byte(`
 providers:
   - name: p

@@ -3,10 +3,12 @@ package admission_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
-	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/meshtest"
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/services/admission"
 	"github.com/sluice-dev/sluice/streams"
@@ -22,10 +24,7 @@ func TestGatedJobPassesTenantGateFree(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, js, cfg := queueServer(ctx, t, "{name: t, rpd: 2}")
-	m, err := mesh.Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := meshtest.Open(t, js)
 	for i := range 4 {
 		var j job.Job
 		if err := json.Unmarshal(queued(i), &j); err != nil {
@@ -43,14 +42,11 @@ func TestGatedJobPassesTenantGateFree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
+	natstest.Eventually(t, 30*time.Second, func() error {
 		info, err := st.Info(ctx)
-		if err != nil {
-			t.Fatalf("DISPATCH: %v; want 4 jobs there (2 readmitted free, 2 within rpd)", err)
+		if err != nil || info.State.Msgs != 4 {
+			return fmt.Errorf("DISPATCH: %+v, %v; want 4 jobs there (2 readmitted free, 2 within rpd)", info.State, err)
 		}
-		if info.State.Msgs == 4 {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }

@@ -13,7 +13,9 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/metrics"
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/services/admission"
 )
@@ -26,10 +28,7 @@ func TestWhyAnswersOnlyReplies(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	nc, js, cfg := queueServer(ctx, t, "{name: t}")
-	m, err := mesh.Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := meshtest.Open(t, js)
 	key, err := guard.LoadKey(ctx, m.Fleet)
 	if err != nil {
 		t.Fatal(err)
@@ -57,15 +56,10 @@ func TestWhyAnswersOnlyReplies(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := fmt.Sprintf("00000000-0000-7000-8000-%012d", 1)
-	for {
-		if _, err := nc.Request(mesh.WhySubject("t", id), nil, time.Second); err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal("admission never held the job")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	natstest.Eventually(t, 30*time.Second, func() error {
+		_, err := nc.Request(mesh.WhySubject("t", id), nil, time.Second) // admission does not hold the job yet
+		return err
+	})
 	watch, err := nc.SubscribeSync(job.ResultPrefix + "other.>")
 	if err != nil {
 		t.Fatal(err)

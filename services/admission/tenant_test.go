@@ -2,6 +2,7 @@ package admission_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -26,14 +28,7 @@ import (
 // configuration with one model p/m (budget to spare) and tenant t as given.
 func queueServer(ctx context.Context, t *testing.T, tenant string) (*nats.Conn, jetstream.JetStream, *config.Config) {
 	t.Helper()
-	nc := natstest.Conn(t, natstest.Server(t))
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
-		t.Fatal(err)
-	}
+	js := meshtest.JetStream(t, streams.Options{})
 	cfg, err := config.Parse([]byte(`
 providers:
   - name: p
@@ -44,7 +39,7 @@ tenants: [` + tenant + `]
 	if err != nil {
 		t.Fatal(err)
 	}
-	return nc, js, cfg
+	return js.Conn(), js, cfg
 }
 
 // TestTenantBudgetSharedByTwoProcesses: two admission services take the
@@ -58,10 +53,7 @@ func TestTenantBudgetSharedByTwoProcesses(t *testing.T) {
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 2)
 	for range 2 {
-		m, err := mesh.Open(ctx, js)
-		if err != nil {
-			t.Fatal(err)
-		}
+		m := meshtest.Open(t, js)
 		svc, err := admission.New(admission.Config{App: cfg}, m, slog.New(slog.DiscardHandler), metrics.New(prometheus.NewRegistry()))
 		if err != nil {
 			t.Fatal(err)
@@ -93,9 +85,12 @@ func TestTenantBudgetSharedByTwoProcesses(t *testing.T) {
 		}
 		return info.State.Msgs
 	}
-	for dispatched() < 25 && ctx.Err() == nil {
-		time.Sleep(50 * time.Millisecond)
-	}
+	natstest.Eventually(t, 30*time.Second, func() error {
+		if n := dispatched(); n < 25 {
+			return fmt.Errorf("two processes dispatched %d of tenant t's jobs, want its rpm, 25", n)
+		}
+		return nil
+	})
 	// Blocks come and go for a few more seconds; none may exceed the rpm.
 	time.Sleep(4 * time.Second)
 	if n := dispatched(); n != 25 {
@@ -126,10 +121,7 @@ func TestUnconfirmedDispatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := mesh.Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := meshtest.Open(t, js)
 	defer runAdmission(ctx, t, admission.Config{App: cfg, AckWait: 300 * time.Millisecond}, m)()
 	if _, err := js.Publish(ctx, job.QueueSubject(job.Standard, "t"), queued(1)); err != nil {
 		t.Fatal(err)
@@ -167,18 +159,12 @@ func TestLetsGoWithoutBudgetStore(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	nc, js, cfg := queueServer(ctx, t, "{name: t}")
-	healthy, err := mesh.Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	healthy := meshtest.Open(t, js)
 	key, err := guard.LoadKey(ctx, healthy.Fleet)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sick, err := mesh.Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sick := meshtest.Open(t, js)
 	if sick.Budgets, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "gone"}); err != nil {
 		t.Fatal(err)
 	}
@@ -194,15 +180,12 @@ func TestLetsGoWithoutBudgetStore(t *testing.T) {
 	}
 	id := fmt.Sprintf("00000000-0000-7000-8000-%012d", 1)
 	// The sick process takes it and cannot reserve.
-	for {
-		if m, err := nc.Request(mesh.WhySubject("t", id), nil, time.Second); err == nil && strings.Contains(string(m.Data), "budget_store") {
-			break
+	natstest.Eventually(t, 30*time.Second, func() error {
+		if m, err := nc.Request(mesh.WhySubject("t", id), nil, time.Second); err != nil || !strings.Contains(string(m.Data), "budget_store") {
+			return fmt.Errorf("the sick process does not hold the job (%v)", err)
 		}
-		if ctx.Err() != nil {
-			t.Fatal("the sick process never held the job")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 	defer start(healthy)()
 	waitDispatched(ctx, t, js, "the job never reached DISPATCH: the process that cannot reach its budget store kept it")
 }
@@ -231,16 +214,16 @@ func waitDispatched(ctx context.Context, t *testing.T, js jetstream.JetStream, f
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
+	natstest.Eventually(t, 30*time.Second, func() error {
 		info, err := st.Info(ctx)
-		if err == nil && info.State.Msgs == 1 {
-			return
+		if err == nil && info.State.Msgs != 1 {
+			err = fmt.Errorf("DISPATCH holds %d jobs", info.State.Msgs)
 		}
-		if ctx.Err() != nil {
-			t.Fatalf("%s (last: %v)", failing, err)
+		if err != nil {
+			return fmt.Errorf("%s (last: %w)", failing, err)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // TestHeldJobGivenBack: a model's held job that is not dispatched within
@@ -252,14 +235,8 @@ func TestHeldJobGivenBack(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	nc := natstest.Conn(t, natstest.Server(t))
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
-		t.Fatal(err)
-	}
+	m := meshtest.New(t, streams.Options{})
+	js := m.JS
 	cfg, err := config.Parse([]byte(`
 providers:
   - name: p
@@ -267,10 +244,6 @@ providers:
     models: [{name: m, rpm: 1, tpm: 100000000, adaptive: false}]
 tenants: [{name: t}]
 `))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := mesh.Open(ctx, js)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,16 +270,13 @@ tenants: [{name: t}]
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
+	natstest.Eventually(t, 15*time.Second, func() error {
 		info, err := cons.Info(ctx)
-		if err == nil && info.NumRedelivered > 0 {
-			break
+		if err == nil && info.NumRedelivered == 0 {
+			err = errors.New("the held job was not given back to QUEUE")
 		}
-		if ctx.Err() != nil {
-			t.Fatalf("the held job was never given back to QUEUE (last: %+v, %v)", info, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err
+	})
 	var oldest float64
 	mfs, _ := reg.Gather()
 	for _, mf := range mfs {

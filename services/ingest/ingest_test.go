@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -20,6 +21,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/client"
@@ -42,21 +44,7 @@ type fixture struct {
 // bounded at 2 jobs per tenant and priority and no admission draining it.
 func setup(t testing.TB) *fixture {
 	t.Helper()
-	s := natstest.Server(t)
-	nc := natstest.Conn(t, s)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := streams.Ensure(ctx, js, streams.Options{Queue: streams.Bounds{MaxMsgsPerSubject: 2}}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := mesh.Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := meshtest.New(t, streams.Options{Queue: streams.Bounds{MaxMsgsPerSubject: 2}})
 	cfg, err := config.Parse([]byte(`
 providers:
   - name: p
@@ -72,12 +60,27 @@ tenants: [{name: acme}, {name: beta}]
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fixture{svc: svc, mesh: m, js: js, nc: nc}
+	return &fixture{svc: svc, mesh: m, js: m.JS, nc: m.JS.Conn()}
 }
 
 func newJob(tenant, idemKey string) *job.Job {
 	return &job.Job{ID: job.NewID(), Tenant: tenant, IdempotencyKey: idemKey,
 		Request: json.RawMessage(`{"model":"fast","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`)}
+}
+
+// answering waits until ingest, running, answers a wait hint on nc (Run
+// subscribes in its own time), and returns its answer to data.
+func answering(t testing.TB, nc *nats.Conn, tenant string, data []byte) *nats.Msg {
+	t.Helper()
+	var m *nats.Msg
+	natstest.Eventually(t, 10*time.Second, func() (err error) {
+		m, err = nc.Request(job.WaitSubject(tenant), data, 2*time.Second)
+		if err != nil && !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, nats.ErrTimeout) {
+			t.Fatalf("wait hint: %v", err)
+		}
+		return err
+	})
+	return m
 }
 
 // records reports whether the job's record and its operation record exist.
@@ -269,16 +272,13 @@ func TestIntakeJobWaitsForRoom(t *testing.T) {
 		t.Fatal(err)
 	}
 	// It is deferred, not refused: its records say queued.
-	for {
+	natstest.Eventually(t, 10*time.Second, func() error {
 		rec, _, err := f.mesh.Lookup(tctx, j.Tenant, j.ID)
-		if err == nil && rec.Status == job.StatusQueued {
-			break
+		if err == nil && rec.Status != job.StatusQueued {
+			err = fmt.Errorf("the intake job's record says %s, want queued", rec.Status)
 		}
-		if tctx.Err() != nil {
-			t.Fatalf("the intake job has no queued record: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err
+	})
 	queue, _ := f.js.Stream(tctx, streams.Queue)
 	intake, _ := f.js.Stream(tctx, streams.Intake)
 	if info, _ := intake.Info(tctx); info.State.Msgs != 1 {
@@ -288,16 +288,10 @@ func TestIntakeJobWaitsForRoom(t *testing.T) {
 	if err := queue.Purge(tctx); err != nil {
 		t.Fatal(err)
 	}
-	for {
+	natstest.Eventually(t, 10*time.Second, func() error {
 		_, err := queue.GetLastMsgForSubject(tctx, job.QueueSubject(job.Standard, "acme"))
-		if err == nil {
-			break
-		}
-		if tctx.Err() != nil {
-			t.Fatal("the deferred job never reached QUEUE")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err // the deferred job not in QUEUE yet
+	})
 	if jobRec, opRec := f.records(t, j); !jobRec || !opRec {
 		t.Errorf("enqueued intake job: records %v/%v, want both", jobRec, opRec)
 	}
@@ -329,17 +323,7 @@ func TestWaitHint(t *testing.T) {
 	slow := newJob("acme", "")
 	slow.Request = json.RawMessage(`{"model":"slow","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`)
 	data, _ := json.Marshal(slow)
-	var m *nats.Msg
-	var err error
-	for range 50 { // the subscription starts with Run
-		if m, err = f.nc.Request(job.WaitSubject("acme"), data, time.Second); !errors.Is(err, nats.ErrNoResponders) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := answering(t, f.nc, "acme", data)
 	var h job.WaitHint
 	if err := json.Unmarshal(m.Data, &h); err != nil {
 		t.Fatalf("answer %s: %v", m.Data, err)
@@ -348,7 +332,7 @@ func TestWaitHint(t *testing.T) {
 		t.Errorf("suggested wait with 4 jobs ahead at 2 RPM: got %s, want %s", got, want)
 	}
 	// A job Sluice cannot read still gets an answer: at least a second.
-	m, err = f.nc.Request(job.WaitSubject("acme"), []byte("not json"), time.Second)
+	m, err := f.nc.Request(job.WaitSubject("acme"), []byte("not json"), time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

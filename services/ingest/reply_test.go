@@ -31,17 +31,7 @@ func TestWaitHintAnswersOnlyReplies(t *testing.T) {
 			t.Errorf("Run: %v", err)
 		}
 	}()
-	// Run subscribes in its own time: wait until it answers.
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		_, err := f.nc.Request(job.WaitSubject("acme"), []byte(`{}`), 5*time.Second)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, nats.ErrNoResponders) || time.Now().After(deadline) {
-			t.Fatalf("wait hint: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	answering(t, f.nc, "acme", []byte(`{}`))
 	watch, err := f.nc.SubscribeSync(job.ResultPrefix + "beta.>")
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -17,6 +18,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -28,21 +30,7 @@ import (
 // that fill it are cheap to tokenize), and nothing draining them.
 func setupBytes(t *testing.T) *fixture {
 	t.Helper()
-	s := natstest.Server(t)
-	nc := natstest.Conn(t, s)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := streams.Ensure(ctx, js, streams.Options{Queue: streams.Bounds{MaxBytes: 1 << 20}, Intake: streams.Bounds{MaxBytes: 1 << 20}}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := mesh.Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := meshtest.New(t, streams.Options{Queue: streams.Bounds{MaxBytes: 1 << 20}, Intake: streams.Bounds{MaxBytes: 1 << 20}})
 	cfg, err := config.Parse([]byte(`
 providers:
   - name: p
@@ -61,7 +49,7 @@ queues:
 		t.Fatal(err)
 	}
 	svc.queueShare.bound, svc.intakeShare.bound = 256<<10, 256<<10
-	return &fixture{svc: svc, mesh: m, js: js, nc: nc}
+	return &fixture{svc: svc, mesh: m, js: m.JS, nc: m.JS.Conn()}
 }
 
 // bigJob is a job of about 100 KiB on model.
@@ -155,19 +143,7 @@ func TestTenantBytesInIntakeAreBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
-		info, err := st.Info(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if info.State.Bytes <= 256<<10 {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("INTAKE still holds %d bytes of acme's; want at most its 256 KiB share", info.State.Bytes)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	natstest.Eventually(t, 45*time.Second, func() error { return intakeWithin(ctx, st, 256<<10) })
 	// beta still gets in.
 	data, _ := json.Marshal(bigJob("beta", "fast"))
 	if _, err := f.js.Publish(ctx, job.IntakeSubject("beta"), data); err != nil {
@@ -208,14 +184,7 @@ func TestIntakeShareWhenQueueIsFull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for held := uint64(1 << 30); held > 256<<10; time.Sleep(100 * time.Millisecond) {
-		if ctx.Err() != nil {
-			t.Fatalf("INTAKE still holds %d bytes of acme's; want at most its 256 KiB share", held)
-		}
-		if info, err := st.Info(ctx); err == nil {
-			held = info.State.Bytes
-		}
-	}
+	natstest.Eventually(t, 45*time.Second, func() error { return intakeWithin(ctx, st, 256<<10) })
 	refused := 0
 	for _, j := range sent {
 		if r, err := f.mesh.StoredResult(ctx, "acme", j.ID); err == nil {
@@ -234,4 +203,13 @@ func TestIntakeShareWhenQueueIsFull(t *testing.T) {
 			t.Errorf("beta's intake job %d after acme's flood: %v, want stored", i+1, err)
 		}
 	}
+}
+
+// intakeWithin says whether INTAKE holds at most bound bytes.
+func intakeWithin(ctx context.Context, st jetstream.Stream, bound uint64) error {
+	info, err := st.Info(ctx)
+	if err == nil && info.State.Bytes > bound {
+		err = fmt.Errorf("INTAKE holds %d bytes of acme's; want at most its %d-byte share", info.State.Bytes, bound)
+	}
+	return err
 }

@@ -3,7 +3,7 @@ package ingest
 import (
 	"context"
 	"encoding/json"
-	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -105,16 +106,7 @@ func TestWaitHintsSurviveAnotherTenantsFlood(t *testing.T) {
 	}
 	acme, beta := conn(), conn()
 	small, _ := json.Marshal(newJob("beta", ""))
-	for i := 0; ; i++ { // the subscription starts with Run
-		_, err := beta.Request(job.WaitSubject("beta"), small, 2*time.Second)
-		if err == nil {
-			break
-		}
-		if i == 20 || !(errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout)) {
-			t.Fatalf("ingest never answered a wait hint: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	answering(t, beta, "beta", small)
 	big, _ := json.Marshal(&job.Job{Tenant: "acme", Request: json.RawMessage(
 		`{"model":"fast","messages":[{"role":"user","content":"` + strings.Repeat("lorem ipsum dolor ", 2<<20/18) + `"}]}`)})
 	var answered atomic.Int32
@@ -181,14 +173,13 @@ func TestSameIDInTwoTenants(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for subjects := map[string]uint64(nil); len(subjects) != 2; time.Sleep(10 * time.Millisecond) {
-		if ctx.Err() != nil {
-			t.Fatalf("QUEUE subjects %v; want one job of each tenant", subjects)
+	natstest.Eventually(t, 10*time.Second, func() error {
+		info, err := q.Info(ctx, jetstream.WithSubjectFilter(job.QueuePrefix+">"))
+		if err == nil && len(info.State.Subjects) != 2 {
+			err = fmt.Errorf("QUEUE subjects %v; want one job of each tenant", info.State.Subjects)
 		}
-		if info, err := q.Info(ctx, jetstream.WithSubjectFilter(job.QueuePrefix+">")); err == nil {
-			subjects = info.State.Subjects
-		}
-	}
+		return err
+	})
 	for _, j := range []*job.Job{taken, mine} {
 		rec, _, err := f.mesh.Lookup(ctx, j.Tenant, j.ID)
 		if err != nil || rec.Tenant != j.Tenant || rec.JobID != taken.ID || rec.Status != job.StatusQueued {

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
@@ -19,6 +18,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -38,21 +38,7 @@ type fixture struct {
 // setup runs the result service on an embedded server, with tenant acme.
 func setup(t testing.TB, yaml string) *fixture {
 	t.Helper()
-	s := natstest.Server(t)
-	nc := natstest.Conn(t, s)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := mesh.Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := meshtest.New(t, streams.Options{})
 	cfg, err := config.Parse([]byte("tenants: [{name: acme}]\n" + yaml))
 	if err != nil {
 		t.Fatal(err)
@@ -90,9 +76,12 @@ func TestForgedTenantIsNoLabel(t *testing.T) {
 		}
 	}
 	// The two results are handled in either order: wait for both.
-	for ctx.Err() == nil && (count(f.ms.Results.WithLabelValues("unknown", "succeeded")) < 1 || count(f.ms.Results.WithLabelValues("acme", "succeeded")) < 1) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	natstest.Eventually(t, 10*time.Second, func() error {
+		if count(f.ms.Results.WithLabelValues("unknown", "succeeded")) < 1 || count(f.ms.Results.WithLabelValues("acme", "succeeded")) < 1 {
+			return errors.New("both results not counted yet")
+		}
+		return nil
+	})
 	if got := count(f.ms.Results.WithLabelValues("acme", "succeeded")); got != 1 {
 		t.Errorf("results for acme: got %v, want 1", got)
 	}
@@ -211,14 +200,13 @@ func TestResultHints(t *testing.T) {
 				t.Errorf("record = %+v, want succeeded for %s of acme", rec, id)
 			}
 			// The record is written before the operation is settled.
-			op, _, err := f.mesh.GetOp(ctx, opKey)
-			for err == nil && op.State == mesh.OpInFlight && ctx.Err() == nil {
-				time.Sleep(10 * time.Millisecond)
-				op, _, err = f.mesh.GetOp(ctx, opKey)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+			var op *mesh.OpRecord
+			natstest.Eventually(t, 10*time.Second, func() (err error) {
+				if op, _, err = f.mesh.GetOp(ctx, opKey); err == nil && op.State == mesh.OpInFlight {
+					err = errors.New("operation still in flight")
+				}
+				return err
+			})
 			if op.State != mesh.OpCompleted || op.Key != key || op.JobID != id || op.Usage == nil || op.Usage.TotalTokens != 7 {
 				t.Errorf("operation = %+v, want completed with the job's key, id and usage", op)
 			}
@@ -234,14 +222,12 @@ func TestResultHints(t *testing.T) {
 // awaitRecord polls a job's record until it holds a result.
 func awaitRecord(t *testing.T, ctx context.Context, m *mesh.Mesh, id string) *mesh.Record {
 	t.Helper()
-	for {
-		rec, _, err := m.Lookup(ctx, "acme", id)
-		if err == nil && rec.Result != nil {
-			return rec
+	var rec *mesh.Record
+	natstest.Eventually(t, 10*time.Second, func() (err error) {
+		if rec, _, err = m.Lookup(ctx, "acme", id); err == nil && rec.Result == nil {
+			err = errors.New("no result recorded for " + id)
 		}
-		if ctx.Err() != nil {
-			t.Fatalf("no result recorded for %s: %v", id, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err
+	})
+	return rec
 }
