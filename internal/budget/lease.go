@@ -22,7 +22,18 @@ type Lease struct {
 	tick                 int64
 	asked, askedUrgent   Cost
 	demand, demandUrgent [dims]float64
+	// rewind, when set, is the pace what goes back is rewound at
+	// (RewindReturns).
+	rewind *Limits
 }
+
+// RewindReturns makes what the lease gives back on a paced store also move
+// the schedule's theoretical arrival times back, at lim's pace (as
+// ReturnRewind), for a provider that refills a bucket: room it never saw
+// used is room it still has. Without it, a block given back after later
+// placements leaves the pace where the block put it, and a model whose
+// blocks often expire unspent fills less than its limit.
+func (l *Lease) RewindReturns(lim Limits) { l.rewind = &lim }
 
 // Block is room left at an instant (paced) or in a slice (plain). Urgent
 // blocks were taken against the full limits for jobs that should not wait;
@@ -191,6 +202,10 @@ func (l *Lease) giveBack(ctx context.Context, b Block, c Cost) {
 		return
 	}
 	if l.st.p.paced() {
+		if l.rewind != nil {
+			_ = l.st.ReturnRewind(ctx, l.key, b.At, c, *l.rewind)
+			return
+		}
 		_ = l.st.ReturnAt(ctx, l.key, b.At, c)
 		return
 	}

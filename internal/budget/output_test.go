@@ -76,3 +76,43 @@ func TestReturnRewind(t *testing.T) {
 		t.Errorf("window holds %d output tokens, want 5 + 300", used.Output)
 	}
 }
+
+// TestLeaseRewindReturns: on a bucket provider (RewindReturns), a block
+// the lease gives back unspent rewinds the pace, so the next placement
+// need not wait behind room nobody used; without it, the pace stays where
+// the block put it.
+func TestLeaseRewindReturns(t *testing.T) {
+	t.Parallel()
+	// 600 output tokens a minute, placed at the pace (10 a second) at
+	// most the store's horizon (2 s) ahead.
+	lim := budget.Limits{RPM: 100_000, TPM: 100_000, OTPM: 600, BurstOutput: 600}
+	job := budget.Cost{Requests: 1, Tokens: 1, Output: 10}
+	block := budget.Cost{Requests: 1, Tokens: 1, Output: 15}
+	for _, rewind := range []bool{false, true} {
+		b := setup(t, pacedParams)
+		ctx := context.Background()
+		l := budget.NewLease(b.store, key)
+		if rewind {
+			l.RewindReturns(lim)
+		}
+		// One job placed now (the pace 1 s on), and a block for one more
+		// behind it (1.5 s more).
+		g, err := l.Take(ctx, lim, []budget.Cost{job}, []budget.Cost{block}, false, 0)
+		if err != nil || g.N != 1 {
+			t.Fatalf("rewind %v: first: %+v %v", rewind, g, err)
+		}
+		if used, _ := b.store.Used(ctx, key); used.Output != 25 {
+			t.Fatalf("rewind %v: window holds %d output tokens, want the job's 10 and the block's 15", rewind, used.Output)
+		}
+		// The block goes back unspent: with the pace rewound, the next job
+		// fits 1 s on; without, 2.5 s on, past the horizon.
+		l.Expire(ctx, b.clock.Now(), true)
+		g2, err := b.store.Take(ctx, key, lim, []budget.Cost{job})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if placed := g2.N == 1; placed != rewind {
+			t.Errorf("rewind %v: next placed %v (reason %q), want %v", rewind, placed, g2.Reason, rewind)
+		}
+	}
+}

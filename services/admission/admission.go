@@ -513,6 +513,14 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 	l := s.leases[key]
 	if l == nil {
 		l = budget.NewLease(s.store, key)
+		if ms := s.models[key]; ms != nil && ms.splits {
+			// A bucket the provider refills (Anthropic): room given back
+			// unspent rewinds the pace, at the configured limits (never
+			// below those placed with, as ReturnRewind asks).
+			if _, m, ok := s.cfg.App.ModelRef(ms.model); ok {
+				l.RewindReturns(budget.Limits{RPM: m.RPM, TPM: m.TokenLimit(), OTPM: m.OTPM})
+			}
+		}
 		s.leases[key] = l
 	}
 	for _, c := range cands {

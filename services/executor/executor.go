@@ -335,7 +335,16 @@ func (s *Service) giveBackUnsent(ctx context.Context, msg jetstream.Msg, j *job.
 	// sends, more instants lapsed, and no job reached the provider for
 	// minutes.
 	s.givingBack.try(key, func() {
-		back := budget.Cost{Requests: r.Requests, Tokens: r.Tokens, Units: reservedUnits(r, model)}
+		back := budget.Cost{Requests: r.Requests, Tokens: r.Tokens, Output: r.Output, Units: reservedUnits(r, model)}
+		if model.SplitsOutput() {
+			// A bucket the provider refills (Anthropic, as settleSplit):
+			// what it never saw rewinds the pace, whatever was placed after.
+			lim := budget.Limits{RPM: model.RPM, TPM: model.TokenLimit(), OTPM: model.OTPM}
+			if err := s.store.ReturnRewind(ctx, key, r.SendAt, back, lim); err != nil {
+				s.log.Debug("return a lapsed reservation", "job_id", j.ID, "err", err)
+			}
+			return
+		}
 		if err := s.store.ReturnLapsed(ctx, key, r.SendAt, back); err != nil {
 			s.log.Debug("return a lapsed reservation", "job_id", j.ID, "err", err)
 		}
