@@ -163,7 +163,8 @@ func New(cfg Config) *Registry {
 // Blocked says whether admission must not place a job on the deployment at
 // now, why, and until when (zero: until a probe succeeds). It reads memory
 // only. When the deployment's wait has ended and no process holds its
-// probe, Blocked asks Run to take it for this process.
+// probe, Blocked asks Run to take it for this process and says to look
+// again ProbeTakeWait later.
 func (r *Registry) Blocked(provider, model string, now time.Time) (until time.Time, reason string, blocked bool) {
 	d := Deployment{provider, model}
 	e, ok := (*r.view.Load())[d]
@@ -180,10 +181,17 @@ func (r *Registry) Blocked(provider, model string, now time.Time) (until time.Ti
 	case r.cfg.Holder:
 		return time.Time{}, "", false // this process probes it
 	case "":
+		// Run takes the probe for this process in a moment (a
+		// compare-and-set): look again then.
 		r.askProbe(d)
+		return now.Add(ProbeTakeWait), e.rec.Reason, true
 	}
 	return time.Time{}, e.rec.Reason, true
 }
+
+// ProbeTakeWait is how long after Blocked asked to take a deployment's
+// probe its caller should ask again.
+const ProbeTakeWait = 25 * time.Millisecond
 
 // Get returns the deployment's record as this process last saw it.
 func (r *Registry) Get(provider, model string) (Record, bool) {
@@ -342,6 +350,9 @@ func (r *Registry) update(ctx context.Context, d Deployment, fn func(*Record, ti
 // the deployment (a provider's Retry-After). The longest wait wins; a down
 // deployment stays down (its probe waits at least as long).
 func (r *Registry) Cool(ctx context.Context, provider, model string, until time.Time, why string) error {
+	if rec, ok := r.Get(provider, model); ok && !rec.up() && !until.After(rec.Until) {
+		return nil // a wait as long is known (every refusal of a burst says so)
+	}
 	before, after, wrote, err := r.update(ctx, Deployment{provider, model}, func(rec *Record, now time.Time) bool {
 		if !until.After(now) || !until.After(rec.Until) && !rec.up() {
 			return false // not later than the wait already recorded
@@ -364,6 +375,9 @@ func (r *Registry) Cool(ctx context.Context, provider, model string, until time.
 // failed probe. Calls that fail while it is already down and waiting
 // change nothing but notBefore.
 func (r *Registry) Down(ctx context.Context, provider, model, reason string, notBefore time.Time) error {
+	if rec, ok := r.Get(provider, model); ok && rec.State == Down && rec.waiting(r.cfg.Now()) && !notBefore.After(rec.Until) {
+		return nil // known down, and no probe due: every call in flight says so
+	}
 	before, after, wrote, err := r.update(ctx, Deployment{provider, model}, func(rec *Record, now time.Time) bool {
 		if rec.State == Down && rec.waiting(now) {
 			if !notBefore.After(rec.Until) {

@@ -138,6 +138,7 @@ const (
 	MsgRateLimited Msg = "ratelimited" // ... a job the provider throttled; seq: the count
 	MsgTenantSlot  Msg = "tenantslot"  // ... a job its tenant's concurrency refused; seq: its DISPATCH delivery
 	MsgBreaker     Msg = "breaker"     // ... a job whose model's breaker is open
+	MsgDown        Msg = "down"        // ... a job whose deployment is down, to be placed again
 	MsgDrain       Msg = "drain"       // ... a job taken while the executor drains
 	MsgReadmit     Msg = "readmit"     // ... a job whose reservation lapsed
 	MsgFallback    Msg = "fallback"    // ... a job moved to its fallback model

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
@@ -36,6 +37,7 @@ func (s *Service) conclude(ctx context.Context, a *attempt) error {
 	switch out.Class {
 	case provider.Success:
 		a.ticket.Record(true)
+		s.deploymentUp(ctx, a) // health.go
 	case provider.Overloaded, provider.ConnectFailed, provider.Unknown:
 		a.ticket.Record(false)
 	default:
@@ -43,6 +45,12 @@ func (s *Service) conclude(ctx context.Context, a *attempt) error {
 	}
 	if out.Class == provider.AuthBroken {
 		s.markBroken(a.target)
+	}
+	if reason := downReason(out); reason != "" {
+		s.deploymentDown(ctx, j, reason, time.Time{})
+		if s.grouped(j) {
+			return s.replace(ctx, a, reason)
+		}
 	}
 	o := outcome{Outcome: out, attempt: a.n, first: a.start.UTC(), now: s.now()}
 	if len(j.Attempts) > 0 {
@@ -68,6 +76,7 @@ func (s *Service) apply(ctx context.Context, a *attempt, out provider.Outcome, d
 			// Gemini does): the whole fleet waits, instead of every executor
 			// finding out with a 429 of its own.
 			s.pause(ctx, j, s.now().Add(d.rate.RetryAfter))
+			s.coolDeployment(ctx, j, s.now().Add(d.rate.RetryAfter)) // health.go
 		}
 		if d.verdict == throttleJob {
 			s.rateLimitHit(j, d.rate.Dimension, d.rate.Kind)
@@ -123,6 +132,7 @@ func (s *Service) endStreamed(ctx context.Context, a *attempt) error {
 	switch e.status {
 	case job.StatusSucceeded:
 		a.ticket.Record(true)
+		s.deploymentUp(ctx, a)
 	case job.StatusInterrupted:
 		a.ticket.Record(false)
 	default:

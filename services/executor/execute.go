@@ -196,8 +196,13 @@ func (s *Service) admitCall(ctx context.Context, a *attempt) (done bool, err err
 	a.ticket = tk
 	a.onClose(tk.Release)
 	if tk == nil {
-		// The provider is failing: do not call it. Fall back if a route says
-		// so, otherwise wait (by redelivery delay) until the breaker probes.
+		// The provider is failing: do not call it. Another deployment of
+		// the model takes the job, else a route's fallback, else it waits
+		// (by redelivery delay) until the breaker probes.
+		s.deploymentDown(ctx, j, "breaker_open", openUntil) // health.go
+		if s.grouped(j) {
+			return true, s.replace(ctx, a, "breaker_open")
+		}
 		if fb, ok := s.fallback(j, route.Situation{Current: a.target, Priority: string(j.Priority)}); ok {
 			return true, s.reroute(ctx, a.msg, j, a.opKey, fb)
 		}

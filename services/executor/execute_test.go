@@ -68,19 +68,30 @@ type fixture struct {
 
 func setup(t *testing.T, answer func() (*provider.Response, error)) *fixture {
 	t.Helper()
-	m := meshtest.New(t, streams.Options{})
-	cfg, err := config.Parse([]byte(`
+	return setupWith(t, `
 providers:
   - name: p
     base_url: http://127.0.0.1:1/v1
     models: [{name: m, rpm: 1000, tpm: 1000000}]
 tenants: [{name: t}, {name: one, max_concurrency: 1}]
-`))
+`, answer)
+}
+
+// setupWith is setup with configuration yaml, whose providers' clients all
+// answer with answer.
+func setupWith(t *testing.T, yaml string, answer func() (*provider.Response, error)) *fixture {
+	t.Helper()
+	m := meshtest.New(t, streams.Options{})
+	cfg, err := config.Parse([]byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := &scripted{answer: answer}
-	s, err := New(Config{App: cfg, Clients: map[string]provider.Client{"p": c}, Guard: guard.New(cfg, make([]byte, 32))},
+	clients := map[string]provider.Client{}
+	for _, p := range cfg.Providers {
+		clients[p.Name] = c
+	}
+	s, err := New(Config{App: cfg, Clients: clients, Guard: guard.New(cfg, make([]byte, 32))},
 		m, slog.New(slog.DiscardHandler), metrics.New(prometheus.NewRegistry()))
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,83 @@
+package executor
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/sluice-dev/sluice/internal/health"
+	"github.com/sluice-dev/sluice/pkg/job"
+)
+
+// withHealth gives f's executor the fleet's view of its deployments'
+// health (not watching: its own writes are what it reads).
+func (f *fixture) withHealth() *health.Registry {
+	var deps []health.Deployment
+	for _, p := range f.s.cfg.App.Providers {
+		for _, m := range p.Models {
+			deps = append(deps, health.Deployment{Provider: p.Name, Model: m.Name})
+		}
+	}
+	r := health.New(health.Config{KV: f.m.Budgets, Deployments: deps, Holder: "test", Changes: f.s.m.DeploymentChanges})
+	f.s.cfg.Health = r
+	return r
+}
+
+// A Retry-After cools the deployment for the fleet as long as it asks; the
+// job goes back without spending an attempt.
+func TestRetryAfterCoolsTheDeployment(t *testing.T) {
+	t.Parallel()
+	f := setup(t, answer(429, http.Header{"Retry-After": {"5"}}, `{"error":{"type":"requests","code":"rate_limit_exceeded","message":"Rate limit reached"}}`))
+	reg := f.withHealth()
+	j := f.job(t, "t")
+	before := time.Now()
+	if err := f.s.execute(context.Background(), &dispatched{}, j); err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := reg.Get("p", "m")
+	if rec.State != health.Cooling || rec.Until.Before(before.Add(5*time.Second)) || rec.Reason != "rate_limited" {
+		t.Fatalf("deployment %+v, want cooling for the 5 s asked", rec)
+	}
+	if q := f.queued(t); len(q.Attempts) != 0 || q.RateLimited != 1 {
+		t.Fatalf("queued with attempts %+v, rate limited %d; want no attempt spent", q.Attempts, q.RateLimited)
+	}
+	if got := count(f.s.m.DeploymentChanges.WithLabelValues("p", "m", "cooling")); got != 1 {
+		t.Fatalf("cooling changes %v, want 1", got)
+	}
+}
+
+// A refused key takes the deployment down; a model with no other
+// deployment ends the job as before. A success after brings it up.
+func TestRefusedKeyTakesTheDeploymentDown(t *testing.T) {
+	t.Parallel()
+	f := setup(t, answer(401, nil, `{"error":{"type":"invalid_request_error","code":"invalid_api_key","message":"Incorrect API key provided"}}`))
+	reg := f.withHealth()
+	j := f.job(t, "t")
+	if err := f.s.execute(context.Background(), &dispatched{}, j); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := reg.Get("p", "m"); rec.State != health.Down || rec.Reason != "auth_401" {
+		t.Fatalf("deployment %+v, want down for auth_401", rec)
+	}
+	if _, _, blocked := reg.Blocked("p", "m", time.Now()); !blocked {
+		t.Fatal("a down deployment is not blocked")
+	}
+	if r := f.result(t, j); r.Status != job.StatusFailed {
+		t.Fatalf("result %s, want failed: no other deployment serves the model", r.Status)
+	}
+	if got := count(f.s.m.DeploymentChanges.WithLabelValues("p", "m", "down")); got != 1 {
+		t.Fatalf("down changes %v, want 1", got)
+	}
+
+	f.client.answer = answer(200, nil, okBody)
+	if err := f.s.execute(context.Background(), &dispatched{}, f.job(t, "t")); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := reg.Get("p", "m"); rec.State != health.Up {
+		t.Fatalf("deployment %+v after a success, want up", rec)
+	}
+	if got := count(f.s.m.DeploymentChanges.WithLabelValues("p", "m", "up")); got != 1 {
+		t.Fatalf("up changes %v, want 1", got)
+	}
+}
