@@ -24,6 +24,12 @@ import (
 // went out) must see it.
 var LeaderReadBuckets = []string{BucketBudgets, BucketIdempotency, BucketResults, BucketFleet, BucketCache}
 
+// EvictingBuckets drop their oldest entries to make room when full, where
+// nats.go's buckets refuse new ones: a full cache keeps caching, and an
+// entry lost to room is only a miss. Per-entry TTLs hold as before. These
+// are made as their streams (nats.go has no setting for it).
+var EvictingBuckets = []string{BucketCache}
+
 // ensureBucket creates or updates a bucket. A replicated bucket that takes
 // compare-and-set traffic is made as its stream, with direct gets off from
 // the start: nats.go makes (and, given a bucket that exists, "repairs")
@@ -31,11 +37,15 @@ var LeaderReadBuckets = []string{BucketBudgets, BucketIdempotency, BucketResults
 // they are on reads from followers for its whole life, and once they are
 // off, gets "no responders" for every read. On a forming cluster, where
 // every node runs Ensure at once, that moment came: a node's budget reads
-// failed for good after a partition healed. Other buckets go through
-// nats.go, left alone when they already have the settings asked for.
+// failed for good after a partition healed. An evicting bucket is made as
+// its stream too. Other buckets go through nats.go, left alone when they
+// already have the settings asked for.
 func ensureBucket(ctx context.Context, js jetstream.JetStream, c jetstream.KeyValueConfig) error {
-	if c.Replicas > 1 && slices.Contains(LeaderReadBuckets, c.Bucket) {
+	if evicting := slices.Contains(EvictingBuckets, c.Bucket); evicting || (c.Replicas > 1 && slices.Contains(LeaderReadBuckets, c.Bucket)) {
 		want := kvStreamConfig(c)
+		if evicting {
+			want.Discard = jetstream.DiscardOld
+		}
 		if st, err := js.Stream(ctx, want.Name); err == nil && sameBucketSettings(st.CachedInfo().Config, want) {
 			return nil
 		} else if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -105,7 +115,8 @@ func kvStreamConfig(c jetstream.KeyValueConfig) jetstream.StreamConfig {
 // Sluice asks for.
 func sameBucketSettings(cur, want jetstream.StreamConfig) bool {
 	return cur.Replicas == want.Replicas && cur.MaxAge == want.MaxAge && cur.MaxMsgsPerSubject == want.MaxMsgsPerSubject &&
-		cur.Description == want.Description && cur.SubjectDeleteMarkerTTL == want.SubjectDeleteMarkerTTL && cur.AllowDirect == want.AllowDirect
+		cur.Description == want.Description && cur.SubjectDeleteMarkerTTL == want.SubjectDeleteMarkerTTL && cur.AllowDirect == want.AllowDirect &&
+		cur.MaxBytes == want.MaxBytes && cur.Discard == want.Discard
 }
 
 // IsTransient reports an error a JetStream cluster gives while it forms,

@@ -7,6 +7,7 @@ import (
 	"io"
 	"sort"
 	"text/tabwriter"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -16,7 +17,8 @@ import (
 const cacheUsage = `Usage: sluice cache <command> [flags]
 
 Commands:
-  stats    entries, bytes and the bucket's bound; entries per tenant (or shared scope) and model
+  stats    entries, bytes and the bucket's bound, the oldest entry's age; entries per
+           tenant (or shared scope) and model
   purge    remove entries: all, or --tenant T and/or --model M
 `
 
@@ -66,7 +68,7 @@ func runCacheStats(ctx context.Context, args []string, getenv func(string) strin
 		enc.SetIndent("", "  ")
 		return enc.Encode(st)
 	}
-	fmt.Fprintf(stdout, "entries %d, %d bytes of %d\n", st.Entries, st.Bytes, st.MaxBytes)
+	fmt.Fprint(stdout, statsLine(st, time.Now()))
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	for _, group := range []struct {
 		head string
@@ -104,4 +106,22 @@ func runCachePurge(ctx context.Context, args []string, getenv func(string) strin
 	n, err := cache.Purge(ctx, kv, *tenant, *model)
 	fmt.Fprintf(stdout, "purged %d entries\n", n)
 	return err
+}
+
+// statsLine is the head of `sluice cache stats`: how full the bucket is,
+// what a full one does, and how far back its entries reach.
+func statsLine(st *cache.Stats, now time.Time) string {
+	line := fmt.Sprintf("entries %d, %d bytes of %d", st.Entries, st.Bytes, st.MaxBytes)
+	if st.MaxBytes > 0 {
+		line += fmt.Sprintf(" (%.0f%%", 100*float64(st.Bytes)/float64(st.MaxBytes))
+		if st.Evicts {
+			line += "; when full, the oldest entries give way)"
+		} else {
+			line += "; when full, new answers are not stored: start a node of this Sluice to make it evict)"
+		}
+	}
+	if !st.Oldest.IsZero() {
+		line += fmt.Sprintf(", oldest stored %s ago", now.Sub(st.Oldest).Round(time.Second))
+	}
+	return line + "\n"
 }

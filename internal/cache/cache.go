@@ -135,8 +135,9 @@ func (c *Cache) Store(ctx context.Context, app *config.Config, tenant string, t 
 	case errors.Is(err, jetstream.ErrKeyExists):
 		c.m.stores.WithLabelValues("exists").Inc()
 	default:
-		// A full bucket refuses new entries (it discards new, so what it
-		// holds lives out its TTL); the answer is delivered all the same.
+		// Unreachable, or an answer larger than the bucket: it is
+		// delivered all the same (a full bucket drops its oldest entries
+		// to make room, see streams.EvictingBuckets).
 		c.m.stores.WithLabelValues("failed").Inc()
 		c.log.Debug("answer not cached", "err", err)
 	}
@@ -168,6 +169,7 @@ type Metrics struct {
 	requests  *prometheus.CounterVec
 	coalesced prometheus.Counter
 	saved     *prometheus.CounterVec
+	savedUSD  *prometheus.CounterVec
 	stores    *prometheus.CounterVec
 }
 
@@ -178,18 +180,17 @@ func newMetrics(reg prometheus.Registerer) *Metrics {
 		coalesced: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_cache_coalesced_total",
 			Help: "Requests that joined an identical call already in flight instead of making their own."}),
 		saved: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_cache_tokens_saved_total",
-			Help: "Provider tokens not paid for: those of cache hits and of coalesced requests, by kind (prompt, completion)."}, []string{"kind"}),
+			Help: "Provider tokens not paid for: those of cache hits and of coalesced requests, by tenant, model and kind (prompt, completion)."}, []string{"tenant", "model", "kind"}),
+		savedUSD: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_cache_saved_usd_total",
+			Help: "Spend not paid, in US dollars: the tokens of sluice_cache_tokens_saved_total at the model's configured price (models without one are not counted)."}, []string{"tenant", "model"}),
 		stores: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_cache_stores_total",
-			Help: "Answers offered to the cache, by outcome: stored, exists (stored already), failed (the bucket full or unreachable), refused (a target not the job's tenant's)."}, []string{"outcome"}),
+			Help: "Answers offered to the cache, by outcome: stored, exists (stored already), failed (the bucket unreachable, or the answer larger than it), refused (a target not the job's tenant's)."}, []string{"outcome"}),
 	}
 	for _, r := range []string{"hit", "miss", "bypass"} {
 		m.requests.WithLabelValues(r)
 	}
-	for _, k := range []string{"prompt", "completion"} {
-		m.saved.WithLabelValues(k)
-	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.coalesced, m.saved, m.stores)
+		reg.MustRegister(m.requests, m.coalesced, m.saved, m.savedUSD, m.stores)
 	}
 	return m
 }
@@ -210,11 +211,16 @@ func (m *Metrics) Request(result string) {
 // tokens it did not pay for (u may be nil: not known yet).
 func (m *Metrics) Coalesced() { m.coalesced.Inc() }
 
-// Saved counts tokens not paid for.
-func (m *Metrics) Saved(u *job.Usage) {
+// Saved counts what a tenant's request to model (its configured name) did
+// not pay for: the tokens of usage u, and their price when the model has
+// one (config providers[].models[].price).
+func (m *Metrics) Saved(app *config.Config, tenant, model string, u *job.Usage) {
 	if u == nil {
 		return
 	}
-	m.saved.WithLabelValues("prompt").Add(float64(u.PromptTokens))
-	m.saved.WithLabelValues("completion").Add(float64(u.CompletionTokens))
+	m.saved.WithLabelValues(tenant, model, "prompt").Add(float64(u.PromptTokens))
+	m.saved.WithLabelValues(tenant, model, "completion").Add(float64(u.CompletionTokens))
+	if _, mc, ok := app.ModelRef(model); ok && mc.Price != nil {
+		m.savedUSD.WithLabelValues(tenant, model).Add(mc.Price.USD(u))
+	}
 }

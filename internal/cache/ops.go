@@ -20,6 +20,14 @@ type Stats struct {
 	MaxBytes int64          `json:"max_bytes"`
 	ByScope  map[string]int `json:"by_scope"` // "tenant acme", "scope shared-docs"
 	ByModel  map[string]int `json:"by_model"` // model token
+	// Evicts: a full bucket drops its oldest entries for new ones (false:
+	// it refuses new ones; made so by an older Sluice, until a start
+	// updates it).
+	Evicts bool `json:"evicts"`
+	// Oldest is when the oldest entry was stored (zero: no entry). Far
+	// younger than the TTLs asked for, in a full bucket, it says the bound
+	// evicts entries before they expire.
+	Oldest time.Time `json:"oldest,omitzero"`
 }
 
 // ReadStats counts the bucket's entries by scope and model.
@@ -30,22 +38,35 @@ func ReadStats(ctx context.Context, kv jetstream.KeyValue) (*Stats, error) {
 	}
 	out := &Stats{Bytes: st.Bytes(), ByScope: map[string]int{}, ByModel: map[string]int{}}
 	if s, ok := st.(*jetstream.KeyValueBucketStatus); ok {
-		out.MaxBytes = s.StreamInfo().Config.MaxBytes
+		cfg := s.StreamInfo().Config
+		out.MaxBytes, out.Evicts = cfg.MaxBytes, cfg.Discard == jetstream.DiscardOld
 	}
-	keys, err := listKeys(ctx, kv, ">")
+	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes(), jetstream.MetaOnly())
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("list cache entries: %w", err)
 	}
-	for _, k := range keys {
-		scope, model, ok := split(k)
+	defer func() { _ = w.Stop() }()
+	for {
+		var e jetstream.KeyValueEntry
+		select {
+		case e = <-w.Updates():
+		case <-ctx.Done():
+			return nil, fmt.Errorf("list cache entries: %w", ctx.Err())
+		}
+		if e == nil { // every entry read
+			return out, nil
+		}
+		scope, model, ok := split(e.Key())
 		if !ok {
 			continue
 		}
 		out.Entries++
 		out.ByScope[scope]++
 		out.ByModel[model]++
+		if out.Oldest.IsZero() || e.Created().Before(out.Oldest) {
+			out.Oldest = e.Created()
+		}
 	}
-	return out, nil
 }
 
 // Purge removes the entries of tenant ("" every tenant and shared scope)

@@ -7,8 +7,8 @@ import "time"
 // (Cache-Control: max-age=N) or Tenants/Models name it, and only when it
 // is deterministic; see the README's "Caching and coalescing".
 type Cache struct {
-	// MaxBytes bounds the cache bucket; when it is full, answers are not
-	// stored until older entries expire (default 64 MiB).
+	// MaxBytes bounds the cache bucket; when it is full, the oldest
+	// entries make room for new ones (default 64 MiB).
 	MaxBytes int64 `yaml:"max_bytes"`
 	// MaxTTL caps how long any entry lives, whatever the caller asked
 	// (default 24h).
@@ -29,6 +29,14 @@ type Cache struct {
 	// its tenants: a request opts in with X-Sluice-Cache-Scope: <name>,
 	// and only a listed tenant may. Without one, entries are per tenant.
 	SharedScopes map[string][]string `yaml:"shared_scopes"`
+	// HitsCountInTenantBudget makes a cache hit count as one request (no
+	// tokens: no model read or wrote any) in its tenant's rpm and rpd. Off
+	// by default: those budgets ration what a tenant draws from the
+	// providers' limits and the fleet's calls, and a hit draws on neither;
+	// an operator who sells plans by answers turns it on. A hit past the
+	// budget is refused for now (429 with Retry-After; an INTAKE job
+	// waits), as it has no queue to wait in.
+	HitsCountInTenantBudget bool `yaml:"hits_count_in_tenant_budget"`
 }
 
 // DefaultCacheBytes is cache.max_bytes when unset.

@@ -394,6 +394,8 @@ type Model struct {
 	// holds back; DenyFields refuses more (see FieldDenied).
 	AllowFields []string `yaml:"allow_fields"`
 	DenyFields  []string `yaml:"deny_fields"`
+	// Price is optional, for reports of spend only (price.go).
+	Price *Price `yaml:"price"`
 }
 
 // HasDayQuota reports whether the model has a per-day quota.
@@ -704,7 +706,8 @@ func (c *Config) problems() Problems {
 		(*Config).checkTenants,
 		(*Config).checkRetry,
 		(*Config).checkRoutes,
-		(*Config).checkCache, // cache.go
+		(*Config).checkCache,  // cache.go
+		(*Config).checkPrices, // price.go
 	} {
 		check(c, fail)
 	}

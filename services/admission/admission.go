@@ -126,9 +126,8 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	st := budget.NewStore(m.Budgets, a.Params(), now)
 	st.Writes = ms.BudgetWrites.Inc
 	st.Conflicts = ms.BudgetConflict.Inc
-	grace := a.DispatchGrace.D() + a.Slice.D() // the model lease may land one slice later
-	tmin := budget.NewStore(m.Budgets, budget.Params{Slice: a.Slice.D(), DispatchGrace: grace, BurstFraction: 1}, now)
-	tday := budget.NewStore(m.Budgets, budget.Params{Window: 24 * time.Hour, Slice: time.Minute, DispatchGrace: grace, BurstFraction: 1}, now)
+	tmin := budget.NewStore(m.Budgets, a.TenantMinuteParams(), now)
+	tday := budget.NewStore(m.Budgets, a.TenantDayParams(), now)
 	for _, x := range []*budget.Store{tmin, tday} {
 		x.Writes, x.Conflicts = ms.BudgetWrites.Inc, ms.BudgetConflict.Inc
 	}

@@ -24,8 +24,9 @@ const cacheRead = 2 * time.Second
 
 // cacheBefore runs for a chat request (body as the chat body, j not yet
 // accepted): a cache hit is answered here (done is true, as it is for a
-// cache header Sluice refuses); otherwise it returns the request's plan
-// (nil: the cache has nothing to do with it) and prepares j (prepare).
+// cache header Sluice refuses, or a hit its tenant's budget cannot take
+// now); otherwise it returns the request's plan (nil: the cache has
+// nothing to do with it), for cacheAccept.
 func (s *Service) cacheBefore(w http.ResponseWriter, r *http.Request, j *job.Job, body []byte) (p *cache.Plan, done bool) {
 	j.CacheTarget = nil
 	c := s.cfg.Cache
@@ -43,81 +44,129 @@ func (s *Service) cacheBefore(w http.ResponseWriter, r *http.Request, j *job.Job
 	if p == nil {
 		return nil, false
 	}
-	if e, age, ok := s.cacheLookup(r.Context(), p); ok {
-		s.answerCached(w, p, e, age)
+	if e, age, ok := s.cacheGet(r.Context(), p); ok {
+		s.serveHit(w, r, p, j.Tenant, e, age)
 		return nil, true
 	}
 	if p.Asked {
 		w.Header().Set(cache.Header, result(p))
 	}
-	s.prepare(r.Context(), p, j)
 	return p, false
 }
 
-// cacheJob runs for a job envelope (POST /v1/jobs, INTAKE) before accept:
-// a hit is answered with a result published for the job (served);
-// otherwise j is prepared (prepare). A cache option Sluice cannot honour
-// is a *job.ValidationError.
-func (s *Service) cacheJob(ctx context.Context, j *job.Job) (acc Accepted, served bool, err error) {
+// cacheAccept runs accept for a chat request its plan p (nil: none) did
+// not answer at cacheBefore's lookup, with j prepared (prepare). When the
+// second lookup of prepare finds the answer, it is served from the cache
+// (done) and accept does not run.
+func (s *Service) cacheAccept(w http.ResponseWriter, r *http.Request, p *cache.Plan, j *job.Job, accept func() (Accepted, error)) (acc Accepted, done bool, err error) {
+	if p == nil {
+		acc, err = accept()
+		return acc, false, err
+	}
+	release, e, age := s.prepare(r.Context(), p, j)
+	defer release()
+	if e != nil {
+		s.serveHit(w, r, p, j.Tenant, e, age)
+		return Accepted{}, true, nil
+	}
+	acc, err = accept()
+	return acc, false, err
+}
+
+// serveHit answers a chat request from the cache when its tenant's budget
+// allows (hitBudget), and counts it.
+func (s *Service) serveHit(w http.ResponseWriter, r *http.Request, p *cache.Plan, tenant string, e *cache.Entry, age time.Duration) {
+	if err := s.hitBudget(r.Context(), tenant); err != nil {
+		s.fail(w, "openai", err)
+		return
+	}
+	s.countHit(p, tenant, e)
+	s.answerCached(w, p, e, age)
+}
+
+// acceptCached is accept for a job envelope (POST /v1/jobs, INTAKE) with
+// the cache in front: a hit is answered with a result published for the
+// job (serveJob); otherwise accept runs with j prepared (prepare). A cache
+// option Sluice cannot honour is a *job.ValidationError.
+func (s *Service) acceptCached(ctx context.Context, j *job.Job, accept func() (Accepted, error)) (Accepted, error) {
 	j.CacheTarget = nil // never a producer's
 	c := s.cfg.Cache
 	if c == nil || (j.ID != "" && !job.CanonicalID(j.ID)) {
-		return Accepted{}, false, nil // accept refuses what is wrong
+		return accept() // which refuses what is wrong
 	}
 	if _, ok := s.cfg.App.Tenant(j.Tenant); !ok {
-		return Accepted{}, false, nil
+		return accept()
 	}
 	p, err := cache.Decide(cache.Request{App: s.cfg.App, Tenant: j.Tenant, Endpoint: j.Endpoint, Ask: j.Cache, Body: j.Request, IdempotencyKey: j.IdempotencyKey})
-	if err != nil || p == nil {
-		return Accepted{}, false, err
+	if err != nil {
+		return Accepted{}, err
 	}
-	if e, _, ok := s.cacheLookup(ctx, p); ok {
-		if j.ID == "" {
-			j.ID = job.NewID()
-		}
-		// The job's record first, as accept makes it: the job is known
-		// (GET /v1/jobs/{id}) from the moment it is acknowledged. An id
-		// that has a record already goes through accept, which knows
-		// what a repeat is.
-		now := s.now().UTC()
-		data, _ := json.Marshal(&mesh.Record{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusQueued, SubmittedAt: now})
-		rev, err := s.mesh.Results.Create(ctx, keys.Record(j.Tenant, j.ID), data)
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			s.prepare(ctx, p, j)
-			return Accepted{}, false, nil
-		}
-		if err != nil {
-			return Accepted{}, false, &transientError{err}
-		}
-		res := &job.Result{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusSucceeded, Response: e.Response, Usage: e.Usage,
-			Provider: e.Provider, Model: e.Model, SubmittedAt: now, CompletedAt: now}
-		if err := s.mesh.PublishResultWith(ctx, res, "", mesh.ResultHints{RecordRev: rev}); err != nil {
-			return Accepted{}, false, &transientError{err}
-		}
-		return Accepted{JobID: j.ID, Tenant: j.Tenant}, true, nil
+	if p == nil {
+		return accept()
 	}
-	s.prepare(ctx, p, j)
-	return Accepted{}, false, nil
+	if e, _, ok := s.cacheGet(ctx, p); ok {
+		if acc, served, err := s.serveJob(ctx, p, j, e); served || err != nil {
+			return acc, err
+		}
+	}
+	release, e, _ := s.prepare(ctx, p, j)
+	defer release()
+	if e != nil {
+		if acc, served, err := s.serveJob(ctx, p, j, e); served || err != nil {
+			return acc, err
+		}
+	}
+	return accept()
 }
 
-// cacheLookup looks a plan's entry up when it may be read, and counts the
-// request: a hit, a miss, or (asked, but not to be read) a bypass.
-func (s *Service) cacheLookup(ctx context.Context, p *cache.Plan) (*cache.Entry, time.Duration, bool) {
-	c := s.cfg.Cache
-	if p.Read {
-		ctx, cancel := context.WithTimeout(ctx, cacheRead)
-		e, age, ok := c.Get(ctx, p.Key)
-		cancel()
-		if ok {
-			c.Metrics().Request(cache.Hit)
-			c.Metrics().Saved(e.Usage)
-			return e, age, true
-		}
+// serveJob answers a job envelope from the cache entry e, with a result
+// published for it, when its tenant's budget allows (hitBudget). A job
+// whose id has a record already is not served: accept knows what a
+// repeat is.
+func (s *Service) serveJob(ctx context.Context, p *cache.Plan, j *job.Job, e *cache.Entry) (acc Accepted, served bool, err error) {
+	if err := s.hitBudget(ctx, j.Tenant); err != nil {
+		return Accepted{}, false, err
 	}
-	if p.Asked {
-		c.Metrics().Request(result(p))
+	if j.ID == "" {
+		j.ID = job.NewID()
 	}
-	return nil, 0, false
+	// The job's record first, as accept makes it: the job is known (GET
+	// /v1/jobs/{id}) from the moment it is acknowledged.
+	now := s.now().UTC()
+	data, _ := json.Marshal(&mesh.Record{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusQueued, SubmittedAt: now})
+	rev, err := s.mesh.Results.Create(ctx, keys.Record(j.Tenant, j.ID), data)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return Accepted{}, false, nil
+	}
+	if err != nil {
+		return Accepted{}, false, &transientError{err}
+	}
+	s.countHit(p, j.Tenant, e)
+	res := &job.Result{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusSucceeded, Response: e.Response, Usage: e.Usage,
+		Provider: e.Provider, Model: e.Model, SubmittedAt: now, CompletedAt: now}
+	if err := s.mesh.PublishResultWith(ctx, res, "", mesh.ResultHints{RecordRev: rev}); err != nil {
+		return Accepted{}, false, &transientError{err}
+	}
+	j.CacheTarget, j.IdempotencyKey = nil, ""
+	return Accepted{JobID: j.ID, Tenant: j.Tenant}, true, nil
+}
+
+// cacheGet reads a plan's entry when it may be read.
+func (s *Service) cacheGet(ctx context.Context, p *cache.Plan) (*cache.Entry, time.Duration, bool) {
+	if !p.Read {
+		return nil, 0, false
+	}
+	ctx, cancel := context.WithTimeout(ctx, cacheRead)
+	defer cancel()
+	return s.cfg.Cache.Get(ctx, p.Key)
+}
+
+// countHit counts a request answered from the cache, and what it did not
+// pay for.
+func (s *Service) countHit(p *cache.Plan, tenant string, e *cache.Entry) {
+	m := s.cfg.Cache.Metrics()
+	m.Request(cache.Hit)
+	m.Saved(s.cfg.App, tenant, p.Model, e.Usage)
 }
 
 func result(p *cache.Plan) string {
@@ -127,16 +176,34 @@ func result(p *cache.Plan) string {
 	return cache.Bypass
 }
 
-// prepare readies a job the cache did not answer: the executor stores its
-// answer at the plan's target, and, when identical requests in flight are
-// to share one call, the job takes the plan's coalescing key, so that
-// accept joins it to an identical job in flight anywhere in the fleet.
-func (s *Service) prepare(ctx context.Context, p *cache.Plan, j *job.Job) {
+// prepare readies a job the cache did not answer at its first lookup: the
+// executor stores its answer at the plan's target, and, when identical
+// requests in flight are to share one call, the job takes the plan's
+// coalescing key, so that accept joins it to an identical job in flight
+// anywhere in the fleet. Such a job holds this process's lock on the key
+// until release (see keyLocks), and the cache is looked up again once
+// freshOp has run: an identical call that ended since the first lookup
+// stored its answer (if one to keep) before its result went out, so
+// before its operation record ended or went, and a request that missed
+// it by a moment must not make a second call for it. e is the entry that
+// second lookup found; the request is counted a miss (or bypass) when
+// there is none.
+func (s *Service) prepare(ctx context.Context, p *cache.Plan, j *job.Job) (release func(), e *cache.Entry, age time.Duration) {
 	j.CacheTarget = p.Target()
+	release = func() {}
 	if p.Coalesce != "" && j.IdempotencyKey == "" {
-		s.freshOp(ctx, j.Tenant, p.Coalesce)
 		j.IdempotencyKey = p.Coalesce
+		release = s.coalescing(j)
+		s.freshOp(ctx, j.Tenant, p.Coalesce)
+		var ok bool
+		if e, age, ok = s.cacheGet(ctx, p); ok {
+			return release, e, age
+		}
 	}
+	if p.Asked {
+		s.cfg.Cache.Metrics().Request(result(p))
+	}
+	return release, nil, 0
 }
 
 // cacheAccepted notes a request that joined an identical call in flight.
@@ -150,7 +217,7 @@ func (s *Service) cacheAccepted(p *cache.Plan, acc Accepted) {
 // did not pay for.
 func (s *Service) cacheAnswered(p *cache.Plan, acc Accepted, res *job.Result) {
 	if p != nil && p.Coalesce != "" && acc.Joined && res != nil && res.Status == job.StatusSucceeded {
-		s.cfg.Cache.Metrics().Saved(res.Usage)
+		s.cfg.Cache.Metrics().Saved(s.cfg.App, acc.Tenant, p.Model, res.Usage)
 	}
 }
 
@@ -225,9 +292,10 @@ func (s *Service) answerCached(w http.ResponseWriter, p *cache.Plan, e *cache.En
 }
 
 // keyLocks serialize, within one process, the accepts of identical
-// requests that coalesce: each joins the operation record by
-// compare-and-set, and fifty of them at once would mostly conflict and
-// run out of attempts; one after another, each joins at its first.
+// requests that coalesce (from freshOp on, see prepare): each joins the
+// operation record by compare-and-set, and fifty of them at once would
+// mostly conflict and run out of attempts; one after another, each joins
+// at its first.
 type keyLocks struct {
 	mu    sync.Mutex
 	locks map[string]*keyLock
@@ -269,17 +337,4 @@ func (s *Service) coalescing(j *job.Job) (release func()) {
 		return func() {}
 	}
 	return s.coalesce.lock(j.Tenant + "\x00" + j.IdempotencyKey)
-}
-
-// acceptCached is accept for a job envelope with the cache in front: a
-// hit is answered at once (cacheJob); otherwise accept runs, one at a
-// time for identical requests that coalesce.
-func (s *Service) acceptCached(ctx context.Context, j *job.Job, accept func() (Accepted, error)) (Accepted, error) {
-	acc, served, err := s.cacheJob(ctx, j)
-	if err != nil || served {
-		return acc, err
-	}
-	release := s.coalescing(j)
-	defer release()
-	return accept()
 }

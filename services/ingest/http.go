@@ -143,9 +143,10 @@ func (s *Service) chat(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 	if done {
 		return
 	}
-	unlock := s.coalescing(j) // cache.go
-	acc, err := s.acceptHTTP(r, j, body)
-	unlock()
+	acc, done, err := s.cacheAccept(w, r, plan, j, func() (Accepted, error) { return s.acceptHTTP(r, j, body) }) // cache.go
+	if done {
+		return
+	}
 	if err != nil {
 		s.fail(w, "openai", err)
 		return

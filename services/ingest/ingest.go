@@ -67,7 +67,8 @@ type Service struct {
 
 	queueShare, intakeShare *share // each tenant's bytes in QUEUE and INTAKE
 
-	coalesce keyLocks // cache.go
+	coalesce  keyLocks  // cache.go
+	hitStores hitStores // cachebudget.go
 }
 
 // New builds the service; it does no I/O.
