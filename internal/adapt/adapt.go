@@ -72,6 +72,12 @@ const (
 	// HoldRamp is the shortest Retry-After that starts a warm-up (a
 	// fleet-wide hold); shorter ones on an unknown refusal mean a burst.
 	HoldRamp = 2 * time.Second
+	// BurstConfirm: a burst refusal cuts only when another came within
+	// this long before it. One alone is as likely the mesh's own timing (a
+	// call that reached the provider late, into the next call's second) as
+	// a cap below the configured one, and a cut costs a quarter of the
+	// rate for minutes; a cap that is really lower refuses again at once.
+	BurstConfirm = 30 * time.Second
 )
 
 // DiscoverStart is where a discovered limit starts: requests and tokens
@@ -92,6 +98,9 @@ type State struct {
 	// cut (0: none, i.e. 1), at QuantumAt (unix ms).
 	Quantum   [Dims]float64 `json:"quantum,omitzero"`
 	QuantumAt [Dims]int64   `json:"quantum_at,omitzero"`
+	// BurstSeen is when a burst refusal that did not cut came (unix ms;
+	// BurstConfirm).
+	BurstSeen int64 `json:"burst_seen,omitempty"`
 	// Epoch is the last cut (unix ms); RampFrom the start of a warm-up.
 	Epoch    int64 `json:"epoch,omitempty"`
 	RampFrom int64 `json:"ramp_from,omitempty"`
@@ -298,10 +307,11 @@ func (s *Store) Cut(ctx context.Context, key string, c Config, r Refusal) (bool,
 		return false, "", nil
 	}
 	var reason string
-	_, cut, err := s.Update(ctx, key, func(st *State) bool {
+	var cut bool
+	_, _, err := s.Update(ctx, key, func(st *State) bool {
 		now := s.now()
 		ms := now.UnixMilli()
-		reason = ""
+		reason, cut = "", false
 		// A limit the provider states is adopted whatever the epoch.
 		stated := false
 		for d := range Dims {
@@ -315,7 +325,7 @@ func (s *Store) Cut(ctx context.Context, key string, c Config, r Refusal) (bool,
 		}
 		if r.ReservedAt.UnixMilli() < st.Epoch+EpochSlack.Milliseconds() {
 			if stated {
-				reason = "stated"
+				reason, cut = "stated", true
 			}
 			return stated
 		}
@@ -333,6 +343,10 @@ func (s *Store) Cut(ctx context.Context, key string, c Config, r Refusal) (bool,
 		}
 		if r.Dim >= Requests && r.Dim < Dims {
 			dims = []int{r.Dim}
+		}
+		if kind == provider.LimitBurst && !stated && (st.BurstSeen == 0 || ms-st.BurstSeen > BurstConfirm.Milliseconds()) {
+			st.BurstSeen = ms // noted: the next one within BurstConfirm cuts
+			return true
 		}
 		switch kind {
 		case provider.LimitBurst, provider.LimitConcurrency:
@@ -381,15 +395,15 @@ func (s *Store) Cut(ctx context.Context, key string, c Config, r Refusal) (bool,
 		if r.RetryAfter >= HoldRamp {
 			st.RampFrom = max(st.RampFrom, now.Add(r.RetryAfter).UnixMilli())
 		}
-		st.Epoch, st.Cuts = ms, st.Cuts+1
-		reason = string(kind)
+		st.Epoch, st.Cuts, st.BurstSeen = ms, st.Cuts+1, 0
+		reason, cut = string(kind), true
 		if stated {
 			reason = "stated"
 		}
 		st.LastReason = reason
 		return true
 	})
-	return cut, reason, err
+	return cut && err == nil, reason, err
 }
 
 // configured is c's per-minute limit of dimension d.

@@ -87,11 +87,50 @@ func TestOneEpochCutsOnce(t *testing.T) {
 	if e.PerMinute[adapt.Requests] != 600 {
 		t.Errorf("a burst cut moved the minute limit to %d", e.PerMinute[adapt.Requests])
 	}
-	// A call reserved after the cut (and its propagation) is new evidence.
+	// Calls reserved after the cut (and its propagation) are new evidence:
+	// the second refusal of them cuts.
 	c.Add(2 * time.Second)
-	cut, _, err := st.Cut(ctx, key, cfg, adapt.Refusal{Kind: provider.LimitBurst, Dim: adapt.Requests, ReservedAt: c.Now()})
-	if err != nil || !cut {
-		t.Fatalf("a refusal of the next epoch: cut %v, err %v; want a cut", cut, err)
+	for i, want := range []bool{false, true} {
+		cut, _, err := st.Cut(ctx, key, cfg, adapt.Refusal{Kind: provider.LimitBurst, Dim: adapt.Requests, ReservedAt: c.Now()})
+		if err != nil || cut != want {
+			t.Fatalf("refusal %d of the next epoch: cut %v, err %v; want %v", i+1, cut, err, want)
+		}
+	}
+}
+
+// TestBurstConfirm: a burst refusal alone does not cut (it may be the
+// mesh's own timing); one that follows another within BurstConfirm does.
+func TestBurstConfirm(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := &clock{t: time.Unix(1_750_000_000, 0)}
+	st := adapt.NewStore(bucket(t), c.Now)
+	refuse := func() bool {
+		t.Helper()
+		cut, _, err := st.Cut(ctx, key, cfg, adapt.Refusal{Kind: provider.LimitBurst, Dim: adapt.Requests, ReservedAt: c.Now()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cut
+	}
+	perSecond := func() int {
+		t.Helper()
+		rec, _, err := st.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return adapt.Compute(cfg, rec, c.Now()).PerSecond[adapt.Requests]
+	}
+	if refuse() || perSecond() != 10 {
+		t.Fatalf("one burst refusal alone cut the per-second cap to %d", perSecond())
+	}
+	c.Add(adapt.BurstConfirm + time.Second)
+	if refuse() || perSecond() != 10 {
+		t.Fatalf("a burst refusal %v after the last one cut the per-second cap to %d", adapt.BurstConfirm+time.Second, perSecond())
+	}
+	c.Add(5 * time.Second)
+	if !refuse() || perSecond() != 8 {
+		t.Fatalf("a second burst refusal 5 s after another: per-second cap %d, want it cut to 8", perSecond())
 	}
 }
 
