@@ -75,6 +75,9 @@ func TestKVStreamConfigMatchesNATS(t *testing.T) {
 // it then would read from followers for its whole life, and get "no
 // responders" once they are off.
 func TestEnsureOnFormingCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a forming cluster, about 15 s: the full tier runs it, not -short")
+	}
 	t.Parallel()
 	var ls []net.Listener
 	for range 6 {

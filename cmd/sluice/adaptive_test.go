@@ -22,9 +22,7 @@ import (
 // dead-lettered. Each must instead go back to admission, spend nothing, and
 // succeed with one attempt, while the fleet learns lower limits.
 func TestRateLimitRefusalsSpendNoAttempts(t *testing.T) {
-	if testing.Short() {
-		t.Skip("about a minute: run without -short")
-	}
+	systemTest(t) // about a minute
 	t.Parallel()
 	const model = "gpt-4o-mini"
 	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 60, TPM: 1_000_000}},

@@ -18,6 +18,7 @@ import (
 // seconds: the table has its four rows with the target on Sluice's, and the
 // JSON has the scenario with Sluice's verdict and fleet metrics.
 func TestBenchScenarioSmoke(t *testing.T) {
+	systemTest(t)
 	t.Parallel()
 	dir := t.TempDir()
 	jsonPath := filepath.Join(dir, "bench.json")

@@ -20,6 +20,7 @@ import (
 // are written, and Sluice never drew a 429. How much each strategy finished
 // in those seconds is a figure of time (the machine may be busy): logged.
 func TestBenchSmoke(t *testing.T) {
+	systemTest(t)
 	t.Parallel()
 	dir := t.TempDir()
 	svgPath, jsonPath := filepath.Join(dir, "bench.svg"), filepath.Join(dir, "bench.json")
@@ -80,6 +81,7 @@ func TestBenchSmoke(t *testing.T) {
 }
 
 func TestBenchOverhead(t *testing.T) {
+	systemTest(t)
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()

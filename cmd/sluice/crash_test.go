@@ -34,6 +34,7 @@ var (
 // sluiceBinary builds the sluice binary once per test run.
 func sluiceBinary(t testing.TB) string {
 	t.Helper()
+	systemTest(t)
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "sluice-bin-")
 		if err != nil {

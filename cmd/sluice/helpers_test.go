@@ -128,6 +128,17 @@ func waitUp(t testing.TB, r io.Reader) upNode {
 	return upNode{}
 }
 
+// systemTest marks t as a system test: it starts a node, a cluster or an
+// OS process of the binary, or runs the demo or a benchmark, and takes
+// seconds to minutes. The fast tier (go test -short) skips it; .ci/run's
+// full tier runs it.
+func systemTest(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("system test: skipped by -short (the full tier runs it)")
+	}
+}
+
 // startUp calls run("up") in-process with a config file, a temp data
 // directory and free ports; the node stops when the test ends.
 func startUp(t testing.TB, yaml string, env map[string]string) upNode {
@@ -156,6 +167,7 @@ func startUpLogged(t testing.TB, yaml string, env map[string]string) upNode {
 // it does not wait for /readyz.
 func startUpWith(t testing.TB, yaml string, env map[string]string, extra []string, stderr io.Writer) upNode {
 	t.Helper()
+	systemTest(t)
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "sluice.yaml")
 	if err := os.WriteFile(cfgPath, []byte(yaml), 0o600); err != nil {

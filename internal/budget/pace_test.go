@@ -58,6 +58,9 @@ func strictProvider(sends []send, rpm, tpm int) (refused int) {
 // quantizes per second must refuse none of them, and the minute must be
 // nearly full once backlogged.
 func TestPacedScheduleHoldsAtTheProvider(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long simulated schedules, about 5-7 s: the full tier runs it, not -short")
+	}
 	t.Parallel()
 	for _, tc := range []struct {
 		name     string

@@ -65,6 +65,9 @@ func strictVecProvider(sends []unitSend, limits budget.Vec, d int) (refused int,
 // the provider sees at most the images' limit in every minute and second,
 // refuses nothing, and the minute fills.
 func TestPacedThirdDimension(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long simulated schedules, about 5-7 s: the full tier runs it, not -short")
+	}
 	t.Parallel()
 	for _, tc := range []struct {
 		name    string

@@ -226,6 +226,9 @@ func metric(t *testing.T, reg *prometheus.Registry, name string, want map[string
 // concurrent identical cacheable requests make one call, a stream after
 // them is a hit replayed as SSE, and what must not be cached is not.
 func TestCacheOpenAI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("entries expiring in real time, about 10 s: the full tier runs it, not -short")
+	}
 	t.Parallel()
 	l, simURL := startSim(t, sim.Config{TTFT: 300 * time.Millisecond})
 	info, _ := startNode(t, testConfig(t, simURL, ""), "", t.TempDir())
@@ -507,6 +510,9 @@ func TestCacheSurvivesRestart(t *testing.T) {
 // and neither a follower's nor the leader's disconnect stops the others'
 // answers.
 func TestCoalesceAcrossProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("nodes in several processes, about 15 s: the full tier runs it, not -short")
+	}
 	t.Parallel()
 	l, simURL := startSim(t, sim.Config{TTFT: 4 * time.Second})
 	ns := natstest.Server(t)

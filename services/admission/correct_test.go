@@ -23,6 +23,9 @@ import (
 // when each is placed: the prior before any answer, the learned one after,
 // though their envelopes' estimates never changed.
 func TestBacklogPlacedWithCurrentCorrection(t *testing.T) {
+	if testing.Short() {
+		t.Skip("one dispatch a second, about 8 s: the full tier runs it, not -short")
+	}
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

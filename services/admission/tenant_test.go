@@ -46,6 +46,9 @@ tenants: [` + tenant + `]
 // same QUEUE and keep local blocks of one tenant's per-minute budget; over
 // the minute they dispatch exactly the tenant's rpm, no more and no less.
 func TestTenantBudgetSharedByTwoProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("blocks watched for seconds, about 7 s: the full tier runs it, not -short")
+	}
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
