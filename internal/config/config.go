@@ -263,6 +263,9 @@ type Admission struct {
 	// Shed refuses new jobs of a class at ingest when QUEUE is this full
 	// (a fraction of its message limit): batch first, then standard.
 	Shed Shed `yaml:"shed"`
+	// CacheAffinity keeps a conversation on one deployment of its model
+	// (deployments.go).
+	CacheAffinity CacheAffinity `yaml:"cache_affinity"`
 	// Headroom is the share of a model's window (the minute and the burst
 	// second; in the second at least one recent such job) that backlogged
 	// work leaves free while jobs that should not wait are about (seen in
@@ -356,9 +359,17 @@ type Provider struct {
 	APIVersion string `yaml:"api_version"`
 }
 
-// Model is one model of a provider with its limits.
+// Model is one model of a provider with its limits: a deployment of the
+// model name (deployments.go).
 type Model struct {
-	Name           string `yaml:"name"`
+	Name string `yaml:"name"`
+	// Tier orders the deployments of one name: lower tiers are filled
+	// first. Weight breaks ties within a tier (higher first). Upstream is
+	// the model (or deployment) name sent to the provider when it is not
+	// the name callers use.
+	Tier           int    `yaml:"tier"`
+	Weight         int    `yaml:"weight"`
+	Upstream       string `yaml:"upstream"`
 	RPM            int    `yaml:"rpm"`
 	TPM            int    `yaml:"tpm"`
 	MaxConcurrency int    `yaml:"max_concurrency"`
@@ -608,6 +619,7 @@ func (c *Config) admissionDefaults() {
 	if c.Admission.Shed == (Shed{}) {
 		c.Admission.Shed = Shed{Batch: 0.8, Standard: 0.95}
 	}
+	c.Admission.CacheAffinity.withDefaults() // deployments.go
 }
 
 func (c *Config) queuesDefaults() {
@@ -636,6 +648,9 @@ func (c *Config) providersDefaults() {
 		for j := range p.Models {
 			if p.Models[j].MaxConcurrency == 0 {
 				p.Models[j].MaxConcurrency = 64
+			}
+			if p.Models[j].Weight == 0 {
+				p.Models[j].Weight = 1
 			}
 			p.Models[j].splits = SplitsOutput(p.Kind)
 		}
@@ -702,6 +717,8 @@ func (c *Config) problems() Problems {
 		(*Config).checkQueues,
 		(*Config).checkNATS,
 		(*Config).checkProviders,
+		(*Config).checkGroups,   // deployments.go
+		(*Config).checkAffinity, // deployments.go
 		(*Config).checkKeyNames, // names.go
 		(*Config).checkTenants,
 		(*Config).checkRetry,
@@ -851,11 +868,11 @@ func (c *Config) checkNATS(fail failFunc) {
 	}
 }
 
-// checkProviders checks each provider and its models; a model name and
-// its subject token belong to one provider and one model.
+// checkProviders checks each provider and its models; within a provider,
+// a model name and its subject token belong to one model (the same name
+// under several providers is a group of deployments: deployments.go).
 func (c *Config) checkProviders(fail failFunc) {
 	seenP := map[string]bool{}
-	models := map[string]string{} // model -> provider
 	for i, p := range c.Providers {
 		key := fmt.Sprintf("providers[%d]", i)
 		if !job.ValidName(p.Name) {
@@ -885,27 +902,25 @@ func (c *Config) checkProviders(fail failFunc) {
 		}
 		tokens := map[string]string{} // subject token -> model
 		for j, m := range p.Models {
-			checkModel(p, m, fmt.Sprintf("%s.models[%d]", key, j), models, tokens, fail)
+			checkModel(p, m, fmt.Sprintf("%s.models[%d]", key, j), tokens, fail)
 		}
 	}
 }
 
-// checkModel checks one model (at key mk) of provider p. models maps the
-// model names seen so far to their provider, tokens the subject tokens seen
-// in p to their model.
-func checkModel(p Provider, m Model, mk string, models, tokens map[string]string, fail failFunc) {
+// checkModel checks one model (at key mk) of provider p. tokens maps the
+// subject tokens seen in p to their model.
+func checkModel(p Provider, m Model, mk string, tokens map[string]string, fail failFunc) {
 	if m.Name == "" {
 		fail(mk+".name", "is required")
 	}
-	if other, ok := models[m.Name]; ok {
-		fail(mk+".name", "%q is already served by provider %q; route it with one provider", m.Name, other)
-	}
-	models[m.Name] = p.Name
 	tok := job.ModelToken(m.Name)
-	if other, ok := tokens[tok]; ok {
+	if other, ok := tokens[tok]; ok && other == m.Name {
+		fail(mk+".name", "%q appears twice under provider %q; list each model once per provider", m.Name, p.Name)
+	} else if ok {
 		fail(mk+".name", "%q and %q map to the same subject token %q", m.Name, other, tok)
 	}
 	tokens[tok] = m.Name
+	checkDeployment(m, mk, fail) // deployments.go
 	if m.RPM < 0 {
 		fail(mk+".rpm", "must be >= 0 (0 = no limit), got %d", m.RPM)
 	}
@@ -1002,8 +1017,8 @@ func (c *Config) checkRetry(fail failFunc) {
 // checkRoutes checks the routes against the models configured.
 func (c *Config) checkRoutes(fail failFunc) {
 	hasModel := func(provider, model string) bool {
-		p, _, ok := c.ModelRef(model)
-		return ok && p.Name == provider
+		_, _, ok := c.Deployment(provider, model)
+		return ok
 	}
 	if err := ValidateRoutes(c.Routes, hasModel); err != nil {
 		key, msg, ok := strings.Cut(err.Error(), ": ")
@@ -1044,17 +1059,23 @@ func clip(s string) string {
 	return s
 }
 
-// ModelRef finds a model by the name callers send.
+// ModelRef finds a model by the name callers send: its preferred
+// deployment (Group's first). What differs between deployments (limits,
+// tier, upstream) is read with Deployment (one provider's) or Group (all
+// of them).
 func (c *Config) ModelRef(model string) (*Provider, *Model, bool) {
+	var bp *Provider
+	var bm *Model
 	for i := range c.Providers {
 		p := &c.Providers[i]
 		for j := range p.Models {
-			if p.Models[j].Name == model {
-				return p, &p.Models[j], true
+			m := &p.Models[j]
+			if m.Name == model && (bm == nil || m.Tier < bm.Tier || m.Tier == bm.Tier && m.Weight > bm.Weight) {
+				bp, bm = p, m
 			}
 		}
 	}
-	return nil, nil, false
+	return bp, bm, bm != nil
 }
 
 // Tenant finds a tenant by name.

@@ -57,7 +57,7 @@ func TestParseReadmeExample(t *testing.T) {
 		{"providers[0].api_key_env", p.APIKeyEnv, "OPENAI_API_KEY"},
 		{"providers[0].timeout", p.Timeout.D(), 120 * time.Second},
 		{"providers[0].models", len(p.Models), 1},
-		{"providers[0].models[0]", p.Models[0], config.Model{Name: "gpt-4o-mini", RPM: 500, TPM: 200000, MaxConcurrency: 50}},
+		{"providers[0].models[0]", p.Models[0], config.Model{Name: "gpt-4o-mini", Weight: 1, RPM: 500, TPM: 200000, MaxConcurrency: 50}},
 		{"tenants", len(c.Tenants), 1},
 		{"tenants[0]", c.Tenants[0], config.Tenant{Name: "acme", APIKeyEnv: "ACME_SLUICE_KEY", Weight: 1}},
 		{"limits.max_body_bytes", c.Limits.MaxBodyBytes, job.DefaultLimits.MaxBodyBytes},
@@ -283,9 +283,54 @@ func TestParseErrors(t *testing.T) {
 			want: []string{"providers[1].name: ", `"openai" appears twice`},
 		},
 		{
-			name: "duplicate model across providers",
-			yaml: "providers:\n" + provider("openai", model("gpt-4o-mini")) + provider("azure", model("gpt-4o-mini")),
-			want: []string{"providers[1].models[0].name: ", `"gpt-4o-mini" is already served by provider "openai"`},
+			name: "same model twice under one provider",
+			yaml: "providers:\n" + provider("openai", model("gpt-4o-mini")+model("gpt-4o-mini")),
+			want: []string{"providers[0].models[1].name: ", `"gpt-4o-mini" appears twice under provider "openai"`},
+		},
+		{
+			name: "tier out of range",
+			yaml: "providers:\n" + provider("a", model("m")+"        tier: 10\n"),
+			want: []string{"providers[0].models[0].tier: ", "between 0 and 9, got 10"},
+		},
+		{
+			name: "negative tier",
+			yaml: "providers:\n" + provider("a", model("m")+"        tier: -1\n"),
+			want: []string{"providers[0].models[0].tier: ", "got -1"},
+		},
+		{
+			name: "weight out of range",
+			yaml: "providers:\n" + provider("a", model("m")+"        weight: 1001\n"),
+			want: []string{"providers[0].models[0].weight: ", "between 1 and 1000, got 1001"},
+		},
+		{
+			name: "upstream with a space",
+			yaml: "providers:\n" + provider("a", model("m")+"        upstream: \"gpt 4o\"\n"),
+			want: []string{"providers[0].models[0].upstream: ", "without spaces"},
+		},
+		{
+			name: "group mixing anthropic and openai",
+			yaml: "providers:\n" + provider("a", model("m")) + "  - name: b\n    kind: anthropic\n    base_url: https://api.example.test\n    models:\n      - {name: m, itpm: 10, otpm: 10}\n",
+			want: []string{"providers[1].models[0].name: ", `also served by provider "a" of kind openai`},
+		},
+		{
+			name: "group with other units",
+			yaml: "providers:\n" + provider("a", model("m")+"        units: {images: 5}\n") + provider("b", model("m")),
+			want: []string{"providers[1].models[0].units: ", "names other units"},
+		},
+		{
+			name: "group with other denied fields",
+			yaml: "providers:\n" + provider("a", model("m")) + provider("b", model("m")+"        deny_fields: [seed]\n"),
+			want: []string{"providers[1].models[0].allow_fields: ", "lets other fields through"},
+		},
+		{
+			name: "affinity ttl too short",
+			yaml: "admission:\n  cache_affinity: {ttl: 10ms}\n",
+			want: []string{"admission.cache_affinity.ttl: ", "between 1s and 24h"},
+		},
+		{
+			name: "affinity max_delay negative",
+			yaml: "admission:\n  cache_affinity: {max_delay: -1s}\n",
+			want: []string{"admission.cache_affinity.max_delay: ", "between 0 and 1m"},
 		},
 		{
 			name: "colliding subject tokens",

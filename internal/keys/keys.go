@@ -88,6 +88,10 @@ func Health(provider, modelToken string) string { return "health." + provider + 
 // HealthPrefix starts every Health key: what a watch of them filters on.
 const HealthPrefix = "health."
 
+// Affinity is the key of a tenant's cache-affinity record for a model
+// group: where each affinity key was last served (services/admission).
+func Affinity(tenant, modelToken string) string { return "affinity." + tenant + "." + modelToken }
+
 // TenantMinute and TenantDay are the keys of a tenant's budget windows.
 func TenantMinute(tenant string) string { return "tenant." + tenant + ".minute" }
 func TenantDay(tenant string) string    { return "tenant." + tenant + ".day" }

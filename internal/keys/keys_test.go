@@ -36,6 +36,7 @@ func TestNoTwoThingsShareAName(t *testing.T) {
 			add(Calib(p, m, "tools"), "calib tools"+pm)
 			add(ModelDay(p, m), "model day"+pm)
 			add(Health(p, m), "health"+pm)
+			add(Affinity(p, m), "affinity"+pm) // a tenant in the provider's place
 		}
 	}
 	for _, tenant := range append(names, ReservedProvider) {

@@ -56,6 +56,12 @@ type Set struct {
 	HeldOldest          prometheus.Gauge
 	DeploymentChanges   *prometheus.CounterVec // provider, model, state (internal/health)
 	DeploymentState     *prometheus.GaugeVec   // provider, model
+	// Deployments of a model group (deployments.go).
+	DeploymentPlaced   *prometheus.CounterVec // provider, model
+	DeploymentFill     *prometheus.GaugeVec   // provider, model, dimension
+	DeploymentCooldown *prometheus.GaugeVec   // provider, model
+	BreakerState       *prometheus.GaugeVec   // provider, model
+	AffinityJobs       *prometheus.CounterVec // model, outcome
 }
 
 // New makes and registers the metrics on reg.
@@ -112,6 +118,7 @@ func New(reg prometheus.Registerer) *Set {
 	reg.MustRegister(s.DeploymentChanges, s.DeploymentState)
 	s.RepliesDropped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_nats_replies_dropped_total", Help: "NATS requests a service did not answer because their reply subject was not one it may answer on (a reply aimed at another subject)."}, []string{"service"})
 	reg.MustRegister(s.RepliesDropped)
+	s.newDeployments(reg)
 	reg.MustRegister(s.JobsAccepted, s.JobsRejected, s.Results, s.Requests, s.TokensReserved, s.TokensUsed,
 		s.Retries, s.RateLimitHits, s.Fallbacks, s.DupSuppressed, s.QueueDepth, s.QueueWait, s.AdmissionWaits,
 		s.BudgetWrites, s.BudgetConflict, s.BudgetErrors, s.ReservationsExpired, s.TenantRequests, s.TenantTokens,

@@ -90,8 +90,17 @@ type Job struct {
 	AtLeastOnce bool `json:"at_least_once,omitempty"`
 	// Cache asks for the answer to be cached and reused (cache.go).
 	Cache *CacheOptions `json:"cache,omitempty"`
+	// Affinity keys a conversation: jobs with the same key (per tenant and
+	// model) stay on the deployment of their model that served the key
+	// last, so its prompt cache serves them (config
+	// admission.cache_affinity). Ingest fills it, when the producer did
+	// not, from the request's prompt_cache_key or user, the
+	// X-Sluice-Affinity header, or the conversation a Responses follow-up
+	// (previous_response_id) continues. At most MaxAffinity bytes.
+	Affinity string `json:"affinity,omitempty"`
 
-	// Set by Sluice.
+	// Set by Sluice. A producer may set Provider to pin one deployment of
+	// its model: the job then waits for that one (Pinned).
 	SubmittedAt time.Time    `json:"submitted_at,omitzero"`
 	Provider    string       `json:"provider,omitempty"`
 	Model       string       `json:"model,omitempty"`
@@ -118,7 +127,13 @@ type Job struct {
 	// CacheTarget is where the answer is stored (cache.go); ingest sets
 	// it on every job it accepts.
 	CacheTarget *CacheTarget `json:"cache_target,omitempty"`
+	// Pinned: the producer named the deployment (Provider); admission
+	// places the job there only, never on another of its model's group.
+	Pinned bool `json:"pinned,omitempty"`
 }
+
+// MaxAffinity bounds Job.Affinity.
+const MaxAffinity = 256
 
 // Revs are the revisions at which ingest created a job's record (results
 // bucket) and its operation record (idempotency bucket). The executor and
@@ -138,6 +153,7 @@ type Revs struct {
 func (j *Job) ClearInternal() {
 	j.SubmittedAt, j.Provider, j.Model, j.Estimate, j.NotBefore = time.Time{}, "", "", nil, nil
 	j.Attempts, j.Reservation, j.RateLimited, j.Seal, j.Revs, j.Gated = nil, nil, 0, "", nil, false
+	j.Pinned = false
 }
 
 // TaskType is the job's task for metric labels: its Task, or "default".
@@ -535,6 +551,9 @@ func (j *Job) CheckEnvelope() error {
 	}
 	if err := CheckUnits("cost", j.Cost); err != nil {
 		return err
+	}
+	if len(j.Affinity) > MaxAffinity {
+		return invalid("affinity", "is %d bytes; at most %d", len(j.Affinity), MaxAffinity)
 	}
 	switch j.Endpoint {
 	case "", EndpointChat, EndpointResponses:

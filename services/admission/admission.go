@@ -4,7 +4,10 @@
 // delay, never in a sleeping goroutine. The rest it holds in memory, in one
 // fair queue per model ([Scheduler]: deficit round robin over tenants by
 // reserved tokens, then priority with floors within a tenant, new flows
-// first), bounded in count and bytes, their messages kept alive.
+// first), bounded in count and bytes, their messages kept alive. A model
+// several providers serve has one queue, and each job is placed on one of
+// its deployments (place.go; cache affinity: affinity.go, keyed by
+// job.Job.Affinity).
 //
 // One loop per process pops jobs in fair order and passes each through the
 // gates: its tenant's budgets, the model's per-day quota, then the model's
@@ -29,6 +32,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -66,6 +70,10 @@ type Config struct {
 	Calib *calib.Table
 	// HeldMax: see watchdog.go (0: HeldMax).
 	HeldMax time.Duration
+	// Health says which deployments the fleet skips for now (a cooldown
+	// after a 429, a refused key, an open breaker): place.go; nil skips
+	// none.
+	Health DeploymentHealth
 }
 
 // Candidate is a job ready for a reservation.
@@ -89,7 +97,10 @@ type Service struct {
 	log       *slog.Logger
 	m         *metrics.Set
 	now       func() time.Time
-	models    map[string]*modelState   // per budget key: the jobs held for it
+	models    map[string]*modelState   // per budget key: a deployment's state
+	queues    map[string]*queueState   // per model group or pinned deployment: the jobs held for it
+	health    DeploymentHealth         // place.go; nil: no deployment is blocked
+	affinity  *affinityTable           // affinity.go
 	held      heldSet                  // the jobs in the models' queues (held.go)
 	notBefore map[string]time.Time     // job id -> when it is due (waiting in JetStream)
 	leases    map[string]*budget.Lease // per budget key: this process's blocks on the model's schedule
@@ -108,6 +119,8 @@ type Service struct {
 	// downLast.
 	downSince, downLast time.Time
 	lettingGo           bool
+
+	inEffect sync.Map // per budget key: [2]int, the minute's requests and tokens in effect (seeing.go)
 
 	learned *adapt.Cache[adapt.State] // per learn key: the record as last read
 	shown   map[string]time.Time      // per budget key: the limit gauges last set
@@ -131,7 +144,8 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	for _, x := range []*budget.Store{tmin, tday} {
 		x.Writes, x.Conflicts = ms.BudgetWrites.Inc, ms.BudgetConflict.Inc
 	}
-	s := &Service{cfg: cfg, guard: cfg.Guard, mesh: m, store: st, learn: adapt.NewStore(m.Budgets, now), pcache: promptcache.New(m.Budgets, now), learned: adapt.NewCache[adapt.State](adapt.AdmissionRefresh), shown: map[string]time.Time{}, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, held: newHeldSet(), notBefore: map[string]time.Time{}, leases: map[string]*budget.Lease{}, tblocks: map[string]*budget.Lease{}}
+	s := &Service{cfg: cfg, guard: cfg.Guard, mesh: m, store: st, learn: adapt.NewStore(m.Budgets, now), pcache: promptcache.New(m.Budgets, now), learned: adapt.NewCache[adapt.State](adapt.AdmissionRefresh), shown: map[string]time.Time{}, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, queues: map[string]*queueState{}, health: cfg.Health, held: newHeldSet(), notBefore: map[string]time.Time{}, leases: map[string]*budget.Lease{}, tblocks: map[string]*budget.Lease{}}
+	s.affinity = newAffinityTable(m.Budgets, now, a.CacheAffinity.TTL.D(), a.CacheAffinity.MaxDelay.D(), ms.AffinityJobs)
 	s.lead = newLead(a)
 	st.Lead = s.lead.Lead
 	s.ackWait = cmp.Or(cfg.AckWait, mesh.PublishAckWait)
@@ -178,6 +192,7 @@ func (s *Service) effective(ctx context.Context, ms *modelState, model config.Mo
 		// The gauges move with the record, the warm-up and the probe: a few
 		// times a second is enough, not once per job.
 		s.shown[ms.key] = now
+		s.inEffect.Store(ms.key, [2]int{e.PerMinute[0], e.PerMinute[1]})
 		for i, d := range []string{"requests_per_minute", "tokens_per_minute", "requests_per_second", "tokens_per_second"} {
 			v := [4]int{e.PerMinute[0], e.PerMinute[1], e.PerSecond[0], e.PerSecond[1]}[i]
 			s.m.LimitEffective.WithLabelValues(ms.provider, ms.model, d).Set(float64(v))

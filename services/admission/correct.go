@@ -19,7 +19,7 @@ const correctionWait = 250 * time.Millisecond
 // is Sluice's own count, and what the provider will charge is learned from
 // every answer since, so a job queued before the fleet learned is placed
 // with what it knows when it places it.
-func (s *Service) correction(j *job.Job) float64 {
+func (s *Service) correction(provider string, j *job.Job) float64 {
 	if s.cfg.Calib == nil || j.Estimate == nil {
 		return 1
 	}
@@ -29,7 +29,7 @@ func (s *Service) correction(j *job.Job) float64 {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), correctionWait)
 	defer cancel()
-	return s.cfg.Calib.Factor(ctx, j.Provider, job.ModelToken(j.Model), class)
+	return s.cfg.Calib.Factor(ctx, provider, job.ModelToken(j.Model), class)
 }
 
 // placedCost is what j reserves when placed now: costOf with the prompt
@@ -37,7 +37,7 @@ func (s *Service) correction(j *job.Job) float64 {
 // (more could never be placed).
 func (s *Service) placedCost(ms *modelState, j *job.Job) budget.Cost {
 	c := ms.costOf(j)
-	f := s.correction(j)
+	f := s.correction(ms.provider, j)
 	if f == 1 || j.Estimate == nil {
 		return c
 	}
@@ -48,7 +48,7 @@ func (s *Service) placedCost(ms *modelState, j *job.Job) budget.Cost {
 	} else {
 		c.Tokens += j.Estimate.MaxTokens
 	}
-	if _, m, ok := s.cfg.App.ModelRef(j.Model); ok && m.TokenLimit() > 0 {
+	if _, m, ok := s.cfg.App.Deployment(ms.provider, ms.model); ok && m.TokenLimit() > 0 {
 		c.Tokens = min(c.Tokens, max(m.TokenLimit(), whole))
 	}
 	return c

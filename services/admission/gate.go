@@ -31,6 +31,9 @@ type gate struct {
 	cost   budget.Cost // what the job takes from it
 	reason string      // the wait reason's prefix when it refuses
 	what   string      // what the job waits for, in an expiry's message
+	// modelDay: the deployment's own day quota, which another deployment
+	// of its group does not share.
+	modelDay bool
 }
 
 // passage is what a job took from a gate, to give back.
@@ -71,7 +74,7 @@ func (s *Service) gatesFor(c *Candidate, provider string, model *config.Model) [
 		// A day quota counts requests and tokens only; it is kept in the
 		// tenants' day store.
 		gs = append(gs, gate{st: s.tenantDay, key: modelDayKey(provider, model.Name), lim: budget.Limits{RPM: model.RPD, TPM: model.TPD},
-			cost: budget.Cost{Requests: c.Cost.Requests, Tokens: c.Cost.Tokens}, reason: "model_day_", what: "the model's per-day quota"})
+			cost: budget.Cost{Requests: c.Cost.Requests, Tokens: c.Cost.Tokens}, reason: "model_day_", what: "the model's per-day quota", modelDay: true})
 	}
 	return gs
 }
@@ -81,20 +84,31 @@ func (s *Service) gatesFor(c *Candidate, provider string, model *config.Model) [
 // false; then, as on an error from the budget store, what the gates before
 // took goes back.
 func (s *Service) passGates(ctx context.Context, c *Candidate, gates []gate) (taken []passage, passed bool, err error) {
+	taken, passed, _, err = s.passGatesOn(ctx, c, gates, false)
+	return taken, passed, err
+}
+
+// passGatesOn is passGates for a job placed on one deployment of several
+// (soft): a refusal by that deployment's own day quota does not defer the
+// job but returns the quota's grant (day), for the job to try another.
+func (s *Service) passGatesOn(ctx context.Context, c *Candidate, gates []gate, soft bool) (taken []passage, passed bool, day *budget.Grant, err error) {
 	for _, g := range gates {
 		grant, err := s.take(ctx, g)
 		if err != nil {
 			s.giveBack(ctx, taken)
-			return nil, false, err
+			return nil, false, nil, err
 		}
 		if grant.N == 0 {
 			s.giveBack(ctx, taken)
+			if soft && g.modelDay {
+				return nil, false, &grant, nil
+			}
 			s.deferUntil(ctx, c, s.now(), grant.RetryAt, g.reason+grant.Reason, g.what)
-			return nil, false, nil
+			return nil, false, nil, nil
 		}
 		taken = append(taken, passage{gate: g, slice: grant.Slice})
 	}
-	return taken, true, nil
+	return taken, true, nil, nil
 }
 
 // take grants g's cost from this process's block of g's window, else with

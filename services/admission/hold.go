@@ -22,14 +22,32 @@ const (
 // worked on (the QUEUE consumer's ack wait is 30 s).
 const KeepAliveEvery = 10 * time.Second
 
-// modelState is one model's fair queue in this process.
+// queueState is one fair queue in this process: a model's, whose jobs may
+// be placed on any deployment of its group (place.go), or, for jobs that
+// pin a deployment of a group, that deployment's.
+type queueState struct {
+	key, model string
+	sched      *Scheduler
+	deps       []*modelState // where its jobs may go, in the group's preference order
+	wakeAt     time.Time     // no deployment expected to take a job before
+	reason     string        // why the queue waits now
+	progressAt time.Time     // last dispatch, or when the queue was last empty (watchdog.go)
+	order      []*modelState // place.go's scratch
+}
+
+// modelState is one deployment (provider/model) in this process: its
+// schedule's state, shared by the queues that place jobs on it.
 type modelState struct {
 	key, provider, model string
-	sched                *Scheduler
-	wakeAt               time.Time // budget expected to free; nothing to try before
+	tier, weight         int
+	wakeAt               time.Time // nothing to try before (at most MaxWakeWait ahead)
+	freeAt               time.Time // its budget is expected to free (the store's estimate)
 	pausedUntil          time.Time // the provider asked the fleet to wait
-	reason               string    // why the queue waits now
-	progressAt           time.Time // last dispatch, or when the queue was last empty (watchdog.go)
+	reason               string    // why it takes nothing now
+	// nextAt is when it is expected to send its next call; blockedUntil,
+	// until when its health blocks it, as last seen (place.go).
+	nextAt, blockedUntil time.Time
+	tokenLimit           int // its configured minute of tokens (0: none)
 	// lastUrgent is when a job that should not wait last arrived (an
 	// interactive job, or a new flow while others' backlogs wait);
 	// urgentCost is the largest such job's cost since (reset after
@@ -86,21 +104,51 @@ type whyQuery struct {
 	reply chan *Waiting
 }
 
-func (s *Service) model(key string, j *job.Job) *modelState {
+// model returns the deployment provider/name.
+func (s *Service) model(provider, name string) *modelState {
+	key := budget.ModelKey(provider, job.ModelToken(name))
 	ms := s.models[key]
 	if ms == nil {
-		a := s.cfg.App.Admission
-		floors := map[job.Priority]float64{job.Standard: a.Floors.Standard, job.Batch: a.Floors.Batch}
-		ms = &modelState{key: key, provider: j.Provider, model: j.Model,
-			sched: NewScheduler(a.Quantum, s.weight, floors, time.Minute)}
-		if _, m, ok := s.cfg.App.ModelRef(j.Model); ok {
+		ms = &modelState{key: key, provider: provider, model: name, weight: 1}
+		if _, m, ok := s.cfg.App.Deployment(provider, name); ok {
 			ms.units, ms.unitLimits = m.UnitNames(), m.UnitLimits()
 			ms.splits, ms.cacheReads = m.SplitsOutput(), m.CacheReadsCount
+			ms.tier, ms.weight, ms.tokenLimit = m.Tier, m.Weight, m.TokenLimit()
 		}
 		s.models[key] = ms
 	}
 	return ms
 }
+
+// queueOf returns the queue j waits in: its model group's, or, for a job
+// that pins a deployment of a group (or a model one provider serves), the
+// deployment's.
+func (s *Service) queueOf(j *job.Job) *queueState {
+	key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
+	grouped := !j.Pinned && s.cfg.App.Grouped(j.Model)
+	if grouped {
+		key = groupKey(j.Model)
+	}
+	q := s.queues[key]
+	if q == nil {
+		a := s.cfg.App.Admission
+		floors := map[job.Priority]float64{job.Standard: a.Floors.Standard, job.Batch: a.Floors.Batch}
+		q = &queueState{key: key, model: j.Model, sched: NewScheduler(a.Quantum, s.weight, floors, time.Minute)}
+		if grouped {
+			for _, d := range s.cfg.App.Group(j.Model) {
+				q.deps = append(q.deps, s.model(d.Provider.Name, j.Model))
+			}
+		} else {
+			q.deps = []*modelState{s.model(j.Provider, j.Model)}
+		}
+		s.queues[key] = q
+	}
+	return q
+}
+
+// groupKey is the local key of a model group's queue: no budget key has
+// its form.
+func groupKey(model string) string { return "group " + model }
 
 func (s *Service) weight(tenant string) int {
 	if t, ok := s.cfg.App.Tenant(tenant); ok {
@@ -117,32 +165,34 @@ func (s *Service) hold(c *Candidate, now time.Time) {
 		old.c.Msg, old.c.touched = c.Msg, now
 		return
 	}
-	key := budget.ModelKey(c.Job.Provider, job.ModelToken(c.Job.Model))
-	ms := s.model(key, c.Job)
-	c.Cost = s.placedCost(ms, c.Job)
+	q := s.queueOf(c.Job)
+	c.Cost = s.placedCost(q.deps[0], c.Job)
 	c.touched = now
-	if n, _ := ms.sched.Len(); n == 0 {
-		ms.progressAt = now // the watchdog's clock starts with the queue
+	if n, _ := q.sched.Len(); n == 0 {
+		q.progressAt = now // the watchdog's clock starts with the queue
 	}
 	// Interactive is the tenant's own word: only a sparse interactive job
 	// (none of its tenant's waiting) may use the headroom, not a flood.
-	urgent := (c.Job.Priority == job.Interactive && !ms.sched.Waiting(c.Job.Tenant, job.Interactive)) || ms.sched.IsNew(c.Job.Tenant)
+	urgent := (c.Job.Priority == job.Interactive && !q.sched.Waiting(c.Job.Tenant, job.Interactive)) || q.sched.IsNew(c.Job.Tenant)
 	if urgent {
 		// It should not wait behind backlogs: leave it headroom from now
 		// on, and look at the budget now rather than at the model's wake.
-		if now.Sub(ms.lastUrgent) > UrgentMemory {
-			ms.urgentCost = 0
+		for _, ms := range q.deps {
+			if now.Sub(ms.lastUrgent) > UrgentMemory {
+				ms.urgentCost = 0
+			}
+			ms.lastUrgent, ms.urgentCost = now, max(ms.urgentCost, c.Cost.Tokens)
+			ms.wakeAt = time.Time{}
 		}
-		ms.lastUrgent, ms.urgentCost = now, max(ms.urgentCost, c.Cost.Tokens)
-		ms.wakeAt = time.Time{}
+		q.wakeAt = time.Time{}
 	}
 	it := &Item{Tenant: c.Job.Tenant, Priority: c.Job.Priority, Cost: c.Cost.Tokens, Size: len(c.Msg.Data()), Since: now, Value: c, Urgent: urgent}
 	if c.Job.RateLimited > 0 {
-		ms.sched.PushFront(it)
+		q.sched.PushFront(it)
 	} else {
-		ms.sched.Push(it)
+		q.sched.Push(it)
 	}
-	s.held.add(key, it)
+	s.held.add(q.key, it)
 	a := s.cfg.App.Admission
 	for s.held.over(a.MaxHeld, a.MaxHeldBytes) {
 		if !s.evict() {
@@ -153,10 +203,10 @@ func (s *Service) hold(c *Candidate, now time.Time) {
 
 // evict sends the newest job of the largest backlog back to JetStream.
 func (s *Service) evict() bool {
-	var biggest *modelState
-	for _, ms := range s.models {
-		if n, _ := ms.sched.Len(); n > 0 && (biggest == nil || n > func() int { m, _ := biggest.sched.Len(); return m }()) {
-			biggest = ms
+	var biggest *queueState
+	for _, q := range s.queues {
+		if n, _ := q.sched.Len(); n > 0 && (biggest == nil || n > func() int { m, _ := biggest.sched.Len(); return m }()) {
+			biggest = q
 		}
 	}
 	if biggest == nil {
@@ -179,8 +229,8 @@ func (s *Service) dispatchAll(ctx context.Context) {
 	now := s.now()
 	batch := s.cfg.App.Admission.Batch
 	var pending []*pub
-	for _, ms := range s.models {
-		if n, _ := ms.sched.Len(); n == 0 || now.Before(ms.wakeAt) || now.Before(ms.pausedUntil) {
+	for _, q := range s.queues {
+		if n, _ := q.sched.Len(); n == 0 || now.Before(q.wakeAt) {
 			continue
 		}
 		// One job at a time, in fair order: the scheduler's turn-taking
@@ -188,15 +238,15 @@ func (s *Service) dispatchAll(ctx context.Context) {
 		// to the head of its queue. Most are admitted from this process's
 		// lease block without a round trip.
 		for range batch {
-			if s.now().Before(ms.wakeAt) {
+			if s.now().Before(q.wakeAt) {
 				break
 			}
-			it := ms.sched.Pop(now)
+			it := q.sched.Pop(now)
 			if it == nil {
 				break
 			}
 			s.held.remove(it)
-			if p := s.reserve(ctx, ms, it); p != nil {
+			if p := s.reserve(ctx, q, it); p != nil {
 				pending = append(pending, p)
 			}
 		}
@@ -247,15 +297,15 @@ func (s *Service) dispatchFailed(p *pub, err error) {
 // expireHeld ends held jobs whose deadline passed.
 func (s *Service) expireHeld(ctx context.Context) {
 	now := s.now()
-	for _, ms := range s.models {
-		gone := ms.sched.Remove(func(it *Item) bool {
+	for _, q := range s.queues {
+		gone := q.sched.Remove(func(it *Item) bool {
 			dl := it.Value.(*Candidate).Job.Deadline
 			return dl != nil && !dl.After(now)
 		})
 		for _, it := range gone {
 			s.held.remove(it)
 			c := it.Value.(*Candidate)
-			s.expire(ctx, c.Msg, c.Job, "deadline passed while waiting for "+orQueued(ms.reason)+" budget")
+			s.expire(ctx, c.Msg, c.Job, "deadline passed while waiting for "+orQueued(q.reason)+" budget")
 		}
 	}
 	for id, at := range s.notBefore {
@@ -268,8 +318,8 @@ func (s *Service) expireHeld(ctx context.Context) {
 // keepAlive extends the ack wait of held jobs.
 func (s *Service) keepAlive() {
 	now := s.now()
-	for _, ms := range s.models {
-		ms.sched.Each(func(it *Item) bool {
+	for _, q := range s.queues {
+		q.sched.Each(func(it *Item) bool {
 			c := it.Value.(*Candidate)
 			if now.Sub(c.touched) >= KeepAliveEvery {
 				_ = c.Msg.InProgress()
@@ -283,20 +333,20 @@ func (s *Service) keepAlive() {
 // letGoAll hands every held job back to JetStream, a little apart, and
 // forgets it (LetGoAfter).
 func (s *Service) letGoAll() {
-	for _, ms := range s.models {
-		for _, it := range ms.sched.Remove(func(*Item) bool { return true }) {
+	for _, q := range s.queues {
+		for _, it := range q.sched.Remove(func(*Item) bool { return true }) {
 			s.held.remove(it)
 			_ = it.Value.(*Candidate).Msg.NakWithDelay(jitter(time.Second))
 		}
-		ms.wakeAt = time.Time{}
+		q.wakeAt = time.Time{}
 	}
 }
 
 // releaseAll hands held jobs back to JetStream at shutdown, for another
 // admission process to take at once.
 func (s *Service) releaseAll() {
-	for _, ms := range s.models {
-		ms.sched.Each(func(it *Item) bool {
+	for _, q := range s.queues {
+		q.sched.Each(func(it *Item) bool {
 			_ = it.Value.(*Candidate).Msg.Nak()
 			return true
 		})
@@ -308,12 +358,9 @@ func (s *Service) releaseAll() {
 func (s *Service) why(jobKey string) *Waiting {
 	id := jobKey[strings.IndexByte(jobKey, '.')+1:]
 	if hj, ok := s.held.get(jobKey); ok {
-		ms := s.models[hj.key]
-		w := &Waiting{JobID: id, Reason: orQueued(ms.reason), Until: ms.wakeAt}
-		if s.now().Before(ms.pausedUntil) {
-			w.Reason, w.Until = "paused_provider", ms.pausedUntil
-		}
-		w.Position, _ = ms.sched.Len()
+		q := s.queues[hj.key]
+		w := &Waiting{JobID: id, Reason: orQueued(q.reason), Until: q.wakeAt}
+		w.Position, _ = q.sched.Len()
 		return w
 	}
 	if at, ok := s.notBefore[jobKey]; ok {

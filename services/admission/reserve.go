@@ -22,31 +22,48 @@ type pub struct {
 	fut jetstream.PubAckFuture
 }
 
-// reserve places the job it, popped from its model's queue in fair order:
-// the job passes its gates (gate.go), takes room on the model's schedule
-// (lease) and is published to DISPATCH with its reservation. A job the
-// budgets refuse goes back to the head of its queue (or waits in QUEUE, or
-// expires), and the model sleeps until its budget is expected to free.
-func (s *Service) reserve(ctx context.Context, ms *modelState, it *Item) *pub {
+// outcome is what reserveOn did with a job.
+type outcome int
+
+const (
+	placed  outcome = iota // published to DISPATCH (or settled trying)
+	handled                // dealt with otherwise: deferred by a gate, ended, or back in its queue
+	refused                // the deployment cannot take it now (it sleeps): try another
+)
+
+// reserveOn places the job it, popped from q in fair order, on the
+// deployment ms: the job passes its gates (gate.go), takes room on the
+// deployment's schedule (lease) and is published to DISPATCH with its
+// reservation. soft says other deployments may take it instead: a refusal
+// by this deployment's own day quota then refuses, rather than defers,
+// the job.
+func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, it *Item, soft bool) (*pub, outcome) {
 	c := it.Value.(*Candidate)
 	c.Cost = s.placedCost(ms, c.Job)       // the correction now, not at arrival
 	s.netOfCache(ctx, ms, []*Candidate{c}) // anthropic.go
-	_, model, ok := s.cfg.App.ModelRef(ms.model)
+	_, model, ok := s.cfg.App.Deployment(ms.provider, ms.model)
 	if !ok {
 		s.fail(ctx, c, &job.Error{Code: job.CodeUnknownModel, Message: fmt.Sprintf("model %q is no longer configured", ms.model)})
-		return nil
+		return nil, handled
 	}
-	taken, passed, err := s.passGates(ctx, c, s.gatesFor(c, ms.provider, model))
+	taken, passed, day, err := s.passGatesOn(ctx, c, s.gatesFor(c, ms.provider, model), soft)
 	if err != nil {
 		s.storeDown(ms.key, err)
-		s.unpop(ms, it)
-		s.sleep(ms, s.now().Add(time.Second), "budget_store")
-		return nil
+		s.unpop(q, it)
+		s.sleepQueue(q, s.now().Add(time.Second), "budget_store")
+		return nil, handled
+	}
+	if day != nil {
+		ms.wakeAt, ms.freeAt, ms.reason = day.RetryAt, day.RetryAt, "model_day_"+day.Reason
+		if limit := s.now().Add(time.Minute); day.RetryAt.After(limit) {
+			ms.wakeAt = limit // another process may give the quota back
+		}
+		return nil, refused
 	}
 	if !passed {
-		return nil
+		return nil, handled
 	}
-	lim, backlog := s.limitsFor(ctx, ms, model, c, it.Urgent)
+	lim, backlog := s.limitsFor(ctx, q, ms, model, c, it.Urgent)
 	g, err := s.lease(ctx, ms.key, lim, []*Candidate{c}, backlog, it.Urgent)
 	if err == nil && (len(g.SendAt) < g.N || len(g.Planned) < g.N) {
 		err = fmt.Errorf("lease granted %d jobs with %d send instants", g.N, len(g.SendAt))
@@ -58,23 +75,27 @@ func (s *Service) reserve(ctx context.Context, ms *modelState, it *Item) *pub {
 	if err != nil {
 		// Fail closed: no budget, no dispatch.
 		s.storeDown(ms.key, err)
-		s.unpop(ms, it)
-		s.sleep(ms, s.now().Add(time.Second), "budget_store")
-		return nil
+		s.unpop(q, it)
+		s.sleepQueue(q, s.now().Add(time.Second), "budget_store")
+		return nil, handled
 	}
 	s.storeUp()
 	if g.N == 0 {
-		s.waitForBudget(ctx, ms, it, g)
-		return nil
+		s.m.AdmissionWaits.WithLabelValues(ms.provider, ms.model, g.Reason).Inc()
+		ms.freeAt = g.RetryAt
+		s.sleep(ms, latest(g.RetryAt, s.now()), g.Reason)
+		return nil, refused
 	}
 	ms.wakeAt, ms.reason = time.Time{}, ""
-	return s.publish(ms, c, g.SendAt[0], g.Planned[0], lim)
+	q.wakeAt, q.reason = time.Time{}, ""
+	s.advance(ms, lim, c.Cost, g.SendAt[0]) // place.go
+	return s.publish(q, ms, c, g.SendAt[0], g.Planned[0], lim), placed
 }
 
 // limitsFor is what c is placed against on ms: the limits in effect, with
 // the headroom backlogged work leaves while urgent work is about, and the
 // backlog behind c to ask room for with it.
-func (s *Service) limitsFor(ctx context.Context, ms *modelState, model *config.Model, c *Candidate, urgent bool) (budget.Limits, budget.Cost) {
+func (s *Service) limitsFor(ctx context.Context, q *queueState, ms *modelState, model *config.Model, c *Candidate, urgent bool) (budget.Limits, budget.Cost) {
 	eff := s.effective(ctx, ms, *model)
 	lim := eff.Limits()
 	// Units are paced like requests and tokens at their configured limits
@@ -96,8 +117,8 @@ func (s *Service) limitsFor(ctx context.Context, ms *modelState, model *config.M
 	// next interactive job behind it. It plans BacklogHorizon ahead; the
 	// loop comes back at least every slice.
 	lim.Horizon = BacklogHorizon
-	n, _ := ms.sched.Len()
-	backlog := budget.Cost{Requests: n, Tokens: ms.sched.Tokens()}
+	n, _ := q.sched.Len()
+	backlog := budget.Cost{Requests: n, Tokens: q.sched.Tokens()}
 	if len(ms.units) > 0 || ms.splits {
 		// The scheduler counts tokens only: the backlog's units (and
 		// output) are the job's times the backlog.
@@ -113,33 +134,29 @@ func (s *Service) limitsFor(ctx context.Context, ms *modelState, model *config.M
 	return lim, backlog
 }
 
-// waitForBudget handles a job the model's budget refused: it goes back to
-// the head of its queue and the model sleeps until the budget is expected
-// to free, unless that is after the job's deadline: then it ends now,
+// waitAll handles a job no deployment of q can take now: it goes back to
+// the head of q, which sleeps until the first of them is expected to take
+// one, unless that is after the job's deadline: then it ends now,
 // honestly, rather than wait in vain.
-func (s *Service) waitForBudget(ctx context.Context, ms *modelState, it *Item, g leaseGrant) {
+func (s *Service) waitAll(ctx context.Context, q *queueState, it *Item) {
 	c := it.Value.(*Candidate)
 	now := s.now()
-	wake := g.RetryAt
-	if wake.Before(now) {
-		wake = now
-	}
-	s.m.AdmissionWaits.WithLabelValues(c.Job.Provider, c.Job.Model, g.Reason).Inc()
+	wake, reason := q.firstWake(now) // place.go
 	if dl := c.Job.Deadline; dl != nil && wake.After(*dl) {
-		s.expire(ctx, c.Msg, c.Job, fmt.Sprintf("estimated wait %s for %s budget exceeds the deadline", wake.Sub(now).Round(time.Millisecond), g.Reason))
+		s.expire(ctx, c.Msg, c.Job, fmt.Sprintf("estimated wait %s for %s exceeds the deadline", wake.Sub(now).Round(time.Millisecond), orQueued(reason)))
 	} else {
-		s.unpop(ms, it)
+		s.unpop(q, it)
 	}
-	s.sleep(ms, wake, g.Reason)
+	s.sleepQueue(q, wake, reason)
 }
 
-// unpop returns it to the head of its model's queue.
-func (s *Service) unpop(ms *modelState, it *Item) {
-	ms.sched.Unpop(it)
-	s.held.add(ms.key, it)
+// unpop returns it to the head of q.
+func (s *Service) unpop(q *queueState, it *Item) {
+	q.sched.Unpop(it)
+	s.held.add(q.key, it)
 }
 
-// sleep sets when ms looks at its budget again, and why its queue waits:
+// sleep sets when ms looks at its budget again, and why it takes nothing:
 // within MaxWakeWait even if the estimate says later, as other processes
 // may give budget back sooner.
 func (s *Service) sleep(ms *modelState, wake time.Time, reason string) {
@@ -149,12 +166,22 @@ func (s *Service) sleep(ms *modelState, wake time.Time, reason string) {
 	ms.wakeAt, ms.reason = wake, reason
 }
 
+// sleepQueue sets when q tries its head job again, and why it waits,
+// within MaxWakeWait.
+func (s *Service) sleepQueue(q *queueState, wake time.Time, reason string) {
+	if limit := s.now().Add(MaxWakeWait); wake.After(limit) {
+		wake = limit
+	}
+	q.wakeAt, q.reason = wake, reason
+}
+
 // publish sends c to DISPATCH with its reservation: its cost on the
 // model's schedule at the instant at, as planned at planned (its dispatch
 // transit runs from there: lead.go).
-func (s *Service) publish(ms *modelState, c *Candidate, at, planned time.Time, lim budget.Limits) *pub {
+func (s *Service) publish(q *queueState, ms *modelState, c *Candidate, at, planned time.Time, lim budget.Limits) *pub {
 	now := s.now()
 	j := c.Job
+	s.placeOn(j, ms) // place.go
 	j.Reservation = &job.Reservation{
 		// The slice before the dash is what the executor settles against.
 		ID: fmt.Sprintf("%d-0", s.store.SliceOf(at)), Requests: c.Cost.Requests, Tokens: c.Cost.Tokens,
@@ -190,7 +217,7 @@ func (s *Service) publish(ms *modelState, c *Candidate, at, planned time.Time, l
 		_ = c.Msg.NakWithDelay(time.Second)
 		return nil
 	}
-	ms.progressAt = now
+	q.progressAt = now
 	s.log.Debug("dispatched", "job_id", j.ID, "tenant", j.Tenant, "queued_for", now.Sub(j.SubmittedAt))
 	return &pub{id: j.ID, msg: c.Msg, fut: fut}
 }

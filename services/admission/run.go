@@ -39,6 +39,12 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		return err
 	}
 	defer unsubscribe()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	bg, stopBG := context.WithCancel(ctx)
+	defer stopBG() // before the wait, even when the scheduler fails
+	wg.Go(func() { s.affinity.run(bg) })
+	wg.Go(func() { s.watchDeployments(bg) })
 	s.schedule(ctx, in, sig)
 	return nil
 }
@@ -212,9 +218,9 @@ func (s *Service) schedule(ctx context.Context, in <-chan jetstream.Msg, sig sig
 // next tick: a paced schedule stays continuous without waiting for ticks.
 func (s *Service) untilWake() time.Duration {
 	next := time.Time{}
-	for _, ms := range s.models {
-		if n, _ := ms.sched.Len(); n > 0 && !ms.wakeAt.IsZero() && (next.IsZero() || ms.wakeAt.Before(next)) {
-			next = ms.wakeAt
+	for _, q := range s.queues {
+		if n, _ := q.sched.Len(); n > 0 && !q.wakeAt.IsZero() && (next.IsZero() || q.wakeAt.Before(next)) {
+			next = q.wakeAt
 		}
 	}
 	if next.IsZero() {
@@ -240,8 +246,8 @@ func takeBatch(msgs []jetstream.Msg, in <-chan jetstream.Msg, batch int) []jetst
 func (s *Service) countHeld() {
 	for _, p := range job.Priorities {
 		n := 0
-		for _, ms := range s.models {
-			n += ms.sched.ClassLen(p)
+		for _, q := range s.queues {
+			n += q.sched.ClassLen(p)
 		}
 		s.m.Held.WithLabelValues(string(p)).Set(float64(n))
 	}

@@ -19,14 +19,14 @@ func (s *Service) watchHeld() {
 	now := s.now()
 	limit := s.heldMax
 	oldest := time.Duration(0)
-	for _, ms := range s.models {
-		n, _ := ms.sched.Len()
+	for _, q := range s.queues {
+		n, _ := q.sched.Len()
 		if n == 0 {
-			ms.progressAt = now
+			q.progressAt = now
 			continue
 		}
-		stalled := now.Sub(ms.progressAt) >= limit && !now.Before(ms.pausedUntil)
-		gone := ms.sched.Remove(func(it *Item) bool {
+		stalled := now.Sub(q.progressAt) >= limit && !q.paused(now)
+		gone := q.sched.Remove(func(it *Item) bool {
 			age := now.Sub(it.Since)
 			if stalled && age >= limit || age >= 4*limit {
 				return true
@@ -42,9 +42,20 @@ func (s *Service) watchHeld() {
 		}
 		if len(gone) > 0 {
 			s.log.Warn("held jobs waited too long without a dispatch; giving them back to the queue",
-				"provider", ms.provider, "model", ms.model, "jobs", len(gone), "reason", orQueued(ms.reason), "model_stalled", stalled)
-			ms.wakeAt, ms.progressAt = time.Time{}, now
+				"queue", q.key, "jobs", len(gone), "reason", orQueued(q.reason), "model_stalled", stalled)
+			q.wakeAt, q.progressAt = time.Time{}, now
 		}
 	}
 	s.m.HeldOldest.Set(oldest.Seconds())
+}
+
+// paused reports whether the provider asked the fleet to hold every
+// deployment q may place on.
+func (q *queueState) paused(now time.Time) bool {
+	for _, ms := range q.deps {
+		if !now.Before(ms.pausedUntil) {
+			return false
+		}
+	}
+	return true
 }

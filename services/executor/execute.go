@@ -61,11 +61,12 @@ type attempt struct {
 	claimed bool // the operation is marked in flight by this attempt
 
 	// admitCall's and awaitInstant's.
-	client provider.Client
-	target config.Target
-	ticket *breaker.Ticket // the breaker's leave to call
-	until  time.Time       // the call's deadline
-	sendBy time.Time       // a paced call must leave by then (zero: no bound)
+	client   provider.Client
+	target   config.Target
+	upstream string          // the model name the provider is sent ("": the job's)
+	ticket   *breaker.Ticket // the breaker's leave to call
+	until    time.Time       // the call's deadline
+	sendBy   time.Time       // a paced call must leave by then (zero: no bound)
 
 	// send's.
 	start   time.Time
@@ -174,11 +175,12 @@ func (s *Service) claim(ctx context.Context, a *attempt) (done bool, err error) 
 // fallback when the provider is failing and a route names one.
 func (s *Service) admitCall(ctx context.Context, a *attempt) (done bool, err error) {
 	j := a.j
-	prov, _, ok := s.cfg.App.ModelRef(j.Model)
+	prov, dm, ok := s.cfg.App.Deployment(j.Provider, j.Model)
 	a.client = s.clients[j.Provider]
 	if !ok || a.client == nil {
 		return true, s.finish(ctx, j, a.opKey, &job.Result{Status: job.StatusFailed, Error: &job.Error{Code: job.CodeUnknownModel, Message: fmt.Sprintf("model %q is not configured here", j.Model)}})
 	}
+	a.upstream = dm.Upstream
 	a.until = a.at.Add(prov.Timeout.D())
 	if j.Deadline != nil && j.Deadline.Before(a.until) {
 		a.until = *j.Deadline
@@ -190,7 +192,9 @@ func (s *Service) admitCall(ctx context.Context, a *attempt) (done bool, err err
 		}
 		a.onClose(tp.Release)
 	}
-	tk, openUntil := s.breakers.Get(a.target.String()).Take()
+	br := s.breakers.Get(a.target.String())
+	tk, openUntil := br.Take()
+	s.m.BreakerState.WithLabelValues(j.Provider, j.Model).Set(breakerGauge[br.State()])
 	// Every way out of the call settles the ticket: a half-open breaker's
 	// probe slot left taken would stop the model in this process for good.
 	a.ticket = tk
@@ -261,9 +265,9 @@ func (s *Service) send(ctx context.Context, a *attempt) {
 		a.pub = newChunkPublisher(s.mesh.JS, j, s.cfg.App.Streaming.FlushInterval.D(), s.now, func(err error) {
 			s.log.Warn("stream: chunks not published", "job_id", j.ID, "err", err)
 		})
-		a.resp, a.cerr, a.end = s.stream(callCtx, j, sc, call, a.wantUsage, a.pub)
+		a.resp, a.cerr, a.end = s.stream(callCtx, j, sc, withUpstream(call, a.upstream), a.wantUsage, a.pub)
 	} else {
-		a.resp, a.cerr = a.client.Do(callCtx, call)
+		a.resp, a.cerr = a.client.Do(callCtx, withUpstream(call, a.upstream))
 	}
 	a.elapsed = s.now().Sub(a.start)
 	s.m.InFlight.WithLabelValues(j.Provider, j.Model).Dec()
@@ -299,3 +303,18 @@ func (s *Service) backToAdmission(ctx context.Context, a *attempt, notBefore *ti
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// withUpstream names the deployment's upstream model in the call, when it
+// has one: the provider is sent that name, while the job, its result and
+// its metrics keep the name the caller used.
+func withUpstream(c provider.Call, upstream string) provider.Call {
+	if upstream == "" || upstream == c.Model {
+		return c
+	}
+	name, _ := json.Marshal(upstream)
+	c.Model, c.Body = upstream, job.WithMember(c.Body, "model", name)
+	return c
+}
+
+// breakerGauge is sluice_breaker_state's value of each state.
+var breakerGauge = map[breaker.State]float64{breaker.Closed: 0, breaker.HalfOpen: 1, breaker.Open: 2}

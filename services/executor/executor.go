@@ -322,7 +322,7 @@ func (s *Service) giveBackUnsent(ctx context.Context, msg jetstream.Msg, j *job.
 	if md, err := msg.Metadata(); err != nil || md.NumDelivered != 1 {
 		return
 	}
-	_, model, ok := s.cfg.App.ModelRef(j.Model)
+	_, model, ok := s.cfg.App.Deployment(j.Provider, j.Model)
 	if !ok {
 		return
 	}
@@ -366,7 +366,7 @@ func (s *Service) readmit(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 // deadline, or admission.max_rate_limited refusals, end it.
 func (s *Service) throttled(ctx context.Context, msg jetstream.Msg, j *job.Job, opKey string, info provider.RateLimitInfo, start time.Time, elapsed time.Duration) error {
 	key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
-	if _, model, ok := s.cfg.App.ModelRef(j.Model); ok && j.Reservation != nil {
+	if _, model, ok := s.cfg.App.Deployment(j.Provider, j.Model); ok && j.Reservation != nil {
 		used, _ := s.store.Used(ctx, key)
 		var recent budget.Cost
 		if !j.Reservation.SendAt.IsZero() {
@@ -495,7 +495,7 @@ func (s *Service) reroute(ctx context.Context, msg jetstream.Msg, j *job.Job, op
 	}
 	s.m.Fallbacks.WithLabelValues(j.Provider, d.Target.Provider, d.Reason).Inc()
 	s.log.Info("fallback", "job_id", j.ID, "from", j.Provider+"/"+j.Model, "to", d.Target.String(), "reason", d.Reason)
-	if _, m, ok := s.cfg.App.ModelRef(d.Target.Model); ok {
+	if _, m, ok := s.cfg.App.Deployment(d.Target.Provider, d.Target.Model); ok {
 		// The units the new model limits, from the job's cost; units only
 		// the first model limited cost nothing there. One its minute
 		// cannot hold is refused by admission.
@@ -567,7 +567,7 @@ func (s *Service) seed(ctx context.Context, j *job.Job, rl provider.RateLimit) {
 	if rl.RemainingTokens < 0 && rl.RemainingRequests < 0 {
 		return
 	}
-	_, model, ok := s.cfg.App.ModelRef(j.Model)
+	_, model, ok := s.cfg.App.Deployment(j.Provider, j.Model)
 	if !ok {
 		return
 	}

@@ -58,7 +58,7 @@ const lostGrace = resultPublishWait + 10*time.Second
 // can take after it left.
 func (s *Service) callBound(j *job.Job) time.Duration {
 	d := 2 * time.Minute
-	if p, _, ok := s.cfg.App.ModelRef(j.Model); ok {
+	if p, _, ok := s.cfg.App.Deployment(j.Provider, j.Model); ok {
 		d = p.Timeout.D()
 	}
 	return d + lostGrace

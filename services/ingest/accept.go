@@ -25,7 +25,9 @@ import (
 // envelope, tenant, model and endpoint, and its estimated cost against
 // every limit it can never fit under. Nothing is written.
 func (s *Service) check(j *job.Job) (*config.Provider, *config.Model, job.Estimate, error) {
-	// Sluice sets these; nothing a producer wrote there is believed.
+	// Sluice sets these; nothing a producer wrote there is believed but
+	// the deployment it pins (deployments.go).
+	pin := j.Provider
 	j.ClearInternal()
 	// The request body is parsed and checked once, by the token estimate
 	// below (the same checks as job.Check).
@@ -39,9 +41,9 @@ func (s *Service) check(j *job.Job) (*config.Provider, *config.Model, job.Estima
 	if err != nil {
 		return nil, nil, job.Estimate{}, err
 	}
-	prov, model, ok := s.cfg.App.ModelRef(name)
-	if !ok {
-		return nil, nil, job.Estimate{}, &job.ValidationError{Code: job.CodeUnknownModel, Field: "request.model", Message: fmt.Sprintf("model %q is not configured", clip(name))}
+	prov, model, err := s.deployment(j, name, pin)
+	if err != nil {
+		return nil, nil, job.Estimate{}, err
 	}
 	if err := endpointServed(j, prov); err != nil {
 		return nil, nil, job.Estimate{}, err
@@ -49,9 +51,10 @@ func (s *Service) check(j *job.Job) (*config.Provider, *config.Model, job.Estima
 	if err := shapeBody(j, prov, model, s.cfg.App.Limits.DefaultMaxTokens); err != nil {
 		return nil, nil, job.Estimate{}, err
 	}
-	if err := s.fits(j, model, &est); err != nil {
+	if err := s.fitsGroup(j, model, &est); err != nil {
 		return nil, nil, job.Estimate{}, err
 	}
+	s.affinity(j, name)
 	return prov, model, est, nil
 }
 

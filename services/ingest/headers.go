@@ -44,8 +44,8 @@ func newLimitView(app *config.Config, m *mesh.Mesh, now func() time.Time) *limit
 
 // get returns the view of provider/model; ok is false for an unknown model.
 func (v *limitView) get(ctx context.Context, provider, model string) (limitSnapshot, bool) {
-	p, m, found := v.app.ModelRef(model)
-	if !found || p.Name != provider {
+	_, m, found := v.app.Deployment(provider, model)
+	if !found {
 		return limitSnapshot{}, false
 	}
 	now := v.now()

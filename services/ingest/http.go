@@ -193,7 +193,8 @@ func (s *Service) chat(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 // chatJob is the job of an OpenAI-compatible request: its body and what
 // the Sluice headers ask of it (priority, deadline, cost).
 func chatJob(r *http.Request, tenant string, body []byte) (*job.Job, error) {
-	j := &job.Job{Tenant: tenant, Endpoint: endpointOf(r.Context()), Request: body, IdempotencyKey: r.Header.Get("Idempotency-Key")}
+	j := &job.Job{Tenant: tenant, Endpoint: endpointOf(r.Context()), Request: body, IdempotencyKey: r.Header.Get("Idempotency-Key"),
+		Provider: r.Header.Get("X-Sluice-Provider"), Affinity: r.Header.Get("X-Sluice-Affinity")}
 	if p := r.Header.Get("X-Sluice-Priority"); p != "" {
 		j.Priority = job.Priority(strings.ToLower(p))
 	}

@@ -172,7 +172,7 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, 
 		return Accepted{}, err
 	}
 	now := s.now().UTC()
-	room, err := s.admit(ctx, j, model, est.Cost(), now)
+	room, err := s.admit(ctx, j, s.capacity(j, model), est.Cost(), now)
 	if err != nil {
 		return Accepted{}, err
 	}

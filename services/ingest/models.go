@@ -23,17 +23,23 @@ func modelObject(p *config.Provider, m *config.Model, created int64) Model {
 	return Model{ID: m.Name, Object: "model", Created: created, OwnedBy: p.Name}
 }
 
-// GET /v1/models: every configured model of every provider.
+// GET /v1/models: every configured model once, a group of deployments
+// under its preferred provider.
 func (s *Service) listModels(w http.ResponseWriter, r *http.Request, auth api.Auth, created int64) {
 	if _, err := auth.Tenant(r); err != nil {
 		s.fail(w, "openai", err)
 		return
 	}
 	data := []Model{}
+	seen := map[string]bool{}
 	for i := range s.cfg.App.Providers {
 		p := &s.cfg.App.Providers[i]
 		for j := range p.Models {
-			data = append(data, modelObject(p, &p.Models[j], created))
+			if name := p.Models[j].Name; !seen[name] {
+				seen[name] = true
+				gp, gm, _ := s.cfg.App.ModelRef(name)
+				data = append(data, modelObject(gp, gm, created))
+			}
 		}
 	}
 	api.JSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})

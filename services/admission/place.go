@@ -1,0 +1,167 @@
+package admission
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"time"
+
+	"github.com/sluice-dev/sluice/internal/budget"
+	"github.com/sluice-dev/sluice/pkg/job"
+)
+
+// # Placement across a model's deployments
+//
+// A model name several providers serve is a group of deployments
+// (internal/config); its jobs wait in one fair queue, and admission
+// chooses each job's deployment when it places it: the lowest tier that
+// can take it now, and within a tier the deployment expected to send it
+// soonest (weight breaks ties, then the file's order). Deterministic: no
+// random shuffle. A deployment whose schedule refuses the job sleeps until
+// its budget is expected to free, and the next one is tried; the job
+// waits at the head of the queue only when none can take it. A job that
+// pins a deployment waits in that deployment's own queue. A job with an
+// affinity key goes first to the deployment that served its key last
+// (affinity.go) unless another would send it more than
+// admission.cache_affinity.max_delay sooner.
+
+// DeploymentHealth is the fleet's view of each deployment's health: a
+// deployment cooling after a 429 or a Retry-After, or skipped until a
+// probe succeeds (a refused key, an unreachable endpoint, an open
+// breaker). Blocked reports whether provider/model takes no jobs at now,
+// until when (zero: until a probe succeeds) and why. internal/health
+// provides it; admission never calls it with a lock held.
+type DeploymentHealth interface {
+	Blocked(provider, model string, now time.Time) (until time.Time, reason string, blocked bool)
+}
+
+// reserve places the job it, popped from q in fair order, on the first
+// deployment of q that takes it (candidates' order); when none can, it
+// waits at the head of q (waitAll).
+func (s *Service) reserve(ctx context.Context, q *queueState, it *Item) *pub {
+	now := s.now()
+	c := it.Value.(*Candidate)
+	order, prev := s.candidates(ctx, q, c, now)
+	grouped := len(q.deps) > 1
+	for _, ms := range order {
+		p, out := s.reserveOn(ctx, q, ms, it, grouped)
+		if out == refused {
+			continue
+		}
+		if out == placed && c.Job.Affinity != "" && (grouped || s.cfg.App.Grouped(ms.model)) {
+			s.affinity.placed(c.Job, ms.provider, prev)
+		}
+		return p
+	}
+	s.waitAll(ctx, q, it)
+	return nil
+}
+
+// candidates lists the deployments of q that may take c now, best first,
+// and the provider c's affinity key was last served by ("": none).
+// A deployment is left out while it sleeps (its budget is expected to free
+// later), the provider asked the fleet to pause it, or its health blocks
+// it.
+func (s *Service) candidates(ctx context.Context, q *queueState, c *Candidate, now time.Time) (order []*modelState, prev string) {
+	order = q.order[:0]
+	for _, ms := range q.deps {
+		ms.blockedUntil = time.Time{}
+		if now.Before(ms.wakeAt) || now.Before(ms.pausedUntil) {
+			continue
+		}
+		if s.health != nil {
+			if until, reason, blocked := s.health.Blocked(ms.provider, ms.model, now); blocked {
+				if until.IsZero() {
+					until = now.Add(MaxWakeWait) // until a probe succeeds: look again then
+				}
+				ms.blockedUntil, ms.reason = until, reason
+				continue
+			}
+		}
+		if len(q.deps) > 1 && ms.tokenLimit > 0 && c.Job.Estimate != nil && c.Job.Estimate.Cost() > ms.tokenLimit {
+			continue // never fits its minute (ingest checked it fits another)
+		}
+		order = append(order, ms)
+	}
+	q.order = order
+	if len(q.deps) < 2 {
+		return order, ""
+	}
+	slices.SortStableFunc(order, func(a, b *modelState) int {
+		return cmp.Or(cmp.Compare(a.tier, b.tier), a.expected(now).Compare(b.expected(now)), cmp.Compare(b.weight, a.weight))
+	})
+	if c.Job.Affinity == "" || len(order) == 0 {
+		return order, ""
+	}
+	return order, s.affinity.stay(ctx, c.Job, order, now)
+}
+
+// expected is when ms is expected to send its next call, at the earliest
+// now.
+func (ms *modelState) expected(now time.Time) time.Time {
+	if ms.nextAt.After(now) {
+		return ms.nextAt
+	}
+	return now
+}
+
+// advance moves ms's expected next send past a call placed at at: by the
+// call's share of the limits in effect.
+func (s *Service) advance(ms *modelState, lim budget.Limits, c budget.Cost, at time.Time) {
+	var d time.Duration
+	if lim.RPM > 0 {
+		d = time.Minute / time.Duration(lim.RPM)
+	}
+	if lim.TPM > 0 && c.Tokens > 0 {
+		d = max(d, time.Duration(float64(time.Minute)*float64(c.Tokens)/float64(lim.TPM)))
+	}
+	ms.nextAt = latest(ms.nextAt, at).Add(d)
+	s.m.DeploymentPlaced.WithLabelValues(ms.provider, ms.model).Inc()
+}
+
+// firstWake is when the first deployment of q that waits is expected to
+// take a job again (its budget free, its pause or cooldown over), and why
+// it waits until then.
+func (q *queueState) firstWake(now time.Time) (time.Time, string) {
+	var wake time.Time
+	reason := ""
+	for _, ms := range q.deps {
+		w := latest(ms.freeAt, ms.pausedUntil, ms.blockedUntil)
+		if !w.After(now) {
+			continue // not waiting (or one the job does not fit)
+		}
+		if wake.IsZero() || w.Before(wake) {
+			wake, reason = w, ms.reason
+		}
+	}
+	if wake.IsZero() {
+		wake = now.Add(minWake)
+	}
+	return wake, reason
+}
+
+// minWake is how soon a queue whose deployments all refused a job without
+// saying until when looks again.
+const minWake = 50 * time.Millisecond
+
+// placeOn routes j to the deployment ms: a job of a group moves to it and
+// is sealed again (the seal binds its provider; its estimate was verified
+// when it was read from QUEUE).
+func (s *Service) placeOn(j *job.Job, ms *modelState) {
+	if j.Provider == ms.provider {
+		return
+	}
+	j.Provider = ms.provider
+	s.guard.Seal(j)
+}
+
+// latest is the latest of ts.
+func latest(ts ...time.Time) time.Time {
+	var l time.Time
+	for _, t := range ts {
+		if t.After(l) {
+			l = t
+		}
+	}
+	return l
+}
