@@ -37,7 +37,7 @@ func runQueue(ctx context.Context, args []string, getenv func(string) string, st
 	cfgPath := fs.String("config", getenv("SLUICE_CONFIG"), "configuration, for estimated waits from the models' limits, and server.nats (SLUICE_CONFIG)")
 	conn := addCLINATS(fs, getenv, cfgPath)
 	asJSON := fs.Bool("json", false, "print JSON: the queue rows, or with --limits the limit rows")
-	limits := fs.Bool("limits", false, "with --json, print the limits in effect and the token corrections instead of the queue")
+	limits := fs.Bool("limits", false, "with --json, print the limits in effect, the token corrections and the deployments instead of the queue")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}
@@ -51,6 +51,7 @@ func runQueue(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	lrows, lerr := limitRows(ctx, js, cfg)
+	drows, _ := deploymentRows(ctx, js, cfg) // deployments.go
 	var crows []correctionRow
 	if kv, err := js.KeyValue(ctx, streams.BucketBudgets); err == nil {
 		crows, _ = correctionRows(ctx, kv)
@@ -68,6 +69,9 @@ func runQueue(ctx context.Context, args []string, getenv func(string) string, st
 		for _, r := range crows {
 			all = append(all, r)
 		}
+		for _, r := range drows {
+			all = append(all, r)
+		}
 		return enc.Encode(all)
 	}
 	rows, err := queueRows(ctx, js, nc, cfg)
@@ -79,6 +83,7 @@ func runQueue(ctx context.Context, args []string, getenv func(string) string, st
 		enc.SetIndent("", "  ")
 		return enc.Encode(rows)
 	}
+	defer printDeployments(stdout, drows)
 	defer printCorrections(stdout, crows)
 	defer printLimits(stdout, lrows, lerr)
 	if len(rows) == 0 {
