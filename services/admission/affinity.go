@@ -39,7 +39,7 @@ const MaxAffinityKeys = 1024
 // a read on the scheduler's way.
 const (
 	affinityRefresh = 250 * time.Millisecond
-	affinityWait    = 100 * time.Millisecond
+	affinityWait    = 200 * time.Millisecond
 )
 
 // affEntry is where one key was last served, until when (unix ms).
@@ -154,7 +154,12 @@ func (a *affinityTable) lookup(ctx context.Context, rec, hash string, now time.T
 		set, _, err := a.load(rctx, rec)
 		cancel()
 		if err != nil {
-			set = map[string]affEntry{}
+			// Unread: what this process saw last stands (a slow store
+			// must not scatter conversations), read again next time.
+			set = v.set
+			if set == nil {
+				set = map[string]affEntry{}
+			}
 		}
 		a.mu.Lock()
 		for h, e := range a.dirty[rec] {

@@ -421,7 +421,9 @@ func (s *Service) throttled(ctx context.Context, msg jetstream.Msg, j *job.Job, 
 	s.m.RateLimitRequeues.WithLabelValues(j.Provider, j.Model, "requeued").Inc()
 	j.Reservation = nil
 	j.NotBefore = nil
-	if info.RetryAfter > 0 {
+	if info.RetryAfter > 0 && (j.Pinned || !s.grouped(j)) {
+		// (A job other deployments may take is placed again at once:
+		// this one waits out the Retry-After, paused and cooled.)
 		nb := s.now().Add(info.RetryAfter).UTC()
 		j.NotBefore = &nb
 	}
