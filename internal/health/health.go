@@ -109,7 +109,10 @@ type Config struct {
 
 // Defaults.
 const (
-	DefaultProbeLease = 10 * time.Second
+	// DefaultProbeLease is short: the process that takes a probe may
+	// have no job for the deployment (its fair queues hold others), and
+	// until its lease lapses the rest of the fleet waits.
+	DefaultProbeLease = 5 * time.Second
 	// FirstBackoff is the wait before a down deployment's first probe; each
 	// failed probe doubles it, up to MaxBackoff.
 	FirstBackoff = time.Second

@@ -365,7 +365,7 @@ func newServices(o Options, st *stores, reg prometheus.Registerer, ms *metrics.S
 			s.Routes(mux, auth)
 			services = append(services, s)
 		case "admission":
-			s, err := admission.New(admission.Config{App: o.Config, Guard: gd, Calib: cal}, m, o.Log, ms)
+			s, err := admission.New(admission.Config{App: o.Config, Guard: gd, Calib: cal, Health: hr}, m, o.Log, ms)
 			if err != nil {
 				return nil, nil, err
 			}

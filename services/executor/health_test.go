@@ -3,10 +3,13 @@ package executor
 import (
 	"context"
 	"net/http"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/health"
+	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/provider"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -79,5 +82,54 @@ func TestRefusedKeyTakesTheDeploymentDown(t *testing.T) {
 	}
 	if got := count(f.s.m.DeploymentChanges.WithLabelValues("p", "m", "up")); got != 1 {
 		t.Fatalf("up changes %v, want 1", got)
+	}
+}
+
+// A model other deployments serve: a refused key or an endpoint that
+// cannot be reached takes the deployment down and sends the job back to
+// be placed again, its attempts untouched, its operation queued; nothing
+// fails and nothing is dead-lettered.
+func TestDownDeploymentGivesTheJobBack(t *testing.T) {
+	t.Parallel()
+	for name, ans := range map[string]func() (*provider.Response, error){
+		"auth_401": answer(401, nil, `{"error":{"type":"invalid_request_error","code":"invalid_api_key","message":"Incorrect API key provided"}}`),
+		"unreachable": func() (*provider.Response, error) {
+			return nil, &provider.TransportError{Phase: provider.PhaseConnect, Err: syscall.ECONNREFUSED}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f := setupWith(t, `
+providers:
+  - name: p
+    base_url: http://127.0.0.1:1/v1
+    models: [{name: m, rpm: 1000, tpm: 1000000}]
+  - name: q
+    base_url: http://127.0.0.1:2/v1
+    models: [{name: m, rpm: 1000, tpm: 1000000}]
+tenants: [{name: t}]
+`, ans)
+			reg := f.withHealth()
+			j := f.job(t, "t")
+			if err := f.s.execute(context.Background(), &dispatched{}, j); err != nil {
+				t.Fatal(err)
+			}
+			if rec, _ := reg.Get("p", "m"); rec.State != health.Down || rec.Reason != name {
+				t.Fatalf("deployment %+v, want down for %s", rec, name)
+			}
+			q := f.queued(t)
+			if q.ID != j.ID || len(q.Attempts) != 0 || q.Reservation != nil || q.NotBefore != nil {
+				t.Fatalf("queued %s with attempts %+v, reservation %+v, not_before %v; want the job back, nothing spent, no wait", q.ID, q.Attempts, q.Reservation, q.NotBefore)
+			}
+			if op := f.op(t, j); op.State != mesh.OpQueued || op.Sent != nil {
+				t.Fatalf("operation %s, sent %v; want queued again", op.State, op.Sent)
+			}
+			if _, err := f.m.StoredResult(context.Background(), j.Tenant, j.ID); err == nil {
+				t.Fatal("a result was stored; want none: the job is placed again")
+			}
+			if got := count(f.s.m.DeadLetters.WithLabelValues(name)); got != 0 {
+				t.Fatalf("dead letters %v, want 0", got)
+			}
+		})
 	}
 }
