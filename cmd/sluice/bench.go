@@ -47,6 +47,13 @@ against the simulator's anthropic profile (RPM, ITPM and OTPM buckets, cache
 reads free), ITPM-bound; target: ≥0.95 of ITPM as the provider counts it,
 ≤0.5%% 429s, ≥3x the requests per minute full-prompt reservation allows.
 
+sluice bench --scenario deployments,tiers runs one model served by three
+deployments, each its own simulator (120, 120 and 60 RPM in tiers 0, 1, 1),
+short jobs arriving steadily: deployments at twice the sum (target: ≥0.95
+steady fill of the sum and of each deployment, ≤0.5%% 429s, 0 lost), tiers at
+1.2x the tier-0 limit (target: tier 0 ≥0.95 filled, the others carrying no
+more than the overflow). They run apart from the other scenarios.
+
 sluice bench overhead measures what the mesh adds between accepting a job and
 the provider receiving it, and jobs per second, against a zero-latency
 simulator with no limits. It also measures JetStream's own rates on the same
@@ -113,6 +120,11 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	if len(args) == 1 && (args[0] == "--scenario=anthropic-cache" || args[0] == "-scenario=anthropic-cache") ||
 		len(args) == 2 && (args[0] == "--scenario" || args[0] == "-scenario") && args[1] == "anthropic-cache" {
 		return runBenchAnthropic(ctx, nil, stdout, stderr)
+	}
+	if _, only, err := deploymentScenarios(args); err != nil {
+		return err
+	} else if only {
+		return runBenchDeployments(ctx, args, stdout, stderr) // bench_deployments.go
 	}
 	fs := newFlagSet("bench", stderr)
 	fs.Usage = func() {

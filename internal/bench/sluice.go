@@ -54,6 +54,9 @@ type nodeSpec struct {
 	// cache: the tenant's deterministic answers are cached (config
 	// cache.tenants) and identical jobs coalesce.
 	cache bool
+	// providers, when set, is the configuration's providers list in
+	// place of the one provider the fields above describe.
+	providers string
 }
 
 type natsMode int
@@ -107,19 +110,20 @@ func (s nodeSpec) config(dir string) (*config.Config, error) {
 		model = fmt.Sprintf("{name: %s, rpm: %d, itpm: %d, otpm: %d, max_concurrency: %d%s}\n    kind: anthropic",
 			s.model, s.rpm, s.itpm, s.otpm, s.maxConcurrency, adaptive)
 	}
+	providers := fmt.Sprintf("  - name: sim\n    base_url: %s\n    models:\n      - %s\n", s.providerURL, model)
+	if s.providers != "" {
+		providers = s.providers
+	}
 	return config.Parse(fmt.Appendf(nil, server+`
 providers:
-  - name: sim
-    base_url: %s
-    models:
-      - %s
+%s
 tenants:
   - {name: %s%s}
 retry:
   interactive: %s
   standard: %s
   batch: %s
-%s`, s.providerURL, model, tenant, keyEnv, policy, policy, policy, s.cacheConfig()))
+%s`, providers, tenant, keyEnv, policy, policy, policy, s.cacheConfig()))
 }
 
 // cacheConfig is the configuration's cache block when s caches.
@@ -310,7 +314,10 @@ func (n *meshNode) submit(ctx context.Context, j *job.Job) error {
 // public Go client.
 type mesh struct {
 	spec nodeSpec
-	node *meshNode
+	// every, when set, spaces the submissions (the i-th at every x i),
+	// else every job is offered at once.
+	every time.Duration
+	node  *meshNode
 	// metrics is what the fleet's registries said at the run's end, and
 	// the limits in effect sampled during it.
 	metrics *SluiceMetrics
@@ -390,6 +397,9 @@ func (m *mesh) run(ctx context.Context, jobs []Job, t *tracker) {
 	}
 feed:
 	for i := range jobs {
+		if m.every > 0 && !sleep(ctx, time.Until(t.t0.Add(time.Duration(i)*m.every))) {
+			break
+		}
 		select {
 		case next <- i:
 		case <-ctx.Done():

@@ -36,8 +36,6 @@ type Cache struct {
 	m   *Metrics
 	log *slog.Logger
 	now func() time.Time
-	// storeWait bounds a store: the result waits for it.
-	storeWait time.Duration
 }
 
 // Open binds the cache bucket (streams.Ensure made it).
@@ -54,7 +52,7 @@ func New(kv jetstream.KeyValue, reg prometheus.Registerer, log *slog.Logger) *Ca
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Cache{kv: kv, m: newMetrics(reg), log: log.With("component", "cache"), now: time.Now, storeWait: storeWait}
+	return &Cache{kv: kv, m: newMetrics(reg), log: log.With("component", "cache"), now: time.Now}
 }
 
 // Metrics are the cache's counters.
@@ -128,7 +126,7 @@ func (c *Cache) Store(ctx context.Context, app *config.Config, tenant string, t 
 	if err != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.storeWait)
+	ctx, cancel := context.WithTimeout(ctx, storeWait)
 	defer cancel()
 	_, err = c.kv.Create(ctx, t.Key, data, jetstream.KeyTTL(t.TTL))
 	switch {
