@@ -92,3 +92,52 @@ func fill(used, limit int) string {
 	}
 	return fmt.Sprintf("%.0f%%", 100*float64(used)/float64(limit))
 }
+
+// pace is the requests and tokens per minute provider's deployment of
+// model sends at: its limits in effect, or the slower pace of a per-second
+// cap learned from the provider.
+func pace(ctx context.Context, kv jetstream.KeyValue, cfg *config.Config, provider string, model *config.Model, now time.Time) (rpm, tpm int) {
+	rpm, tpm = model.RPM, model.TPM
+	if kv == nil {
+		return rpm, tpm
+	}
+	rec, _, err := adapt.NewStore(kv, nil).Get(ctx, adapt.Key(provider, job.ModelToken(model.Name)))
+	if err != nil {
+		return rpm, tpm
+	}
+	e := adapt.Compute(adapt.For(cfg.Admission, *model), rec, now)
+	rpm, tpm = e.PerMinute[adapt.Requests], e.PerMinute[adapt.Tokens]
+	if ps := 60 * e.PerSecond[adapt.Requests]; ps > 0 && (rpm == 0 || ps < rpm) {
+		rpm = ps
+	}
+	if ps := 60 * e.PerSecond[adapt.Tokens]; ps > 0 && (tpm == 0 || ps < tpm) {
+		tpm = ps
+	}
+	return rpm, tpm
+}
+
+// groupPace is pace for a queued job: its pinned deployment's, else its
+// group's deployments' together (0, no limit, when any has none).
+func groupPace(ctx context.Context, js jetstream.JetStream, cfg *config.Config, j *job.Job, now time.Time) (rpm, tpm int) {
+	kv, _ := js.KeyValue(ctx, streams.BucketBudgets)
+	if j.Pinned || !cfg.Grouped(j.Model) {
+		p, m, ok := cfg.Deployment(j.Provider, j.Model)
+		if !ok {
+			p, m, _ = cfg.ModelRef(j.Model)
+		}
+		return pace(ctx, kv, cfg, p.Name, m, now)
+	}
+	unlimited := [2]bool{}
+	for _, d := range cfg.Group(j.Model) {
+		r, t := pace(ctx, kv, cfg, d.Provider.Name, d.Model, now)
+		unlimited[0], unlimited[1] = unlimited[0] || r == 0, unlimited[1] || t == 0
+		rpm, tpm = rpm+r, tpm+t
+	}
+	if unlimited[0] {
+		rpm = 0
+	}
+	if unlimited[1] {
+		tpm = 0
+	}
+	return rpm, tpm
+}

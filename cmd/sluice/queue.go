@@ -234,23 +234,11 @@ func queueRows(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, cfg *
 					}
 				}
 				if cfg != nil && j.Estimate != nil {
-					if p, model, ok := cfg.ModelRef(j.Model); ok {
+					if _, _, ok := cfg.ModelRef(j.Model); ok {
 						// At the limits in effect (learned from the provider
-						// when lower than configured), not the configured ones.
-						rpm, tpm := model.RPM, model.TPM
-						if kv, err := js.KeyValue(ctx, streams.BucketBudgets); err == nil {
-							if rec, _, err := adapt.NewStore(kv, nil).Get(ctx, adapt.Key(p.Name, job.ModelToken(model.Name))); err == nil {
-								e := adapt.Compute(adapt.For(cfg.Admission, *model), rec, now)
-								rpm, tpm = e.PerMinute[adapt.Requests], e.PerMinute[adapt.Tokens]
-								// A learned per-second cap may be the slower pace.
-								if ps := 60 * e.PerSecond[adapt.Requests]; ps > 0 && (rpm == 0 || ps < rpm) {
-									rpm = ps
-								}
-								if ps := 60 * e.PerSecond[adapt.Tokens]; ps > 0 && (tpm == 0 || ps < tpm) {
-									tpm = ps
-								}
-							}
-						}
+						// when lower than configured), not the configured
+						// ones; a group's together (deployments.go).
+						rpm, tpm := groupPace(ctx, js, cfg, &j, now)
 						if tpm > 0 {
 							r.EstWait = time.Duration(float64(n) * float64(j.Estimate.Cost()) / (float64(tpm) / 60) * float64(time.Second))
 						}

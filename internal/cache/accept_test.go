@@ -1,9 +1,12 @@
 package cache_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -38,30 +41,41 @@ var env = map[string]string{"SIM_KEY": "sim-secret", "ACME_KEY": "acme-key", "GL
 func getenv(k string) string { return env[k] }
 
 // ledger counts the calls the simulated provider admitted, by the tag
-// each test writes into its prompt.
+// each test writes into its prompt, and holds the calls of the tags a test
+// holds until it releases them.
 type ledger struct {
-	mu    sync.Mutex
-	calls map[string]int
+	mu      sync.Mutex
+	calls   map[string]int
+	arrived map[string]int
+	held    map[string]chan struct{}
+}
+
+// tagOf reads the tag of a chat body's prompt ("<tag>: text").
+func tagOf(body []byte) string {
+	var b struct {
+		Messages []struct {
+			Content any `json:"content"`
+		} `json:"messages"`
+	}
+	_ = json.Unmarshal(body, &b)
+	for _, m := range b.Messages {
+		if s, ok := m.Content.(string); ok {
+			if tag, _, ok := strings.Cut(s, ":"); ok {
+				return tag
+			}
+		}
+	}
+	return ""
 }
 
 func (l *ledger) arrival(a sim.Arrival) {
 	if !a.Admitted {
 		return
 	}
-	var b struct {
-		Messages []struct {
-			Content any `json:"content"`
-		} `json:"messages"`
-	}
-	_ = json.Unmarshal(a.Body, &b)
-	for _, m := range b.Messages {
-		if s, ok := m.Content.(string); ok {
-			if tag, _, ok := strings.Cut(s, ":"); ok {
-				l.mu.Lock()
-				l.calls[tag]++
-				l.mu.Unlock()
-			}
-		}
+	if tag := tagOf(a.Body); tag != "" {
+		l.mu.Lock()
+		l.calls[tag]++
+		l.mu.Unlock()
 	}
 }
 
@@ -71,11 +85,52 @@ func (l *ledger) count(tag string) int {
 	return l.calls[tag]
 }
 
+// hold keeps the provider from answering tag's calls until release: they
+// arrive (arrivedAt counts them) and wait, however slow the machine.
+func (l *ledger) hold(tag string) (release func()) {
+	ch := make(chan struct{})
+	l.mu.Lock()
+	l.held[tag] = ch
+	l.mu.Unlock()
+	var once sync.Once
+	return func() { once.Do(func() { close(ch) }) }
+}
+
+func (l *ledger) arrivedAt(tag string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.arrived[tag]
+}
+
+// gate is the provider's front: it counts arrivals and holds what is held.
+func (l *ledger) gate(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		tag := tagOf(body)
+		l.mu.Lock()
+		l.arrived[tag]++
+		ch := l.held[tag]
+		l.mu.Unlock()
+		if ch != nil {
+			select {
+			case <-ch:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
 // startSim runs the simulated provider; every prompt of these tests is
 // "<tag>: text", and the ledger counts the provider's calls per tag.
 func startSim(t *testing.T, cfg sim.Config) (*ledger, string) {
 	t.Helper()
-	l := &ledger{calls: map[string]int{}}
+	l := &ledger{calls: map[string]int{}, arrived: map[string]int{}, held: map[string]chan struct{}{}}
 	cfg.Models = []sim.ModelLimits{{Name: model, RPM: 100000, TPM: 10000000}}
 	cfg.APIKeys = []string{"sim-secret"}
 	cfg.OnArrival = l.arrival
@@ -83,7 +138,7 @@ func startSim(t *testing.T, cfg sim.Config) (*ledger, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(s)
+	ts := httptest.NewServer(l.gate(s))
 	t.Cleanup(ts.Close)
 	return l, ts.URL
 }
@@ -143,6 +198,13 @@ func startNode(t *testing.T, cfg *config.Config, natsURL, data string) (node.Inf
 		t.Fatal("node not ready after 30s")
 	}
 	return node.Info{}, stop
+}
+
+// subCtx bounds one subtest's requests.
+func subCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
 }
 
 func sdk(info node.Info, key string, opts ...option.RequestOption) openai.Client {
@@ -232,11 +294,10 @@ func TestCacheOpenAI(t *testing.T) {
 	t.Parallel()
 	l, simURL := startSim(t, sim.Config{TTFT: 300 * time.Millisecond})
 	info, _ := startNode(t, testConfig(t, simURL, ""), "", t.TempDir())
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	acme, globex := sdk(info, "acme-key"), sdk(info, "globex-key")
 
 	t.Run("50 concurrent, then a stream", func(t *testing.T) {
+		ctx := subCtx(t)
 		p := params("fifty: classify this text", 64)
 		const n = 50
 		answers := make([]answer, n)
@@ -286,6 +347,7 @@ func TestCacheOpenAI(t *testing.T) {
 	})
 
 	t.Run("not deterministic", func(t *testing.T) {
+		ctx := subCtx(t)
 		p := params("nondet: write a poem", 64)
 		p.Temperature = openai.Float(0.7)
 		for range 2 {
@@ -322,6 +384,7 @@ func TestCacheOpenAI(t *testing.T) {
 	})
 
 	t.Run("not asked", func(t *testing.T) {
+		ctx := subCtx(t)
 		p := params("unasked: classify", 64)
 		for range 2 {
 			if a := ask(ctx, acme, p); a.err != nil || a.cache != "" {
@@ -334,6 +397,7 @@ func TestCacheOpenAI(t *testing.T) {
 	})
 
 	t.Run("truncated", func(t *testing.T) {
+		ctx := subCtx(t)
 		p := params("short: classify this text at length", 1)
 		for range 2 {
 			a := ask(ctx, acme, p, cacheable)
@@ -347,6 +411,7 @@ func TestCacheOpenAI(t *testing.T) {
 	})
 
 	t.Run("no-cache and no-store", func(t *testing.T) {
+		ctx := subCtx(t)
 		p := params("nocache: classify", 64)
 		if a := ask(ctx, acme, p, cacheable); a.err != nil {
 			t.Fatal(a.err)
@@ -370,6 +435,7 @@ func TestCacheOpenAI(t *testing.T) {
 	})
 
 	t.Run("ttl", func(t *testing.T) {
+		ctx := subCtx(t)
 		p := params("ttl: classify", 64)
 		if a := ask(ctx, acme, p, option.WithHeader("Cache-Control", "max-age=1")); a.err != nil || a.cache != "MISS" {
 			t.Fatalf("cache %q err %v", a.cache, a.err)
@@ -389,6 +455,7 @@ func TestCacheOpenAI(t *testing.T) {
 	})
 
 	t.Run("envelope", func(t *testing.T) {
+		ctx := subCtx(t)
 		// POST /v1/jobs: the envelope's cache member asks; the second job
 		// is answered from the first one's entry.
 		body := fmt.Sprintf(`{"cache":{"ttl":300},"request":{"model":%q,"temperature":0,"max_tokens":64,"messages":[{"role":"user","content":"envelope: classify"}]}}`, model)
@@ -406,6 +473,7 @@ func TestCacheOpenAI(t *testing.T) {
 	})
 
 	t.Run("anthropic", func(t *testing.T) {
+		ctx := subCtx(t)
 		c := anthropic.NewClient(aoption.WithBaseURL("http://"+info.HTTPAddr+"/"), aoption.WithAPIKey("acme-key"), aoption.WithMaxRetries(0),
 			aoption.WithHeader("Cache-Control", "max-age=300"))
 		// The SDK has no temperature field any more; the API still takes it.
@@ -508,32 +576,43 @@ func TestCacheSurvivesRestart(t *testing.T) {
 // TestCoalesceAcrossProcesses runs two nodes (every service in each) on
 // one NATS server: identical requests split between them make one call,
 // and neither a follower's nor the leader's disconnect stops the others'
-// answers.
+// answers. The provider holds each call until the test releases it, so
+// the call is in flight while requests join, however slow the machine.
 func TestCoalesceAcrossProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("nodes in several processes, about 15 s: the full tier runs it, not -short")
 	}
 	t.Parallel()
-	l, simURL := startSim(t, sim.Config{TTFT: 4 * time.Second})
+	l, simURL := startSim(t, sim.Config{})
 	ns := natstest.Server(t)
 	cfg := testConfig(t, simURL, "")
 	a, _ := startNode(t, cfg, ns.ClientURL(), "")
 	b, _ := startNode(t, cfg, ns.ClientURL(), "")
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	nodes := []node.Info{a, b}
-	coalesced := func() float64 {
-		return metric(t, a.Registry, "sluice_cache_coalesced_total", nil) + metric(t, b.Registry, "sluice_cache_coalesced_total", nil)
+	coalesced := func() int {
+		return int(metric(t, a.Registry, "sluice_cache_coalesced_total", nil) + metric(t, b.Registry, "sluice_cache_coalesced_total", nil))
 	}
 
 	t.Run("split", func(t *testing.T) {
+		ctx := subCtx(t)
 		p := params("split: classify", 64)
+		release := l.hold("split")
+		defer release()
+		base := coalesced()
 		const n = 20
 		answers := make([]answer, n)
 		var wg sync.WaitGroup
 		for i := range answers {
 			wg.Go(func() { answers[i] = ask(ctx, sdk(nodes[i%2], "acme-key"), p, cacheable) })
 		}
+		// Each request either joined the call or made its own.
+		natstest.Eventually(t, 30*time.Second, func() error {
+			if got := coalesced() - base + l.arrivedAt("split"); got < n {
+				return fmt.Errorf("%d of %d requests joined or called", got, n)
+			}
+			return nil
+		})
+		release()
 		wg.Wait()
 		for i, ans := range answers {
 			if ans.err != nil || ans.text != answers[0].text {
@@ -547,9 +626,13 @@ func TestCoalesceAcrossProcesses(t *testing.T) {
 
 	// disconnect starts a leader on node a, followers on node b once the
 	// leader's call has reached the provider, and cancels one of them
-	// (leader: index 0) once every follower has joined.
+	// (leader: index 0) once every follower has joined; then the provider
+	// answers.
 	disconnect := func(t *testing.T, tag string, drop int) {
+		ctx := subCtx(t)
 		p := params(tag+": classify", 64)
+		release := l.hold(tag)
+		defer release()
 		const followers = 4
 		answers := make([]answer, followers+1)
 		ctxs := make([]context.Context, followers+1)
@@ -560,27 +643,43 @@ func TestCoalesceAcrossProcesses(t *testing.T) {
 		}
 		base := coalesced()
 		var wg sync.WaitGroup
-		wg.Go(func() { answers[0] = askStream(ctxs[0], sdk(a, "acme-key"), p, cacheable) })
-		for deadline := time.Now().Add(10 * time.Second); l.count(tag) == 0; time.Sleep(20 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatal("the leader's call never reached the provider")
-			}
+		done := make([]chan struct{}, followers+1)
+		start := func(i int, n node.Info) {
+			done[i] = make(chan struct{})
+			wg.Go(func() {
+				defer close(done[i])
+				answers[i] = askStream(ctxs[i], sdk(n, "acme-key"), p, cacheable)
+			})
 		}
+		start(0, a)
+		natstest.Eventually(t, 30*time.Second, func() error {
+			if l.arrivedAt(tag) == 0 {
+				return errors.New("the leader's call has not reached the provider")
+			}
+			return nil
+		})
 		for i := 1; i <= followers; i++ {
-			wg.Go(func() { answers[i] = askStream(ctxs[i], sdk(b, "acme-key"), p, cacheable) })
+			start(i, b)
 		}
-		for deadline := time.Now().Add(10 * time.Second); coalesced()-base < followers; time.Sleep(20 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%v of %d followers joined", coalesced()-base, followers)
+		natstest.Eventually(t, 30*time.Second, func() error {
+			if got := coalesced() - base; got < followers {
+				return fmt.Errorf("%d of %d followers joined", got, followers)
 			}
-		}
+			return nil
+		})
 		cancels[drop]()
+		<-done[drop]
+		// Time for the node to see the disconnect before the answer comes:
+		// on a machine slower than this, the test passes without testing
+		// it, never fails for it.
+		time.Sleep(500 * time.Millisecond)
+		release()
 		wg.Wait()
 		var want string
 		for i, ans := range answers {
 			if i == drop {
 				if ans.err == nil {
-					t.Fatalf("request %d was answered before its cancel: the test needs the call in flight then", i)
+					t.Fatalf("request %d was answered before its cancel", i)
 				}
 				continue
 			}

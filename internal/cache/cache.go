@@ -36,6 +36,8 @@ type Cache struct {
 	m   *Metrics
 	log *slog.Logger
 	now func() time.Time
+	// storeWait bounds a store: the result waits for it.
+	storeWait time.Duration
 }
 
 // Open binds the cache bucket (streams.Ensure made it).
@@ -52,7 +54,7 @@ func New(kv jetstream.KeyValue, reg prometheus.Registerer, log *slog.Logger) *Ca
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Cache{kv: kv, m: newMetrics(reg), log: log.With("component", "cache"), now: time.Now}
+	return &Cache{kv: kv, m: newMetrics(reg), log: log.With("component", "cache"), now: time.Now, storeWait: storeWait}
 }
 
 // Metrics are the cache's counters.
@@ -126,7 +128,7 @@ func (c *Cache) Store(ctx context.Context, app *config.Config, tenant string, t 
 	if err != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, storeWait)
+	ctx, cancel := context.WithTimeout(ctx, c.storeWait)
 	defer cancel()
 	_, err = c.kv.Create(ctx, t.Key, data, jetstream.KeyTTL(t.TTL))
 	switch {

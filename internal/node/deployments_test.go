@@ -3,6 +3,7 @@ package node_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -215,6 +216,19 @@ func TestDeploymentsShareAndPin(t *testing.T) {
 	}
 	if got := admitted(n.sims["ptu"], model) + admitted(n.sims["east"], model); got != others {
 		t.Errorf("the other deployments served %d calls during the pinned one", got-others)
+	}
+	// GET /v1/models lists the group once.
+	req, _ = http.NewRequest(http.MethodGet, "http://"+n.info.HTTPAddr+"/v1/models", nil)
+	req.Header.Set("Authorization", "Bearer "+env["ACME_KEY"])
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct{ Data []struct{ ID string } }
+	err = json.NewDecoder(resp.Body).Decode(&list)
+	resp.Body.Close()
+	if err != nil || len(list.Data) != 1 || list.Data[0].ID != model {
+		t.Errorf("GET /v1/models: %+v (%v); want %s once", list, err, model)
 	}
 	// A pin on a provider that does not serve the model is refused.
 	res, err := n.cl.Do(context.Background(), &job.Job{Tenant: "acme", Provider: "nowhere", Request: chat(2)})
