@@ -3,6 +3,8 @@ package ingest
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -41,6 +43,9 @@ type storedResponse struct {
 	Items []json.RawMessage `json:"items,omitempty"`
 	// Messages is the input of a response stored before items were kept.
 	Messages []wire.ChatMessage `json:"messages,omitempty"`
+	// Conversation keys the chain of responses this one belongs to (the
+	// job's affinity: every turn goes where the last one was served).
+	Conversation string `json:"conversation,omitempty"`
 }
 
 // items is the stored response's input as items.
@@ -51,11 +56,22 @@ func (st *storedResponse) items() []json.RawMessage {
 	return st.Items
 }
 
-// nativeResponses reports whether model is served by a provider called on
-// its own Responses API.
-func (s *Service) nativeResponses(model string) bool {
-	p, _, ok := s.cfg.App.ModelRef(model)
-	return ok && p.NativeResponses()
+// nativeResponses reports whether the request's model is served only by
+// providers called on their own Responses API: the deployment it is
+// pinned to (X-Sluice-Provider), else every deployment of the model's
+// group, since admission may place it on any.
+func (s *Service) nativeResponses(r *http.Request, model string) bool {
+	if pin := r.Header.Get("X-Sluice-Provider"); pin != "" {
+		p, _, ok := s.cfg.App.Deployment(pin, model)
+		return ok && p.NativeResponses()
+	}
+	group := s.cfg.App.Group(model)
+	for _, d := range group {
+		if !d.Provider.NativeResponses() {
+			return false
+		}
+	}
+	return len(group) > 0
 }
 
 // responseKey is the results-bucket key of a tenant's stored response.
@@ -86,7 +102,7 @@ func (s *Service) responses(w http.ResponseWriter, r *http.Request, auth api.Aut
 		s.invalidResponse(w, err)
 		return
 	}
-	native := s.nativeResponses(req.Model)
+	native := s.nativeResponses(r, req.Model)
 	if params, types := req.BuiltinTools(); len(params) > 0 && !native {
 		s.invalidResponse(w, &wire.Error{Param: params[0], Msg: fmt.Sprintf("built-in tool %q runs only on a provider serving the Responses API natively (responses: native); model %q is translated to another API", clip(types[0]), clip(req.Model))})
 		return
@@ -106,8 +122,9 @@ func (s *Service) responses(w http.ResponseWriter, r *http.Request, auth api.Aut
 		return
 	}
 	var prior []json.RawMessage
+	conversation := ""
 	if req.PreviousResponseID != "" {
-		if prior, err = s.history(r.Context(), tenant, req.PreviousResponseID); err != nil {
+		if prior, conversation, err = s.history(r.Context(), tenant, req.PreviousResponseID); err != nil {
 			s.invalidResponse(w, err)
 			return
 		}
@@ -143,6 +160,15 @@ func (s *Service) responses(w http.ResponseWriter, r *http.Request, auth api.Aut
 	r2 := r.Clone(withEndpoint(r.Context(), job.EndpointResponses))
 	r2.Body = io.NopCloser(bytes.NewReader(chat))
 	r2.ContentLength = int64(len(chat))
+	if conversation == "" && req.Stored() {
+		conversation = newConversation(chat)
+	}
+	stored.Conversation = conversation
+	if conversation != "" && r2.Header.Get(affinityHeader) == "" {
+		// The chain's turns go where the last one was served, while it
+		// has room (the provider's prompt cache holds the prefix).
+		r2.Header.Set(affinityHeader, conversation)
+	}
 	rec := &captured{h: http.Header{}, real: w}
 	if req.Stream {
 		rec.stream = &responsesEvents{start: func() *wire.Events { return wire.NewEvents(accepted(rec.h.Get("X-Sluice-Job-Id"))) }}
@@ -190,6 +216,17 @@ func (s *Service) invalidResponse(w http.ResponseWriter, err error) {
 		return
 	}
 	s.fail(w, "responses", err)
+}
+
+// affinityHeader is the job's affinity key (chatJob reads it).
+const affinityHeader = "X-Sluice-Affinity"
+
+// newConversation is a new chain's key, from its first request: a
+// retry of that request keys alike, and so do chains that start alike,
+// whose prefix the same cache holds.
+func newConversation(chat []byte) string {
+	h := sha256.Sum256(chat)
+	return "conv_" + hex.EncodeToString(h[:16])
 }
 
 // responseNotFound: a response id names no response the tenant has.
@@ -249,31 +286,34 @@ func (s *Service) loadResponse(ctx context.Context, tenant, id string) (*storedR
 
 // history is the conversation a previous response ends, as items: its
 // input, then its output.
-func (s *Service) history(ctx context.Context, tenant, id string) ([]json.RawMessage, error) {
+func (s *Service) history(ctx context.Context, tenant, id string) (items []json.RawMessage, conversation string, err error) {
 	st, res, err := s.loadResponse(ctx, tenant, id)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if res == nil || res.Status != job.StatusSucceeded {
 		state := "is still in progress"
 		if res != nil {
 			state = "did not complete (" + string(res.Status) + ")"
 		}
-		return nil, &wire.Error{Param: "previous_response_id", Msg: fmt.Sprintf("response '%s' %s; a conversation continues from a completed response", clip(id), state)}
+		return nil, "", &wire.Error{Param: "previous_response_id", Msg: fmt.Sprintf("response '%s' %s; a conversation continues from a completed response", clip(id), state)}
 	}
 	out, err := wire.FromChat(st.Meta, res.Response)
 	if err != nil {
-		return nil, &wire.Error{Param: "previous_response_id", Msg: "the previous response's answer cannot be read"}
+		return nil, "", &wire.Error{Param: "previous_response_id", Msg: "the previous response's answer cannot be read"}
 	}
-	items := append([]json.RawMessage(nil), st.items()...)
+	items = append(items, st.items()...)
 	for _, it := range out["output"].([]map[string]any) {
 		b, err := json.Marshal(it)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		items = append(items, b)
 	}
-	return items, nil
+	if conversation = st.Conversation; conversation == "" {
+		conversation = id
+	}
+	return items, conversation, nil
 }
 
 // responseObject renders a stored response as it stands.
