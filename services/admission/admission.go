@@ -144,7 +144,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	for _, x := range []*budget.Store{tmin, tday} {
 		x.Writes, x.Conflicts = ms.BudgetWrites.Inc, ms.BudgetConflict.Inc
 	}
-	s := &Service{cfg: cfg, guard: cfg.Guard, mesh: m, store: st, learn: adapt.NewStore(m.Budgets, now), pcache: promptcache.New(m.Budgets, now), learned: adapt.NewCache[adapt.State](adapt.AdmissionRefresh), shown: map[string]time.Time{}, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, queues: map[string]*queueState{}, health: cfg.Health, held: newHeldSet(), notBefore: map[string]time.Time{}, leases: map[string]*budget.Lease{}, tblocks: map[string]*budget.Lease{}}
+	s := &Service{cfg: cfg, guard: cfg.Guard, mesh: m, store: st, learn: adapt.NewStore(m.Budgets, now), pcache: promptcache.New(m.Budgets, now), learned: adapt.NewCache[adapt.State](adapt.AdmissionRefresh), shown: map[string]time.Time{}, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, queues: map[string]*queueState{}, health: healthOf(cfg.Health), held: newHeldSet(), notBefore: map[string]time.Time{}, leases: map[string]*budget.Lease{}, tblocks: map[string]*budget.Lease{}}
 	s.affinity = newAffinityTable(m.Budgets, now, a.CacheAffinity.TTL.D(), a.CacheAffinity.MaxDelay.D(), ms.AffinityJobs)
 	s.lead = newLead(a)
 	st.Lead = s.lead.Lead

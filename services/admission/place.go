@@ -3,6 +3,7 @@ package admission
 import (
 	"cmp"
 	"context"
+	"reflect"
 	"slices"
 	"time"
 
@@ -33,6 +34,18 @@ import (
 // provides it; admission never calls it with a lock held.
 type DeploymentHealth interface {
 	Blocked(provider, model string, now time.Time) (until time.Time, reason string, blocked bool)
+}
+
+// healthOf is h, or nil for a nil interface or one holding a nil pointer
+// (a process without a health registry): nothing is blocked.
+func healthOf(h DeploymentHealth) DeploymentHealth {
+	if h == nil {
+		return nil
+	}
+	if v := reflect.ValueOf(h); v.Kind() == reflect.Pointer && v.IsNil() {
+		return nil
+	}
+	return h
 }
 
 // reserve places the job it, popped from q in fair order, on the first

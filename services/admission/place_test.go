@@ -83,3 +83,18 @@ providers:
 		t.Fatalf("pinned queue deployments %v, want [d] in a queue of its own", got)
 	}
 }
+
+type nilHealth struct{}
+
+func (*nilHealth) Blocked(string, string, time.Time) (time.Time, string, bool) { panic("called") }
+
+func TestHealthOfNil(t *testing.T) {
+	t.Parallel()
+	var p *nilHealth
+	if healthOf(nil) != nil || healthOf(p) != nil {
+		t.Fatal("a nil registry is not nil health")
+	}
+	if healthOf(fakeHealth{}) == nil {
+		t.Fatal("a registry lost")
+	}
+}
