@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/natsauth"
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
@@ -199,20 +200,20 @@ func startUpWith(t testing.TB, yaml string, env map[string]string, extra []strin
 	return n
 }
 
+// waitReady waits until the node at base answers /readyz with 200.
 func waitReady(t testing.TB, base string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	natstest.Eventually(t, 30*time.Second, func() error {
 		resp, err := http.Get(base + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
+		if err != nil {
+			return err
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("%s/readyz not ready in 30s", base)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s/readyz: %d", base, resp.StatusCode)
+		}
+		return nil
+	})
 }
 
 func natsClient(t testing.TB, url string) (*nats.Conn, *client.Client) {
