@@ -144,6 +144,7 @@ func TestDeploymentsTierSpill(t *testing.T) {
 	}
 	burst := n.run(t, jobs(30, nil))
 	by := servedBy(burst)
+	t.Logf("a burst of 30 served %v", by)
 	if by["ptu"] < 1 || by["east"] < 1 || by["ptu"]+by["east"] != 30 {
 		t.Fatalf("a burst of 30 was served %v; want both tiers (tier 0 full, the rest spilled to tier 1)", by)
 	}
@@ -173,6 +174,7 @@ func TestDeploymentsShareAndPin(t *testing.T) {
 	})
 	rs := n.run(t, jobs(24, nil))
 	by := servedBy(rs)
+	t.Logf("24 jobs served %v", by)
 	for _, d := range []string{"ptu", "east", "west"} {
 		if by[d] == 0 {
 			t.Errorf("%s served none of 24 jobs (%v); want every deployment used", d, by)
