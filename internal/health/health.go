@@ -167,7 +167,8 @@ func New(cfg Config) *Registry {
 // now, why, and until when (zero: until a probe succeeds). It reads memory
 // only. When the deployment's wait has ended and no process holds its
 // probe, Blocked asks Run to take it for this process and says to look
-// again ProbeTakeWait later.
+// again ProbeTakeWait later; while another process probes a deployment
+// that was only cooling, ProbeRecheck later.
 func (r *Registry) Blocked(provider, model string, now time.Time) (until time.Time, reason string, blocked bool) {
 	d := Deployment{provider, model}
 	e, ok := (*r.view.Load())[d]
@@ -189,12 +190,21 @@ func (r *Registry) Blocked(provider, model string, now time.Time) (until time.Ti
 		r.askProbe(d)
 		return now.Add(ProbeTakeWait), e.rec.Reason, true
 	}
+	if e.rec.State == Cooling {
+		// Another process probes a deployment that only asked to wait:
+		// its first success is likely, so look again soon.
+		return now.Add(ProbeRecheck), e.rec.Reason, true
+	}
 	return time.Time{}, e.rec.Reason, true
 }
 
 // ProbeTakeWait is how long after Blocked asked to take a deployment's
-// probe its caller should ask again.
-const ProbeTakeWait = 25 * time.Millisecond
+// probe its caller should ask again; ProbeRecheck how long after it said
+// another process probes a cooled deployment.
+const (
+	ProbeTakeWait = 25 * time.Millisecond
+	ProbeRecheck  = 250 * time.Millisecond
+)
 
 // Get returns the deployment's record as this process last saw it.
 func (r *Registry) Get(provider, model string) (Record, bool) {
