@@ -82,6 +82,8 @@ func TestBenchScenarioFlags(t *testing.T) {
 		{"--scenario", "known:z"},
 		{"--workload", "none"},
 		{"--workload", "none", "--scenario", "none"},
+		{"--scenario", "known,deployments"}, // the deployment scenarios run apart
+		{"--scenario=tiers", "--offer-for", "-1s"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if err := runBench(t.Context(), args, func(string) string { return "" }, &stdout, &stderr); err == nil {
@@ -91,6 +93,9 @@ func TestBenchScenarioFlags(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	if err := runBench(t.Context(), []string{"-h"}, func(string) string { return "" }, &stdout, &stderr); err != nil {
 		t.Errorf("runBench(-h) = %v, want nil", err)
+	}
+	if !strings.Contains(stderr.String(), "--scenario deployments,tiers") {
+		t.Errorf("-h does not name the deployment scenarios:\n%s", stderr.String())
 	}
 	for _, sc := range bench.Scenarios {
 		if !strings.Contains(stderr.String(), sc.Name) || !strings.Contains(stderr.String(), sc.Target.String()) {
