@@ -3,13 +3,9 @@ package promptcache
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"sort"
 	"sync"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/keys"
@@ -123,7 +119,7 @@ func (r *Registry) Record(ctx context.Context, key, hash string, tokens int, ttl
 			}
 		}
 		set[hash] = Entry{Expires: max(exp, set[hash].Expires), Tokens: tokens}
-		trim(set)
+		budget.TrimMap(set, MaxEntries, func(e Entry) int64 { return e.Expires })
 		data, _ := json.Marshal(set)
 		if rev == 0 {
 			_, err = r.kv.Create(ctx, key, data)
@@ -141,32 +137,6 @@ func (r *Registry) Record(ctx context.Context, key, hash string, tokens int, ttl
 	return fmt.Errorf("%w: %s: too many conflicts", budget.ErrUnavailable, key)
 }
 
-// trim keeps the MaxEntries entries that expire last.
-func trim(set map[string]Entry) {
-	if len(set) <= MaxEntries {
-		return
-	}
-	hs := make([]string, 0, len(set))
-	for h := range set {
-		hs = append(hs, h)
-	}
-	sort.Slice(hs, func(i, j int) bool { return set[hs[i]].Expires > set[hs[j]].Expires })
-	for _, h := range hs[MaxEntries:] {
-		delete(set, h)
-	}
-}
-
 func (r *Registry) load(ctx context.Context, key string) (map[string]Entry, uint64, error) {
-	set := map[string]Entry{}
-	e, err := r.kv.Get(ctx, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return set, 0, nil
-	}
-	if err != nil {
-		return nil, 0, fmt.Errorf("%w: get %s: %v", budget.ErrUnavailable, key, err)
-	}
-	if json.Unmarshal(e.Value(), &set) != nil {
-		set = map[string]Entry{} // a corrupt record is rewritten, never trusted
-	}
-	return set, e.Revision(), nil
+	return budget.LoadMap[Entry](ctx, r.kv, key)
 }

@@ -6,11 +6,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"sort"
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-dev/sluice/internal/budget"
@@ -252,7 +250,7 @@ func (a *affinityTable) write(ctx context.Context, rec string, entries map[strin
 		for h, e := range entries {
 			set[h] = e
 		}
-		trimAffinity(set)
+		budget.TrimMap(set, MaxAffinityKeys, func(e affEntry) int64 { return e.E })
 		data, _ := json.Marshal(set)
 		if rev == 0 {
 			_, err = a.kv.Create(ctx, rec, data)
@@ -266,31 +264,6 @@ func (a *affinityTable) write(ctx context.Context, rec string, entries map[strin
 	return errors.New("affinity record: too many conflicts")
 }
 
-func trimAffinity(set map[string]affEntry) {
-	if len(set) <= MaxAffinityKeys {
-		return
-	}
-	hs := make([]string, 0, len(set))
-	for h := range set {
-		hs = append(hs, h)
-	}
-	sort.Slice(hs, func(i, j int) bool { return set[hs[i]].E > set[hs[j]].E })
-	for _, h := range hs[MaxAffinityKeys:] {
-		delete(set, h)
-	}
-}
-
 func (a *affinityTable) load(ctx context.Context, rec string) (map[string]affEntry, uint64, error) {
-	set := map[string]affEntry{}
-	e, err := a.kv.Get(ctx, rec)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return set, 0, nil
-	}
-	if err != nil {
-		return nil, 0, err
-	}
-	if json.Unmarshal(e.Value(), &set) != nil {
-		set = map[string]affEntry{} // a corrupt record is rewritten, never trusted
-	}
-	return set, e.Revision(), nil
+	return budget.LoadMap[affEntry](ctx, a.kv, rec)
 }
