@@ -351,9 +351,11 @@ func (e *notFoundError) Is(target error) bool { return target == job.ErrNotFound
 
 // fresh returns the job a replay of old submits: the producer's fields
 // (tenant, priority, task, request, cost: the same work costs the same
-// units; at_least_once; cache) without the deadline and idempotency key,
-// a new id, and none of the fields Sluice fills in (ingest decides the
-// cache target again).
+// units; at_least_once; cache; the conversation's affinity key) without
+// the deadline and idempotency key, a new id, and none of the fields
+// Sluice fills in (ingest decides the cache target again). A pin to one
+// deployment is not kept: the replay may go to any deployment of its
+// model, as the one it was pinned to may be why it was dead-lettered.
 func fresh(old job.Job) job.Job {
 	nj := old
 	nj.ID = job.NewID()

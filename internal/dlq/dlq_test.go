@@ -69,6 +69,7 @@ func entry(tenant string) *dlq.Entry {
 			RateLimited: 2, Seal: "c2VhbA", Revs: &job.Revs{Record: 7, Op: 8}, Gated: true,
 			Cache:       &job.CacheOptions{TTL: 60},
 			CacheTarget: &job.CacheTarget{Key: "t." + tenant + ".chat.abc", TTL: time.Minute},
+			Affinity:    "conversation-1", Pinned: true,
 		},
 		Reason:    dlq.ReasonRetriesExhausted,
 		LastError: &job.Error{Code: "server_is_overloaded", Message: "try again later"},
@@ -261,7 +262,7 @@ func TestReplayByID(t *testing.T) {
 	}
 	// Every other field starts empty: the deadline and idempotency key on
 	// purpose, the rest because Sluice fills them in.
-	kept := map[string]bool{"ID": true, "Tenant": true, "Priority": true, "Task": true, "Endpoint": true, "Request": true, "Cost": true, "AtLeastOnce": true, "Cache": true}
+	kept := map[string]bool{"ID": true, "Tenant": true, "Priority": true, "Task": true, "Endpoint": true, "Request": true, "Cost": true, "AtLeastOnce": true, "Cache": true, "Affinity": true}
 	orig, got := reflect.ValueOf(a.Job), reflect.ValueOf(*nj)
 	for i := range orig.NumField() {
 		name := orig.Type().Field(i).Name

@@ -470,10 +470,15 @@ func TestResponsesStreamBoundary(t *testing.T) {
 				if calls != 1 {
 					t.Errorf("the provider got %d calls, want exactly 1", calls)
 				}
-				g, err := n.sdk.Responses.Get(ctx, end.Response.ID, responses.ResponseGetParams{})
-				if err != nil || g.Status != responses.ResponseStatusIncomplete {
-					t.Errorf("Get: %v status %q, want incomplete", err, g.Status)
-				}
+				// The stream's end is stored before the job's result, so a
+				// Get right after it may still find the response running.
+				natstest.Eventually(t, 10*time.Second, func() error {
+					g, err := n.sdk.Responses.Get(ctx, end.Response.ID, responses.ResponseGetParams{})
+					if err != nil || g.Status != responses.ResponseStatusIncomplete {
+						return fmt.Errorf("Get: %v status %q, want incomplete", err, g.Status)
+					}
+					return nil
+				})
 			})
 		}
 	}
