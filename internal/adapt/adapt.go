@@ -313,16 +313,7 @@ func (s *Store) Cut(ctx context.Context, key string, c Config, r Refusal) (bool,
 		ms := now.UnixMilli()
 		reason, cut = "", false
 		// A limit the provider states is adopted whatever the epoch.
-		stated := false
-		for d := range Dims {
-			if v := r.Stated[d]; v > 0 && v != st.Stated[d] {
-				st.Stated[d], stated = v, true
-			}
-			if r.Stated[d] > 0 && st.Discovering[d] {
-				st.Learned[d], st.LearnedAt[d], st.Discovering[d] = 0, 0, false
-				stated = true
-			}
-		}
+		stated := st.adopt(r.Stated)
 		if r.ReservedAt.UnixMilli() < st.Epoch+EpochSlack.Milliseconds() {
 			if stated {
 				reason, cut = "stated", true
@@ -415,21 +406,25 @@ func (s *Store) Observe(ctx context.Context, key string, c Config, stated [Dims]
 	if !c.Adapts || (stated[0] <= 0 && stated[1] <= 0) {
 		return nil
 	}
-	_, _, err := s.Update(ctx, key, func(st *State) bool {
-		changed := false
-		for d := range Dims {
-			if v := stated[d]; v > 0 && v != st.Stated[d] {
-				st.Stated[d], changed = v, true
-			}
-			if stated[d] > 0 && st.Discovering[d] {
-				// The provider said: nothing left to discover.
-				st.Learned[d], st.LearnedAt[d], st.Discovering[d] = 0, 0, false
-				changed = true
-			}
-		}
-		return changed
-	})
+	_, _, err := s.Update(ctx, key, func(st *State) bool { return st.adopt(stated) })
 	return err
+}
+
+// adopt records the limits a provider stated (> 0) and ends the discovery
+// of a limit it stated (nothing is left to discover); it reports whether
+// the record changed.
+func (st *State) adopt(stated [Dims]int) bool {
+	changed := false
+	for d := range Dims {
+		if v := stated[d]; v > 0 && v != st.Stated[d] {
+			st.Stated[d], changed = v, true
+		}
+		if stated[d] > 0 && st.Discovering[d] {
+			st.Learned[d], st.LearnedAt[d], st.Discovering[d] = 0, 0, false
+			changed = true
+		}
+	}
+	return changed
 }
 
 // Start prepares a model's record when it has none: a warm-up, and the

@@ -54,19 +54,8 @@ func ChatToResponses(chat []byte) ([]byte, error) {
 	if len(in.Tools) > 0 {
 		out["tools"] = responsesTools(in.Tools)
 	}
-	if tc := present(in.ToolChoice); tc != nil {
-		var s string
-		var f struct {
-			Function struct {
-				Name string `json:"name"`
-			} `json:"function"`
-		}
-		switch {
-		case json.Unmarshal(tc, &s) == nil:
-			out["tool_choice"] = s
-		case json.Unmarshal(tc, &f) == nil && f.Function.Name != "":
-			out["tool_choice"] = map[string]any{"type": "function", "name": f.Function.Name}
-		}
+	if tc, ok := responsesToolChoice(in.ToolChoice); ok {
+		out["tool_choice"] = tc
 	}
 	if in.ParallelToolCalls != nil {
 		out["parallel_tool_calls"] = *in.ParallelToolCalls
@@ -108,26 +97,54 @@ func ChatToResponses(chat []byte) ([]byte, error) {
 		out["stream"] = true
 	}
 	if n := in.Native; n != nil {
-		// The request's own items and tools, as the caller sent them.
-		delete(out, "instructions")
-		if n.Instructions != nil && *n.Instructions != "" {
-			out["instructions"] = *n.Instructions
-		}
-		out["input"] = n.Input
-		if len(n.Tools) > 0 {
-			out["tools"] = n.Tools
-		}
-		if n.ToolChoice != nil {
-			out["tool_choice"] = n.ToolChoice
-		}
-		if len(n.Include) > 0 {
-			out["include"] = n.Include
-		}
-		if n.Reasoning != nil {
-			out["reasoning"] = n.Reasoning
-		}
+		n.apply(out)
 	}
 	return marshal(out)
+}
+
+// responsesToolChoice is a chat tool_choice in the Responses shape: a
+// string as it is, a named function as {type, name}; false when absent or
+// neither.
+func responsesToolChoice(raw json.RawMessage) (any, bool) {
+	tc := present(raw)
+	if tc == nil {
+		return nil, false
+	}
+	var s string
+	var f struct {
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	}
+	switch {
+	case json.Unmarshal(tc, &s) == nil:
+		return s, true
+	case json.Unmarshal(tc, &f) == nil && f.Function.Name != "":
+		return map[string]any{"type": "function", "name": f.Function.Name}, true
+	}
+	return nil, false
+}
+
+// apply puts the request's own items and tools, as the caller sent them,
+// in place of what was translated from the chat body.
+func (n *Native) apply(out map[string]any) {
+	delete(out, "instructions")
+	if n.Instructions != nil && *n.Instructions != "" {
+		out["instructions"] = *n.Instructions
+	}
+	out["input"] = n.Input
+	if len(n.Tools) > 0 {
+		out["tools"] = n.Tools
+	}
+	if n.ToolChoice != nil {
+		out["tool_choice"] = n.ToolChoice
+	}
+	if len(n.Include) > 0 {
+		out["include"] = n.Include
+	}
+	if n.Reasoning != nil {
+		out["reasoning"] = n.Reasoning
+	}
 }
 
 // responsesInput splits chat messages into Responses instructions (the

@@ -174,9 +174,15 @@ func (s *Service) responses(w http.ResponseWriter, r *http.Request, auth api.Aut
 		rec.stream = &responsesEvents{start: func() *wire.Events { return wire.NewEvents(accepted(rec.h.Get("X-Sluice-Job-Id"))) }}
 	}
 	s.chat(rec, r2, auth)
-	if rec.streamed {
-		return
+	if !rec.streamed {
+		answerResponse(w, rec, accepted)
 	}
+}
+
+// answerResponse writes the chat answer rec captured as a response: its
+// headers, and the answer translated (accepted gives the response's
+// metadata for its job), or an error as the chat handler answered it.
+func answerResponse(w http.ResponseWriter, rec *captured, accepted func(jobID string) wire.Meta) {
 	h := w.Header()
 	for k, v := range rec.h {
 		if k != "Content-Length" {
