@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
@@ -33,34 +34,31 @@ func TestQueueVisibilityAndBackpressure(t *testing.T) {
 		}
 		ids = append(ids, id)
 	}
-	time.Sleep(2 * time.Second)
-
 	// A job behind the first (which goes first is the fair queue's choice)
-	// waits for the model's RPM budget, and says so.
-	var seen []string
-	waiting := false
-	for _, id := range ids {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, n.HTTP+"/v1/jobs/"+id, nil)
-		req.Header.Set("Authorization", "Bearer acme-key")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
+	// waits for the model's RPM budget, and says so once admission has
+	// looked at it (how soon is the machine's business).
+	natstest.Eventually(t, 30*time.Second, func() error {
+		var seen []string
+		for _, id := range ids {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, n.HTTP+"/v1/jobs/"+id, nil)
+			req.Header.Set("Authorization", "Bearer acme-key")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return err
+			}
+			var got struct {
+				Status  string
+				Waiting struct{ Reason string }
+			}
+			_ = json.NewDecoder(resp.Body).Decode(&got)
+			resp.Body.Close()
+			seen = append(seen, got.Status+"/"+got.Waiting.Reason)
+			if got.Status == "queued" && (got.Waiting.Reason == "rpm" || got.Waiting.Reason == "paused_provider") {
+				return nil
+			}
 		}
-		var got struct {
-			Status  string
-			Waiting struct{ Reason string }
-		}
-		_ = json.NewDecoder(resp.Body).Decode(&got)
-		resp.Body.Close()
-		seen = append(seen, got.Status+"/"+got.Waiting.Reason)
-		if got.Status == "queued" && (got.Waiting.Reason == "rpm" || got.Waiting.Reason == "paused_provider") {
-			waiting = true
-			break
-		}
-	}
-	if !waiting {
-		t.Errorf("no job queued waiting for rpm among %v", seen)
-	}
+		return fmt.Errorf("no job queued waiting for rpm among %v", seen)
+	})
 
 	// sluice queue shows the backlog.
 	dir := t.TempDir()
@@ -69,26 +67,24 @@ func TestQueueVisibilityAndBackpressure(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out, errOut bytes.Buffer
-	// The first answer's token correction reaches the fleet's record once
-	// the answer is back: how soon is the machine's business.
-	for {
+	// The backlog, and the token correction the first answer taught the
+	// fleet, reach `sluice queue` once admission and the result service
+	// have written them: how soon is the machine's business.
+	natstest.Eventually(t, 45*time.Second, func() error {
 		out.Reset()
 		if err := run(ctx, []string{"queue", "--nats-url", n.NATS, "--data", n.Data(t), "--config", cfgPath}, func(string) string { return "" }, &out, &errOut); err != nil {
 			t.Fatalf("sluice queue: %v (%s)", err, errOut.String())
 		}
-		if strings.Contains(out.String(), "TOKEN CORRECTION") || ctx.Err() != nil {
-			break
+		s := out.String()
+		if !strings.Contains(s, "standard") || !strings.Contains(s, "acme") || !(strings.Contains(s, "rpm") || strings.Contains(s, "paused_provider")) || strings.Contains(s, " 0s ") {
+			return fmt.Errorf("sluice queue printed:\n%s\n(stderr %s) want a standard/acme row waiting for rpm or a paused provider, with an estimated wait", s, errOut.String())
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	if !strings.Contains(out.String(), "standard") || !strings.Contains(out.String(), "acme") || !(strings.Contains(out.String(), "rpm") || strings.Contains(out.String(), "paused_provider")) || strings.Contains(out.String(), " 0s ") {
-		t.Errorf("sluice queue printed:\n%s\n(stderr %s) want a standard/acme row waiting for rpm or a paused provider, with an estimated wait", out.String(), errOut.String())
-	}
-	// The first answers came back: it shows the token correction they
-	// taught the fleet, and --json --limits gives it as rows.
-	if !strings.Contains(out.String(), "TOKEN CORRECTION") || !strings.Contains(out.String(), "sim.gpt-4o-mini  (all)") {
-		t.Errorf("sluice queue printed:\n%s\nwant the token correction of sim.gpt-4o-mini", out.String())
-	}
+		if !strings.Contains(s, "TOKEN CORRECTION") || !strings.Contains(s, "sim.gpt-4o-mini  (all)") {
+			return fmt.Errorf("sluice queue printed:\n%s\nwant the token correction of sim.gpt-4o-mini", s)
+		}
+		return nil
+	})
+	// --json --limits gives the correction as rows.
 	out.Reset()
 	if err := run(ctx, []string{"queue", "--nats-url", n.NATS, "--data", n.Data(t), "--json", "--limits"}, func(string) string { return "" }, &out, &errOut); err != nil {
 		t.Fatalf("sluice queue --json --limits: %v (%s)", err, errOut.String())
@@ -125,10 +121,14 @@ func TestQueueVisibilityAndBackpressure(t *testing.T) {
 		_ = json.NewDecoder(resp.Body).Decode(&e)
 		return resp.StatusCode, e.Error.Code, resp.Header.Get("Retry-After")
 	}
-	// Batch is shed while the queue is past its shed level.
-	if status, code, ra := post("batch", ""); status != 429 || code != "shed" || ra == "" || ra == "0" {
-		t.Errorf("batch under pressure: %d %q Retry-After %q; want 429 shed with a Retry-After", status, code, ra)
-	}
+	// Batch is shed while the queue is past its shed level, once ingest has
+	// read the queue's depth (it does at most once a second).
+	natstest.Eventually(t, 30*time.Second, func() error {
+		if status, code, ra := post("batch", ""); status != 429 || code != "shed" || ra == "" || ra == "0" {
+			return fmt.Errorf("batch under pressure: %d %q Retry-After %q; want 429 shed with a Retry-After", status, code, ra)
+		}
+		return nil
+	})
 	// A deadline the queue ahead makes impossible is refused now.
 	dl := time.Now().Add(10 * time.Second).UTC().Format(time.RFC3339)
 	if status, code, _ := post("interactive", `"deadline":"`+dl+`",`); status != 429 || code != "deadline_unmeetable" {
