@@ -10,22 +10,10 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/adapt"
 	"github.com/sluice-dev/sluice/internal/budget"
+	"github.com/sluice-dev/sluice/internal/fakeclock"
 	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/internal/provider"
 )
-
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Add(d time.Duration) time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-	return c.t
-}
 
 func bucket(t *testing.T) jetstream.KeyValue {
 	t.Helper()
@@ -51,7 +39,7 @@ var cfg = adapt.Config{RPM: 600, TPM: 600_000, Adapts: true, BurstFraction: 1.0 
 func TestOneEpochCutsOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c := &clock{t: time.Unix(1_750_000_000, 0)}
+	c := fakeclock.New(time.Unix(1_750_000_000, 0))
 	st := adapt.NewStore(bucket(t), c.Now)
 	reserved := c.Now().Add(-200 * time.Millisecond)
 	cuts := 0
@@ -89,7 +77,7 @@ func TestOneEpochCutsOnce(t *testing.T) {
 	}
 	// Calls reserved after the cut (and its propagation) are new evidence:
 	// the second refusal of them cuts.
-	c.Add(2 * time.Second)
+	c.Advance(2 * time.Second)
 	for i, want := range []bool{false, true} {
 		cut, _, err := st.Cut(ctx, key, cfg, adapt.Refusal{Kind: provider.LimitBurst, Dim: adapt.Requests, ReservedAt: c.Now()})
 		if err != nil || cut != want {
@@ -103,7 +91,7 @@ func TestOneEpochCutsOnce(t *testing.T) {
 func TestBurstConfirm(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c := &clock{t: time.Unix(1_750_000_000, 0)}
+	c := fakeclock.New(time.Unix(1_750_000_000, 0))
 	st := adapt.NewStore(bucket(t), c.Now)
 	refuse := func() bool {
 		t.Helper()
@@ -124,11 +112,11 @@ func TestBurstConfirm(t *testing.T) {
 	if refuse() || perSecond() != 10 {
 		t.Fatalf("one burst refusal alone cut the per-second cap to %d", perSecond())
 	}
-	c.Add(adapt.BurstConfirm + time.Second)
+	c.Advance(adapt.BurstConfirm + time.Second)
 	if refuse() || perSecond() != 10 {
 		t.Fatalf("a burst refusal %v after the last one cut the per-second cap to %d", adapt.BurstConfirm+time.Second, perSecond())
 	}
-	c.Add(5 * time.Second)
+	c.Advance(5 * time.Second)
 	if !refuse() || perSecond() != 8 {
 		t.Fatalf("a second burst refusal 5 s after another: per-second cap %d, want it cut to 8", perSecond())
 	}
@@ -139,20 +127,20 @@ func TestBurstConfirm(t *testing.T) {
 func TestRestartedFleetStartsWarm(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c := &clock{t: time.Unix(1_750_000_000, 0)}
+	c := fakeclock.New(time.Unix(1_750_000_000, 0))
 	kv := bucket(t)
 	first := adapt.NewStore(kv, c.Now)
 	if _, err := first.Start(ctx, key, cfg); err != nil {
 		t.Fatal(err)
 	}
-	c.Add(time.Minute)
+	c.Advance(time.Minute)
 	// A hidden per-minute limit: refused with the fleet's window at 400.
 	cut, reason, err := first.Cut(ctx, key, cfg, adapt.Refusal{Kind: provider.LimitMinute, Dim: adapt.Requests, ReservedAt: c.Now(),
 		Used: budget.Cost{Requests: 400, Tokens: 40_000}, Stated: [adapt.Dims]int{-1, -1}})
 	if err != nil || !cut || reason != "minute" {
 		t.Fatalf("minute refusal: cut %v reason %q err %v", cut, reason, err)
 	}
-	c.Add(5 * time.Second)
+	c.Advance(5 * time.Second)
 	again := adapt.NewStore(kv, c.Now) // a new process
 	if _, err := again.Start(ctx, key, cfg); err != nil {
 		t.Fatal(err)
@@ -187,7 +175,7 @@ func TestRestartedFleetStartsWarm(t *testing.T) {
 func TestStatedAndDiscovered(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c := &clock{t: time.Unix(1_750_000_000, 0)}
+	c := fakeclock.New(time.Unix(1_750_000_000, 0))
 	st := adapt.NewStore(bucket(t), c.Now)
 	twice := adapt.Config{RPM: 1200, TPM: 1_200_000, Adapts: true, BurstFraction: 1.0 / 60}
 	if err := st.Observe(ctx, key, twice, [adapt.Dims]int{600, 600_000}); err != nil {

@@ -9,42 +9,19 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluice-dev/sluice/internal/breaker"
+	"github.com/sluice-dev/sluice/internal/fakeclock"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// clock is a fake clock safe for concurrent use.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
 var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
 // setup returns a breaker with the default Config on a fake clock at t0.
-func setup(t *testing.T, cfg breaker.Config) (*breaker.Breaker, *clock) {
+func setup(t *testing.T, cfg breaker.Config) (*breaker.Breaker, *fakeclock.Clock) {
 	t.Helper()
-	clk := &clock{t: t0}
+	clk := fakeclock.New(t0)
 	cfg.Now = clk.Now
 	return breaker.New(cfg), clk
 }
@@ -279,7 +256,7 @@ func TestConcurrentAllowRecord(t *testing.T) {
 
 func TestSet(t *testing.T) {
 	t.Parallel()
-	clk := &clock{t: t0}
+	clk := fakeclock.New(t0)
 	s := breaker.NewSet(breaker.Config{MinRequests: 1, Now: clk.Now})
 	a := s.Get("openai/gpt-4o-mini")
 	if s.Get("openai/gpt-4o-mini") != a {

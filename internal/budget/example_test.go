@@ -6,11 +6,12 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/budget"
+	"github.com/sluice-dev/sluice/internal/fakeclock"
 )
 
 func ExampleStore_Take() {
 	// In Sluice the KV is the budgets bucket (a jetstream.KeyValue).
-	clock := newFakeClock(time.Unix(1_750_000_000, 0))
+	clock := fakeclock.New(time.Unix(1_750_000_000, 0))
 	st := budget.NewStore(newFakeKV(), budget.Params{Slice: 250 * time.Millisecond, DispatchGrace: time.Second, BurstFraction: 1}, clock.Now)
 	lim := budget.Limits{RPM: 2, TPM: 10_000}
 	jobs := []budget.Cost{{Requests: 1, Tokens: 1200}, {Requests: 1, Tokens: 800}, {Requests: 1, Tokens: 500}}

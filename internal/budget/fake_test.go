@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluice-dev/sluice/internal/budget"
+	"github.com/sluice-dev/sluice/internal/fakeclock"
 )
 
 func TestMain(m *testing.M) {
@@ -179,34 +180,6 @@ func (kv *fakeKV) clone() *fakeKV {
 	return c
 }
 
-// fakeClock is a settable clock safe for concurrent use.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock(t time.Time) *fakeClock { return &fakeClock{t: t} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = t
-}
-
-// Advance moves the clock forward by d and returns the new time.
-func (c *fakeClock) Advance(d time.Duration) time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-	return c.t
-}
-
 // t0 is a slice boundary for every slice length the tests use.
 var t0 = time.Unix(1_750_000_000, 0)
 
@@ -222,14 +195,14 @@ const key = "rate.openai.gpt-4o-mini"
 type bundle struct {
 	p     budget.Params
 	kv    *fakeKV
-	clock *fakeClock
+	clock *fakeclock.Clock
 	store *budget.Store
 }
 
 func setup(t testing.TB, p budget.Params) *bundle {
 	t.Helper()
 	kv := newFakeKV()
-	clock := newFakeClock(t0)
+	clock := fakeclock.New(t0)
 	kv.created = clock.Now
 	return &bundle{p: p, kv: kv, clock: clock, store: budget.NewStore(kv, p, clock.Now)}
 }

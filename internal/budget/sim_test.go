@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/budget"
+	"github.com/sluice-dev/sluice/internal/fakeclock"
 )
 
 // event is one request reaching the provider (or one grant).
@@ -52,7 +53,7 @@ func simulate(t *testing.T, p budget.Params, sc scenario) simResult {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(sc.seed, 0x5eed))
 	kv := newFakeKV()
-	clock := newFakeClock(t0)
+	clock := fakeclock.New(t0)
 	sp := p
 	if sc.storeGrace != nil {
 		sp.DispatchGrace = *sc.storeGrace
@@ -228,7 +229,7 @@ func TestRetryAtIsTight(t *testing.T) {
 	lim := budget.Limits{RPM: 40, TPM: 30_000}
 	rng := rand.New(rand.NewPCG(5, 0x5eed))
 	kv := newFakeKV()
-	clock := newFakeClock(t0)
+	clock := fakeclock.New(t0)
 	st := budget.NewStore(kv, p, clock.Now)
 	probes := 0
 	ops := 3000
@@ -256,7 +257,7 @@ func TestRetryAtIsTight(t *testing.T) {
 			at    time.Time
 			wantN int
 		}{{g.RetryAt.Add(-time.Nanosecond), 0}, {g.RetryAt, 1}} {
-			pc := newFakeClock(tc.at)
+			pc := fakeclock.New(tc.at)
 			probe := budget.NewStore(kv.clone(), p, pc.Now)
 			pg, err := probe.Take(ctx, key, lim, head)
 			if err != nil {
@@ -286,7 +287,7 @@ func TestConcurrentTake(t *testing.T) {
 		const procs = 8
 		lim := budget.Limits{RPM: 200, TPM: 0}
 		kv := newFakeKV()
-		clock := newFakeClock(t0.Add(100 * time.Millisecond))
+		clock := fakeclock.New(t0.Add(100 * time.Millisecond))
 		// Hold the first write of every process until all have read and are
 		// about to write: they all read the same (empty) state, so all but
 		// one lose their first compare-and-set.
@@ -363,7 +364,7 @@ func TestConcurrentTake(t *testing.T) {
 		p := budget.Params{Slice: time.Second, DispatchGrace: time.Second, BurstFraction: 0.2}
 		lim := budget.Limits{RPM: 50, TPM: 20_000}
 		kv := newFakeKV()
-		clock := newFakeClock(t0)
+		clock := fakeclock.New(t0)
 		type grant struct {
 			slice    int64
 			requests int

@@ -12,6 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 
+	"github.com/sluice-dev/sluice/internal/fakeclock"
 	"github.com/sluice-dev/sluice/internal/natstest"
 )
 
@@ -19,29 +20,11 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// clock is a settable clock the registries of one test share.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 var dep = Deployment{Provider: "east", Model: "gpt-4o-mini"}
 
 type fleet struct {
 	kv  jetstream.KeyValue
-	clk *clock
+	clk *fakeclock.Clock
 }
 
 func setup(t *testing.T) *fleet {
@@ -57,13 +40,13 @@ func setup(t *testing.T) *fleet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fleet{kv: kv, clk: &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}}
+	return &fleet{kv: kv, clk: fakeclock.New(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))}
 }
 
 // process starts one process's registry, running until the test ends.
 func (f *fleet) process(t *testing.T, holder string, changes *prometheus.CounterVec) *Registry {
 	t.Helper()
-	r := New(Config{KV: f.kv, Deployments: []Deployment{dep, {Provider: "west", Model: "gpt-4o-mini"}}, Holder: holder, Now: f.clk.now, Changes: changes})
+	r := New(Config{KV: f.kv, Deployments: []Deployment{dep, {Provider: "west", Model: "gpt-4o-mini"}}, Holder: holder, Now: f.clk.Now, Changes: changes})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -97,7 +80,7 @@ func TestLongestWaitWins(t *testing.T) {
 	f := setup(t)
 	a, b := f.process(t, "a", nil), f.process(t, "b", nil)
 	ctx := context.Background()
-	t0 := f.clk.now()
+	t0 := f.clk.Now()
 	if err := a.Cool(ctx, dep.Provider, dep.Model, t0.Add(10*time.Second), "rate_limited"); err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +125,7 @@ func TestOneProbeTaker(t *testing.T) {
 	for i := range regs {
 		regs[i] = f.process(t, fmt.Sprintf("p%d", i), nil)
 	}
-	t0 := f.clk.now()
+	t0 := f.clk.Now()
 	if err := regs[0].Cool(ctx, dep.Provider, dep.Model, t0.Add(time.Second), "rate_limited"); err != nil {
 		t.Fatal(err)
 	}
@@ -152,8 +135,8 @@ func TestOneProbeTaker(t *testing.T) {
 			return blocked
 		})
 	}
-	f.clk.add(2 * time.Second)
-	now := f.clk.now()
+	f.clk.Advance(2 * time.Second)
+	now := f.clk.Now()
 	// Every process asks at once (Blocked asks its Run to take the probe).
 	var wg sync.WaitGroup
 	for _, r := range regs {
@@ -217,14 +200,14 @@ func TestProbeLeaseLapses(t *testing.T) {
 	if err := a.Down(ctx, dep.Provider, dep.Model, "unreachable", time.Time{}); err != nil {
 		t.Fatal(err)
 	}
-	f.clk.add(FirstBackoff)
+	f.clk.Advance(FirstBackoff)
 	if ok, err := a.TakeProbe(ctx, dep.Provider, dep.Model); err != nil || !ok {
 		t.Fatalf("a: TakeProbe = %v, %v; want true", ok, err)
 	}
 	if ok, _ := b.TakeProbe(ctx, dep.Provider, dep.Model); ok {
 		t.Fatal("b took a probe a holds")
 	}
-	f.clk.add(DefaultProbeLease)
+	f.clk.Advance(DefaultProbeLease)
 	if ok, err := b.TakeProbe(ctx, dep.Provider, dep.Model); err != nil || !ok {
 		t.Fatalf("b after the lease: TakeProbe = %v, %v; want true", ok, err)
 	}
@@ -244,15 +227,15 @@ func TestDownBacksOff(t *testing.T) {
 		}
 	}
 	rec, _ := a.Get(dep.Provider, dep.Model)
-	if rec.Failures != 1 || !rec.Until.Equal(f.clk.now().Add(FirstBackoff)) {
+	if rec.Failures != 1 || !rec.Until.Equal(f.clk.Now().Add(FirstBackoff)) {
 		t.Fatalf("after three failures while down: %+v, want one failure and the first backoff", rec)
 	}
-	f.clk.add(FirstBackoff) // the probe fails
+	f.clk.Advance(FirstBackoff) // the probe fails
 	if err := a.Down(ctx, dep.Provider, dep.Model, "auth_401", time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	rec, _ = a.Get(dep.Provider, dep.Model)
-	if rec.Failures != 2 || !rec.Until.Equal(f.clk.now().Add(2*FirstBackoff)) {
+	if rec.Failures != 2 || !rec.Until.Equal(f.clk.Now().Add(2*FirstBackoff)) {
 		t.Fatalf("after a failed probe: %+v, want two failures and twice the backoff", rec)
 	}
 	var m dto.Metric
@@ -274,17 +257,17 @@ func TestRestartReadsState(t *testing.T) {
 	if err := a.Down(ctx, dep.Provider, dep.Model, "auth_403", time.Time{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Cool(ctx, "west", dep.Model, f.clk.now().Add(time.Minute), "rate_limited"); err != nil {
+	if err := a.Cool(ctx, "west", dep.Model, f.clk.Now().Add(time.Minute), "rate_limited"); err != nil {
 		t.Fatal(err)
 	}
 	b := f.process(t, "b", nil)
-	if until, reason, blocked := b.Blocked(dep.Provider, dep.Model, f.clk.now()); !blocked || reason != "auth_403" || !until.IsZero() {
+	if until, reason, blocked := b.Blocked(dep.Provider, dep.Model, f.clk.Now()); !blocked || reason != "auth_403" || !until.IsZero() {
 		t.Errorf("down deployment: Blocked = %v, %q, %v; want blocked until a probe, auth_403", until, reason, blocked)
 	}
-	if until, _, blocked := b.Blocked("west", dep.Model, f.clk.now()); !blocked || !until.Equal(f.clk.now().Add(time.Minute)) {
+	if until, _, blocked := b.Blocked("west", dep.Model, f.clk.Now()); !blocked || !until.Equal(f.clk.Now().Add(time.Minute)) {
 		t.Errorf("cooling deployment: Blocked = %v, %v; want blocked for a minute", until, blocked)
 	}
-	if _, _, blocked := b.Blocked("nowhere", dep.Model, f.clk.now()); blocked {
+	if _, _, blocked := b.Blocked("nowhere", dep.Model, f.clk.Now()); blocked {
 		t.Error("an unknown deployment is blocked")
 	}
 	if err := b.Down(ctx, "nowhere", dep.Model, "x", time.Time{}); err == nil {

@@ -3,12 +3,12 @@ package promptcache_test
 import (
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/fakeclock"
 	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/internal/promptcache"
 )
@@ -62,18 +62,6 @@ func TestPrefix(t *testing.T) {
 	}
 }
 
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 func TestRegistry(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -86,7 +74,7 @@ func TestRegistry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := &clock{t: time.Unix(1_800_000_000, 0)}
+	clk := fakeclock.New(time.Unix(1_800_000_000, 0))
 	writer, reader := promptcache.New(kv, clk.Now), promptcache.New(kv, clk.Now)
 	key := promptcache.Key("anthropic", "claude-x")
 	if _, warm := reader.Warm(ctx, key, "h1"); warm {

@@ -11,17 +11,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/wire"
 )
 
-// canon re-encodes JSON so comparisons ignore formatting and key order.
-func canon(t *testing.T, s []byte) string {
-	t.Helper()
-	var v any
-	if err := json.Unmarshal(s, &v); err != nil {
-		t.Fatalf("invalid JSON %s: %v", s, err)
-	}
-	b, _ := json.Marshal(v)
-	return string(b)
-}
-
+// anthropicMessage is a Messages API answer with every kind of content block.
 const anthropicMessage = `{"id":"msg_01","type":"message","role":"assistant","model":"claude-sonnet-4-5",
  "content":[{"type":"thinking","thinking":"hmm"},{"type":"text","text":"Let me check. "},{"type":"text","text":"One moment."},
   {"type":"tool_use","id":"toolu_1","name":"get_weather","input":{"city":"Paris"}}],

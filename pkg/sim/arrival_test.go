@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/fakeclock"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
 
@@ -17,7 +18,7 @@ import (
 // request some time after it arrived.
 type slowBody struct {
 	r    io.Reader
-	clk  *clock
+	clk  *fakeclock.Clock
 	d    time.Duration
 	read bool
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/fakeclock"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
 
@@ -217,7 +218,7 @@ func TestAzureProfile(t *testing.T) {
 // 25; stepping up in moderate steps never is.
 func TestAccelerationRamp(t *testing.T) {
 	t.Parallel()
-	cfg := func(clk *clock) sim.Config {
+	cfg := func(clk *fakeclock.Clock) sim.Config {
 		return sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 600}}, Profile: sim.ProfileAcceleration, Now: clk.Now}
 	}
 	b := body(model, "hi", 10)
