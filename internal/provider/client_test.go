@@ -314,9 +314,12 @@ func TestCanceledReadingBody(t *testing.T) {
 	})
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	// Cancel once the response has started arriving.
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotFirstResponseByte: func() { time.AfterFunc(20*time.Millisecond, cancel) }})
-	_, err := newOpenAI(t, srv.URL, time.Second).Do(ctx, Call{Body: []byte(chatBody)})
+	// Cancel the moment the headers are in, while the body is still owed
+	// (the body read is the only phase left: no timing involved).
+	inner := http.DefaultTransport.(*http.Transport).Clone()
+	t.Cleanup(inner.CloseIdleConnections)
+	c := NewOpenAI(OpenAIConfig{BaseURL: srv.URL + "/v1", APIKey: "sk-test-secret", Transport: cancelOnHeaders{inner, cancel}})
+	_, err := c.Do(ctx, Call{Body: []byte(chatBody)})
 	te := transportError(t, err)
 	if te.Phase != PhaseBody || !errors.Is(err, context.Canceled) {
 		t.Errorf("phase %s, err %v", te.Phase, err)
@@ -324,6 +327,20 @@ func TestCanceledReadingBody(t *testing.T) {
 	if o := Classify(nil, err, time.Now()); !o.WorkDone || o.Code != "canceled" {
 		t.Errorf("%+v", o)
 	}
+}
+
+// cancelOnHeaders cancels the call's context once its headers have arrived.
+type cancelOnHeaders struct {
+	rt     http.RoundTripper
+	cancel context.CancelFunc
+}
+
+func (c cancelOnHeaders) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := c.rt.RoundTrip(r)
+	if err == nil {
+		c.cancel()
+	}
+	return resp, err
 }
 
 func TestBodyTooLarge(t *testing.T) {
