@@ -19,6 +19,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
@@ -142,21 +143,21 @@ func BenchmarkBackpressure(b *testing.B) {
 
 func backpressure(b *testing.B) {
 	bin := sluiceBinary(b)
-	simSrv, simURL := startSim(b, sim.Config{Models: []sim.ModelLimits{{Name: bpModel, RPM: 10_000, TPM: bpTPM}},
+	simSrv, simURL := systest.StartSim(b, sim.Config{Models: []sim.ModelLimits{{Name: bpModel, RPM: 10_000, TPM: bpTPM}},
 		TTFT: 50 * time.Millisecond, APIKeys: []string{"sim-secret"}})
 	dir := b.TempDir()
 	cfgPath := filepath.Join(dir, "sluice.yaml")
-	if err := os.WriteFile(cfgPath, []byte(simConfig(simURL, bpModel, 10_000, bpTPM, bpQueues)), 0o600); err != nil {
+	if err := os.WriteFile(cfgPath, []byte(systest.SimConfig(simURL, bpModel, 10_000, bpTPM, bpQueues)), 0o600); err != nil {
 		b.Fatal(err)
 	}
 	node := startChild(b, bin, []string{"--config", cfgPath, "--data", filepath.Join(dir, "data"),
-		"--nats-listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--log-level", "warn"}, testEnv)
+		"--nats-listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--log-level", "warn"}, systest.Env)
 	pid := node.cmd.Process.Pid
 	baseRSS, _, err := procMem(pid)
 	if err != nil {
 		b.Fatal(err)
 	}
-	nc, cl := natsClient(b, node.NATS)
+	nc, cl := node.Connect(b)
 
 	// Every result, counted per job, from before the first submission.
 	var rmu sync.Mutex
@@ -199,7 +200,7 @@ func backpressure(b *testing.B) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), bpFor+bpDrain+time.Minute)
 	defer cancel()
-	body := chatBody(bpModel, 40, 150)
+	body := systest.ChatBody(bpModel, 40, 150)
 	perProducer := bpOffer * bpQuota / 2
 	natsSide := &bpSide{name: "nats", codes: map[string]int{}}
 	httpSide := &bpSide{name: "http", codes: map[string]int{}}

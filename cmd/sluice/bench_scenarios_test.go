@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/bench"
+	"github.com/sluice-dev/sluice/internal/systest"
 )
 
 // TestBenchScenarioSmoke runs one scenario alone (naming --scenario only
@@ -18,7 +19,7 @@ import (
 // seconds: the table has its four rows with the target on Sluice's, and the
 // JSON has the scenario with Sluice's verdict and fleet metrics.
 func TestBenchScenarioSmoke(t *testing.T) {
-	systemTest(t)
+	systest.SkipShort(t)
 	t.Parallel()
 	dir := t.TempDir()
 	jsonPath := filepath.Join(dir, "bench.json")

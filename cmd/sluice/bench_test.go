@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/bench"
+	"github.com/sluice-dev/sluice/internal/systest"
 )
 
 // TestBenchSmoke runs the whole comparison on one workload with small
@@ -20,7 +21,7 @@ import (
 // are written, and Sluice never drew a 429. How much each strategy finished
 // in those seconds is a figure of time (the machine may be busy): logged.
 func TestBenchSmoke(t *testing.T) {
-	systemTest(t)
+	systest.SkipShort(t)
 	t.Parallel()
 	dir := t.TempDir()
 	svgPath, jsonPath := filepath.Join(dir, "bench.svg"), filepath.Join(dir, "bench.json")
@@ -81,7 +82,7 @@ func TestBenchSmoke(t *testing.T) {
 }
 
 func TestBenchOverhead(t *testing.T) {
-	systemTest(t)
+	systest.SkipShort(t)
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -164,7 +165,7 @@ func runClusterFault(b *testing.B, fault string) faultRun {
 		go func() {
 			defer wg.Done()
 			tn := tenants[i%3]
-			body, _ := json.Marshal(map[string]any{"request": json.RawMessage(chatBody(load.model, 10+i%40, 40))})
+			body, _ := json.Marshal(map[string]any{"request": json.RawMessage(systest.ChatBody(load.model, 10+i%40, 40))})
 			sent := time.Now()
 			code, id, msg := submitAnyNode(ctx, hc, c, tn.key, body)
 			if code != http.StatusAccepted {

@@ -20,6 +20,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/natsauth"
+	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
@@ -132,7 +133,7 @@ func startCluster(t testing.TB, yaml string, lab *netLab, routeAddr func(from, t
 	}
 	var waits []func() *child
 	for _, n := range c.nodes {
-		waits = append(waits, spawnChildIn(t, n.prefix, c.bin, n.args, testEnv))
+		waits = append(waits, spawnChildIn(t, n.prefix, c.bin, n.args, systest.Env))
 	}
 	for i, w := range waits {
 		c.nodes[i].proc = w()
@@ -158,7 +159,7 @@ func (c *cluster) kill(i int) {
 func (c *cluster) restart(i int) {
 	c.t.Helper()
 	n := c.nodes[i]
-	p := spawnChildIn(c.t, n.prefix, c.bin, n.args, testEnv)()
+	p := spawnChildIn(c.t, n.prefix, c.bin, n.args, systest.Env)()
 	n.mu.Lock()
 	n.proc = p
 	n.mu.Unlock()
@@ -228,9 +229,9 @@ type clusterLoad struct {
 	mayRefuse bool
 	js        jetstream.JetStream
 	// seen and plans set each provider refusal against its planned
-	// instant, in the log (judged_test.go).
-	seen      *judged
-	plans     *plans
+	// instant, in the log (internal/systest/judge.go).
+	seen      *systest.Judged
+	plans     *systest.Plans
 	tolerance time.Duration // admission.send_tolerance
 }
 
@@ -282,7 +283,7 @@ func (l *clusterLoad) offer(ctx context.Context, n int, perSecond float64) error
 			// Where INTAKE lives now, for the log.
 			l.t.Logf("INTAKE at submit #%d: %s", i, streamCluster(ctx, l.js, streams.Intake))
 		}
-		j := &job.Job{Tenant: []string{"acme", "globex", "initech"}[i%3], Request: chatBody(l.model, 10+i%40, 40)}
+		j := &job.Job{Tenant: []string{"acme", "globex", "initech"}[i%3], Request: systest.ChatBody(l.model, 10+i%40, 40)}
 		for {
 			// A publish whose stream leader dies never hears back: bound
 			// each attempt, as a producer must, above the client's own
@@ -376,11 +377,11 @@ func (l *clusterLoad) verify(ctx context.Context) {
 	}
 	// Whether a refusal came of the plan or of a late delivery (the
 	// nodes share this machine with the test): logged, not asserted.
-	seen := l.seen.all()
-	r := reportArrivals(seen, l.plans, l.tolerance)
-	t.Log(r.summary(l.tolerance, len(seen)))
-	for _, f := range r.refusals {
-		t.Log(f.describe(l.tolerance))
+	seen := l.seen.All()
+	r := systest.ReportArrivals(seen, l.plans, l.tolerance)
+	t.Log(r.Summary(l.tolerance, len(seen)))
+	for _, f := range r.Refusals {
+		t.Log(f.Describe(l.tolerance))
 	}
 }
 
@@ -390,29 +391,29 @@ func (l *clusterLoad) verify(ctx context.Context) {
 // the test's address there.
 func clusterSetup(t testing.TB, rpm int, lab *netLab, routeAddr func(from, to int, direct string) string, extra ...string) (*cluster, *clusterLoad, jetstream.JetStream) {
 	const model = "gpt-4o-mini"
-	seen := &judged{}
+	seen := &systest.Judged{}
 	// The provider ignores Idempotency-Key, as OpenAI and Anthropic
 	// document their completions: a call sent twice is paid twice.
 	simCfg := sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: rpm, TPM: 100_000_000}},
-		TTFT: 50 * time.Millisecond, PerToken: 200 * time.Microsecond, APIKeys: []string{"sim-secret"}, OnArrival: seen.add,
+		TTFT: 50 * time.Millisecond, PerToken: 200 * time.Microsecond, APIKeys: []string{"sim-secret"}, OnArrival: seen.Add,
 		IgnoreIdempotencyKey: true}
 	var simSrv *sim.Server
 	var simURL string
 	if lab != nil {
-		simSrv, simURL = startSimOn(t, simCfg, lab.hostIP()+":0")
+		simSrv, simURL = systest.StartSimOn(t, simCfg, lab.hostIP()+":0")
 	} else {
-		simSrv, simURL = startSim(t, simCfg)
+		simSrv, simURL = systest.StartSim(t, simCfg)
 	}
 	// A short call timeout bounds how long a call lost with a node keeps
 	// its job waiting before it ends outcome_unknown.
-	yaml := strings.Replace(simConfig(simURL, model, rpm, 100_000_000, ""), "    api_key_env: SIM_KEY\n", "    api_key_env: SIM_KEY\n    timeout: 5s\n", 1)
+	yaml := strings.Replace(systest.SimConfig(simURL, model, rpm, 100_000_000, ""), "    api_key_env: SIM_KEY\n", "    api_key_env: SIM_KEY\n    timeout: 5s\n", 1)
 	parsed, err := config.Parse([]byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := startCluster(t, yaml, lab, routeAddr, extra)
 	nc, cl, js := c.connect()
-	return c, &clusterLoad{t: t, sim: simSrv, cl: cl, model: model, rpm: rpm, js: js, seen: seen, plans: watchPlans(t, nc),
+	return c, &clusterLoad{t: t, sim: simSrv, cl: cl, model: model, rpm: rpm, js: js, seen: seen, plans: systest.WatchPlans(t, nc),
 		tolerance: parsed.Admission.SendTolerance.D()}, js
 }
 
@@ -661,16 +662,16 @@ func TestClusterPartition(t *testing.T) {
 	if x < 0 {
 		t.Fatal("no QUEUE leader")
 	}
-	minority := c.nodes[x].proc.metricsURL()
+	minority := c.nodes[x].proc.MetricsURL()
 	setCut(x, true)
 	cutAt := load.sim.Stats().Completed
 	t.Logf("cut %s (QUEUE leader) off at %d provider completions", c.nodes[x].name, cutAt)
 	// Calls it had started may finish; after that it must make none.
 	time.Sleep(10 * time.Second)
-	before := metricSum(t, minority, "llm_requests_total")
+	before := systest.MetricSum(t, minority, "llm_requests_total")
 	midCut := load.sim.Stats().Completed
 	time.Sleep(10 * time.Second)
-	after := metricSum(t, minority, "llm_requests_total")
+	after := systest.MetricSum(t, minority, "llm_requests_total")
 	healAt := load.sim.Stats().Completed
 	t.Logf("during the cut's last 10 s: the majority completed %d calls, the minority made %v", healAt-midCut, after-before)
 	if after != before {

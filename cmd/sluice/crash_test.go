@@ -15,12 +15,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/dlq"
+	"github.com/sluice-dev/sluice/internal/natsauth"
 	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
@@ -34,7 +36,7 @@ var (
 // sluiceBinary builds the sluice binary once per test run.
 func sluiceBinary(t testing.TB) string {
 	t.Helper()
-	systemTest(t)
+	systest.SkipShort(t)
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "sluice-bin-")
 		if err != nil {
@@ -55,7 +57,7 @@ func sluiceBinary(t testing.TB) string {
 // child is a `sluice up` OS process.
 type child struct {
 	cmd *exec.Cmd
-	upNode
+	systest.Node
 	log string // its stderr
 }
 
@@ -116,10 +118,16 @@ func spawnChildIn(t testing.TB, prefix []string, bin string, args []string, env 
 		t.Helper()
 		n := waitUp(t, out)
 		if i := slices.Index(args, "--data"); i >= 0 && i+1 < len(args) && !slices.Contains(args, "--nats-url") {
-			nodeData.Store(n.NATS, args[i+1])
+			// Its embedded server's operator identity is in its data directory.
+			n.Data = args[i+1]
+			opts, _, err := natsauth.Conn{Config: &config.Config{}, DataDir: n.Data, Set: natsauth.Operator}.Options()
+			if err != nil {
+				t.Fatal(err)
+			}
+			n.NATSOptions = opts
 		}
-		waitReady(t, n.HTTP)
-		return &child{cmd: cmd, upNode: n, log: logf.Name()}
+		systest.WaitReady(t, n.HTTP)
+		return &child{cmd: cmd, Node: n, log: logf.Name()}
 	}
 }
 
@@ -150,27 +158,27 @@ func crashRecovery(t *testing.T, honours bool) {
 	bin := sluiceBinary(t)
 	const model, jobs = "gpt-4o-mini", 300
 	// Slow enough that calls are in flight at the kill.
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 100000, TPM: 10000000}},
+	simSrv, simURL := systest.StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 100000, TPM: 10000000}},
 		TTFT: 300 * time.Millisecond, PerToken: time.Millisecond, APIKeys: []string{"sim-secret"}, IgnoreIdempotencyKey: !honours})
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "sluice.yaml")
 	// A short call timeout bounds how long a delivery that finds a call
 	// marked sent waits for its executor before it calls the outcome
 	// unknown.
-	yaml := strings.Replace(simConfig(simURL, model, 100000, 10000000, ""), "    api_key_env: SIM_KEY\n",
+	yaml := strings.Replace(systest.SimConfig(simURL, model, 100000, 10000000, ""), "    api_key_env: SIM_KEY\n",
 		fmt.Sprintf("    api_key_env: SIM_KEY\n    timeout: 5s\n    honours_idempotency_key: %v\n", honours), 1)
 	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	args := []string{"--config", cfg, "--data", filepath.Join(dir, "data"), "--nats-listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--log-level", "debug"}
 
-	first := startChild(t, bin, args, testEnv)
-	_, cl := natsClient(t, first.NATS)
+	first := startChild(t, bin, args, systest.Env)
+	_, cl := first.Connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	ids := make([]string, 0, jobs)
 	for i := range jobs {
-		id, err := cl.Submit(ctx, &job.Job{Tenant: []string{"acme", "globex", "initech"}[i%3], Request: chatBody(model, 10+i%50, 100)})
+		id, err := cl.Submit(ctx, &job.Job{Tenant: []string{"acme", "globex", "initech"}[i%3], Request: systest.ChatBody(model, 10+i%50, 100)})
 		if err != nil {
 			t.Fatalf("submit #%d: %v", i, err)
 		}
@@ -193,8 +201,8 @@ func crashRecovery(t *testing.T, honours bool) {
 		t.Fatal("every job finished before the kill; the test proves nothing")
 	}
 
-	second := startChild(t, bin, args, testEnv)
-	nc2, cl2 := natsClient(t, second.NATS)
+	second := startChild(t, bin, args, systest.Env)
+	nc2, cl2 := second.Connect(t)
 	js2, err := jetstream.New(nc2)
 	if err != nil {
 		t.Fatal(err)
@@ -217,9 +225,9 @@ func crashRecovery(t *testing.T, honours bool) {
 				break
 			}
 			if ctx.Err() != nil {
-				out, _ := exec.Command("curl", "-s", second.metricsURL()+"/metrics").Output()
+				out, _ := exec.Command("curl", "-s", second.MetricsURL()+"/metrics").Output()
 				t.Logf("metrics: %s", grepLines(string(out), "sluice_", "llm_"))
-				dumpStreams(t, second.NATS)
+				systest.DumpStreams(t, second.Node)
 				out, _ = exec.Command("curl", "-s", second.HTTP+"/v1/jobs/"+id, "-H", "Authorization: Bearer acme-key").Output()
 				t.Logf("job: %s", out)
 				t.Fatalf("job %s has no result after restart", id)
@@ -262,27 +270,6 @@ func grepLines(s string, prefixes ...string) string {
 	return b.String()
 }
 
-func dumpStreams(t *testing.T, url string) {
-	nc, err := nats.Connect(url, operatorOpts(t, url)...)
-	if err != nil {
-		return
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	ctx := context.Background()
-	for _, name := range []string{"INTAKE", "QUEUE", "DISPATCH", "RESULTS"} {
-		st, err := js.Stream(ctx, name)
-		if err != nil {
-			continue
-		}
-		info, _ := st.Info(ctx)
-		t.Logf("stream %s: msgs=%d first=%d last=%d", name, info.State.Msgs, info.State.FirstSeq, info.State.LastSeq)
-		for ci := range st.ListConsumers(ctx).Info() {
-			t.Logf("  consumer %s: delivered=%d ackfloor=%d pending=%d ackpending=%d redelivered=%d waiting=%d", ci.Name, ci.Delivered.Stream, ci.AckFloor.Stream, ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting)
-		}
-	}
-}
-
 // TestStreamExecutorLost: the executor streaming a job is killed after the
 // first tokens reached the caller. The job is not called again (that would
 // pay twice and follow the relayed text with a second answer): another
@@ -292,25 +279,25 @@ func TestStreamExecutorLost(t *testing.T) {
 	t.Parallel()
 	bin := sluiceBinary(t)
 	const model = "gpt-4o-mini"
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 600, TPM: 200000}}, APIKeys: []string{"sim-secret"},
+	simSrv, simURL := systest.StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 600, TPM: 200000}}, APIKeys: []string{"sim-secret"},
 		TTFT: 50 * time.Millisecond, PerToken: 200 * time.Millisecond})
 	ns := natstest.Server(t)
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte(simConfig(simURL, model, 600, 200000, "")), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte(systest.SimConfig(simURL, model, 600, 200000, "")), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	args := func(services string) []string {
 		return []string{"--config", cfg, "--nats-url", ns.ClientURL(), "--http", "127.0.0.1:0", "--services", services}
 	}
-	front := startChild(t, bin, args("ingest,admission,result"), testEnv)
-	victim := startChild(t, bin, args("executor"), testEnv)
+	front := startChild(t, bin, args("ingest,admission,result"), systest.Env)
+	victim := startChild(t, bin, args("executor"), systest.Env)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var resp *http.Response
-	c := sdkClient(front.upNode)
-	st := c.Chat.Completions.NewStreaming(ctx, streamParams("Keep talking.", 120), option.WithResponseInto(&resp))
+	c := systest.SDK(front.Node)
+	st := c.Chat.Completions.NewStreaming(ctx, systest.StreamParams("Keep talking.", 120), option.WithResponseInto(&resp))
 	defer st.Close()
 	var text strings.Builder
 	chunks, killed := 0, false
@@ -325,7 +312,7 @@ func TestStreamExecutorLost(t *testing.T) {
 			killed = true
 			_ = victim.cmd.Process.Signal(syscall.SIGKILL)
 			_ = victim.cmd.Wait()
-			startChild(t, bin, args("executor"), testEnv)
+			startChild(t, bin, args("executor"), systest.Env)
 		}
 	}
 	if !killed {
@@ -339,11 +326,11 @@ func TestStreamExecutorLost(t *testing.T) {
 		t.Errorf("caller got %d words (%q): want those relayed before the kill, not a second answer after them", len(words), got)
 	}
 	id := resp.Header.Get("X-Sluice-Job-Id")
-	r := jobResult(t, front.upNode, id)
+	r := systest.JobResult(t, front.Node, id)
 	if r.Status != job.StatusInterrupted || r.Error == nil || !strings.Contains(r.Error.Message, "executor") {
 		t.Errorf("result %s (%+v), want interrupted because the executor was lost", r.Status, r.Error)
 	}
-	if rt := responseText(t, r); !strings.HasPrefix(rt, got) && !strings.HasPrefix(got, rt) {
+	if rt := systest.ResponseText(t, r); !strings.HasPrefix(rt, got) && !strings.HasPrefix(got, rt) {
 		t.Errorf("result text %q is not the text relayed %q", rt, got)
 	}
 	time.Sleep(time.Second)

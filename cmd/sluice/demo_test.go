@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-dev/sluice/internal/systest"
 )
 
 // TestDemoFinishes runs `sluice demo`, the README's first command, on a
@@ -15,7 +17,7 @@ import (
 // OpenAI-API tenant waited on more calls at once than a tenant may
 // (limits.max_waiters_per_tenant) and the refused calls were not counted.
 func TestDemoFinishes(t *testing.T) {
-	systemTest(t)
+	systest.SkipShort(t)
 	// Not parallel: it is a whole mesh at full pace for half a minute, and
 	// beside the parallel tests that hold the provider to 0 429s it
 	// starved them (one 429 in TestEndToEnd in a clean-clone CI run).

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
@@ -46,7 +47,7 @@ func (a *arrivals) wrap(h http.Handler) http.Handler {
 type fairRun struct {
 	sim      *sim.Server
 	arr      *arrivals
-	n        upNode
+	n        systest.Node
 	submitAt sync.Map // job id -> time
 	tenantOf sync.Map // job id -> tenant
 	costOf   sync.Map // job id -> tokens
@@ -122,7 +123,7 @@ func startFairPaced(b *testing.B, tpm int, tenants string, admission string) *fa
 	fr := &fairRun{sim: s, arr: &arrivals{at: map[string]time.Time{}}}
 	ts := httptest.NewServer(fr.arr.wrap(s))
 	b.Cleanup(ts.Close)
-	fr.n = startUp(b, fmt.Sprintf(`
+	fr.n = systest.Start(b, fmt.Sprintf(`
 server: {open: true}
 admission: {slice: 100ms, %s}
 providers:
@@ -130,14 +131,14 @@ providers:
     base_url: %s/v1
     models: [{name: gpt-4o-mini, tpm: %d, max_concurrency: 256}]
 tenants:
-%s`, admission, ts.URL, tpm, tenants), testEnv)
+%s`, admission, ts.URL, tpm, tenants), systest.Env)
 	return fr
 }
 
 func (fr *fairRun) submit(ctx context.Context, b *testing.B, c interface {
 	Submit(context.Context, *job.Job) (string, error)
 }, tenant string, p job.Priority, words, maxTokens int) {
-	j := &job.Job{ID: job.NewID(), Tenant: tenant, Priority: p, Request: chatBody("gpt-4o-mini", words, maxTokens)}
+	j := &job.Job{ID: job.NewID(), Tenant: tenant, Priority: p, Request: systest.ChatBody("gpt-4o-mini", words, maxTokens)}
 	fr.submitAt.Store(j.ID, time.Now())
 	fr.tenantOf.Store(j.ID, tenant)
 	fr.costOf.Store(j.ID, words+10+maxTokens)
@@ -227,7 +228,7 @@ func noisyNeighbour(b *testing.B, admission string) {
 	const tpm = 240_000 // A's backlog needs about 2.5 minutes of budget
 	run := func(withA bool) (p50, p95 time.Duration) {
 		fr := startFairPaced(b, tpm, "  - {name: a}\n  - {name: b}\n", admission)
-		nc, cl := natsClient(b, fr.n.NATS)
+		nc, cl := fr.n.Connect(b)
 		fr.watch(b, nc)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
@@ -273,7 +274,7 @@ func BenchmarkFairShares(b *testing.B) {
 	const tpm = 180_000
 	for range b.N {
 		fr := startFair(b, tpm, "  - {name: a, weight: 1}\n  - {name: b, weight: 2}\n")
-		_, cl := natsClient(b, fr.n.NATS)
+		_, cl := fr.n.Connect(b)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		start := time.Now()
 		for range 1200 {
@@ -302,7 +303,7 @@ func BenchmarkFairPriority(b *testing.B) {
 	const tpm = 240_000
 	for range b.N {
 		fr := startFair(b, tpm, "  - {name: bulk}\n  - {name: app}\n")
-		_, cl := natsClient(b, fr.n.NATS)
+		_, cl := fr.n.Connect(b)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		start := time.Now()
 		for range 3000 {
@@ -335,7 +336,7 @@ func noStarvation(b *testing.B, admission string) {
 	const tpm = 300_000
 	for range b.N {
 		fr := startFairPaced(b, tpm, "  - {name: small}\n  - {name: large}\n", admission)
-		_, cl := natsClient(b, fr.n.NATS)
+		_, cl := fr.n.Connect(b)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		// Offered over 60 s at about twice the limit, half the tokens each.
 		for s := range 60 {

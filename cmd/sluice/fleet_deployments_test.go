@@ -2,19 +2,12 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
-	"github.com/sluice-dev/sluice/internal/natstest"
-	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
 
@@ -67,7 +60,7 @@ func fleetGroupRun(t testing.TB) (fill float64, windows int, rate429 float64) {
 			served, upstream = d.upstream, ", upstream: "+d.upstream
 		}
 		var url string
-		sims[i], url = startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: served, RPM: d.rpm, TPM: 50_000_000}},
+		sims[i], url = systest.StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: served, RPM: d.rpm, TPM: 50_000_000}},
 			TTFT: 100 * time.Millisecond, PerToken: 200 * time.Microsecond, APIKeys: []string{"sim-secret"}})
 		providers += fmt.Sprintf(`
   - name: %s
@@ -78,104 +71,28 @@ func fleetGroupRun(t testing.TB) (fill float64, windows int, rate429 float64) {
       - {name: %s, tier: %d, rpm: %d, tpm: 50000000, max_concurrency: 64%s}`, d.name, url, model, d.tier, d.rpm, upstream)
 		sum += d.rpm
 	}
-	ns := natstest.Server(t)
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "sluice.yaml")
 	cfg := "server: {open: true}\nproviders:" + providers + "\ntenants:\n  - {name: acme}\n"
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	args := func(services string) []string {
-		return []string{"--config", cfgPath, "--nats-url", ns.ClientURL(), "--http", "127.0.0.1:0", "--services", services}
-	}
-	startChild(t, bin, args("ingest,result"), testEnv)
-	for range 2 {
-		startChild(t, bin, args("admission"), testEnv)
-	}
-	executors := make([]*child, 4)
-	for i := range executors {
-		executors[i] = startChild(t, bin, args("executor"), testEnv)
-	}
-	nc, cl := natsClient(t, ns.ClientURL())
-
-	var mu sync.Mutex
-	results, unknown := map[string]int{}, 0
-	sub, err := nc.Subscribe(job.ResultPrefix+">", func(m *nats.Msg) {
-		var r job.Result
-		if json.Unmarshal(m.Data, &r) == nil {
-			mu.Lock()
-			results[r.JobID]++
-			switch {
-			case r.Status == job.StatusSucceeded:
-			case r.Status == job.StatusFailed && r.Error != nil && r.Error.Code == "outcome_unknown":
-				unknown++ // a call in flight on the killed executor: never sent again
-			default:
-				t.Errorf("job %s ended %s: %+v", r.JobID, r.Status, r.Error)
-			}
-			mu.Unlock()
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
+	f := startFleet(t, bin, cfg)
+	results := watchResults(t, f.nc)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	for _, s := range sims {
 		s.Reset()
 	}
-	body := chatBody(model, 110, 80)
-	var ids sync.Map
+	body := systest.ChatBody(model, 110, 80)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		interval := time.Duration(float64(time.Minute) / float64(2*sum))
-		start := time.Now()
-		for n := 0; time.Since(start) < offerFor; n++ {
-			if d := time.Until(start.Add(time.Duration(n) * interval)); d > 0 {
-				time.Sleep(d)
-			}
-			id, err := cl.Submit(ctx, &job.Job{Tenant: "acme", Priority: job.Batch, Request: body})
-			if err != nil {
-				t.Errorf("submit: %v", err)
-				return
-			}
-			ids.Store(id, true)
-		}
+		results.offer(t, ctx, f.cl, body, 2*float64(sum)/60, "acme", offerFor)
 	}()
 	time.Sleep(45 * time.Second)
-	victim := executors[0]
+	victim := f.executors[0]
 	_ = victim.cmd.Process.Signal(syscall.SIGKILL)
 	_ = victim.cmd.Wait()
 	<-done
 
-	want := 0
-	ids.Range(func(_, _ any) bool { want++; return true })
-	for {
-		mu.Lock()
-		got := len(results)
-		mu.Unlock()
-		if got >= want {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("%d of %d jobs finished", got, want)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	time.Sleep(time.Second)
-	mu.Lock()
-	for id, n := range results {
-		if n != 1 {
-			t.Errorf("job %s has %d results", id, n)
-		}
-	}
-	t.Logf("%d jobs, %d ended outcome_unknown (in flight on the killed executor)", want, unknown)
-	if unknown > 64 {
-		t.Errorf("%d jobs ended outcome_unknown; the killed executor held at most 64 calls", unknown)
-	}
-	mu.Unlock()
+	results.exactlyOnce(t, ctx)
 
 	// The group's fill: each simulator's trailing-60-s successes, summed
 	// window by window, over the sum of the limits, while the group was

@@ -18,6 +18,8 @@ import (
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/systest"
+	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
@@ -76,13 +78,10 @@ func fleetRun(t testing.TB) []fleetFigures {
 		shortModel, shortRPM = "short-model", 150
 		offerFor             = 75 * time.Second
 	)
-	seen := &judged{}
-	simSrv, simURL := startSim(t, sim.Config{
+	seen := &systest.Judged{}
+	simSrv, simURL := systest.StartSim(t, sim.Config{
 		Models: []sim.ModelLimits{{Name: longModel, RPM: 10_000, TPM: longTPM}, {Name: shortModel, RPM: shortRPM, TPM: 50_000_000}},
-		TTFT:   100 * time.Millisecond, PerToken: 200 * time.Microsecond, APIKeys: []string{"sim-secret"}, OnArrival: seen.add})
-	ns := natstest.Server(t)
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "sluice.yaml")
+		TTFT:   100 * time.Millisecond, PerToken: 200 * time.Microsecond, APIKeys: []string{"sim-secret"}, OnArrival: seen.Add})
 	cfg := fmt.Sprintf(`
 server: {open: true}
 providers:
@@ -99,46 +98,10 @@ tenants:
 limits:
   max_tokens: 8000
 `, simURL, longModel, longTPM, shortModel, shortRPM)
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	args := func(services string) []string {
-		return []string{"--config", cfgPath, "--nats-url", ns.ClientURL(), "--http", "127.0.0.1:0", "--services", services}
-	}
-	startChild(t, bin, args("ingest,result"), testEnv)
-	for range 2 {
-		startChild(t, bin, args("admission"), testEnv)
-	}
-	executors := make([]*child, 4)
-	for i := range executors {
-		executors[i] = startChild(t, bin, args("executor"), testEnv)
-	}
-	nc, cl := natsClient(t, ns.ClientURL())
-	js, _ := jetstream.New(nc)
-	plans := watchPlans(t, nc)
-
-	var mu sync.Mutex
-	results, unknown := map[string]int{}, 0
-	sub, err := nc.Subscribe(job.ResultPrefix+">", func(m *nats.Msg) {
-		var r job.Result
-		if json.Unmarshal(m.Data, &r) == nil {
-			mu.Lock()
-			results[r.JobID]++
-			switch {
-			case r.Status == job.StatusSucceeded:
-			case r.Status == job.StatusFailed && r.Error != nil && r.Error.Code == "outcome_unknown":
-				// A call in flight on the killed executor: never sent again.
-				unknown++
-			default:
-				t.Errorf("job %s ended %s: %+v", r.JobID, r.Status, r.Error)
-			}
-			mu.Unlock()
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
+	f := startFleet(t, bin, cfg)
+	js, _ := jetstream.New(f.nc)
+	plans := systest.WatchPlans(t, f.nc)
+	results := watchResults(t, f.nc)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
@@ -148,32 +111,22 @@ limits:
 	// calls fit a window.
 	longPrompt := strings.Repeat("lorem ipsum dolor sit amet ", 590)
 	longBody, _ := json.Marshal(map[string]any{"model": longModel, "max_tokens": 1000, "messages": []map[string]string{{"role": "user", "content": longPrompt}}})
-	shortBody := chatBody(shortModel, 110, 80) // about 200 tokens
-	var ids sync.Map
-	submit := func(body []byte, perSecond float64, tenant string) {
-		interval := time.Duration(float64(time.Second) / perSecond)
-		start := time.Now()
-		for n := 0; time.Since(start) < offerFor; n++ {
-			if d := time.Until(start.Add(time.Duration(n) * interval)); d > 0 {
-				time.Sleep(d)
-			}
-			id, err := cl.Submit(ctx, &job.Job{Tenant: tenant, Priority: job.Batch, Request: body})
-			if err != nil {
-				t.Errorf("submit: %v", err)
-				return
-			}
-			ids.Store(id, true)
-		}
-	}
+	shortBody := systest.ChatBody(shortModel, 110, 80) // about 200 tokens
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); submit(longBody, 2*float64(longTPM)/5000/60, "acme") }()
-	go func() { defer wg.Done(); submit(shortBody, 2*float64(shortRPM)/60, "globex") }()
+	go func() {
+		defer wg.Done()
+		results.offer(t, ctx, f.cl, longBody, 2*float64(longTPM)/5000/60, "acme", offerFor)
+	}()
+	go func() {
+		defer wg.Done()
+		results.offer(t, ctx, f.cl, shortBody, 2*float64(shortRPM)/60, "globex", offerFor)
+	}()
 
 	// Mid-run, kill one executor; its concurrency lease must lapse within
 	// the lease period.
 	time.Sleep(45 * time.Second)
-	victim := executors[0]
+	victim := f.executors[0]
 	_ = victim.cmd.Process.Signal(syscall.SIGKILL)
 	_ = victim.cmd.Wait()
 	killedAt := time.Now()
@@ -206,33 +159,7 @@ limits:
 	}
 	wg.Wait()
 
-	want := 0
-	ids.Range(func(_, _ any) bool { want++; return true })
-	for {
-		mu.Lock()
-		got := len(results)
-		mu.Unlock()
-		if got >= want {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("%d of %d jobs finished", got, want)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	time.Sleep(time.Second)
-	mu.Lock()
-	for id, n := range results {
-		if n != 1 {
-			t.Errorf("job %s has %d results", id, n)
-		}
-	}
-	// At most the killed executor's calls in flight end outcome_unknown.
-	t.Logf("%d jobs ended outcome_unknown (in flight on the killed executor)", unknown)
-	if unknown > 64 {
-		t.Errorf("%d jobs ended outcome_unknown; the killed executor held at most 64 calls", unknown)
-	}
-	mu.Unlock()
+	results.exactlyOnce(t, ctx)
 
 	st := simSrv.Stats()
 	if st.DuplicateCompletions != 0 {
@@ -245,10 +172,10 @@ limits:
 		t.Fatal(err)
 	}
 	tolerance := parsed.Admission.SendTolerance.D()
-	r := reportArrivals(seen.all(), plans, tolerance)
-	t.Log(r.summary(tolerance, len(seen.all())))
-	for _, f := range r.refusals {
-		t.Log(f.describe(tolerance))
+	r := systest.ReportArrivals(seen.All(), plans, tolerance)
+	t.Log(r.Summary(tolerance, len(seen.All())))
+	for _, f := range r.Refusals {
+		t.Log(f.Describe(tolerance))
 	}
 	var out []fleetFigures
 	for _, w := range []struct {
@@ -298,4 +225,123 @@ func backloggedFill(ms sim.ModelStats, tokens bool) (float64, int) {
 		return 0, 0
 	}
 	return sum / float64(n), n
+}
+
+// fleet is Sluice as OS processes on one NATS server of the test's own: a
+// front (ingest, result), 2 admission and 4 executor processes, all with
+// one configuration; nc and cl connect to the server.
+type fleet struct {
+	executors []*child
+	nc        *nats.Conn
+	cl        *client.Client
+}
+
+func startFleet(t testing.TB, bin, cfg string) fleet {
+	t.Helper()
+	ns := natstest.Server(t)
+	cfgPath := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := func(services string) []string {
+		return []string{"--config", cfgPath, "--nats-url", ns.ClientURL(), "--http", "127.0.0.1:0", "--services", services}
+	}
+	startChild(t, bin, args("ingest,result"), systest.Env)
+	for range 2 {
+		startChild(t, bin, args("admission"), systest.Env)
+	}
+	f := fleet{executors: make([]*child, 4)}
+	for i := range f.executors {
+		f.executors[i] = startChild(t, bin, args("executor"), systest.Env)
+	}
+	f.nc, f.cl = systest.Connect(t, ns.ClientURL())
+	return f
+}
+
+// fleetResults counts the jobs a fleet run submitted and the results
+// published for each.
+type fleetResults struct {
+	ids     sync.Map
+	mu      sync.Mutex
+	results map[string]int
+	unknown int // ended outcome_unknown
+}
+
+// watchResults counts every result published until the test ends. A job
+// may end succeeded, or outcome_unknown when its call was in flight on a
+// killed executor (never sent again); anything else fails t.
+func watchResults(t testing.TB, nc *nats.Conn) *fleetResults {
+	t.Helper()
+	r := &fleetResults{results: map[string]int{}}
+	sub, err := nc.Subscribe(job.ResultPrefix+">", func(m *nats.Msg) {
+		var res job.Result
+		if json.Unmarshal(m.Data, &res) != nil {
+			return
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.results[res.JobID]++
+		switch {
+		case res.Status == job.StatusSucceeded:
+		case res.Status == job.StatusFailed && res.Error != nil && res.Error.Code == "outcome_unknown":
+			r.unknown++
+		default:
+			t.Errorf("job %s ended %s: %+v", res.JobID, res.Status, res.Error)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return r
+}
+
+// offer submits body as tenant's batch jobs at perSecond for offerFor.
+func (r *fleetResults) offer(t testing.TB, ctx context.Context, cl *client.Client, body []byte, perSecond float64, tenant string, offerFor time.Duration) {
+	interval := time.Duration(float64(time.Second) / perSecond)
+	start := time.Now()
+	for n := 0; time.Since(start) < offerFor; n++ {
+		if d := time.Until(start.Add(time.Duration(n) * interval)); d > 0 {
+			time.Sleep(d)
+		}
+		id, err := cl.Submit(ctx, &job.Job{Tenant: tenant, Priority: job.Batch, Request: body})
+		if err != nil {
+			t.Errorf("submit: %v", err)
+			return
+		}
+		r.ids.Store(id, true)
+	}
+}
+
+// exactlyOnce waits until every job offered has a result, then fails t
+// on a job with more than one, and on more outcome_unknown than the
+// killed executor held calls (64).
+func (r *fleetResults) exactlyOnce(t testing.TB, ctx context.Context) {
+	t.Helper()
+	want := 0
+	r.ids.Range(func(_, _ any) bool { want++; return true })
+	for {
+		r.mu.Lock()
+		got := len(r.results)
+		r.mu.Unlock()
+		if got >= want {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%d of %d jobs finished", got, want)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, n := range r.results {
+		if n != 1 {
+			t.Errorf("job %s has %d results", id, n)
+		}
+	}
+	t.Logf("%d jobs, %d ended outcome_unknown (in flight on the killed executor)", want, r.unknown)
+	if r.unknown > 64 {
+		t.Errorf("%d jobs ended outcome_unknown; the killed executor held at most 64 calls", r.unknown)
+	}
 }

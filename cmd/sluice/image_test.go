@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-dev/sluice/internal/systest"
 )
 
 // dockerfile is what deploy/Dockerfile sets for the running image.
@@ -95,7 +97,7 @@ func TestImageDefaultsRun(t *testing.T) {
 		pw.Close()
 	}()
 	n := waitUp(t, pr)
-	waitReady(t, n.HTTP)
+	systest.WaitReady(t, n.HTTP)
 	cancel()
 	select {
 	case err := <-done:

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/natsauth"
+	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
@@ -97,19 +98,19 @@ func TestNATSTrustBoundary(t *testing.T) {
 	t.Parallel()
 	bin := sluiceBinary(t)
 	const model = "gpt-4o-mini"
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 100000, TPM: 10000000}}, APIKeys: []string{"sim-secret"}})
+	simSrv, simURL := systest.StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 100000, TPM: 10000000}}, APIKeys: []string{"sim-secret"}})
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "sluice.yaml")
-	if err := os.WriteFile(cfgPath, []byte(simConfig(simURL, model, 100000, 10000000, "")), 0o600); err != nil {
+	if err := os.WriteFile(cfgPath, []byte(systest.SimConfig(simURL, model, 100000, 10000000, "")), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	data := filepath.Join(dir, "data")
 	front := startChild(t, bin, []string{"--config", cfgPath, "--data", data, "--nats-listen", "127.0.0.1:0",
-		"--http", "127.0.0.1:0", "--services", "result"}, testEnv)
+		"--http", "127.0.0.1:0", "--services", "result"}, systest.Env)
 	procs := []*child{front}
 	for _, s := range []string{"ingest", "admission", "executor"} {
 		procs = append(procs, startChild(t, bin, []string{"--config", cfgPath, "--nats-url", front.NATS, "--data", data,
-			"--http", "127.0.0.1:0", "--services", s}, testEnv))
+			"--http", "127.0.0.1:0", "--services", s}, systest.Env))
 	}
 	ingestHTTP := procs[1].HTTP
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
@@ -124,7 +125,7 @@ func TestNATSTrustBoundary(t *testing.T) {
 	for name, opts := range map[string][]nats.Option{
 		"anonymous":              nil,
 		"acme with a wrong key":  {client.TenantUser("acme", "not-the-key")},
-		"acme with globex's key": {client.TenantUser("acme", testEnv["GLOBEX_KEY"])},
+		"acme with globex's key": {client.TenantUser("acme", systest.Env["GLOBEX_KEY"])},
 	} {
 		nc, err := nats.Connect(front.NATS, append(opts, nats.Timeout(3*time.Second))...)
 		if err == nil {
@@ -136,12 +137,12 @@ func TestNATSTrustBoundary(t *testing.T) {
 	}
 
 	// Tenant A submits over NATS and reads its own result.
-	acme := connectWatched(t, "acme", front.NATS, client.TenantUser("acme", testEnv["ACME_KEY"]))
+	acme := connectWatched(t, "acme", front.NATS, client.TenantUser("acme", systest.Env["ACME_KEY"]))
 	acl, err := client.New(acme.nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := acl.Do(ctx, &job.Job{Tenant: "acme", Request: chatBody(model, 5, 16)})
+	res, err := acl.Do(ctx, &job.Job{Tenant: "acme", Request: systest.ChatBody(model, 5, 16)})
 	if err != nil || res.Status != job.StatusSucceeded {
 		t.Fatalf("acme's job over NATS: %+v, %v; want succeeded", res, err)
 	}
@@ -186,7 +187,7 @@ func TestNATSTrustBoundary(t *testing.T) {
 	}
 	kcancel()
 	// Still usable after the refusals, and its subscription saw its jobs only.
-	if res, err := acl.Do(ctx, &job.Job{Tenant: "acme", Request: chatBody(model, 5, 16)}); err != nil || res.Status != job.StatusSucceeded {
+	if res, err := acl.Do(ctx, &job.Job{Tenant: "acme", Request: systest.ChatBody(model, 5, 16)}); err != nil || res.Status != job.StatusSucceeded {
 		t.Fatalf("acme's second job: %+v, %v", res, err)
 	}
 	select {
@@ -197,7 +198,7 @@ func TestNATSTrustBoundary(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("acme's subscription saw no result")
 	}
-	globex := connectWatched(t, "globex", front.NATS, client.TenantUser("globex", testEnv["GLOBEX_KEY"]))
+	globex := connectWatched(t, "globex", front.NATS, client.TenantUser("globex", systest.Env["GLOBEX_KEY"]))
 	globex.refused(t, "sub", job.ResultPrefix+"acme.>")
 	globex.refused(t, "pub", job.IntakeSubject("acme"))
 
@@ -229,9 +230,9 @@ func TestNATSTrustBoundary(t *testing.T) {
 
 	// The HTTP paths exercise ingest's and result's waits and reads.
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ingestHTTP+"/v1/chat/completions",
-		bytes.NewReader(chatBody(model, 5, 16)))
+		bytes.NewReader(systest.ChatBody(model, 5, 16)))
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+testEnv["GLOBEX_KEY"])
+	req.Header.Set("Authorization", "Bearer "+systest.Env["GLOBEX_KEY"])
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -243,7 +244,7 @@ func TestNATSTrustBoundary(t *testing.T) {
 		t.Fatalf("chat completion over HTTP: %d %s", resp.StatusCode, body)
 	}
 	req, _ = http.NewRequestWithContext(ctx, http.MethodGet, front.HTTP+"/v1/jobs/"+id+"?wait=10s", nil)
-	req.Header.Set("Authorization", "Bearer "+testEnv["GLOBEX_KEY"])
+	req.Header.Set("Authorization", "Bearer "+systest.Env["GLOBEX_KEY"])
 	resp, err = http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -313,22 +314,22 @@ func TestNATSURLRedacted(t *testing.T) {
 func TestUpOverTLS(t *testing.T) {
 	t.Parallel()
 	const model = "gpt-4o-mini"
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 100000, TPM: 10000000}}, APIKeys: []string{"sim-secret"}})
+	simSrv, simURL := systest.StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 100000, TPM: 10000000}}, APIKeys: []string{"sim-secret"}})
 	cert, key, err := natsauth.SelfSigned(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := startUpLogged(t, simConfig(simURL, model, 100000, 10000000,
-		fmt.Sprintf("server:\n  nats:\n    listen_tls: {cert: %q, key: %q}\n", cert, key)), testEnv)
+	n := systest.StartLogged(t, systest.SimConfig(simURL, model, 100000, 10000000,
+		fmt.Sprintf("server:\n  nats:\n    listen_tls: {cert: %q, key: %q}\n", cert, key)), systest.Env)
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
 
 	plain := strings.Replace(n.NATS, "tls://", "nats://", 1)
-	if nc, err := nats.Connect(plain, client.TenantUser("acme", testEnv["ACME_KEY"]), nats.Timeout(3*time.Second)); err == nil {
+	if nc, err := nats.Connect(plain, client.TenantUser("acme", systest.Env["ACME_KEY"]), nats.Timeout(3*time.Second)); err == nil {
 		nc.Close()
 		t.Error("a tenant connected without TLS to a TLS listener")
 	}
-	nc, err := nats.Connect(n.NATS, client.TenantUser("acme", testEnv["ACME_KEY"]), nats.RootCAs(cert))
+	nc, err := nats.Connect(n.NATS, client.TenantUser("acme", systest.Env["ACME_KEY"]), nats.RootCAs(cert))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,7 +342,7 @@ func TestUpOverTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 3 {
-		res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: chatBody(model, 5+i, 16)})
+		res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: systest.ChatBody(model, 5+i, 16)})
 		if err != nil || res.Status != job.StatusSucceeded {
 			t.Fatalf("job %d over TLS: %+v, %v; want succeeded", i, res, err)
 		}

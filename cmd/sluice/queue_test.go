@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
@@ -20,15 +21,15 @@ import (
 // Retry-After, and a deadline the queue makes impossible is refused at once.
 func TestQueueVisibilityAndBackpressure(t *testing.T) {
 	t.Parallel()
-	_, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 2, TPM: 1000000}}, APIKeys: []string{"sim-secret"}})
-	cfgYAML := simConfig(simURL, "gpt-4o-mini", 2, 1000000, "admission:\n  shed: {batch: 0.00001, standard: 1}\n")
-	n := startUp(t, cfgYAML, testEnv)
-	_, cl := natsClient(t, n.NATS)
+	_, simURL := systest.StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 2, TPM: 1000000}}, APIKeys: []string{"sim-secret"}})
+	cfgYAML := systest.SimConfig(simURL, "gpt-4o-mini", 2, 1000000, "admission:\n  shed: {batch: 0.00001, standard: 1}\n")
+	n := systest.Start(t, cfgYAML, systest.Env)
+	_, cl := n.Connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var ids []string
 	for range 10 {
-		id, err := cl.Submit(ctx, &job.Job{Tenant: "acme", Request: chatBody("gpt-4o-mini", 5, 16)})
+		id, err := cl.Submit(ctx, &job.Job{Tenant: "acme", Request: systest.ChatBody("gpt-4o-mini", 5, 16)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -72,7 +73,7 @@ func TestQueueVisibilityAndBackpressure(t *testing.T) {
 	// have written them: how soon is the machine's business.
 	natstest.Eventually(t, 45*time.Second, func() error {
 		out.Reset()
-		if err := run(ctx, []string{"queue", "--nats-url", n.NATS, "--data", n.Data(t), "--config", cfgPath}, func(string) string { return "" }, &out, &errOut); err != nil {
+		if err := run(ctx, []string{"queue", "--nats-url", n.NATS, "--data", n.Data, "--config", cfgPath}, func(string) string { return "" }, &out, &errOut); err != nil {
 			t.Fatalf("sluice queue: %v (%s)", err, errOut.String())
 		}
 		s := out.String()
@@ -86,7 +87,7 @@ func TestQueueVisibilityAndBackpressure(t *testing.T) {
 	})
 	// --json --limits gives the correction as rows.
 	out.Reset()
-	if err := run(ctx, []string{"queue", "--nats-url", n.NATS, "--data", n.Data(t), "--json", "--limits"}, func(string) string { return "" }, &out, &errOut); err != nil {
+	if err := run(ctx, []string{"queue", "--nats-url", n.NATS, "--data", n.Data, "--json", "--limits"}, func(string) string { return "" }, &out, &errOut); err != nil {
 		t.Fatalf("sluice queue --json --limits: %v (%s)", err, errOut.String())
 	}
 	var rows []struct {

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
 
@@ -108,8 +109,8 @@ func BenchmarkStreamTTFT(b *testing.B) {
 }
 
 func benchTTFT(b *testing.B, rpm int) {
-	_, simURL := startSim(b, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: rpm}}, TTFT: 20 * time.Millisecond, PerToken: time.Millisecond, APIKeys: []string{"sim-secret"}})
-	n := startUp(b, modelConfig(simURL, rpm, 64), testEnv)
+	_, simURL := systest.StartSim(b, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: rpm}}, TTFT: 20 * time.Millisecond, PerToken: time.Millisecond, APIKeys: []string{"sim-secret"}})
+	n := systest.Start(b, modelConfig(simURL, rpm, 64), systest.Env)
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
 	ctx := context.Background()
 	for range 20 { // warm up both paths
@@ -153,9 +154,9 @@ func benchTTFT(b *testing.B, rpm int) {
 //	go test -run XXX -bench Stream500 -benchtime 1x ./cmd/sluice/
 func BenchmarkStream500(b *testing.B) {
 	const streams = 500
-	_, simURL := startSim(b, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini"}}, TTFT: 200 * time.Millisecond, PerToken: 10 * time.Millisecond,
+	_, simURL := systest.StartSim(b, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini"}}, TTFT: 200 * time.Millisecond, PerToken: 10 * time.Millisecond,
 		OutputTokens: func(max int, _ []byte) int { return max }, APIKeys: []string{"sim-secret"}})
-	n := startUp(b, unlimitedConfig(simURL, 1024), testEnv)
+	n := systest.Start(b, unlimitedConfig(simURL, 1024), systest.Env)
 	body := []byte(`{"model":"gpt-4o-mini","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"Tell me a story."}]}`)
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: streams, MaxConnsPerHost: 0}}
 	ctx := context.Background()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
@@ -32,15 +33,15 @@ func TestUnitsEndToEnd(t *testing.T) {
 		images = 600 // a minute: a quantum of 10 a second
 		jobs   = 60  // 90 images: about 9 seconds of the quantum
 	)
-	simSrv, simURL := startSim(t, sim.Config{
+	simSrv, simURL := systest.StartSim(t, sim.Config{
 		Models:  []sim.ModelLimits{{Name: model, RPM: 100_000, TPM: 100_000_000, Units: map[string]int{"images": images}}},
 		TTFT:    10 * time.Millisecond,
 		APIKeys: []string{"sim-secret"},
 	})
-	cfg := strings.Replace(simConfig(simURL, model, 100_000, 100_000_000, ""),
+	cfg := strings.Replace(systest.SimConfig(simURL, model, 100_000, 100_000_000, ""),
 		"max_concurrency: 128}", fmt.Sprintf("max_concurrency: 128, units: {images: %d}}", images), 1)
-	n := startUp(t, cfg, testEnv)
-	nc, cl := natsClient(t, n.NATS)
+	n := systest.Start(t, cfg, systest.Env)
+	nc, cl := n.Connect(t)
 
 	var mu sync.Mutex
 	statuses := map[string]job.Status{}
@@ -65,7 +66,7 @@ func TestUnitsEndToEnd(t *testing.T) {
 	// The simulator reads a request's images from its body ("sim_units");
 	// Sluice from the job's cost. Both say the same.
 	body := func(i, k int) []byte {
-		b := chatBody(model, 10+i%20, 32)
+		b := systest.ChatBody(model, 10+i%20, 32)
 		return append(b[:len(b)-1], fmt.Sprintf(`,"sim_units":{"images":%d}}`, k)...)
 	}
 	var ids sync.Map
@@ -152,7 +153,7 @@ func TestUnitsEndToEnd(t *testing.T) {
 	}
 
 	// A unit the model does not limit is refused, naming it.
-	code, msg := chatStatus(ctx, n.HTTP, "acme-key", chatBody(model, 5, 8), "videos=1")
+	code, msg := chatStatus(ctx, n.HTTP, "acme-key", systest.ChatBody(model, 5, 8), "videos=1")
 	if code != http.StatusBadRequest || !strings.Contains(msg, `does not limit unit \"videos\"`) {
 		t.Errorf("X-Sluice-Cost naming videos: HTTP %d %s; want 400 naming the unit", code, msg)
 	}

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +16,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/adapt"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/node"
+	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
@@ -55,15 +55,10 @@ func startDeployments(t *testing.T, deps []depSpec) depNode {
 		if d.simRPM > 0 {
 			real = d.simRPM
 		}
-		s, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: served, RPM: real, TPM: 10000000}}, APIKeys: []string{"sim-secret"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ts := httptest.NewServer(s)
-		t.Cleanup(ts.Close)
+		s, url := systest.StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: served, RPM: real, TPM: 10000000}}, APIKeys: []string{"sim-secret"}})
 		sims[d.name] = s
 		fmt.Fprintf(&yaml, "  - {name: %s, base_url: %s/v1, api_key_env: SIM_KEY, models: [{name: %s, tier: %d, weight: %d, rpm: %d, tpm: 10000000, upstream: %q}]}\n",
-			d.name, ts.URL, model, d.tier, max(d.weight, 1), d.rpm, d.upstream)
+			d.name, url, model, d.tier, max(d.weight, 1), d.rpm, d.upstream)
 	}
 	yaml.WriteString("tenants:\n  - {name: acme, api_key_env: ACME_KEY}\n")
 	cfg, err := config.Parse([]byte(yaml.String()))

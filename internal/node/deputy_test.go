@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -13,12 +12,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/node"
+	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
@@ -35,14 +36,11 @@ var env = map[string]string{"SIM_KEY": "sim-secret", "ACME_KEY": "acme-key", "GL
 
 func getenv(k string) string { return env[k] }
 
-func testConfig(t *testing.T) *config.Config {
+// testConfig is one simulated provider serving model and the tenants acme
+// and globex; the simulator serves until the test ends.
+func testConfig(t *testing.T) (*config.Config, *sim.Server) {
 	t.Helper()
-	s, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 100000, TPM: 10000000}}, APIKeys: []string{"sim-secret"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(s)
-	t.Cleanup(ts.Close)
+	s, url := systest.StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 100000, TPM: 10000000}}, APIKeys: []string{"sim-secret"}})
 	cfg, err := config.Parse([]byte(fmt.Sprintf(`
 providers:
   - name: sim
@@ -53,24 +51,32 @@ providers:
 tenants:
   - {name: acme, api_key_env: ACME_KEY}
   - {name: globex, api_key_env: GLOBEX_KEY}
-`, ts.URL, model)))
+`, url, model)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cfg
+	return cfg, s
 }
 
-// startNode runs an all-in-one node on data until the test ends (or stop
-// is called) and returns what it serves.
+// startNode runs an all-in-one node with an HTTP listener on data until
+// the test ends (or stop is called) and returns what it serves.
 func startNode(t *testing.T, cfg *config.Config, data string) (node.Info, func()) {
 	t.Helper()
+	return runNode(t, node.Options{Config: cfg, HTTP: "127.0.0.1:0", Data: data})
+}
+
+// runNode runs a node with o, on a loopback NATS port and the test's
+// environment, until the test ends (or stop is called), and returns what
+// it serves once it is ready; the test fails if the node does not stop
+// cleanly.
+func runNode(t *testing.T, o node.Options) (node.Info, func()) {
+	t.Helper()
+	o.NATSListen, o.Getenv = "127.0.0.1:0", getenv
 	ready := make(chan node.Info, 1)
+	o.OnReady = func(i node.Info) { ready <- i }
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() {
-		done <- node.Run(ctx, node.Options{Config: cfg, NATSListen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Data: data, Getenv: getenv,
-			OnReady: func(i node.Info) { ready <- i }})
-	}()
+	go func() { done <- node.Run(ctx, o) }()
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {
@@ -91,6 +97,32 @@ func startNode(t *testing.T, cfg *config.Config, data string) (node.Info, func()
 		t.Fatal("node not ready after 30s")
 	}
 	return node.Info{}, stop
+}
+
+// counter sums a counter's series in reg, of those with a label that
+// want names only those where it has want's value (want nil: all).
+func counter(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if v, ok := want[l.GetName()]; ok && v != l.GetValue() {
+					continue series
+				}
+			}
+			sum += m.GetCounter().GetValue()
+		}
+	}
+	return sum
 }
 
 func connect(t *testing.T, url string, opts ...nats.Option) *nats.Conn {
@@ -136,7 +168,7 @@ func (r *recorder) get(subject string) (string, bool) {
 // tenant's own paths keep working, and the node starts again afterwards.
 func TestTenantRepliesStayInItsAccount(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
+	cfg, _ := testConfig(t)
 	data := t.TempDir()
 	info, stop := startNode(t, cfg, data)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

@@ -1,7 +1,6 @@
 package node_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/node"
+	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
@@ -33,25 +33,7 @@ type group struct {
 	servers map[string]*httptest.Server
 	sims    map[string]*sim.Server
 	cl      *client.Client
-	log     *syncBuffer
-}
-
-// syncBuffer is a log destination many goroutines write.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	log     *systest.SyncBuffer
 }
 
 func startGroup(t *testing.T, deps []groupDep) *group {
@@ -59,7 +41,7 @@ func startGroup(t *testing.T, deps []groupDep) *group {
 	if testing.Short() {
 		t.Skip("a node and a run of jobs, about 9 s: the full tier runs it, not -short")
 	}
-	g := &group{servers: map[string]*httptest.Server{}, sims: map[string]*sim.Server{}, log: &syncBuffer{}}
+	g := &group{servers: map[string]*httptest.Server{}, sims: map[string]*sim.Server{}, log: &systest.SyncBuffer{}}
 	var yaml strings.Builder
 	yaml.WriteString("providers:\n")
 	for _, d := range deps {
@@ -83,27 +65,7 @@ func startGroup(t *testing.T, deps []groupDep) *group {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ready := make(chan node.Info, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- node.Run(ctx, node.Options{Config: cfg, NATSListen: "127.0.0.1:0", Data: t.TempDir(), Getenv: getenv,
-			Log: slog.New(slog.NewJSONHandler(g.log, nil)), OnReady: func(i node.Info) { ready <- i }})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("node: %v", err)
-		}
-	})
-	select {
-	case g.info = <-ready:
-	case err := <-done:
-		done <- err
-		t.Fatalf("node did not start: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("node not ready after 30s")
-	}
+	g.info, _ = runNode(t, node.Options{Config: cfg, Data: t.TempDir(), Log: slog.New(slog.NewJSONHandler(g.log, nil))})
 	if g.cl, err = client.New(connect(t, g.info.NATSURL, client.TenantUser("acme", env["ACME_KEY"]))); err != nil {
 		t.Fatal(err)
 	}
@@ -139,32 +101,6 @@ func (g *group) run(t *testing.T, n int, during func()) map[string]int {
 	return served
 }
 
-// counter sums a counter's series in the node's registry whose labels
-// include want.
-func (g *group) counter(t *testing.T, name string, want map[string]string) float64 {
-	t.Helper()
-	mfs, err := g.info.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if v, ok := want[l.GetName()]; ok && v != l.GetValue() {
-					continue series
-				}
-			}
-			sum += m.GetCounter().GetValue()
-		}
-	}
-	return sum
-}
-
 // A deployment whose simulator stops mid-run: the jobs it was given and
 // would have been given finish on the others; none is lost or
 // dead-lettered.
@@ -184,10 +120,10 @@ func TestDeploymentStoppedMidRun(t *testing.T) {
 	if served["a"]+served["c"] == 0 || served["a"]+served["b"]+served["c"] != 60 {
 		t.Errorf("served %v; want all 60, the others taking b's", served)
 	}
-	if got := g.counter(t, "sluice_dead_letters_total", nil); got != 0 {
+	if got := counter(t, g.info.Registry, "sluice_dead_letters_total", nil); got != 0 {
 		t.Errorf("%v dead letters, want 0", got)
 	}
-	if got := g.counter(t, "sluice_deployment_state_changes_total", map[string]string{"provider": "b", "state": "down"}); got < 1 {
+	if got := counter(t, g.info.Registry, "sluice_deployment_state_changes_total", map[string]string{"provider": "b", "state": "down"}); got < 1 {
 		t.Errorf("b taken down %v times, want at least once", got)
 	}
 }
@@ -204,10 +140,10 @@ func TestDeploymentWrongKeySkipped(t *testing.T) {
 	if got := g.sims["bad"].Stats().Requests[401]; got == 0 {
 		t.Error("bad refused no call: the test proves nothing")
 	}
-	if got := g.counter(t, "sluice_dead_letters_total", nil); got != 0 {
+	if got := counter(t, g.info.Registry, "sluice_dead_letters_total", nil); got != 0 {
 		t.Errorf("%v dead letters, want 0", got)
 	}
-	if got := g.counter(t, "sluice_deployment_state_changes_total", map[string]string{"provider": "bad", "state": "down"}); got != 1 {
+	if got := counter(t, g.info.Registry, "sluice_deployment_state_changes_total", map[string]string{"provider": "bad", "state": "down"}); got != 1 {
 		t.Errorf("bad taken down %v times, want once", got)
 	}
 	logs := g.log.String()

@@ -4,17 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"testing"
 	"time"
 
-	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
-	"github.com/sluice-dev/sluice/pkg/sim"
 )
 
 // Job ids are unique within a tenant only: two tenants that choose the same
@@ -24,26 +20,7 @@ import (
 // refused: "ids are global".)
 func TestSameJobIDInTwoTenants(t *testing.T) {
 	t.Parallel()
-	s, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 100000, TPM: 10000000}}, APIKeys: []string{"sim-secret"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(s)
-	t.Cleanup(ts.Close)
-	cfg, err := config.Parse([]byte(fmt.Sprintf(`
-providers:
-  - name: sim
-    base_url: %s/v1
-    api_key_env: SIM_KEY
-    models:
-      - {name: %s, rpm: 100000, tpm: 10000000, max_concurrency: 64}
-tenants:
-  - {name: acme, api_key_env: ACME_KEY}
-  - {name: globex, api_key_env: GLOBEX_KEY}
-`, ts.URL, model)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, s := testConfig(t)
 	info, _ := startNode(t, cfg, t.TempDir())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

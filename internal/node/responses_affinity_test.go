@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/openai/openai-go/v3/responses"
 
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
 
@@ -40,14 +40,9 @@ func TestResponsesAffinity(t *testing.T) {
 			limits = append(limits, sim.ModelLimits{Name: m, RPM: 100000, TPM: 10000000})
 			models = append(models, fmt.Sprintf("{name: %s, weight: %d, rpm: 100000, tpm: 10000000}", m, d.weight))
 		}
-		s, err := sim.New(sim.Config{Models: limits, APIKeys: []string{"sim-secret"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ts := httptest.NewServer(s)
-		t.Cleanup(ts.Close)
+		s, url := systest.StartSim(t, sim.Config{Models: limits, APIKeys: []string{"sim-secret"}})
 		sims[d.name] = s
-		fmt.Fprintf(&yaml, "  - {name: %s, base_url: %s/v1, api_key_env: SIM_KEY, responses: %s, models: [%s]}\n", d.name, ts.URL, d.responses, strings.Join(models, ", "))
+		fmt.Fprintf(&yaml, "  - {name: %s, base_url: %s/v1, api_key_env: SIM_KEY, responses: %s, models: [%s]}\n", d.name, url, d.responses, strings.Join(models, ", "))
 	}
 	yaml.WriteString("tenants:\n  - {name: acme, api_key_env: ACME_KEY}\n")
 	cfg, err := config.Parse([]byte(yaml.String()))

@@ -6,9 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/internal/node"
+	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
 
@@ -89,67 +88,19 @@ func startResponses(t *testing.T, b respBackend) respNode {
 		sc.Models = []sim.ModelLimits{{Name: respModel, RPM: 100000, TPM: 10000000, ITPM: 1000000, OTPM: 1000000}}
 	}
 	sc.APIKeys = []string{"sim-secret"}
-	s, err := sim.New(sc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(s)
-	t.Cleanup(ts.Close)
+	s, url := systest.StartSim(t, sc)
 	cfg, err := config.Parse([]byte(fmt.Sprintf("providers:"+b.provider+`
 tenants:
   - {name: acme, api_key_env: ACME_KEY}
   - {name: globex, api_key_env: GLOBEX_KEY}
-`, ts.URL)))
+`, url)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ready := make(chan node.Info, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	data := t.TempDir() // removed after the node stops
-	go func() {
-		done <- node.Run(ctx, node.Options{Config: cfg, NATSListen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Data: data, Getenv: getenv,
-			OnReady: func(i node.Info) { ready <- i }})
-	}()
-	var once sync.Once
-	t.Cleanup(func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("node: %v", err)
-			}
-		})
-	})
-	var info node.Info
-	select {
-	case info = <-ready:
-	case err := <-done:
-		done <- err
-		t.Fatalf("node did not start: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("node not ready after 30s")
-	}
+	info, _ := startNode(t, cfg, t.TempDir())
 	base := "http://" + info.HTTPAddr
 	return respNode{sim: s, info: info, base: base,
 		sdk: openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey("acme-key"), option.WithMaxRetries(0))}
-}
-
-// counter sums a counter's series in the node's registry.
-func (n respNode) counter(t *testing.T, name string) float64 {
-	t.Helper()
-	mfs, err := n.info.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				sum += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
 }
 
 func usageOf(r *responses.Response) int64 { return r.Usage.TotalTokens }
@@ -335,7 +286,7 @@ func TestResponsesSDK(t *testing.T) {
 			// The executor counted every reported token (the usage it settles
 			// reservations with).
 			natstest.Eventually(t, 10*time.Second, func() error {
-				if got := n.counter(t, "llm_tokens_used_total"); got != float64(total) {
+				if got := counter(t, n.info.Registry, "llm_tokens_used_total", nil); got != float64(total) {
 					return fmt.Errorf("tokens used %v, want %d", got, total)
 				}
 				return nil

@@ -1,4 +1,4 @@
-package main
+package systest
 
 import (
 	"context"
@@ -17,11 +17,11 @@ import (
 // the usage, inside the output tokens.
 func TestReasoningModelThroughSluice(t *testing.T) {
 	t.Parallel()
-	seen := &judged{}
-	_, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "o4-mini", RPM: 1000, TPM: 1_000_000, Reasoning: true}},
-		APIKeys: []string{"sim-secret"}, OnArrival: seen.add})
-	n := startUp(t, simConfig(simURL, "o4-mini", 1000, 1_000_000, ""), testEnv)
-	_, cl := natsClient(t, n.NATS)
+	seen := &Judged{}
+	_, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "o4-mini", RPM: 1000, TPM: 1_000_000, Reasoning: true}},
+		APIKeys: []string{"sim-secret"}, OnArrival: seen.Add})
+	n := Start(t, SimConfig(simURL, "o4-mini", 1000, 1_000_000, ""), Env)
+	_, cl := n.Connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	body := []byte(`{"model":"o4-mini","max_completion_tokens":300,"reasoning_effort":"low","messages":[{"role":"user","content":"Think, then say hi."}]}`)
@@ -32,7 +32,7 @@ func TestReasoningModelThroughSluice(t *testing.T) {
 	if u := r.Usage; u == nil || u.ReasoningTokens <= 0 || u.ReasoningTokens > u.CompletionTokens {
 		t.Errorf("usage %+v: want reasoning tokens reported inside the completion tokens", r.Usage)
 	}
-	got := seen.all()
+	got := seen.All()
 	if len(got) != 1 {
 		t.Fatalf("the provider saw %d calls, want 1", len(got))
 	}
@@ -54,20 +54,20 @@ func TestReasoningModelThroughSluice(t *testing.T) {
 // of the prompt Sluice reserves, as OpenAI charges them.
 func TestImagesAndToolsReserved(t *testing.T) {
 	t.Parallel()
-	_, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 1000, TPM: 1_000_000}}, APIKeys: []string{"sim-secret"}})
-	n := startUp(t, simConfig(simURL, "gpt-4o-mini", 1000, 1_000_000, ""), testEnv)
-	_, cl := natsClient(t, n.NATS)
+	_, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 1000, TPM: 1_000_000}}, APIKeys: []string{"sim-secret"}})
+	n := Start(t, SimConfig(simURL, "gpt-4o-mini", 1000, 1_000_000, ""), Env)
+	_, cl := n.Connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	reserved := func(body string) float64 {
 		t.Helper()
-		before := scrape(t, n.metricsURL()+"/metrics")
+		before := scrape(t, n.MetricsURL()+"/metrics")
 		r, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: []byte(body)})
 		if err != nil || r.Status != job.StatusSucceeded {
 			t.Fatalf("job: %v %+v", err, r)
 		}
 		b, _ := sum(before, "llm_tokens_reserved_total", `model="gpt-4o-mini"`)
-		a, _ := sum(scrape(t, n.metricsURL()+"/metrics"), "llm_tokens_reserved_total", `model="gpt-4o-mini"`)
+		a, _ := sum(scrape(t, n.MetricsURL()+"/metrics"), "llm_tokens_reserved_total", `model="gpt-4o-mini"`)
 		return a - b
 	}
 	plain := reserved(`{"model":"gpt-4o-mini","max_tokens":10,"messages":[{"role":"user","content":"Describe this."}]}`)

@@ -1,7 +1,6 @@
-package main
+package systest
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -9,11 +8,11 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/big"
 	"net"
 	"net/http"
@@ -29,150 +28,6 @@ import (
 
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
-
-// syncBuffer is a log sink several goroutines write.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// TestUpRefusesToStartOpen: `sluice up` that would serve the API with a
-// tenant's key missing, with no keys at all, or with one key for two
-// tenants does not start, and says why without showing a key.
-func TestUpRefusesToStartOpen(t *testing.T) {
-	t.Parallel()
-	const provider = `
-providers:
-  - name: sim
-    base_url: http://127.0.0.1:1/v1
-    models: [{name: gpt-4o-mini}]
-`
-	for _, tc := range []struct {
-		name, tenants string
-		env           map[string]string
-		args          []string
-		want          []string
-	}{
-		{"unset key variable", "tenants:\n  - {name: acme, api_key_env: ACME_KEY}\n  - {name: globex, api_key_env: GLOBEX_KEY}\n",
-			map[string]string{"GLOBEX_KEY": "globex-key"}, nil, []string{"ACME_KEY", "acme", "unset or empty"}},
-		{"blank key variable", "tenants:\n  - {name: acme, api_key_env: ACME_KEY}\n",
-			map[string]string{"ACME_KEY": "  "}, nil, []string{"ACME_KEY", "acme"}},
-		{"unset key variable in open mode too", "tenants:\n  - {name: acme, api_key_env: ACME_KEY}\n",
-			nil, []string{"--open"}, []string{"ACME_KEY", "acme"}},
-		{"no keys", "tenants:\n  - {name: acme}\n", nil, nil, []string{"no tenant API keys", "server.open", "--open", "SLUICE_OPEN"}},
-		{"no tenants", "", nil, nil, []string{"no tenant API keys", "server.open"}},
-		{"SLUICE_OPEN=0 is not open", "", map[string]string{"SLUICE_OPEN": "0"}, nil, []string{"no tenant API keys"}},
-		{"duplicate key", "tenants:\n  - {name: acme, api_key_env: ACME_KEY}\n  - {name: globex, api_key_env: GLOBEX_KEY}\n",
-			map[string]string{"ACME_KEY": "shared-secret-key", "GLOBEX_KEY": "shared-secret-key"}, nil, []string{"GLOBEX_KEY", "globex", `"acme"`}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			dir := t.TempDir()
-			cfgPath := filepath.Join(dir, "sluice.yaml")
-			if err := os.WriteFile(cfgPath, []byte(provider+tc.tenants), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			var stderr syncBuffer
-			args := append([]string{"up", "--config", cfgPath, "--data", filepath.Join(dir, "data"),
-				"--nats-listen", "127.0.0.1:0", "--http", "127.0.0.1:0"}, tc.args...)
-			err := run(ctx, args, func(k string) string { return tc.env[k] }, io.Discard, &stderr)
-			if err == nil || ctx.Err() != nil {
-				t.Fatalf("sluice up: got %v after %v, want a refusal to start", err, ctx.Err())
-			}
-			for _, want := range tc.want {
-				if !strings.Contains(err.Error(), want) {
-					t.Errorf("sluice up error %q: does not mention %q", err, want)
-				}
-			}
-			if strings.Contains(err.Error()+stderr.String(), "shared-secret-key") {
-				t.Errorf("sluice up printed the key: %q / %q", err, stderr.String())
-			}
-			if _, serr := os.Stat(filepath.Join(dir, "data")); serr == nil {
-				t.Errorf("sluice up created its data directory before refusing; want nothing started")
-			}
-		})
-	}
-}
-
-// TestOpenModeWithoutTenants: development mode, set explicitly, serves
-// keyless requests as the tenant "default" when none is configured, and
-// says so in the log; a key that is sent is still checked.
-func TestOpenModeWithoutTenants(t *testing.T) {
-	t.Parallel()
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 100, TPM: 100000}}})
-	var stderr syncBuffer
-	n := startUpWith(t, fmt.Sprintf(`
-providers:
-  - name: sim
-    base_url: %s/v1
-    models: [{name: gpt-4o-mini, rpm: 100, tpm: 100000}]
-`, simURL), nil, []string{"--open"}, &stderr)
-	waitReady(t, n.HTTP)
-	if log := stderr.String(); !strings.Contains(log, `"level":"WARN"`) || !strings.Contains(log, "development mode") {
-		t.Errorf("log of an open start: %q; want a warning about development mode", log)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c := openai.NewClient(option.WithBaseURL(n.HTTP+"/v1"), option.WithMaxRetries(0), option.WithHeaderDel("Authorization"))
-	var resp *http.Response
-	_, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
-		Model: "gpt-4o-mini", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}, MaxTokens: openai.Int(8),
-	}, option.WithResponseInto(&resp))
-	if err != nil {
-		t.Fatalf("keyless chat completion in open mode: %v", err)
-	}
-	id := resp.Header.Get("X-Sluice-Job-Id")
-	got := getJob(t, ctx, n.HTTP, "", id, "")
-	if got["tenant"] != "default" {
-		t.Errorf("keyless job's tenant: got %v, want default", got["tenant"])
-	}
-	if st := simSrv.Stats(); st.Completed != 1 {
-		t.Errorf("provider completed %d calls, want 1", st.Completed)
-	}
-	bad := openai.NewClient(option.WithBaseURL(n.HTTP+"/v1"), option.WithAPIKey("wrong"), option.WithMaxRetries(0))
-	_, err = bad.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "gpt-4o-mini", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
-	var apiErr *openai.Error
-	if !asErr(err, &apiErr) || apiErr.StatusCode != http.StatusUnauthorized {
-		t.Errorf("wrong key in open mode: got %v, want 401", err)
-	}
-}
-
-// getJob reads GET /v1/jobs/{id}[?wait=] as JSON (status 200 wanted).
-func getJob(t *testing.T, ctx context.Context, base, key, id, wait string) map[string]any {
-	t.Helper()
-	url := base + "/v1/jobs/" + id
-	if wait != "" {
-		url += "?wait=" + wait
-	}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	var out map[string]any
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %d %v %v", url, resp.StatusCode, out, err)
-	}
-	return out
-}
 
 // attempts counts the HTTP attempts an SDK makes and remembers the retry
 // count header of each.
@@ -198,7 +53,7 @@ func (a *attempts) seen() []string {
 func waitTerminal(t *testing.T, ctx context.Context, base, key, id string) map[string]any {
 	t.Helper()
 	for ctx.Err() == nil {
-		if j := getJob(t, ctx, base, key, id, "10s"); j["result"] != nil {
+		if j := GetJob(t, ctx, base, key, id, "10s"); j["result"] != nil {
 			return j
 		}
 	}
@@ -220,9 +75,9 @@ func totalRequests(st sim.Stats) int64 {
 // false), names the job, and the provider is called once.
 func TestSDKWaitTimeoutPaysOnce(t *testing.T) {
 	t.Parallel()
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 100, TPM: 100000}},
+	simSrv, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 100, TPM: 100000}},
 		TTFT: 1500 * time.Millisecond, APIKeys: []string{"sim-secret"}})
-	n := startUp(t, simConfig(simURL, "gpt-4o-mini", 100, 100000, ""), testEnv)
+	n := Start(t, SimConfig(simURL, "gpt-4o-mini", 100, 100000, ""), Env)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
@@ -273,12 +128,12 @@ func TestSDKWaitTimeoutPaysOnce(t *testing.T) {
 // must not cut it. Nothing secret or prompt-like reaches the log.
 func TestSDKRetryPaysOnce(t *testing.T) {
 	t.Parallel()
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 100, TPM: 100000}},
+	simSrv, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 100, TPM: 100000}},
 		TTFT: 2 * time.Second, APIKeys: []string{"sim-secret"}})
-	var stderr syncBuffer
-	n := startUpWith(t, simConfig(simURL, "gpt-4o-mini", 100, 100000, "server:\n  http_timeouts: {read: 1s, write: 1s}\n"),
-		testEnv, []string{"--log-level", "debug"}, &stderr)
-	waitReady(t, n.HTTP)
+	var stderr SyncBuffer
+	n := StartWith(t, SimConfig(simURL, "gpt-4o-mini", 100, 100000, "server:\n  http_timeouts: {read: 1s, write: 1s}\n"),
+		Setup{Env: Env, Log: &stderr, Level: slog.LevelDebug})
+	WaitReady(t, n.HTTP)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
@@ -342,12 +197,12 @@ func TestSDKRetryPaysOnce(t *testing.T) {
 // is not affected; waits above limits.max_wait are refused.
 func TestWaitersPerTenant(t *testing.T) {
 	t.Parallel()
-	_, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 100, TPM: 100000}},
+	_, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 100, TPM: 100000}},
 		TTFT: 5 * time.Second, APIKeys: []string{"sim-secret"}})
-	n := startUp(t, simConfig(simURL, "gpt-4o-mini", 100, 100000, "limits:\n  max_waiters_per_tenant: 1\n  max_wait: 1m\n"), testEnv)
+	n := Start(t, SimConfig(simURL, "gpt-4o-mini", 100, 100000, "limits:\n  max_waiters_per_tenant: 1\n  max_wait: 1m\n"), Env)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	id, err := httpSubmit(ctx, n.HTTP, "acme-key", chatBody("gpt-4o-mini", 3, 8), false)
+	id, err := httpSubmit(ctx, n.HTTP, "acme-key", ChatBody("gpt-4o-mini", 3, 8), false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -398,11 +253,11 @@ func TestHTTPTLSAndMetricsListener(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	certPath, keyPath, pool := selfSigned(t, dir)
-	_, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 100, TPM: 100000}}, APIKeys: []string{"sim-secret"}})
-	n := startUpWith(t, simConfig(simURL, "gpt-4o-mini", 100, 100000, fmt.Sprintf("server:\n  http_tls: {cert: %s, key: %s}\n", certPath, keyPath)),
-		testEnv, []string{"--metrics", "127.0.0.1:0"}, io.Discard)
+	_, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 100, TPM: 100000}}, APIKeys: []string{"sim-secret"}})
+	n := StartWith(t, SimConfig(simURL, "gpt-4o-mini", 100, 100000, fmt.Sprintf("server:\n  http_tls: {cert: %s, key: %s}\n", certPath, keyPath)),
+		Setup{Env: Env})
 	if n.Metrics == "" {
-		t.Fatal("sluice up printed no metrics address")
+		t.Fatal("the node serves no metrics listener")
 	}
 	api := strings.Replace(n.HTTP, "http://", "https://", 1)
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: 10 * time.Second}

@@ -1,4 +1,4 @@
-package main
+package systest
 
 import (
 	"encoding/json"
@@ -15,36 +15,36 @@ import (
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
 
-// judged collects what the simulator's limits judged (sim.Config.OnArrival).
-type judged struct {
+// Judged collects what the simulator's limits judged (sim.Config.OnArrival).
+type Judged struct {
 	mu   sync.Mutex
 	list []sim.Arrival
 }
 
-func (a *judged) add(x sim.Arrival) {
+func (a *Judged) Add(x sim.Arrival) {
 	a.mu.Lock()
 	a.list = append(a.list, x)
 	a.mu.Unlock()
 }
 
-func (a *judged) all() []sim.Arrival {
+func (a *Judged) All() []sim.Arrival {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return slices.Clone(a.list)
 }
 
-// plans records the send instants admission planned, per job, as read from
+// Plans records the send instants admission planned, per job, as read from
 // every message published to DISPATCH.
-type plans struct {
+type Plans struct {
 	mu  sync.Mutex
 	at  map[string][]time.Time
 	bad int
 }
 
-// watchPlans subscribes to DISPATCH's subjects until the test ends.
-func watchPlans(t testing.TB, nc *nats.Conn) *plans {
+// WatchPlans subscribes to DISPATCH's subjects until the test ends.
+func WatchPlans(t testing.TB, nc *nats.Conn) *Plans {
 	t.Helper()
-	p := &plans{at: map[string][]time.Time{}}
+	p := &Plans{at: map[string][]time.Time{}}
 	sub, err := nc.Subscribe(job.DispatchPrefix+">", func(m *nats.Msg) {
 		var j job.Job
 		p.mu.Lock()
@@ -69,7 +69,7 @@ func watchPlans(t testing.TB, nc *nats.Conn) *plans {
 
 // lateness is how long after its latest planned instant before it the
 // provider saw arrival a; false if no instant was planned before it.
-func (p *plans) lateness(a sim.Arrival) (time.Duration, bool) {
+func (p *Plans) lateness(a sim.Arrival) (time.Duration, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var best time.Time
@@ -84,24 +84,25 @@ func (p *plans) lateness(a sim.Arrival) (time.Duration, bool) {
 	return a.At.Sub(best), true
 }
 
-// arrivalReport is the provider's view set against the plan.
-type arrivalReport struct {
+// ArrivalReport is the provider's view set against the plan.
+type ArrivalReport struct {
 	lateness []time.Duration // of every arrival with a planned instant, sorted
 	late     int             // of those, later than the tolerance
-	refusals []refusal
+	Refusals []Refusal
 	bad      int // unreadable DISPATCH messages
 }
 
-// refusal is one request the provider refused, with its lateness (ok:
+// Refusal is one request the provider refused, with its lateness (ok:
 // it had a planned instant).
-type refusal struct {
+type Refusal struct {
 	a    sim.Arrival
 	late time.Duration
 	ok   bool
 }
 
-func reportArrivals(seen []sim.Arrival, p *plans, tolerance time.Duration) arrivalReport {
-	var r arrivalReport
+// ReportArrivals sets what the provider saw against the plan.
+func ReportArrivals(seen []sim.Arrival, p *Plans, tolerance time.Duration) ArrivalReport {
+	var r ArrivalReport
 	for _, a := range seen {
 		d, ok := p.lateness(a)
 		if ok {
@@ -111,7 +112,7 @@ func reportArrivals(seen []sim.Arrival, p *plans, tolerance time.Duration) arriv
 			}
 		}
 		if !a.Admitted {
-			r.refusals = append(r.refusals, refusal{a: a, late: d, ok: ok})
+			r.Refusals = append(r.Refusals, Refusal{a: a, late: d, ok: ok})
 		}
 	}
 	slices.Sort(r.lateness)
@@ -121,8 +122,8 @@ func reportArrivals(seen []sim.Arrival, p *plans, tolerance time.Duration) arriv
 	return r
 }
 
-// summary is one line of lateness figures.
-func (r arrivalReport) summary(tolerance time.Duration, arrivals int) string {
+// Summary is one line of lateness figures.
+func (r ArrivalReport) Summary(tolerance time.Duration, arrivals int) string {
 	if len(r.lateness) == 0 {
 		return fmt.Sprintf("no arrival matched a planned instant (%d arrivals)", arrivals)
 	}
@@ -131,8 +132,8 @@ func (r arrivalReport) summary(tolerance time.Duration, arrivals int) string {
 		q(0.5), q(0.99), r.lateness[len(r.lateness)-1], r.late, len(r.lateness), tolerance, arrivals-len(r.lateness))
 }
 
-// describe says of a refusal whether the plan or the transit is to blame.
-func (f refusal) describe(tolerance time.Duration) string {
+// Describe says of a refusal whether the plan or the transit is to blame.
+func (f Refusal) Describe(tolerance time.Duration) string {
 	switch {
 	case !f.ok:
 		return fmt.Sprintf("provider refused job %s (%s) at %s, and no instant was planned for it before then", f.a.JobID, f.a.Limit, f.a.At.Format(time.RFC3339Nano))
@@ -142,7 +143,7 @@ func (f refusal) describe(tolerance time.Duration) string {
 	return fmt.Sprintf("provider refused job %s (%s): it arrived %s after its planned instant, later than the %s tolerance: it was delivered late", f.a.JobID, f.a.Limit, f.late, tolerance)
 }
 
-// judgeArrivals holds the provider's view to the plan's promise: a call that
+// JudgeArrivals holds the provider's view to the plan's promise: a call that
 // reaches the provider within tolerance of its planned instant is never
 // refused. When every call arrived in time, it fails on any refusal; when
 // some arrived late (the machine was too busy to deliver them at their
@@ -151,39 +152,39 @@ func (f refusal) describe(tolerance time.Duration) string {
 // the lateness figures. A refusal of a call without a planned instant
 // always fails; refusals must match the simulator's count. The plan itself
 // is held to a strict provider by internal/budget's property tests.
-func judgeArrivals(t *testing.T, seen []sim.Arrival, p *plans, tolerance time.Duration, refused int64) {
+func JudgeArrivals(t *testing.T, seen []sim.Arrival, p *Plans, tolerance time.Duration, refused int64) {
 	t.Helper()
-	r := reportArrivals(seen, p, tolerance)
+	r := ReportArrivals(seen, p, tolerance)
 	// The simulator counts tokens its own way (as providers do), so a call
 	// may carry a few more than Sluice reserved: the token estimate's error,
 	// which the promise bounds at 0.5 % of calls refused, not at none.
 	tokenRefusals, tokenBound := 0, max(1, len(seen)/200)
-	for _, f := range r.refusals {
+	for _, f := range r.Refusals {
 		if f.ok && strings.Contains(f.a.Limit, "token") {
 			tokenRefusals++
 		}
 	}
-	for _, f := range r.refusals {
+	for _, f := range r.Refusals {
 		switch {
 		case f.ok && (f.late > tolerance || r.late > 0):
-			t.Log(f.describe(tolerance))
+			t.Log(f.Describe(tolerance))
 		case f.ok && strings.Contains(f.a.Limit, "token") && tokenRefusals <= tokenBound:
-			t.Log(f.describe(tolerance) + " (within the token estimate's error bound)")
+			t.Log(f.Describe(tolerance) + " (within the token estimate's error bound)")
 		default:
-			t.Error(f.describe(tolerance))
+			t.Error(f.Describe(tolerance))
 		}
 	}
-	if int64(len(r.refusals)) != refused {
-		t.Errorf("the arrival hook saw %d refusals, the simulator counted %d", len(r.refusals), refused)
+	if int64(len(r.Refusals)) != refused {
+		t.Errorf("the arrival hook saw %d refusals, the simulator counted %d", len(r.Refusals), refused)
 	}
 	if r.bad != 0 {
 		t.Errorf("%d DISPATCH messages without a reservation or unreadable", r.bad)
 	}
 	if len(r.lateness) == 0 {
-		t.Error(r.summary(tolerance, len(seen)))
+		t.Error(r.Summary(tolerance, len(seen)))
 		return
 	}
-	t.Log(r.summary(tolerance, len(seen)))
+	t.Log(r.Summary(tolerance, len(seen)))
 	if r.late > 0 {
 		t.Logf("%d of %d calls arrived later than the %s tolerance: this run cannot show the plan holds", r.late, len(r.lateness), tolerance)
 	}

@@ -1,9 +1,10 @@
-package main
+package systest
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -34,9 +35,9 @@ func TestEndToEnd(t *testing.T) {
 		tpm       = 80000 // the offered ~105k tokens need more than one minute's budget
 		perTenant = 350
 	)
-	var seen judged
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: rpm, TPM: tpm}},
-		TTFT: 20 * time.Millisecond, APIKeys: []string{"sim-secret"}, OnArrival: seen.add})
+	var seen Judged
+	simSrv, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: rpm, TPM: tpm}},
+		TTFT: 20 * time.Millisecond, APIKeys: []string{"sim-secret"}, OnArrival: seen.Add})
 	// send_tolerance must cover how late an executor sends plus how much
 	// longer one call takes than another to reach the provider. Here the
 	// provider is a simulator in this process, which shares two cores with
@@ -45,9 +46,9 @@ func TestEndToEnd(t *testing.T) {
 	// one run in five drew a single 429. The budget package's property
 	// tests hold the default tolerance to a strict provider.
 	const tolerance = 50 * time.Millisecond
-	n := startUp(t, simConfig(simURL, model, rpm, tpm, fmt.Sprintf("admission:\n  send_tolerance: %s\n", tolerance)), testEnv)
-	nc, cl := natsClient(t, n.NATS)
-	plans := watchPlans(t, nc)
+	n := Start(t, SimConfig(simURL, model, rpm, tpm, fmt.Sprintf("admission:\n  send_tolerance: %s\n", tolerance)), Env)
+	nc, cl := n.Connect(t)
+	plans := WatchPlans(t, nc)
 
 	var mu sync.Mutex
 	results := map[string]int{}
@@ -74,7 +75,7 @@ func TestEndToEnd(t *testing.T) {
 	var wg sync.WaitGroup
 	submitErr := make(chan error, 3*perTenant)
 	for i := range perTenant {
-		body := chatBody(model, 20+i%40, 60)
+		body := ChatBody(model, 20+i%40, 60)
 		// acme and globex publish over NATS.
 		for _, tenant := range []string{"acme", "globex"} {
 			id, err := cl.Submit(ctx, &job.Job{Tenant: tenant, Priority: []job.Priority{job.Interactive, job.Standard, job.Batch}[i%3], Request: body})
@@ -150,7 +151,7 @@ func TestEndToEnd(t *testing.T) {
 	// test process delivered later than that is the harness's transit, not
 	// the plan: the test names each 429 with its lateness and fails on any
 	// that came in time, or if late arrivals were more than rare.
-	judgeArrivals(t, seen.all(), plans, tolerance, ms.RateLimited)
+	JudgeArrivals(t, seen.All(), plans, tolerance, ms.RateLimited)
 	if st.DuplicateCompletions != 0 {
 		t.Errorf("provider completed %d operations twice", st.DuplicateCompletions)
 	}
@@ -215,8 +216,8 @@ func httpSubmitOnce(ctx context.Context, base, key string, body []byte, openAI b
 // TestOpenAISDK points the official OpenAI Go SDK at Sluice.
 func TestOpenAISDK(t *testing.T) {
 	t.Parallel()
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 100, TPM: 100000}}, APIKeys: []string{"sim-secret"}})
-	n := startUp(t, simConfig(simURL, "gpt-4o-mini", 100, 100000, ""), testEnv)
+	simSrv, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 100, TPM: 100000}}, APIKeys: []string{"sim-secret"}})
+	n := Start(t, SimConfig(simURL, "gpt-4o-mini", 100, 100000, ""), Env)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
@@ -258,7 +259,7 @@ func TestOpenAISDK(t *testing.T) {
 	bad := openai.NewClient(option.WithBaseURL(n.HTTP+"/v1"), option.WithAPIKey("wrong"), option.WithMaxRetries(0))
 	_, err = bad.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "gpt-4o-mini", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
 	var apiErr *openai.Error
-	if !asErr(err, &apiErr) || apiErr.StatusCode != http.StatusUnauthorized {
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusUnauthorized {
 		t.Errorf("wrong key: got %v, want a 401 API error", err)
 	}
 }
@@ -267,8 +268,8 @@ func TestOpenAISDK(t *testing.T) {
 // error, nothing reaches the provider, and a good job still goes through.
 func TestBadInput(t *testing.T) {
 	t.Parallel()
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 100, TPM: 100000}}, APIKeys: []string{"sim-secret"}})
-	n := startUp(t, simConfig(simURL, "gpt-4o-mini", 100, 100000, "limits:\n  max_body_bytes: 65536\n"), testEnv)
+	simSrv, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 100, TPM: 100000}}, APIKeys: []string{"sim-secret"}})
+	n := Start(t, SimConfig(simURL, "gpt-4o-mini", 100, 100000, "limits:\n  max_body_bytes: 65536\n"), Env)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
@@ -309,7 +310,7 @@ func TestBadInput(t *testing.T) {
 	}
 
 	// Over NATS, a bad job gets a failed result with the reason.
-	nc, cl := natsClient(t, n.NATS)
+	nc, cl := n.Connect(t)
 	for _, tc := range []struct{ name, data, code string }{
 		{"malformed", `{"tenant":"acme","request":{"model":`, "invalid_request"},
 		{"negative max_tokens", `{"id":"` + job.NewID() + `","request":{"model":"gpt-4o-mini","max_tokens":-3,"messages":[{"role":"user","content":"hi"}]}}`, "invalid_request"},
@@ -355,7 +356,7 @@ func TestBadInput(t *testing.T) {
 	_ = sub.Unsubscribe()
 
 	// A good job still goes through, and it is the only provider call.
-	res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: chatBody("gpt-4o-mini", 5, 16)})
+	res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: ChatBody("gpt-4o-mini", 5, 16)})
 	if err != nil || res.Status != job.StatusSucceeded {
 		t.Fatalf("good job after bad ones: %v %+v", err, res)
 	}
@@ -373,7 +374,7 @@ func TestModelDayQuota(t *testing.T) {
 	t.Parallel()
 	// The provider enforces the day's quotas too; "untold" has one that
 	// Sluice is not told about.
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{
+	simSrv, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{
 		{Name: "gemini-flash", RPM: 1000, TPM: 1000000, RPD: 3, TPD: 400}, {Name: "other", RPM: 1000, TPM: 1000000},
 		{Name: "untold", RPM: 1000, TPM: 1000000, RPD: 2}}, APIKeys: []string{"sim-secret"}})
 	cfg := fmt.Sprintf(`
@@ -389,12 +390,12 @@ tenants:
   - {name: acme, api_key_env: ACME_KEY}
   - {name: globex, api_key_env: GLOBEX_KEY}
 `, simURL)
-	n := startUp(t, cfg, testEnv)
-	_, cl := natsClient(t, n.NATS)
+	n := Start(t, cfg, Env)
+	_, cl := n.Connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	if r, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: chatBody("gemini-flash", 5, 500)}); err != nil ||
+	if r, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: ChatBody("gemini-flash", 5, 500)}); err != nil ||
 		r.Status != job.StatusFailed || r.Error == nil || !strings.Contains(r.Error.Message, "quota of 400 tokens per day") {
 		t.Errorf("a job larger than the model's tpd: %v %+v, want it refused naming the quota", err, r)
 	}
@@ -407,7 +408,7 @@ tenants:
 	var subs []sub
 	for i := range 6 {
 		for _, model := range []string{"gemini-flash", "other"} {
-			j := &job.Job{Tenant: []string{"acme", "globex"}[i%2], Request: chatBody(model, 5, 16), Deadline: &soon}
+			j := &job.Job{Tenant: []string{"acme", "globex"}[i%2], Request: ChatBody(model, 5, 16), Deadline: &soon}
 			id, err := cl.Submit(ctx, j)
 			if err != nil {
 				t.Fatalf("submit %s #%d: %v", model, i, err)
@@ -445,7 +446,7 @@ tenants:
 	// job ends at once, dead-lettered (to replay once the quota frees),
 	// never retried.
 	for i := range 3 {
-		r, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: chatBody("untold", 5, 16)})
+		r, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: ChatBody("untold", 5, 16)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -465,7 +466,7 @@ tenants:
 // across its jobs, while another tenant on the same model is not held back.
 func TestTenantBudgets(t *testing.T) {
 	t.Parallel()
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 1000, TPM: 1000000}}, APIKeys: []string{"sim-secret"}})
+	simSrv, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 1000, TPM: 1000000}}, APIKeys: []string{"sim-secret"}})
 	cfg := fmt.Sprintf(`
 server: {open: true}
 providers:
@@ -478,8 +479,8 @@ tenants:
   - {name: daily, rpd: 2}
   - {name: free}
 `, simURL)
-	n := startUp(t, cfg, testEnv)
-	nc, cl := natsClient(t, n.NATS)
+	n := Start(t, cfg, Env)
+	nc, cl := n.Connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var mu sync.Mutex
@@ -501,7 +502,7 @@ tenants:
 	soon := time.Now().Add(12 * time.Second)
 	for i := range 6 {
 		for _, tenant := range []string{"small", "daily", "free"} {
-			j := &job.Job{Tenant: tenant, Request: chatBody("gpt-4o-mini", 5, 16)}
+			j := &job.Job{Tenant: tenant, Request: ChatBody("gpt-4o-mini", 5, 16)}
 			if tenant == "daily" {
 				j.Deadline = &soon
 			}
@@ -561,7 +562,7 @@ func TestTenantConcurrency(t *testing.T) {
 		mu.Unlock()
 	}))
 	t.Cleanup(ts.Close)
-	n := startUp(t, fmt.Sprintf(`
+	n := Start(t, fmt.Sprintf(`
 server: {open: true}
 providers:
   - name: sim
@@ -570,14 +571,14 @@ providers:
 tenants:
   - {name: capped, max_concurrency: 2}
   - {name: free}
-`, ts.URL), testEnv)
-	_, cl := natsClient(t, n.NATS)
+`, ts.URL), Env)
+	_, cl := n.Connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
 	for i := range 16 {
 		tenant := []string{"capped", "free"}[i%2]
-		j := &job.Job{ID: job.NewID(), Tenant: tenant, Request: chatBody("gpt-4o-mini", 5, 8)}
+		j := &job.Job{ID: job.NewID(), Tenant: tenant, Request: ChatBody("gpt-4o-mini", 5, 8)}
 		tenantOf.Store(j.ID, tenant)
 		wg.Add(1)
 		go func() {

@@ -1,4 +1,4 @@
-package main
+package systest
 
 import (
 	"context"
@@ -22,16 +22,16 @@ import (
 // dead-lettered. Each must instead go back to admission, spend nothing, and
 // succeed with one attempt, while the fleet learns lower limits.
 func TestRateLimitRefusalsSpendNoAttempts(t *testing.T) {
-	systemTest(t) // about a minute
+	SkipShort(t) // about a minute
 	t.Parallel()
 	const model = "gpt-4o-mini"
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 60, TPM: 1_000_000}},
+	simSrv, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 60, TPM: 1_000_000}},
 		Profile: sim.ProfileHidden, APIKeys: []string{"sim-secret"}})
-	n := startUp(t, simConfig(simURL, model, 600, 10_000_000, `
+	n := Start(t, SimConfig(simURL, model, 600, 10_000_000, `
 retry:
   standard: {max_attempts: 1, max_elapsed: 3m, base_delay: 1s, max_delay: 10s}
-`), testEnv)
-	nc, cl := natsClient(t, n.NATS)
+`), Env)
+	nc, cl := n.Connect(t)
 
 	var mu sync.Mutex
 	results := map[string]job.Result{}
@@ -52,7 +52,7 @@ retry:
 	const jobs = 40
 	deadline := time.Now().Add(3 * time.Minute)
 	for i := range jobs {
-		if _, err := cl.Submit(ctx, &job.Job{Tenant: "acme", Priority: job.Standard, Deadline: &deadline, Request: chatBody(model, 10+i, 20)}); err != nil {
+		if _, err := cl.Submit(ctx, &job.Job{Tenant: "acme", Priority: job.Standard, Deadline: &deadline, Request: ChatBody(model, 10+i, 20)}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,4 +1,4 @@
-package main
+package systest
 
 import (
 	"context"
@@ -70,9 +70,9 @@ var labelRE = regexp.MustCompile(`(\w+)="([^"]*)"`)
 // metric operators rely on is exported with sensible values.
 func TestMetricsAfterARun(t *testing.T) {
 	t.Parallel()
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 5, TPM: 1000000}}, APIKeys: []string{"sim-secret"}})
-	_, backupURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "backup-model"}}})
-	n := startUp(t, fmt.Sprintf(`
+	simSrv, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 5, TPM: 1000000}}, APIKeys: []string{"sim-secret"}})
+	_, backupURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "backup-model"}}})
+	n := Start(t, fmt.Sprintf(`
 server: {open: true}
 providers:
   - name: sim
@@ -90,8 +90,8 @@ retry:
 routes:
   - primary: {provider: sim, model: gpt-4o-mini}
     fallbacks: [{provider: backup, model: backup-model, when: [provider_5xx]}]
-`, simURL, backupURL), testEnv)
-	_, cl := natsClient(t, n.NATS)
+`, simURL, backupURL), Env)
+	_, cl := n.Connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -101,10 +101,10 @@ routes:
 		go func() {
 			defer wg.Done()
 			deadline := time.Now().Add(5 * time.Second)
-			res, err := cl.Do(ctx, &job.Job{Tenant: []string{"acme", "globex"}[i%2], Priority: job.Interactive, Deadline: &deadline, Request: chatBody("gpt-4o-mini", 10+i, 32)})
+			res, err := cl.Do(ctx, &job.Job{Tenant: []string{"acme", "globex"}[i%2], Priority: job.Interactive, Deadline: &deadline, Request: ChatBody("gpt-4o-mini", 10+i, 32)})
 			if err != nil {
 				t.Errorf("job %d: %v", i, err)
-				dumpStreams(t, n.NATS)
+				DumpStreams(t, n)
 				return
 			}
 			statuses <- res.Status
@@ -122,7 +122,7 @@ routes:
 	t.Logf("results %v", count)
 	time.Sleep(2500 * time.Millisecond) // queue depth is sampled every 2 s
 
-	m := scrape(t, n.metricsURL()+"/metrics")
+	m := scrape(t, n.MetricsURL()+"/metrics")
 	must := func(name string, labels ...string) float64 {
 		v, k := sum(m, name, labels...)
 		if k == 0 {

@@ -1,8 +1,9 @@
-package main
+package systest
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -23,12 +24,12 @@ import (
 // queue for a low limit and still succeed, without a 429 at the provider.
 func TestAnthropicSDK(t *testing.T) {
 	t.Parallel()
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{
+	simSrv, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{
 		{Name: "claude-sim", RPM: 100, TPM: 100000},
 		{Name: "claude-slow", RPM: 30, TPM: 100000},
 		{Name: "claude-cache", RPM: 100, ITPM: 100000, OTPM: 20000},
 	}, APIKeys: []string{"sim-secret"}})
-	n := startUp(t, fmt.Sprintf(`
+	n := Start(t, fmt.Sprintf(`
 providers:
   - name: sim
     base_url: %s/v1
@@ -45,7 +46,7 @@ providers:
 tenants:
   - {name: acme, api_key_env: ACME_KEY}
   - {name: globex, api_key_env: GLOBEX_KEY}
-`, simURL), testEnv)
+`, simURL), Env)
 	_ = simSrv
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -139,7 +140,7 @@ tenants:
 		for st.Next() {
 		}
 		var apiErr *anthropic.Error
-		if !asErr(st.Err(), &apiErr) || apiErr.StatusCode != http.StatusNotFound || apiErr.Type() != anthropic.ErrorTypeNotFoundError {
+		if !errors.As(st.Err(), &apiErr) || apiErr.StatusCode != http.StatusNotFound || apiErr.Type() != anthropic.ErrorTypeNotFoundError {
 			t.Errorf("streaming an unknown model: %v, want a 404 not_found_error", st.Err())
 		}
 	})
@@ -212,7 +213,7 @@ tenants:
 		} {
 			_, err := tc.client.Messages.New(ctx, tc.params)
 			var apiErr *anthropic.Error
-			if !asErr(err, &apiErr) {
+			if !errors.As(err, &apiErr) {
 				t.Errorf("%s: got %v, want *anthropic.Error", tc.name, err)
 				continue
 			}

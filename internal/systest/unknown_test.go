@@ -1,4 +1,4 @@
-package main
+package systest
 
 import (
 	"context"
@@ -26,15 +26,15 @@ func TestUnknownOutcomeCalledOnce(t *testing.T) {
 		t.Run(fmt.Sprintf("honours=%v", honours), func(t *testing.T) {
 			t.Parallel()
 			const model = "gpt-4o-mini"
-			simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 1000, TPM: 1000000}}, APIKeys: []string{"sim-secret"},
+			simSrv, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 1000, TPM: 1000000}}, APIKeys: []string{"sim-secret"},
 				IgnoreIdempotencyKey: !honours, Faults: sim.Faults{RateReset: 1, MaxFaults: 1}})
-			yaml := strings.Replace(simConfig(simURL, model, 1000, 1000000, ""), "    api_key_env: SIM_KEY\n",
+			yaml := strings.Replace(SimConfig(simURL, model, 1000, 1000000, ""), "    api_key_env: SIM_KEY\n",
 				fmt.Sprintf("    api_key_env: SIM_KEY\n    honours_idempotency_key: %v\n", honours), 1)
-			n := startUp(t, yaml, testEnv)
-			nc, cl := natsClient(t, n.NATS)
+			n := Start(t, yaml, Env)
+			nc, cl := n.Connect(t)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Priority: job.Standard, Request: chatBody(model, 5, 16)})
+			res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Priority: job.Standard, Request: ChatBody(model, 5, 16)})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,28 +1,19 @@
-package main
+package systest
 
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
-	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-dev/sluice/internal/budget"
-	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/dlq"
-	"github.com/sluice-dev/sluice/internal/node"
-	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
 	"github.com/sluice-dev/sluice/services/executor"
@@ -32,13 +23,13 @@ import (
 // its code after exactly one provider call, and the job is dead-lettered.
 func TestQuotaErrorIsNeverRetried(t *testing.T) {
 	t.Parallel()
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 1000, TPM: 1000000}},
+	simSrv, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 1000, TPM: 1000000}},
 		APIKeys: []string{"sim-secret"}, Faults: sim.Faults{QuotaModels: []string{"gpt-4o-mini"}}})
-	n := startUp(t, simConfig(simURL, "gpt-4o-mini", 1000, 1000000, ""), testEnv)
-	nc, cl := natsClient(t, n.NATS)
+	n := Start(t, SimConfig(simURL, "gpt-4o-mini", 1000, 1000000, ""), Env)
+	nc, cl := n.Connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Priority: job.Batch, Request: chatBody("gpt-4o-mini", 5, 16)})
+	res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Priority: job.Batch, Request: ChatBody("gpt-4o-mini", 5, 16)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,20 +50,20 @@ func TestQuotaErrorIsNeverRetried(t *testing.T) {
 // waits for budget ends expired, and the provider never sees it.
 func TestExpiredJobNeverReachesProvider(t *testing.T) {
 	t.Parallel()
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 1, TPM: 1000000}}, APIKeys: []string{"sim-secret"}})
-	n := startUp(t, simConfig(simURL, "gpt-4o-mini", 1, 1000000, ""), testEnv)
-	_, cl := natsClient(t, n.NATS)
+	simSrv, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 1, TPM: 1000000}}, APIKeys: []string{"sim-secret"}})
+	n := Start(t, SimConfig(simURL, "gpt-4o-mini", 1, 1000000, ""), Env)
+	_, cl := n.Connect(t)
 	// Room for one lapsed instant: an executor late for the first job's
 	// instant (a loaded CI machine) sends nothing, and its next plan is a
 	// minute later (pacing is not rewound).
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	// The first job takes the minute's only request.
-	if res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: chatBody("gpt-4o-mini", 5, 16)}); err != nil || res.Status != job.StatusSucceeded {
+	if res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: ChatBody("gpt-4o-mini", 5, 16)}); err != nil || res.Status != job.StatusSucceeded {
 		t.Fatalf("first job: %+v %v", res, err)
 	}
 	deadline := time.Now().Add(2 * time.Second)
-	res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Deadline: &deadline, Request: chatBody("gpt-4o-mini", 5, 16)})
+	res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Deadline: &deadline, Request: ChatBody("gpt-4o-mini", 5, 16)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,10 +82,10 @@ func TestExpiredJobNeverReachesProvider(t *testing.T) {
 // never on a 400.
 func TestFallbacks(t *testing.T) {
 	t.Parallel()
-	primary, primaryURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini"}, {Name: "gpt-4o"}},
+	primary, primaryURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini"}, {Name: "gpt-4o"}},
 		APIKeys: []string{"sim-secret"}, Faults: sim.Faults{Rate500: 1}})
-	broken, brokenURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4.1"}}, APIKeys: []string{"another-key"}})
-	backup, backupURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "backup-model"}}})
+	broken, brokenURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4.1"}}, APIKeys: []string{"another-key"}})
+	backup, backupURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "backup-model"}}})
 	var strictCalls atomic.Int64
 	strict := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		strictCalls.Add(1)
@@ -131,15 +122,15 @@ routes:
   - primary: {provider: strict, model: strict-model}
     fallbacks: [{provider: backup, model: backup-model}]
 `, primaryURL, brokenURL, backupURL, strict.URL)
-	n := startUp(t, cfg, testEnv)
-	_, cl := natsClient(t, n.NATS)
+	n := Start(t, cfg, Env)
+	_, cl := n.Connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
 	for _, tc := range []struct {
 		name, model string
 	}{{"provider_5xx", "gpt-4o-mini"}, {"primary_unavailable (401)", "gpt-4.1"}} {
-		res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: chatBody(tc.model, 5, 16)})
+		res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: ChatBody(tc.model, 5, 16)})
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
@@ -155,14 +146,14 @@ routes:
 	}
 
 	// gpt-4o has no route: a 5xx exhausts its retries and dead-letters.
-	res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: chatBody("gpt-4o", 5, 16)})
+	res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: ChatBody("gpt-4o", 5, 16)})
 	if err != nil || res.Status != job.StatusDeadLettered || res.Attempts != 2 {
 		t.Errorf("unrouted model: %+v %v, want dead_lettered after 2 attempts", res, err)
 	}
 
 	// A 400 never falls back: the request is wrong everywhere.
 	before := backup.Stats().Completed
-	res, err = cl.Do(ctx, &job.Job{Tenant: "acme", Request: chatBody("strict-model", 5, 16)})
+	res, err = cl.Do(ctx, &job.Job{Tenant: "acme", Request: ChatBody("strict-model", 5, 16)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,117 +168,6 @@ routes:
 	}
 }
 
-// TestChaos runs 2,000 jobs while the provider fails 10 % of calls with
-// 5xx, resets 5 % and hangs 2 %, and executor processes are killed with
-// SIGKILL and restarted. Every job must end with exactly one result; jobs
-// whose every attempt failed must be dead-lettered with a reason; no
-// operation may be completed twice by the provider.
-func TestChaos(t *testing.T) {
-	t.Parallel()
-	bin := sluiceBinary(t)
-	const model, jobs = "gpt-4o-mini", 2000
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 100000, TPM: 50000000}},
-		TTFT: 30 * time.Millisecond, APIKeys: []string{"sim-secret"},
-		Faults: sim.Faults{Seed: 7, Rate500: 0.04, Rate502: 0.03, Rate503: 0.03, RateReset: 0.05, RateHang: 0.02, HangFor: 5 * time.Second}})
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "sluice.yaml")
-	cfg := fmt.Sprintf(`
-server: {open: true}
-providers:
-  - name: sim
-    base_url: %s/v1
-    api_key_env: SIM_KEY
-    timeout: 1s
-    models: [{name: %s, max_concurrency: 64}]
-tenants:
-  - {name: acme}
-  - {name: globex}
-retry:
-  interactive: {max_attempts: 3, max_elapsed: 30s, base_delay: 50ms, max_delay: 500ms}
-  standard: {max_attempts: 4, max_elapsed: 60s, base_delay: 50ms, max_delay: 500ms}
-  batch: {max_attempts: 2, max_elapsed: 60s, base_delay: 50ms, max_delay: 500ms}
-`, simURL, model)
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	front := startChild(t, bin, []string{"--config", cfgPath, "--data", filepath.Join(dir, "data"), "--nats-listen", "127.0.0.1:0",
-		"--http", "127.0.0.1:0", "--services", "ingest,admission,result"}, testEnv)
-	execArgs := []string{"--config", cfgPath, "--nats-url", front.NATS, "--data", filepath.Join(dir, "data"), "--http", "127.0.0.1:0", "--services", "executor"}
-	executors := []*child{startChild(t, bin, execArgs, testEnv), startChild(t, bin, execArgs, testEnv)}
-	nc, cl := natsClient(t, front.NATS)
-	js, _ := jetstream.New(nc)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-
-	ids := make([]string, 0, jobs)
-	for i := range jobs {
-		j := &job.Job{Tenant: []string{"acme", "globex"}[i%2], Priority: []job.Priority{job.Interactive, job.Standard, job.Batch}[i%3],
-			Request: chatBody(model, 5+i%20, 32)}
-		id, err := cl.Submit(ctx, j)
-		if err != nil {
-			t.Fatalf("submit #%d: %v", i, err)
-		}
-		ids = append(ids, id)
-	}
-	// Kill an executor with SIGKILL at random moments and start a new one.
-	rnd := rand.New(rand.NewPCG(1, 2))
-	kills := 0
-	var mu sync.Mutex
-	for kills < 6 {
-		time.Sleep(time.Duration(800+rnd.IntN(1500)) * time.Millisecond)
-		i := rnd.IntN(len(executors))
-		_ = executors[i].cmd.Process.Signal(syscall.SIGKILL)
-		_ = executors[i].cmd.Wait()
-		kills++
-		mu.Lock()
-		executors[i] = startChild(t, bin, execArgs, testEnv)
-		mu.Unlock()
-	}
-	t.Logf("killed executors %d times; provider completed %d calls so far", kills, simSrv.Stats().Completed)
-
-	statuses := map[job.Status]int{}
-	for i, id := range ids {
-		for {
-			r, err := cl.Lookup(ctx, []string{"acme", "globex"}[i%2], id)
-			if err == nil && r != nil {
-				statuses[r.Status]++
-				if r.Status != job.StatusSucceeded {
-					e, err := dlq.Get(ctx, js, "", id)
-					if err != nil || e.Reason == "" || len(e.Job.Attempts) == 0 {
-						t.Errorf("job %s ended %s but its dead letter is %+v (%v)", id, r.Status, e, err)
-					}
-				}
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("job %s has no result", id)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	// Exactly one stored result per job.
-	st, _ := js.Stream(ctx, "RESULTS")
-	info, _ := st.Info(ctx)
-	if info.State.Msgs != uint64(jobs) {
-		t.Errorf("RESULTS holds %d results for %d jobs", info.State.Msgs, jobs)
-	}
-	ss := simSrv.Stats()
-	dead, _ := dlq.List(ctx, js, dlq.Filter{})
-	reasons := map[string]int{}
-	for _, e := range dead {
-		reasons[e.Reason]++
-	}
-	t.Logf("results %v; dead letters %d by reason %v", statuses, len(dead), reasons)
-	t.Logf("provider: %d completed, %d replayed, %d resets, %d hangs, %d duplicate completions, requests by status %v",
-		ss.Completed, ss.Replayed, ss.ConnResets, ss.Hangs, ss.DuplicateCompletions, ss.Requests)
-	if ss.DuplicateCompletions != 0 {
-		t.Errorf("provider completed %d operations twice", ss.DuplicateCompletions)
-	}
-	if statuses[job.StatusSucceeded]+len(dead) != jobs {
-		t.Errorf("%d succeeded + %d dead letters != %d jobs", statuses[job.StatusSucceeded], len(dead), jobs)
-	}
-}
-
 // TestLateExecutorGivesItsInstantBack: an executor late for a paced
 // call's instant (here its clock runs a second ahead until a reservation
 // has lapsed) sends nothing and returns the instant's budget, so the job is
@@ -296,63 +176,30 @@ retry:
 // one call, within its limit.
 func TestLateExecutorGivesItsInstantBack(t *testing.T) {
 	t.Parallel()
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 1, TPM: 1000000}}, APIKeys: []string{"sim-secret"}})
-	cfg, err := config.Parse([]byte(simConfig(simURL, "gpt-4o-mini", 1, 1000000, "")))
-	if err != nil {
-		t.Fatal(err)
-	}
+	simSrv, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 1, TPM: 1000000}}, APIKeys: []string{"sim-secret"}})
 	// The executor's clock runs a second ahead until a reservation has
 	// lapsed, however long the node takes to start.
 	var ahead atomic.Bool
 	ahead.Store(true)
-	ready := make(chan node.Info, 1)
-	nodeCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	// Made before the node starts: its removal runs after the node stops.
-	data := t.TempDir()
-	go func() {
-		done <- node.Run(nodeCtx, node.Options{Config: cfg, NATSListen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Data: data,
-			Getenv: func(k string) string { return testEnv[k] }, OnReady: func(i node.Info) { ready <- i },
-			Executor: func(c *executor.Config) {
-				c.Now = func() time.Time {
-					if ahead.Load() {
-						return time.Now().Add(time.Second)
-					}
-					return time.Now()
+	n := StartWith(t, SimConfig(simURL, "gpt-4o-mini", 1, 1000000, ""), Setup{Env: Env,
+		Executor: func(c *executor.Config) {
+			c.Now = func() time.Time {
+				if ahead.Load() {
+					return time.Now().Add(time.Second)
 				}
-			}})
-	}()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("node: %v", err)
-		}
-	})
-	var info node.Info
-	select {
-	case info = <-ready:
-	case err := <-done:
-		done <- err // for the cleanup
-		t.Fatalf("node: %v", err)
-	}
-	nc, err := nats.Connect(info.NATSURL, info.NATSOptions...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	cl, err := client.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+				return time.Now()
+			}
+		}})
+	nc, cl := n.Connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	go func() {
-		for ctx.Err() == nil && counterSum(info.Registry, "sluice_reservations_expired_total") == 0 {
+		for ctx.Err() == nil && counterSum(n.Registry, "sluice_reservations_expired_total") == 0 {
 			time.Sleep(10 * time.Millisecond)
 		}
 		ahead.Store(false)
 	}()
-	res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: chatBody("gpt-4o-mini", 5, 16)})
+	res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: ChatBody("gpt-4o-mini", 5, 16)})
 	if err != nil || res.Status != job.StatusSucceeded {
 		// What the model's schedule holds says which instant the job waits for.
 		if js, jerr := jetstream.New(nc); jerr == nil {
@@ -364,7 +211,7 @@ func TestLateExecutorGivesItsInstantBack(t *testing.T) {
 		}
 		t.Fatalf("job: %+v %v (a lapsed instant kept its budget: the next one is a minute away)", res, err)
 	}
-	if m := metricValue(t, info.Registry, "sluice_reservations_expired_total"); m == 0 {
+	if m := metricValue(t, n.Registry, "sluice_reservations_expired_total"); m == 0 {
 		t.Error("the executor was never late: the test proves nothing")
 	}
 	st := simSrv.Stats().Models["gpt-4o-mini"]

@@ -1,7 +1,8 @@
-package main
+package systest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -49,11 +50,11 @@ tenants:
 // parameters (with param set).
 func TestOpenAISurface(t *testing.T) {
 	t.Parallel()
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{
+	simSrv, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{
 		{Name: "gpt-4o-mini", RPM: 100, TPM: 100000},
 		{Name: "text-embedding-3-small", RPM: 100, TPM: 100000},
 	}, APIKeys: []string{"sim-secret"}})
-	n := startUp(t, surfaceConfig(simURL), testEnv)
+	n := Start(t, surfaceConfig(simURL), Env)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	c := openai.NewClient(option.WithBaseURL(n.HTTP+"/v1"), option.WithAPIKey("acme-key"), option.WithMaxRetries(0))
@@ -85,14 +86,14 @@ func TestOpenAISurface(t *testing.T) {
 		}
 		_, err = c.Models.Get(ctx, "gpt-9")
 		var apiErr *openai.Error
-		if !asErr(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound || apiErr.Code != "model_not_found" || apiErr.Param != "model" {
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound || apiErr.Code != "model_not_found" || apiErr.Param != "model" {
 			t.Errorf("Models.Get(gpt-9): got %v, want a 404 model_not_found on param model", err)
 		}
 	})
 
 	t.Run("embeddings", func(t *testing.T) {
 		inputs := []string{"hello world", "tiktoken is great!", "Sluice queues embeddings like chat"}
-		before := scrape(t, n.metricsURL()+"/metrics")
+		before := scrape(t, n.MetricsURL()+"/metrics")
 		resp, err := c.Embeddings.New(ctx, openai.EmbeddingNewParams{
 			Model: "text-embedding-3-small",
 			Input: openai.EmbeddingNewParamsInputUnion{OfArrayOfStrings: inputs},
@@ -116,7 +117,7 @@ func TestOpenAISurface(t *testing.T) {
 		if est < 8 {
 			t.Fatalf("token count %d is implausible", est)
 		}
-		after := scrape(t, n.metricsURL()+"/metrics")
+		after := scrape(t, n.MetricsURL()+"/metrics")
 		r0, _ := sum(before, "llm_tokens_reserved_total", `model="text-embedding-3-small"`)
 		r1, _ := sum(after, "llm_tokens_reserved_total", `model="text-embedding-3-small"`)
 		// A loaded machine may place the job again (a late executor gives
@@ -133,7 +134,7 @@ func TestOpenAISurface(t *testing.T) {
 	t.Run("n=2", func(t *testing.T) {
 		const maxTokens = 40
 		msgs := []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Give me two greetings.")}
-		before := scrape(t, n.metricsURL()+"/metrics")
+		before := scrape(t, n.MetricsURL()+"/metrics")
 		var httpResp *http.Response
 		resp, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
 			Model: "gpt-4o-mini", Messages: msgs, MaxTokens: openai.Int(maxTokens), N: openai.Int(2),
@@ -145,7 +146,7 @@ func TestOpenAISurface(t *testing.T) {
 			t.Fatalf("got choices %+v, want two", resp.Choices)
 		}
 		prompt := tokens.Prompt(&job.ChatRequest{Model: "gpt-4o-mini", Messages: []job.ChatMessage{{Role: "user", Content: []byte(`"Give me two greetings."`)}}})
-		after := scrape(t, n.metricsURL()+"/metrics")
+		after := scrape(t, n.MetricsURL()+"/metrics")
 		r0, _ := sum(before, "llm_tokens_reserved_total", `model="gpt-4o-mini"`)
 		r1, _ := sum(after, "llm_tokens_reserved_total", `model="gpt-4o-mini"`)
 		// The model's first call: the prompt at the prior correction.
@@ -217,7 +218,7 @@ func TestOpenAISurface(t *testing.T) {
 		} {
 			err := tc.call()
 			var apiErr *openai.Error
-			if !asErr(err, &apiErr) {
+			if !errors.As(err, &apiErr) {
 				t.Errorf("%s: got %v, want *openai.Error", tc.name, err)
 				continue
 			}

@@ -1,14 +1,11 @@
-package main
+package systest
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"regexp"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -55,31 +52,6 @@ func waitJobAs(t testing.TB, base, id string) map[string]any {
 	return nil
 }
 
-// metricSum sums a counter's samples in /metrics whose labels contain
-// every one of the given fragments.
-func metricSum(t testing.TB, base, name string, fragments ...string) float64 {
-	t.Helper()
-	resp, err := http.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `(\{[^}]*\})? (\S+)$`)
-	var sum float64
-next:
-	for _, m := range re.FindAllStringSubmatch(string(body), -1) {
-		for _, f := range fragments {
-			if !strings.Contains(m[1], f) {
-				continue next
-			}
-		}
-		v, _ := strconv.ParseFloat(m[2], 64)
-		sum += v
-	}
-	return sum
-}
-
 // TestForgedMessagesNeverReachTheProvider publishes on QUEUE and DISPATCH
 // what a client allowed to publish there could forge (the issue's
 // reproductions): nothing the configuration forbids reaches the provider,
@@ -87,9 +59,9 @@ next:
 // message does not stop admission.
 func TestForgedMessagesNeverReachTheProvider(t *testing.T) {
 	t.Parallel()
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 1_000_000}}, APIKeys: []string{"sim-secret"}})
-	n := startUpLogged(t, simConfig(simURL, "gpt-4o-mini", 600, 1_000_000, "limits: {max_tokens: 4096}\n"), testEnv)
-	nc, _ := natsClient(t, n.NATS)
+	simSrv, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 1_000_000}}, APIKeys: []string{"sim-secret"}})
+	n := StartLogged(t, SimConfig(simURL, "gpt-4o-mini", 600, 1_000_000, "limits: {max_tokens: 4096}\n"), Env)
+	nc, _ := n.Connect(t)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
@@ -132,8 +104,8 @@ func TestForgedMessagesNeverReachTheProvider(t *testing.T) {
 	publish(job.QueueSubject(job.Standard, "acme"), negative)
 	// 5. QUEUE: 1 + 1 tokens claimed for a request of about 15,000.
 	long := &job.Job{ID: job.NewID(), Tenant: "acme", Priority: job.Standard, Provider: "sim", Model: "gpt-4o-mini", SubmittedAt: now,
-		Request: chatBody("gpt-4o-mini", 15000, 16), Estimate: &job.Estimate{PromptTokens: 1, MaxTokens: 1}}
-	reservedBefore := metricSum(t, n.metricsURL(), "llm_tokens_reserved_total")
+		Request: ChatBody("gpt-4o-mini", 15000, 16), Estimate: &job.Estimate{PromptTokens: 1, MaxTokens: 1}}
+	reservedBefore := MetricSum(t, n.MetricsURL(), "llm_tokens_reserved_total")
 	publish(job.QueueSubject(job.Standard, "acme"), long)
 
 	for _, id := range []string{forged.ID, over.ID} {
@@ -147,7 +119,7 @@ func TestForgedMessagesNeverReachTheProvider(t *testing.T) {
 	if v := waitJobAs(t, n.HTTP, long.ID); v["status"] != string(job.StatusSucceeded) {
 		t.Errorf("long job: got %v, want succeeded", v)
 	}
-	reserved := metricSum(t, n.metricsURL(), "llm_tokens_reserved_total") - reservedBefore
+	reserved := MetricSum(t, n.MetricsURL(), "llm_tokens_reserved_total") - reservedBefore
 	if reserved < 15000 {
 		t.Errorf("tokens reserved for the long job claimed at 2 tokens: %.0f, want at least 15,000 (recomputed)", reserved)
 	}
@@ -172,10 +144,10 @@ func TestForgedMessagesNeverReachTheProvider(t *testing.T) {
 	if got := st.Completed; got != 3 {
 		t.Errorf("provider completed %d calls, want 3 (the long job, the recomputed one, the plain call)", got)
 	}
-	if got := metricSum(t, n.metricsURL(), "sluice_jobs_rejected_total", `via="dispatch"`, `code="invalid_request"`); got != 2 {
+	if got := MetricSum(t, n.MetricsURL(), "sluice_jobs_rejected_total", `via="dispatch"`, `code="invalid_request"`); got != 2 {
 		t.Errorf("dispatch rejections counted: %.0f, want 2", got)
 	}
-	if got := metricSum(t, n.metricsURL(), "sluice_jobs_rejected_total", `via="queue"`, `code="estimate_recomputed"`); got < 2 {
+	if got := MetricSum(t, n.MetricsURL(), "sluice_jobs_rejected_total", `via="queue"`, `code="estimate_recomputed"`); got < 2 {
 		t.Errorf("estimates recomputed counted: %.0f, want at least 2", got)
 	}
 }
@@ -185,9 +157,9 @@ func TestForgedMessagesNeverReachTheProvider(t *testing.T) {
 // the official SDK on its default retries, and ends response_too_large.
 func TestAnswerTooLargeIsPaidOnce(t *testing.T) {
 	t.Parallel()
-	simSrv, simURL := startSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 1_000_000}}, APIKeys: []string{"sim-secret"},
+	simSrv, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 1_000_000}}, APIKeys: []string{"sim-secret"},
 		PadResponseBytes: 9 << 20})
-	n := startUp(t, simConfig(simURL, "gpt-4o-mini", 600, 1_000_000, ""), testEnv)
+	n := Start(t, SimConfig(simURL, "gpt-4o-mini", 600, 1_000_000, ""), Env)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c := openai.NewClient(option.WithBaseURL(n.HTTP+"/v1"), option.WithAPIKey("acme-key")) // default retries
@@ -202,7 +174,7 @@ func TestAnswerTooLargeIsPaidOnce(t *testing.T) {
 			return resp, err
 		}))
 	var apiErr *openai.Error
-	if !asErr(err, &apiErr) || apiErr.Code != job.CodeResponseTooLarge {
+	if !errors.As(err, &apiErr) || apiErr.Code != job.CodeResponseTooLarge {
 		t.Fatalf("got %v, want an API error with code %s", err, job.CodeResponseTooLarge)
 	}
 	id := hdr.Get("X-Sluice-Job-Id")
