@@ -46,6 +46,23 @@ const (
 	CacheFor     = time.Second
 )
 
+// Placed is the prompt tokens an estimate of prompt tokens reserves at
+// correction f (clamped to [MinRatio, MaxRatio]): the one rule admission
+// places a prompt by. Everything that checks or settles a reservation
+// works in these units, never in the raw estimate's: PlacedRange bounds
+// them for the guard.
+func Placed(prompt int, f float64) int {
+	if f == 1 {
+		return prompt
+	}
+	return int(math.Ceil(float64(prompt) * min(max(f, MinRatio), MaxRatio)))
+}
+
+// PlacedRange is the least and the most Placed can make of prompt.
+func PlacedRange(prompt int) (lo, hi int) {
+	return Placed(prompt, MinRatio), Placed(prompt, MaxRatio)
+}
+
 // Record is what the bucket holds per key.
 type Record struct {
 	// Ratios are the most recent samples, actual/estimated, oldest first.

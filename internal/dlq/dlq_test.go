@@ -69,7 +69,7 @@ func entry(tenant string) *dlq.Entry {
 			RateLimited: 2, Seal: "c2VhbA", Revs: &job.Revs{Record: 7, Op: 8}, Gated: true,
 			Cache:       &job.CacheOptions{TTL: 60},
 			CacheTarget: &job.CacheTarget{Key: "t." + tenant + ".chat.abc", TTL: time.Minute},
-			Affinity:    "conversation-1", Pinned: true,
+			Affinity:    "conversation-1", Pinned: true, Requeued: &job.Requeued{Reason: "lapsed", N: 1},
 		},
 		Reason:    dlq.ReasonRetriesExhausted,
 		LastError: &job.Error{Code: "server_is_overloaded", Message: "try again later"},

@@ -71,6 +71,12 @@ const MaxAttempts = 1000
 // back to admission, which checks it from scratch.
 var ErrUnverified = errors.New("reservation does not verify")
 
+// ErrUnbounded is a reservation admission signed that is out of the
+// bounds the guard allows (a configuration changed between placement and
+// the call, or a bug): it is ErrUnverified, and as admission did reserve
+// it, what it holds goes back to the schedule.
+var ErrUnbounded = fmt.Errorf("%w: signed, but out of bounds", ErrUnverified)
+
 // LoadKey returns the fleet key from the fleet bucket, creating it on
 // first use (services may only read it: a node holding the operator's
 // identity makes it first, with EnsureKey).
@@ -278,25 +284,24 @@ func (g *Guard) Dispatched(j *job.Job) error {
 	switch {
 	case r == nil, !sealed, r.Sig == "", !hmac.Equal([]byte(r.Sig), []byte(g.sign(j))):
 		return ErrUnverified
-	case r.Requests < 1, r.Output < 0, r.Cached < 0, r.Cached > j.Estimate.PromptTokens,
-		r.Tokens+r.Output+r.Cached < minReserved(j.Estimate), r.ValidUntil.Sub(r.ReservedAt) > g.maxValid:
-		return ErrUnverified
+	}
+	// The bounds are in the units admission reserves in: the prompt as
+	// placed (calib.Placed, the estimate at a correction in calib's range),
+	// of which a warm prefix's share may be held as cached.
+	lo, hi := calib.PlacedRange(j.Estimate.PromptTokens)
+	switch {
+	case r.Requests < 1, r.Output < 0, r.Cached < 0, r.Cached > hi,
+		r.Tokens+r.Output+r.Cached < j.Estimate.MaxTokens+lo, r.ValidUntil.Sub(r.ReservedAt) > g.maxValid:
+		return ErrUnbounded
 	}
 	// Every unit the model limits is estimated and reserved.
 	for name := range model.Units {
 		est, ok := j.Estimate.Units[name]
 		if !ok || r.Units[name] < est {
-			return ErrUnverified
+			return ErrUnbounded
 		}
 	}
 	return nil
-}
-
-// minReserved is the least a reservation may hold for e: its output and
-// its prompt estimate at the lowest correction admission applies
-// (internal/calib).
-func minReserved(e *job.Estimate) int {
-	return e.MaxTokens + int(float64(e.PromptTokens)*calib.MinRatio)
 }
 
 // UnitCost resolves a job's stated cost (job.Job.Cost) against its model:

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/tokens"
@@ -426,5 +427,36 @@ func TestSealedBodyIsNotParsedAgain(t *testing.T) {
 	j.Request = json.RawMessage(`{"model":"gpt-4o-mini","messages":[`)
 	if err := g.Dispatched(admitted(g, j)); err == nil || errors.Is(err, guard.ErrUnverified) {
 		t.Errorf("Dispatched(malformed, resigned) = %v; want a validation error", err)
+	}
+}
+
+// TestDispatchedBoundsInPlacedUnits: the guard bounds a reservation in the
+// units admission reserves in (the prompt as placed, calib.Placed at any
+// correction in calib's range, of which a warm prefix may be held as
+// cached), not in the raw estimate's. A warm prefix reserved at a
+// correction above 1 holds more cached tokens than the raw estimate; it
+// verifies. Beyond the largest correction it does not, and the error says
+// admission signed it (ErrUnbounded: its budget goes back).
+func TestDispatchedBoundsInPlacedUnits(t *testing.T) {
+	g, _ := newGuard(t)
+	at := func(f float64, cachedShare float64) *job.Job {
+		j := ingested(g, request("gpt-4o-mini", 2000, ""))
+		j = admitted(g, j)
+		placed := calib.Placed(j.Estimate.PromptTokens, f)
+		cached := int(float64(placed) * cachedShare)
+		j.Reservation.Tokens, j.Reservation.Cached = placed-cached+j.Estimate.MaxTokens, cached
+		g.Sign(j)
+		return j
+	}
+	for _, f := range []float64{calib.MinRatio, 0.6, 1, 1.12, 1.4, calib.MaxRatio} {
+		if err := g.Dispatched(at(f, 0.95)); err != nil {
+			t.Errorf("correction %.2f, 95%% of the placed prompt cached: Dispatched = %v, want nil", f, err)
+		}
+	}
+	j := at(calib.MaxRatio, 1)
+	j.Reservation.Cached += 10
+	g.Sign(j)
+	if err := g.Dispatched(j); !errors.Is(err, guard.ErrUnbounded) || !errors.Is(err, guard.ErrUnverified) {
+		t.Errorf("cached beyond the largest correction: Dispatched = %v, want ErrUnbounded (an ErrUnverified)", err)
 	}
 }

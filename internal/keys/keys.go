@@ -145,6 +145,7 @@ const (
 	MsgDown        Msg = "down"        // ... a job whose deployment is down, to be placed again
 	MsgDrain       Msg = "drain"       // ... a job taken while the executor drains
 	MsgReadmit     Msg = "readmit"     // ... a job whose reservation lapsed
+	MsgUnverified  Msg = "unverified"  // ... a job whose reservation does not verify
 	MsgFallback    Msg = "fallback"    // ... a job moved to its fallback model
 	MsgResult      Msg = "result"      // a job's terminal result to RESULTS
 	MsgDLQ         Msg = "dlq"         // a dead letter to DLQ

@@ -31,6 +31,8 @@ type Set struct {
 	BudgetErrors        prometheus.Counter
 	RepliesDropped      *prometheus.CounterVec   // service
 	ReservationsExpired *prometheus.CounterVec   // provider, model
+	Requeues            *prometheus.CounterVec   // provider, model, reason
+	RequeueLimited      *prometheus.CounterVec   // provider, model, reason
 	TenantRequests      *prometheus.CounterVec   // tenant
 	TenantTokens        *prometheus.CounterVec   // tenant, kind (input, output, cached, reasoning)
 	InFlight            *prometheus.GaugeVec     // provider, model
@@ -84,6 +86,8 @@ func New(reg prometheus.Registerer) *Set {
 		BudgetWrites:        prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_budget_writes_total", Help: "Successful writes to the budgets bucket."}),
 		BudgetConflict:      prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_budget_conflicts_total", Help: "Compare-and-set conflicts on the budgets bucket."}),
 		BudgetErrors:        prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_budget_errors_total", Help: "Failures to reach the budgets bucket (no dispatch happens without budget)."}),
+		Requeues:            prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_requeues_total", Help: "Jobs an executor sent back to admission without a provider call, by reason (unverified, lapsed, tenant_slot, breaker_open, deployment_down, drained, fallback)."}, []string{"provider", "model", "reason"}),
+		RequeueLimited:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_requeue_limited_total", Help: "Jobs dead-lettered (requeue_limit) because they went back to admission more times in a row for one reason than its bound allows."}, []string{"provider", "model", "reason"}),
 		ReservationsExpired: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_reservations_expired_total", Help: "Jobs whose reservation lapsed before an executor could start them; re-admitted."}, []string{"provider", "model"}),
 		TenantRequests:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_tenant_requests_total", Help: "Provider requests made for each tenant."}, []string{"tenant"}),
 		TenantTokens:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_tenant_tokens_total", Help: "Tokens used for each tenant by kind (input, output, cached; reasoning: the part of output a reasoning model spent thinking)."}, []string{"tenant", "kind"}),
@@ -121,7 +125,7 @@ func New(reg prometheus.Registerer) *Set {
 	s.newDeployments(reg)
 	reg.MustRegister(s.JobsAccepted, s.JobsRejected, s.Results, s.Requests, s.TokensReserved, s.TokensUsed,
 		s.Retries, s.RateLimitHits, s.Fallbacks, s.DupSuppressed, s.QueueDepth, s.QueueWait, s.AdmissionWaits,
-		s.BudgetWrites, s.BudgetConflict, s.BudgetErrors, s.ReservationsExpired, s.TenantRequests, s.TenantTokens,
+		s.BudgetWrites, s.BudgetConflict, s.BudgetErrors, s.ReservationsExpired, s.Requeues, s.RequeueLimited, s.TenantRequests, s.TenantTokens,
 		s.InFlight, s.ProviderLatency, s.ConcLeased, s.ModelLimit, s.DeadLetters, s.EstimateRatio, s.Corrections, s.Pauses, s.Shed, s.Held,
 		s.LimitEffective, s.LimitCuts, s.RateLimitRequeues, s.SendLateness, s.RateLimitKinds,
 		s.TimeToFirstToken, s.StreamInterrupted, s.StreamDuration, s.OutcomeUnknown, s.HeldOldest, s.PromptCache)

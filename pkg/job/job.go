@@ -130,6 +130,18 @@ type Job struct {
 	// Pinned: the producer named the deployment (Provider); admission
 	// places the job there only, never on another of its model's group.
 	Pinned bool `json:"pinned,omitempty"`
+	// Requeued counts the times in a row the job went back to admission
+	// for one reason without a provider call in between; the executor ends
+	// a job that comes back too often for one reason.
+	Requeued *Requeued `json:"requeued,omitempty"`
+}
+
+// Requeued is a run of returns to admission for one reason: N of them
+// since the job's Calls-th attempt (len(Attempts) then).
+type Requeued struct {
+	Reason string `json:"reason"`
+	N      int    `json:"n"`
+	Calls  int    `json:"calls"`
 }
 
 // MaxAffinity bounds Job.Affinity.
@@ -153,7 +165,7 @@ type Revs struct {
 func (j *Job) ClearInternal() {
 	j.SubmittedAt, j.Provider, j.Model, j.Estimate, j.NotBefore = time.Time{}, "", "", nil, nil
 	j.Attempts, j.Reservation, j.RateLimited, j.Seal, j.Revs, j.Gated = nil, nil, 0, "", nil, false
-	j.Pinned = false
+	j.Pinned, j.Requeued = false, nil
 }
 
 // TaskType is the job's task for metric labels: its Task, or "default".
@@ -324,6 +336,11 @@ const (
 	CodeStreamInterrupted = "stream_interrupted"
 	// CodeCancelled: the caller cancelled the job.
 	CodeCancelled = "cancelled"
+	// CodeRequeueLimit: the job went back to admission too many times in
+	// a row for one reason without a provider call (Sluice's fault, or a
+	// deployment that stays unusable); it is dead-lettered for the
+	// operator to look at and replay.
+	CodeRequeueLimit = "requeue_limit"
 )
 
 // Result is the one terminal outcome of a job, published on

@@ -175,6 +175,7 @@ type cacheBlock struct {
 	raw    []byte
 	tokens int
 	ttl    time.Duration // > 0 on a breakpoint
+	image  bool          // counted by Anthropic's image rule, not scaled
 }
 
 // messagesCall is a parsed /v1/messages request.
@@ -230,7 +231,7 @@ func (s *Server) serveMessages(w http.ResponseWriter, r *http.Request) {
 		st.received = append(st.received[:0], st.received[len(st.received)-maxReceived:]...)
 	}
 	st.mu.Unlock()
-	c, err := parseMessages(body)
+	c, err := parseMessages(body, s.cfg.Count)
 	if err != nil {
 		anthropicErr(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
@@ -280,8 +281,11 @@ func (s *Server) serveMessages(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, resp)
 }
 
-// parseMessages reads a Messages API body and counts its tokens.
-func parseMessages(body []byte) (*messagesCall, error) {
+// parseMessages reads a Messages API body and counts its tokens: each
+// block at characters/4 (images by Anthropic's rule), scaled by count's
+// Factor, so a test can have the provider count above or below Sluice's
+// estimate as Anthropic's own tokenizer does.
+func parseMessages(body []byte, count TokenCount) (*messagesCall, error) {
 	var in anBody
 	if err := json.Unmarshal(body, &in); err != nil {
 		return nil, fmt.Errorf("malformed body: %v", err)
@@ -335,8 +339,11 @@ func parseMessages(body []byte) (*messagesCall, error) {
 			c.blocks = append(c.blocks, block(raw))
 		}
 	}
-	for _, b := range c.blocks {
-		c.prompt += b.tokens
+	for i := range c.blocks {
+		if !c.blocks[i].image {
+			c.blocks[i].tokens = count.scale(c.blocks[i].tokens)
+		}
+		c.prompt += c.blocks[i].tokens
 	}
 	return c, nil
 }
@@ -358,7 +365,7 @@ func block(raw json.RawMessage) cacheBlock {
 	default:
 		n = charTokens(string(raw))
 	}
-	return cacheBlock{raw: raw, tokens: n, ttl: ttlOf(b)}
+	return cacheBlock{raw: raw, tokens: n, ttl: ttlOf(b), image: b.Type == "image"}
 }
 
 func ttlOf(b anBodyBlock) time.Duration {

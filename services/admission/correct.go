@@ -2,10 +2,10 @@ package admission
 
 import (
 	"context"
-	"math"
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/budget"
+	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
@@ -41,7 +41,7 @@ func (s *Service) placedCost(ms *modelState, j *job.Job) budget.Cost {
 	if f == 1 || j.Estimate == nil {
 		return c
 	}
-	c.Tokens = int(math.Ceil(float64(j.Estimate.PromptTokens) * f))
+	c.Tokens = calib.Placed(j.Estimate.PromptTokens, f)
 	whole := j.Estimate.Cost()
 	if ms.splits {
 		whole = j.Estimate.PromptTokens // the output is reserved apart

@@ -11,7 +11,6 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/breaker"
 	"github.com/sluice-dev/sluice/internal/config"
-	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/provider"
 	"github.com/sluice-dev/sluice/internal/route"
@@ -188,7 +187,7 @@ func (s *Service) admitCall(ctx context.Context, a *attempt) (done bool, err err
 	if tp := s.tenantPools[j.Tenant]; tp != nil {
 		if !tp.TryAcquire() {
 			s.m.AdmissionWaits.WithLabelValues(j.Provider, j.Model, "tenant_concurrency").Inc()
-			return true, s.backToAdmission(ctx, a, ptr(a.at.Add(TenantSlotWait)), "tenant slot", keys.MsgTenantSlot)
+			return true, s.backToAdmission(ctx, a, ptr(a.at.Add(TenantSlotWait)), "tenant slot", backTenantSlot)
 		}
 		a.onClose(tp.Release)
 	}
@@ -211,7 +210,7 @@ func (s *Service) admitCall(ctx context.Context, a *attempt) (done bool, err err
 			return true, s.reroute(ctx, a.msg, j, a.opKey, fb)
 		}
 		s.m.AdmissionWaits.WithLabelValues(j.Provider, j.Model, "breaker_open").Inc()
-		return true, s.backToAdmission(ctx, a, &openUntil, "breaker open", keys.MsgBreaker)
+		return true, s.backToAdmission(ctx, a, &openUntil, "breaker open", backBreaker)
 	}
 	return false, nil
 }
@@ -229,7 +228,7 @@ func (s *Service) awaitInstant(ctx context.Context, a *attempt) (done bool, err 
 		// The limits were cut after this call was planned: it was paced at
 		// the rate the provider just refused. Plan it again.
 		s.m.RateLimitRequeues.WithLabelValues(j.Provider, j.Model, "drained").Inc()
-		return true, s.backToAdmission(ctx, a, nil, "drain", keys.MsgDrain)
+		return true, s.backToAdmission(ctx, a, nil, "drain", backDrain)
 	}
 	s.noteReady(ctx, a.msg, j) // transit.go
 	if !waitInstant(ctx, r.SendAt) {
@@ -285,21 +284,21 @@ func (s *Service) notSent(ctx context.Context, a *attempt) error {
 		s.requeueOp(ctx, a.opKey, a.j, "late send")
 	}
 	s.giveBackUnsent(ctx, a.msg, a.j)
-	return s.readmit(ctx, a.msg, a.j)
+	s.m.ReservationsExpired.WithLabelValues(a.j.Provider, a.j.Model).Inc()
+	return s.requeue(ctx, a.msg, a.j, a.opKey, backLapsed)
 }
 
 // backToAdmission sends a job that was not called back to admission
 // without its reservation, not before notBefore (nil: its not_before
 // stays as it is); its operation is queued again.
-func (s *Service) backToAdmission(ctx context.Context, a *attempt, notBefore *time.Time, why string, kind keys.Msg) error {
+func (s *Service) backToAdmission(ctx context.Context, a *attempt, notBefore *time.Time, why string, r backReason) error {
 	j := a.j
 	if notBefore != nil {
 		nb := notBefore.UTC()
 		j.NotBefore = &nb
 	}
-	j.Reservation = nil
 	s.requeueOp(ctx, a.opKey, j, why)
-	return s.mesh.Enqueue(ctx, j, keys.MsgID(kind, j.Tenant, j.ID, dispatchSeq(a.msg)))
+	return s.requeue(ctx, a.msg, j, a.opKey, r)
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -50,10 +50,11 @@ type dispatched struct {
 	jetstream.Msg
 	mu      sync.Mutex
 	settled []string
+	seq     uint64 // its DISPATCH sequence (0: 7)
 }
 
 func (m *dispatched) Metadata() (*jetstream.MsgMetadata, error) {
-	return &jetstream.MsgMetadata{NumDelivered: 1, Sequence: jetstream.SequencePair{Stream: 7}}, nil
+	return &jetstream.MsgMetadata{NumDelivered: 1, Sequence: jetstream.SequencePair{Stream: max(m.seq, 7)}}, nil
 }
 func (m *dispatched) InProgress() error { return nil }
 

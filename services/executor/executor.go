@@ -203,7 +203,12 @@ func (s *Service) verify(ctx context.Context, msg jetstream.Msg, j *job.Job) err
 	case errors.Is(err, guard.ErrUnverified):
 		s.m.JobsRejected.WithLabelValues("dispatch", "unverified").Inc()
 		s.log.Warn("dispatch: reservation does not verify; admitting the job again", "job_id", j.ID, "provider", clip(j.Provider), "model", clip(j.Model))
-		if err := s.readmit(ctx, msg, j); err != nil {
+		if errors.Is(err, guard.ErrUnbounded) {
+			// Admission signed it: what it holds goes back to the schedule.
+			s.giveBackUnsent(ctx, msg, j)
+		}
+		opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
+		if err := s.requeue(ctx, msg, j, opKey, backUnverified); err != nil {
 			return err
 		}
 	case errors.As(err, &ve) && (ve.Code == job.CodeUnknownTenant || ve.Field == "id"):
@@ -349,13 +354,6 @@ func (s *Service) giveBackUnsent(ctx context.Context, msg jetstream.Msg, j *job.
 			s.log.Debug("return a lapsed reservation", "job_id", j.ID, "err", err)
 		}
 	})
-}
-
-// readmit sends a job whose reservation lapsed back to admission.
-func (s *Service) readmit(ctx context.Context, msg jetstream.Msg, j *job.Job) error {
-	s.m.ReservationsExpired.WithLabelValues(j.Provider, j.Model).Inc()
-	j.Reservation = nil
-	return s.mesh.Enqueue(ctx, j, keys.MsgID(keys.MsgReadmit, j.Tenant, j.ID, dispatchSeq(msg)))
 }
 
 // throttled handles a rate-limit refusal of a call Sluice admitted: that is
@@ -507,7 +505,7 @@ func (s *Service) reroute(ctx context.Context, msg jetstream.Msg, j *job.Job, op
 	j.Reservation, j.NotBefore = nil, nil
 	s.guard.Seal(j)
 	s.requeueOp(ctx, opKey, j, "reroute")
-	return s.mesh.Enqueue(ctx, j, keys.MsgID(keys.MsgFallback, j.Tenant, j.ID, dispatchSeq(msg)))
+	return s.requeue(ctx, msg, j, opKey, backFallback)
 }
 
 // reservedUnits returns a reservation's units by the model's budget index

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/provider"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
@@ -79,5 +78,5 @@ func (s *Service) grouped(j *job.Job) bool { return s.cfg.App.Grouped(j.Model) }
 func (s *Service) replace(ctx context.Context, a *attempt, reason string) error {
 	s.m.AdmissionWaits.WithLabelValues(a.j.Provider, a.j.Model, "deployment_down").Inc()
 	s.log.Info("deployment down: job goes back to be placed again", "job_id", a.j.ID, "provider", a.j.Provider, "model", a.j.Model, "reason", reason)
-	return s.backToAdmission(ctx, a, nil, "deployment down", keys.MsgDown)
+	return s.backToAdmission(ctx, a, nil, "deployment down", backDown)
 }

@@ -1,0 +1,62 @@
+package executor
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/internal/keys"
+	"github.com/sluice-dev/sluice/pkg/job"
+)
+
+// Every way a job goes back to admission without a provider call passes
+// through requeue. It counts the run of returns for one reason (reset by a
+// call, or by another reason); a job that comes back more than its
+// reason's bound is dead-lettered (requeue_limit) with a warning in the
+// log, so no job loops silently between admission and the executors.
+// Returns after a call (a retry, a 429) are bounded by the retry policy
+// and admission.max_rate_limited, not here.
+
+// backReason is why a job goes back to admission unsent.
+type backReason struct {
+	name  string   // the metric label and the job's Requeued.Reason
+	kind  keys.Msg // its QUEUE message id's kind
+	bound int      // returns in a row for this reason, without a call, before the job ends
+}
+
+// The reasons. A reservation that does not verify is Sluice's own fault:
+// a few tries. The others wait for something that normally comes (an
+// instant the executors kept up with, a tenant slot, a breaker's probe, a
+// drain's end); their bounds are far above any normal run of them.
+var (
+	backUnverified = backReason{"unverified", keys.MsgUnverified, 3}
+	backLapsed     = backReason{"lapsed", keys.MsgReadmit, 20}
+	backTenantSlot = backReason{"tenant_slot", keys.MsgTenantSlot, 1200} // 5 min of TenantSlotWait
+	backBreaker    = backReason{"breaker_open", keys.MsgBreaker, 100}
+	backDown       = backReason{"deployment_down", keys.MsgDown, 100}
+	backDrain      = backReason{"drained", keys.MsgDrain, 20}
+	backFallback   = backReason{"fallback", keys.MsgFallback, 10}
+)
+
+// requeue sends j, taken from msg, back to admission for r without its
+// reservation, or dead-letters it when that would make more than r.bound
+// returns in a row for r.
+func (s *Service) requeue(ctx context.Context, msg jetstream.Msg, j *job.Job, opKey string, r backReason) error {
+	n := 1
+	if q := j.Requeued; q != nil && q.Reason == r.name && q.Calls == len(j.Attempts) {
+		n = q.N + 1
+	}
+	s.m.Requeues.WithLabelValues(j.Provider, j.Model, r.name).Inc()
+	if n > r.bound {
+		s.m.RequeueLimited.WithLabelValues(j.Provider, j.Model, r.name).Inc()
+		s.log.Warn("job sent back to admission too often for one reason: dead-lettered", "job_id", j.ID, "tenant", j.Tenant,
+			"provider", clip(j.Provider), "model", clip(j.Model), "reason", r.name, "times", r.bound)
+		j.Requeued = nil
+		return s.terminal(ctx, j, opKey, job.StatusDeadLettered, job.CodeRequeueLimit, &job.Error{Code: job.CodeRequeueLimit,
+			Message: fmt.Sprintf("sent back to admission %d times in a row (%s) without a provider call", r.bound, r.name)})
+	}
+	j.Requeued = &job.Requeued{Reason: r.name, N: n, Calls: len(j.Attempts)}
+	j.Reservation = nil
+	return s.mesh.Enqueue(ctx, j, keys.MsgID(r.kind, j.Tenant, j.ID, dispatchSeq(msg)))
+}
