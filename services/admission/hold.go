@@ -29,6 +29,7 @@ type queueState struct {
 	key, model string
 	sched      *Scheduler
 	deps       []*modelState // where its jobs may go, in the group's preference order
+	fair       fairMinute    // what its jobs' turns are charged against (fair.go)
 	wakeAt     time.Time     // no deployment expected to take a job before
 	reason     string        // why the queue waits now
 	progressAt time.Time     // last dispatch, or when the queue was last empty (watchdog.go)
@@ -133,7 +134,7 @@ func (s *Service) queueOf(j *job.Job) *queueState {
 	if q == nil {
 		a := s.cfg.App.Admission
 		floors := map[job.Priority]float64{job.Standard: a.Floors.Standard, job.Batch: a.Floors.Batch}
-		q = &queueState{key: key, model: j.Model, sched: NewScheduler(a.Quantum, s.weight, floors, time.Minute)}
+		q = &queueState{key: key, model: j.Model}
 		if grouped {
 			for _, d := range s.cfg.App.Group(j.Model) {
 				q.deps = append(q.deps, s.model(d.Provider.Name, j.Model))
@@ -141,6 +142,8 @@ func (s *Service) queueOf(j *job.Job) *queueState {
 		} else {
 			q.deps = []*modelState{s.model(j.Provider, j.Model)}
 		}
+		q.fair = s.fairMinuteOf(q.deps, a.Quantum)
+		q.sched = NewScheduler(q.fair.quantum(a.Quantum), s.weight, floors, time.Minute)
 		s.queues[key] = q
 	}
 	return q
@@ -186,7 +189,7 @@ func (s *Service) hold(c *Candidate, now time.Time) {
 		}
 		q.wakeAt = time.Time{}
 	}
-	it := &Item{Tenant: c.Job.Tenant, Priority: c.Job.Priority, Cost: c.Cost.Tokens, Size: len(c.Msg.Data()), Since: now, Value: c, Urgent: urgent}
+	it := &Item{Tenant: c.Job.Tenant, Priority: c.Job.Priority, Cost: c.Cost.Tokens, Charge: q.fair.charge(c.Cost), Size: len(c.Msg.Data()), Since: now, Value: c, Urgent: urgent}
 	if c.Job.RateLimited > 0 {
 		q.sched.PushFront(it)
 	} else {

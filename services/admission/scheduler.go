@@ -7,15 +7,17 @@ import (
 )
 
 // Scheduler orders the jobs waiting for one model's budget. Tenants take
-// turns first: deficit round robin over tenants, charged by the tokens each
-// job reserves and weighted by the tenants' weights, so tenants share the
-// budget in proportion to their weights whatever their request sizes and
-// whatever priorities they declare, and a large request is never starved
-// by a stream of small ones (its tenant's deficit grows each round until it
-// fits). Priority orders the work within a tenant: its interactive jobs go
-// first, but its standard and batch jobs each keep a floor: when a class
-// with waiting jobs has had less than its floor share of the tokens the
-// tenant was served in the trailing window, it goes next. A tenant that
+// turns first: deficit round robin over tenants, each job charged its share
+// of the model's minute in the dimension that binds it (its Charge: tokens
+// on a token-bound model, a request's worth at least on a request-bound
+// one; fair.go) and weighted by the tenants' weights, so tenants share the
+// binding budget in proportion to their weights whatever their request
+// sizes and whatever priorities they declare, and a large request is never
+// starved by a stream of small ones (its tenant's deficit grows each round
+// until it fits). Priority orders the work within a tenant: its interactive
+// jobs go first, but its standard and batch jobs each keep a floor: when a
+// class with waiting jobs has had less than its floor share of what the
+// tenant was charged in the trailing window, it goes next. A tenant that
 // marks everything interactive thereby reorders only its own work.
 //
 // A tenant with nothing waiting that gets a job is a new flow (as in
@@ -42,7 +44,7 @@ type Scheduler struct {
 }
 
 // tenantQueue is one tenant's waiting jobs by class, its deficit, and the
-// tokens it was served per class in the trailing window (for the floors).
+// charges it was served per class in the trailing window (for the floors).
 type tenantQueue struct {
 	classes  map[job.Priority][]*Item
 	n        int
@@ -55,7 +57,7 @@ type tenantQueue struct {
 type servedAt struct {
 	at     time.Time
 	class  job.Priority
-	tokens int
+	charge int
 }
 
 // Item is one waiting job.
@@ -63,9 +65,11 @@ type Item struct {
 	Tenant   string
 	Priority job.Priority
 	Cost     int // tokens reserved
-	Size     int // bytes held
-	Since    time.Time
-	Value    any
+	// Charge is what the job costs its tenant's turn (fair.go); 0: Cost.
+	Charge int
+	Size   int // bytes held
+	Since  time.Time
+	Value  any
 	// Fresh is set by Pop when the job was served as part of its tenant's
 	// new-flow quantum (it did not wait its turn behind backlogs).
 	Fresh bool
@@ -74,9 +78,9 @@ type Item struct {
 	Urgent bool
 }
 
-// NewScheduler makes a scheduler. quantum is the tokens a tenant of weight 1
-// earns per round; floors maps standard and batch to their minimum share of
-// a tenant's tokens.
+// NewScheduler makes a scheduler. quantum is what a tenant of weight 1
+// earns per round, in the unit of the items' charges; floors maps standard
+// and batch to their minimum share of a tenant's charges.
 func NewScheduler(quantum int, weight func(string) int, floors map[job.Priority]float64, window time.Duration) *Scheduler {
 	return &Scheduler{quantum: quantum, weight: weight, floors: floors, window: window,
 		tenants: map[string]*tenantQueue{}, classN: map[job.Priority]int{}}
@@ -90,6 +94,14 @@ func (s *Scheduler) Tokens() int { return s.tokens }
 
 // ClassLen returns how many jobs of class p wait.
 func (s *Scheduler) ClassLen(p job.Priority) int { return s.classN[p] }
+
+// charge is what it costs its tenant's turn.
+func (it *Item) charge() int {
+	if it.Charge > 0 {
+		return it.Charge
+	}
+	return it.Cost
+}
 
 func (s *Scheduler) added(it *Item) {
 	s.n++
@@ -139,7 +151,7 @@ func (s *Scheduler) PushFront(it *Item) {
 	}
 	tq.classes[it.Priority] = append([]*Item{it}, tq.classes[it.Priority]...)
 	tq.n++
-	tq.deficit += it.Cost
+	tq.deficit += it.charge()
 	s.added(it)
 }
 
@@ -175,7 +187,7 @@ func (s *Scheduler) Unpop(it *Item) {
 	tq = s.queue(it.Tenant)
 	tq.classes[it.Priority] = append([]*Item{it}, tq.classes[it.Priority]...)
 	tq.n++
-	tq.deficit += it.Cost
+	tq.deficit += it.charge()
 	s.added(it)
 	tq.unserve(it)
 }
@@ -217,11 +229,12 @@ func (s *Scheduler) serve(t string, now time.Time) *Item {
 	tq := s.tenants[t]
 	c := tq.nextClass(now, s.window, s.floors)
 	cq := tq.classes[c]
-	if tq.deficit < cq[0].Cost {
+	if tq.deficit < cq[0].charge() {
 		return nil
 	}
 	it := cq[0]
-	tq.deficit -= it.Cost
+	ch := it.charge()
+	tq.deficit -= ch
 	if len(cq) == 1 {
 		delete(tq.classes, c)
 	} else {
@@ -229,9 +242,9 @@ func (s *Scheduler) serve(t string, now time.Time) *Item {
 	}
 	tq.n--
 	s.removed(it)
-	tq.served = append(tq.served, servedAt{at: now, class: c, tokens: it.Cost})
-	tq.total += it.Cost
-	tq.perClass[c] += it.Cost
+	tq.served = append(tq.served, servedAt{at: now, class: c, charge: ch})
+	tq.total += ch
+	tq.perClass[c] += ch
 	if tq.n == 0 {
 		s.drop(t)
 	}
@@ -244,8 +257,8 @@ func (tq *tenantQueue) nextClass(now time.Time, window time.Duration, floors map
 	from := now.Add(-window)
 	k := 0
 	for k < len(tq.served) && tq.served[k].at.Before(from) {
-		tq.total -= tq.served[k].tokens
-		tq.perClass[tq.served[k].class] -= tq.served[k].tokens
+		tq.total -= tq.served[k].charge
+		tq.perClass[tq.served[k].class] -= tq.served[k].charge
 		k++
 	}
 	tq.served = tq.served[k:] // the backing array is reused by append, amortized
@@ -274,10 +287,10 @@ func (tq *tenantQueue) nextClass(now time.Time, window time.Duration, floors map
 
 func (tq *tenantQueue) unserve(it *Item) {
 	for i := len(tq.served) - 1; i >= 0; i-- {
-		if tq.served[i].class == it.Priority && tq.served[i].tokens == it.Cost {
+		if ch := it.charge(); tq.served[i].class == it.Priority && tq.served[i].charge == ch {
 			tq.served = append(tq.served[:i], tq.served[i+1:]...)
-			tq.total -= it.Cost
-			tq.perClass[it.Priority] -= it.Cost
+			tq.total -= ch
+			tq.perClass[it.Priority] -= ch
 			return
 		}
 	}

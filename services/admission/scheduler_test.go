@@ -182,6 +182,34 @@ func TestUnpopKeepsOrderAndDeficit(t *testing.T) {
 	}
 }
 
+// TestChargeGovernsTurns: the deficit pays an item's Charge (its share of
+// the binding dimension), not its tokens, also when a refused job is put
+// back; Tokens still counts the tokens the waiting jobs would reserve.
+func TestChargeGovernsTurns(t *testing.T) {
+	t.Parallel()
+	s := newSched(nil, nil) // quantum 1000
+	for range 10 {
+		s.Push(&Item{Tenant: "a", Priority: job.Batch, Cost: 20, Charge: 1000})
+		s.Push(&Item{Tenant: "b", Priority: job.Batch, Cost: 900, Charge: 1000})
+	}
+	if got := s.Tokens(); got != 10*20+10*900 {
+		t.Fatalf("Tokens = %d, want %d", got, 10*20+10*900)
+	}
+	now := time.Unix(0, 0)
+	var order string
+	for range 10 {
+		it := s.Pop(now)
+		s.Unpop(it) // refused once: its charge goes back, it stays next
+		if again := s.Pop(now); again != it {
+			t.Fatalf("after Unpop got %+v, want %+v", again, it)
+		}
+		order += it.Tenant
+	}
+	if order != "ababababab" {
+		t.Errorf("order %s, want one job a turn each: ababababab", order)
+	}
+}
+
 func TestEvictTailAndRemove(t *testing.T) {
 	t.Parallel()
 	s := newSched(nil, nil)
