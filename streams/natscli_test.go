@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -96,19 +97,24 @@ func TestStreamsLoadedWithTheNATSCLIThenSluiceUp(t *testing.T) {
 	if _, err := js.Publish(ctx, job.DispatchSubject("sim", "gpt-4o-mini"), []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
-	for name, want := range map[string]uint64{"executor-sim-gpt-4o-mini": 1, "executor-openai-gpt-4_1-mini": 0, "executor": 0} {
-		cons, err := js.Consumer(ctx, streams.Dispatch, name)
-		if err != nil {
-			t.Fatalf("consumer %s: %v", name, err)
+	// A consumer's pending count follows the publish a moment later: wait
+	// for the end state rather than read it once.
+	natstest.Eventually(t, 10*time.Second, func() error {
+		for name, want := range map[string]uint64{"executor-sim-gpt-4o-mini": 1, "executor-openai-gpt-4_1-mini": 0, "executor": 0} {
+			cons, err := js.Consumer(ctx, streams.Dispatch, name)
+			if err != nil {
+				return fmt.Errorf("consumer %s: %w", name, err)
+			}
+			info, err := cons.Info(ctx)
+			if err != nil {
+				return err
+			}
+			if got := info.NumPending; got != want {
+				return fmt.Errorf("DISPATCH consumer %s: %d pending, want %d", name, got, want)
+			}
 		}
-		info, err := cons.Info(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := info.NumPending; got != want {
-			t.Errorf("DISPATCH consumer %s: %d pending, want %d", name, got, want)
-		}
-	}
+		return nil
+	})
 }
 
 // A consumer that overlaps the executor's on DISPATCH (made by hand, or from

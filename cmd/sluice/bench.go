@@ -44,8 +44,10 @@ takes about 14 minutes; --scale 0.2 --run-timeout 10s makes a quick smoke run.
 sluice bench anthropic-cache (also --scenario anthropic-cache) runs agent-like
 jobs (a 3,000-token cached system prompt + a 200-token turn, max_tokens 500)
 against the simulator's anthropic profile (RPM, ITPM and OTPM buckets, cache
-reads free), ITPM-bound; target: ≥0.95 of ITPM as the provider counts it,
-≤0.5%% 429s, ≥3x the requests per minute full-prompt reservation allows.
+reads free), ITPM-bound, once with the provider counting prompts 12%% above
+Sluice's estimate and once 15%% below (--count); target each time: ≥0.95 of
+ITPM as the provider counts it, ≤0.5%% 429s, ≥3x the requests per minute
+full-prompt reservation allows.
 
 sluice bench --scenario deployments,tiers runs one model served by three
 deployments, each its own simulator (120, 120 and 60 RPM in tiers 0, 1, 1),
