@@ -97,7 +97,7 @@ type Waiting struct {
 	JobID    string    `json:"job_id"`
 	Reason   string    `json:"reason"` // rpm, tpm, units, burst, tenant_*, paused_provider, not_before, budget_store, queued
 	Until    time.Time `json:"until,omitzero"`
-	Position int       `json:"position,omitempty"` // jobs of this model held ahead of it, roughly
+	Position int       `json:"position,omitempty"` // jobs of its own tenant held for this model, roughly (never other tenants')
 }
 
 type whyQuery struct {
@@ -363,7 +363,8 @@ func (s *Service) why(jobKey string) *Waiting {
 	if hj, ok := s.held.get(jobKey); ok {
 		q := s.queues[hj.key]
 		w := &Waiting{JobID: id, Reason: orQueued(q.reason), Until: q.wakeAt}
-		w.Position, _ = q.sched.Len()
+		// The tenant's own jobs only: how much others queue is theirs.
+		w.Position = q.sched.TenantLen(hj.c.Job.Tenant)
 		return w
 	}
 	if at, ok := s.notBefore[jobKey]; ok {

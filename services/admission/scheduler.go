@@ -89,6 +89,14 @@ func NewScheduler(quantum int, weight func(string) int, floors map[job.Priority]
 // Len returns how many jobs wait and the bytes they hold.
 func (s *Scheduler) Len() (n, bytes int) { return s.n, s.bytes }
 
+// TenantLen returns how many of tenant t's jobs wait.
+func (s *Scheduler) TenantLen(t string) int {
+	if tq := s.tenants[t]; tq != nil {
+		return tq.n
+	}
+	return 0
+}
+
 // Tokens returns the tokens the waiting jobs would reserve.
 func (s *Scheduler) Tokens() int { return s.tokens }
 
