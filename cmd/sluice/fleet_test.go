@@ -43,10 +43,23 @@ import (
 // Exactly-once and the crash paths are tested by TestCrashRecovery,
 // TestUnknownOutcomeCalledOnce and the cluster tests.
 //
+// It runs twice: with the simulator counting as it does by default
+// (characters/4: about 17 % above Sluice's estimate of the long prompt),
+// and at 0.7 of that (about 18 % below), as estimate error goes both ways.
+//
 //	go test -run '^$' -bench FleetSharesOneBudget -benchtime 1x ./cmd/sluice/
 func BenchmarkFleetSharesOneBudget(b *testing.B) {
+	for _, c := range []struct {
+		name   string
+		factor float64
+	}{{"provider-counts-above", 1}, {"provider-counts-below", 0.7}} {
+		b.Run(c.name, func(b *testing.B) { fleetBench(b, c.factor) })
+	}
+}
+
+func fleetBench(b *testing.B, factor float64) {
 	for range b.N {
-		for _, w := range fleetRun(b) {
+		for _, w := range fleetRun(b, factor) {
 			b.ReportMetric(100*w.fill, "fill%-"+w.key)
 			b.ReportMetric(100*w.rate429, "429%-"+w.key)
 			if w.windows < 10 {
@@ -71,7 +84,8 @@ type fleetFigures struct {
 // fleetRun runs the fleet once; it fails t on any broken guarantee (a job
 // lost or answered twice, a prompt paid twice, a 60-s window exceeded) and
 // returns the figures of time.
-func fleetRun(t testing.TB) []fleetFigures {
+// factor scales the simulator's count (sim.TokenCount.Factor).
+func fleetRun(t testing.TB, factor float64) []fleetFigures {
 	bin := sluiceBinary(t)
 	const (
 		longModel, longTPM   = "long-model", 150_000
@@ -81,6 +95,7 @@ func fleetRun(t testing.TB) []fleetFigures {
 	seen := &systest.Judged{}
 	simSrv, simURL := systest.StartSim(t, sim.Config{
 		Models: []sim.ModelLimits{{Name: longModel, RPM: 10_000, TPM: longTPM}, {Name: shortModel, RPM: shortRPM, TPM: 50_000_000}},
+		Count:  sim.TokenCount{Factor: factor},
 		TTFT:   100 * time.Millisecond, PerToken: 200 * time.Microsecond, APIKeys: []string{"sim-secret"}, OnArrival: seen.Add})
 	cfg := fmt.Sprintf(`
 server: {open: true}
@@ -105,10 +120,10 @@ limits:
 
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	// About 4,000 tokens as the simulator counts them (characters/4, its
-	// own count: Sluice estimates about 3,400 and learns the rest), so a
-	// minute holds 30 whole calls: the fill is not capped by how many
-	// calls fit a window.
+	// About 4,000 tokens as the simulator counts them at factor 1
+	// (characters/4, its own count: Sluice estimates about 3,400 and learns
+	// the rest), so a minute holds 30 whole calls: the fill is not capped
+	// by how many calls fit a window.
 	longPrompt := strings.Repeat("lorem ipsum dolor sit amet ", 590)
 	longBody, _ := json.Marshal(map[string]any{"model": longModel, "max_tokens": 1000, "messages": []map[string]string{{"role": "user", "content": longPrompt}}})
 	shortBody := systest.ChatBody(shortModel, 110, 80) // about 200 tokens
