@@ -9,6 +9,14 @@
 // keeps one message per subject, so a repeat replaces the entry and a job
 // never has two.
 //
+// Each tenant keeps at most its newest PerTenant entries: after writing one,
+// Publish purges the tenant's oldest beyond that (a purge of
+// sluice.dlq.<tenant>.> keeping PerTenant). The stream's own limits evict
+// the oldest entry of any tenant, so without this bound one tenant's flood
+// of dead letters would push out every other tenant's; with it, a tenant's
+// flood costs only its own oldest. The bound is the DLQ stream's metadata
+// MetaPerTenant (streams/DLQ.json), PerTenant when absent.
+//
 // # Reading
 //
 // List and Get read the stream without consuming anything: List scans
@@ -104,7 +112,21 @@ type ReplayReport struct {
 	Failed   []Pair `json:"failed,omitempty"`
 }
 
-// Publish writes e to the DLQ. It fills e.DeadAt when zero.
+// PerTenant is how many dead letters a tenant keeps when the DLQ stream's
+// metadata does not say (MetaPerTenant). Entries are at most the stream's
+// max_msg_size (the largest job and its envelope, about 1 MiB by default),
+// so a tenant holds at most PerTenant of those: the stream's max_bytes
+// should be at least tenants × PerTenant × max_msg_size for the stream's
+// own discard of the oldest never to be reached first.
+const PerTenant = 100
+
+// MetaPerTenant is the DLQ stream's metadata key holding the per-tenant
+// bound (a positive integer).
+const MetaPerTenant = "sluice_dead_letters_per_tenant"
+
+// Publish writes e to the DLQ, then trims its tenant's entries to the
+// newest PerTenant (see the package documentation). It fills e.DeadAt when
+// zero.
 func Publish(ctx context.Context, js jetstream.JetStream, e *Entry) error {
 	if !job.ValidName(e.Job.ID) {
 		return fmt.Errorf("dlq: job id %q is not a valid id", e.Job.ID)
@@ -127,6 +149,28 @@ func Publish(ctx context.Context, js jetstream.JetStream, e *Entry) error {
 	msg.Header.Set(jetstream.MsgIDHeader, keys.MsgID(keys.MsgDLQ, e.Job.Tenant, e.Job.ID, ""))
 	if _, err := js.PublishMsg(ctx, msg, jetstream.WithExpectStream(streams.DLQ)); err != nil {
 		return fmt.Errorf("dlq: publish job %s: %w", e.Job.ID, err)
+	}
+	return trim(ctx, js, e.Job.Tenant)
+}
+
+// trim purges tenant's oldest dead letters beyond the stream's per-tenant
+// bound.
+func trim(ctx context.Context, js jetstream.JetStream, tenant string) error {
+	s, err := dlqStream(ctx, js)
+	if err != nil {
+		return err
+	}
+	keep := uint64(PerTenant)
+	if v, ok := s.CachedInfo().Config.Metadata[MetaPerTenant]; ok {
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil || n == 0 {
+			return fmt.Errorf("dlq: stream %s metadata %s: %q is not a positive integer", streams.DLQ, MetaPerTenant, v)
+		}
+		keep = n
+	}
+	err = s.Purge(ctx, jetstream.WithPurgeSubject(job.DLQPrefix+tenant+".*"), jetstream.WithPurgeKeep(keep))
+	if err != nil {
+		return fmt.Errorf("dlq: keep tenant %s's newest %d: %w", tenant, keep, err)
 	}
 	return nil
 }

@@ -419,3 +419,73 @@ func TestReplayIntakeFull(t *testing.T) {
 		t.Errorf("DLQ after a refused replay = %v, %v; want %s still there", ids(left), err, b.Job.ID)
 	}
 }
+
+// TestFloodKeepsOtherTenants: one tenant's flood of dead letters (large
+// requests, as a model the provider refuses makes free for the sender)
+// trims that tenant's own oldest, never another tenant's entry, even when
+// the flood is larger than the whole stream.
+func TestFloodKeepsOtherTenants(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	const keep = 3
+	s, err := f.js.Stream(f.ctx, streams.DLQ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxBytes = 64 << 10
+	cfg.Metadata = map[string]string{"sluice_dead_letters_per_tenant": strconv.Itoa(keep)} // dlq.MetaPerTenant
+	if _, err := f.js.UpdateStream(f.ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	victim := entry("globex")
+	victim.Reason = dlq.ReasonOutcomeUnknown
+	f.publish(t, victim)
+
+	big := json.RawMessage(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"` + strings.Repeat("x", 4<<10) + `"}]}`)
+	var flood []string
+	for range 60 { // 60 × 4 KiB: several times the stream
+		e := entry("acme")
+		e.Job.Request = big
+		e.Reason = dlq.ReasonInvalid
+		f.publish(t, e)
+		flood = append(flood, e.Job.ID)
+	}
+
+	got, err := dlq.List(f.ctx, f.js, dlq.Filter{Tenant: "globex"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids := ids(got); !slices.Equal(ids, []string{victim.Job.ID}) {
+		t.Fatalf("globex's dead letters after acme's flood: %v, want [%s]", ids, victim.Job.ID)
+	}
+	if _, err := dlq.Get(f.ctx, f.js, "globex", victim.Job.ID); err != nil {
+		t.Fatalf("get globex's dead letter: %v", err)
+	}
+	acme, err := dlq.List(f.ctx, f.js, dlq.Filter{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := ids(acme), flood[len(flood)-keep:]; !slices.Equal(got, want) {
+		t.Fatalf("acme keeps %v, want its newest %d %v", got, keep, want)
+	}
+}
+
+// TestPerTenantBoundInvalid: a bound that is not a positive integer is an
+// error, not a silent default.
+func TestPerTenantBoundInvalid(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	s, err := f.js.Stream(f.ctx, streams.DLQ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.Metadata = map[string]string{"sluice_dead_letters_per_tenant": "0"}
+	if _, err := f.js.UpdateStream(f.ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := dlq.Publish(f.ctx, f.js, entry("acme")); err == nil || !strings.Contains(err.Error(), "sluice_dead_letters_per_tenant") {
+		t.Fatalf("publish with bound 0: %v, want an error naming the key", err)
+	}
+}
