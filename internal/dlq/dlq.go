@@ -34,7 +34,11 @@
 // the new job at once), and no idempotency key (so it does not join the
 // failed operation and receive its failure). It is published to
 // sluice.intake.<tenant> with the header Sluice-Replay-Of naming the original
-// job and the message id "replay:<tenant>.<original id>:<dlq sequence>", so re-running
+// job and the message id "replay:<tenant>.<original id>:<dlq sequence>:<digest>",
+// the digest of the stored entry, which holds a random nonce no tenant can
+// read (a tenant may set any message id on its own publishes to INTAKE,
+// whose duplicate window is stream-wide: an id it could compute, it could
+// use first, and the replay would be dropped). Re-running
 // the same replay within INTAKE's duplicate window is dropped by the stream
 // (the report then marks the pair Duplicate and cannot know the new id). Once
 // INTAKE has the job, the DLQ message is deleted. A job stays in the DLQ if its
@@ -43,6 +47,7 @@ package dlq
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -80,6 +85,9 @@ type Entry struct {
 	Reason    string     `json:"reason"`
 	LastError *job.Error `json:"last_error,omitempty"`
 	DeadAt    time.Time  `json:"dead_lettered_at"`
+	// Nonce is random, filled by Publish: it makes the message id of the
+	// entry's replay one no tenant can compute (keys.ReplayMsgID).
+	Nonce string `json:"nonce,omitempty"`
 }
 
 // Listed is an entry with its DLQ stream sequence.
@@ -139,6 +147,9 @@ func Publish(ctx context.Context, js jetstream.JetStream, e *Entry) error {
 	}
 	if e.DeadAt.IsZero() {
 		e.DeadAt = time.Now().UTC()
+	}
+	if e.Nonce == "" {
+		e.Nonce = rand.Text()
 	}
 	data, err := json.Marshal(e)
 	if err != nil {
@@ -235,6 +246,15 @@ func Get(ctx context.Context, js jetstream.JetStream, tenant, jobID string) (*Li
 }
 
 func get(ctx context.Context, s jetstream.Stream, tenant, jobID string) (*Listed, error) {
+	m, err := getMsg(ctx, s, tenant, jobID)
+	if err != nil {
+		return nil, err
+	}
+	return decode(m)
+}
+
+// getMsg is get's stored message.
+func getMsg(ctx context.Context, s jetstream.Stream, tenant, jobID string) (*jetstream.RawStreamMsg, error) {
 	if !job.ValidName(jobID) {
 		return nil, &notFoundError{id: jobID, invalid: true}
 	}
@@ -264,7 +284,7 @@ func get(ctx context.Context, s jetstream.Stream, tenant, jobID string) (*Listed
 	if err != nil {
 		return nil, fmt.Errorf("dlq: get job %s: %w", jobID, err)
 	}
-	return decode(m)
+	return m, nil
 }
 
 // Replay submits a new job for each dead-lettered job in ids (see the
@@ -343,7 +363,11 @@ func Replay(ctx context.Context, js jetstream.JetStream, ids []string, tenant st
 
 func replayOne(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, tenant, id string) (Pair, error) {
 	p := Pair{Tenant: tenant, Original: id}
-	l, err := get(ctx, s, tenant, id) // again: it may have changed since the ids were gathered
+	m, err := getMsg(ctx, s, tenant, id) // again: it may have changed since the ids were gathered
+	if err != nil {
+		return p, err
+	}
+	l, err := decode(m)
 	if err != nil {
 		return p, err
 	}
@@ -354,7 +378,7 @@ func replayOne(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, 
 	}
 	msg := nats.NewMsg(job.IntakeSubject(nj.Tenant))
 	msg.Data = data
-	msg.Header.Set(jetstream.MsgIDHeader, keys.MsgID(keys.MsgReplay, tenant, id, strconv.FormatUint(l.Seq, 10)))
+	msg.Header.Set(jetstream.MsgIDHeader, keys.ReplayMsgID(tenant, id, l.Seq, m.Data))
 	msg.Header.Set(HeaderReplayOf, id)
 	ack, err := js.PublishMsg(ctx, msg, jetstream.WithExpectStream(streams.Intake))
 	if err != nil {

@@ -8,6 +8,7 @@ package ingest
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -211,7 +212,9 @@ func (s *Service) settleRefusal(ctx context.Context, j *job.Job, opKey string, m
 	}
 	msg := nats.NewMsg(job.IntakeSubject(j.Tenant))
 	msg.Data, _ = json.Marshal(j)
-	msg.Header.Set(jetstream.MsgIDHeader, job.IntakeMsgID(j.Tenant, j.ID, msg.Data))
+	secret := make([]byte, 16) // published once: an id no tenant can compute
+	_, _ = rand.Read(secret)
+	msg.Header.Set(jetstream.MsgIDHeader, job.IntakeMsgID(secret, j.Tenant, j.ID, msg.Data))
 	if _, perr := s.mesh.JS.PublishMsg(ctx, msg); perr != nil {
 		s.log.Warn("refused job: intake refused it too; its records stay", "job_id", j.ID, "tenant", j.Tenant, "err", perr)
 		return Accepted{}, busy
