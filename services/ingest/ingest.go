@@ -473,9 +473,8 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 		// INTAKE keeps the job (deferred); as it fills, producers get the
 		// stream's refusal. It is offered again after half the estimated
 		// drain time, so QUEUE does not run dry while jobs wait here.
-		s.intakeShare.note(tenant, len(msg.Data()), false)
 		if md, err := msg.Metadata(); err == nil {
-			s.intakeShare.arrived(tenant, md.Sequence.Stream, md.NumDelivered == 1)
+			s.intakeShare.arrived(tenant, md.Sequence.Stream, storedSize(msg))
 		}
 		if over := s.intakeOver(ctx, tenant, err); over != nil {
 			s.refuse(ctx, msg, j, tenant, over)
