@@ -132,7 +132,10 @@ func DispatchConsumer(provider, modelToken string) string {
 // Message ids. JetStream drops a publish whose Nats-Msg-Id it saw within
 // the stream's duplicate window; each kind of publish has its own first
 // token, and every id that derives from a job names its tenant, so one
-// tenant's publish never makes another's vanish.
+// tenant's job never makes another's vanish. That holds on the streams
+// only services write; on INTAKE, which tenants write with ids of their
+// choosing, ids are also ones no other tenant can compute (IntakeMsgID,
+// ReplayMsgID).
 
 // Msg is the kind of a publish a message id deduplicates.
 type Msg string
