@@ -50,6 +50,19 @@ func connectWatched(t *testing.T, name, url string, opts ...nats.Option) *watche
 	return w
 }
 
+// closed is a channel closed once the connection is closed.
+func (w *watched) closed(t *testing.T) <-chan struct{} {
+	t.Helper()
+	ch := make(chan struct{})
+	w.nc.SetClosedHandler(func(*nats.Conn) { close(ch) })
+	if w.nc.IsClosed() {
+		return closedChan
+	}
+	return ch
+}
+
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
 // refused publishes to (op "pub") or subscribes to (op "sub") subject and
 // checks that the server answers with a permissions violation naming it.
 func (w *watched) refused(t *testing.T, op, subject string) {
@@ -215,7 +228,7 @@ func TestNATSTrustBoundary(t *testing.T) {
 	if _, err := ejs.Stream(ctx, streams.DLQ); err != nil {
 		t.Errorf("executor cannot look up the DLQ stream it publishes to: %v", err)
 	}
-	for _, s := range []string{job.IntakeSubject("acme"), job.ResultSubject("acme", job.NewID()), "$JS.API.STREAM.PURGE." + streams.DLQ,
+	for _, s := range []string{job.IntakeSubject("acme"), job.ResultSubject("acme", job.NewID()), "$JS.API.STREAM.MSG.GET." + streams.DLQ,
 		"$JS.API.STREAM.DELETE." + streams.Queue, "$KV." + streams.BucketResults + ".x", "$JS.API.CONSUMER.MSG.NEXT." + streams.Queue + ".admission"} {
 		ex.refused(t, "pub", s)
 	}
@@ -227,6 +240,28 @@ func TestNATSTrustBoundary(t *testing.T) {
 	adm := role(natsauth.Admission)
 	adm.refused(t, "pub", job.IntakeSubject("acme"))
 	adm.refused(t, "pub", "$KV."+streams.BucketResults+".x")
+
+	// A tenant's messages are no larger than its largest job: one on its
+	// own wait-hint subject is refused by the server (which allows 8 MiB
+	// to the services), and globex's chat below is answered all the same.
+	big := connectWatched(t, "acme", front.NATS, client.TenantUser("acme", systest.Env["ACME_KEY"]), nats.NoReconnect())
+	if err := big.nc.Publish(job.WaitSubject("acme"), make([]byte, 4<<20)); err == nil {
+		_ = big.nc.Flush()
+		select {
+		case err := <-big.errs:
+			if !strings.Contains(strings.ToLower(err.Error()), "maximum payload") {
+				t.Errorf("acme's 4 MiB wait hint: %v, want a maximum payload violation", err)
+			}
+		case <-big.closed(t):
+			if err := big.nc.LastError(); err == nil || !strings.Contains(strings.ToLower(err.Error()), "maximum payload") {
+				t.Errorf("acme's 4 MiB wait hint: connection closed with %v, want a maximum payload violation", err)
+			}
+		case <-ctx.Done():
+			t.Error("acme's 4 MiB wait hint was not refused")
+		}
+	} else if !errors.Is(err, nats.ErrMaxPayload) {
+		t.Fatal(err)
+	}
 
 	// The HTTP paths exercise ingest's and result's waits and reads.
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ingestHTTP+"/v1/chat/completions",

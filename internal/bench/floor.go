@@ -130,7 +130,7 @@ func MeasureFloor(ctx context.Context, jobs, conc int, providerURL string, oneRe
 			for id := range ids {
 				m := nats.NewMsg(job.IntakeSubject(floorTenant))
 				m.Data = pl.data(floorIntake)
-				m.Header.Set(jetstream.MsgIDHeader, job.IntakeMsgID(floorTenant, id, m.Data))
+				m.Header.Set(jetstream.MsgIDHeader, job.IntakeMsgID(nil, floorTenant, id, m.Data))
 				m.Header.Set(floorID, id)
 				if _, err := pjs.PublishMsg(ctx, m); err != nil {
 					pl.fail(err)

@@ -9,6 +9,14 @@
 // keeps one message per subject, so a repeat replaces the entry and a job
 // never has two.
 //
+// Each tenant keeps at most its newest PerTenant entries: after writing one,
+// Publish purges the tenant's oldest beyond that (a purge of
+// sluice.dlq.<tenant>.> keeping PerTenant). The stream's own limits evict
+// the oldest entry of any tenant, so without this bound one tenant's flood
+// of dead letters would push out every other tenant's; with it, a tenant's
+// flood costs only its own oldest. The bound is the DLQ stream's metadata
+// MetaPerTenant (streams/DLQ.json), PerTenant when absent.
+//
 // # Reading
 //
 // List and Get read the stream without consuming anything: List scans
@@ -26,7 +34,11 @@
 // the new job at once), and no idempotency key (so it does not join the
 // failed operation and receive its failure). It is published to
 // sluice.intake.<tenant> with the header Sluice-Replay-Of naming the original
-// job and the message id "replay:<tenant>.<original id>:<dlq sequence>", so re-running
+// job and the message id "replay:<tenant>.<original id>:<dlq sequence>:<digest>",
+// the digest of the stored entry, which holds a random nonce no tenant can
+// read (a tenant may set any message id on its own publishes to INTAKE,
+// whose duplicate window is stream-wide: an id it could compute, it could
+// use first, and the replay would be dropped). Re-running
 // the same replay within INTAKE's duplicate window is dropped by the stream
 // (the report then marks the pair Duplicate and cannot know the new id). Once
 // INTAKE has the job, the DLQ message is deleted. A job stays in the DLQ if its
@@ -35,6 +47,7 @@ package dlq
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -72,6 +85,9 @@ type Entry struct {
 	Reason    string     `json:"reason"`
 	LastError *job.Error `json:"last_error,omitempty"`
 	DeadAt    time.Time  `json:"dead_lettered_at"`
+	// Nonce is random, filled by Publish: it makes the message id of the
+	// entry's replay one no tenant can compute (keys.ReplayMsgID).
+	Nonce string `json:"nonce,omitempty"`
 }
 
 // Listed is an entry with its DLQ stream sequence.
@@ -104,7 +120,21 @@ type ReplayReport struct {
 	Failed   []Pair `json:"failed,omitempty"`
 }
 
-// Publish writes e to the DLQ. It fills e.DeadAt when zero.
+// PerTenant is how many dead letters a tenant keeps when the DLQ stream's
+// metadata does not say (MetaPerTenant). Entries are at most the stream's
+// max_msg_size (the largest job and its envelope, about 1 MiB by default),
+// so a tenant holds at most PerTenant of those: the stream's max_bytes
+// should be at least tenants × PerTenant × max_msg_size for the stream's
+// own discard of the oldest never to be reached first.
+const PerTenant = 100
+
+// MetaPerTenant is the DLQ stream's metadata key holding the per-tenant
+// bound (a positive integer).
+const MetaPerTenant = "sluice_dead_letters_per_tenant"
+
+// Publish writes e to the DLQ, then trims its tenant's entries to the
+// newest PerTenant (see the package documentation). It fills e.DeadAt when
+// zero.
 func Publish(ctx context.Context, js jetstream.JetStream, e *Entry) error {
 	if !job.ValidName(e.Job.ID) {
 		return fmt.Errorf("dlq: job id %q is not a valid id", e.Job.ID)
@@ -118,6 +148,9 @@ func Publish(ctx context.Context, js jetstream.JetStream, e *Entry) error {
 	if e.DeadAt.IsZero() {
 		e.DeadAt = time.Now().UTC()
 	}
+	if e.Nonce == "" {
+		e.Nonce = rand.Text()
+	}
 	data, err := json.Marshal(e)
 	if err != nil {
 		return fmt.Errorf("dlq: encode job %s: %w", e.Job.ID, err)
@@ -127,6 +160,28 @@ func Publish(ctx context.Context, js jetstream.JetStream, e *Entry) error {
 	msg.Header.Set(jetstream.MsgIDHeader, keys.MsgID(keys.MsgDLQ, e.Job.Tenant, e.Job.ID, ""))
 	if _, err := js.PublishMsg(ctx, msg, jetstream.WithExpectStream(streams.DLQ)); err != nil {
 		return fmt.Errorf("dlq: publish job %s: %w", e.Job.ID, err)
+	}
+	return trim(ctx, js, e.Job.Tenant)
+}
+
+// trim purges tenant's oldest dead letters beyond the stream's per-tenant
+// bound.
+func trim(ctx context.Context, js jetstream.JetStream, tenant string) error {
+	s, err := dlqStream(ctx, js)
+	if err != nil {
+		return err
+	}
+	keep := uint64(PerTenant)
+	if v, ok := s.CachedInfo().Config.Metadata[MetaPerTenant]; ok {
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil || n == 0 {
+			return fmt.Errorf("dlq: stream %s metadata %s: %q is not a positive integer", streams.DLQ, MetaPerTenant, v)
+		}
+		keep = n
+	}
+	err = s.Purge(ctx, jetstream.WithPurgeSubject(job.DLQPrefix+tenant+".*"), jetstream.WithPurgeKeep(keep))
+	if err != nil {
+		return fmt.Errorf("dlq: keep tenant %s's newest %d: %w", tenant, keep, err)
 	}
 	return nil
 }
@@ -191,6 +246,15 @@ func Get(ctx context.Context, js jetstream.JetStream, tenant, jobID string) (*Li
 }
 
 func get(ctx context.Context, s jetstream.Stream, tenant, jobID string) (*Listed, error) {
+	m, err := getMsg(ctx, s, tenant, jobID)
+	if err != nil {
+		return nil, err
+	}
+	return decode(m)
+}
+
+// getMsg is get's stored message.
+func getMsg(ctx context.Context, s jetstream.Stream, tenant, jobID string) (*jetstream.RawStreamMsg, error) {
 	if !job.ValidName(jobID) {
 		return nil, &notFoundError{id: jobID, invalid: true}
 	}
@@ -220,7 +284,7 @@ func get(ctx context.Context, s jetstream.Stream, tenant, jobID string) (*Listed
 	if err != nil {
 		return nil, fmt.Errorf("dlq: get job %s: %w", jobID, err)
 	}
-	return decode(m)
+	return m, nil
 }
 
 // Replay submits a new job for each dead-lettered job in ids (see the
@@ -299,7 +363,11 @@ func Replay(ctx context.Context, js jetstream.JetStream, ids []string, tenant st
 
 func replayOne(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, tenant, id string) (Pair, error) {
 	p := Pair{Tenant: tenant, Original: id}
-	l, err := get(ctx, s, tenant, id) // again: it may have changed since the ids were gathered
+	m, err := getMsg(ctx, s, tenant, id) // again: it may have changed since the ids were gathered
+	if err != nil {
+		return p, err
+	}
+	l, err := decode(m)
 	if err != nil {
 		return p, err
 	}
@@ -310,7 +378,7 @@ func replayOne(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, 
 	}
 	msg := nats.NewMsg(job.IntakeSubject(nj.Tenant))
 	msg.Data = data
-	msg.Header.Set(jetstream.MsgIDHeader, keys.MsgID(keys.MsgReplay, tenant, id, strconv.FormatUint(l.Seq, 10)))
+	msg.Header.Set(jetstream.MsgIDHeader, keys.ReplayMsgID(tenant, id, l.Seq, m.Data))
 	msg.Header.Set(HeaderReplayOf, id)
 	ack, err := js.PublishMsg(ctx, msg, jetstream.WithExpectStream(streams.Intake))
 	if err != nil {

@@ -249,8 +249,8 @@ func TestReplayByID(t *testing.T) {
 	if got := m.Header.Get(dlq.HeaderReplayOf); got != a.Job.ID {
 		t.Errorf("%s = %q, want %q", dlq.HeaderReplayOf, got, a.Job.ID)
 	}
-	if got, want := m.Header.Get(jetstream.MsgIDHeader), "replay:acme."+a.Job.ID+":1"; got != want {
-		t.Errorf("message id = %q, want %q", got, want)
+	if got, want := m.Header.Get(jetstream.MsgIDHeader), "replay:acme."+a.Job.ID+":1:"; !strings.HasPrefix(got, want) || len(got) != len(want)+24 {
+		t.Errorf("message id = %q, want %q and a digest of the entry", got, want)
 	}
 	nj, err := job.Decode(m.Data, job.DefaultLimits)
 	if err != nil {
@@ -365,10 +365,14 @@ func TestReplayRerunDeduplicated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	stored, err := f.dlqStream(t).GetMsg(f.ctx, l.Seq)
+	if err != nil {
+		t.Fatal(err)
+	}
 	// What the first run published before it stopped.
 	earlier := nats.NewMsg(job.IntakeSubject("acme"))
 	earlier.Data = []byte(`{"tenant":"acme"}`)
-	earlier.Header.Set(jetstream.MsgIDHeader, keys.MsgID(keys.MsgReplay, "acme", a.Job.ID, strconv.FormatUint(l.Seq, 10)))
+	earlier.Header.Set(jetstream.MsgIDHeader, keys.ReplayMsgID("acme", a.Job.ID, l.Seq, stored.Data))
 	if _, err := f.js.PublishMsg(f.ctx, earlier); err != nil {
 		t.Fatal(err)
 	}
@@ -417,5 +421,117 @@ func TestReplayIntakeFull(t *testing.T) {
 	left, err := dlq.List(f.ctx, f.js, dlq.Filter{})
 	if err != nil || !slices.Equal(ids(left), []string{b.Job.ID}) {
 		t.Errorf("DLQ after a refused replay = %v, %v; want %s still there", ids(left), err, b.Job.ID)
+	}
+}
+
+// TestFloodKeepsOtherTenants: one tenant's flood of dead letters (large
+// requests, as a model the provider refuses makes free for the sender)
+// trims that tenant's own oldest, never another tenant's entry, even when
+// the flood is larger than the whole stream.
+func TestFloodKeepsOtherTenants(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	const keep = 3
+	s, err := f.js.Stream(f.ctx, streams.DLQ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxBytes = 64 << 10
+	cfg.Metadata = map[string]string{"sluice_dead_letters_per_tenant": strconv.Itoa(keep)} // dlq.MetaPerTenant
+	if _, err := f.js.UpdateStream(f.ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	victim := entry("globex")
+	victim.Reason = dlq.ReasonOutcomeUnknown
+	f.publish(t, victim)
+
+	big := json.RawMessage(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"` + strings.Repeat("x", 4<<10) + `"}]}`)
+	var flood []string
+	for range 60 { // 60 × 4 KiB: several times the stream
+		e := entry("acme")
+		e.Job.Request = big
+		e.Reason = dlq.ReasonInvalid
+		f.publish(t, e)
+		flood = append(flood, e.Job.ID)
+	}
+
+	got, err := dlq.List(f.ctx, f.js, dlq.Filter{Tenant: "globex"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids := ids(got); !slices.Equal(ids, []string{victim.Job.ID}) {
+		t.Fatalf("globex's dead letters after acme's flood: %v, want [%s]", ids, victim.Job.ID)
+	}
+	if _, err := dlq.Get(f.ctx, f.js, "globex", victim.Job.ID); err != nil {
+		t.Fatalf("get globex's dead letter: %v", err)
+	}
+	acme, err := dlq.List(f.ctx, f.js, dlq.Filter{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := ids(acme), flood[len(flood)-keep:]; !slices.Equal(got, want) {
+		t.Fatalf("acme keeps %v, want its newest %d %v", got, keep, want)
+	}
+}
+
+// TestPerTenantBoundInvalid: a bound that is not a positive integer is an
+// error, not a silent default.
+func TestPerTenantBoundInvalid(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	s, err := f.js.Stream(f.ctx, streams.DLQ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.Metadata = map[string]string{"sluice_dead_letters_per_tenant": "0"}
+	if _, err := f.js.UpdateStream(f.ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := dlq.Publish(f.ctx, f.js, entry("acme")); err == nil || !strings.Contains(err.Error(), "sluice_dead_letters_per_tenant") {
+		t.Fatalf("publish with bound 0: %v, want an error naming the key", err)
+	}
+}
+
+func (f fixture) dlqStream(t *testing.T) jetstream.Stream {
+	t.Helper()
+	s, err := f.js.Stream(f.ctx, streams.DLQ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestReplayForgedIDIgnored: another tenant publishing first, on its own
+// intake subject, with the message id a replay of acme's dead letter would
+// have had (the tenant, the job id and the DLQ sequence are all it can
+// know) neither makes the replay report a duplicate nor loses the dead
+// letter: the replay is submitted.
+func TestReplayForgedIDIgnored(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a := entry("acme")
+	f.publish(t, a)
+	l, err := dlq.Get(f.ctx, f.js, "acme", a.Job.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := nats.NewMsg(job.IntakeSubject("mallory"))
+	forged.Data = []byte(`{"tenant":"mallory"}`)
+	forged.Header.Set(jetstream.MsgIDHeader, "replay:acme."+a.Job.ID+":"+strconv.FormatUint(l.Seq, 10))
+	if _, err := f.js.PublishMsg(f.ctx, forged); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := dlq.Replay(f.ctx, f.js, []string{a.Job.ID}, "acme", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Replayed) != 1 || rep.Replayed[0].Duplicate || rep.Replayed[0].New == "" {
+		t.Fatalf("replay after mallory's forged id: %+v, want a new job for %s", rep.Replayed, a.Job.ID)
+	}
+	msgs := f.intake(t, "acme")
+	if len(msgs) != 1 || msgs[0].Header.Get(dlq.HeaderReplayOf) != a.Job.ID {
+		t.Fatalf("INTAKE holds %d messages of acme, want its replay", len(msgs))
 	}
 }

@@ -19,8 +19,10 @@
 package keys
 
 import (
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"strconv"
 	"strings"
 )
 
@@ -130,7 +132,10 @@ func DispatchConsumer(provider, modelToken string) string {
 // Message ids. JetStream drops a publish whose Nats-Msg-Id it saw within
 // the stream's duplicate window; each kind of publish has its own first
 // token, and every id that derives from a job names its tenant, so one
-// tenant's publish never makes another's vanish.
+// tenant's job never makes another's vanish. That holds on the streams
+// only services write; on INTAKE, which tenants write with ids of their
+// choosing, ids are also ones no other tenant can compute (IntakeMsgID,
+// ReplayMsgID).
 
 // Msg is the kind of a publish a message id deduplicates.
 type Msg string
@@ -173,11 +178,35 @@ func MsgSeq(msgID string) string {
 }
 
 // IntakeMsgID is the message id of a job published to INTAKE (the public
-// form is job.IntakeMsgID, which producers use). Producers set it
-// themselves, so it names the tenant and a digest of the envelope: a retry
-// of the same publish is dropped as a duplicate, while another tenant that
-// guesses a job id cannot make this tenant's submission vanish.
-func IntakeMsgID(tenant, id string, envelope []byte) string {
-	sum := sha256.Sum256(envelope)
-	return "intake:" + tenant + ":" + id + ":" + hex.EncodeToString(sum[:12])
+// form is job.IntakeMsgID, which producers use). INTAKE deduplicates
+// stream-wide, and any tenant may set any message id on its own publishes:
+// an id another tenant can compute is one it can use first, and the job it
+// names is then dropped as a duplicate. So the id is keyed by a secret of
+// the publisher's (pkg/client: one per Client): it names the tenant and
+// the job, and an HMAC of them and the envelope, so a retry of the same
+// publish by the same publisher is dropped, while no other tenant can
+// produce it. With an empty secret it is a plain digest, which anyone who
+// knows the envelope can compute.
+func IntakeMsgID(secret []byte, tenant, id string, envelope []byte) string {
+	return "intake:" + tenant + ":" + id + ":" + keyedDigest(secret, tenant, id, envelope)
+}
+
+// ReplayMsgID is the message id of a dead letter's replay to INTAKE: seq
+// is the dead letter's DLQ sequence and entry its stored message, which
+// holds a random nonce (internal/dlq) no tenant can read, so a re-run of
+// the same replay is dropped and no tenant can forge the id first.
+func ReplayMsgID(tenant, id string, seq uint64, entry []byte) string {
+	sum := sha256.Sum256(entry)
+	return MsgID(MsgReplay, tenant, id, strconv.FormatUint(seq, 10)) + ":" + hex.EncodeToString(sum[:12])
+}
+
+func keyedDigest(secret []byte, tenant, id string, envelope []byte) string {
+	if len(secret) == 0 {
+		sum := sha256.Sum256(envelope)
+		return hex.EncodeToString(sum[:12])
+	}
+	h := hmac.New(sha256.New, secret)
+	h.Write([]byte(tenant + "\x00" + id + "\x00"))
+	h.Write(envelope)
+	return hex.EncodeToString(h.Sum(nil)[:12])
 }

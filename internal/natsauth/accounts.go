@@ -2,9 +2,11 @@ package natsauth
 
 import (
 	"fmt"
+	"strconv"
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -49,17 +51,65 @@ func tenantStreams(tenant string) []string {
 	return []string{job.ResultPrefix + tenant + ".>", job.StreamPrefix + tenant + ".>"}
 }
 
+// TenantLimits bound what one tenant's account may take of the server, so
+// that no tenant can slow the services every tenant shares: the largest
+// message a tenant's client may publish (on its intake and its wait-hint
+// subjects alike), its connections, and the subscriptions of each of its
+// connections. Without them every account has the server's limits (8 MiB
+// messages on the embedded server), and one tenant's large messages on its
+// own wait-hint subject stall the services' connection for all.
+type TenantLimits struct {
+	MaxPayload       int // the largest job: limits.max_body_bytes plus the envelope
+	MaxConnections   int
+	MaxSubscriptions int // per connection
+}
+
+// Default tenant connection and subscription bounds. A client holds one
+// subscription per job it awaits (pkg/client), or one for all its results
+// (Client.Subscribe).
+const (
+	TenantMaxConnections   = 256
+	TenantMaxSubscriptions = 65536
+)
+
+// TenantLimitsFor are the limits of every tenant's account under c.
+func TenantLimitsFor(c *config.Config) TenantLimits {
+	return TenantLimits{MaxPayload: c.Limits.JobMsgBytes(), MaxConnections: TenantMaxConnections, MaxSubscriptions: TenantMaxSubscriptions}
+}
+
+// block is the limits as a nats-server account's `limits` block.
+func (l TenantLimits) block() string {
+	return fmt.Sprintf("limits: { max_payload: %d, max_connections: %d, max_subscriptions: %d }", l.MaxPayload, l.MaxConnections, l.MaxSubscriptions)
+}
+
+// tenantAccount makes a tenant's account with lim. nats-server sets an
+// account's limits only from configuration text (or a JWT), so the account
+// is parsed from the same block AccountsBlock prints.
+func tenantAccount(tenant string, lim TenantLimits) (*server.Account, error) {
+	var o server.Options
+	if err := o.ProcessConfigString("accounts: { " + strconv.Quote(TenantAccount(tenant)) + ": { " + lim.block() + " } }"); err != nil {
+		return nil, fmt.Errorf("tenant %s: account: %w", tenant, err)
+	}
+	if len(o.Accounts) != 1 {
+		return nil, fmt.Errorf("tenant %s: parsed %d accounts, want 1", tenant, len(o.Accounts))
+	}
+	return o.Accounts[0], nil
+}
+
 // embeddedAccounts makes the embedded server's accounts: its global
 // account with JetStream and an export per tenant subject, and one account
-// per tenant importing them.
-func embeddedAccounts(tenants []string) (*server.Account, map[string]*server.Account, error) {
+// per tenant, with lim, importing them.
+func embeddedAccounts(tenants []string, lim TenantLimits) (*server.Account, map[string]*server.Account, error) {
 	global, err := globalWithJetStream()
 	if err != nil {
 		return nil, nil, err
 	}
 	byTenant := map[string]*server.Account{}
 	for _, t := range tenants {
-		acc := server.NewAccount(TenantAccount(t))
+		acc, err := tenantAccount(t, lim)
+		if err != nil {
+			return nil, nil, err
+		}
 		only := []*server.Account{acc}
 		for _, s := range tenantServices(t) {
 			if err := global.AddServiceExport(s, only); err != nil {

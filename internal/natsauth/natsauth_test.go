@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/embedded"
 	"github.com/sluice-dev/sluice/internal/natsauth"
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
@@ -144,6 +145,7 @@ func TestAccountsBlockRunsInNATSServer(t *testing.T) {
 	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
 		t.Fatalf("the operator cannot ensure the streams: %v", err)
 	}
+	payloadRefused(t, url, "globex") // the block's account limits
 	tenant, _ := connect(t, url, client.TenantUser("acme", env["ACME_KEY"]))
 	cl, err := client.New(tenant)
 	if err != nil {
@@ -369,5 +371,68 @@ func TestDeployConfigsParse(t *testing.T) {
 		if want := []string{natsauth.ServiceAccount, natsauth.TenantAccount("acme"), natsauth.TenantAccount("globex")}; fmt.Sprint(names) != fmt.Sprint(want) {
 			t.Errorf("%s: accounts %v, want %v", f, names, want)
 		}
+	}
+}
+
+// payloadRefused publishes a message larger than any job on tenant's
+// wait-hint subject and checks that it is refused: by the server (a
+// maximum payload violation, which closes the connection), or by the
+// client once the server has told it the account's limit.
+func payloadRefused(t *testing.T, url, tenant string) {
+	t.Helper()
+	nc, err := nats.Connect(url, client.TenantUser(tenant, env[strings.ToUpper(tenant)+"_KEY"]), nats.NoReconnect(), nats.Timeout(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if err := nc.Publish(job.WaitSubject(tenant), make([]byte, 2<<20)); errors.Is(err, nats.ErrMaxPayload) {
+		return
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.Flush()
+	natstest.Eventually(t, 5*time.Second, func() error {
+		if err := nc.LastError(); err == nil || !strings.Contains(strings.ToLower(err.Error()), "maximum payload") {
+			return fmt.Errorf("%s's 2 MiB publish: last error %v, want a maximum payload violation", tenant, err)
+		}
+		return nil
+	})
+}
+
+// TestTenantPayloadBounded: a tenant's account allows messages no larger
+// than the largest job (limits.max_body_bytes and the envelope), on the
+// embedded server: one tenant's large messages on its own wait-hint
+// subject are refused by the server, and another tenant's hints are still
+// answered.
+func TestTenantPayloadBounded(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cfg := testConfig(t, "")
+	emb, err := natsauth.ForEmbedded(cfg, filepath.Join(dir, "data"), getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := embedded.Start(embedded.Options{StoreDir: filepath.Join(dir, "js"), Configure: emb.Apply})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	o, _, err := natsauth.Conn{Config: cfg, DataDir: filepath.Join(dir, "data"), Set: "ingest", Embedded: true}.Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ingest, _ := connect(t, s.ClientURL(), o...)
+	if _, err := ingest.QueueSubscribe(job.WaitPrefix+"*", "ingest", func(m *nats.Msg) { _ = m.Respond([]byte(`{"retry_after_ms":1}`)) }); err != nil {
+		t.Fatal(err)
+	}
+	_ = ingest.Flush()
+
+	payloadRefused(t, s.ClientURL(), "acme")
+	globex, _ := connect(t, s.ClientURL(), client.TenantUser("globex", env["GLOBEX_KEY"]))
+	if m, err := globex.Request(job.WaitSubject("globex"), []byte(`{}`), 3*time.Second); err != nil || string(m.Data) != `{"retry_after_ms":1}` {
+		t.Fatalf("globex's wait hint after acme's large message: %v, %v", m, err)
+	}
+	if m, err := globex.Request(job.WaitSubject("globex"), make([]byte, cfg.Limits.JobMsgBytes()), 3*time.Second); err != nil {
+		t.Fatalf("a message of the largest job's size (%d, max payload %d): %v, %v", cfg.Limits.JobMsgBytes(), globex.MaxPayload(), m, err)
 	}
 }

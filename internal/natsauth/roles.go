@@ -203,7 +203,8 @@ func rolePerms(role string) perms {
 		})
 	case Executor:
 		p.add(consumer(streams.Dispatch, "*", true))
-		p.add(perms{pub: []string{api + "CONSUMER.PAUSE." + streams.Dispatch + ".*"}})
+		p.add(perms{pub: []string{api + "CONSUMER.PAUSE." + streams.Dispatch + ".*",
+			api + "STREAM.PURGE." + streams.DLQ}}) // a tenant's dead letters beyond its bound (internal/dlq)
 		p.add(kvWrite(streams.BucketBudgets))
 		p.add(kvWatch(streams.BucketBudgets, keys.HealthPrefix)) // deployments' health
 		p.add(kvWrite(streams.BucketIdempotency))

@@ -79,7 +79,7 @@ func ForEmbedded(c *config.Config, dataDir string, getenv func(string) string) (
 		names = append(names, t.Name)
 		keys[t.Name] = key
 	}
-	global, accounts, err := embeddedAccounts(names)
+	global, accounts, err := embeddedAccounts(names, TenantLimitsFor(c))
 	if err != nil {
 		return nil, err
 	}
@@ -214,7 +214,7 @@ func AccountsBlock(c *config.Config, sec *Secrets, getenv func(string) string, o
 			return "", fmt.Errorf("tenant %q: %w", t.Name, err)
 		}
 		acc := q(TenantAccount(t.Name))
-		fmt.Fprintf(&tenants, "  %s: {\n    users: [\n", acc)
+		fmt.Fprintf(&tenants, "  %s: {\n    %s\n    users: [\n", acc, TenantLimitsFor(c).block())
 		fmt.Fprintf(&tenants, "      # tenant: %s (password: bcrypt of $%s)\n", t.Name, t.APIKeyEnv)
 		writeUser(&tenants, "      ", [][2]string{{"user", t.Name}, {"password", string(hash)}}, TenantPermissions(t.Name))
 		tenants.WriteString("    ]\n    imports: [\n")

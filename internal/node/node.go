@@ -581,6 +581,13 @@ func (l slogServer) Tracef(f string, v ...any) {}
 // permission violations name the subject a role was refused.
 func natsErrorLogger(log *slog.Logger) nats.ErrHandler {
 	return func(_ *nats.Conn, sub *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+mesh.ServiceImportReplyPrefix) {
+			// An answer to a tenant's request (a wait hint) sent after its
+			// response permission lapsed: late during a flood of requests,
+			// long after the tenant stopped waiting. Not an error of Sluice's.
+			log.Debug("nats: late answer to a tenant's request dropped", "err", err)
+			return
+		}
 		attrs := []any{"err", err}
 		if sub != nil {
 			attrs = append(attrs, "subject", sub.Subject)

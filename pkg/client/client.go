@@ -32,6 +32,7 @@ package client
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -100,6 +101,9 @@ type Client struct {
 	// tenant is set on a tenant's connection (TenantUser): JetStream reads
 	// are not permitted there, so they are not tried.
 	tenant string
+	// secret keys the message ids of this client's submissions
+	// (job.IntakeMsgID): no other tenant can compute them.
+	secret []byte
 
 	mu    sync.Mutex
 	hints map[string]hint // tenant + model -> last suggested wait
@@ -116,7 +120,8 @@ func New(nc *nats.Conn) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{nc: nc, js: js, hints: map[string]hint{}}
+	c := &Client{nc: nc, js: js, secret: make([]byte, 32), hints: map[string]hint{}}
+	_, _ = rand.Read(c.secret) // never fails
 	if p, ok := strings.CutPrefix(nc.Opts.InboxPrefix, InboxPrefix("")); ok && job.ValidName(p) {
 		c.tenant = p
 	}
@@ -125,9 +130,11 @@ func New(nc *nats.Conn) (*Client, error) {
 
 // Submit publishes a job to sluice.intake.<tenant> and returns its id (one is
 // assigned when j.ID is empty). The JetStream acknowledgement means the job is
-// durably accepted. A repeat of the same job (tenant, id and envelope) within
-// two minutes is dropped by the stream and reported as a *DuplicateError
-// (errors.Is ErrDuplicate), so retrying a Submit is safe and visible.
+// durably accepted. A repeat of the same job (tenant, id and envelope) through
+// the same Client within two minutes is dropped by the stream and reported as
+// a *DuplicateError (errors.Is ErrDuplicate), so retrying a Submit is safe
+// and visible; through another Client, ingest recognizes the tenant's job
+// id and the job still runs once.
 func (c *Client) Submit(ctx context.Context, j *job.Job) (string, error) {
 	if err := checkRef(j.Tenant, ""); err != nil {
 		return "", err
@@ -141,7 +148,7 @@ func (c *Client) Submit(ctx context.Context, j *job.Job) (string, error) {
 	}
 	msg := nats.NewMsg(job.IntakeSubject(j.Tenant))
 	msg.Data = data
-	msg.Header.Set(jetstream.MsgIDHeader, job.IntakeMsgID(j.Tenant, j.ID, msg.Data))
+	msg.Header.Set(jetstream.MsgIDHeader, job.IntakeMsgID(c.secret, j.Tenant, j.ID, msg.Data))
 	ack, err := c.publish(ctx, msg)
 	if err != nil {
 		if isFull(err) {

@@ -2,6 +2,8 @@ package client_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"testing"
@@ -236,8 +238,12 @@ func TestPredictedIDOfAnotherTenantIsNotADuplicate(t *testing.T) {
 	body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
 	id := "order-42"
 	// The other tenant publishes first, with the id and the message id a
-	// job of that id would have had under an id-only scheme.
-	for _, msgID := range []string{"intake:" + id, "intake:acme:" + id} {
+	// job of that id would have had under an id-only scheme, and under a
+	// scheme of the tenant, the id and a digest of the envelope (which the
+	// other tenant can know: a predictable id and body).
+	envelope, _ := json.Marshal(&job.Job{ID: id, Tenant: "acme", Request: body})
+	sum := sha256.Sum256(envelope)
+	for _, msgID := range []string{"intake:" + id, "intake:acme:" + id, "intake:acme:" + id + ":" + hex.EncodeToString(sum[:12])} {
 		m := nats.NewMsg(job.IntakeSubject("mallory"))
 		m.Data, _ = json.Marshal(&job.Job{ID: id, Tenant: "mallory", Request: body})
 		m.Header.Set(jetstream.MsgIDHeader, msgID)

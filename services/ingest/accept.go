@@ -243,6 +243,6 @@ func (s *Service) enqueue(ctx context.Context, j *job.Job, held bool, opKey stri
 		// never runs.
 		return s.settleRefusal(context.WithoutCancel(ctx), j, opKey, made, refusal)
 	}
-	s.queueShare.note(j.Tenant, envelopeSize(j), true)
+	s.queueShare.note(j.Tenant, envelopeSize(j))
 	return Accepted{JobID: j.ID, Tenant: j.Tenant}, nil
 }

@@ -8,6 +8,7 @@ package ingest
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -211,7 +212,9 @@ func (s *Service) settleRefusal(ctx context.Context, j *job.Job, opKey string, m
 	}
 	msg := nats.NewMsg(job.IntakeSubject(j.Tenant))
 	msg.Data, _ = json.Marshal(j)
-	msg.Header.Set(jetstream.MsgIDHeader, job.IntakeMsgID(j.Tenant, j.ID, msg.Data))
+	secret := make([]byte, 16) // published once: an id no tenant can compute
+	_, _ = rand.Read(secret)
+	msg.Header.Set(jetstream.MsgIDHeader, job.IntakeMsgID(secret, j.Tenant, j.ID, msg.Data))
 	if _, perr := s.mesh.JS.PublishMsg(ctx, msg); perr != nil {
 		s.log.Warn("refused job: intake refused it too; its records stay", "job_id", j.ID, "tenant", j.Tenant, "err", perr)
 		return Accepted{}, busy
@@ -470,9 +473,8 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 		// INTAKE keeps the job (deferred); as it fills, producers get the
 		// stream's refusal. It is offered again after half the estimated
 		// drain time, so QUEUE does not run dry while jobs wait here.
-		s.intakeShare.note(tenant, len(msg.Data()), false)
 		if md, err := msg.Metadata(); err == nil {
-			s.intakeShare.arrived(tenant, md.Sequence.Stream, md.NumDelivered == 1)
+			s.intakeShare.arrived(tenant, md.Sequence.Stream, storedSize(msg))
 		}
 		if over := s.intakeOver(ctx, tenant, err); over != nil {
 			s.refuse(ctx, msg, j, tenant, over)

@@ -213,3 +213,110 @@ func intakeWithin(ctx context.Context, st jetstream.Stream, bound uint64) error 
 	}
 	return err
 }
+
+// A tenant mixing tiny jobs, which leave QUEUE at once, with large ones,
+// which wait, never holds more than its bound in QUEUE: what bounds it is
+// the jobs still there, not the sizes of its latest (mostly tiny) jobs.
+func TestTenantBytesExactWithMixedSizes(t *testing.T) {
+	t.Parallel()
+	f := setupBytes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	clock := time.Now()
+	f.svc.now = func() time.Time { return clock }
+	st, err := f.js.Stream(ctx, streams.Queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bound = 256 << 10
+	big := 0
+	for i := range 40 {
+		clock = clock.Add(2 * time.Second) // every accept after a refresh
+		if i%4 == 0 {
+			if _, err := f.svc.Accept(ctx, bigJob("acme", "slow")); err == nil {
+				big++
+			} else if !errors.Is(err, ErrQueueFull) {
+				t.Fatal(err)
+			}
+		} else {
+			// A tiny job, admitted (taken off QUEUE) at once.
+			j := newJob("acme", "")
+			j.Priority = job.Interactive
+			if _, err := f.svc.Accept(ctx, j); err != nil {
+				t.Fatalf("acme's tiny job %d: %v", i, err)
+			}
+			m, err := st.GetLastMsgForSubject(ctx, job.QueueSubject(job.Interactive, "acme"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := st.DeleteMsg(ctx, m.Sequence); err != nil {
+				t.Fatal(err)
+			}
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.Bytes > bound {
+			t.Fatalf("after %d jobs (%d large accepted), acme holds %d bytes in QUEUE, over its %d-byte bound", i+1, big, info.State.Bytes, bound)
+		}
+	}
+	if big != 2 {
+		t.Errorf("%d large jobs of 100 KiB accepted under a 256 KiB bound, want 2", big)
+	}
+}
+
+// The bound on what a job takes in QUEUE is at least what the stream counts.
+func TestEnvelopeSizeBoundsStoredSize(t *testing.T) {
+	t.Parallel()
+	f := setupBytes(t)
+	ctx := context.Background()
+	j := newJob("acme", "key")
+	j.Deadline = new(time.Now().Add(time.Hour))
+	if _, err := f.svc.Accept(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	st, err := f.js.Stream(ctx, streams.Queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, bound := info.State.Bytes, envelopeSize(j); got > uint64(bound) {
+		t.Errorf("a job takes %d bytes in QUEUE, above envelopeSize's %d", got, bound)
+	}
+}
+
+// A ledger folded to its bound of groups still bounds the bytes of the
+// jobs that wait, whichever of them do.
+func TestLedgerFoldedStillBounds(t *testing.T) {
+	t.Parallel()
+	var l ledger
+	var sizes []int64
+	for i := range 3 * ledgerGroups {
+		size := int64(100)
+		if i%7 == 0 {
+			size = 10_000
+		}
+		sizes = append(sizes, size)
+		l.add(uint64(i+1), 0, size)
+	}
+	if len(l.groups) > ledgerGroups {
+		t.Fatalf("ledger keeps %d groups, want at most %d", len(l.groups), ledgerGroups)
+	}
+	// The waiting jobs are the large ones from sequence 1000 on.
+	var want int64
+	var n uint64
+	for i, size := range sizes {
+		if i+1 >= 1000 && size > 100 {
+			want += size
+			n++
+		}
+	}
+	l.settle(0, uint64(len(sizes)), 1000, n, 100)
+	if l.base < want {
+		t.Errorf("folded ledger bounds %d waiting jobs at %d bytes, below their %d", n, l.base, want)
+	}
+}
