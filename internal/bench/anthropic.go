@@ -86,14 +86,13 @@ type AnthropicCacheResult struct {
 func anthropicJobs(s AnthropicCacheSpec, seed uint64) []Job {
 	rng := rand.New(rand.NewPCG(seed, 7))
 	text := func(tokens int) string {
-		// Characters/4 is the simulator's count: words of 3 letters and
-		// a space.
+		// Characters/4 is the simulator's count (before Count scales it):
+		// ordinary English words, which Sluice's tokenizer counts close
+		// to that, so the provider's count is set by Count alone.
 		var b strings.Builder
 		for b.Len() < 4*tokens-3 {
 			b.WriteByte(' ')
-			for range 3 {
-				b.WriteByte(byte('a' + rng.IntN(26)))
-			}
+			b.WriteString(englishWords[rng.IntN(len(englishWords))])
 		}
 		return b.String()[:4*tokens-3]
 	}
@@ -111,6 +110,16 @@ func anthropicJobs(s AnthropicCacheSpec, seed uint64) []Job {
 	}
 	return jobs
 }
+
+// englishWords are common words the scenario's text is drawn from.
+var englishWords = strings.Fields(`the of and to in is that for it as was with be by on not he this are or his from at
+which but have an they you were her she there one all we their has been would when who will more no if out so said
+what up its about into than them can only other new some could time these two may then do first any my now such like
+our over man me even most made after also did many before must through back years where much your way well down
+should because each just those people how too little state good very make world still own see men work long get here
+between both life being under never day same another know while last might us great old year off come since against
+go came right used take three plan file report change review step check result answer question system code test
+build read write order account project team value number point group problem fact part place case week company`)
 
 // RunAnthropicCache runs the scenario: the Sluice fleet (Fleet) told the
 // real limits, against one simulator with the anthropic profile.
