@@ -137,14 +137,14 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	defer c.nc.Close()
+	defer c.close()
 	st, err := setUp(ctx, o, natsURL, c, log)
 	if err != nil {
 		return err
 	}
 	reg, ms := newMetrics(o.Config)
 	mux := http.NewServeMux()
-	services, readiness, err := newServices(o, st, reg, ms, auth, mux)
+	services, readiness, err := newServices(o, st, c.hints, reg, ms, auth, mux)
 	if err != nil {
 		return err
 	}
@@ -215,6 +215,10 @@ type link struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
 	closed chan struct{} // closed when the client closes nc for good
+	// hints is ingest's connection for wait-hint requests (nil without
+	// ingest): tenants publish those, up to a job's size each, so a flood
+	// of them fills this connection, never the services' own.
+	hints  *nats.Conn
 	ident  natsauth.Identity
 	opOpts []nats.Option // connect as the operator (ensuring streams, Info)
 }
@@ -263,7 +267,24 @@ func connect(o Options, ns *server.Server, natsURL string, log *slog.Logger) (*l
 		c.nc.Close()
 		return nil, err
 	}
+	if slices.Contains(o.Services, "ingest") {
+		c.hints, err = nats.Connect(dial, append(authOpts, nats.Name("sluice ingest wait hints"),
+			nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond), nats.RetryOnFailedConnect(true),
+			nats.ErrorHandler(natsErrorLogger(log)))...)
+		if err != nil {
+			c.nc.Close()
+			return nil, fmt.Errorf("connect nats %s for wait hints: %w", natsauth.RedactURL(natsURL), err)
+		}
+	}
 	return c, nil
+}
+
+// close closes the link's connections.
+func (c *link) close() {
+	if c.hints != nil {
+		c.hints.Close()
+	}
+	c.nc.Close()
 }
 
 // stores are what the services share in JetStream.
@@ -346,7 +367,7 @@ func newMetrics(cfg *config.Config) (*prometheus.Registry, *metrics.Set) {
 
 // newServices builds the services o names, in its order, adding their
 // routes to mux; readiness are the checks /readyz makes.
-func newServices(o Options, st *stores, reg prometheus.Registerer, ms *metrics.Set, auth api.Auth, mux *http.ServeMux) (services []runner, readiness []func() error, err error) {
+func newServices(o Options, st *stores, hints *nats.Conn, reg prometheus.Registerer, ms *metrics.Set, auth api.Auth, mux *http.ServeMux) (services []runner, readiness []func() error, err error) {
 	m, gd := st.mesh, st.guard
 	waiters := api.NewWaiters(o.Config.Limits.MaxWaitersPerTenant)
 	cal := calib.New(m.Budgets, nil)
@@ -358,7 +379,7 @@ func newServices(o Options, st *stores, reg prometheus.Registerer, ms *metrics.S
 	for _, name := range o.Services {
 		switch name {
 		case "ingest":
-			s, err := ingest.New(ingest.Config{App: o.Config, Guard: gd, Waiters: waiters, Cache: answers}, m, o.Log, ms)
+			s, err := ingest.New(ingest.Config{App: o.Config, Guard: gd, Waiters: waiters, Cache: answers, Hints: hints}, m, o.Log, ms)
 			if err != nil {
 				return nil, nil, err
 			}

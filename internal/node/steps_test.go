@@ -179,7 +179,7 @@ func TestSetUpAndBuildServices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	services, readiness, err := newServices(o, st, reg, ms, auth, mux)
+	services, readiness, err := newServices(o, st, nil, reg, ms, auth, mux)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,11 @@ const (
 	// longest wait over the models), so a request costs little whatever
 	// its size.
 	MaxHintBytes = 64 << 10
+	// hintsPending and hintsPendingBytes bound what the hint subscription
+	// buffers (on a connection of its own, Config.Hints); beyond them
+	// requests are dropped.
+	hintsPending      = 256
+	hintsPendingBytes = 4 << 20
 	// hintsPerTenant and hintsInFlight bound the hint requests answered at
 	// once, per tenant and in all; one beyond them is not answered (the
 	// producer waits its default, client.DefaultRetryAfter).

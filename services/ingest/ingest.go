@@ -46,6 +46,11 @@ type Config struct {
 	Waiters *api.Waiters
 	// Cache is the response cache (cache.go); nil: none.
 	Cache *cache.Cache
+	// Hints is the connection wait-hint requests are served on, one of
+	// its own: tenants publish them, so a flood of them must not clog
+	// the connection the services' JetStream traffic rides. nil: the
+	// mesh's.
+	Hints *nats.Conn
 }
 
 // Service is the ingest service.
@@ -423,7 +428,11 @@ func (s *Service) Run(ctx context.Context) error {
 	// Producers INTAKE refuses ask how long to wait; one ingest process answers.
 	var hints hintGate
 	defer hints.close()
-	sub, err := s.mesh.JS.Conn().QueueSubscribe(job.WaitPrefix+"*", "ingest", func(m *nats.Msg) {
+	hc := s.cfg.Hints
+	if hc == nil {
+		hc = s.mesh.JS.Conn()
+	}
+	sub, err := hc.QueueSubscribe(job.WaitPrefix+"*", "ingest", func(m *nats.Msg) {
 		if !mesh.ReplyAllowed(m.Reply, client.InboxPrefix(m.Subject[len(job.WaitPrefix):])) {
 			s.m.RepliesDropped.WithLabelValues("ingest").Inc()
 			s.log.Debug("wait hint: reply subject refused", "len", len(m.Reply))
@@ -440,6 +449,9 @@ func (s *Service) Run(ctx context.Context) error {
 		loop.Stop()
 		return fmt.Errorf("subscribe %s*: %w", job.WaitPrefix, err)
 	}
+	// What waits beyond these is dropped (the producer's wait then falls
+	// back to its default): a hint is a few bytes, a flood is not.
+	_ = sub.SetPendingLimits(hintsPending, hintsPendingBytes)
 	<-ctx.Done()
 	_ = sub.Drain()
 	loop.Drain(10 * time.Second)
