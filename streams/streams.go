@@ -391,7 +391,7 @@ func overlapping(ctx context.Context, js jetstream.JetStream, stream string, c j
 		theirs := filters(info.Config)
 		for _, a := range mine {
 			if slices.ContainsFunc(theirs, func(b string) bool { return subjectsCollide(a, b) }) {
-				out = append(out, fmt.Sprintf("; consumer %q (filter %q) already takes these subjects: if Sluice does not use it (the executor template without a filter, loaded by `nats consumer add` from an older Sluice, for one), remove it with `nats consumer rm %s %s`",
+				out = append(out, fmt.Sprintf("; consumer %q (filter %q) already takes these subjects: if Sluice does not use it (an older Sluice's fleet-wide admission consumer on QUEUE, or its executor template without a filter loaded by `nats consumer add`, for instance), remove it with `nats consumer rm %s %s`",
 					info.Name, strings.Join(theirs, ","), stream, info.Name))
 				break
 			}
