@@ -68,7 +68,7 @@ func (s *Service) recoverScheduler(err *error) {
 // watches QUEUE's depth. stop drains the consumers and sends back what was
 // pulled and not taken.
 func (s *Service) consumeQueue(ctx context.Context) (in chan jetstream.Msg, stop func(), err error) {
-	q := &queueTakers{s: s, ctx: ctx, in: make(chan jetstream.Msg, s.cfg.App.Admission.Batch), loops: map[string]*mesh.Loop{}}
+	q := &queueTakers{s: s, ctx: ctx, in: make(chan jetstream.Msg, s.cfg.App.Admission.Batch), quit: make(chan struct{}), loops: map[string]*mesh.Loop{}}
 	if err := q.takeAll(s.cfg.App.Tenants); err != nil {
 		q.stop()
 		return nil, nil, err
@@ -94,6 +94,7 @@ type queueTakers struct {
 	s     *Service
 	ctx   context.Context
 	in    chan jetstream.Msg
+	quit  chan struct{} // closed by stop
 	mu    sync.Mutex
 	loops map[string]*mesh.Loop // nil while being started
 	done  bool
@@ -167,16 +168,21 @@ func (q *queueTakers) deliver(msg jetstream.Msg) {
 		// Shutting down: another admission process takes it now,
 		// not after the ack wait.
 		_ = msg.Nak()
+	case <-q.quit:
+		_ = msg.Nak()
 	}
 }
 
 // stop drains every consumer at once, then sends back at once what was
-// pulled and not handed over yet (deliver NAKs what comes once ctx is
-// done), so a rolling restart does not hold up to a batch of jobs per
-// tenant for the 30 s ack wait.
+// pulled and not handed over yet (deliver NAKs what comes once stopped),
+// so a rolling restart does not hold up to a batch of jobs per tenant for
+// the 30 s ack wait.
 func (q *queueTakers) stop() {
 	q.mu.Lock()
-	q.done = true
+	if !q.done {
+		q.done = true
+		close(q.quit)
+	}
 	loops := make([]*mesh.Loop, 0, len(q.loops))
 	for _, l := range q.loops {
 		if l != nil {
