@@ -80,9 +80,15 @@ func TestStreamsLoadedWithTheNATSCLIThenSluiceUp(t *testing.T) {
 		if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
 			t.Fatalf("Ensure after the CLI: %v", err)
 		}
-		for _, c := range [][2]string{{streams.Intake, "ingest"}, {streams.Queue, "admission"}, {streams.Results, "result"}} {
+		for _, c := range [][2]string{{streams.Intake, "ingest"}, {streams.Results, "result"}} {
 			if _, err := streams.EnsureConsumer(ctx, js, c[0], c[1], "", ""); err != nil {
 				t.Fatalf("consumer %s.%s after the CLI: %v", c[0], c[1], err)
+			}
+		}
+		for _, tenant := range []string{"acme", "globex"} {
+			if _, err := streams.EnsureDurable(ctx, js, streams.Durable{Stream: streams.Queue, Template: "admission",
+				Name: "admission-" + tenant, Filter: job.QueuePrefix + "*." + tenant, MaxAckPending: 100}); err != nil {
+				t.Fatalf("tenant %s's QUEUE consumer after the CLI: %v", tenant, err)
 			}
 		}
 		for _, m := range models {

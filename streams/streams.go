@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"path"
 	"slices"
 	"sort"
@@ -18,6 +19,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/pkg/job"
 )
 
 //go:embed *.json consumers/*.json kv/*.json
@@ -56,6 +59,9 @@ type Options struct {
 	JobMsgBytes, ResultMsgBytes int32
 	// CacheBytes bounds the cache bucket; 0 keeps the file's value.
 	CacheBytes int64
+	// Log, when set, says what Ensure changed beyond the definitions
+	// (a consumer of an older Sluice it removed).
+	Log *slog.Logger
 }
 
 // Bounds are the limits of a bounded stream; a zero field keeps the file's
@@ -147,8 +153,9 @@ func strictUnmarshal(data []byte, v any) error {
 	return dec.Decode(v)
 }
 
-// Ensure creates or updates every stream and bucket. It is idempotent: run it
-// at every start, from any number of processes.
+// Ensure creates or updates every stream and bucket, and removes QUEUE's
+// fleet-wide admission consumer of an older Sluice (FleetAdmission). It is
+// idempotent: run it at every start, from any number of processes.
 //
 // The objects are made concurrently. On a forming cluster every node runs
 // Ensure at once, and a create whose twin from another node won the race
@@ -230,7 +237,48 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opt Options) error {
 			transient = err
 		}
 	}
-	return transient
+	if transient != nil {
+		return transient
+	}
+	return raced(retireFleetAdmission(ctx, js, opt.Log))
+}
+
+// FleetAdmission is the QUEUE consumer that an older Sluice's admission
+// processes shared for every tenant. On a work queue it overlaps each
+// tenant's consumer (error 10100), and its one max_ack_pending let one
+// tenant's waiting jobs take the window of all.
+const FleetAdmission = "admission"
+
+// retireFleetAdmission removes FleetAdmission when it takes jobs (the
+// template loaded by `nats consumer add` takes none). Nothing is lost: on
+// a work queue a message leaves only when acknowledged, so the jobs it
+// had delivered go to their tenants' consumers; one an older process
+// dispatched meanwhile is dropped by DISPATCH's duplicate window (its
+// message id names its QUEUE sequence).
+func retireFleetAdmission(ctx context.Context, js jetstream.JetStream, log *slog.Logger) error {
+	cons, err := js.Consumer(ctx, Queue, FleetAdmission)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look up consumer %s on %s: %w", FleetAdmission, Queue, err)
+	}
+	info := cons.CachedInfo()
+	if !slices.ContainsFunc(filters(info.Config), func(f string) bool { return subjectsCollide(f, job.QueuePrefix+"*.*") }) {
+		return nil
+	}
+	err = js.DeleteConsumer(ctx, Queue, FleetAdmission)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil // another process removed it
+	}
+	if err != nil {
+		return fmt.Errorf("remove the fleet-wide consumer %s on %s: %w", FleetAdmission, Queue, err)
+	}
+	if log != nil {
+		log.Info("removed QUEUE's fleet-wide admission consumer of an older Sluice; each tenant has its own now",
+			"consumer", FleetAdmission, "jobs_it_held", info.NumAckPending)
+	}
+	return nil
 }
 
 // checkPerSubject refuses to lower a stream's max_msgs_per_subject below
@@ -271,19 +319,37 @@ func checkPerSubject(ctx context.Context, js jetstream.JetStream, c jetstream.St
 	return nil
 }
 
-// EnsureConsumer creates or updates the durable consumer stored as
-// consumers/<stream>.<template>.json, with name and filter overridden when
-// given (the executor makes one per provider/model from one template).
+// Durable is a durable consumer made from the template stored as
+// consumers/<Stream>.<Template>.json, with what is set here overriding
+// the file (the executor makes one per provider/model from one template,
+// admission one per tenant).
+type Durable struct {
+	Stream, Template string
+	Name, Filter     string // "": the file's
+	MaxAckPending    int    // 0: the file's
+}
+
+// EnsureConsumer is EnsureDurable with name and filter overridden when
+// given.
 func EnsureConsumer(ctx context.Context, js jetstream.JetStream, stream, template, name, filter string) (jetstream.Consumer, error) {
-	c, err := Consumer(stream, template)
+	return EnsureDurable(ctx, js, Durable{Stream: stream, Template: template, Name: name, Filter: filter})
+}
+
+// EnsureDurable creates or updates the durable consumer d.
+func EnsureDurable(ctx context.Context, js jetstream.JetStream, d Durable) (jetstream.Consumer, error) {
+	stream := d.Stream
+	c, err := Consumer(stream, d.Template)
 	if err != nil {
 		return nil, err
 	}
-	if name != "" {
-		c.Durable = name
+	if d.Name != "" {
+		c.Durable = d.Name
 	}
-	if filter != "" {
-		c.FilterSubject = filter
+	if d.Filter != "" {
+		c.FilterSubject = d.Filter
+	}
+	if d.MaxAckPending > 0 {
+		c.MaxAckPending = d.MaxAckPending
 	}
 	// A leader election (a node lost, a cluster forming) is ridden out
 	// for up to a minute; a consumer that cannot be made is then an error.
@@ -325,7 +391,7 @@ func overlapping(ctx context.Context, js jetstream.JetStream, stream string, c j
 		theirs := filters(info.Config)
 		for _, a := range mine {
 			if slices.ContainsFunc(theirs, func(b string) bool { return subjectsCollide(a, b) }) {
-				out = append(out, fmt.Sprintf("; consumer %q (filter %q) already takes these subjects: if Sluice does not use it (the executor template without a filter, loaded by `nats consumer add` from an older Sluice, for one), remove it with `nats consumer rm %s %s`",
+				out = append(out, fmt.Sprintf("; consumer %q (filter %q) already takes these subjects: if Sluice does not use it (an older Sluice's fleet-wide admission consumer on QUEUE, or its executor template without a filter loaded by `nats consumer add`, for instance), remove it with `nats consumer rm %s %s`",
 					info.Name, strings.Join(theirs, ","), stream, info.Name))
 				break
 			}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/adapt"
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/services/admission"
@@ -30,6 +31,11 @@ type queueRow struct {
 	Model     string        `json:"model,omitempty"`
 	EstWait   time.Duration `json:"estimated_wait_ns,omitempty"`
 	Waiting   string        `json:"waiting,omitempty"` // why the oldest job waits, from admission
+	// Taken is how many of the tenant's jobs (all priorities) admission
+	// has taken from QUEUE and not finished with, of its Window
+	// (admission.tenant_window): at the window, no more are delivered.
+	Taken  int `json:"taken_by_admission"`
+	Window int `json:"tenant_window,omitempty"`
 }
 
 func runQueue(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -91,13 +97,17 @@ func runQueue(ctx context.Context, args []string, getenv func(string) string, st
 		return nil
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PRIORITY\tTENANT\tDEPTH\tOLDEST\tMODEL\tEST. WAIT\tWAITING FOR")
+	fmt.Fprintln(tw, "PRIORITY\tTENANT\tDEPTH\tOLDEST\tMODEL\tEST. WAIT\tWAITING FOR\tTAKEN/WINDOW")
 	for _, r := range rows {
 		est := "-"
 		if cfg != nil {
 			est = r.EstWait.Round(time.Second).String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.Priority, r.Tenant, r.Depth, r.OldestAge.Round(time.Second), r.Model, est, orDash(r.Waiting))
+		taken := "-"
+		if r.Window > 0 {
+			taken = fmt.Sprintf("%d/%d", r.Taken, r.Window)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", r.Priority, r.Tenant, r.Depth, r.OldestAge.Round(time.Second), r.Model, est, orDash(r.Waiting), taken)
 	}
 	return tw.Flush()
 }
@@ -195,6 +205,25 @@ func printLimits(w io.Writer, rows []limitRow, err error) {
 	_ = tw.Flush()
 }
 
+// takenBy fills each row's Taken and Window from its tenant's QUEUE
+// consumer (keys.AdmissionConsumer); a tenant without one keeps zeros.
+func takenBy(ctx context.Context, js jetstream.JetStream, rows []queueRow) {
+	seen := map[string]*jetstream.ConsumerInfo{}
+	for i := range rows {
+		t := rows[i].Tenant
+		ci, ok := seen[t]
+		if !ok {
+			if cons, err := js.Consumer(ctx, streams.Queue, keys.AdmissionConsumer(t)); err == nil {
+				ci = cons.CachedInfo()
+			}
+			seen[t] = ci
+		}
+		if ci != nil {
+			rows[i].Taken, rows[i].Window = ci.NumAckPending, ci.Config.MaxAckPending
+		}
+	}
+}
+
 func orDash(s string) string {
 	if s == "" {
 		return "-"
@@ -251,6 +280,7 @@ func queueRows(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, cfg *
 		}
 		rows = append(rows, r)
 	}
+	takenBy(ctx, js, rows)
 	rank := map[job.Priority]int{job.Interactive: 0, job.Standard: 1, job.Batch: 2}
 	sort.Slice(rows, func(i, k int) bool {
 		if rank[rows[i].Priority] != rank[rows[k].Priority] {

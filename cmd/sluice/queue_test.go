@@ -145,9 +145,9 @@ func TestQueueVisibilityAndBackpressure(t *testing.T) {
 // waiting for rpm or a paused provider, with an estimated wait.
 func backlogRow(out string) bool {
 	for _, line := range strings.Split(out, "\n") {
-		// PRIORITY TENANT DEPTH OLDEST MODEL EST.WAIT WAITING-FOR
+		// PRIORITY TENANT DEPTH OLDEST MODEL EST.WAIT WAITING-FOR TAKEN/WINDOW
 		f := strings.Fields(line)
-		if len(f) == 7 && f[0] == "standard" && f[1] == "acme" && f[5] != "0s" && (f[6] == "rpm" || f[6] == "paused_provider") {
+		if len(f) == 8 && f[0] == "standard" && f[1] == "acme" && f[5] != "0s" && (f[6] == "rpm" || f[6] == "paused_provider") && strings.HasSuffix(f[7], "/10000") {
 			return true
 		}
 	}

@@ -234,7 +234,9 @@ func (p *floorPipeline) start(ctx context.Context) (stop func(), err error) {
 		return stop, err
 	}
 	in := make(chan jetstream.Msg, 1024)
-	if err := consume(streams.Queue, "admission", "admission", "", 256, func(m jetstream.Msg) { in <- m }); err != nil {
+	// One consumer over every tenant's jobs: the floor measures the
+	// pipeline's hops, not admission's per-tenant windows.
+	if err := consume(streams.Queue, "admission", "floor-admission", job.QueuePrefix+">", 256, func(m jetstream.Msg) { in <- m }); err != nil {
 		return stop, err
 	}
 	loopCtx, cancel := context.WithCancel(ctx)

@@ -255,6 +255,12 @@ type Admission struct {
 	// backlog wait in JetStream instead.
 	MaxHeld      int `yaml:"max_held"`
 	MaxHeldBytes int `yaml:"max_held_bytes"`
+	// TenantWindow bounds how many of one tenant's jobs admission has
+	// taken from QUEUE and not finished with, across the fleet: held in
+	// fair queues, deferred by redelivery delay, being dispatched. It is
+	// the max_ack_pending of the tenant's own QUEUE consumer, so one
+	// tenant's waiting work never takes the window another's jobs need.
+	TenantWindow int `yaml:"tenant_window"`
 	// Quantum is the tokens a tenant of weight 1 earns per scheduling round.
 	Quantum int `yaml:"quantum"`
 	// Floors are the minimum shares of a model's tokens that standard and
@@ -313,6 +319,9 @@ const MinStreamBytes = 1 << 20
 // DefaultBurstFraction is admission.burst_fraction when absent: a second's
 // share of the minute.
 const DefaultBurstFraction = 1.0 / 60
+
+// DefaultTenantWindow is admission.tenant_window when absent.
+const DefaultTenantWindow = 10_000
 
 // DefaultHeadroom is admission.headroom when the key is absent.
 const DefaultHeadroom = 0.02
@@ -531,8 +540,8 @@ var DefaultPolicies = map[string]Policy{
 func (c *Config) withDefaults() {
 	c.limitsDefaults()
 	c.httpDefaults()
-	c.admissionDefaults()
 	c.queuesDefaults()
+	c.admissionDefaults() // after queues: the tenant window fits QUEUE
 	c.providersDefaults()
 	c.tenantsDefaults()
 	c.streamingDefaults()
@@ -609,6 +618,9 @@ func (c *Config) admissionDefaults() {
 	}
 	if c.Admission.MaxHeldBytes == 0 {
 		c.Admission.MaxHeldBytes = 256 << 20
+	}
+	if c.Admission.TenantWindow == 0 {
+		c.Admission.TenantWindow = int(min(DefaultTenantWindow, c.Queues.Queue.MaxMsgs))
 	}
 	if c.Admission.Quantum == 0 {
 		c.Admission.Quantum = 2000
@@ -792,6 +804,9 @@ func (c *Config) checkAdmission(fail failFunc) {
 	}
 	if c.Admission.MaxHeld < 1 || c.Admission.MaxHeldBytes < 1<<20 {
 		fail("admission.max_held", "max_held must be >= 1 and max_held_bytes >= 1 MiB")
+	}
+	if w := c.Admission.TenantWindow; w < 1 || int64(w) > c.Queues.Queue.MaxMsgs {
+		fail("admission.tenant_window", "must be between 1 and queues.queue.max_msgs (%d), got %d", c.Queues.Queue.MaxMsgs, w)
 	}
 	if h := c.Admission.HeadroomShare(); h < 0 || h >= 0.5 {
 		fail("admission.headroom", "must be in [0, 0.5), got %g", h)

@@ -78,6 +78,7 @@ func TestParseReadmeExample(t *testing.T) {
 		{"admission.plan_horizon", c.Admission.PlanHorizon.D(), 2 * time.Second},
 		{"admission.max_rate_limited", c.Admission.MaxRateLimited, 100},
 		{"admission.batch", c.Admission.Batch, 256},
+		{"admission.tenant_window", c.Admission.TenantWindow, 10_000},
 		{"queues.intake", c.Queues.Intake, config.StreamBounds{MaxMsgs: 200_000, MaxBytes: 256 << 20, MaxPerTenant: 20_000}},
 		{"queues.queue", c.Queues.Queue, config.StreamBounds{MaxMsgs: 500_000, MaxBytes: 1 << 30, MaxPerTenant: 100_000}},
 		{"retry classes", len(c.Retry), 3},
@@ -479,6 +480,16 @@ func TestParseErrors(t *testing.T) {
 			name: "admission.batch negative",
 			yaml: "admission:\n  batch: -1\n",
 			want: []string{"admission.batch: ", "must be positive, got -1"},
+		},
+		{
+			name: "admission.tenant_window negative",
+			yaml: "admission:\n  tenant_window: -1\n",
+			want: []string{"admission.tenant_window: ", "between 1 and queues.queue.max_msgs (500000), got -1"},
+		},
+		{
+			name: "admission.tenant_window above QUEUE",
+			yaml: "queues:\n  queue: {max_msgs: 100, max_per_tenant: 100}\nadmission:\n  tenant_window: 101\n",
+			want: []string{"admission.tenant_window: ", "between 1 and queues.queue.max_msgs (100), got 101"},
 		},
 		{
 			name: "queues.intake.max_msgs negative",

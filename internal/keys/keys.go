@@ -1,7 +1,7 @@
 // Package keys owns every name Sluice derives from a tenant, a job, a
 // provider or a model: the keys of the results, idempotency and budgets
 // buckets, the JetStream message ids (Nats-Msg-Id) that deduplicate
-// publishes, and the DISPATCH consumer names. Subjects are in pkg/job.
+// publishes, and the DISPATCH and QUEUE consumer names. Subjects are in pkg/job.
 //
 // The parts are single tokens of known alphabets: tenant and provider names
 // and model tokens are 1-64 of [A-Za-z0-9_-] (job.ValidName, job.ModelToken),
@@ -128,6 +128,12 @@ func ProviderProblem(name string) string {
 func DispatchConsumer(provider, modelToken string) string {
 	return "executor-" + provider + "-" + modelToken
 }
+
+// AdmissionConsumer is the name of a tenant's QUEUE consumer, which every
+// admission process shares: one per tenant, so that each has a window of
+// its own. Its fixed first part makes it unique per tenant, and unlike
+// the fleet-wide "admission" of older releases.
+func AdmissionConsumer(tenant string) string { return "admission-" + tenant }
 
 // Message ids. JetStream drops a publish whose Nats-Msg-Id it saw within
 // the stream's duplicate window; each kind of publish has its own first

@@ -16,12 +16,16 @@ import (
 
 // Consumer describes one service's consume loop on a stream.
 type Consumer struct {
-	// Stream, Template, Name and Filter are as for streams.EnsureConsumer.
+	// Stream, Template, Name, Filter and MaxAckPending are as for
+	// streams.Durable.
 	Stream, Template, Name, Filter string
+	MaxAckPending                  int
 	// What names the loop in errors and debug logs ("intake").
 	What string
-	// Batch is how many messages are pulled ahead.
-	Batch int
+	// Batch is how many messages are pulled ahead; BatchBytes, when set,
+	// bounds the bytes of one pull (at least the largest message, or the
+	// loop stalls).
+	Batch, BatchBytes int
 	// Parallel is how many handlers run at once, each on its own
 	// goroutine; 0 runs the handler on the consume goroutine itself (it
 	// must then hand work off and return).
@@ -81,11 +85,15 @@ func (m *Mesh) Consume(ctx context.Context, c Consumer, log *slog.Logger, h func
 
 func (l *Loop) start(ctx context.Context) (jetstream.ConsumeContext, error) {
 	c := l.c
-	cons, err := streams.EnsureConsumer(ctx, l.m.JS, c.Stream, c.Template, c.Name, c.Filter)
+	cons, err := streams.EnsureDurable(ctx, l.m.JS, streams.Durable{Stream: c.Stream, Template: c.Template, Name: c.Name, Filter: c.Filter, MaxAckPending: c.MaxAckPending})
 	if err != nil {
 		return nil, err
 	}
-	cc, err := cons.Consume(l.h, jetstream.PullMaxMessages(c.Batch), streams.PullExpiry(), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+	var pull jetstream.PullConsumeOpt = jetstream.PullMaxMessages(c.Batch)
+	if c.BatchBytes > 0 {
+		pull = jetstream.PullMaxMessagesWithBytesLimit(c.Batch, c.BatchBytes)
+	}
+	cc, err := cons.Consume(l.h, pull, streams.PullExpiry(), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		switch {
 		case errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrBadRequest):
 			l.mu.Lock()

@@ -192,7 +192,7 @@ func rolePerms(role string) perms {
 			responses: true,
 		})
 	case Admission:
-		p.add(consumer(streams.Queue, "admission", false))
+		p.add(consumer(streams.Queue, "*", true)) // one per tenant: keys.AdmissionConsumer
 		p.add(kvWrite(streams.BucketBudgets))
 		p.add(kvWatch(streams.BucketBudgets, keys.HealthPrefix)) // deployments' health
 		p.add(kvRead(streams.BucketFleet))                       // checks seals, signs reservations

@@ -526,7 +526,9 @@ func ensureStreams(ctx context.Context, o Options, natsURL string, js jetstream.
 	// Every node of a cluster runs this at start, possibly before the
 	// cluster has a quorum: transient errors are retried until ctx ends.
 	err := streams.RetryNotify(ctx, func(ctx context.Context) error {
-		if err := streams.Ensure(ctx, js, streamOptions(o.Config)); err != nil {
+		opt := streamOptions(o.Config)
+		opt.Log = log
+		if err := streams.Ensure(ctx, js, opt); err != nil {
 			return err
 		}
 		// The fleet key is made here too, with the only identity that

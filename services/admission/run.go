@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"strings"
@@ -13,7 +14,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/budget"
+	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/guard"
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
@@ -60,45 +63,151 @@ func (s *Service) recoverScheduler(err *error) {
 	}
 }
 
-// consumeQueue pulls QUEUE into in, up to a batch ahead of the scheduler,
-// and watches QUEUE's depth. stop drains the consumer and sends back what
-// was pulled and not taken.
+// consumeQueue pulls QUEUE into in, each tenant's jobs through its own
+// consumer (queueTakers), up to a batch ahead of the scheduler, and
+// watches QUEUE's depth. stop drains the consumers and sends back what was
+// pulled and not taken.
 func (s *Service) consumeQueue(ctx context.Context) (in chan jetstream.Msg, stop func(), err error) {
-	batch := s.cfg.App.Admission.Batch
-	in = make(chan jetstream.Msg, batch)
-	loop, err := s.mesh.Consume(ctx, mesh.Consumer{Stream: streams.Queue, Template: "admission", What: "queue", Batch: batch}, s.log, func(msg jetstream.Msg) {
-		select {
-		case in <- msg:
-		case <-ctx.Done():
-			// Shutting down: another admission process takes it now,
-			// not after the ack wait.
-			_ = msg.Nak()
-		}
-	})
-	if err != nil {
+	q := &queueTakers{s: s, ctx: ctx, in: make(chan jetstream.Msg, s.cfg.App.Admission.Batch), quit: make(chan struct{}), loops: map[string]*mesh.Loop{}}
+	if err := q.takeAll(s.cfg.App.Tenants); err != nil {
+		q.stop()
 		return nil, nil, err
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() { s.watchDepth(ctx) })
 	stop = func() {
-		// Messages pulled but not handed over yet go back at once (the
-		// handler NAKs them once ctx is done), so a rolling restart does
-		// not hold up to a batch of jobs for the 30 s ack wait.
-		if !loop.Drain(2 * time.Second) {
-			loop.Stop()
-		}
-		for {
-			select {
-			case m := <-in:
-				_ = m.Nak()
-				continue
-			default:
-			}
-			break
-		}
+		q.stop()
 		wg.Wait()
 	}
-	return in, stop, nil
+	return q.in, stop, nil
+}
+
+// queueTakers are this process's QUEUE consumers, one per tenant
+// (keys.AdmissionConsumer, filter sluice.queue.*.<tenant>), which every
+// admission process shares. Each has the tenant's window as its
+// max_ack_pending (admission.tenant_window): JetStream delivers no more of
+// a tenant's jobs while that many are taken and not finished with, held
+// here or deferred by redelivery delay, so one tenant's waiting work can
+// never hold back another's. All deliver into in, which the scheduler
+// reads.
+type queueTakers struct {
+	s     *Service
+	ctx   context.Context
+	in    chan jetstream.Msg
+	quit  chan struct{} // closed by stop
+	mu    sync.Mutex
+	loops map[string]*mesh.Loop // nil while being started
+	done  bool
+}
+
+// takeStarts bounds how many tenants' consumers are made at once at start.
+const takeStarts = 8
+
+// takeAll takes each tenant's jobs, a few consumers made at a time.
+func (q *queueTakers) takeAll(tenants []config.Tenant) error {
+	errs := make([]error, len(tenants))
+	sem := make(chan struct{}, takeStarts)
+	var wg sync.WaitGroup
+	for i, t := range tenants {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			errs[i] = q.take(t.Name)
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// take starts taking tenant's jobs, its consumer made or updated first. A
+// tenant taken already is left as it is, so it may be called again at any
+// time while the service runs (for a tenant added later).
+func (q *queueTakers) take(tenant string) error {
+	if !job.ValidName(tenant) {
+		return fmt.Errorf("take QUEUE of tenant %q: not a tenant name", tenant)
+	}
+	q.mu.Lock()
+	_, started := q.loops[tenant]
+	if started || q.done {
+		q.mu.Unlock()
+		return nil
+	}
+	q.loops[tenant] = nil
+	q.mu.Unlock()
+	loop, err := q.s.mesh.Consume(q.ctx, q.s.tenantConsumer(tenant), q.s.log, q.deliver)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	switch {
+	case err != nil:
+		delete(q.loops, tenant)
+		return fmt.Errorf("take QUEUE of tenant %s: %w", tenant, err)
+	case q.done: // stopped meanwhile
+		loop.Stop()
+	default:
+		q.loops[tenant] = loop
+	}
+	return nil
+}
+
+// tenantConsumer is tenant's QUEUE consumer. A pull is at most a batch and
+// a share of max_held_bytes (but room for the largest job), so the jobs
+// pulled ahead stay bounded however many tenants there are.
+func (s *Service) tenantConsumer(tenant string) mesh.Consumer {
+	a := s.cfg.App.Admission
+	share := a.MaxHeldBytes / max(len(s.cfg.App.Tenants), 1)
+	return mesh.Consumer{Stream: streams.Queue, Template: "admission", What: "queue",
+		Name: keys.AdmissionConsumer(tenant), Filter: job.QueuePrefix + "*." + tenant, MaxAckPending: a.TenantWindow,
+		Batch: min(a.Batch, a.TenantWindow), BatchBytes: max(share, 2*s.cfg.App.Limits.JobMsgBytes())}
+}
+
+// deliver hands a message to the scheduler.
+func (q *queueTakers) deliver(msg jetstream.Msg) {
+	select {
+	case q.in <- msg:
+	case <-q.ctx.Done():
+		// Shutting down: another admission process takes it now,
+		// not after the ack wait.
+		_ = msg.Nak()
+	case <-q.quit:
+		_ = msg.Nak()
+	}
+}
+
+// stop drains every consumer at once, then sends back at once what was
+// pulled and not handed over yet (deliver NAKs what comes once stopped),
+// so a rolling restart does not hold up to a batch of jobs per tenant for
+// the 30 s ack wait.
+func (q *queueTakers) stop() {
+	q.mu.Lock()
+	if !q.done {
+		q.done = true
+		close(q.quit)
+	}
+	loops := make([]*mesh.Loop, 0, len(q.loops))
+	for _, l := range q.loops {
+		if l != nil {
+			loops = append(loops, l)
+		}
+	}
+	q.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, l := range loops {
+		wg.Go(func() {
+			if !l.Drain(2 * time.Second) {
+				l.Stop()
+			}
+		})
+	}
+	wg.Wait()
+	for {
+		select {
+		case m := <-q.in:
+			_ = m.Nak()
+			continue
+		default:
+		}
+		return
+	}
 }
 
 // signals are what other processes tell the scheduler: that a provider

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/guard"
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/metrics"
@@ -269,7 +270,7 @@ tenants: [{name: t}]
 	}
 	// One request a minute: the first is dispatched, the second waits.
 	waitDispatched(ctx, t, js, "the first job was never dispatched")
-	cons, err := js.Consumer(ctx, streams.Queue, "admission")
+	cons, err := js.Consumer(ctx, streams.Queue, keys.AdmissionConsumer("t"))
 	if err != nil {
 		t.Fatal(err)
 	}
