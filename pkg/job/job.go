@@ -492,7 +492,12 @@ func Parse(data []byte, lim Limits) (*Job, error) {
 		return nil, &ValidationError{Code: CodeTooLarge, Message: fmt.Sprintf("job is %d bytes; the limit is %d", len(data), lim.MaxBodyBytes)}
 	}
 	if err := CheckMembers("", data, (*Job)(nil)); err != nil {
-		return nil, err
+		// The id only, for the refusal's result to name.
+		var named struct {
+			ID string `json:"id"`
+		}
+		_ = json.Unmarshal(data, &named)
+		return &Job{ID: named.ID}, err
 	}
 	var j Job
 	dec := json.NewDecoder(bytes.NewReader(data))
