@@ -187,7 +187,8 @@ func TestStoreAndMetadataRefusedByDefault(t *testing.T) {
 	f := setup(t)
 	mux := f.mux()
 	for _, field := range []string{`"store":true`, `"metadata":{"k":"v"}`} {
-		rec := post(mux, "/v1/chat/completions", "acme", `{"model":"fast","max_tokens":16,`+hiMessages+`,`+field+`}`, nil)
+		rec := post(mux, "/v1/chat/completions", "acme", `{"model":"fast","max_tokens":16,`+hiMessages+`,`+field+`}`,
+			map[string]string{"X-Sluice-Wait-Timeout": "0.2"})
 		name, _, _ := strings.Cut(strings.Trim(field, `"`), `"`)
 		if msg := errorMessage(t, rec.Body.Bytes()); rec.Code != http.StatusBadRequest || !strings.Contains(msg, name) || !strings.Contains(msg, "allow_fields") {
 			t.Errorf("chat with %s: got %d %s, want 400 naming %s and allow_fields", field, rec.Code, rec.Body, name)
