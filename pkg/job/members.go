@@ -126,6 +126,13 @@ type fields struct {
 
 var fieldCache sync.Map // reflect.Type -> *fields
 
+// alsoRead are members that other Sluice code reads of a body beyond its
+// type's fields (a chat body: the answer cache's determinism, the
+// affinity key), so that a case variant of them is refused too.
+var alsoRead = map[reflect.Type][]string{
+	reflect.TypeFor[ChatRequest](): {"temperature", "seed", "functions", "prompt_cache_key", "user"},
+}
+
 var rawType = reflect.TypeFor[json.RawMessage]()
 
 // guide is the type the scan follows for a value decoded into t: nil
@@ -161,6 +168,10 @@ func fieldsOf(t reflect.Type) *fields {
 			}
 		}
 		f.exact[name] = sf.Type
+		f.fold[FoldName(name)] = name
+	}
+	for _, name := range alsoRead[t] {
+		f.exact[name] = nil
 		f.fold[FoldName(name)] = name
 	}
 	fieldCache.Store(t, f)

@@ -55,8 +55,9 @@ func TestCheckMembersFoldOnly(t *testing.T) {
 		{body: `{"model":"a","messages":[{"Role":"user"}]}`, field: "request.messages[0]", msg: `member "Role" is read as "role"`},
 		{body: `{"model":"a","stream_options":{"Include_Usage":true}}`, field: "request.stream_options", msg: `"Include_Usage" is read as "include_usage"`},
 		{body: `{"model":"a","SLUICE_RESPONSES":{}}`, field: "request", msg: `"SLUICE_RESPONSES" is read as "sluice_responses"`},
+		{body: `{"model":"a","Temperature":0}`, field: "request", msg: `member "Temperature" is read as "temperature"`},
 		// Unknown members and what Sluice does not look into pass.
-		{body: `{"model":"a","Temperature":1,"tools":[{"Type":"function"}],"messages":[{"role":"user","content":[{"TYPE":"text"}]}]}`},
+		{body: `{"model":"a","Top_P":1,"tools":[{"Type":"function"}],"messages":[{"role":"user","content":[{"TYPE":"text"}]}]}`},
 	} {
 		err := CheckMembers("request", []byte(c.body), (*ChatRequest)(nil))
 		if c.msg == "" {
