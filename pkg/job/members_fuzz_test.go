@@ -34,7 +34,7 @@ func alikeByToken(t *testing.T, data []byte) bool {
 					alike = alike || n == name || (!free && bytes.EqualFold([]byte(n), []byte(name)))
 				}
 				names = append(names, name)
-				alike = walk(free||freeForm[name]) || alike
+				alike = walk(free || freeForm[name]) || alike
 			}
 			_, _ = dec.Token()
 		case json.Delim('['):
