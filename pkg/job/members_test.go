@@ -90,3 +90,24 @@ func TestCheckProducerRequest(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkCheckMembers checks a chat body of about 1 MB (the default
+// body limit): 2,000 messages of 500 bytes.
+func BenchmarkCheckMembers(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString(`{"model":"a","max_tokens":16,"messages":[`)
+	for i := range 2000 {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		sb.WriteString(`{"role":"user","content":"` + strings.Repeat(`word\n `, 83) + `"}`)
+	}
+	sb.WriteString(`]}`)
+	body := []byte(sb.String())
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if err := CheckMembers("request", body, (*ChatRequest)(nil)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
