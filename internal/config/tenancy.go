@@ -13,14 +13,22 @@ import (
 // through.
 var DefaultDeniedFields = []string{"service_tier", "modalities", "audio", "web_search_options", "prediction"}
 
+// RetainedFields are chat body fields that have the provider keep the
+// completion in the operator's account (OpenAI's stored completions:
+// store, and the metadata it is filed under), where every tenant of that
+// account's key could see it. A job setting one (store: false and null
+// ask nothing kept) is refused unless the model's allow_fields lets it
+// through.
+var RetainedFields = []string{"store", "metadata"}
+
 // FieldDenied reports whether a top-level request body field is refused for
-// this model: it is in deny_fields, or in DefaultDeniedFields and not in
-// allow_fields.
+// this model: it is in deny_fields, or in DefaultDeniedFields or
+// RetainedFields and not in allow_fields.
 func (m Model) FieldDenied(name string) bool {
 	if slices.Contains(m.DenyFields, name) {
 		return true
 	}
-	return slices.Contains(DefaultDeniedFields, name) && !slices.Contains(m.AllowFields, name)
+	return (slices.Contains(DefaultDeniedFields, name) || slices.Contains(RetainedFields, name)) && !slices.Contains(m.AllowFields, name)
 }
 
 // TenantBytes is one tenant's byte bound in the stream: max_bytes_per_tenant,

@@ -372,6 +372,12 @@ func replayOne(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, 
 		return p, err
 	}
 	nj := fresh(l.Job)
+	if err := job.CheckProducerRequest("request", nj.Request); err != nil {
+		// A Responses job for a provider serving that API natively: ingest
+		// takes its native member only from the /v1/responses handler, not
+		// from INTAKE. The dead letter stays.
+		return p, fmt.Errorf("replay %s: not replayable through intake, send the /v1/responses request again (%w)", id, err)
+	}
 	data, err := json.Marshal(&nj)
 	if err != nil {
 		return p, fmt.Errorf("replay %s: encode: %w", id, err)

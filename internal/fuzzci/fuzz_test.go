@@ -101,7 +101,7 @@ func TestFuzzTargets(t *testing.T) {
 	all := targets(t, root)
 	// The trust-boundary decoders must be among them: a renamed or deleted
 	// fuzzer should fail here, not silently stop running.
-	for _, want := range []string{"FuzzDecode", "FuzzGuard", "FuzzParse", "FuzzDuration", "FuzzParseUsage", "FuzzParseRateLimit", "FuzzClassifyRateLimit", "FuzzParseRetryAfter", "FuzzParseWait", "FuzzAuthHeader"} {
+	for _, want := range []string{"FuzzDecode", "FuzzGuard", "FuzzParse", "FuzzCheckMembers", "FuzzDuration", "FuzzParseUsage", "FuzzParseRateLimit", "FuzzClassifyRateLimit", "FuzzParseRetryAfter", "FuzzParseWait", "FuzzAuthHeader"} {
 		found := false
 		for _, tg := range all {
 			found = found || tg.name == want

@@ -133,6 +133,12 @@ func TestQueuedRefusesWhatTheConfigForbids(t *testing.T) {
 		{"unknown provider", func(j *job.Job) { j.Provider = "other" }, job.CodeUnknownModel, "model"},
 		{"request names another model", func(j *job.Job) { j.Request = request("gpt-4o", 10, "") }, job.CodeInvalidRequest, "request.model"},
 		{"max_tokens over the limit", func(j *job.Job) { j.Request = request("gpt-4o-mini", 10, `,"max_tokens":20000`) }, job.CodeInvalidRequest, "request.max_tokens"},
+		// A body read two ways (Sluice's decoder folds case and takes the
+		// last of two alike) does not pass re-validation either.
+		{"model named twice", func(j *job.Job) {
+			j.Request = json.RawMessage(`{"model":"gpt-4o","MODEL":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`)
+		}, job.CodeInvalidRequest, "request"},
+		{"max_tokens named twice", func(j *job.Job) { j.Request = request("gpt-4o-mini", 10, `,"max_tokens":20000,"MAX_TOKENS":1`) }, job.CodeInvalidRequest, "request"},
 		{"braced id", func(j *job.Job) { j.ID = "{" + j.ID + "}" }, job.CodeInvalidRequest, "id"},
 		{"urn id", func(j *job.Job) { j.ID = "urn:uuid:" + j.ID }, job.CodeInvalidRequest, "id"},
 		{"no id", func(j *job.Job) { j.ID = "" }, job.CodeInvalidRequest, "id"},

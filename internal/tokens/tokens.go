@@ -14,6 +14,7 @@
 package tokens
 
 import (
+	"encoding/json"
 	"strings"
 	"sync"
 
@@ -103,6 +104,7 @@ func Prompt(req *job.ChatRequest) int {
 		k, _ := c.Count(string(req.Tools))
 		n += k
 	}
+	n += nativeOnly(c, req.Native)
 	if !exact {
 		n = int(float64(n)*FallbackFactor + 0.999)
 	}
@@ -152,4 +154,46 @@ func Estimate(endpoint string, body []byte, lim job.Limits, defMax int) (string,
 	}
 	n := Prompt(req)
 	return req.Model, job.Estimate{PromptTokens: n, MaxTokens: req.ReservedOutput(defMax), Class: chatClass(req, n)}, nil
+}
+
+// nativeOnly counts what a Responses job sends a provider serving the
+// Responses API itself beyond its chat messages and function tools (the
+// body's native member, internal/wire's Native): the input items and
+// tools chat has no form for, as their JSON text.
+func nativeOnly(c tokenizer.Codec, native json.RawMessage) int {
+	if len(native) == 0 {
+		return 0
+	}
+	var in struct {
+		Input []json.RawMessage `json:"input"`
+		Tools []json.RawMessage `json:"tools"`
+	}
+	if json.Unmarshal(native, &in) != nil {
+		k, _ := c.Count(string(native)) // never less than its text
+		return k
+	}
+	n := 0
+	for _, raw := range in.Input {
+		switch typeOf(raw) {
+		case "", "message", "function_call", "function_call_output":
+			continue // in the chat messages
+		}
+		k, _ := c.Count(string(raw))
+		n += k
+	}
+	for _, raw := range in.Tools {
+		if typeOf(raw) != "function" {
+			k, _ := c.Count(string(raw))
+			n += k
+		}
+	}
+	return n
+}
+
+func typeOf(raw json.RawMessage) string {
+	var t struct {
+		Type string `json:"type"`
+	}
+	_ = json.Unmarshal(raw, &t)
+	return t.Type
 }

@@ -19,8 +19,10 @@ import (
 // to another API removes (ForChat). Its answer's items chat cannot carry
 // come back in job.ItemsMember, so a Response lists them in order.
 
-// NativeMember is the chat body member carrying a Native.
-const NativeMember = "sluice_responses"
+// NativeMember is the chat body member carrying a Native. Its name is
+// reserved (job.ReservedPrefix): only the /v1/responses handler writes
+// it, and a producer's body naming it is refused.
+const NativeMember = job.ReservedPrefix + "responses"
 
 // Native is the part of a Responses request sent as it is to a provider
 // serving the Responses API: the whole conversation's input items (the

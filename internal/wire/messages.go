@@ -102,6 +102,9 @@ type msgPart struct {
 // returns it with the model named. Errors name the field at fault, the way
 // Anthropic's do ("max_tokens: Field required").
 func MessagesToChat(body []byte) ([]byte, string, error) {
+	if err := job.CheckMembers("", body, (*anInRequest)(nil)); err != nil {
+		return nil, "", err
+	}
 	var keys map[string]json.RawMessage
 	if err := json.Unmarshal(body, &keys); err != nil {
 		return nil, "", errors.New("the request body is not a JSON object")

@@ -3,9 +3,12 @@ package wire
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/sluice-dev/sluice/pkg/job"
 )
 
 // Request is a Responses API request body, the fields Sluice translates.
@@ -57,6 +60,11 @@ func errf(param, format string, args ...any) *Error {
 // ParseRequest reads and checks a Responses request. Errors never quote
 // request content beyond a clipped field name.
 func ParseRequest(body []byte) (*Request, error) {
+	if err := job.CheckMembers("", body, (*Request)(nil)); err != nil {
+		var ve *job.ValidationError
+		errors.As(err, &ve)
+		return nil, &Error{Param: ve.Field, Msg: ve.Message}
+	}
 	var members map[string]json.RawMessage
 	if err := json.Unmarshal(body, &members); err != nil {
 		return nil, errf("", "the body must be a JSON object")

@@ -39,6 +39,9 @@ type EmbeddingsRequest struct {
 // string, an array of strings, an array of token ids or an array of such
 // arrays, as OpenAI's API allows; an array is one request.
 func ParseEmbeddings(body []byte) (*EmbeddingsRequest, error) {
+	if err := CheckMembers("request", body, (*EmbeddingsRequest)(nil)); err != nil {
+		return nil, err
+	}
 	var r EmbeddingsRequest
 	if err := json.Unmarshal(body, &r); err != nil {
 		return nil, DecodeError("request", "embeddings body", err)

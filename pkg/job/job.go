@@ -390,6 +390,11 @@ type ChatRequest struct {
 	StreamOptions       *StreamOptions  `json:"stream_options,omitempty"`
 	N                   *int            `json:"n,omitempty"`
 	Tools               json.RawMessage `json:"tools,omitempty"`
+	// Native is what a Responses job carries for a provider serving the
+	// Responses API itself (internal/wire's NativeMember), counted in the
+	// estimate. Only Sluice's /v1/responses handler sets it: a producer's
+	// body naming it is refused (CheckProducerRequest).
+	Native json.RawMessage `json:"sluice_responses,omitempty"`
 }
 
 // StreamOptions are a streamed request's options.
@@ -496,10 +501,20 @@ func Decode(data []byte, lim Limits) (*Job, error) {
 }
 
 // Parse is Decode without Check: the envelope's shape (its size, known
-// fields only, nothing after it), for a caller that checks the job itself.
+// fields only, each named once, nothing after it, no member of the
+// request that only Sluice sets), for a caller that checks the job
+// itself. It reads what a producer sent, never a job Sluice built.
 func Parse(data []byte, lim Limits) (*Job, error) {
 	if lim.MaxBodyBytes > 0 && len(data) > lim.MaxBodyBytes {
 		return nil, &ValidationError{Code: CodeTooLarge, Message: fmt.Sprintf("job is %d bytes; the limit is %d", len(data), lim.MaxBodyBytes)}
+	}
+	if err := CheckMembers("", data, (*Job)(nil)); err != nil {
+		// The id only, for the refusal's result to name.
+		var named struct {
+			ID string `json:"id"`
+		}
+		_ = json.Unmarshal(data, &named)
+		return &Job{ID: named.ID}, err
 	}
 	var j Job
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -516,6 +531,9 @@ func Parse(data []byte, lim Limits) (*Job, error) {
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, invalid("", "malformed job JSON: data after the envelope")
+	}
+	if err := CheckProducerRequest("request", j.Request); err != nil {
+		return &j, err
 	}
 	return &j, nil
 }
@@ -589,6 +607,9 @@ func (j *Job) CheckEnvelope() error {
 
 // ParseRequest parses and checks a chat-completions body.
 func ParseRequest(body []byte, lim Limits) (*ChatRequest, error) {
+	if err := CheckMembers("request", body, (*ChatRequest)(nil)); err != nil {
+		return nil, err
+	}
 	var r ChatRequest
 	if err := json.Unmarshal(body, &r); err != nil {
 		return nil, DecodeError("request", "chat-completions body", err)

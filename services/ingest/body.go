@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -24,11 +26,8 @@ func shapeBody(j *job.Job, p *config.Provider, m *config.Model, defMax int) erro
 	if err := json.Unmarshal(j.Request, &fields); err != nil {
 		return &job.ValidationError{Code: job.CodeInvalidRequest, Field: "request", Message: "must be a JSON object"}
 	}
-	for name := range fields {
-		if m.FieldDenied(name) {
-			return &job.ValidationError{Code: job.CodeInvalidRequest, Field: "request." + clip(name),
-				Message: fmt.Sprintf("is not allowed for model %q: it changes what the call costs in ways Sluice's budgets do not count (the model's allow_fields can let it through)", m.Name)}
-		}
+	if err := deniedField(fields, m); err != nil {
+		return err
 	}
 	// OpenAI's reasoning models refuse max_tokens.
 	reasoning := p.Kind != "anthropic" && reasoningModel(m.Name)
@@ -62,6 +61,28 @@ func shapeBody(j *job.Job, p *config.Provider, m *config.Model, defMax int) erro
 	delete(fields, "max_completion_tokens")
 	fields[key] = json.RawMessage(strconv.Itoa(defMax))
 	return encodeBody(j, fields)
+}
+
+// deniedField refuses the first field (by name) of a body that the
+// model's policy denies (config.Model.FieldDenied). A retention field
+// asking nothing kept (store: false, null) passes.
+func deniedField(fields map[string]json.RawMessage, m *config.Model) error {
+	names := slices.Sorted(maps.Keys(fields))
+	for _, name := range names {
+		if !m.FieldDenied(name) {
+			continue
+		}
+		why := "it changes what the call costs in ways Sluice's budgets do not count"
+		if slices.Contains(config.RetainedFields, name) && !slices.Contains(m.DenyFields, name) {
+			if v := string(bytes.TrimSpace(fields[name])); v == "null" || (name == "store" && v == "false") {
+				continue
+			}
+			why = "the provider would keep the completion in the operator's account, which every tenant shares"
+		}
+		return &job.ValidationError{Code: job.CodeInvalidRequest, Field: "request." + clip(name),
+			Message: fmt.Sprintf("is not allowed for model %q: %s (the operator can let it through with the model's allow_fields)", m.Name, why)}
+	}
+	return nil
 }
 
 // encodeBody writes fields as the job's request.

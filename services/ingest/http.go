@@ -134,6 +134,10 @@ func (s *Service) chat(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 		s.fail(w, "openai", &job.ValidationError{Code: job.CodeInvalidRequest, Message: "body is not valid JSON"})
 		return
 	}
+	if err := checkBody(r.Context(), body); err != nil { // input.go
+		s.fail(w, "openai", err)
+		return
+	}
 	j, err := chatJob(r, tenant, body)
 	if err != nil {
 		s.fail(w, "openai", err)

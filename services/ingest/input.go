@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"mime"
@@ -51,6 +52,22 @@ func checkUTF8(body []byte) error {
 	}
 	return &job.ValidationError{Code: job.CodeInvalidRequest,
 		Message: fmt.Sprintf("body is not valid UTF-8 (invalid byte at offset %d); JSON text must be UTF-8", off)}
+}
+
+// checkBody refuses, before anything reads the body of a request to a
+// submit-and-wait endpoint, what would let Sluice and the provider read
+// it differently: members named alike (job.CheckMembers); and, unless
+// the body is the one Sluice's /v1/responses handler built (marked on the
+// context, which no caller reaches), a member only Sluice sets. A job
+// envelope's request gets the same checks from job.Parse.
+func checkBody(ctx context.Context, body []byte) error {
+	if err := job.CheckMembers("request", body, nil); err != nil {
+		return err
+	}
+	if endpointOf(ctx) == job.EndpointResponses {
+		return nil
+	}
+	return job.CheckProducerRequest("request", body)
 }
 
 // The Anthropic wrapper holds the answer to translate it, but a long wait
