@@ -31,7 +31,7 @@ type backReason struct {
 // drain's end); their bounds are far above any normal run of them.
 var (
 	backUnverified = backReason{"unverified", keys.MsgUnverified, 3}
-	backLapsed     = backReason{"lapsed", keys.MsgReadmit, 20}
+	backLapsed     = backReason{"lapsed", keys.MsgReadmit, 100}
 	backTenantSlot = backReason{"tenant_slot", keys.MsgTenantSlot, 1200} // 5 min of TenantSlotWait
 	backBreaker    = backReason{"breaker_open", keys.MsgBreaker, 100}
 	backDown       = backReason{"deployment_down", keys.MsgDown, 100}
@@ -55,6 +55,10 @@ func (s *Service) requeue(ctx context.Context, msg jetstream.Msg, j *job.Job, op
 		j.Requeued = nil
 		return s.terminal(ctx, j, opKey, job.StatusDeadLettered, job.CodeRequeueLimit, &job.Error{Code: job.CodeRequeueLimit,
 			Message: fmt.Sprintf("sent back to admission %d times in a row (%s) without a provider call", r.bound, r.name)})
+	}
+	if n == r.bound/2 {
+		s.log.Warn("job keeps going back to admission for one reason", "job_id", j.ID, "tenant", j.Tenant,
+			"provider", clip(j.Provider), "model", clip(j.Model), "reason", r.name, "times", n, "ends_after", r.bound)
 	}
 	j.Requeued = &job.Requeued{Reason: r.name, N: n, Calls: len(j.Attempts)}
 	j.Reservation = nil
