@@ -94,7 +94,17 @@ func EnsureKey(ctx context.Context, fleet, legacy jetstream.KeyValue) ([]byte, e
 }
 
 func loadKey(ctx context.Context, fleet, legacy jetstream.KeyValue) ([]byte, error) {
-	for range 3 {
+	// On a cluster a read may be served by a replica that has not applied
+	// another node's create yet: the key exists but is not found. Read
+	// again, a little later each time, for up to about 10 s.
+	for try := range keyTries {
+		if try > 0 {
+			select {
+			case <-time.After(min(time.Duration(try)*100*time.Millisecond, time.Second)):
+			case <-ctx.Done():
+				return nil, fmt.Errorf("fleet key: %w", ctx.Err())
+			}
+		}
 		e, err := fleet.Get(ctx, KeyName)
 		if err == nil {
 			if len(e.Value()) != keySize {
@@ -120,6 +130,9 @@ func loadKey(ctx context.Context, fleet, legacy jetstream.KeyValue) ([]byte, err
 	}
 	return nil, errors.New("fleet key: could not read or create it")
 }
+
+// keyTries bounds loadKey's reads.
+const keyTries = 15
 
 // Guard checks jobs against one configuration.
 type Guard struct {

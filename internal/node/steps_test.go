@@ -158,7 +158,7 @@ func TestSetUpAndBuildServices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(c.nc.Close)
+	t.Cleanup(c.close)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	st, err := setUp(ctx, o, url, c, o.Log)
