@@ -35,3 +35,47 @@ func (s *Store) ReturnRewind(ctx context.Context, key string, at time.Time, c Co
 		return true
 	})
 }
+
+// Return is an amount given back at the instant it was placed at.
+type Return struct {
+	At   time.Time
+	Cost Cost
+}
+
+// ReturnRewindAll is ReturnRewind for several returns in one
+// compare-and-set: a give-back that arrives while another is being written
+// joins the next write instead of being dropped or costing a write of its
+// own. A return whose instant has left the window is skipped.
+func (s *Store) ReturnRewindAll(ctx context.Context, key string, rs []Return, lim Limits) error {
+	if len(rs) == 1 {
+		return s.ReturnRewind(ctx, key, rs[0].At, rs[0].Cost, lim)
+	}
+	win := s.p.Window
+	if win == 0 {
+		win = time.Minute
+	}
+	mins := lim.minute()
+	return s.modify(ctx, key, "return", func(w *Window, cur int64) bool {
+		var back Vec
+		for _, r := range rs {
+			if !r.Cost.Positive() {
+				continue
+			}
+			cv := r.Cost.vec()
+			if _, ok := s.subtract(w, cur, r.At, cv); ok {
+				back.add(cv)
+			}
+		}
+		if !back.any() {
+			return false
+		}
+		if s.p.paced() {
+			for d, m := range mins {
+				if m > 0 && back[d] > 0 {
+					w.TAT[d] -= win.Microseconds() * back[d] / m
+				}
+			}
+		}
+		return true
+	})
+}

@@ -46,13 +46,13 @@ func (s *Service) settleSplit(ctx context.Context, j *job.Job, u job.Usage) bool
 		}
 	}
 	if back.Tokens+back.Output >= minReturn && !r.SendAt.IsZero() {
-		// As returnOverReserved: one give-back per model at a time.
-		s.returning.try(key, func() {
-			// The provider's bucket was charged the usage: pace what it was
-			// charged (at the configured limits, never above the effective).
-			lim := budget.Limits{RPM: model.RPM, TPM: model.TokenLimit(), OTPM: model.OTPM}
-			if err := s.store.ReturnRewind(context.WithoutCancel(ctx), key, r.SendAt, back, lim); err != nil {
-				s.log.Debug("settle: return", "job_id", j.ID, "err", err)
+		// The provider's bucket was charged the usage: pace what it was
+		// charged (at the configured limits, never above the effective).
+		// One write per model at a time; give-backs meanwhile join the next.
+		lim := budget.Limits{RPM: model.RPM, TPM: model.TokenLimit(), OTPM: model.OTPM}
+		s.refunds.add(key, r.SendAt, back, lim, func(key string, rs []budget.Return, lim budget.Limits) {
+			if err := s.store.ReturnRewindAll(context.WithoutCancel(ctx), key, rs, lim); err != nil {
+				s.log.Debug("settle: return", "key", key, "returns", len(rs), "err", err)
 			}
 		})
 	}

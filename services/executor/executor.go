@@ -81,18 +81,20 @@ type Service struct {
 	warming sync.Map
 	// returning does the same for over-reserved prompt tokens (settle.go).
 	returning perKey
-	transits  transits // paced calls' dispatch transits, to report (transit.go)
-	guard     *guard.Guard
-	cfg       Config
-	mesh      *mesh.Mesh
-	store     *budget.Store
-	log       *slog.Logger
-	m         *metrics.Set
-	now       func() time.Time
-	clients   map[string]provider.Client
-	rndMu     sync.Mutex
-	rnd       *rand.Rand
-	holder    string // this process's name in concurrency leases
+	// refunds coalesces give-backs to bucket providers' schedules (settle.go).
+	refunds  returns
+	transits transits // paced calls' dispatch transits, to report (transit.go)
+	guard    *guard.Guard
+	cfg      Config
+	mesh     *mesh.Mesh
+	store    *budget.Store
+	log      *slog.Logger
+	m        *metrics.Set
+	now      func() time.Time
+	clients  map[string]provider.Client
+	rndMu    sync.Mutex
+	rnd      *rand.Rand
+	holder   string // this process's name in concurrency leases
 
 	tenantPools map[string]*budget.Pool
 	router      *route.Router

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/tokens"
@@ -63,4 +64,60 @@ func (p *perKey) try(key string, f func()) {
 	}
 	defer busy.Store(false)
 	f()
+}
+
+// returns coalesces give-backs to a bucket provider's schedule (settleSplit):
+// per model key, one goroutine writes at a time, and what is given back
+// meanwhile joins its next write (budget.ReturnRewindAll), so none is
+// dropped (when each skipped the write while another was under way, about
+// a third of an Anthropic model's unused output stayed spent and its OTPM
+// filled to two thirds) and the writes stay one at a time per key.
+type returns struct {
+	mu      sync.Mutex
+	pending map[string]*pendingReturns
+}
+
+type pendingReturns struct {
+	rs      []budget.Return
+	lim     budget.Limits
+	writing bool
+}
+
+// maxPendingReturns bounds what waits per key; past it the oldest are
+// dropped (they err towards the limit).
+const maxPendingReturns = 4096
+
+// add gives c back at instant at on key's schedule paced at lim, now or
+// with the write under way's successor; write does the writing.
+func (r *returns) add(key string, at time.Time, c budget.Cost, lim budget.Limits, write func(string, []budget.Return, budget.Limits)) {
+	r.mu.Lock()
+	if r.pending == nil {
+		r.pending = map[string]*pendingReturns{}
+	}
+	p := r.pending[key]
+	if p == nil {
+		p = &pendingReturns{}
+		r.pending[key] = p
+	}
+	p.rs = append(p.rs, budget.Return{At: at, Cost: c})
+	if len(p.rs) > maxPendingReturns {
+		p.rs = p.rs[len(p.rs)-maxPendingReturns:]
+	}
+	p.lim = lim
+	if p.writing {
+		r.mu.Unlock()
+		return
+	}
+	p.writing = true
+	// A few rounds at most, so a busy key does not keep one job's
+	// goroutine writing: what is left joins the next give-back's write.
+	for round := 0; len(p.rs) > 0 && round < 3; round++ {
+		batch, lim := p.rs, p.lim
+		p.rs = nil
+		r.mu.Unlock()
+		write(key, batch, lim)
+		r.mu.Lock()
+	}
+	p.writing = false
+	r.mu.Unlock()
 }
