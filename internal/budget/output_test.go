@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/sluice-dev/sluice/internal/budget"
 )
@@ -74,6 +75,34 @@ func TestReturnRewind(t *testing.T) {
 	}
 	if used, _ := b.store.Used(ctx, key); used.Output != 305 {
 		t.Errorf("window holds %d output tokens, want 5 + 300", used.Output)
+	}
+}
+
+// TestReturnRewindAll: several give-backs in one write rewind the pace by
+// their sum, each taken from its own instant, as that many ReturnRewinds
+// would; one whose instant left the window is skipped.
+func TestReturnRewindAll(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pacedParams)
+	ctx := context.Background()
+	lim := budget.Limits{RPM: 100_000, TPM: 1_000, OTPM: 600, BurstOutput: 600}
+	// 15 output tokens at 600 a minute pace every 1.5 s: two fit the
+	// horizon, a third would wait past it.
+	one := budget.Cost{Requests: 1, Tokens: 1, Output: 15}
+	g, err := b.store.Take(ctx, key, lim, costs(3, one))
+	if err != nil || g.N != 2 {
+		t.Fatalf("three of 15 output at 600 a minute: %+v %v, want two placed", g, err)
+	}
+	if err := b.store.ReturnRewindAll(ctx, key, []budget.Return{{At: g.SendAt[0], Cost: budget.Cost{Output: 14}}, {At: g.SendAt[1], Cost: budget.Cost{Output: 13}},
+		{At: g.SendAt[0].Add(-time.Hour), Cost: budget.Cost{Output: 50}}}, lim); err != nil {
+		t.Fatal(err)
+	}
+	if used, _ := b.store.Used(ctx, key); used.Output != 3 {
+		t.Errorf("window holds %d output tokens, want 1 + 2", used.Output)
+	}
+	// The pace came back by 27 of 30: the third now fits the horizon.
+	if g3, err := b.store.Take(ctx, key, lim, []budget.Cost{one}); err != nil || g3.N != 1 {
+		t.Errorf("after the returns: granted %d (reason %q, %v), want the next placed within the horizon", g3.N, g3.Reason, err)
 	}
 }
 
