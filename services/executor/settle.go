@@ -69,9 +69,8 @@ func (p *perKey) try(key string, f func()) {
 // returns coalesces give-backs to a bucket provider's schedule (settleSplit):
 // per model key, one goroutine writes at a time, and what is given back
 // meanwhile joins its next write (budget.ReturnRewindAll), so none is
-// dropped (when each skipped the write while another was under way, about
-// a third of an Anthropic model's unused output stayed spent and its OTPM
-// filled to two thirds) and the writes stay one at a time per key.
+// dropped (each used to be skipped while another was under way, leaving
+// its tokens spent) and the writes stay one at a time per key.
 type returns struct {
 	mu      sync.Mutex
 	pending map[string]*pendingReturns
