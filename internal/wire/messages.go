@@ -98,25 +98,36 @@ type msgPart struct {
 	CacheControl json.RawMessage `json:"cache_control,omitempty"`
 }
 
+// decodeMessages reads a Messages API body with one reading only (no
+// member named twice, in any spelling) and only the members Sluice
+// supports.
+func decodeMessages(body []byte) (anInRequest, error) {
+	var in anInRequest
+	if err := job.CheckMembers("", body, (*anInRequest)(nil)); err != nil {
+		return in, err
+	}
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(body, &keys); err != nil {
+		return in, errors.New("the request body is not a JSON object")
+	}
+	for k := range keys {
+		if !slices.Contains(messagesFields, k) {
+			return in, fmt.Errorf("%s: is not supported by Sluice's /v1/messages (supported: %s)", clip(k), strings.Join(messagesFields, ", "))
+		}
+	}
+	if err := json.Unmarshal(body, &in); err != nil {
+		return in, job.DecodeError("", "Messages API body", err)
+	}
+	return in, nil
+}
+
 // MessagesToChat translates a Messages API body to an OpenAI chat body and
 // returns it with the model named. Errors name the field at fault, the way
 // Anthropic's do ("max_tokens: Field required").
 func MessagesToChat(body []byte) ([]byte, string, error) {
-	if err := job.CheckMembers("", body, (*anInRequest)(nil)); err != nil {
+	in, err := decodeMessages(body)
+	if err != nil {
 		return nil, "", err
-	}
-	var keys map[string]json.RawMessage
-	if err := json.Unmarshal(body, &keys); err != nil {
-		return nil, "", errors.New("the request body is not a JSON object")
-	}
-	for k := range keys {
-		if !slices.Contains(messagesFields, k) {
-			return nil, "", fmt.Errorf("%s: is not supported by Sluice's /v1/messages (supported: %s)", clip(k), strings.Join(messagesFields, ", "))
-		}
-	}
-	var in anInRequest
-	if err := json.Unmarshal(body, &in); err != nil {
-		return nil, "", job.DecodeError("", "Messages API body", err)
 	}
 	switch {
 	case in.Model == "":

@@ -266,17 +266,8 @@ func (s *memberScan) array(free bool, t reflect.Type) error {
 		if err := s.value(free, elem); err != nil {
 			return err
 		}
-		s.space()
-		if s.i >= len(s.b) {
-			return errScan
-		}
-		s.i++
-		switch s.b[s.i-1] {
-		case ',':
-		case ']':
-			return nil
-		default:
-			return errScan
+		if end, err := s.sep(']'); end || err != nil {
+			return err
 		}
 	}
 }
@@ -334,17 +325,8 @@ func (s *memberScan) object(free bool, t reflect.Type) error {
 		if err := s.value(free || freeForm[name], next); err != nil {
 			return err
 		}
-		s.space()
-		if s.i >= len(s.b) {
-			return errScan
-		}
-		s.i++
-		switch s.b[s.i-1] {
-		case ',':
-		case '}':
-			return nil
-		default:
-			return errScan
+		if end, err := s.sep('}'); end || err != nil {
+			return err
 		}
 	}
 }
@@ -381,4 +363,21 @@ func (s *memberScan) str(decode bool) (string, error) {
 		s.i++
 	}
 	return "", errScan
+}
+
+// sep reads what follows a member or an element: a comma (more follow) or
+// the close of its object or array (end).
+func (s *memberScan) sep(close byte) (end bool, err error) {
+	s.space()
+	if s.i >= len(s.b) {
+		return false, errScan
+	}
+	s.i++
+	switch s.b[s.i-1] {
+	case ',':
+		return false, nil
+	case close:
+		return true, nil
+	}
+	return false, errScan
 }
