@@ -61,13 +61,14 @@ admission: {tenant_window: %d}
 			t.Fatal(err)
 		}
 	}
-	cons, err := js.Consumer(ctx, streams.Queue, keys.AdmissionConsumer("a"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	// a's window is full: one job dispatched (the model's minute), the
-	// window's worth taken, the rest undelivered.
+	// window's worth taken, the rest undelivered. (Run makes a's consumer
+	// as it starts: it may not be there yet.)
 	natstest.Eventually(t, 20*time.Second, func() error {
+		cons, err := js.Consumer(ctx, streams.Queue, keys.AdmissionConsumer("a"))
+		if err != nil {
+			return err
+		}
 		info, err := cons.Info(ctx)
 		if err != nil {
 			return err
