@@ -145,3 +145,93 @@ func TestLeaseRewindReturns(t *testing.T) {
 		}
 	}
 }
+
+// TestOutputToleranceFillsABucket: a provider that charges max_tokens of
+// output at arrival from a bucket of a minute's capacity and gives back
+// what the answer did not use when the call ends (Anthropic's OTPM). Each
+// call reserves 500, uses 190 and takes 600 ms; the executor rewinds the
+// rest when it ends. Without a tolerance the schedule holds every call's
+// whole 500 until it ends, so a backlog planned a short way ahead is paced
+// at the calls' latency (0.89 of the limit here, less with a slower loop);
+// with Limits.OutputTolerance the output the provider charges fills the
+// limit, and its bucket never runs dry.
+func TestOutputToleranceFillsABucket(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		tol     time.Duration
+		atLeast float64
+		atMost  float64
+	}{{0, 0, 0.93}, {10 * time.Second, 0.95, 1.2}} {
+		fill, low := bucketRun(t, tc.tol)
+		t.Logf("tolerance %s: OTPM fill %.3f, lowest bucket level %d", tc.tol, fill, low)
+		if fill < tc.atLeast || fill > tc.atMost {
+			t.Errorf("tolerance %s: OTPM fill %.3f as the provider charges it, want within [%.2f, %.2f]", tc.tol, fill, tc.atLeast, tc.atMost)
+		}
+		if low < 0 {
+			t.Errorf("tolerance %s: the provider's bucket ran %d tokens dry (a 429)", tc.tol, -low)
+		}
+	}
+}
+
+// bucketRun runs a backlog against the bucket for 90 s of fake time and
+// returns the output the provider kept in the last minute as a share of the
+// limit, and the bucket's lowest level.
+func bucketRun(t *testing.T, tol time.Duration) (fill float64, low int64) {
+	t.Helper()
+	const otpm, reserve, use = 30_000, 500, 190
+	const latency, step = 600 * time.Millisecond, 20 * time.Millisecond
+	// Executors are told their instants a quarter second ahead (a learned
+	// send lead on a busy node).
+	p := pacedParams
+	p.Lead = 250 * time.Millisecond
+	b := setup(t, p)
+	ctx := context.Background()
+	// Per-second caps at the whole minute, as adapt sets them for a
+	// provider that limits output apart (a bucket, no quantum).
+	lim := budget.Limits{RPM: 100_000, TPM: 1_000_000, OTPM: otpm, BurstRequests: 100_000, BurstTokens: 1_000_000, BurstOutput: otpm,
+		Horizon: 750 * time.Millisecond, OutputTolerance: tol}
+	type call struct {
+		at   time.Time
+		sent bool
+	}
+	var pending []call // placed and not ended
+	level, last := int64(otpm), t0
+	low = level
+	var kept int64
+	for now := t0; now.Before(t0.Add(90 * time.Second)); now = now.Add(step) {
+		b.clock.Set(now)
+		level = min(otpm, level+int64(now.Sub(last))*otpm/int64(time.Minute))
+		last = now
+		keep := pending[:0]
+		for _, c := range pending {
+			if !c.sent && !c.at.After(now) {
+				// Arrives: charged max_tokens.
+				c.sent = true
+				level -= reserve
+				low = min(low, level)
+			}
+			if c.sent && !c.at.Add(latency).After(now) {
+				// Ends: the provider gives back what it did not use, the
+				// executor rewinds as much.
+				level += reserve - use
+				if now.After(t0.Add(30 * time.Second)) {
+					kept += use
+				}
+				if err := b.store.ReturnRewind(ctx, key, c.at, budget.Cost{Output: reserve - use}, lim); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+			keep = append(keep, c)
+		}
+		pending = keep
+		g, err := b.store.Take(ctx, key, lim, []budget.Cost{{Requests: 1, Tokens: 200, Output: reserve}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, at := range g.SendAt {
+			pending = append(pending, call{at: at})
+		}
+	}
+	return float64(kept) / otpm, low
+}

@@ -34,6 +34,14 @@ import (
 //   - the minute: the slices of the last Window + Tolerance hold at most the
 //     minute limit.
 //
+// One exception to "no burst tolerance": Limits.OutputTolerance, for
+// Anthropic's OTPM, a bucket of a minute's capacity charged max_tokens at
+// arrival and given back the unused rest when the call ends. There the
+// output's pace may run that far ahead of its average, and the minute's
+// output bound is that much higher, so calls in flight do not hold the
+// schedule to their latency; the pace still bounds what the bucket gives
+// out beyond its refill by the tolerance.
+//
 // Because placements are monotone, checking the window that ends at the
 // newest placement checks every window. An executor may send up to
 // Tolerance late, so each actual send lies in [s, s+Tolerance] and every
@@ -99,6 +107,15 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 			per[d] = max(per[d], float64(time.Second.Microseconds())/float64(caps[d]))
 		}
 	}
+	// The minute counts a call's whole max_tokens until the call gives back
+	// what it did not use; with an output tolerance (a bucket the provider
+	// refills, charged at arrival) the calls in flight may hold that much
+	// more than the limit: the pace, which the tolerance bounds, keeps the
+	// provider's bucket from running dry.
+	minute := mins
+	if t := lim.OutputTolerance; t > 0 && minute[outDim] > 0 {
+		minute[outDim] += minute[outDim] * t.Microseconds() / win.Microseconds()
+	}
 	g := Grant{Slice: s.sliceOf(now)}
 	if !paced {
 		// Nothing to pace: every call may leave now.
@@ -115,7 +132,11 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 		}
 		for d := range per {
 			if per[d] > 0 {
-				at = max(at, w.TAT[d])
+				tat := w.TAT[d]
+				if d == outDim {
+					tat -= lim.OutputTolerance.Microseconds()
+				}
+				at = max(at, tat)
 			}
 		}
 		reason := ""
@@ -123,7 +144,7 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 			if a := s.shortFit(w, at, v, mins, caps); a > at {
 				at, reason = a, "burst"
 			}
-			a, why := s.minuteFit(w, at, v, mins)
+			a, why := s.minuteFit(w, at, v, minute)
 			if a < 0 {
 				g.Reason, g.RetryAt = why, s.sliceStart(s.sliceOf(now)+s.p.Span())
 				break

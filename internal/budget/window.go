@@ -147,6 +147,15 @@ type Limits struct {
 	BurstRequests, BurstTokens int
 	// BurstOutput, when > 0, is the per-second cap on output tokens.
 	BurstOutput int
+	// OutputTolerance, when > 0, lets the output tokens' pace run this far
+	// ahead of its average (a burst tolerance, in time at the OTPM rate),
+	// for a provider that charges max_tokens at arrival from a bucket that
+	// holds a minute's worth and gives back what the answer did not use
+	// (Anthropic's OTPM): calls in flight hold their whole max_tokens until
+	// they end, and without it the schedule would pace them at their
+	// latency instead of at what they use. The minute's output bound is
+	// raised by as much (pace.go).
+	OutputTolerance time.Duration
 	// Horizon, when > 0, bounds how far ahead a paced store plans these
 	// costs instead of Params.Horizon (backlogs plan a short way ahead, so
 	// work that should not wait is not queued behind their placements).

@@ -364,6 +364,13 @@ func (s *Service) checkStore(ctx context.Context) {
 // model's schedule (urgent work may use admission.plan_horizon).
 const BacklogHorizon = 750 * time.Millisecond
 
+// OutputBurst is how far ahead of its average pace a model that limits
+// output apart (Anthropic's OTPM) may place output (budget.Limits'
+// OutputTolerance): a sixth of the bucket of a minute's worth the provider
+// charges max_tokens from, room for the calls in flight whose unused output
+// has not come back yet.
+const OutputBurst = 10 * time.Second
+
 // MaxPause bounds how long one pause signal holds a model; PauseJitter
 // spreads the processes' resumption.
 const (

@@ -83,7 +83,17 @@ func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, 
 	if g.N == 0 {
 		s.m.AdmissionWaits.WithLabelValues(ms.provider, ms.model, g.Reason).Inc()
 		ms.freeAt = g.RetryAt
-		s.sleep(ms, latest(g.RetryAt, s.now()), g.Reason)
+		wake := latest(g.RetryAt, s.now())
+		if ms.splits && g.Reason == "burst" {
+			// Calls that end give their unused output back and move the
+			// pace back (budget.ReturnRewind) at any moment: look again
+			// within a slice rather than at the instant the schedule
+			// expected without them.
+			if soon := s.now().Add(s.store.Params().Slice); soon.Before(wake) {
+				wake = soon
+			}
+		}
+		s.sleep(ms, wake, g.Reason)
 		return nil, refused
 	}
 	ms.wakeAt, ms.reason = time.Time{}, ""
@@ -107,6 +117,9 @@ func (s *Service) limitsFor(ctx context.Context, q *queueState, ms *modelState, 
 		for i := range ms.units {
 			lim.KeepAtLeast.Units[i] = 1
 		}
+	}
+	if ms.splits {
+		lim.OutputTolerance = OutputBurst
 	}
 	if urgent {
 		// An interactive job or a new flow may use the headroom, but only
