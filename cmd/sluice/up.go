@@ -124,6 +124,11 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
+	if f.sim != "" {
+		if _, err := simModels(cfg, f.sim); err != nil {
+			return err
+		}
+	}
 	if f.check {
 		return reportCheck(stdout, f.config, cfg, problems, services)
 	}
