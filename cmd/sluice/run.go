@@ -8,6 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+
+	"github.com/sluice-dev/sluice/internal/version"
 )
 
 const usage = `sluice: a rate-limit-aware job mesh for LLM API calls on NATS JetStream
@@ -33,9 +35,6 @@ Commands:
 
 Run 'sluice <command> -h' for a command's flags.
 `
-
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
 
 // run is the whole program; tests call it directly.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -111,7 +110,9 @@ func dispatch(ctx context.Context, group, usage string, cmds map[string]command,
 	return fmt.Errorf("%sunknown command %q", prefix, name)
 }
 
+// runVersion prints the build: the module's version (or the commit built),
+// revision, commit time and Go version (internal/version).
 func runVersion(_ context.Context, _ []string, _ func(string) string, stdout, _ io.Writer) error {
-	fmt.Fprintln(stdout, "sluice", version)
+	fmt.Fprintln(stdout, "sluice", version.Get())
 	return nil
 }

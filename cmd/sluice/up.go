@@ -26,6 +26,7 @@ type upFlags struct {
 	replicas                                                    int
 	open                                                        bool
 	check                                                       bool
+	sim                                                         string
 }
 
 func runUp(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -47,6 +48,7 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 	fs.StringVar(&f.tlsKey, "http-tls-key", "", "PEM private key for --http-tls-cert (SLUICE_HTTP_TLS_KEY)")
 	fs.BoolVar(&f.open, "open", false, "development mode: serve HTTP requests without an API key (SLUICE_OPEN=1); without it, no tenant keys means no start")
 	fs.IntVar(&f.replicas, "replicas", 0, "stream and bucket replicas when joining a cluster (SLUICE_REPLICAS, default 1)")
+	fs.StringVar(&f.sim, "sim", "", "also run the provider simulator in this process on HOST:PORT, serving the models of the providers whose base_url points there (development and the image's example; not a SLUICE_ variable nor a server: key)")
 	fs.BoolVar(&f.check, "check", false, "check the configuration and what it needs (key variables, a writable data directory), name every problem, and exit")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
@@ -122,11 +124,23 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
+	if f.sim != "" {
+		if _, err := simModels(cfg, f.sim); err != nil {
+			return err
+		}
+	}
 	if f.check {
 		return reportCheck(stdout, f.config, cfg, problems, services)
 	}
 	if len(cfg.Providers) == 0 {
 		log.Warn("no providers configured: jobs will be refused with unknown_model (see docs/CONFIG.md)")
+	}
+	if f.sim != "" {
+		stop, err := startSim(f.sim, cfg, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	httpAddr := s.HTTP
 	if httpAddr == "off" {

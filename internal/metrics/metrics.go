@@ -64,6 +64,7 @@ type Set struct {
 	DeploymentCooldown *prometheus.GaugeVec   // provider, model
 	BreakerState       *prometheus.GaugeVec   // provider, model
 	AffinityJobs       *prometheus.CounterVec // model, outcome
+	BuildInfo          *prometheus.GaugeVec   // version, revision, go_version (build.go)
 }
 
 // New makes and registers the metrics on reg.
@@ -123,6 +124,7 @@ func New(reg prometheus.Registerer) *Set {
 	s.RepliesDropped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_nats_replies_dropped_total", Help: "NATS requests a service did not answer because their reply subject was not one it may answer on (a reply aimed at another subject)."}, []string{"service"})
 	reg.MustRegister(s.RepliesDropped)
 	s.newDeployments(reg)
+	s.newBuild(reg)
 	reg.MustRegister(s.JobsAccepted, s.JobsRejected, s.Results, s.Requests, s.TokensReserved, s.TokensUsed,
 		s.Retries, s.RateLimitHits, s.Fallbacks, s.DupSuppressed, s.QueueDepth, s.QueueWait, s.AdmissionWaits,
 		s.BudgetWrites, s.BudgetConflict, s.BudgetErrors, s.ReservationsExpired, s.Requeues, s.RequeueLimited, s.TenantRequests, s.TenantTokens,

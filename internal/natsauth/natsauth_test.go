@@ -319,9 +319,9 @@ func TestEmbeddedTLS(t *testing.T) {
 }
 
 // TestDeployConfigsParse: deploy/nats's node files are valid nats-server
-// configuration, with the shipped (empty) sluice-auth.conf they include and
-// with the accounts block `sluice nats-auth` prints for the compose
-// configuration in its place.
+// configuration with the accounts block `sluice nats-auth` prints for the
+// compose configuration in auth/sluice-auth.conf, where compose mounts it;
+// without that file a node refuses to start (never without authentication).
 func TestDeployConfigsParse(t *testing.T) {
 	t.Parallel()
 	files, err := filepath.Glob("../../deploy/nats/nats-*.conf")
@@ -342,17 +342,24 @@ func TestDeployConfigsParse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	generated := t.TempDir()
-	if err := os.WriteFile(filepath.Join(generated, "sluice-auth.conf"), []byte(block), 0o600); err != nil {
+	generated, bare := t.TempDir(), t.TempDir()
+	if err := os.Mkdir(filepath.Join(generated, "auth"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(generated, "auth", "sluice-auth.conf"), []byte(block), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range files {
-		if _, err := server.ProcessConfigFile(f); err != nil {
-			t.Errorf("%s: %v", f, err)
-		}
 		data, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
+		}
+		without := filepath.Join(bare, filepath.Base(f))
+		if err := os.WriteFile(without, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := server.ProcessConfigFile(without); err == nil {
+			t.Errorf("%s without auth/sluice-auth.conf: accepted, want refused", f)
 		}
 		with := filepath.Join(generated, filepath.Base(f))
 		if err := os.WriteFile(with, data, 0o600); err != nil {
@@ -360,7 +367,7 @@ func TestDeployConfigsParse(t *testing.T) {
 		}
 		o, err := server.ProcessConfigFile(with)
 		if err != nil {
-			t.Errorf("%s with a generated sluice-auth.conf: %v", f, err)
+			t.Errorf("%s with a generated auth/sluice-auth.conf: %v", f, err)
 			continue
 		}
 		var names []string
@@ -370,6 +377,9 @@ func TestDeployConfigsParse(t *testing.T) {
 		slices.Sort(names)
 		if want := []string{natsauth.ServiceAccount, natsauth.TenantAccount("acme"), natsauth.TenantAccount("globex")}; fmt.Sprint(names) != fmt.Sprint(want) {
 			t.Errorf("%s: accounts %v, want %v", f, names, want)
+		}
+		if o.HTTPPort != 8222 {
+			t.Errorf("%s: monitoring port %d, want 8222 (compose's prometheus-nats-exporter reads it)", f, o.HTTPPort)
 		}
 	}
 }

@@ -172,7 +172,7 @@ func AccountsBlock(c *config.Config, sec *Secrets, getenv func(string) string, o
 	q := strconv.Quote
 	var b strings.Builder
 	b.WriteString("# Sluice's NATS accounts and users, written by `sluice nats-auth`. Paste into nats-server.conf or\n")
-	b.WriteString("# include it (deploy/nats/sluice-auth.conf). Write it again when tenants or keys change.\n")
+	b.WriteString("# include it (deploy/nats/auth/sluice-auth.conf). Write it again when tenants or keys change.\n")
 	b.WriteString("# Services connect with the nkey seeds in " + SecretsFile + " (role set -> seed);\n")
 	b.WriteString("# tenants as user <tenant> with their Sluice API key as the password. Each tenant has an\n")
 	b.WriteString("# account of its own that imports only its own subjects, so a reply subject it sets is\n")

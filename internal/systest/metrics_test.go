@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -184,5 +185,20 @@ routes:
 				t.Errorf("series %s carries an id-like label value", k)
 			}
 		}
+	}
+}
+
+// /metrics says which build runs: sluice_build_info at 1, labelled with the
+// running binary's Go version (and its version, never empty).
+func TestBuildInfoMetric(t *testing.T) {
+	t.Parallel()
+	n := Start(t, "server: {open: true}\ntenants: [{name: acme}]\n", nil)
+	m := scrape(t, n.MetricsURL()+"/metrics")
+	v, k := sum(m, "sluice_build_info", `go_version="`+runtime.Version()+`"`)
+	if k != 1 || v != 1 {
+		t.Errorf("sluice_build_info{go_version=%q}: %d series summing to %v, want one at 1", runtime.Version(), k, v)
+	}
+	if _, k := sum(m, "sluice_build_info", `version=""`); k != 0 {
+		t.Error("sluice_build_info has an empty version label")
 	}
 }
