@@ -96,19 +96,23 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // admission, executor, STREAMS, HTTP relay out), on a model without
 // limits (unpaced) and on a paced one with room (6,000 RPM, which the
 // simulator enforces). added_* is through Sluice minus direct, per
-// quantile. Run:
+// quantile. "fresh" is the paced model on a node that has made no call
+// (only the direct path is warmed up): run it 20x, as a new node's first
+// calls. Run:
 //
-//	go test -run XXX -bench StreamTTFT -benchtime 300x ./cmd/sluice/
+//	go test -run XXX -bench 'StreamTTFT/(un)?paced' -benchtime 300x ./cmd/sluice/
+//	go test -run XXX -bench StreamTTFT/fresh -benchtime 20x -count 5 ./cmd/sluice/
 func BenchmarkStreamTTFT(b *testing.B) {
 	for _, c := range []struct {
-		name string
-		rpm  int
-	}{{"unpaced", 0}, {"paced", 6000}} {
-		b.Run(c.name, func(b *testing.B) { benchTTFT(b, c.rpm) })
+		name  string
+		rpm   int
+		fresh bool
+	}{{"unpaced", 0, false}, {"paced", 6000, false}, {"fresh", 6000, true}} {
+		b.Run(c.name, func(b *testing.B) { benchTTFT(b, c.rpm, c.fresh) })
 	}
 }
 
-func benchTTFT(b *testing.B, rpm int) {
+func benchTTFT(b *testing.B, rpm int, fresh bool) {
 	_, simURL := systest.StartSim(b, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: rpm}}, TTFT: 20 * time.Millisecond, PerToken: time.Millisecond, APIKeys: []string{"sim-secret"}})
 	n := systest.Start(b, modelConfig(simURL, rpm, 64), systest.Env)
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
@@ -116,6 +120,9 @@ func benchTTFT(b *testing.B, rpm int) {
 	for range 20 { // warm up both paths
 		if _, err := firstToken(ctx, hc, simURL+"/v1/chat/completions", "sim-secret", streamBenchBody); err != nil {
 			b.Fatal(err)
+		}
+		if fresh {
+			continue
 		}
 		if _, err := firstToken(ctx, hc, n.HTTP+"/v1/chat/completions", "acme-key", streamBenchBody); err != nil {
 			b.Fatal(err)

@@ -168,6 +168,10 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 		// are checked against it).
 		exact := at
 		at = (at + 999) / 1000 * 1000
+		from := at
+		if paced && (i >= len(notBefore) || notBefore[i].IsZero()) && s.roomy(w, at, v, mins, caps, at-nowUS) {
+			from = max(nowUS, w.Last)
+		}
 		w.add(planned{At: at, V: v})
 		k := s.sliceOf(time.UnixMicro(at))
 		sv := w.Slices[k]
@@ -181,10 +185,54 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 		w.Last = exact
 		sa := time.UnixMicro(at)
 		g.SendAt = append(g.SendAt, sa)
+		g.From = append(g.From, time.UnixMicro(from))
 		g.ValidUntil = sa.Add(s.p.Tolerance)
 		g.N++
 	}
 	return g
+}
+
+// roomy reports whether a call planned at instant at may leave as early as
+// ahead before it (the grant's planning moment): the schedule then has
+// room for it over that stretch too. A call that leaves early lies in
+// windows that end before its instant, which the placement's own checks
+// did not count: so the pace must already allow it at the earlier moment,
+// and the short window and the minute, both stretched back by ahead, must
+// hold it. Later placements check windows that hold its instant, which an
+// early send does not leave. Only the planning, not the instants, changes.
+func (s *Store) roomy(w *Window, at int64, v, mins, caps Vec, ahead int64) bool {
+	if ahead <= 0 {
+		return true
+	}
+	early := at - ahead
+	if early < w.Last {
+		return false
+	}
+	for d := range mins {
+		if mins[d] > 0 && w.TAT[d] > early {
+			return false
+		}
+	}
+	var short Vec
+	for _, p := range w.P {
+		if p.At > early-s.p.shortUS() {
+			short.add(p.V)
+		}
+	}
+	extra := (ahead + s.p.Slice.Microseconds() - 1) / s.p.Slice.Microseconds()
+	minute := w.sum(s.sliceOf(time.UnixMicro(at)) - s.p.Span() + 1 - extra)
+	for d := range mins {
+		if mins[d] <= 0 {
+			continue
+		}
+		if short[d] > 0 && short[d]+v[d] > caps[d] {
+			return false
+		}
+		if minute[d]+v[d] > mins[d] {
+			return false
+		}
+	}
+	return true
 }
 
 // shortFit returns the earliest instant at or after at where the short

@@ -68,43 +68,60 @@ func TestPacedScheduleHoldsAtTheProvider(t *testing.T) {
 		cost     func(*rand.Rand) budget.Cost
 		minFill  float64 // of the binding limit over the second minute
 		binding  string
+		idle     float64 // the share of steps that ask for nothing
 	}{
 		// 150 RPM: a cap of 3 per second for 2.5 per second on average.
-		{"small requests, RPM-bound", 150, 10_000_000, func(*rand.Rand) budget.Cost { return budget.Cost{Requests: 1, Tokens: 200} }, 0.97, "rpm"},
+		{"small requests, RPM-bound", 150, 10_000_000, func(*rand.Rand) budget.Cost { return budget.Cost{Requests: 1, Tokens: 200} }, 0.97, "rpm", 0},
 		// 150,000 TPM: a cap of 2,500 tokens per second; every job is
 		// larger and needs a second of its own.
 		{"large requests, TPM-bound", 10_000, 150_000, func(r *rand.Rand) budget.Cost {
 			return budget.Cost{Requests: 1, Tokens: 4500 + r.IntN(1000)}
-		}, 0.97, "tpm"},
+		}, 0.97, "tpm", 0},
 		// 600 RPM: the per-second cap equals the average pace.
-		{"RPM 600, cap equal to the pace", 600, 10_000_000, func(*rand.Rand) budget.Cost { return budget.Cost{Requests: 1, Tokens: 100} }, 0.96, "rpm"},
+		{"RPM 600, cap equal to the pace", 600, 10_000_000, func(*rand.Rand) budget.Cost { return budget.Cost{Requests: 1, Tokens: 100} }, 0.96, "rpm", 0},
 		// Jobs of 100-6,100 tokens against a cap equal to the average pace
 		// (10,000 a second): a sliding window that must hold the next job
 		// whole idles about half a job per second, whoever sends.
 		{"mixed sizes below the cap, TPM-bound", 10_000, 600_000, func(r *rand.Rand) budget.Cost {
 			return budget.Cost{Requests: 1, Tokens: 100 + r.IntN(6_000)}
-		}, 0.83, "tpm"},
+		}, 0.83, "tpm", 0},
 		// The demo's jobs: 94-494 tokens against a 2,000-token cap.
 		{"demo-sized jobs, TPM-bound", 600, 120_000, func(r *rand.Rand) budget.Cost {
 			return budget.Cost{Requests: 1, Tokens: 94 + r.IntN(400)}
-		}, 0.80, "tpm"},
+		}, 0.80, "tpm", 0},
 		// Jobs up to 1.2x the per-second cap: one larger than the cap waits
 		// for an empty window behind smaller ones, in fair order.
 		{"mixed sizes around the cap, TPM-bound", 10_000, 600_000, func(r *rand.Rand) budget.Cost {
 			return budget.Cost{Requests: 1, Tokens: 100 + r.IntN(12_000)}
-		}, 0.78, "tpm"},
+		}, 0.78, "tpm", 0},
+		// Arrivals offered at about the limit, coming and going, with a
+		// 200-ms lead: calls planned with room may leave at once
+		// (Grant.From), the others at their instants; the provider refuses
+		// none either way.
+		{"intermittent, RPM-bound", 150, 10_000_000, func(*rand.Rand) budget.Cost { return budget.Cost{Requests: 1, Tokens: 200} }, 0, "rpm", 0.972},
+		{"intermittent, TPM-bound", 10_000, 150_000, func(r *rand.Rand) budget.Cost {
+			return budget.Cost{Requests: 1, Tokens: 1000 + r.IntN(3000)}
+		}, 0, "tpm", 0.989},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, pacedParams)
+			p := pacedParams
+			if tc.idle > 0 {
+				p.Lead = 200 * time.Millisecond
+			}
+			b := setup(t, p)
 			rnd := rand.New(rand.NewPCG(1, 2))
 			ctx := context.Background()
 			lim := budget.Limits{RPM: tc.rpm, TPM: tc.tpm}
 			var sends []send
+			early := 0
 			// 150 s of 50-ms steps; each step one of three processes asks
 			// for a batch of up to 8 jobs (always backlogged).
 			for step := 0; step < 3000; step++ {
 				now := b.clock.Advance(50 * time.Millisecond)
+				if rnd.Float64() < tc.idle {
+					continue
+				}
 				batch := make([]budget.Cost, 1+rnd.IntN(8))
 				for i := range batch {
 					batch[i] = tc.cost(rnd)
@@ -113,22 +130,38 @@ func TestPacedScheduleHoldsAtTheProvider(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if g.N != len(g.SendAt) {
-					t.Fatalf("grant of %d with %d send instants", g.N, len(g.SendAt))
+				if g.N != len(g.SendAt) || g.N != len(g.From) {
+					t.Fatalf("grant of %d with %d send instants, %d earliest", g.N, len(g.SendAt), len(g.From))
 				}
 				for i := range g.N {
 					if g.SendAt[i].Before(now) {
 						t.Fatalf("send instant %v before now %v", g.SendAt[i], now)
 					}
-					if g.SendAt[i].After(now.Add(pacedParams.Horizon)) {
+					if g.SendAt[i].After(now.Add(p.Horizon)) {
 						t.Fatalf("send instant %v beyond the horizon", g.SendAt[i])
 					}
-					late := time.Duration(rnd.Int64N(int64(pacedParams.Tolerance) + 1))
-					sends = append(sends, send{at: g.SendAt[i].Add(late), r: batch[i].Requests, t: batch[i].Tokens})
+					// Anywhere from the earliest it may leave to the
+					// tolerance after its instant, a third of the time at
+					// one of the two ends.
+					from, until := g.From[i], g.SendAt[i].Add(pacedParams.Tolerance)
+					at := from.Add(time.Duration(rnd.Int64N(int64(until.Sub(from)) + 1)))
+					switch rnd.IntN(6) {
+					case 0:
+						at = from
+					case 1:
+						at = until
+					}
+					if from.Before(g.SendAt[i]) {
+						early++
+					}
+					sends = append(sends, send{at: at, r: batch[i].Requests, t: batch[i].Tokens})
 				}
 			}
 			if n := strictProvider(sends, tc.rpm, tc.tpm); n > 0 {
-				t.Errorf("the provider refused %d of %d sends", n, len(sends))
+				t.Errorf("the provider refused %d of %d sends (%d free to leave early)", n, len(sends), early)
+			}
+			if tc.idle > 0 && early < len(sends)/10 {
+				t.Errorf("%d of %d sends were free to leave early; arrivals at about the limit should find room for more", early, len(sends))
 			}
 			// Fill over [60 s, 120 s).
 			var got int
@@ -148,7 +181,7 @@ func TestPacedScheduleHoldsAtTheProvider(t *testing.T) {
 			if fill := float64(got) / float64(limit); fill < tc.minFill || fill > 1 {
 				t.Errorf("fill of the second minute %.3f, want [%.2f, 1]", fill, tc.minFill)
 			} else {
-				t.Logf("fill of the second minute %.3f (%d sends in all)", fill, len(sends))
+				t.Logf("fill of the second minute %.3f (%d sends in all, %d of them free to leave early)", fill, len(sends), early)
 			}
 		})
 	}
@@ -249,5 +282,36 @@ func TestReturnLapsedAfterPrune(t *testing.T) {
 	}
 	if wait := g2.SendAt[0].Sub(b.clock.Now()); wait > time.Second {
 		t.Errorf("the next instant is %v away, want now", wait)
+	}
+}
+
+// TestRoomLeavesAtOnce: on a model far from its limits a call may leave
+// as soon as it is planned (Grant.From is the planning moment), not a
+// lead later; once the schedule is busy, a call waits for its instant.
+func TestRoomLeavesAtOnce(t *testing.T) {
+	t.Parallel()
+	p := pacedParams
+	p.Lead = 200 * time.Millisecond
+	b := setup(t, p)
+	ctx := context.Background()
+	now := b.clock.Now()
+	lim := budget.Limits{RPM: 6000, TPM: 1_000_000}
+	g, err := b.store.Take(ctx, key, lim, []budget.Cost{{Requests: 1, Tokens: 100}})
+	if err != nil || g.N != 1 || len(g.From) != 1 {
+		t.Fatalf("first call: %+v %v", g, err)
+	}
+	if !g.SendAt[0].After(now) || !g.From[0].Equal(now) {
+		t.Errorf("first call of an idle model: instant %v, from %v after planning; want the instant a lead on and from at once",
+			g.SendAt[0].Sub(now), g.From[0].Sub(now))
+	}
+	// A backlog: 6,000 a minute pace every 10 ms, and the per-second cap
+	// of 100 fills; the later calls must wait for their instants.
+	g, err = b.store.Take(ctx, key, lim, costs(150, budget.Cost{Requests: 1, Tokens: 100}))
+	if err != nil || g.N == 0 {
+		t.Fatalf("backlog: %+v %v", g, err)
+	}
+	last := g.N - 1
+	if g.From[last].Before(g.SendAt[last]) {
+		t.Errorf("call %d of a busy schedule may leave %v before its instant; want at its instant", last, g.SendAt[last].Sub(g.From[last]))
 	}
 }

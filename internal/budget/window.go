@@ -338,6 +338,11 @@ type Grant struct {
 	// sent (its call is valid until Tolerance after it); ValidUntil is then
 	// the last one's.
 	SendAt []time.Time
+	// From is, for each instant of SendAt, the earliest moment its call may
+	// leave: the instant itself, or, where the schedule has room for the
+	// call over the lead before it too (Store.roomy), the moment the grant
+	// was planned, so a model far from its limits adds no wait.
+	From []time.Time
 	// Planned is the instant the grant was computed at: a paced store's
 	// instants are at least its lead after it, so a call's dispatch
 	// transit runs from here (the read of the window before it is not

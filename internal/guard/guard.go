@@ -226,6 +226,10 @@ func (g *Guard) sign(j *job.Job) string {
 	writeInt(h, r.ReservedAt.UnixNano())
 	writeInt(h, r.ValidUntil.UnixNano())
 	writeInt(h, r.SendAt.UnixNano())
+	if !r.SendFrom.IsZero() {
+		writeStr(h, "from")
+		writeInt(h, r.SendFrom.UnixNano())
+	}
 	return base64.RawURLEncoding.EncodeToString(h.Sum(nil))
 }
 

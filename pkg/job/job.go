@@ -268,10 +268,23 @@ type Reservation struct {
 	// SendAt, on a paced model, is the instant the call may leave: the
 	// executor waits for it and sends by ValidUntil or not at all.
 	SendAt time.Time `json:"send_at,omitzero"`
+	// SendFrom, when set, is the earliest the call may leave, before
+	// SendAt: admission found room for it from the moment it planned it,
+	// so the call need not wait for its instant.
+	SendFrom time.Time `json:"send_from,omitzero"`
 	// Sig is admission's signature over the reservation and the job's
 	// seal (HMAC with the fleet key): an executor sends only what it can
 	// verify admission reserved.
 	Sig string `json:"sig,omitempty"`
+}
+
+// Earliest is the earliest the reserved call may leave: SendFrom when
+// set, else SendAt (zero: unpaced, at once).
+func (r *Reservation) Earliest() time.Time {
+	if !r.SendFrom.IsZero() && r.SendFrom.Before(r.SendAt) {
+		return r.SendFrom
+	}
+	return r.SendAt
 }
 
 // Attempt records one provider call.

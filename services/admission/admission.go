@@ -508,6 +508,7 @@ const backlogChunks = 32
 type leaseGrant struct {
 	N       int
 	SendAt  []time.Time
+	From    []time.Time // the earliest each may leave (budget.Grant's From)
 	Planned []time.Time
 	Reason  string
 	RetryAt time.Time
@@ -528,7 +529,7 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 		for i := range g.SendAt {
 			g.SendAt[i] = now
 		}
-		g.Planned = g.SendAt
+		g.Planned, g.From = g.SendAt, g.SendAt
 		return g, nil
 	}
 	l := s.leases[key]
@@ -566,6 +567,7 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 		}
 		g.N++
 		g.SendAt = append(g.SendAt, b.At)
+		g.From = append(g.From, b.At)
 		g.Planned = append(g.Planned, now)
 	}
 	rest := cands[g.N:]
@@ -606,6 +608,7 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 	}
 	g.N += tg.N
 	g.SendAt = append(g.SendAt, tg.SendAt...)
+	g.From = append(g.From, tg.From...)
 	for range tg.SendAt {
 		g.Planned = append(g.Planned, tg.Planned)
 	}

@@ -65,7 +65,7 @@ func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, 
 	}
 	lim, backlog := s.limitsFor(ctx, q, ms, model, c, it.Urgent)
 	g, err := s.lease(ctx, ms.key, lim, []*Candidate{c}, backlog, it.Urgent)
-	if err == nil && (len(g.SendAt) < g.N || len(g.Planned) < g.N) {
+	if err == nil && (len(g.SendAt) < g.N || len(g.Planned) < g.N || len(g.From) < g.N) {
 		err = fmt.Errorf("lease granted %d jobs with %d send instants", g.N, len(g.SendAt))
 	}
 	if g.N == 0 {
@@ -99,7 +99,7 @@ func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, 
 	ms.wakeAt, ms.reason = time.Time{}, ""
 	q.wakeAt, q.reason = time.Time{}, ""
 	s.advance(ms, lim, c.Cost, g.SendAt[0]) // place.go
-	return s.publish(q, ms, c, g.SendAt[0], g.Planned[0], lim), placed
+	return s.publish(q, ms, c, g.SendAt[0], g.From[0], g.Planned[0], lim), placed
 }
 
 // limitsFor is what c is placed against on ms: the limits in effect, with
@@ -190,8 +190,9 @@ func (s *Service) sleepQueue(q *queueState, wake time.Time, reason string) {
 
 // publish sends c to DISPATCH with its reservation: its cost on the
 // model's schedule at the instant at, as planned at planned (its dispatch
-// transit runs from there: lead.go).
-func (s *Service) publish(q *queueState, ms *modelState, c *Candidate, at, planned time.Time, lim budget.Limits) *pub {
+// transit runs from there: lead.go). from, when before at, is the earliest
+// the call may leave (the schedule had room for it from then).
+func (s *Service) publish(q *queueState, ms *modelState, c *Candidate, at, from, planned time.Time, lim budget.Limits) *pub {
 	now := s.now()
 	j := c.Job
 	s.placeOn(j, ms) // place.go
@@ -201,6 +202,9 @@ func (s *Service) publish(q *queueState, ms *modelState, c *Candidate, at, plann
 		Output: c.Cost.Output, Cached: c.cached,
 		ReservedAt: planned.UTC(), ValidUntil: at.Add(s.cfg.App.Admission.SendTolerance.D()).UTC(), SendAt: at.UTC(),
 	}
+	if from.Before(at) {
+		j.Reservation.SendFrom = from.UTC()
+	}
 	if len(ms.units) > 0 {
 		j.Reservation.Units = make(map[string]int, len(ms.units))
 		for k, name := range ms.units {
@@ -209,7 +213,7 @@ func (s *Service) publish(q *queueState, ms *modelState, c *Candidate, at, plann
 	}
 	if !lim.Limited() {
 		// Unlimited: nothing to pace, so no instant to keep.
-		j.Reservation.SendAt, j.Reservation.ValidUntil = time.Time{}, now.Add(s.cfg.App.Admission.DispatchGrace.D()).UTC()
+		j.Reservation.SendAt, j.Reservation.SendFrom, j.Reservation.ValidUntil = time.Time{}, time.Time{}, now.Add(s.cfg.App.Admission.DispatchGrace.D()).UTC()
 	}
 	j.Gated = true
 	s.guard.Sign(j)

@@ -231,11 +231,11 @@ func (s *Service) awaitInstant(ctx context.Context, a *attempt) (done bool, err 
 		return true, s.backToAdmission(ctx, a, nil, "drain", backDrain)
 	}
 	s.noteReady(ctx, a.msg, j) // transit.go
-	if !waitInstant(ctx, r.SendAt) {
+	if !waitInstant(ctx, r.Earliest()) {
 		s.withdrawSent(ctx, a.opKey, a.sent)
 		return true, errors.New("shutting down before the send instant")
 	}
-	late := s.now().Sub(r.SendAt)
+	late := s.now().Sub(r.Earliest())
 	// The call must also leave by then: checked again when its first byte
 	// is written, after the connection was dialed or taken from the pool
 	// (provider.Call.SendBy).

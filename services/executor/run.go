@@ -204,7 +204,7 @@ func (mc *modelCalls) start(msg jetstream.Msg) (*job.Job, error) {
 func (mc *modelCalls) slotAtInstant(j *job.Job) (context.Context, func(), error) {
 	s, r := mc.s, j.Reservation
 	waitFrom := s.now()
-	if !sleepUntil(mc.ctx, r.SendAt.Add(-slotAhead)) {
+	if !sleepUntil(mc.ctx, r.Earliest().Add(-slotAhead)) {
 		return nil, nil, redeliverAfter(time.Second)
 	}
 	waited := s.now().Sub(waitFrom)
