@@ -739,8 +739,12 @@ func (a *MessageEvents) Done(w io.Writer) bool {
 		a.emit(w, "message_stop", map[string]any{})
 }
 
-func (a *MessageEvents) Fail(w io.Writer, msg string, status int) bool {
-	return a.emit(w, "error", map[string]any{"error": map[string]any{"type": AnthropicErrorType(status), "message": msg}})
+func (a *MessageEvents) Fail(w io.Writer, msg string, status int, rid string) bool {
+	ev := map[string]any{"error": map[string]any{"type": AnthropicErrorType(status), "message": msg}}
+	if rid != "" {
+		ev["request_id"] = rid // as Anthropic's error bodies carry it
+	}
+	return a.emit(w, "error", ev)
 }
 
 func (a *MessageEvents) KeepAlive(w io.Writer) bool {

@@ -98,7 +98,18 @@ func (s *Service) resultHeaders(ctx context.Context, w http.ResponseWriter, res 
 	if res.ProviderRequestID != "" {
 		h.Set("X-Request-Id", res.ProviderRequestID)
 	}
+	setDeployment(h, res)
 	if snap, ok := s.limits.get(ctx, res.Provider, res.Model); ok {
 		snap.set(h, openAIRateHeader)
+	}
+}
+
+// HeaderDeployment names the deployment (provider/model) that served a
+// call, or whose failure ended it.
+const HeaderDeployment = "X-Sluice-Deployment"
+
+func setDeployment(h http.Header, res *job.Result) {
+	if res.Provider != "" {
+		h.Set(HeaderDeployment, res.Provider+"/"+res.Model)
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/provider"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -248,6 +249,7 @@ func WriteOpenAIResult(w http.ResponseWriter, res *job.Result) {
 	// an SDK that retries this answer submits a new job and pays again.
 	api.NoRetry(w)
 	w.Header().Set("X-Sluice-Job-Id", res.JobID)
+	setDeployment(w.Header(), res)
 	api.Error(w, status, "sluice_"+string(res.Status), code, msg)
 }
 
@@ -257,8 +259,10 @@ func failureStatus(status job.Status, code string) int {
 	switch {
 	case status == job.StatusExpired:
 		return http.StatusGatewayTimeout
-	case code == "insufficient_quota":
-		return http.StatusTooManyRequests
+	case code == job.CodeDeploymentUnreachable:
+		return http.StatusServiceUnavailable // the deployment's problem
+	case code == job.CodeDeploymentAuth || provider.OperatorCode(code):
+		return http.StatusBadGateway // the deployment's problem
 	case status == job.StatusFailed:
 		st := api.StatusFor(code)
 		if st == http.StatusBadRequest && !strings.HasPrefix(code, "invalid") && code != job.CodeUnsupported && code != "context_length_exceeded" {
@@ -279,8 +283,18 @@ func (s *Service) fail(w http.ResponseWriter, via string, err error) {
 		s.m.JobsRejected.WithLabelValues(via, ve.Code).Inc()
 		api.Error(w, http.StatusTooManyRequests, "invalid_request_error", ve.Code, ve.Error())
 	case errors.As(err, &ve):
+		// The caller's own mistake: the same request fails the same way,
+		// a deadline already past included (400, not a 504 the SDKs
+		// would send again).
 		s.m.JobsRejected.WithLabelValues(via, ve.Code).Inc()
-		api.ErrorParam(w, api.StatusFor(ve.Code), "invalid_request_error", ve.Code, api.Param(ve.Field), ve.Error())
+		api.NoRetry(w)
+		msg := ve.Error()
+		if via != "http" { // the provider APIs name the body's own fields, not the job envelope's
+			if p := api.Param(ve.Field); p != "" {
+				msg = p + ": " + ve.Message
+			}
+		}
+		api.ErrorParam(w, api.StatusFor(ve.Code), "invalid_request_error", ve.Code, api.Param(ve.Field), msg)
 	case errors.Is(err, ErrQueueFull):
 		be := &BusyError{Code: job.CodeQueueFull, RetryAfter: 2 * time.Second, Message: "Sluice's queue is full"}
 		errors.As(err, &be)
