@@ -333,7 +333,7 @@ const (
 	// CodeDeploymentUnreachable: the deployment's endpoint could not be
 	// reached (connection refused, DNS, TLS, connect timeout).
 	CodeDeploymentUnreachable = "deployment_unreachable"
-	CodeRetriesExceeded = "retries_exhausted"
+	CodeRetriesExceeded       = "retries_exhausted"
 	// CodeResponseTooLarge: the provider answered (and billed) more than
 	// limits.max_response_bytes; the answer is not stored and the call is
 	// never repeated.
