@@ -288,13 +288,14 @@ func (s *Service) fail(w http.ResponseWriter, via string, err error) {
 		// would send again).
 		s.m.JobsRejected.WithLabelValues(via, ve.Code).Inc()
 		api.NoRetry(w)
-		msg := ve.Error()
+		msg, param := ve.Error(), api.Param(ve.Field)
 		if via != "http" { // the provider APIs name the body's own fields, not the job envelope's
-			if p := api.Param(ve.Field); p != "" {
-				msg = p + ": " + ve.Message
+			msg, param = ve.Message, apiField(ve.Field)
+			if param != "" {
+				msg = param + ": " + ve.Message
 			}
 		}
-		api.ErrorParam(w, api.StatusFor(ve.Code), "invalid_request_error", ve.Code, api.Param(ve.Field), msg)
+		api.ErrorParam(w, api.StatusFor(ve.Code), "invalid_request_error", ve.Code, param, msg)
 	case errors.Is(err, ErrQueueFull):
 		be := &BusyError{Code: job.CodeQueueFull, RetryAfter: 2 * time.Second, Message: "Sluice's queue is full"}
 		errors.As(err, &be)
@@ -305,4 +306,25 @@ func (s *Service) fail(w http.ResponseWriter, via string, err error) {
 		api.RetryAfter(w, time.Second)
 		api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not accept the job now (the cluster has not taken it within "+ElectionWait.String()+"); retry with an Idempotency-Key, so that a retry cannot make a second job")
 	}
+}
+
+// apiField is what a caller of a provider API (chat, messages, responses)
+// knows a job field by: the body's own path for the request's fields, the
+// header that set an envelope field, nothing for the envelope itself.
+func apiField(field string) string {
+	switch field {
+	case "request", "tenant", "id", "task", "endpoint":
+		return ""
+	case "deadline":
+		return "X-Sluice-Deadline"
+	case "priority":
+		return "X-Sluice-Priority"
+	case "idempotency_key":
+		return "Idempotency-Key"
+	case "provider":
+		return "X-Sluice-Provider"
+	case "cost":
+		return CostHeader
+	}
+	return api.Param(field)
 }
