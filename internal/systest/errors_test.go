@@ -248,8 +248,8 @@ func TestMalformedRequestsNeverReachTheProvider(t *testing.T) {
 		`{"model":"gpt-4o-mini","max_tokens":8,"temprature":0.5,"messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"gpt-4o-mini","max_tokens":8,"messages":[{"role":"user"}]}`,
 	} {
-		if status, out := msgs(body); status != http.StatusBadRequest || out["type"] != "error" {
-			t.Errorf("/v1/messages %s: got %d %v, want 400", body, status, out)
+		if status, out := msgs(body); status != http.StatusBadRequest || out["type"] != "error" || !strings.HasPrefix(fmt.Sprint(out["request_id"]), "req_") {
+			t.Errorf("/v1/messages %s: got %d %v, want 400 with a request_id", body, status, out)
 		}
 	}
 	if got := totalRequests(simSrv.Stats()); got != 0 {
