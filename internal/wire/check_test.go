@@ -89,3 +89,19 @@ func TestMessagesSchema(t *testing.T) {
 		t.Errorf("a good body: %v", err)
 	}
 }
+
+// FuzzCheckChat: any body is passed or refused with a validation error,
+// never a panic.
+func FuzzCheckChat(f *testing.F) {
+	for _, b := range []string{`{"model":"m","messages":[{"role":"user","content":"hi"}]}`, `{"temperature":7}`, `{"messages":[{"role":"tool"}]}`, `[]`, `{"n":1e400}`} {
+		f.Add([]byte(b))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if err := wire.CheckChat(body, nil); err != nil {
+			var ve *job.ValidationError
+			if !errors.As(err, &ve) || ve.Code != job.CodeInvalidRequest {
+				t.Fatalf("CheckChat(%q) = %v, want a validation error", body, err)
+			}
+		}
+	})
+}
