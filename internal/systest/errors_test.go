@@ -180,8 +180,9 @@ func TestPastDeadlineIsTheCallersError(t *testing.T) {
 		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}},
 		option.WithHeader("X-Sluice-Deadline", time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)))
 	var apiErr *openai.Error
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || apiErr.Code != "deadline_expired" {
-		t.Fatalf("got %v, want 400 deadline_expired", err)
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || apiErr.Code != "deadline_expired" ||
+		!strings.HasPrefix(apiErr.Message, "X-Sluice-Deadline: ") {
+		t.Fatalf("got %v, want 400 deadline_expired naming the header (not the envelope's deadline)", err)
 	}
 	if h := apiErr.Response.Header; h.Get("X-Should-Retry") != "false" || h.Get("X-Request-Id") == "" {
 		t.Errorf("x-should-retry %q, x-request-id %q; want false and an id", h.Get("X-Should-Retry"), h.Get("X-Request-Id"))
@@ -208,6 +209,7 @@ func TestMalformedRequestsNeverReachTheProvider(t *testing.T) {
 	n := Start(t, yaml, Env)
 	hi := `"messages":[{"role":"user","content":"hi"}]`
 	for _, tc := range []struct{ name, path, body, param string }{ // param: the message's first words too
+		{"no model", "/v1/chat/completions", `{` + hi + `}`, "model"},
 		{"role wizard", "/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[{"role":"wizard","content":"hi"}]}`, "messages[0].role"},
 		{"no content", "/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[{"role":"user"}]}`, "messages[0].content"},
 		{"temprature", "/v1/chat/completions", `{"model":"gpt-4o-mini","temprature":0.5,` + hi + `}`, "temprature"},
