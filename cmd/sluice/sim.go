@@ -36,6 +36,12 @@ counting against RPM; --profile picks the shorter-term limit, as providers docum
 A 429 carries retry-after-ms and Retry-After: the exact time until the same request
 would fit.
 
+Tools and JSON: a request whose tool_choice requires a call ("required", a named
+function; Anthropic's any or tool) is answered with one, its arguments the smallest
+value valid for the tool's parameters schema; --tool-calls N also answers tool_choice
+auto with calls for N rounds. response_format json_schema is answered with JSON valid
+for the schema, json_object with a JSON object.
+
 Flags:
 `
 
@@ -68,6 +74,7 @@ func runSim(ctx context.Context, args []string, getenv func(string) string, stdo
 	countFactor := fs.Float64("token-factor", 1, "scale every prompt count by this (1.15: the provider counts 15% more; 0.6: 40% less)")
 	ignoreKey := fs.Bool("ignore-idempotency-key", false, "run every request, even one repeating an Idempotency-Key (as OpenAI and Anthropic document their completions); completions are still counted per key")
 	quota := fs.String("quota-models", "", "comma-separated models that answer 429 insufficient_quota")
+	toolCalls := fs.Int("tool-calls", 0, "answer a request offering tools with tool_choice auto (or none given) with a tool call while its conversation holds fewer than this many tool results (0: text); tool_choice required or a named tool is always answered with a call")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}
@@ -83,7 +90,7 @@ func runSim(ctx context.Context, args []string, getenv func(string) string, stdo
 		return fmt.Errorf("--models: %w", err)
 	}
 	cfg := sim.Config{Models: ml, Profile: *profile, BurstFraction: *burst, BucketSeconds: *bucket, NoRateHeaders: *noHeaders,
-		IgnoreIdempotencyKey: *ignoreKey, TTFT: *ttft, PerToken: *perToken, Count: sim.TokenCount{Mode: *count, Factor: *countFactor},
+		IgnoreIdempotencyKey: *ignoreKey, ToolCalls: *toolCalls, TTFT: *ttft, PerToken: *perToken, Count: sim.TokenCount{Mode: *count, Factor: *countFactor},
 		Faults: sim.Faults{Seed: *seed, Rate500: *f500, Rate502: *f502, Rate503: *f503, RateReset: *fReset, RateHang: *fHang,
 			RateStreamCut: *fCut, StreamCutAfter: *cutAfter, RateStreamStall: *fStall, StreamStallAfter: *stallAfter}}
 	if *apiKey != "" {

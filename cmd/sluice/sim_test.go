@@ -212,3 +212,34 @@ func TestSimModelsAnthropic(t *testing.T) {
 		t.Errorf("--models m=1/2 under anthropic: error %v, want the three-limit form asked for", err)
 	}
 }
+
+// TestSimToolCallsFlag: --tool-calls 1 answers a request offering a tool
+// (tool_choice auto) with one call, then text once its result is in.
+func TestSimToolCallsFlag(t *testing.T) {
+	t.Parallel()
+	url := startSimCommand(t, "--models", "m=600/0", "--tool-calls", "1")
+	post := func(body string) (finish string) {
+		t.Helper()
+		resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out struct {
+			Choices []struct {
+				FinishReason string `json:"finish_reason"`
+			} `json:"choices"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || len(out.Choices) != 1 {
+			t.Fatalf("answer %+v (%v)", out, err)
+		}
+		return out.Choices[0].FinishReason
+	}
+	tools := `"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]`
+	if got := post(`{"model":"m","max_tokens":5,` + tools + `,"messages":[{"role":"user","content":"hi"}]}`); got != "tool_calls" {
+		t.Errorf("first round: finish %q, want tool_calls", got)
+	}
+	if got := post(`{"model":"m","max_tokens":5,` + tools + `,"messages":[{"role":"user","content":"hi"},{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"1"}]}`); got == "tool_calls" {
+		t.Errorf("after the tool result: finish %q, want text", got)
+	}
+}

@@ -258,8 +258,6 @@ func StatusFor(code string) int {
 		return http.StatusRequestEntityTooLarge
 	case job.CodeQueueFull:
 		return http.StatusTooManyRequests
-	case job.CodeDeadlineExpired:
-		return http.StatusGatewayTimeout
 	case job.CodeUnknownModel:
 		return http.StatusNotFound
 	case CodeUnsupportedMediaType:

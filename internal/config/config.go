@@ -411,7 +411,8 @@ type Model struct {
 	// they are.
 	Adaptive *bool `yaml:"adaptive"`
 	// AllowFields lets request body fields through that DefaultDeniedFields
-	// holds back; DenyFields refuses more (see FieldDenied).
+	// holds back, and fields the chat schema does not know (a provider's
+	// own: wire.CheckChat); DenyFields refuses more (see FieldDenied).
 	AllowFields []string `yaml:"allow_fields"`
 	DenyFields  []string `yaml:"deny_fields"`
 	// Price is optional, for reports of spend only (price.go).

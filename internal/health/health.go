@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -487,4 +488,19 @@ func (r *Registry) changed(provider, model string, before, after Record) {
 		r.cfg.Log.Warn("deployment down: no jobs are placed on it until a probe succeeds", "provider", provider, "model", model,
 			"reason", after.Reason, "probe_at", after.Until, "failures", after.Failures)
 	}
+}
+
+// DownNow lists the configured deployments this process sees down (not
+// merely cooling), as "provider/model", sorted, and how many are
+// configured: /readyz says a node is degraded while some are down and
+// unready when all are.
+func (r *Registry) DownNow() (down []string, configured int) {
+	view := *r.view.Load()
+	for _, d := range r.cfg.Deployments {
+		if e, ok := view[d]; ok && e.rec.State == Down {
+			down = append(down, d.Provider+"/"+d.Model)
+		}
+	}
+	slices.Sort(down)
+	return down, len(r.cfg.Deployments)
 }

@@ -129,7 +129,7 @@ func addHTTP(g *run.Group, o Options, mux *http.ServeMux, reg *prometheus.Regist
 		}
 	}
 	if o.HTTP != "" {
-		if httpAddr, err = serve("http", o.HTTP, mux); err != nil {
+		if httpAddr, err = serve("http", o.HTTP, api.WithRequestID(mux)); err != nil {
 			return "", "", err
 		}
 	}

@@ -413,6 +413,7 @@ func newServices(o Options, st *stores, hints *nats.Conn, reg prometheus.Registe
 	}
 	if hr != nil {
 		services = append(services, hr) // after o.Services' (serve names them)
+		readiness = append(readiness, deploymentsReady(hr))
 	}
 	return services, readiness, nil
 }
@@ -434,18 +435,49 @@ func newHealth(o Options, m *mesh.Mesh, ms *metrics.Set) *health.Registry {
 		Log: o.Log, Changes: ms.DeploymentChanges, States: ms.DeploymentState})
 }
 
-// readyz answers 200 when the connection is up and every check passes.
+// degraded is a readiness check's answer that the node serves, but not
+// all it could: /readyz answers 200 and says so.
+type degraded struct{ why string }
+
+func (d *degraded) Error() string { return d.why }
+
+// deploymentsReady is /readyz's check of the deployments' health: degraded
+// while some are down, failing when every one is (no job can be served).
+func deploymentsReady(hr *health.Registry) func() error {
+	return func() error {
+		down, n := hr.DownNow()
+		switch {
+		case len(down) == 0:
+			return nil
+		case len(down) == n:
+			return fmt.Errorf("unready: every deployment is down: %s", strings.Join(down, ", "))
+		}
+		return &degraded{why: "deployments down: " + strings.Join(down, ", ")}
+	}
+}
+
+// readyz answers 200 "ready" when the connection is up and every check
+// passes, 200 "degraded: ..." when a check says the node serves less than
+// it could (some deployments down), and 503 when a check fails.
 func readyz(nc *nats.Conn, readiness []func() error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		if !nc.IsConnected() {
 			http.Error(w, "nats: not connected", http.StatusServiceUnavailable)
 			return
 		}
+		var notes []string
 		for _, ready := range readiness {
-			if err := ready(); err != nil {
+			var d *degraded
+			if err := ready(); errors.As(err, &d) {
+				notes = append(notes, d.why)
+			} else if err != nil {
 				http.Error(w, err.Error(), http.StatusServiceUnavailable)
 				return
 			}
+		}
+		if len(notes) > 0 {
+			_, _ = w.Write([]byte("degraded: " + strings.Join(notes, "; ") + "\n"))
+			return
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})

@@ -114,6 +114,13 @@ func TestReadyz(t *testing.T) {
 	if code, body := get(readyz(nc, []func() error{ok, notYet})); code != http.StatusServiceUnavailable || !strings.Contains(body, "not caught up") {
 		t.Errorf("a check failing: got %d %q, want 503 naming it", code, body)
 	}
+	some := func() error { return &degraded{why: "deployments down: p/m"} }
+	if code, body := get(readyz(nc, []func() error{ok, some})); code != http.StatusOK || body != "degraded: deployments down: p/m\n" {
+		t.Errorf("some deployments down: got %d %q, want 200 degraded naming them", code, body)
+	}
+	if code, _ := get(readyz(nc, []func() error{some, notYet})); code != http.StatusServiceUnavailable {
+		t.Errorf("degraded and a check failing: got %d, want 503", code)
+	}
 	nc.Close()
 	if code, body := get(readyz(nc, nil)); code != http.StatusServiceUnavailable || !strings.Contains(body, "not connected") {
 		t.Errorf("connection closed: got %d %q, want 503 not connected", code, body)
@@ -183,8 +190,8 @@ func TestSetUpAndBuildServices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(services) != 4 || len(readiness) != 1 {
-		t.Fatalf("got %d services and %d readiness checks, want 3 and the deployments' health, and 1 (admission's)", len(services), len(readiness))
+	if len(services) != 4 || len(readiness) != 2 {
+		t.Fatalf("got %d services and %d readiness checks, want 3 and the deployments' health, and 2 (admission's, the deployments')", len(services), len(readiness))
 	}
 	if _, ok := services[3].(*health.Registry); !ok {
 		t.Errorf("last service: got %T, want the deployments' health", services[3])

@@ -595,3 +595,14 @@ func ClassTable() string {
 	}
 	return b.String()
 }
+
+// OperatorCode reports whether code is one of Rules' money codes (quota,
+// billing, spend limits): an answer only the operator can fix.
+func OperatorCode(code string) bool {
+	for _, r := range Rules {
+		if r.Class == OperatorAction && code != "" && (r.Code == code || r.Type == code) {
+			return true
+		}
+	}
+	return false
+}

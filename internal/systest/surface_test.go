@@ -175,6 +175,23 @@ func TestOpenAISurface(t *testing.T) {
 		if h.Get("X-Sluice-Job-Id") == "" {
 			t.Error("no X-Sluice-Job-Id")
 		}
+		// A warm-up's limits are said to be one (issue 37), beside the
+		// configured ones; the deployment that served is named.
+		wantState := "configured"
+		if limR < 100 || limT < 100000 {
+			wantState = "warming"
+		}
+		if got := h.Get("X-Sluice-Limit-State"); got != wantState || h.Get("X-Sluice-Ratelimit-Configured-Requests") != "100" ||
+			h.Get("X-Sluice-Ratelimit-Configured-Tokens") != "100000" {
+			t.Errorf("x-sluice-limit-state %q (limits in effect %d/%d), configured %q/%q; want %q and 100/100000", got, limR, limT,
+				h.Get("X-Sluice-Ratelimit-Configured-Requests"), h.Get("X-Sluice-Ratelimit-Configured-Tokens"), wantState)
+		}
+		if got := h.Get("X-Sluice-Deployment"); got != "sim/gpt-4o-mini" {
+			t.Errorf("x-sluice-deployment = %q, want sim/gpt-4o-mini", got)
+		}
+		if got := h.Get("X-Sluice-Request-Id"); !strings.HasPrefix(got, "req_") || got == h.Get("X-Request-Id") {
+			t.Errorf("x-sluice-request-id = %q, want Sluice's own (req_...), apart from the provider's %q", got, h.Get("X-Request-Id"))
+		}
 	})
 
 	t.Run("typed errors", func(t *testing.T) {

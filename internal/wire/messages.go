@@ -118,7 +118,36 @@ func decodeMessages(body []byte) (anInRequest, error) {
 	if err := json.Unmarshal(body, &in); err != nil {
 		return in, job.DecodeError("", "Messages API body", err)
 	}
-	return in, nil
+	return in, checkMessages(keys)
+}
+
+// messagesRanges are the Messages API's sampling ranges.
+var messagesRanges = []numRange{{field: "temperature", min: 0, max: 1}, {field: "top_p", min: 0, max: 1}}
+
+// checkMessages refuses what Anthropic would refuse as malformed in a
+// body decodeMessages read: a sampling value out of range, a message
+// member other than role and content (system is top-level there).
+func checkMessages(top map[string]json.RawMessage) error {
+	if err := checkRanges(top, messagesRanges, ""); err != nil {
+		var ve *job.ValidationError
+		errors.As(err, &ve)
+		return errors.New(strings.TrimPrefix(ve.Error(), "request."))
+	}
+	var msgs []map[string]json.RawMessage
+	if json.Unmarshal(top["messages"], &msgs) != nil {
+		return nil // decodeMessages read them: only a null is left
+	}
+	for i, m := range msgs {
+		for name := range m {
+			if name != "role" && name != "content" {
+				return fmt.Errorf("messages[%d].%s: Extra inputs are not permitted (a message has role and content; system is top-level)", i, clip(name))
+			}
+		}
+		if present(m["content"]) == nil {
+			return fmt.Errorf("messages[%d].content: Field required", i)
+		}
+	}
+	return nil
 }
 
 // MessagesToChat translates a Messages API body to an OpenAI chat body and
@@ -739,8 +768,12 @@ func (a *MessageEvents) Done(w io.Writer) bool {
 		a.emit(w, "message_stop", map[string]any{})
 }
 
-func (a *MessageEvents) Fail(w io.Writer, msg string, status int) bool {
-	return a.emit(w, "error", map[string]any{"error": map[string]any{"type": AnthropicErrorType(status), "message": msg}})
+func (a *MessageEvents) Fail(w io.Writer, msg string, status int, rid string) bool {
+	ev := map[string]any{"error": map[string]any{"type": AnthropicErrorType(status), "message": msg}}
+	if rid != "" {
+		ev["request_id"] = rid // as Anthropic's error bodies carry it
+	}
+	return a.emit(w, "error", ev)
 }
 
 func (a *MessageEvents) KeepAlive(w io.Writer) bool {

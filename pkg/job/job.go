@@ -340,7 +340,13 @@ const (
 	CodeQueueFull       = "queue_full"
 	CodeDeadlineExpired = "deadline_expired"
 	CodeProviderError   = "provider_error"
-	CodeRetriesExceeded = "retries_exhausted"
+	// CodeDeploymentAuth: the provider refused the operator's key for the
+	// deployment (401, 403): the operator's problem, not the caller's.
+	CodeDeploymentAuth = "deployment_auth_failed"
+	// CodeDeploymentUnreachable: the deployment's endpoint could not be
+	// reached (connection refused, DNS, TLS, connect timeout).
+	CodeDeploymentUnreachable = "deployment_unreachable"
+	CodeRetriesExceeded       = "retries_exhausted"
 	// CodeResponseTooLarge: the provider answered (and billed) more than
 	// limits.max_response_bytes; the answer is not stored and the call is
 	// never repeated.

@@ -164,7 +164,9 @@ type Config struct {
 	OnArrival func(Arrival)
 	// ToolCalls, when positive, answers a request that offers function
 	// tools with a call of one (instead of text) while its conversation
-	// holds fewer than ToolCalls tool results (responses.go).
+	// holds fewer than ToolCalls tool results (responses.go). A request
+	// whose tool_choice requires a call gets one whatever ToolCalls says
+	// (schema.go).
 	ToolCalls int
 	// NoResponses makes the simulator a chat-only provider: POST
 	// /v1/responses answers 404 as an unknown URL.

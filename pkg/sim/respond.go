@@ -233,8 +233,11 @@ func (s *Server) newCompletion(c *call, completionTokens int, created time.Time)
 	choices := make([]choice, n)
 	for i := range choices {
 		text := s.filler.text(completionTokens) + strings.Repeat(".", s.cfg.PadResponseBytes)
-		msg := message{Role: "assistant", Content: &text, Refusal: null, Annotations: []struct{}{}}
 		f := finish
+		if c.content != nil {
+			text, f = *c.content, "stop"
+		}
+		msg := message{Role: "assistant", Content: &text, Refusal: null, Annotations: []struct{}{}}
 		if t := c.tool; t != nil {
 			msg.Content, f = nil, "tool_calls"
 			msg.ToolCalls = []chatToolCall{{ID: t.id, Type: "function", Function: chatFunction{Name: t.name, Arguments: t.args}}}

@@ -72,13 +72,22 @@ type toolCall struct {
 	id, name, args string
 }
 
-// pickTool decides the tool call for a request offering tools (names)
-// whose conversation holds results tool results.
-func (s *Server) pickTool(names []string, results int, choice json.RawMessage) *toolCall {
-	if s.cfg.ToolCalls <= 0 || len(names) == 0 || results >= s.cfg.ToolCalls || strings.TrimSpace(string(choice)) == `"none"` {
+// pickTool decides the tool call for a request offering tools whose
+// conversation holds results tool results, under its tool_choice
+// (schema.go): a call it requires always, else one while Config.ToolCalls
+// rounds are not done.
+func (s *Server) pickTool(tools []toolDef, results int, choice json.RawMessage) *toolCall {
+	none, required, name := toolChoice(choice)
+	if len(tools) == 0 || none || !required && (s.cfg.ToolCalls <= 0 || results >= s.cfg.ToolCalls) {
 		return nil
 	}
-	return &toolCall{id: "call_" + randomID(24), name: names[results%len(names)], args: fmt.Sprintf(`{"n":%d}`, results+1)}
+	t := tools[results%len(tools)]
+	for _, d := range tools {
+		if name != "" && d.name == name {
+			t = d
+		}
+	}
+	return &toolCall{id: "call_" + randomID(24), name: t.name, args: toolArgs(t.params, results+1)}
 }
 
 // chatTool is the tool call for a chat-completions body.
@@ -89,17 +98,18 @@ func (s *Server) chatTool(body []byte) *toolCall {
 		} `json:"messages"`
 		Tools []struct {
 			Function struct {
-				Name string `json:"name"`
+				Name       string          `json:"name"`
+				Parameters json.RawMessage `json:"parameters"`
 			} `json:"function"`
 		} `json:"tools"`
 		ToolChoice json.RawMessage `json:"tool_choice"`
 	}
-	if s.cfg.ToolCalls <= 0 || json.Unmarshal(body, &b) != nil {
+	if json.Unmarshal(body, &b) != nil {
 		return nil
 	}
-	var names []string
+	var tools []toolDef
 	for _, t := range b.Tools {
-		names = append(names, t.Function.Name)
+		tools = append(tools, toolDef{t.Function.Name, t.Function.Parameters})
 	}
 	results := 0
 	for _, m := range b.Messages {
@@ -107,7 +117,7 @@ func (s *Server) chatTool(body []byte) *toolCall {
 			results++
 		}
 	}
-	return s.pickTool(names, results, b.ToolChoice)
+	return s.pickTool(tools, results, b.ToolChoice)
 }
 
 // anthropicTool is the tool call for a Messages body.
@@ -117,18 +127,17 @@ func (s *Server) anthropicTool(body []byte) *toolCall {
 			Content json.RawMessage `json:"content"`
 		} `json:"messages"`
 		Tools []struct {
-			Name string `json:"name"`
+			Name        string          `json:"name"`
+			InputSchema json.RawMessage `json:"input_schema"`
 		} `json:"tools"`
-		ToolChoice *struct {
-			Type string `json:"type"`
-		} `json:"tool_choice"`
+		ToolChoice json.RawMessage `json:"tool_choice"`
 	}
-	if s.cfg.ToolCalls <= 0 || json.Unmarshal(body, &b) != nil {
+	if json.Unmarshal(body, &b) != nil {
 		return nil
 	}
-	var names []string
+	var tools []toolDef
 	for _, t := range b.Tools {
-		names = append(names, t.Name)
+		tools = append(tools, toolDef{t.Name, t.InputSchema})
 	}
 	results := 0
 	for _, m := range b.Messages {
@@ -142,11 +151,7 @@ func (s *Server) anthropicTool(body []byte) *toolCall {
 			}
 		}
 	}
-	var choice json.RawMessage
-	if b.ToolChoice != nil && b.ToolChoice.Type == "none" {
-		choice = json.RawMessage(`"none"`)
-	}
-	tc := s.pickTool(names, results, choice)
+	tc := s.pickTool(tools, results, b.ToolChoice)
 	if tc != nil {
 		tc.id = "toolu_" + randomID(24)
 	}
@@ -161,8 +166,9 @@ type responsesBody struct {
 	MaxOutputTokens *int            `json:"max_output_tokens"`
 	Stream          bool            `json:"stream"`
 	Tools           []struct {
-		Type string `json:"type"`
-		Name string `json:"name"`
+		Type       string          `json:"type"`
+		Name       string          `json:"name"`
+		Parameters json.RawMessage `json:"parameters"`
 	} `json:"tools"`
 	ToolChoice json.RawMessage `json:"tool_choice"`
 	Include    []string        `json:"include"`
@@ -241,20 +247,20 @@ func (s *Server) parseResponses(body []byte) (*call, error) {
 		}
 		maxOut = *b.MaxOutputTokens
 	}
-	var names []string
+	var tools []toolDef
 	search := false
 	for _, t := range b.Tools {
 		switch {
 		case t.Type == "":
 			return nil, fmt.Errorf("tools: a tool needs a type")
 		case t.Type == "function":
-			names = append(names, t.Name)
+			tools = append(tools, toolDef{t.Name, t.Parameters})
 		case strings.HasPrefix(t.Type, "web_search"):
 			search = true
 		}
 	}
 	c := &call{model: b.Model, prompt: s.cfg.Count.Prompt(&job.ChatRequest{Model: b.Model, Messages: msgs}), maxOut: maxOut, n: 1,
-		stream: b.Stream, usage: true, responses: true, reasoning: s.reasoning[b.Model], tool: s.pickTool(names, results, b.ToolChoice)}
+		stream: b.Stream, usage: true, responses: true, reasoning: s.reasoning[b.Model], tool: s.pickTool(tools, results, b.ToolChoice)}
 	if c.reasoning {
 		r := map[string]any{"type": "reasoning", "id": "rs_" + randomID(24), "summary": []any{}}
 		if slices.Contains(b.Include, "reasoning.encrypted_content") {

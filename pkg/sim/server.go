@@ -173,6 +173,9 @@ type call struct {
 	// it is answered with, if any.
 	responses bool
 	tool      *toolCall
+	// content: the answer's text when the request's response_format fixes
+	// it (schema.go); nil: filler.
+	content *string
 	// before: a Responses call's output items ahead of its answer (a
 	// reasoning model's reasoning, a web search's call).
 	before []map[string]any
@@ -239,7 +242,7 @@ func (s *Server) parseChat(body []byte) (*call, error) {
 		return nil, err
 	}
 	c := &call{model: req.Model, prompt: s.cfg.Count.Prompt(req), maxOut: req.OutputLimit(s.cfg.DefaultMaxTokens), n: req.Choices(),
-		stream: req.Stream, usage: req.WantsUsage(), reasoning: s.reasoning[req.Model], tool: s.chatTool(body)}
+		stream: req.Stream, usage: req.WantsUsage(), reasoning: s.reasoning[req.Model], tool: s.chatTool(body), content: jsonAnswer(body)}
 	if c.reasoning {
 		if err := checkReasoning(body); err != nil {
 			return nil, err

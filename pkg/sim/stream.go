@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/sluice-dev/sluice/pkg/job"
 )
@@ -160,6 +161,13 @@ func (s *Server) newStreamRun(w http.ResponseWriter, r *http.Request, g *generat
 
 // pieces is the answer's text as a stream sends it, word by word.
 func (run *streamRun) pieces() []string {
+	if c := run.c.content; c != nil {
+		cut := len(*c) / 2
+		for cut > 0 && !utf8.RuneStart((*c)[cut]) {
+			cut--
+		}
+		return []string{(*c)[:cut], (*c)[cut:]}
+	}
 	pieces := run.s.filler.pieces(run.completion)
 	if pad := run.s.cfg.PadResponseBytes; pad > 0 {
 		pieces = append(pieces, strings.Repeat(".", pad))

@@ -64,6 +64,9 @@ func (s *Service) conclude(ctx context.Context, a *attempt) error {
 	s.rndMu.Lock()
 	d := decide(j, o, policy, s.mayCallAgain(j), s.rnd)
 	s.rndMu.Unlock()
+	if oe := operatorError(j, out); oe != nil {
+		d = operatorEnd(j, out, d, oe) // health.go
+	}
 	return s.apply(ctx, a, out, d)
 }
 
@@ -84,8 +87,12 @@ func (s *Service) apply(ctx context.Context, a *attempt, out provider.Outcome, d
 		}
 		s.rateLimitHit(j, out.LimitType, provider.LimitQuota)
 	}
+	attemptErr := out.JobError()
+	if oe := operatorError(j, out); oe != nil {
+		attemptErr = oe // the caller reads attempts too: no endpoint address
+	}
 	j.Attempts = append(j.Attempts, job.Attempt{N: a.n, Provider: j.Provider, Model: j.Model, StartedAt: a.start.UTC(),
-		DurationMS: a.elapsed.Milliseconds(), Status: out.HTTPStatus, Outcome: out.Class.String(), Error: out.JobError()})
+		DurationMS: a.elapsed.Milliseconds(), Status: out.HTTPStatus, Outcome: out.Class.String(), Error: attemptErr})
 	if a.resp != nil {
 		s.seed(ctx, j, a.resp.RateLimit)
 	}
@@ -118,8 +125,10 @@ func (s *Service) apply(ctx context.Context, a *attempt, out provider.Outcome, d
 			return s.reroute(ctx, a.msg, j, a.opKey, fb)
 		}
 	}
-	if out.Class == provider.OperatorAction || out.Class == provider.AuthBroken {
-		s.log.Error("provider needs operator action", "provider", j.Provider, "model", j.Model, "code", out.Code, "status", out.HTTPStatus)
+	if operatorError(j, out) != nil {
+		// The detail (an endpoint's address, a resolver's) is the
+		// operator's: logged here, never given to the caller.
+		s.log.Error("provider needs operator action", "provider", j.Provider, "model", j.Model, "code", out.Code, "status", out.HTTPStatus, "err", out.Message)
 	}
 	return s.terminal(ctx, j, a.opKey, d.status, d.reason, d.err)
 }

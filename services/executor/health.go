@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/provider"
+	"github.com/sluice-dev/sluice/internal/route"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -52,10 +54,36 @@ func downReason(out provider.Outcome) string {
 	switch {
 	case out.Class == provider.AuthBroken:
 		return fmt.Sprintf("auth_%d", out.HTTPStatus)
-	case out.Class == provider.ConnectFailed && (out.Code == "connect_refused" || out.Code == "connect_timeout"):
+	case out.Class == provider.OperatorAction:
+		return "quota"
+	case out.Class == provider.ConnectFailed && out.Code != "canceled" && out.Code != "deadline_exceeded":
+		// Refused, timed out, a name that does not resolve, a TLS
+		// handshake that fails: the endpoint, not the request.
 		return "unreachable"
 	}
 	return ""
+}
+
+// operatorError is what the caller is told of an outcome that is the
+// deployment's problem rather than the request's (nil: it is not): the
+// deployment by name, never its URL or the resolver's address, which
+// are the operator's (they are logged).
+func operatorError(j *job.Job, out provider.Outcome) *job.Error {
+	dep := j.Provider + "/" + j.Model
+	const tail = "; this is the deployment's problem, not the request's, and the operator must fix it (the deployment is marked down)"
+	switch {
+	case out.Class == provider.AuthBroken:
+		return &job.Error{Code: job.CodeDeploymentAuth,
+			Message: fmt.Sprintf("deployment %s: the provider refused the operator's API key for it (HTTP %d)%s", dep, out.HTTPStatus, tail)}
+	case out.Class == provider.OperatorAction:
+		e := out.JobError()
+		e.Message = fmt.Sprintf("deployment %s: the provider's account is out of quota or credit (%s)%s", dep, e.Code, tail)
+		return e
+	case downReason(out) == "unreachable":
+		return &job.Error{Code: job.CodeDeploymentUnreachable,
+			Message: fmt.Sprintf("deployment %s: the provider cannot be reached (%s)%s", dep, out.Code, tail)}
+	}
+	return nil
 }
 
 // deploymentDown takes j's deployment down for reason, no probe before
@@ -79,4 +107,20 @@ func (s *Service) replace(ctx context.Context, a *attempt, reason string) error 
 	s.m.AdmissionWaits.WithLabelValues(a.j.Provider, a.j.Model, "deployment_down").Inc()
 	s.log.Info("deployment down: job goes back to be placed again", "job_id", a.j.ID, "provider", a.j.Provider, "model", a.j.Model, "reason", reason)
 	return s.backToAdmission(ctx, a, nil, "deployment down", backDown)
+}
+
+// operatorEnd turns d, the decision for an outcome that is the
+// deployment's problem, into the job's end with the caller's error oe: a
+// deployment that cannot be reached is marked down, and retrying it on
+// the job's own clock (five attempts in seconds) would only make the
+// caller wait for the same answer; a route may still name a fallback.
+func operatorEnd(j *job.Job, out provider.Outcome, d decision, oe *job.Error) decision {
+	if d.verdict == retryLater {
+		d.verdict, d.delay = endOrFallBack, 0
+		d.fallback = &route.Situation{Current: config.Target{Provider: j.Provider, Model: j.Model}, Priority: string(j.Priority), LastClass: out.Class}
+	}
+	if d.verdict == endOrFallBack {
+		d.status, d.reason, d.err = job.StatusFailed, out.Class.String(), oe
+	}
+	return d
 }

@@ -2,7 +2,9 @@ package executor
 
 import (
 	"context"
+	"net"
 	"net/http"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -129,6 +131,47 @@ tenants: [{name: t}]
 			}
 			if got := count(f.s.m.DeadLetters.WithLabelValues(name)); got != 0 {
 				t.Fatalf("dead letters %v, want 0", got)
+			}
+		})
+	}
+}
+
+// On a model with one deployment, what is the deployment's problem ends
+// the job at once (one attempt, not a retry on the job's clock) with an
+// error naming the deployment, never the endpoint's address or the
+// resolver's, and takes the deployment down (issue 37).
+func TestOperatorSideFailuresNameTheDeployment(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, code, reason string
+		ans                func() (*provider.Response, error)
+	}{
+		{"refused key", job.CodeDeploymentAuth, "auth_403", answer(403, nil, `{"error":{"type":"permission_error","message":"key sk-abc lacks access"}}`)},
+		{"name does not resolve", job.CodeDeploymentUnreachable, "unreachable", func() (*provider.Response, error) {
+			return nil, &provider.TransportError{Phase: provider.PhaseConnect,
+				Err: &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "no such host", Name: "api.example.invalid", Server: "10.0.0.53:53", IsNotFound: true}}}
+		}},
+		{"quota", "insufficient_quota", "quota", answer(429, nil, `{"error":{"type":"insufficient_quota","code":"insufficient_quota","message":"You exceeded your current quota"}}`)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := setup(t, tc.ans)
+			reg := f.withHealth()
+			j := f.job(t, "t")
+			if err := f.s.execute(context.Background(), &dispatched{}, j); err != nil {
+				t.Fatal(err)
+			}
+			if rec, _ := reg.Get("p", "m"); rec.State != health.Down || rec.Reason != tc.reason {
+				t.Fatalf("deployment %+v, want down for %s", rec, tc.reason)
+			}
+			r := f.result(t, j)
+			if r.Status != job.StatusFailed || r.Error == nil || r.Error.Code != tc.code || !strings.Contains(r.Error.Message, "deployment p/m") || r.Attempts != 1 {
+				t.Fatalf("result %s after %d attempts, error %+v; want failed %s naming deployment p/m after 1", r.Status, r.Attempts, r.Error, tc.code)
+			}
+			for _, leak := range []string{"10.0.0.53", "example.invalid", "sk-abc", "127.0.0.1"} {
+				if strings.Contains(r.Error.Message, leak) {
+					t.Errorf("the caller's error names %q: %s", leak, r.Error.Message)
+				}
 			}
 		})
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/wire"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -21,6 +22,11 @@ import (
 func shapeBody(j *job.Job, p *config.Provider, m *config.Model, defMax int) error {
 	if j.Endpoint == job.EndpointEmbeddings {
 		return nil
+	}
+	if j.Endpoint != job.EndpointResponses { // whose request wire.ParseRequest checked
+		if err := wire.CheckChat(j.Request, func(name string) bool { return slices.Contains(m.AllowFields, name) }); err != nil {
+			return err
+		}
 	}
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(j.Request, &fields); err != nil {

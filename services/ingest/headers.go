@@ -31,7 +31,21 @@ const limitRefresh = time.Second
 
 type limitSnapshot struct {
 	limit, remaining [2]int // by adapt.Requests / adapt.Tokens; limit 0: none
+	configured       [2]int
+	// state says why limit is what it is: LimitConfigured, LimitWarming or
+	// LimitLowered.
+	state string
 }
+
+// The states X-Sluice-Limit-State names: the limits in effect (the
+// x-ratelimit-limit-* headers) are the configured ones, a warm-up's share
+// of them (a model with no history starts at half and ramps to whole over
+// seconds), or lower ones the provider stated or its 429s taught.
+const (
+	LimitConfigured = "configured"
+	LimitWarming    = "warming"
+	LimitLowered    = "lowered"
+)
 
 func newLimitView(app *config.Config, m *mesh.Mesh, now func() time.Time) *limitView {
 	v := &limitView{app: app, now: now, cache: adapt.NewCache[limitSnapshot](limitRefresh)}
@@ -58,7 +72,7 @@ func (v *limitView) get(ctx context.Context, provider, model string) (limitSnaps
 // read reads a model's view: the configured limits when the learned
 // record cannot be read, remaining -1 when the window cannot.
 func (v *limitView) read(ctx context.Context, provider, model string, m *config.Model, now time.Time) limitSnapshot {
-	snap := limitSnapshot{limit: [2]int{m.RPM, m.TPM}, remaining: [2]int{-1, -1}}
+	snap := limitSnapshot{limit: [2]int{m.RPM, m.TPM}, remaining: [2]int{-1, -1}, configured: [2]int{m.RPM, m.TPM}, state: LimitConfigured}
 	if v.learn == nil {
 		return snap
 	}
@@ -67,6 +81,12 @@ func (v *limitView) read(ctx context.Context, provider, model string, m *config.
 	if st, _, err := v.learn.Get(ctx, adapt.Key(provider, job.ModelToken(model))); err == nil {
 		e := adapt.Compute(adapt.For(v.app.Admission, *m), st, now)
 		snap.limit = [2]int{e.PerMinute[adapt.Requests], e.PerMinute[adapt.Tokens]}
+		switch {
+		case e.Ramp < 1:
+			snap.state = LimitWarming
+		case snap.limit != snap.configured:
+			snap.state = LimitLowered
+		}
 	}
 	if used, err := v.store.Used(ctx, budget.ModelKey(provider, job.ModelToken(model))); err == nil {
 		snap.remaining = [2]int{max(snap.limit[0]-used.Requests, 0), max(snap.limit[1]-used.Tokens, 0)}
@@ -75,11 +95,19 @@ func (v *limitView) read(ctx context.Context, provider, model string, m *config.
 }
 
 // set writes OpenAI's x-ratelimit-{limit,remaining}-{requests,tokens} for
-// the limited dimensions.
+// the limited dimensions (the limits in effect), and beside them the
+// configured limits and X-Sluice-Limit-State, which says why the two
+// differ.
 func (snap limitSnapshot) set(h http.Header, prefix func(dim, kind string) string) {
 	for d, dim := range []string{"requests", "tokens"} {
 		if snap.limit[d] <= 0 {
 			continue
+		}
+		if snap.state != "" {
+			h.Set("X-Sluice-Limit-State", snap.state)
+		}
+		if snap.configured[d] > 0 {
+			h.Set("X-Sluice-Ratelimit-Configured-"+dim, strconv.Itoa(snap.configured[d]))
 		}
 		h.Set(prefix(dim, "limit"), strconv.Itoa(snap.limit[d]))
 		if snap.remaining[d] >= 0 {
@@ -98,7 +126,18 @@ func (s *Service) resultHeaders(ctx context.Context, w http.ResponseWriter, res 
 	if res.ProviderRequestID != "" {
 		h.Set("X-Request-Id", res.ProviderRequestID)
 	}
+	setDeployment(h, res)
 	if snap, ok := s.limits.get(ctx, res.Provider, res.Model); ok {
 		snap.set(h, openAIRateHeader)
+	}
+}
+
+// HeaderDeployment names the deployment (provider/model) that served a
+// call, or whose failure ended it.
+const HeaderDeployment = "X-Sluice-Deployment"
+
+func setDeployment(h http.Header, res *job.Result) {
+	if res.Provider != "" {
+		h.Set(HeaderDeployment, res.Provider+"/"+res.Model)
 	}
 }

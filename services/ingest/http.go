@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/provider"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -248,6 +249,7 @@ func WriteOpenAIResult(w http.ResponseWriter, res *job.Result) {
 	// an SDK that retries this answer submits a new job and pays again.
 	api.NoRetry(w)
 	w.Header().Set("X-Sluice-Job-Id", res.JobID)
+	setDeployment(w.Header(), res)
 	api.Error(w, status, "sluice_"+string(res.Status), code, msg)
 }
 
@@ -257,8 +259,10 @@ func failureStatus(status job.Status, code string) int {
 	switch {
 	case status == job.StatusExpired:
 		return http.StatusGatewayTimeout
-	case code == "insufficient_quota":
-		return http.StatusTooManyRequests
+	case code == job.CodeDeploymentUnreachable:
+		return http.StatusServiceUnavailable // the deployment's problem
+	case code == job.CodeDeploymentAuth || provider.OperatorCode(code):
+		return http.StatusBadGateway // the deployment's problem
 	case status == job.StatusFailed:
 		st := api.StatusFor(code)
 		if st == http.StatusBadRequest && !strings.HasPrefix(code, "invalid") && code != job.CodeUnsupported && code != "context_length_exceeded" {
@@ -279,8 +283,19 @@ func (s *Service) fail(w http.ResponseWriter, via string, err error) {
 		s.m.JobsRejected.WithLabelValues(via, ve.Code).Inc()
 		api.Error(w, http.StatusTooManyRequests, "invalid_request_error", ve.Code, ve.Error())
 	case errors.As(err, &ve):
+		// The caller's own mistake: the same request fails the same way,
+		// a deadline already past included (400, not a 504 the SDKs
+		// would send again).
 		s.m.JobsRejected.WithLabelValues(via, ve.Code).Inc()
-		api.ErrorParam(w, api.StatusFor(ve.Code), "invalid_request_error", ve.Code, api.Param(ve.Field), ve.Error())
+		api.NoRetry(w)
+		msg, param := ve.Error(), api.Param(ve.Field)
+		if via != "http" { // the provider APIs name the body's own fields, not the job envelope's
+			msg, param = ve.Message, apiField(ve.Field)
+			if param != "" {
+				msg = param + ": " + ve.Message
+			}
+		}
+		api.ErrorParam(w, api.StatusFor(ve.Code), "invalid_request_error", ve.Code, param, msg)
 	case errors.Is(err, ErrQueueFull):
 		be := &BusyError{Code: job.CodeQueueFull, RetryAfter: 2 * time.Second, Message: "Sluice's queue is full"}
 		errors.As(err, &be)
@@ -291,4 +306,25 @@ func (s *Service) fail(w http.ResponseWriter, via string, err error) {
 		api.RetryAfter(w, time.Second)
 		api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not accept the job now (the cluster has not taken it within "+ElectionWait.String()+"); retry with an Idempotency-Key, so that a retry cannot make a second job")
 	}
+}
+
+// apiField is what a caller of a provider API (chat, messages, responses)
+// knows a job field by: the body's own path for the request's fields, the
+// header that set an envelope field, nothing for the envelope itself.
+func apiField(field string) string {
+	switch field {
+	case "request", "tenant", "id", "task", "endpoint":
+		return ""
+	case "deadline":
+		return "X-Sluice-Deadline"
+	case "priority":
+		return "X-Sluice-Priority"
+	case "idempotency_key":
+		return "Idempotency-Key"
+	case "provider":
+		return "X-Sluice-Provider"
+	case "cost":
+		return CostHeader
+	}
+	return api.Param(field)
 }

@@ -162,7 +162,12 @@ func (c *captured) writeAnthropic(w http.ResponseWriter, model string) {
 	anthropicError(w, c.status, wire.AnthropicErrorType(c.status), msg)
 }
 
-// anthropicError writes {"type":"error","error":{"type","message"}}.
+// anthropicError writes {"type":"error","error":{"type","message"},
+// "request_id"}, as Anthropic does.
 func anthropicError(w http.ResponseWriter, status int, typ, msg string) {
-	api.JSON(w, status, map[string]any{"type": "error", "error": map[string]any{"type": typ, "message": msg}})
+	body := map[string]any{"type": "error", "error": map[string]any{"type": typ, "message": msg}}
+	if id := w.Header().Get(api.HeaderSluiceRequestID); id != "" {
+		body["request_id"] = id
+	}
+	api.JSON(w, status, body)
 }

@@ -18,8 +18,9 @@ type eventFormat interface {
 	done(w io.Writer) bool
 	// fail ends a stream with an error: typ and code are OpenAI's (type
 	// sluice_<status>, or the provider's error code), status the HTTP
-	// status the same error would have had outside a stream.
-	fail(w io.Writer, typ, code, msg string, status int) bool
+	// status the same error would have had outside a stream, rid the
+	// request's id (api.RequestID).
+	fail(w io.Writer, typ, code, msg string, status int, rid string) bool
 	// keepAlive writes what keeps an idle connection open.
 	keepAlive(w io.Writer) bool
 }
@@ -30,8 +31,8 @@ type openAIEvents struct{}
 
 func (openAIEvents) chunk(w io.Writer, c []byte) bool { return writeEvent(w, c) }
 func (openAIEvents) done(w io.Writer) bool            { return writeEvent(w, []byte("[DONE]")) }
-func (openAIEvents) fail(w io.Writer, typ, code, msg string, _ int) bool {
-	return writeEvent(w, errorEvent(typ, code, msg))
+func (openAIEvents) fail(w io.Writer, typ, code, msg string, _ int, rid string) bool {
+	return writeEvent(w, errorEvent(typ, code, msg, rid))
 }
 func (openAIEvents) keepAlive(w io.Writer) bool {
 	_, err := io.WriteString(w, ": keep-alive\n\n")
@@ -47,8 +48,8 @@ func newAnthropicEvents(model string) anthropicEvents {
 
 func (a anthropicEvents) chunk(w io.Writer, c []byte) bool { return a.e.Chunk(w, c) }
 func (a anthropicEvents) done(w io.Writer) bool            { return a.e.Done(w) }
-func (a anthropicEvents) fail(w io.Writer, _, _, msg string, status int) bool {
-	return a.e.Fail(w, msg, status)
+func (a anthropicEvents) fail(w io.Writer, _, _, msg string, status int, rid string) bool {
+	return a.e.Fail(w, msg, status, rid)
 }
 func (a anthropicEvents) keepAlive(w io.Writer) bool { return a.e.KeepAlive(w) }
 

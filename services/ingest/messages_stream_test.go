@@ -96,7 +96,7 @@ func TestAnthropicEventsError(t *testing.T) {
 	var buf bytes.Buffer
 	a := newAnthropicEvents("m")
 	a.chunk(&buf, []byte(`{"id":"chatcmpl-x","choices":[{"index":0,"delta":{"content":"Hi"}}]}`))
-	a.fail(&buf, "sluice_expired", "expired", "the job's deadline passed", failureStatus("expired", "expired"))
+	a.fail(&buf, "sluice_expired", "expired", "the job's deadline passed", failureStatus("expired", "expired"), "req_1")
 	msg, _, err := readAnthropic(t, buf.Bytes())
 	if err == nil {
 		t.Fatalf("no error from a failed stream; message %+v", msg)

@@ -101,7 +101,16 @@ func TestBodiesReadTwoWaysRefused(t *testing.T) {
 				Param *string `json:"param"`
 			} `json:"error"`
 		}
-		if _ = json.Unmarshal(rec.Body.Bytes(), &e); c.param != "" && (e.Error.Param == nil || *e.Error.Param != c.param) {
+		_ = json.Unmarshal(rec.Body.Bytes(), &e)
+		if c.path != "/v1/jobs" {
+			// The provider APIs have no "request": the whole body at
+			// fault has param null (issue 37: no envelope paths there).
+			if e.Error.Param != nil && *e.Error.Param == "request" || strings.Contains(msg, "request.") || strings.HasPrefix(msg, "request:") {
+				t.Errorf("%s: POST %s: param %v, message %q; want no envelope path", c.name, c.path, e.Error.Param, msg)
+			}
+			continue
+		}
+		if c.param != "" && (e.Error.Param == nil || *e.Error.Param != c.param) {
 			t.Errorf("%s: POST %s: param %v, want %q", c.name, c.path, e.Error.Param, c.param)
 		}
 	}

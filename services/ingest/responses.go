@@ -418,7 +418,10 @@ func write(w io.Writer, b []byte) bool {
 
 func (f *responsesEvents) chunk(w io.Writer, c []byte) bool { return write(w, f.events().Chunk(c)) }
 func (f *responsesEvents) done(w io.Writer) bool            { return write(w, f.events().Done()) }
-func (f *responsesEvents) fail(w io.Writer, typ, code, msg string, _ int) bool {
+func (f *responsesEvents) fail(w io.Writer, typ, code, msg string, _ int, rid string) bool {
+	if rid != "" {
+		msg += " (request " + rid + ")" // a Responses failure has no field for it
+	}
 	return write(w, f.events().Fail(typ == "sluice_"+string(job.StatusInterrupted), code, msg))
 }
 func (f *responsesEvents) keepAlive(w io.Writer) bool {

@@ -84,7 +84,7 @@ func (s *Service) streamChat(w http.ResponseWriter, r *http.Request, j *job.Job,
 					gone()
 					return
 				}
-				f.fail(w, "sluice_error", "unavailable", "the stream could not be read; the job goes on: GET /v1/jobs/"+acc.JobID, http.StatusServiceUnavailable)
+				f.fail(w, "sluice_error", "unavailable", "the stream could not be read; the job goes on: GET /v1/jobs/"+acc.JobID, http.StatusServiceUnavailable, api.RequestID(r.Context()))
 				_ = rc.Flush()
 				return
 			}
@@ -100,7 +100,7 @@ func (s *Service) streamChat(w http.ResponseWriter, r *http.Request, j *job.Job,
 					if e := it.m.Error; e != nil {
 						code, msg = e.Code, e.Message
 					}
-					ok = ok && f.fail(w, "sluice_"+string(end), code, msg, failureStatus(end, code))
+					ok = ok && f.fail(w, "sluice_"+string(end), code, msg, failureStatus(end, code), api.RequestID(r.Context()))
 				}
 				_ = rc.Flush()
 				return
@@ -132,9 +132,14 @@ func writeEvent(w io.Writer, data []byte) bool {
 }
 
 // errorEvent is an error in OpenAI's shape, as OpenAI sends one inside a
-// stream; the official SDKs end the stream with it as an error.
-func errorEvent(typ, code, msg string) []byte {
-	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": code, "param": nil}})
+// stream; the official SDKs end the stream with it as an error. rid, the
+// request's id, is the error's request_id.
+func errorEvent(typ, code, msg, rid string) []byte {
+	e := map[string]any{"message": msg, "type": typ, "code": code, "param": nil}
+	if rid != "" {
+		e["request_id"] = rid
+	}
+	b, _ := json.Marshal(map[string]any{"error": e})
 	return b
 }
 
