@@ -219,6 +219,7 @@ func rolePerms(role string) perms {
 	case Result:
 		p.add(consumer(streams.Results, "result", false))
 		p.add(kvWrite(streams.BucketResults))
+		p.add(kvWatch(streams.BucketResults, "")) // GET /v1/jobs lists a tenant's keys
 		p.add(kvWrite(streams.BucketIdempotency))
 		p.add(streamRead(streams.Results))
 		p.add(perms{pub: []string{job.StorePrefix + ">", whySubjects, executorWhySubjects, job.CancelPrefix + ">", mesh.CancelledSubjectPrefix + "*.*"},

@@ -55,6 +55,7 @@ func (s *Service) list(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 	}
 	page, err := s.listJobs(r.Context(), tenant, status, after, limit)
 	if err != nil {
+		s.log.Warn("list jobs", "tenant", tenant, "err", err)
 		api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not list the jobs")
 		return
 	}
