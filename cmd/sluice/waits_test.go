@@ -101,6 +101,30 @@ func TestEveryWaitExplained(t *testing.T) {
 			})
 		})
 	}
+	// sluice jobs: trpd's second job waits a day; list it, cancel it.
+	jobsCLI := func(args ...string) string {
+		var out, errOut bytes.Buffer
+		env := func(k string) string { return map[string]string{"SLUICE_URL": n.HTTP, "SLUICE_API_KEY": "trpd-key"}[k] }
+		if err := run(ctx, append([]string{"jobs"}, args...), env, &out, &errOut); err != nil {
+			t.Fatalf("sluice jobs %v: %v (%s)", args, err, errOut.String())
+		}
+		return out.String()
+	}
+	var waiting string
+	for _, line := range strings.Split(jobsCLI("list", "--status", "queued"), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[1] == "queued" {
+			waiting = f[0]
+		}
+	}
+	if waiting == "" {
+		t.Fatal("sluice jobs list --status queued: no queued job of trpd")
+	}
+	if out := jobsCLI("cancel", waiting); out != waiting+": cancelled\n" {
+		t.Errorf("sluice jobs cancel: got %q, want %q", out, waiting+": cancelled\n")
+	}
+	if out := jobsCLI("list", "--status", "cancelled"); !strings.Contains(out, waiting+"  cancelled") {
+		t.Errorf("sluice jobs list --status cancelled: got\n%s\nwant %s cancelled", out, waiting)
+	}
 }
 
 // waitingFor checks that one of ids (a tenant's, read with its key) is
