@@ -276,15 +276,17 @@ func (s *Service) get(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 		}
 	}
 	body := map[string]any{"id": rec.JobID, "tenant": rec.Tenant, "status": rec.Status, "submitted_at": rec.SubmittedAt}
-	if rec.Result == nil {
-		body["status"] = s.item(r.Context(), rec).Status // queued, or running
-	}
-	if rec.Result != nil {
+	switch {
+	case rec.Result != nil:
 		body["result"] = rec.Result
-	} else if w, ok := mesh.AskWhy(s.mesh.JS.Conn(), tenant, id, 250*time.Millisecond); ok {
+	case s.item(r.Context(), rec).Status == job.StatusRunning:
+		body["status"] = job.StatusRunning // its call has left: nothing holds it back
+	default:
 		// The admission process or executor holding the job says why it
 		// waits.
-		body["waiting"] = w
+		if why, ok := mesh.AskWhy(s.mesh.JS.Conn(), tenant, id, 250*time.Millisecond); ok {
+			body["waiting"] = why
+		}
 	}
 	api.JSON(w, http.StatusOK, body)
 }
