@@ -359,7 +359,7 @@ func (s *Service) why(jobKey string) *Waiting {
 		return w
 	}
 	if n, ok := s.waits[jobKey]; ok {
-		return &Waiting{JobID: id, Reason: n.reason, Limit: n.limit, Until: n.until}
+		return &Waiting{JobID: id, Reason: n.reason, Until: n.until}
 	}
 	return nil
 }

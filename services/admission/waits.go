@@ -17,13 +17,19 @@ import (
 
 // waitNote is why a job sent back to QUEUE waits, and until when.
 type waitNote struct {
-	reason, limit string
-	until         time.Time
+	reason string
+	until  time.Time
 }
+
+// maxWaitNotes bounds the notes kept (a job beyond it waits unexplained
+// here until it comes back).
+const maxWaitNotes = 200_000
 
 // noteWait records why the job of key waits in JetStream until until.
 func (s *Service) noteWait(key, reason string, until time.Time) {
-	s.waits[key] = waitNote{reason: reason, until: until}
+	if _, ok := s.waits[key]; ok || len(s.waits) < maxWaitNotes {
+		s.waits[key] = waitNote{reason: reason, until: until}
+	}
 }
 
 // forgetStaleWaits drops notes a minute past their end: the job came back
