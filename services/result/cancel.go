@@ -95,8 +95,8 @@ func (s *Service) cancel(w http.ResponseWriter, r *http.Request, auth api.Auth) 
 		api.JSON(w, http.StatusAccepted, map[string]any{"id": id, "object": "job", "status": job.StatusRunning, "cancel_requested": true})
 		return
 	}
-	if out == cancelDone && res.Status != job.StatusCancelled {
-		finished(w, res.Status)
+	if res.Status != job.StatusCancelled {
+		finished(w, res.Status) // it ended otherwise first
 		return
 	}
 	api.JSON(w, http.StatusOK, job.Summary{ID: id, Object: "job", Status: res.Status, SubmittedAt: rec.SubmittedAt, Model: res.Model, Error: res.Error})
