@@ -81,7 +81,7 @@ func TestEveryWaitExplained(t *testing.T) {
 		{"tenant rpm", "trpm", "gpt-4o-mini", "tenant_rpm", 3, time.Second},
 		{"tenant rpd", "trpd", "gpt-4o-mini", "tenant_rpd", 2, time.Hour},
 		{"tenant max_concurrency", "tconc", "slow-model", "tenant_concurrency", 3, 0},
-		{"model max_concurrency", "tmodel", "slow-one", "model_concurrency", 3, 0},
+		{"model max_concurrency", "tmodel", "slow-one", "model_concurrency", 6, 0},
 		{"fair share", "fairone", "fair-model", "fair_share", 8, time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
