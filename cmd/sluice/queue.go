@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -30,7 +32,10 @@ type queueRow struct {
 	OldestAge time.Duration `json:"oldest_age_ns"`
 	Model     string        `json:"model,omitempty"`
 	EstWait   time.Duration `json:"estimated_wait_ns,omitempty"`
-	Waiting   string        `json:"waiting,omitempty"` // why the oldest job waits, from admission
+	Waiting   string        `json:"waiting,omitempty"` // why the oldest job waits, from admission or its executor
+	// Stage is "dispatched" for jobs handed to the executors (DISPATCH),
+	// "" for jobs in QUEUE.
+	Stage string `json:"stage,omitempty"`
 	// Taken is how many of the tenant's jobs (all priorities) admission
 	// has taken from QUEUE and not finished with, of its Window
 	// (admission.tenant_window): at the window, no more are delivered.
@@ -40,7 +45,7 @@ type queueRow struct {
 
 func runQueue(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("queue", stderr)
-	cfgPath := fs.String("config", getenv("SLUICE_CONFIG"), "configuration, for estimated waits from the models' limits, and server.nats (SLUICE_CONFIG)")
+	cfgPath := fs.String("config", getenv("SLUICE_CONFIG"), "configuration, for estimated waits from the limits, and server.nats (SLUICE_CONFIG); without it, the limits the fleet published")
 	conn := addCLINATS(fs, getenv, cfgPath)
 	asJSON := fs.Bool("json", false, "print JSON: the queue rows, or with --limits the limit rows")
 	limits := fs.Bool("limits", false, "with --json, print the limits in effect, the token corrections and the deployments instead of the queue")
@@ -55,6 +60,10 @@ func runQueue(ctx context.Context, args []string, getenv func(string) string, st
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return err
+	}
+	fromFleet := false
+	if cfg == nil {
+		cfg, fromFleet = fleetConfig(ctx, js), true
 	}
 	lrows, lerr := limitRows(ctx, js, cfg)
 	drows, _ := deploymentRows(ctx, js, cfg) // deployments.go
@@ -96,11 +105,14 @@ func runQueue(ctx context.Context, args []string, getenv func(string) string, st
 		fmt.Fprintln(stdout, "no jobs waiting")
 		return nil
 	}
+	if fromFleet && cfg != nil {
+		fmt.Fprintln(stdout, "(limits as the fleet published them; give --config to use a file's)")
+	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PRIORITY\tTENANT\tDEPTH\tOLDEST\tMODEL\tEST. WAIT\tWAITING FOR\tTAKEN/WINDOW")
 	for _, r := range rows {
 		est := "-"
-		if cfg != nil {
+		if cfg != nil && r.EstWait > 0 {
 			est = r.EstWait.Round(time.Second).String()
 		}
 		taken := "-"
@@ -231,54 +243,84 @@ func orDash(s string) string {
 	return s
 }
 
-// queueRows reads QUEUE's subjects: depth per priority and tenant, the
-// oldest job's age and model, and (with a config) an estimated wait: the
-// tokens queued at this and higher priorities for the model, at its limit.
-func queueRows(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, cfg *config.Config) ([]queueRow, error) {
-	st, err := js.Stream(ctx, streams.Queue)
-	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", streams.Queue, err)
-	}
-	info, err := st.Info(ctx, jetstream.WithSubjectFilter(job.QueuePrefix+">"))
+// queueScanMax bounds the messages `sluice queue` reads per QUEUE subject
+// and from DISPATCH: the rows count what it read.
+const queueScanMax = 2000
+
+// queuedJob is what a row needs of one message.
+type queuedJob struct {
+	j  job.Job
+	at time.Time
+}
+
+// scanJobs reads up to queueScanMax jobs on filter in stream, oldest
+// first, by direct gets (a work queue's consumers may not overlap, so no
+// consumer of its own).
+func scanJobs(ctx context.Context, js jetstream.JetStream, stream, filter string) ([]queuedJob, error) {
+	st, err := js.Stream(ctx, stream)
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
-	var rows []queueRow
-	for subj, n := range info.State.Subjects {
-		parts := strings.Split(subj, ".")
-		if len(parts) != 4 {
-			continue
+	info, err := st.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []queuedJob
+	for seq := info.State.FirstSeq; len(out) < queueScanMax && seq <= info.State.LastSeq && info.State.Msgs > 0; {
+		m, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
 		}
-		r := queueRow{Priority: job.Priority(parts[2]), Tenant: parts[3], Depth: n}
-		if m, err := st.GetMsg(ctx, info.State.FirstSeq, jetstream.WithGetMsgSubject(subj)); err == nil {
-			r.OldestAge = now.Sub(m.Time)
-			var j job.Job
-			if json.Unmarshal(m.Data, &j) == nil {
-				r.Model = j.Model
-				if reply, err := nc.Request(mesh.WhySubject(j.Tenant, j.ID), nil, 200*time.Millisecond); err == nil {
-					var w admission.Waiting
-					if json.Unmarshal(reply.Data, &w) == nil {
-						r.Waiting = w.Reason
-					}
-				}
-				if cfg != nil && j.Estimate != nil {
-					if _, _, ok := cfg.ModelRef(j.Model); ok {
-						// At the limits in effect (learned from the provider
-						// when lower than configured), not the configured
-						// ones; a group's together (deployments.go).
-						rpm, tpm := groupPace(ctx, js, cfg, &j, now)
-						if tpm > 0 {
-							r.EstWait = time.Duration(float64(n) * float64(j.Estimate.Cost()) / (float64(tpm) / 60) * float64(time.Second))
-						}
-						if rpm > 0 {
-							r.EstWait = max(r.EstWait, time.Duration(float64(n)/(float64(rpm)/60)*float64(time.Second)))
-						}
-					}
-				}
+		if err != nil {
+			return out, err
+		}
+		seq = m.Sequence + 1
+		qj := queuedJob{at: m.Time}
+		if json.Unmarshal(m.Data, &qj.j) == nil && qj.j.ID != "" {
+			out = append(out, qj)
+		}
+	}
+	return out, nil
+}
+
+// rowKey groups jobs into rows: priority, tenant, model and stage.
+type rowKey struct {
+	p             job.Priority
+	tenant, model string
+	dispatched    bool
+}
+
+// queueRows reads QUEUE and DISPATCH: a row per priority, tenant and model
+// (a tenant counts under every model it has jobs for), with depth, the
+// oldest job's age and why it waits (from admission or the executor
+// holding it), and, with a config, an estimated wait.
+func queueRows(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, cfg *config.Config) ([]queueRow, error) {
+	var all []queuedJob
+	for _, s := range []struct{ stream, filter string }{{streams.Queue, job.QueuePrefix + ">"}, {streams.Dispatch, job.DispatchPrefix + ">"}} {
+		jobs, err := scanJobs(ctx, js, s.stream, s.filter)
+		if err != nil {
+			return nil, fmt.Errorf("stream %s: %w", s.stream, err)
+		}
+		if s.stream == streams.Dispatch {
+			for i := range jobs {
+				jobs[i].j.Reservation = &job.Reservation{} // marks the stage below
 			}
 		}
-		rows = append(rows, r)
+		all = append(all, jobs...)
+	}
+	now := time.Now()
+	groups := map[rowKey][]queuedJob{}
+	var order []rowKey
+	for _, qj := range all {
+		k := rowKey{p: qj.j.Priority, tenant: qj.j.Tenant, model: qj.j.Model, dispatched: qj.j.Reservation != nil}
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], qj)
+	}
+	rows := make([]queueRow, 0, len(order))
+	for _, k := range order {
+		rows = append(rows, queueRowOf(ctx, js, nc, cfg, k, groups[k], now))
 	}
 	takenBy(ctx, js, rows)
 	rank := map[job.Priority]int{job.Interactive: 0, job.Standard: 1, job.Batch: 2}
@@ -286,28 +328,123 @@ func queueRows(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, cfg *
 		if rank[rows[i].Priority] != rank[rows[k].Priority] {
 			return rank[rows[i].Priority] < rank[rows[k].Priority]
 		}
-		return rows[i].Tenant < rows[k].Tenant
-	})
-	// Jobs of higher priorities for the same model go first: add their wait.
-	if cfg != nil {
-		ahead := map[string]time.Duration{}
-		for _, p := range job.Priorities {
-			var add = map[string]time.Duration{}
-			for i := range rows {
-				if rows[i].Priority != p {
-					continue
-				}
-				add[rows[i].Model] += rows[i].EstWait
-			}
-			for i := range rows {
-				if rows[i].Priority == p {
-					rows[i].EstWait += ahead[rows[i].Model]
-				}
-			}
-			for m, d := range add {
-				ahead[m] += d
-			}
+		if rows[i].Tenant != rows[k].Tenant {
+			return rows[i].Tenant < rows[k].Tenant
 		}
+		return rows[i].Model < rows[k].Model
+	})
+	if cfg != nil {
+		addAhead(rows)
 	}
 	return rows, nil
+}
+
+// queueRowOf is one row: its jobs' count and age, why the oldest waits,
+// and (with cfg) how long the row's jobs take at the model's pace, the
+// tenant's own rate, or what the oldest job waits for, whichever is last.
+func queueRowOf(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, cfg *config.Config, k rowKey, jobs []queuedJob, now time.Time) queueRow {
+	oldest := jobs[0]
+	r := queueRow{Priority: k.p, Tenant: k.tenant, Model: k.model, Depth: uint64(len(jobs)), OldestAge: now.Sub(oldest.at)}
+	if k.dispatched {
+		r.Stage, r.Waiting = "dispatched", "dispatched"
+	}
+	var until time.Time
+	if w := rowWhy(nc, jobs); w != nil {
+		r.Waiting, until = w.Reason, w.Until
+		if w.Limit != "" {
+			r.Waiting += "(" + w.Limit + ")"
+		}
+	}
+	if cfg == nil {
+		return r
+	}
+	if until.After(now) {
+		r.EstWait = until.Sub(now)
+	}
+	tokens := 0
+	for _, qj := range jobs {
+		if qj.j.Estimate != nil {
+			tokens += qj.j.Estimate.Cost()
+		}
+	}
+	n := float64(len(jobs))
+	if _, _, ok := cfg.ModelRef(oldest.j.Model); ok && !k.dispatched {
+		// At the limits in effect (learned from the provider when lower
+		// than configured), a group's together (deployments.go).
+		rpm, tpm := groupPace(ctx, js, cfg, &oldest.j, now)
+		r.EstWait = max(r.EstWait, perMinute(float64(tokens), tpm), perMinute(n, rpm))
+	}
+	if t, ok := cfg.Tenant(k.tenant); ok && !k.dispatched {
+		r.EstWait = max(r.EstWait, perMinute(n, t.RPM), perMinute(float64(tokens), t.TPM))
+	}
+	return r
+}
+
+// whyAsked is how many of a row's oldest jobs are asked why they wait: the
+// oldest may be running (its message stays until it ends), or on its way.
+const whyAsked = 5
+
+// rowWhy asks why a row's oldest jobs wait, at once, and returns the
+// answer for the oldest that has one.
+func rowWhy(nc *nats.Conn, jobs []queuedJob) *mesh.Waiting {
+	answers := make([]*mesh.Waiting, min(len(jobs), whyAsked))
+	var wg sync.WaitGroup
+	for i := range answers {
+		wg.Go(func() { answers[i], _ = mesh.AskWhy(nc, jobs[i].j.Tenant, jobs[i].j.ID, 200*time.Millisecond) })
+	}
+	wg.Wait()
+	for _, w := range answers {
+		if w != nil {
+			return w
+		}
+	}
+	return nil
+}
+
+// perMinute is how long amount takes at limit per minute (0: no limit).
+func perMinute(amount float64, limit int) time.Duration {
+	if limit <= 0 {
+		return 0
+	}
+	return time.Duration(amount / (float64(limit) / 60) * float64(time.Second))
+}
+
+// addAhead adds to each queued row the wait of the rows of higher
+// priorities for the same model: their jobs go first.
+func addAhead(rows []queueRow) {
+	ahead := map[string]time.Duration{}
+	for _, p := range job.Priorities {
+		add := map[string]time.Duration{}
+		for i := range rows {
+			if rows[i].Priority == p && rows[i].Stage == "" {
+				add[rows[i].Model] += rows[i].EstWait
+			}
+		}
+		for i := range rows {
+			if rows[i].Priority == p && rows[i].Stage == "" {
+				rows[i].EstWait += ahead[rows[i].Model]
+			}
+		}
+		for m, d := range add {
+			ahead[m] += d
+		}
+	}
+}
+
+// fleetConfig reads the limits a node published (config.FleetKey); nil
+// when there are none.
+func fleetConfig(ctx context.Context, js jetstream.JetStream) *config.Config {
+	kv, err := js.KeyValue(ctx, streams.BucketFleet)
+	if err != nil {
+		return nil
+	}
+	e, err := kv.Get(ctx, config.FleetKey)
+	if err != nil {
+		return nil
+	}
+	cfg, err := config.Parse(e.Value())
+	if err != nil {
+		return nil
+	}
+	return cfg
 }

@@ -78,7 +78,7 @@ func TestQueueVisibilityAndBackpressure(t *testing.T) {
 		}
 		s := out.String()
 		if !backlogRow(s) {
-			return fmt.Errorf("sluice queue printed:\n%s\n(stderr %s) want a standard/acme row waiting for rpm or a paused provider, with an estimated wait", s, errOut.String())
+			return fmt.Errorf("sluice queue printed:\n%s\n(stderr %s) want a standard/acme row waiting for rpm, burst or a paused provider, with an estimated wait", s, errOut.String())
 		}
 		if !strings.Contains(s, "TOKEN CORRECTION") || !strings.Contains(s, "sim.gpt-4o-mini  (all)") {
 			return fmt.Errorf("sluice queue printed:\n%s\nwant the token correction of sim.gpt-4o-mini", s)
@@ -142,12 +142,13 @@ func TestQueueVisibilityAndBackpressure(t *testing.T) {
 }
 
 // backlogRow reports whether `sluice queue` printed a standard/acme row
-// waiting for rpm or a paused provider, with an estimated wait.
+// waiting for the model's rpm (or its per-second quantum, burst) or a
+// paused provider, with an estimated wait.
 func backlogRow(out string) bool {
 	for _, line := range strings.Split(out, "\n") {
 		// PRIORITY TENANT DEPTH OLDEST MODEL EST.WAIT WAITING-FOR TAKEN/WINDOW
 		f := strings.Fields(line)
-		if len(f) == 8 && f[0] == "standard" && f[1] == "acme" && f[5] != "0s" && (f[6] == "rpm" || f[6] == "paused_provider") && strings.HasSuffix(f[7], "/10000") {
+		if len(f) == 8 && f[0] == "standard" && f[1] == "acme" && f[5] != "0s" && (f[6] == "rpm" || f[6] == "burst" || f[6] == "paused_provider") && strings.HasSuffix(f[7], "/10000") {
 			return true
 		}
 	}

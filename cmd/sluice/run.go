@@ -27,6 +27,7 @@ Commands:
   sim      run the OpenAI-compatible provider simulator
   queue    show what waits: depth, oldest age, estimated wait per tenant and priority
   submit   send one job over NATS and print its result
+  jobs     list a tenant's jobs ('jobs list') or cancel one ('jobs cancel ID')
   dlq      list, show and replay dead-lettered jobs
   cache    show the response cache's size ('cache stats') or empty it ('cache purge')
   nats-auth  print the nats-server authorization block (service and tenant
@@ -46,6 +47,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		"bench":     runBench,
 		"queue":     runQueue,
 		"submit":    runSubmit,
+		"jobs":      runJobs,
 		"dlq":       runDLQ,
 		"cache":     runCache,
 		"nats-auth": runNATSAuth,

@@ -67,6 +67,8 @@ type Record struct {
 	Status      job.Status  `json:"status"`
 	SubmittedAt time.Time   `json:"submitted_at"`
 	Result      *job.Result `json:"result,omitempty"`
+	// OpKey is the job's operation record's key (OpKey), for a cancel.
+	OpKey string `json:"op_key,omitempty"`
 }
 
 // PublishResult stores the one terminal result of a job in RESULTS. A
@@ -527,7 +529,8 @@ const (
 	// dispatching to that model until the time in the message.
 	PauseSubjectPrefix = "sluice.signal.pause."
 	// WhySubjectPrefix + <tenant>.<job id> (WhySubject): a request; the
-	// admission process holding the job answers why it waits.
+	// admission process or executor holding the job answers why it waits
+	// (Waiting).
 	WhySubjectPrefix = "sluice.admission.why."
 )
 

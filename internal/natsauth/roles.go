@@ -198,7 +198,7 @@ func rolePerms(role string) perms {
 		p.add(kvRead(streams.BucketFleet))                       // checks seals, signs reservations
 		p.add(perms{
 			pub:       []string{job.DispatchPrefix + ">", job.StorePrefix + ">"},
-			sub:       []string{pauseSubjects, whySubjects, mesh.TransitSubject},
+			sub:       []string{pauseSubjects, whySubjects, mesh.TransitSubject, mesh.CancelledSubjectPrefix + "*.*"},
 			responses: true, // answers "why does this job wait"
 		})
 	case Executor:
@@ -212,15 +212,18 @@ func rolePerms(role string) perms {
 		p.add(kvWrite(streams.BucketCache)) // stores complete answers
 		p.add(follow())                     // what a lost executor streamed of a job (resume.go)
 		p.add(perms{
-			pub: []string{job.QueuePrefix + ">", job.StorePrefix + ">", job.DLQPrefix + ">", pauseSubjects, mesh.TransitSubject, job.StreamPrefix + ">"},
-			sub: []string{job.CancelPrefix + ">"},
+			pub:       []string{job.QueuePrefix + ">", job.StorePrefix + ">", job.DLQPrefix + ">", pauseSubjects, mesh.TransitSubject, job.StreamPrefix + ">"},
+			sub:       []string{job.CancelPrefix + ">", executorWhySubjects},
+			responses: true, // answers "why does this job wait" and a cancel's request
 		})
 	case Result:
 		p.add(consumer(streams.Results, "result", false))
 		p.add(kvWrite(streams.BucketResults))
+		p.add(kvWatch(streams.BucketResults, "")) // GET /v1/jobs lists a tenant's keys
 		p.add(kvWrite(streams.BucketIdempotency))
 		p.add(streamRead(streams.Results))
-		p.add(perms{pub: []string{job.StorePrefix + ">", whySubjects}, sub: []string{job.ResultPrefix + ">"}})
+		p.add(perms{pub: []string{job.StorePrefix + ">", whySubjects, executorWhySubjects, job.CancelPrefix + ">", mesh.CancelledSubjectPrefix + "*.*"},
+			sub: []string{job.ResultPrefix + ">"}})
 	case Operator:
 		p.add(perms{pub: []string{api + ">", "$KV.>", "$JS.ACK.>", "sluice.>"}, sub: []string{"sluice.>"}})
 	}
@@ -235,8 +238,9 @@ const responseExpiry = 10 * time.Second
 
 // Fleet-wide signal subjects (internal/mesh).
 const (
-	pauseSubjects = mesh.PauseSubjectPrefix + ">"
-	whySubjects   = mesh.WhySubjectPrefix + "*.*"
+	pauseSubjects       = mesh.PauseSubjectPrefix + ">"
+	whySubjects         = mesh.WhySubjectPrefix + "*.*"
+	executorWhySubjects = mesh.ExecutorWhySubjectPrefix + "*.*"
 )
 
 // ServicePermissions are the permissions of a role set (SetName).

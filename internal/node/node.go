@@ -574,8 +574,10 @@ func ensureStreams(ctx context.Context, o Options, natsURL string, js jetstream.
 		if err != nil {
 			return fmt.Errorf("bind bucket %s: %w", streams.BucketBudgets, err)
 		}
-		_, err = guard.EnsureKey(ctx, fleet, budgets)
-		return err
+		if _, err = guard.EnsureKey(ctx, fleet, budgets); err != nil {
+			return err
+		}
+		return publishLimits(ctx, fleet, o.Config)
 	}, func(err error) { log.Debug("ensure streams: will retry", "err", err) })
 	if err != nil {
 		if ident.Method != "none" && errors.Is(err, context.DeadlineExceeded) {

@@ -102,7 +102,8 @@ type Service struct {
 	health    DeploymentHealth         // place.go; nil: no deployment is blocked
 	affinity  *affinityTable           // affinity.go
 	held      heldSet                  // the jobs in the models' queues (held.go)
-	notBefore map[string]time.Time     // job id -> when it is due (waiting in JetStream)
+	waits     map[string]waitNote      // job key -> why it waits in JetStream (waits.go)
+	cancelled map[string]time.Time     // job key -> when its caller cancelled it (cancel.go)
 	leases    map[string]*budget.Lease // per budget key: this process's blocks on the model's schedule
 	tblocks   map[string]*budget.Lease // per gate window key (gate.go): this process's block
 	tenantMin *budget.Store            // tenants' per-minute windows
@@ -144,7 +145,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	for _, x := range []*budget.Store{tmin, tday} {
 		x.Writes, x.Conflicts = ms.BudgetWrites.Inc, ms.BudgetConflict.Inc
 	}
-	s := &Service{cfg: cfg, guard: cfg.Guard, mesh: m, store: st, learn: adapt.NewStore(m.Budgets, now), pcache: promptcache.New(m.Budgets, now), learned: adapt.NewCache[adapt.State](adapt.AdmissionRefresh), shown: map[string]time.Time{}, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, queues: map[string]*queueState{}, health: healthOf(cfg.Health), held: newHeldSet(), notBefore: map[string]time.Time{}, leases: map[string]*budget.Lease{}, tblocks: map[string]*budget.Lease{}}
+	s := &Service{cfg: cfg, guard: cfg.Guard, mesh: m, store: st, learn: adapt.NewStore(m.Budgets, now), pcache: promptcache.New(m.Budgets, now), learned: adapt.NewCache[adapt.State](adapt.AdmissionRefresh), shown: map[string]time.Time{}, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, queues: map[string]*queueState{}, health: healthOf(cfg.Health), held: newHeldSet(), waits: map[string]waitNote{}, cancelled: map[string]time.Time{}, leases: map[string]*budget.Lease{}, tblocks: map[string]*budget.Lease{}}
 	s.affinity = newAffinityTable(m.Budgets, now, a.CacheAffinity.TTL.D(), a.CacheAffinity.MaxDelay.D(), ms.AffinityJobs)
 	s.lead = newLead(a)
 	st.Lead = s.lead.Lead
@@ -238,6 +239,10 @@ func (s *Service) admit(ctx context.Context, msgs []jetstream.Msg) {
 		if !ok {
 			continue
 		}
+		if _, gone := s.cancelled[j.Key()]; gone {
+			_ = msg.Ack() // its caller cancelled it; its result is published
+			continue
+		}
 		if j.Deadline != nil && !j.Deadline.After(now) {
 			s.expire(ctx, msg, j, "deadline passed while queued")
 			continue
@@ -248,11 +253,11 @@ func (s *Service) admit(ctx context.Context, msgs []jetstream.Msg) {
 				continue
 			}
 			s.m.AdmissionWaits.WithLabelValues(j.Provider, j.Model, "not_before").Inc()
-			s.notBefore[j.Key()] = *j.NotBefore
+			s.noteWait(j.Key(), notBeforeReason(j), *j.NotBefore)
 			_ = msg.NakWithDelay(j.NotBefore.Sub(now))
 			continue
 		}
-		delete(s.notBefore, j.Key())
+		delete(s.waits, j.Key())
 		s.hold(&Candidate{Job: j, Msg: msg}, now)
 	}
 	s.dispatchAll(ctx)

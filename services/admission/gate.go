@@ -103,7 +103,7 @@ func (s *Service) passGatesOn(ctx context.Context, c *Candidate, gates []gate, s
 			if soft && g.modelDay {
 				return nil, false, &grant, nil
 			}
-			s.deferUntil(ctx, c, s.now(), grant.RetryAt, g.reason+grant.Reason, g.what)
+			s.deferUntil(ctx, c, s.now(), grant.RetryAt, gateReason(g.reason, grant.Reason), g.what)
 			return nil, false, nil, nil
 		}
 		taken = append(taken, passage{gate: g, slice: grant.Slice})
@@ -150,5 +150,6 @@ func (s *Service) deferUntil(ctx context.Context, c *Candidate, now, retry time.
 		s.expire(ctx, c.Msg, c.Job, fmt.Sprintf("%s (%s) frees after the deadline", what, reason))
 		return
 	}
+	s.noteWait(c.Job.Key(), reason, retry)
 	_ = c.Msg.NakWithDelay(min(wait, time.Minute))
 }

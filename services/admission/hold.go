@@ -92,13 +92,8 @@ type pauseSignal struct {
 	Key      string    `json:"-"`
 }
 
-// Waiting says why a job has not been dispatched yet.
-type Waiting struct {
-	JobID    string    `json:"job_id"`
-	Reason   string    `json:"reason"` // rpm, tpm, units, burst, tenant_*, paused_provider, not_before, budget_store, queued
-	Until    time.Time `json:"until,omitzero"`
-	Position int       `json:"position,omitempty"` // jobs of its own tenant held for this model, roughly (never other tenants')
-}
+// Waiting says why a job has not been dispatched yet (mesh.Waiting).
+type Waiting = mesh.Waiting
 
 type whyQuery struct {
 	id    string
@@ -311,11 +306,8 @@ func (s *Service) expireHeld(ctx context.Context) {
 			s.expire(ctx, c.Msg, c.Job, "deadline passed while waiting for "+orQueued(q.reason)+" budget")
 		}
 	}
-	for id, at := range s.notBefore {
-		if now.After(at.Add(time.Minute)) {
-			delete(s.notBefore, id)
-		}
-	}
+	s.forgetStaleWaits(now)
+	s.forgetCancelled(now)
 }
 
 // keepAlive extends the ack wait of held jobs.
@@ -361,14 +353,13 @@ func (s *Service) releaseAll() {
 func (s *Service) why(jobKey string) *Waiting {
 	id := jobKey[strings.IndexByte(jobKey, '.')+1:]
 	if hj, ok := s.held.get(jobKey); ok {
-		q := s.queues[hj.key]
-		w := &Waiting{JobID: id, Reason: orQueued(q.reason), Until: q.wakeAt}
 		// The tenant's own jobs only: how much others queue is theirs.
-		w.Position = q.sched.TenantLen(hj.c.Job.Tenant)
+		w := s.heldWaiting(s.queues[hj.key], hj.c, s.now())
+		w.JobID = id
 		return w
 	}
-	if at, ok := s.notBefore[jobKey]; ok {
-		return &Waiting{JobID: id, Reason: "not_before", Until: at}
+	if n, ok := s.waits[jobKey]; ok {
+		return &Waiting{JobID: id, Reason: n.reason, Until: n.until}
 	}
 	return nil
 }

@@ -54,7 +54,7 @@ func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, 
 		return nil, handled
 	}
 	if day != nil {
-		ms.wakeAt, ms.freeAt, ms.reason = day.RetryAt, day.RetryAt, "model_day_"+day.Reason
+		ms.wakeAt, ms.freeAt, ms.reason = day.RetryAt, day.RetryAt, gateReason("model_day_", day.Reason)
 		if limit := s.now().Add(time.Minute); day.RetryAt.After(limit) {
 			ms.wakeAt = limit // another process may give the quota back
 		}

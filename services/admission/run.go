@@ -213,14 +213,15 @@ func (q *queueTakers) stop() {
 // signals are what other processes tell the scheduler: that a provider
 // asked a model's fleet to wait, and "why does this job wait".
 type signals struct {
-	pauses chan pauseSignal
-	whys   chan whyQuery
+	pauses  chan pauseSignal
+	whys    chan whyQuery
+	cancels chan string // job keys their callers cancelled (cancel.go)
 }
 
 // listen subscribes to the signals and to the executors' transits
 // (lead.go); unsubscribe ends the subscriptions.
 func (s *Service) listen(ctx context.Context) (sig signals, unsubscribe func(), err error) {
-	sig = signals{pauses: make(chan pauseSignal, 64), whys: make(chan whyQuery)}
+	sig = signals{pauses: make(chan pauseSignal, 64), whys: make(chan whyQuery), cancels: make(chan string, 256)}
 	var subs []*nats.Subscription
 	unsubscribe = func() {
 		for i := len(subs) - 1; i >= 0; i-- {
@@ -248,6 +249,17 @@ func (s *Service) listen(ctx context.Context) (sig signals, unsubscribe func(), 
 		return sig, nil, fmt.Errorf("subscribe why: %w", err)
 	}
 	subs = append(subs, wsub)
+	csub, err := nc.Subscribe(mesh.CancelledSubjectPrefix+"*.*", func(m *nats.Msg) {
+		select {
+		case sig.cancels <- strings.TrimPrefix(m.Subject, mesh.CancelledSubjectPrefix):
+		default: // the executors' check of the operation record still holds
+		}
+	})
+	if err != nil {
+		unsubscribe()
+		return sig, nil, fmt.Errorf("subscribe cancels: %w", err)
+	}
+	subs = append(subs, csub)
 	tsub, err := s.watchTransits()
 	if err != nil {
 		unsubscribe()
@@ -315,6 +327,8 @@ func (s *Service) schedule(ctx context.Context, in <-chan jetstream.Msg, sig sig
 			s.pauseModel(p)
 		case q := <-sig.whys:
 			q.reply <- s.why(q.id)
+		case key := <-sig.cancels:
+			s.dropCancelled(key)
 		case m := <-in:
 			msgs = takeBatch(append(msgs[:0], m), in, batch)
 			s.admit(ctx, msgs)

@@ -409,3 +409,39 @@ func (s *Scheduler) drop(t string) {
 		s.cur = 0
 	}
 }
+
+// Share returns tenant t's weighted share of the turns among the tenants
+// with jobs waiting (1 when it waits alone) and whether others wait.
+func (s *Scheduler) Share(t string) (share float64, others bool) {
+	total := 0
+	for name, tq := range s.tenants {
+		if tq.n > 0 {
+			total += max(s.weight(name), 1)
+			others = others || name != t
+		}
+	}
+	if total == 0 {
+		return 1, false
+	}
+	return float64(max(s.weight(t), 1)) / float64(total), others
+}
+
+// PositionOf returns how many of tenant t's waiting jobs go before the one
+// v holds, plus one (its place in its tenant's queue, classes in priority
+// order; the floors may reorder them), or 0 when it is not waiting.
+func (s *Scheduler) PositionOf(t string, v any) int {
+	tq := s.tenants[t]
+	if tq == nil {
+		return 0
+	}
+	n := 0
+	for _, p := range job.Priorities {
+		for _, it := range tq.classes[p] {
+			n++
+			if it.Value == v {
+				return n
+			}
+		}
+	}
+	return 0
+}

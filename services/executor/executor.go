@@ -107,6 +107,7 @@ type Service struct {
 	epochMu     sync.Mutex
 	epochs      map[string]epochView // learn key -> last cut, as last read
 	running     cancels              // streamed jobs in this process, for cancellation
+	waits       sync.Map             // job key -> mesh.Waiting: dispatched jobs waiting here (why.go)
 	ended       sync.Map             // job id -> true: its stream's end marker is published
 }
 

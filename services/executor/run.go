@@ -56,6 +56,12 @@ func (s *Service) Run(ctx context.Context) error {
 		return fmt.Errorf("subscribe %s>: %w", job.CancelPrefix, err)
 	}
 	defer func() { _ = cancelSub.Unsubscribe() }()
+	whySub, err := s.mesh.JS.Conn().Subscribe(mesh.ExecutorWhySubjectPrefix+"*.*", s.onWhy)
+	if err != nil {
+		stop()
+		return fmt.Errorf("subscribe %s: %w", mesh.ExecutorWhySubjectPrefix, err)
+	}
+	defer func() { _ = whySub.Unsubscribe() }()
 	for _, t := range s.cfg.App.Tenants {
 		if t.MaxConcurrency <= 0 {
 			continue
@@ -180,7 +186,10 @@ func (mc *modelCalls) start(msg jetstream.Msg) (*job.Job, error) {
 	}
 	// Wait here for a slot: the consumer buffers at most max_concurrency
 	// jobs, so a slow provider backs up DISPATCH, not this process's memory.
-	if err := mc.pool.Acquire(mc.ctx); err != nil {
+	forget := s.noteWait(j.Key(), "model_concurrency", time.Time{})
+	err = mc.pool.Acquire(mc.ctx)
+	forget()
+	if err != nil {
 		return j, redeliverAfter(time.Second)
 	}
 	held, _ := mc.pool.Held()
@@ -204,10 +213,13 @@ func (mc *modelCalls) start(msg jetstream.Msg) (*job.Job, error) {
 func (mc *modelCalls) slotAtInstant(j *job.Job) (context.Context, func(), error) {
 	s, r := mc.s, j.Reservation
 	waitFrom := s.now()
+	forget := s.noteWait(j.Key(), "send_at", r.Earliest())
+	defer forget()
 	if !sleepUntil(mc.ctx, r.Earliest().Add(-slotAhead)) {
 		return nil, nil, redeliverAfter(time.Second)
 	}
 	waited := s.now().Sub(waitFrom)
+	s.noteWait(j.Key(), "model_concurrency", time.Time{})
 	actx, cancel := context.WithDeadline(mc.ctx, r.ValidUntil)
 	err := mc.pool.Acquire(actx)
 	cancel()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/keys"
+	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/provider"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
@@ -83,6 +84,9 @@ func (s *Service) onCancel(m *nats.Msg) {
 	}
 	if s.running.cancel(keys.Job(tenant, id)) {
 		s.log.Info("stream cancelled by its caller", "job_id", id)
+		if mesh.ReplyAllowed(m.Reply, "") {
+			_ = m.Respond([]byte(`{"cancelled":true}`)) // the call is being stopped (a cancel's request)
+		}
 	}
 }
 

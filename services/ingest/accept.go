@@ -144,7 +144,7 @@ func (s *Service) record(ctx context.Context, j *job.Job, held bool, now time.Ti
 	op := mesh.OpRecord{Key: key, JobID: j.ID, Tenant: j.Tenant, State: mesh.OpQueued, Provider: j.Provider, Model: j.Model, UpdatedAt: now,
 		BodyDigest: mesh.BodyDigest(j)}
 	opData, _ := json.Marshal(op)
-	rec := mesh.Record{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusQueued, SubmittedAt: j.SubmittedAt}
+	rec := mesh.Record{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusQueued, SubmittedAt: j.SubmittedAt, OpKey: opKey}
 	data, _ := json.Marshal(rec)
 	jobMade, first := s.mesh.CreateRecords(ctx, j.Tenant, j.ID, data, opKey, opData)
 	made.job, joined, err = s.recordJob(ctx, j, opKey, jobMade, first)

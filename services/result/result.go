@@ -221,6 +221,9 @@ func settle(o *mesh.OpRecord, r *job.Result) bool {
 // Routes registers the result API on mux.
 func (s *Service) Routes(mux *http.ServeMux, auth api.Auth) {
 	mux.HandleFunc("GET /v1/jobs/{id}", func(w http.ResponseWriter, r *http.Request) { s.get(w, r, auth) })
+	mux.HandleFunc("GET /v1/jobs", func(w http.ResponseWriter, r *http.Request) { s.list(w, r, auth) })
+	mux.HandleFunc("DELETE /v1/jobs/{id}", func(w http.ResponseWriter, r *http.Request) { s.cancel(w, r, auth) })
+	mux.HandleFunc("POST /v1/jobs/{id}/cancel", func(w http.ResponseWriter, r *http.Request) { s.cancel(w, r, auth) })
 }
 
 // GET /v1/jobs/{id}[?wait=30s]: the job's status and, once terminal, its
@@ -273,13 +276,16 @@ func (s *Service) get(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 		}
 	}
 	body := map[string]any{"id": rec.JobID, "tenant": rec.Tenant, "status": rec.Status, "submitted_at": rec.SubmittedAt}
-	if rec.Result != nil {
+	switch {
+	case rec.Result != nil:
 		body["result"] = rec.Result
-	} else if m, err := s.mesh.JS.Conn().Request(mesh.WhySubject(tenant, id), nil, 250*time.Millisecond); err == nil {
-		// The admission process holding the job says why it waits.
-		var w map[string]any
-		if json.Unmarshal(m.Data, &w) == nil {
-			body["waiting"] = w
+	case s.item(r.Context(), rec).Status == job.StatusRunning:
+		body["status"] = job.StatusRunning // its call has left: nothing holds it back
+	default:
+		// The admission process or executor holding the job says why it
+		// waits.
+		if why, ok := mesh.AskWhy(s.mesh.JS.Conn(), tenant, id, 250*time.Millisecond); ok {
+			body["waiting"] = why
 		}
 	}
 	api.JSON(w, http.StatusOK, body)

@@ -1,0 +1,140 @@
+package result
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/sluice-dev/sluice/internal/api"
+	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/pkg/job"
+)
+
+// Cancelling a job (DELETE /v1/jobs/{id}, POST /v1/jobs/{id}/cancel) is
+// decided on its operation record, by compare-and-set: the executor marks
+// the record with its call's leaving (mesh.SentMark) by compare-and-set
+// too, so exactly one of the two wins. A cancel that wins marks the record
+// cancelled (an executor that takes the job later finds the mark and ends
+// it without a call, giving its reservation's tokens back) and publishes
+// the job's one terminal result, cancelled; admission, told on the cancel
+// subject, drops the job if it holds it. A cancel that loses finds the
+// call under way: the executor running it stops it when it can (a
+// streamed call, whose upstream request it aborts) and says so; otherwise
+// the answer is 409, the job running to its end.
+
+// cancelOutcome is what the operation record said to a cancel.
+type cancelOutcome int
+
+const (
+	cancelWon     cancelOutcome = iota // marked cancelled, or already
+	cancelRunning                      // its call has left
+	cancelDone                         // the operation is done (its result on the way)
+	cancelJoined                       // it joined another job's operation, or others joined it
+)
+
+// CancelWait bounds how long a cancel waits for the job's terminal result.
+const CancelWait = 5 * time.Second
+
+func (s *Service) cancel(w http.ResponseWriter, r *http.Request, auth api.Auth) {
+	tenant, err := auth.Tenant(r)
+	if err != nil {
+		api.AuthError(w, err)
+		return
+	}
+	id := r.PathValue("id")
+	if !job.CanonicalID(id) {
+		notFound(w)
+		return
+	}
+	ctx := r.Context()
+	rec, _, err := s.mesh.Lookup(ctx, tenant, id)
+	if errors.Is(err, job.ErrNotFound) || (err == nil && rec.Tenant != tenant) {
+		notFound(w)
+		return
+	}
+	if err != nil {
+		api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not read the job")
+		return
+	}
+	if rec.Result != nil {
+		finished(w, rec.Result.Status)
+		return
+	}
+	out, err := s.markCancelled(ctx, rec)
+	if err != nil {
+		api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not cancel the job")
+		return
+	}
+	switch out {
+	case cancelJoined:
+		api.Error(w, http.StatusConflict, "invalid_request_error", "job_shared",
+			"the job shares its operation with another submission (same idempotency key) and cannot be cancelled alone")
+		return
+	case cancelRunning:
+		if !s.stopRunning(tenant, id) {
+			api.Error(w, http.StatusConflict, "invalid_request_error", "job_running",
+				"the job's provider call is under way and cannot be stopped; it runs to its end")
+			return
+		}
+	case cancelWon:
+		res := &job.Result{JobID: id, Tenant: tenant, Status: job.StatusCancelled, SubmittedAt: rec.SubmittedAt,
+			Error: &job.Error{Code: job.CodeCancelled, Message: "cancelled by the caller before the provider was called"}}
+		if err := s.mesh.PublishResult(ctx, res, opKeyOf(rec)); err != nil {
+			api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not record the cancellation; the job is marked cancelled and will not be sent")
+			return
+		}
+		// Admission drops the job if it holds it (a best effort: the mark
+		// on the record is what keeps it from the provider).
+		_ = s.mesh.JS.Conn().Publish(mesh.CancelledSubject(tenant, id), nil)
+	}
+	wctx, stop := context.WithTimeout(ctx, CancelWait)
+	defer stop()
+	res, err := s.mesh.Wait(wctx, tenant, id)
+	if err != nil {
+		api.JSON(w, http.StatusAccepted, map[string]any{"id": id, "object": "job", "status": job.StatusRunning, "cancel_requested": true})
+		return
+	}
+	if res.Status != job.StatusCancelled {
+		finished(w, res.Status) // it ended otherwise first
+		return
+	}
+	api.JSON(w, http.StatusOK, job.Summary{ID: id, Object: "job", Status: res.Status, SubmittedAt: rec.SubmittedAt, Model: res.Model, Error: res.Error})
+}
+
+func finished(w http.ResponseWriter, st job.Status) {
+	api.Error(w, http.StatusConflict, "invalid_request_error", "job_finished", "the job has already finished: "+string(st))
+}
+
+// markCancelled marks the job's operation cancelled unless its call has
+// left or it is done.
+func (s *Service) markCancelled(ctx context.Context, rec *mesh.Record) (cancelOutcome, error) {
+	out := cancelWon
+	_, err := s.mesh.UpdateOp(ctx, opKeyOf(rec), func(o *mesh.OpRecord) bool {
+		switch {
+		case o.JobID != rec.JobID || len(o.Joiners) > 0:
+			out = cancelJoined
+		case o.State == mesh.OpCompleted || o.State == mesh.OpFailed:
+			out = cancelDone
+		case o.Cancelled:
+			out = cancelWon
+		case o.Sent != nil:
+			out = cancelRunning
+		default:
+			o.Cancelled, out = true, cancelWon
+			return true
+		}
+		return false
+	})
+	if errors.Is(err, job.ErrNotFound) {
+		return cancelDone, nil // expired with its result; the record says
+	}
+	return out, err
+}
+
+// stopRunning asks the executor running the job to stop its call; true
+// when one says it did.
+func (s *Service) stopRunning(tenant, id string) bool {
+	_, err := s.mesh.JS.Conn().Request(job.CancelSubject(tenant, id), nil, 500*time.Millisecond)
+	return err == nil
+}
