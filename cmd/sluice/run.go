@@ -25,6 +25,7 @@ Commands:
   sim      run the OpenAI-compatible provider simulator
   queue    show what waits: depth, oldest age, estimated wait per tenant and priority
   submit   send one job over NATS and print its result
+  reload   have every process re-read its configuration file and apply it
   dlq      list, show and replay dead-lettered jobs
   cache    show the response cache's size ('cache stats') or empty it ('cache purge')
   nats-auth  print the nats-server authorization block (service and tenant
@@ -47,6 +48,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		"bench":     runBench,
 		"queue":     runQueue,
 		"submit":    runSubmit,
+		"reload":    runReload,
 		"dlq":       runDLQ,
 		"cache":     runCache,
 		"nats-auth": runNATSAuth,
