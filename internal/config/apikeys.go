@@ -3,14 +3,18 @@ package config
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 )
 
 // APIKey is one of a tenant's HTTP keys beside api_key_env: the variable
-// holding it, when it stops being accepted, and the models it may call.
+// or file holding it, when it stops being accepted, and the models it may
+// call. A file is read at start and at every reload, so a key can be
+// added without restarting (a process's environment is fixed at start).
 type APIKey struct {
-	Env string `yaml:"env"`
+	Env  string `yaml:"env"`
+	File string `yaml:"file"`
 	// Expires is an RFC 3339 instant ("2026-12-31T00:00:00Z"); empty: never.
 	Expires string `yaml:"expires"`
 	// Models the key may call, by the names callers send; empty: all.
@@ -28,7 +32,7 @@ func (k APIKey) ExpiresAt() time.Time {
 type Credential struct {
 	Key     string // the secret; never logged
 	Tenant  string
-	Env     string    // the variable that holds it
+	Env     string    // the variable or file that holds it
 	Expires time.Time // zero: never
 	Models  []string  // empty: every model
 }
@@ -42,8 +46,16 @@ func (c *Config) credentials(getenv func(string) string) (out []Credential, path
 			paths = append(paths, fmt.Sprintf("tenants[%d].api_key_env", i))
 		}
 		for j, k := range t.APIKeys {
-			out = append(out, Credential{Key: strings.TrimSpace(getenv(k.Env)), Tenant: t.Name, Env: k.Env, Expires: k.ExpiresAt(), Models: k.Models})
-			paths = append(paths, fmt.Sprintf("tenants[%d].api_keys[%d].env", i, j))
+			cr := Credential{Tenant: t.Name, Env: k.Env, Expires: k.ExpiresAt(), Models: k.Models}
+			path := fmt.Sprintf("tenants[%d].api_keys[%d].env", i, j)
+			if k.File != "" {
+				data, _ := os.ReadFile(k.File) // unreadable: no key, which is refused
+				cr.Key, cr.Env, path = strings.TrimSpace(string(data)), k.File, path[:len(path)-len("env")]+"file"
+			} else {
+				cr.Key = strings.TrimSpace(getenv(k.Env))
+			}
+			out = append(out, cr)
+			paths = append(paths, path)
 		}
 	}
 	return out, paths
@@ -64,7 +76,7 @@ func (c *Config) Credentials(getenv func(string) string, now time.Time) ([]Crede
 		case k.Key == "" && !k.Expires.IsZero() && !now.Before(k.Expires):
 			continue // expired and gone: nothing to refuse
 		case k.Key == "":
-			errs = append(errs, fmt.Errorf("%s (tenant %s): %s is unset or empty; export it, or remove the key", paths[i], k.Tenant, k.Env))
+			errs = append(errs, fmt.Errorf("%s (tenant %s): %s is unset, empty or unreadable; set it, or remove the key", paths[i], k.Tenant, k.Env))
 			continue
 		}
 		if other, ok := seen[k.Key]; ok {
@@ -91,7 +103,10 @@ func (c *Config) TenantKeys(getenv func(string) string) (map[string]string, erro
 func (c *Config) checkAPIKeys(key string, t Tenant, fail failFunc) {
 	for j, k := range t.APIKeys {
 		kp := fmt.Sprintf("%s.api_keys[%d]", key, j)
-		if !envName(k.Env) {
+		switch {
+		case (k.Env == "") == (k.File == ""):
+			fail(kp+".env", "give env (a variable) or file (a path holding the key), one of them")
+		case k.Env != "" && !envName(k.Env):
 			fail(kp+".env", "must name an environment variable (the key itself never sits in the file), got %q", clip(k.Env))
 		}
 		if k.Env != "" && k.Env == t.APIKeyEnv {
@@ -119,11 +134,16 @@ func (c *Config) keyEnvProblems(getenv func(string) string) Problems {
 	seen := map[string]string{}
 	now := time.Now()
 	for i, k := range all {
-		if !envName(k.Env) {
+		file := strings.HasSuffix(paths[i], ".file")
+		if !file && !envName(k.Env) {
 			continue
 		}
 		if k.Key == "" {
-			if k.Expires.IsZero() || now.Before(k.Expires) {
+			switch {
+			case !k.Expires.IsZero() && !now.Before(k.Expires):
+			case file:
+				ps = append(ps, Problem{Key: paths[i], Msg: fmt.Sprintf("%s is missing, empty or unreadable; write the key there (mode 0600)", k.Env)})
+			default:
 				ps = append(ps, Problem{Key: paths[i],
 					Msg: fmt.Sprintf("%s is not set; export %s=<a long random string>, a bearer key tenant %q's callers send", k.Env, k.Env, k.Tenant)})
 			}

@@ -56,4 +56,3 @@ func (c *Config) TaskLabel(task string) string {
 	}
 	return OtherTask
 }
-
