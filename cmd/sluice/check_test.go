@@ -39,7 +39,7 @@ func TestUpCheckRunsStartChecks(t *testing.T) {
 		flags      []string
 		want       string
 	}{
-		{"no tenant key", strings.Replace(string(sim), "api_key_env: SLUICE_DEMO_KEY", "weight: 1", 1), nil, "tenants: no tenant has an API key"},
+		{"no tenant key", strings.Replace(string(sim), "api_key_env: SLUICE_DEMO_KEY", "# no key", 1), nil, "tenants: no tenant has an API key"},
 		{"http port", string(sim), []string{"--http", "127.0.0.1:99999"}, `server.http: "127.0.0.1:99999": the port must be a number from 0 to 65535`},
 		{"nats listen with a path", string(sim), []string{"--nats-listen", "127.0.0.1:4222/x"}, "server.nats_listen: nats listen address"},
 		{"nats listen as a URL", string(sim), []string{"--nats-listen", "nats://127.0.0.1:4222"}, "server.nats_listen: nats listen address"},
