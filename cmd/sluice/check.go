@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -139,6 +140,15 @@ func startProblems(c *config.Config, services []string) config.Problems {
 		}
 		if err := embedded.CheckStoreDir(filepath.Join(s.Data, "jetstream")); err != nil {
 			ps = append(ps, config.Problem{Key: "server.data", Msg: err.Error()})
+		}
+		if _, err := natsauth.LoadSecrets(s.Data); s.NATSCluster != "" && natsauth.AuthOn(c) && err != nil {
+			ps = append(ps, config.Problem{Key: "server.nats_cluster", Msg: fmt.Sprintf("a cluster node with NATS authentication needs %s, the same on every node (sluice nats-auth --data DIR > /dev/null, then copy it): %v",
+				natsauth.SecretsPath(s.Data), err)})
+		}
+	}
+	if t := s.HTTPTLS; t.Enabled() {
+		if _, err := tls.LoadX509KeyPair(t.Cert, t.Key); err != nil {
+			ps = append(ps, config.Problem{Key: "server.http_tls", Msg: err.Error()})
 		}
 	}
 	api := s.HTTP != "off" && s.HTTP != "" && (slices.Contains(services, "ingest") || slices.Contains(services, "result"))
