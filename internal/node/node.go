@@ -159,7 +159,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	rl := newReloader(o, live, auth, ms, c.nc) // reload.go
 	mux.Handle("POST /admin/reload", rl.adminReload(strings.TrimSpace(o.Getenv(o.Config.Server.OperatorKeyEnv))))
-	services = append(services, runFunc(rl.run))
+	services = append(services, namedRun{"configuration reloads", rl.run})
 	if ns != nil && o.NATSCluster != "" && o.Config.Server.Replicas > 1 {
 		readiness = append(readiness, (&catchUp{js: c.js, server: ns.Name()}).Ready)
 	}
@@ -382,10 +382,14 @@ func setLimitGauges(ms *metrics.Set, cfg *config.Config) {
 	}
 }
 
-// runFunc makes a function a runner.
-type runFunc func(ctx context.Context) error
+// namedRun is a function run as a part of the node, under a name.
+type namedRun struct {
+	name string
+	run  func(ctx context.Context) error
+}
 
-func (f runFunc) Run(ctx context.Context) error { return f(ctx) }
+func (r namedRun) Run(ctx context.Context) error { return r.run(ctx) }
+func (r namedRun) Name() string                  { return r.name }
 
 // newServices builds the services o names, in its order, adding their
 // routes to mux; readiness are the checks /readyz makes.
@@ -490,6 +494,8 @@ func serve(ctx context.Context, o Options, c *link, natsURL string, services []r
 		name := "deployment health"
 		if i < len(o.Services) {
 			name = o.Services[i]
+		} else if n, ok := s.(interface{ Name() string }); ok {
+			name = n.Name()
 		}
 		g.Add(func() error {
 			if err := s.Run(svcCtx); err != nil {
