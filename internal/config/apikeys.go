@@ -76,7 +76,11 @@ func (c *Config) Credentials(getenv func(string) string, now time.Time) ([]Crede
 		case k.Key == "" && !k.Expires.IsZero() && !now.Before(k.Expires):
 			continue // expired and gone: nothing to refuse
 		case k.Key == "":
-			errs = append(errs, fmt.Errorf("%s (tenant %s): %s is unset, empty or unreadable; set it, or remove the key", paths[i], k.Tenant, k.Env))
+			what := "is unset or empty; export it"
+			if strings.HasSuffix(paths[i], ".file") {
+				what = "is missing, unreadable or empty; write the key there"
+			}
+			errs = append(errs, fmt.Errorf("%s (tenant %s): %s %s, or remove the key", paths[i], k.Tenant, k.Env, what))
 			continue
 		}
 		if other, ok := seen[k.Key]; ok {
