@@ -94,7 +94,23 @@ func (r *reloader) apply(source string) mesh.ReloadReport {
 	if added := addedTenants(old, c); len(added) > 0 && r.o.NATSURL == "" {
 		r.log.Warn("reload: new tenants use the HTTP API now; their NATS logins on the embedded server come with the next restart", "tenants", strings.Join(added, ","))
 	}
+	if added := addedDeployments(old, c); len(added) > 0 {
+		r.log.Warn("reload: new deployments take jobs now; their shared health record (cooldowns, down marks, /readyz) starts with the next restart", "deployments", strings.Join(added, ","))
+	}
 	return rep
+}
+
+// addedDeployments are the provider/model pairs c has and old had not.
+func addedDeployments(old, c *config.Config) []string {
+	var out []string
+	for _, p := range c.Providers {
+		for _, m := range p.Models {
+			if _, _, ok := old.Deployment(p.Name, m.Name); !ok {
+				out = append(out, p.Name+"/"+m.Name)
+			}
+		}
+	}
+	return out
 }
 
 // addedTenants are the tenants c has and old had not.
