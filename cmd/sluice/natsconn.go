@@ -26,7 +26,7 @@ type cliNATS struct {
 // never prints a URL that may hold credentials.
 func addCLINATS(fs *flag.FlagSet, getenv func(string) string, cfgPath *string) *cliNATS {
 	c := &cliNATS{getenv: getenv, config: cfgPath}
-	c.url = fs.String("nats-url", "", "NATS server (SLUICE_NATS_URL, else the configuration's server.nats_url, else nats://127.0.0.1:4222)")
+	c.url = fs.String("nats-url", "", "NATS server (SLUICE_NATS_URL, else the configuration's server.nats_url or server.nats_listen, else nats://127.0.0.1:4222)")
 	c.data = fs.String("data", "", "data directory of the embedded server, where the operator's NATS identity is (SLUICE_DATA, default ./data)")
 	if cfgPath == nil {
 		c.config = fs.String("config", "", "configuration, for server.nats (SLUICE_CONFIG)")
@@ -49,6 +49,12 @@ func (c *cliNATS) connect(name string) (*nats.Conn, *config.Config, error) {
 		url = *c.url
 	}
 	embedded := url == ""
+	if listen := envOr(c.getenv, "SLUICE_NATS_LISTEN", cfg.Server.NATSListen); url == "" && listen != "" {
+		url = "nats://" + listen // the embedded server `sluice up` runs with this file
+		if cfg.Server.NATS.ListenTLS.Cert != "" {
+			url = "tls://" + listen
+		}
+	}
 	if url == "" {
 		url = "nats://127.0.0.1:4222"
 	}

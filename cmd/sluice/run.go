@@ -28,6 +28,7 @@ Commands:
   queue    show what waits: depth, oldest age, estimated wait per tenant and priority
   submit   send one job over NATS and print its result
   jobs     list a tenant's jobs ('jobs list') or cancel one ('jobs cancel ID')
+  reload   have every process re-read its configuration file and apply it
   dlq      list, show and replay dead-lettered jobs
   cache    show the response cache's size ('cache stats') or empty it ('cache purge')
   nats-auth  print the nats-server authorization block (service and tenant
@@ -48,6 +49,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		"queue":     runQueue,
 		"submit":    runSubmit,
 		"jobs":      runJobs,
+		"reload":    runReload,
 		"dlq":       runDLQ,
 		"cache":     runCache,
 		"nats-auth": runNATSAuth,

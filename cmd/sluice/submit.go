@@ -17,7 +17,7 @@ import (
 func runSubmit(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("submit", stderr)
 	conn := addCLINATS(fs, getenv, nil)
-	tenant := fs.String("tenant", getenv("SLUICE_TENANT"), "tenant (SLUICE_TENANT)")
+	tenant := fs.String("tenant", getenv("SLUICE_TENANT"), "tenant (SLUICE_TENANT; default: the only tenant of --config)")
 	model := fs.String("model", "gpt-4o-mini", "model")
 	prompt := fs.String("prompt", "", "user message (or use --request)")
 	reqFile := fs.String("request", "", "file holding a whole chat-completions JSON body ('-' for stdin)")
@@ -32,9 +32,6 @@ func runSubmit(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	if *stream && *wait == 0 {
 		return errors.New("--stream follows the answer as it comes: it cannot be used with --wait 0")
-	}
-	if *tenant == "" {
-		return errors.New("--tenant is required")
 	}
 	var body []byte
 	switch {
@@ -60,11 +57,17 @@ func runSubmit(ctx context.Context, args []string, getenv func(string) string, s
 	default:
 		return errors.New("give --prompt or --request")
 	}
-	nc, _, err := conn.connect("sluice submit")
+	nc, cfg, err := conn.connect("sluice submit")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
+	if *tenant == "" && cfg != nil && len(cfg.Tenants) == 1 {
+		*tenant = cfg.Tenants[0].Name
+	}
+	if *tenant == "" {
+		return errors.New("--tenant is required (the configuration given has not exactly one tenant)")
+	}
 	c, err := client.New(nc)
 	if err != nil {
 		return err

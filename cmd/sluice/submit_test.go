@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -58,5 +61,27 @@ func TestSubmitStream(t *testing.T) {
 	}
 	if _, _, err := submit("--stream", "--wait", "0"); err == nil {
 		t.Error("--stream with --wait 0 was accepted")
+	}
+}
+
+// sluice submit with only --config finds the embedded server at the
+// file's server.nats_listen, and the tenant when the file has one.
+func TestSubmitReadsNATSListen(t *testing.T) {
+	t.Parallel()
+	_, simURL := systest.StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 200000}}, APIKeys: []string{"sim-secret"}})
+	n := systest.Start(t, systest.SimConfig(simURL, "gpt-4o-mini", 600, 200000, ""), systest.Env)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	listen := strings.TrimPrefix(strings.TrimPrefix(n.NATS, "nats://"), "tls://")
+	path := filepath.Join(t.TempDir(), "sluice.yaml")
+	yaml := fmt.Sprintf("server: {nats_listen: %q}\nproviders:\n  - {name: sim, base_url: %q, models: [{name: gpt-4o-mini}]}\ntenants:\n  - {name: acme}\n", listen, simURL+"/v1")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut strings.Builder
+	err := run(ctx, []string{"submit", "--config", path, "--data", n.Data, "--prompt", "hi", "--max-tokens", "8"}, func(string) string { return "" }, &out, &errOut)
+	var res job.Result
+	if err != nil || json.Unmarshal([]byte(out.String()), &res) != nil || res.Status != job.StatusSucceeded || res.Tenant != "acme" {
+		t.Errorf("submit with nats_listen and one tenant: %v, %q (stderr %q), want acme's job succeeded", err, out.String(), errOut.String())
 	}
 }

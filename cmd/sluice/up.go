@@ -25,7 +25,7 @@ type upFlags struct {
 	metrics, tlsCert, tlsKey                                    string
 	replicas                                                    int
 	open                                                        bool
-	check                                                       bool
+	check, probe                                                bool
 	sim                                                         string
 }
 
@@ -50,18 +50,89 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 	fs.IntVar(&f.replicas, "replicas", 0, "stream and bucket replicas when joining a cluster (SLUICE_REPLICAS, default 1)")
 	fs.StringVar(&f.sim, "sim", "", "also run the provider simulator in this process on HOST:PORT, serving the models of the providers whose base_url points there (development and the image's example; not a SLUICE_ variable nor a server: key)")
 	fs.BoolVar(&f.check, "check", false, "check the configuration and what it needs (key variables, a writable data directory), name every problem, and exit")
+	fs.BoolVar(&f.probe, "probe", false, "with --check: make one cheap authenticated call to each provider (its model list) and report each deployment")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
+	}
+	if f.probe && !f.check {
+		return errors.New("--probe goes with --check")
 	}
 	if f.config == "" {
 		return errNoConfig()
 	}
-	cfg, problems, err := loadConfig(f.config, f.check, getenv)
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	cfg, problems, hash, err := f.resolve(set, f.check, getenv)
 	if err != nil {
 		return err
 	}
-	set := map[string]bool{}
-	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	s := &cfg.Server
+	routes, err := clusterRoutes(s)
+	if err != nil {
+		return err
+	}
+	services, err := node.ParseServices(s.Services)
+	if err != nil {
+		return fmt.Errorf("--services: %w", err)
+	}
+	log, err := newLogger(stderr, s.LogLevel)
+	if err != nil {
+		return err
+	}
+	if f.sim != "" {
+		if _, err := simModels(cfg, f.sim); err != nil {
+			return err
+		}
+	}
+	if f.check {
+		return reportCheck(ctx, stdout, f.config, cfg, problems, services, getenv, f.probe)
+	}
+	if len(cfg.Providers) == 0 {
+		log.Warn("no providers configured: jobs will be refused with unknown_model (see docs/CONFIG.md)")
+	}
+	if f.sim != "" {
+		stop, err := startSim(f.sim, cfg, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	httpAddr := s.HTTP
+	if httpAddr == "off" {
+		httpAddr = ""
+	}
+	reloads := make(chan string, 1)
+	followSignals(ctx, log, reloads) // signals.go
+	return node.Run(ctx, node.Options{
+		Load: func() (*config.Config, string, error) {
+			c, _, hash, err := f.resolve(set, false, getenv)
+			if err == nil {
+				_, err = clusterRoutes(&c.Server) // its defaults, as at start
+			}
+			return c, hash, err
+		},
+		ConfigHash: hash, ReloadRequests: reloads,
+		Config: cfg, NATSURL: s.NATSURL, NATSListen: s.NATSListen, HTTP: httpAddr, Data: s.Data,
+		NATSCluster: s.NATSCluster, NATSRoutes: routes, NATSName: s.NATSName, NATSClusterAdvertise: s.NATSClusterAdvertise,
+		Services: services, Getenv: getenv, Log: log,
+		OnReady: func(i node.Info) {
+			fmt.Fprintf(stdout, "sluice up: nats %s, http %s, services %v", natsauth.RedactURL(i.NATSURL), orNone(i.HTTPAddr), services)
+			if i.MetricsAddr != "" {
+				fmt.Fprintf(stdout, ", metrics %s", i.MetricsAddr)
+			}
+			fmt.Fprintln(stdout)
+		},
+	})
+}
+
+// resolve loads the configuration file and puts the flags and SLUICE_*
+// variables over its server section (flag > variable > file > default):
+// at start, and again at each reload. hash is config.Hash of the file.
+func (f upFlags) resolve(set map[string]bool, check bool, getenv func(string) string) (*config.Config, config.Problems, string, error) {
+	cfg, problems, hash, err := loadConfig(f.config, check, getenv)
+	if err != nil {
+		return nil, nil, "", err
+	}
 	s := &cfg.Server
 	pick := func(name, env string, flagVal string, file *string, def string) {
 		switch {
@@ -92,12 +163,12 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 	case getenv("SLUICE_OPEN") != "":
 		v, err := strconv.ParseBool(getenv("SLUICE_OPEN"))
 		if err != nil {
-			return fmt.Errorf("SLUICE_OPEN: want 1 or 0 (true or false), got %q", getenv("SLUICE_OPEN"))
+			return nil, nil, "", fmt.Errorf("SLUICE_OPEN: want 1 or 0 (true or false), got %q", getenv("SLUICE_OPEN"))
 		}
 		s.Open = v
 	}
 	if t := s.HTTPTLS; t.Enabled() && (t.Cert == "" || t.Key == "") {
-		return fmt.Errorf("HTTPS needs both --http-tls-cert and --http-tls-key (server.http_tls.cert and .key)")
+		return nil, nil, "", fmt.Errorf("HTTPS needs both --http-tls-cert and --http-tls-key (server.http_tls.cert and .key)")
 	}
 	switch {
 	case set["replicas"]:
@@ -105,59 +176,14 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 	case getenv("SLUICE_REPLICAS") != "":
 		n, err := strconv.Atoi(getenv("SLUICE_REPLICAS"))
 		if err != nil || n < 1 || n > 5 {
-			return fmt.Errorf("SLUICE_REPLICAS: want 1 to 5, got %q", getenv("SLUICE_REPLICAS"))
+			return nil, nil, "", fmt.Errorf("SLUICE_REPLICAS: want 1 to 5, got %q", getenv("SLUICE_REPLICAS"))
 		}
 		s.Replicas = n
 	}
 	if s.Replicas < 0 || s.Replicas > 5 {
-		return fmt.Errorf("--replicas: want 1 to 5, got %d", s.Replicas)
+		return nil, nil, "", fmt.Errorf("--replicas: want 1 to 5, got %d", s.Replicas)
 	}
-	routes, err := clusterRoutes(s)
-	if err != nil {
-		return err
-	}
-	services, err := node.ParseServices(s.Services)
-	if err != nil {
-		return fmt.Errorf("--services: %w", err)
-	}
-	log, err := newLogger(stderr, s.LogLevel)
-	if err != nil {
-		return err
-	}
-	if f.sim != "" {
-		if _, err := simModels(cfg, f.sim); err != nil {
-			return err
-		}
-	}
-	if f.check {
-		return reportCheck(stdout, f.config, cfg, problems, services)
-	}
-	if len(cfg.Providers) == 0 {
-		log.Warn("no providers configured: jobs will be refused with unknown_model (see docs/CONFIG.md)")
-	}
-	if f.sim != "" {
-		stop, err := startSim(f.sim, cfg, log)
-		if err != nil {
-			return err
-		}
-		defer stop()
-	}
-	httpAddr := s.HTTP
-	if httpAddr == "off" {
-		httpAddr = ""
-	}
-	return node.Run(ctx, node.Options{
-		Config: cfg, NATSURL: s.NATSURL, NATSListen: s.NATSListen, HTTP: httpAddr, Data: s.Data,
-		NATSCluster: s.NATSCluster, NATSRoutes: routes, NATSName: s.NATSName, NATSClusterAdvertise: s.NATSClusterAdvertise,
-		Services: services, Getenv: getenv, Log: log,
-		OnReady: func(i node.Info) {
-			fmt.Fprintf(stdout, "sluice up: nats %s, http %s, services %v", natsauth.RedactURL(i.NATSURL), orNone(i.HTTPAddr), services)
-			if i.MetricsAddr != "" {
-				fmt.Fprintf(stdout, ", metrics %s", i.MetricsAddr)
-			}
-			fmt.Fprintln(stdout)
-		},
-	})
+	return cfg, problems, hash, nil
 }
 
 // clusterRoutes checks the cluster settings and splits the route list.

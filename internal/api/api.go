@@ -3,6 +3,7 @@
 package api
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -23,28 +25,78 @@ import (
 // Anthropic SDKs send). Keys are held as SHA-256 digests and a presented
 // key is hashed before the lookup, so the time a check takes does not
 // depend on how much of a real key the caller guessed. Build one with
-// NewAuth; the zero value refuses every request.
+// NewAuth or NewKeyAuth; copies share their keys, which Set replaces
+// (a reload) for every copy at once. The zero value refuses every request.
 type Auth struct {
 	// Open is development mode: a request without a key acts as the tenant
 	// X-Sluice-Tenant names, or as the only tenant. A request with a key
 	// is checked all the same.
 	Open bool
-	// Tenants are the configured tenant names.
+	// Tenants are the tenant names of an Auth built as a literal (tests);
+	// NewAuth's hold theirs in the table Set replaces.
 	Tenants []string
-	keys    map[[sha256.Size]byte]string // digest of key -> tenant
+	t       *atomic.Pointer[authTable]
 }
 
-// NewAuth builds an Auth from key -> tenant (config.TenantKeys).
+// Key is what an API key grants.
+type Key struct {
+	Tenant  string
+	Expires time.Time // zero: never
+	Models  []string  // the models it may call; empty: all
+}
+
+type authTable struct {
+	tenants []string
+	keys    map[[sha256.Size]byte]Key // digest of key -> grant
+}
+
+// NewAuth builds an Auth from key -> tenant: keys without expiry or
+// model lists.
 func NewAuth(keys map[string]string, tenants []string, open bool) Auth {
-	a := Auth{Open: open, Tenants: tenants, keys: make(map[[sha256.Size]byte]string, len(keys))}
+	ks := make(map[string]Key, len(keys))
 	for k, t := range keys {
-		a.keys[sha256.Sum256([]byte(k))] = t
+		ks[k] = Key{Tenant: t}
 	}
+	return NewKeyAuth(ks, tenants, open)
+}
+
+// NewKeyAuth builds an Auth from key -> grant.
+func NewKeyAuth(keys map[string]Key, tenants []string, open bool) Auth {
+	a := Auth{Open: open, t: new(atomic.Pointer[authTable])}
+	a.Set(keys, tenants)
 	return a
 }
 
+// Set replaces the keys and tenants of a and of every copy of it.
+func (a Auth) Set(keys map[string]Key, tenants []string) {
+	t := &authTable{tenants: slices.Clone(tenants), keys: make(map[[sha256.Size]byte]Key, len(keys))}
+	for k, g := range keys {
+		t.keys[sha256.Sum256([]byte(k))] = g
+	}
+	a.t.Store(t)
+}
+
+func (a Auth) table() *authTable {
+	if a.t == nil {
+		return &authTable{tenants: a.Tenants}
+	}
+	if t := a.t.Load(); t != nil {
+		return t
+	}
+	return &authTable{}
+}
+
 // Keys reports how many API keys the Auth knows.
-func (a Auth) Keys() int { return len(a.keys) }
+func (a Auth) Keys() int { return len(a.table().keys) }
+
+// ExpiredError is a known key past its expiry; it is an ErrUnauthorized.
+type ExpiredError struct{ At time.Time }
+
+func (e *ExpiredError) Unwrap() error { return ErrUnauthorized }
+
+func (e *ExpiredError) Error() string {
+	return fmt.Sprintf("this API key expired at %s; use the tenant's newer key", e.At.UTC().Format(time.RFC3339))
+}
 
 // ErrUnauthorized is a missing or wrong API key.
 var ErrUnauthorized = errors.New("missing or invalid API key")
@@ -83,28 +135,58 @@ func presentedKey(r *http.Request) (key string, present bool) {
 
 // Tenant resolves the caller's tenant.
 func (a Auth) Tenant(r *http.Request) (string, error) {
+	g, err := a.grant(r)
+	return g.Tenant, err
+}
+
+// grant resolves what the caller's key grants.
+func (a Auth) grant(r *http.Request) (Key, error) {
+	t := a.table()
 	if key, present := presentedKey(r); present {
 		if key == "" {
-			return "", ErrUnauthorized
+			return Key{}, ErrUnauthorized
 		}
-		if t, ok := a.keys[sha256.Sum256([]byte(key))]; ok {
-			return t, nil
+		g, ok := t.keys[sha256.Sum256([]byte(key))]
+		switch {
+		case !ok:
+			return Key{}, ErrUnauthorized
+		case !g.Expires.IsZero() && !time.Now().Before(g.Expires):
+			return Key{}, &ExpiredError{At: g.Expires}
 		}
-		return "", ErrUnauthorized
+		return g, nil
 	}
 	if !a.Open {
-		return "", ErrUnauthorized
+		return Key{}, ErrUnauthorized
 	}
-	if t := r.Header.Get("X-Sluice-Tenant"); t != "" {
-		if slices.Contains(a.Tenants, t) {
-			return t, nil
+	if name := r.Header.Get("X-Sluice-Tenant"); name != "" {
+		if slices.Contains(t.tenants, name) {
+			return Key{Tenant: name}, nil
 		}
-		return "", &job.ValidationError{Code: job.CodeUnknownTenant, Field: "X-Sluice-Tenant", Message: "unknown tenant"}
+		return Key{}, &job.ValidationError{Code: job.CodeUnknownTenant, Field: "X-Sluice-Tenant", Message: "unknown tenant"}
 	}
-	if len(a.Tenants) == 1 {
-		return a.Tenants[0], nil
+	if len(t.tenants) == 1 {
+		return Key{Tenant: t.tenants[0]}, nil
 	}
-	return "", &job.ValidationError{Code: job.CodeUnknownTenant, Field: "X-Sluice-Tenant", Message: "is required in open mode when several tenants are configured and the request has no API key"}
+	return Key{}, &job.ValidationError{Code: job.CodeUnknownTenant, Field: "X-Sluice-Tenant", Message: "is required in open mode when several tenants are configured and the request has no API key"}
+}
+
+type modelsKey struct{}
+
+// Scoped returns r with the models its key may call in its context
+// (ModelAllowed reads them), when its key names some.
+func (a Auth) Scoped(r *http.Request) *http.Request {
+	g, err := a.grant(r)
+	if err != nil || len(g.Models) == 0 {
+		return r
+	}
+	return r.WithContext(context.WithValue(r.Context(), modelsKey{}, g.Models))
+}
+
+// ModelAllowed reports whether the key of the request ctx came from may
+// call model (always, for a key without a model list).
+func ModelAllowed(ctx context.Context, model string) bool {
+	ms, ok := ctx.Value(modelsKey{}).([]string)
+	return !ok || slices.Contains(ms, model)
 }
 
 // AuthError answers a request Tenant refused: 401 for a missing or wrong
@@ -113,6 +195,11 @@ func AuthError(w http.ResponseWriter, err error) {
 	var ve *job.ValidationError
 	if errors.As(err, &ve) {
 		Error(w, StatusFor(ve.Code), "invalid_request_error", ve.Code, ve.Error())
+		return
+	}
+	var ee *ExpiredError
+	if errors.As(err, &ee) {
+		Error(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", ee.Error())
 		return
 	}
 	Error(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", ErrUnauthorized.Error())

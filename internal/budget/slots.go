@@ -67,6 +67,15 @@ func NewPool(kv KV, key, holder string, limit int, period time.Duration, now fun
 		changed: make(chan struct{}), demand: make(chan struct{}, 1)}
 }
 
+// SetLimit changes the fleet-wide limit (a reload); the next renewal
+// leases under it, and slots in use above a lowered limit are given back
+// as their calls end.
+func (p *Pool) SetLimit(limit int) {
+	p.mu.Lock()
+	p.limit = limit
+	p.mu.Unlock()
+}
+
 // TryAcquire takes a slot if the lease has a free one and has not expired.
 func (p *Pool) TryAcquire() bool {
 	p.mu.Lock()
@@ -149,7 +158,8 @@ func (p *Pool) Renew(ctx context.Context) error {
 		want = max(want, 2*p.inUse, 1)
 	}
 	want += want / 4
-	want = min(max(want, p.inUse, 1), p.limit)
+	limit := p.limit
+	want = min(max(want, p.inUse, 1), limit)
 	p.waiting, p.peak = 0, p.inUse
 	p.mu.Unlock()
 
@@ -176,8 +186,8 @@ func (p *Pool) Renew(ctx context.Context) error {
 		p.mu.Lock()
 		inUse := p.inUse
 		p.mu.Unlock()
-		fair := int(math.Ceil(float64(p.limit) / float64(active)))
-		grant := min(want, max(fair, inUse), p.limit-others)
+		fair := int(math.Ceil(float64(limit) / float64(active)))
+		grant := min(want, max(fair, inUse), limit-others)
 		grant = max(grant, 0)
 		exp := now.Add(p.period)
 		if grant == 0 && want == 0 {

@@ -112,13 +112,7 @@ func (c *Config) envProblems(getenv func(string) string) Problems {
 				Msg: fmt.Sprintf("%s is not set; export %s=<your %s API key> (the key itself never sits in the file)", p.APIKeyEnv, p.APIKeyEnv, p.Name)})
 		}
 	}
-	for i, t := range c.Tenants {
-		if t.APIKeyEnv != "" && envName(t.APIKeyEnv) && strings.TrimSpace(getenv(t.APIKeyEnv)) == "" {
-			ps = append(ps, Problem{Key: fmt.Sprintf("tenants[%d].api_key_env", i),
-				Msg: fmt.Sprintf("%s is not set; export %s=<a long random string>, the bearer key tenant %q's callers send", t.APIKeyEnv, t.APIKeyEnv, t.Name)})
-		}
-	}
-	return append(ps, c.sharedKeyProblems(getenv)...)
+	return append(ps, c.keyEnvProblems(getenv)...) // apikeys.go
 }
 
 var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)

@@ -101,6 +101,9 @@ type Server struct {
 	// HTTPTimeouts bound the HTTP server's connections.
 	HTTPTimeouts HTTPTimeouts `yaml:"http_timeouts"`
 	NATS         NATS         `yaml:"nats"`
+	// OperatorKeyEnv names the variable holding the bearer key of the
+	// operator's HTTP endpoints (POST /admin/reload); empty: none served.
+	OperatorKeyEnv string `yaml:"operator_key_env"`
 }
 
 // NATS is how a process authenticates to NATS, and how the embedded server
@@ -451,7 +454,10 @@ func (m Model) Discovers() bool { return m.Adaptive != nil && *m.Adaptive }
 type Tenant struct {
 	Name      string `yaml:"name"`
 	APIKeyEnv string `yaml:"api_key_env"`
-	Weight    int    `yaml:"weight"`
+	// APIKeys are more HTTP keys beside APIKeyEnv, each with an optional
+	// expiry and model list (apikeys.go): rotation with overlap.
+	APIKeys []APIKey `yaml:"api_keys"`
+	Weight  int      `yaml:"weight"`
 	// Optional budgets across all of the tenant's models (0 = none):
 	// requests and tokens per minute and per day (trailing 24 h).
 	RPM int `yaml:"rpm"`
@@ -786,6 +792,9 @@ func (c *Config) checkHTTP(fail failFunc) {
 	if t := c.Server.HTTPTLS; t.Enabled() && (t.Cert == "" || t.Key == "") {
 		fail("server.http_tls", "needs both cert and key (PEM files), got cert %q key %q", t.Cert, t.Key)
 	}
+	if k := c.Server.OperatorKeyEnv; k != "" && !envName(k) {
+		fail("server.operator_key_env", "must name an environment variable (the key itself never sits in the file), got %q", clip(k))
+	}
 }
 
 // checkDefaultMaxTokens checks that the default output bound fits the largest.
@@ -991,6 +1000,7 @@ func (c *Config) checkTenants(fail failFunc) {
 		if t.APIKeyEnv != "" && !envName(t.APIKeyEnv) {
 			fail(key+".api_key_env", "must name an environment variable, got %q", clip(t.APIKeyEnv))
 		}
+		c.checkAPIKeys(key, t, fail) // apikeys.go
 		for _, l := range []struct {
 			k string
 			v int
@@ -1110,33 +1120,6 @@ func (c *Config) Policy(p job.Priority) Policy {
 		return pol
 	}
 	return DefaultPolicies[string(job.Standard)]
-}
-
-// TenantKeys resolves tenants' API keys from the environment: key ->
-// tenant. A tenant whose api_key_env names a variable that is unset or
-// empty is an error naming both (a key that silently goes missing would
-// leave the tenant locked out, or, before fail-closed, the API open), and
-// so is a key that two tenants share (which one would a caller be?). The
-// errors never show a key. Tenants without api_key_env have no HTTP key.
-func (c *Config) TenantKeys(getenv func(string) string) (map[string]string, error) {
-	out := map[string]string{}
-	var errs []error
-	for i, t := range c.Tenants {
-		if t.APIKeyEnv == "" {
-			continue
-		}
-		k := strings.TrimSpace(getenv(t.APIKeyEnv))
-		if k == "" {
-			errs = append(errs, fmt.Errorf("tenants[%d] (%s): api_key_env names %s, which is unset or empty; export it, or remove api_key_env", i, t.Name, t.APIKeyEnv))
-			continue
-		}
-		if other, ok := out[k]; ok {
-			errs = append(errs, fmt.Errorf("tenants[%d] (%s): the key in %s is also tenant %q's; every tenant needs its own key", i, t.Name, t.APIKeyEnv, other))
-			continue
-		}
-		out[k] = t.Name
-	}
-	return out, errors.Join(errs...)
 }
 
 // Validate checks the server.nats section.

@@ -1,9 +1,7 @@
 package config
 
 import (
-	"fmt"
 	"slices"
-	"strings"
 )
 
 // DefaultDeniedFields are request body fields that change what a call costs
@@ -57,28 +55,4 @@ func (c *Config) TaskLabel(task string) string {
 		}
 	}
 	return OtherTask
-}
-
-// sharedKeyProblems reports tenants whose HTTP keys are the same (one env
-// variable named twice, or two variables holding one key): a caller with
-// that key could be either tenant. The problems never show a key.
-func (c *Config) sharedKeyProblems(getenv func(string) string) Problems {
-	var ps Problems
-	byKey := map[string]string{}
-	for i, t := range c.Tenants {
-		if t.APIKeyEnv == "" || !envName(t.APIKeyEnv) {
-			continue
-		}
-		k := strings.TrimSpace(getenv(t.APIKeyEnv))
-		if k == "" {
-			continue
-		}
-		if other, ok := byKey[k]; ok {
-			ps = append(ps, Problem{Key: fmt.Sprintf("tenants[%d].api_key_env", i),
-				Msg: fmt.Sprintf("tenant %q's key (%s) is also tenant %q's; every tenant needs its own key", t.Name, t.APIKeyEnv, other)})
-			continue
-		}
-		byKey[k] = t.Name
-	}
-	return ps
 }

@@ -50,8 +50,11 @@ func hostPort(addr, what string) (string, int, error) {
 		return "", 0, fmt.Errorf("nats %s address %q: %w", what, addr, err)
 	}
 	n, err := strconv.Atoi(p)
-	if err != nil {
-		return "", 0, fmt.Errorf("nats %s port %q: %w", what, p, err)
+	if err != nil || n < 0 || n > 65535 {
+		return "", 0, fmt.Errorf("nats %s address %q: the port must be a number from 0 to 65535", what, addr)
+	}
+	if strings.ContainsAny(h, "/?#@") || strings.Contains(addr, "://") {
+		return "", 0, fmt.Errorf("nats %s address %q: want HOST:PORT (no scheme, path or credentials)", what, addr)
 	}
 	if h == "" {
 		h = "127.0.0.1"
@@ -60,6 +63,27 @@ func hostPort(addr, what string) (string, int, error) {
 		n = -1
 	}
 	return h, n, nil
+}
+
+// CheckAddr checks a listen address as Start reads it (HOST:PORT, the
+// port 0 to 65535); what names it in the error ("listen", "cluster").
+func CheckAddr(addr, what string) error {
+	_, _, err := hostPort(addr, what)
+	return err
+}
+
+// portFree fails at once, naming the port, when another process holds it:
+// the server would only fail to become ready.
+func portFree(host string, port int, what string) error {
+	if port <= 0 {
+		return nil
+	}
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("embedded nats: cannot %s on %s (port %d): %w; another process holds it (a running sluice?): choose another port (--nats-listen, server.nats_listen) or stop it", what, addr, port, err)
+	}
+	return ln.Close()
 }
 
 // Start runs an embedded server and waits until it accepts connections.
@@ -119,6 +143,14 @@ func Start(o Options) (*server.Server, error) {
 	}
 	if o.Logger != nil {
 		s.SetLoggerV2(o.Logger, false, false, false)
+	}
+	if err := portFree(opts.Host, opts.Port, "listen"); err != nil {
+		return nil, err
+	}
+	if opts.Cluster.Port > 0 {
+		if err := portFree(opts.Cluster.Host, opts.Cluster.Port, "cluster"); err != nil {
+			return nil, err
+		}
 	}
 	go s.Start()
 	if !s.ReadyForConnections(15 * time.Second) {

@@ -134,18 +134,24 @@ func loadKey(ctx context.Context, fleet, legacy jetstream.KeyValue) ([]byte, err
 // keyTries bounds loadKey's reads.
 const keyTries = 15
 
-// Guard checks jobs against one configuration.
+// Guard checks jobs against the configuration in effect.
 type Guard struct {
-	cfg      *config.Config
+	live     *config.Live
 	lim      job.Limits
 	key      []byte
 	maxValid time.Duration
 }
 
 // New returns a guard for cfg with the fleet key.
-func New(cfg *config.Config, key []byte) *Guard {
+func New(cfg *config.Config, key []byte) *Guard { return NewLive(config.NewLive(cfg), key) }
+
+// NewLive returns a guard for the configuration live holds, which a
+// reload may replace (its limits and admission timings stay those it
+// started with: they need a restart).
+func NewLive(live *config.Live, key []byte) *Guard {
+	cfg := live.Load()
 	a := cfg.Admission
-	return &Guard{cfg: cfg, lim: job.Limits{MaxBodyBytes: cfg.Limits.MaxBodyBytes, MaxTokens: cfg.Limits.MaxTokens}, key: key,
+	return &Guard{live: live, lim: job.Limits{MaxBodyBytes: cfg.Limits.MaxBodyBytes, MaxTokens: cfg.Limits.MaxTokens}, key: key,
 		maxValid: max(MaxValidity, 2*(a.DispatchGrace.D()+a.PlanHorizon.D()+a.SendTolerance.D()))}
 }
 
@@ -240,7 +246,7 @@ func (g *Guard) Sign(j *job.Job) { j.Reservation.Sig = g.sign(j) }
 // counted with the tokenizer and the output it asks for (n choices of the
 // output limit, or the configured default).
 func (g *Guard) Floor(j *job.Job) (job.Estimate, error) {
-	_, est, err := tokens.Estimate(j.Endpoint, j.Request, g.lim, g.cfg.Limits.DefaultMaxTokens)
+	_, est, err := tokens.Estimate(j.Endpoint, j.Request, g.lim, g.live.Load().Limits.DefaultMaxTokens)
 	return est, err
 }
 
@@ -403,7 +409,7 @@ func (g *Guard) static(j *job.Job) (model *config.Model, sealed bool, err error)
 	if err := check(); err != nil {
 		return nil, false, err
 	}
-	if _, ok := g.cfg.Tenant(j.Tenant); !ok {
+	if _, ok := g.live.Load().Tenant(j.Tenant); !ok {
 		return nil, false, &job.ValidationError{Code: job.CodeUnknownTenant, Field: "tenant", Message: fmt.Sprintf("unknown tenant %q", clip(j.Tenant))}
 	}
 	model = g.configured(j.Provider, j.Model)
@@ -451,8 +457,9 @@ func requestModel(j *job.Job) (string, error) {
 }
 
 func (g *Guard) configured(provider, model string) *config.Model {
-	for i := range g.cfg.Providers {
-		p := &g.cfg.Providers[i]
+	app := g.live.Load()
+	for i := range app.Providers {
+		p := &app.Providers[i]
 		if p.Name != provider {
 			continue
 		}

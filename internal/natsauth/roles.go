@@ -252,6 +252,8 @@ func ServicePermissions(set string) (*server.Permissions, error) {
 	var p perms
 	if set != Operator {
 		p.add(info())
+		// configuration reloads (internal/node reload.go)
+		p.add(perms{pub: []string{mesh.ReloadSubject, mesh.ReloadedSubject}, sub: []string{mesh.ReloadSubject}})
 	}
 	for _, r := range roles {
 		p.add(rolePerms(r))

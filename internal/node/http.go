@@ -45,26 +45,18 @@ func withOpenTenant(c *config.Config) *config.Config {
 // the key).
 func httpAuth(o Options, log *slog.Logger) (api.Auth, error) {
 	c := o.Config
-	var tenants []string
-	for _, t := range c.Tenants {
-		tenants = append(tenants, t.Name)
+	keys, tenants, err := authKeys(o, c) // reload.go
+	if err != nil {
+		return api.Auth{}, err
 	}
 	if !servesAPI(o) {
-		return api.NewAuth(nil, tenants, false), nil
-	}
-	keys, err := c.TenantKeys(o.Getenv)
-	if err != nil {
-		return api.Auth{}, fmt.Errorf("tenant API keys: %w", err)
-	}
-	if len(keys) == 0 && !c.Server.Open {
-		return api.Auth{}, errors.New("no tenant API keys configured, so the HTTP API would be open to anyone: give tenants an api_key_env " +
-			"(and export the variables), or run in development mode with server.open: true, --open or SLUICE_OPEN=1")
+		return api.NewKeyAuth(nil, tenants, false), nil
 	}
 	if c.Server.Open {
 		log.Warn("development mode (server.open): HTTP requests without an API key are served, as the tenant X-Sluice-Tenant names or the only tenant; do not expose this listener",
 			"tenants", tenants, "api_keys", len(keys))
 	}
-	return api.NewAuth(keys, tenants, c.Server.Open), nil
+	return api.NewKeyAuth(keys, tenants, c.Server.Open), nil
 }
 
 // addHTTP adds the HTTP API server and, with server.metrics, the metrics

@@ -68,6 +68,14 @@ type Options struct {
 	Executor func(*executor.Config)
 	// OnReady is called once everything is serving.
 	OnReady func(Info)
+	// Load re-reads the configuration for a reload (reload.go), resolved
+	// as Config was; nil: this process cannot reload. ConfigHash is
+	// config.Hash of the file Config came from.
+	Load       func() (*config.Config, string, error)
+	ConfigHash string
+	// ReloadRequests asks for a reload of the fleet, naming why
+	// ("SIGHUP"); nil: none come this way.
+	ReloadRequests <-chan string
 }
 
 // Info describes a running node.
@@ -138,16 +146,20 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	defer c.close()
-	st, err := setUp(ctx, o, natsURL, c, log)
+	live := config.NewLive(o.Config)
+	st, err := setUp(ctx, o, live, natsURL, c, log)
 	if err != nil {
 		return err
 	}
 	reg, ms := newMetrics(o.Config)
 	mux := http.NewServeMux()
-	services, readiness, err := newServices(o, st, c.hints, reg, ms, auth, mux)
+	services, readiness, err := newServices(o, live, st, c.hints, reg, ms, auth, mux)
 	if err != nil {
 		return err
 	}
+	rl := newReloader(o, live, auth, ms, c.nc) // reload.go
+	mux.Handle("POST /admin/reload", rl.adminReload(strings.TrimSpace(o.Getenv(o.Config.Server.OperatorKeyEnv))))
+	services = append(services, namedRun{"configuration reloads", rl.run})
 	if ns != nil && o.NATSCluster != "" && o.Config.Server.Replicas > 1 {
 		readiness = append(readiness, (&catchUp{js: c.js, server: ns.Name()}).Ready)
 	}
@@ -299,7 +311,7 @@ type stores struct {
 // setUp waits for the connection, ensures the streams and buckets, opens
 // the mesh over them, loads the fleet key and opens the response cache's
 // bucket, for the services that need them.
-func setUp(ctx context.Context, o Options, natsURL string, c *link, log *slog.Logger) (*stores, error) {
+func setUp(ctx context.Context, o Options, live *config.Live, natsURL string, c *link, log *slog.Logger) (*stores, error) {
 	// A cluster node may wait for the others to start (a quorum) before
 	// it can make or bind the streams.
 	setup := 30 * time.Second
@@ -332,7 +344,7 @@ func setUp(ctx context.Context, o Options, natsURL string, c *link, log *slog.Lo
 		}); err != nil {
 			return nil, err
 		}
-		st.guard = guard.New(o.Config, key)
+		st.guard = guard.NewLive(live, key)
 	}
 	if slices.Contains(o.Services, "ingest") || slices.Contains(o.Services, "executor") {
 		if err := streams.Retry(ctx, func(ctx context.Context) (err error) {
@@ -351,6 +363,12 @@ func newMetrics(cfg *config.Config) (*prometheus.Registry, *metrics.Set) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ms := metrics.New(reg)
+	setLimitGauges(ms, cfg)
+	return reg, ms
+}
+
+// setLimitGauges shows cfg's configured limits.
+func setLimitGauges(ms *metrics.Set, cfg *config.Config) {
 	ms.Preset(cfg)
 	for _, p := range cfg.Providers {
 		for _, m := range p.Models {
@@ -362,12 +380,20 @@ func newMetrics(cfg *config.Config) (*prometheus.Registry, *metrics.Set) {
 			}
 		}
 	}
-	return reg, ms
 }
+
+// namedRun is a function run as a part of the node, under a name.
+type namedRun struct {
+	name string
+	run  func(ctx context.Context) error
+}
+
+func (r namedRun) Run(ctx context.Context) error { return r.run(ctx) }
+func (r namedRun) Name() string                  { return r.name }
 
 // newServices builds the services o names, in its order, adding their
 // routes to mux; readiness are the checks /readyz makes.
-func newServices(o Options, st *stores, hints *nats.Conn, reg prometheus.Registerer, ms *metrics.Set, auth api.Auth, mux *http.ServeMux) (services []runner, readiness []func() error, err error) {
+func newServices(o Options, live *config.Live, st *stores, hints *nats.Conn, reg prometheus.Registerer, ms *metrics.Set, auth api.Auth, mux *http.ServeMux) (services []runner, readiness []func() error, err error) {
 	m, gd := st.mesh, st.guard
 	waiters := api.NewWaiters(o.Config.Limits.MaxWaitersPerTenant)
 	cal := calib.New(m.Budgets, nil)
@@ -379,21 +405,21 @@ func newServices(o Options, st *stores, hints *nats.Conn, reg prometheus.Registe
 	for _, name := range o.Services {
 		switch name {
 		case "ingest":
-			s, err := ingest.New(ingest.Config{App: o.Config, Guard: gd, Waiters: waiters, Cache: answers, Hints: hints}, m, o.Log, ms)
+			s, err := ingest.New(ingest.Config{App: o.Config, Live: live, Guard: gd, Waiters: waiters, Cache: answers, Hints: hints}, m, o.Log, ms)
 			if err != nil {
 				return nil, nil, err
 			}
 			s.Routes(mux, auth)
 			services = append(services, s)
 		case "admission":
-			s, err := admission.New(admission.Config{App: o.Config, Guard: gd, Calib: cal, Health: hr}, m, o.Log, ms)
+			s, err := admission.New(admission.Config{App: o.Config, Live: live, Guard: gd, Calib: cal, Health: hr}, m, o.Log, ms)
 			if err != nil {
 				return nil, nil, err
 			}
 			readiness = append(readiness, s.Ready)
 			services = append(services, s)
 		case "executor":
-			cfg := executor.Config{App: o.Config, Getenv: o.Getenv, Calib: cal, Guard: gd, Cache: answers, Health: hr}
+			cfg := executor.Config{App: o.Config, Live: live, Getenv: o.Getenv, Calib: cal, Guard: gd, Cache: answers, Health: hr}
 			if o.Executor != nil {
 				o.Executor(&cfg)
 			}
@@ -403,7 +429,7 @@ func newServices(o Options, st *stores, hints *nats.Conn, reg prometheus.Registe
 			}
 			services = append(services, s)
 		case "result":
-			s, err := result.New(result.Config{App: o.Config, Waiters: waiters}, m, o.Log, ms)
+			s, err := result.New(result.Config{App: o.Config, Live: live, Waiters: waiters}, m, o.Log, ms)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -500,6 +526,8 @@ func serve(ctx context.Context, o Options, c *link, natsURL string, services []r
 		name := "deployment health"
 		if i < len(o.Services) {
 			name = o.Services[i]
+		} else if n, ok := s.(interface{ Name() string }); ok {
+			name = n.Name()
 		}
 		g.Add(func() error {
 			if err := s.Run(svcCtx); err != nil {

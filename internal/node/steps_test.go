@@ -168,7 +168,7 @@ func TestSetUpAndBuildServices(t *testing.T) {
 	t.Cleanup(c.close)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	st, err := setUp(ctx, o, url, c, o.Log)
+	st, err := setUp(ctx, o, config.NewLive(o.Config), url, c, o.Log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func TestSetUpAndBuildServices(t *testing.T) {
 	}
 	resultOnly := o
 	resultOnly.Services = []string{"result"}
-	if st, err := setUp(ctx, resultOnly, url, c, o.Log); err != nil || st.guard != nil || st.cache != nil {
+	if st, err := setUp(ctx, resultOnly, config.NewLive(resultOnly.Config), url, c, o.Log); err != nil || st.guard != nil || st.cache != nil {
 		t.Errorf("result only: got %+v, err %v; want no guard and no cache bucket", st, err)
 	}
 	reg, ms := newMetrics(o.Config)
@@ -186,7 +186,7 @@ func TestSetUpAndBuildServices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	services, readiness, err := newServices(o, st, nil, reg, ms, auth, mux)
+	services, readiness, err := newServices(o, config.NewLive(o.Config), st, nil, reg, ms, auth, mux)
 	if err != nil {
 		t.Fatal(err)
 	}

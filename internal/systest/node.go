@@ -77,6 +77,9 @@ type Setup struct {
 	Level slog.Level        // the log's level
 	// Executor overrides executor settings (a clock, say).
 	Executor func(*executor.Config)
+	// Load and Reloads: see node.Options (nil: the node cannot reload).
+	Load    func() (*config.Config, string, error)
+	Reloads <-chan string
 }
 
 // Start runs a node from a YAML configuration, as `sluice up` would with
@@ -128,7 +131,7 @@ func StartWith(t testing.TB, yaml string, s Setup) Node {
 	done := make(chan error, 1)
 	go func() {
 		done <- node.Run(ctx, node.Options{Config: cfg, NATSListen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Data: data,
-			Getenv: func(k string) string { return s.Env[k] }, Executor: s.Executor,
+			Getenv: func(k string) string { return s.Env[k] }, Executor: s.Executor, Load: s.Load, ReloadRequests: s.Reloads,
 			Log:     slog.New(slog.NewJSONHandler(logTo, &slog.HandlerOptions{Level: s.Level})),
 			OnReady: func(i node.Info) { ready <- i }})
 	}()

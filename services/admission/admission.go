@@ -53,7 +53,10 @@ import (
 // Config is what admission needs.
 type Config struct {
 	App *config.Config
-	Now func() time.Time
+	// Live, when set, is the configuration in effect, which a reload
+	// replaces (App is then its first value); nil: App, fixed.
+	Live *config.Live
+	Now  func() time.Time
 	// Guard re-validates jobs read from QUEUE and signs reservations; nil:
 	// Run makes one with the fleet key from the fleet bucket.
 	Guard *guard.Guard
@@ -89,6 +92,7 @@ type Candidate struct {
 
 // Service is the admission service.
 type Service struct {
+	live      *config.Live
 	pcache    *promptcache.Registry // warm prompt prefixes (anthropic.go)
 	cfg       Config
 	mesh      *mesh.Mesh
@@ -129,6 +133,11 @@ type Service struct {
 
 // New builds the service; it does no I/O.
 func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service, error) {
+	if cfg.Live != nil {
+		cfg.App = cfg.Live.Load()
+	} else if cfg.App != nil {
+		cfg.Live = config.NewLive(cfg.App)
+	}
 	if cfg.App == nil {
 		return nil, errors.New("admission: no configuration")
 	}
@@ -145,7 +154,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	for _, x := range []*budget.Store{tmin, tday} {
 		x.Writes, x.Conflicts = ms.BudgetWrites.Inc, ms.BudgetConflict.Inc
 	}
-	s := &Service{cfg: cfg, guard: cfg.Guard, mesh: m, store: st, learn: adapt.NewStore(m.Budgets, now), pcache: promptcache.New(m.Budgets, now), learned: adapt.NewCache[adapt.State](adapt.AdmissionRefresh), shown: map[string]time.Time{}, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, queues: map[string]*queueState{}, health: healthOf(cfg.Health), held: newHeldSet(), waits: map[string]waitNote{}, cancelled: map[string]time.Time{}, leases: map[string]*budget.Lease{}, tblocks: map[string]*budget.Lease{}}
+	s := &Service{live: cfg.Live, cfg: cfg, guard: cfg.Guard, mesh: m, store: st, learn: adapt.NewStore(m.Budgets, now), pcache: promptcache.New(m.Budgets, now), learned: adapt.NewCache[adapt.State](adapt.AdmissionRefresh), shown: map[string]time.Time{}, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, queues: map[string]*queueState{}, health: healthOf(cfg.Health), held: newHeldSet(), waits: map[string]waitNote{}, cancelled: map[string]time.Time{}, leases: map[string]*budget.Lease{}, tblocks: map[string]*budget.Lease{}}
 	s.affinity = newAffinityTable(m.Budgets, now, a.CacheAffinity.TTL.D(), a.CacheAffinity.MaxDelay.D(), ms.AffinityJobs)
 	s.lead = newLead(a)
 	st.Lead = s.lead.Lead
@@ -155,6 +164,23 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	s.budgetErr.Store("")
 	s.failed.Store("")
 	return s, nil
+}
+
+// app is the configuration in effect (cfg.App for a Service built
+// without New, in tests).
+func (s *Service) app() *config.Config {
+	if s.live == nil {
+		return s.cfg.App
+	}
+	return s.live.Load()
+}
+
+// nextReload is closed by the next reload (never, without New).
+func (s *Service) nextReload() <-chan struct{} {
+	if s.live == nil {
+		return nil
+	}
+	return s.live.Next()
 }
 
 // UnitQuantum is the per-second cap of a unit limited to limit per minute:
@@ -169,7 +195,7 @@ func UnitQuantum(limit int, burstFraction float64) int {
 // effective returns the limits in effect for a model, reading the fleet's
 // learned record at most every adapt.AdmissionRefresh.
 func (s *Service) effective(ctx context.Context, ms *modelState, model config.Model) adapt.Effective {
-	ac := adapt.For(s.cfg.App.Admission, model)
+	ac := adapt.For(s.app().Admission, model)
 	lk := adapt.Key(ms.provider, job.ModelToken(ms.model))
 	now := s.now()
 	st, _ := s.learned.Last(lk)
@@ -207,7 +233,7 @@ func (s *Service) effective(ctx context.Context, ms *modelState, model config.Mo
 		for i, name := range ms.units {
 			limit := ms.unitLimits[i]
 			s.m.LimitEffective.WithLabelValues(ms.provider, ms.model, name+"_per_minute").Set(float64(limit))
-			s.m.LimitEffective.WithLabelValues(ms.provider, ms.model, name+"_per_second").Set(float64(UnitQuantum(limit, s.cfg.App.Admission.BurstFraction)))
+			s.m.LimitEffective.WithLabelValues(ms.provider, ms.model, name+"_per_second").Set(float64(UnitQuantum(limit, s.app().Admission.BurstFraction)))
 		}
 	}
 	return e
@@ -544,7 +570,7 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 			// A bucket the provider refills (Anthropic): room given back
 			// unspent rewinds the pace, at the configured limits (never
 			// below those placed with, as ReturnRewind asks).
-			if _, m, ok := s.cfg.App.ModelRef(ms.model); ok {
+			if _, m, ok := s.app().ModelRef(ms.model); ok {
 				l.RewindReturns(budget.Limits{RPM: m.RPM, TPM: m.TokenLimit(), OTPM: m.OTPM})
 			}
 		}

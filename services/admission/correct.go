@@ -48,7 +48,7 @@ func (s *Service) placedCost(ms *modelState, j *job.Job) budget.Cost {
 	} else {
 		c.Tokens += j.Estimate.MaxTokens
 	}
-	if _, m, ok := s.cfg.App.Deployment(ms.provider, ms.model); ok && m.TokenLimit() > 0 {
+	if _, m, ok := s.app().Deployment(ms.provider, ms.model); ok && m.TokenLimit() > 0 {
 		c.Tokens = min(c.Tokens, max(m.TokenLimit(), whole))
 	}
 	return c

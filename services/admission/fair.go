@@ -36,7 +36,7 @@ type fairMinute struct {
 func (s *Service) fairMinuteOf(deps []*modelState, quantum int) fairMinute {
 	var f fairMinute
 	for k, ms := range deps {
-		_, m, ok := s.cfg.App.Deployment(ms.provider, ms.model)
+		_, m, ok := s.app().Deployment(ms.provider, ms.model)
 		if !ok {
 			return fairMinute{} // charged by tokens, as before the model was known
 		}

@@ -58,7 +58,7 @@ func (s *Service) gatesFor(c *Candidate, provider string, model *config.Model) [
 		return nil
 	}
 	var gs []gate
-	if t, ok := s.cfg.App.Tenant(c.Job.Tenant); ok {
+	if t, ok := s.app().Tenant(c.Job.Tenant); ok {
 		// Tenant budgets count requests and tokens (input and output) only.
 		cost := budget.Cost{Requests: c.Cost.Requests, Tokens: c.Cost.Tokens + c.Cost.Output}
 		if t.RPM > 0 || t.TPM > 0 {

@@ -106,7 +106,7 @@ func (s *Service) model(provider, name string) *modelState {
 	ms := s.models[key]
 	if ms == nil {
 		ms = &modelState{key: key, provider: provider, model: name, weight: 1}
-		if _, m, ok := s.cfg.App.Deployment(provider, name); ok {
+		if _, m, ok := s.app().Deployment(provider, name); ok {
 			ms.units, ms.unitLimits = m.UnitNames(), m.UnitLimits()
 			ms.splits, ms.cacheReads = m.SplitsOutput(), m.CacheReadsCount
 			ms.tier, ms.weight, ms.tokenLimit = m.Tier, m.Weight, m.TokenLimit()
@@ -121,17 +121,17 @@ func (s *Service) model(provider, name string) *modelState {
 // deployment's.
 func (s *Service) queueOf(j *job.Job) *queueState {
 	key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
-	grouped := !j.Pinned && s.cfg.App.Grouped(j.Model)
+	grouped := !j.Pinned && s.app().Grouped(j.Model)
 	if grouped {
 		key = groupKey(j.Model)
 	}
 	q := s.queues[key]
 	if q == nil {
-		a := s.cfg.App.Admission
+		a := s.app().Admission
 		floors := map[job.Priority]float64{job.Standard: a.Floors.Standard, job.Batch: a.Floors.Batch}
 		q = &queueState{key: key, model: j.Model}
 		if grouped {
-			for _, d := range s.cfg.App.Group(j.Model) {
+			for _, d := range s.app().Group(j.Model) {
 				q.deps = append(q.deps, s.model(d.Provider.Name, j.Model))
 			}
 		} else {
@@ -149,7 +149,7 @@ func (s *Service) queueOf(j *job.Job) *queueState {
 func groupKey(model string) string { return "group " + model }
 
 func (s *Service) weight(tenant string) int {
-	if t, ok := s.cfg.App.Tenant(tenant); ok {
+	if t, ok := s.app().Tenant(tenant); ok {
 		return t.Weight
 	}
 	return 1
@@ -191,7 +191,7 @@ func (s *Service) hold(c *Candidate, now time.Time) {
 		q.sched.Push(it)
 	}
 	s.held.add(q.key, it)
-	a := s.cfg.App.Admission
+	a := s.app().Admission
 	for s.held.over(a.MaxHeld, a.MaxHeldBytes) {
 		if !s.evict() {
 			break
@@ -225,7 +225,7 @@ func (s *Service) evict() bool {
 // fair order, then waits for DISPATCH to confirm and acks QUEUE.
 func (s *Service) dispatchAll(ctx context.Context) {
 	now := s.now()
-	batch := s.cfg.App.Admission.Batch
+	batch := s.app().Admission.Batch
 	var pending []*pub
 	for _, q := range s.queues {
 		if n, _ := q.sched.Len(); n == 0 || now.Before(q.wakeAt) {

@@ -24,7 +24,7 @@ func newLead(a config.Admission) *budget.LeadEstimator {
 
 // watchTransits feeds the executors' transit reports to the estimator.
 func (s *Service) watchTransits() (*nats.Subscription, error) {
-	bound := s.cfg.App.Admission.SendLead.D()
+	bound := s.app().Admission.SendLead.D()
 	return s.mesh.JS.Conn().Subscribe(mesh.TransitSubject, func(m *nats.Msg) {
 		now := s.now()
 		for _, d := range mesh.DecodeTransits(m.Data, 2*bound) {

@@ -61,7 +61,7 @@ func (s *Service) reserve(ctx context.Context, q *queueState, it *Item) *pub {
 		if out == refused {
 			continue
 		}
-		if out == placed && c.Job.Affinity != "" && (grouped || s.cfg.App.Grouped(ms.model)) {
+		if out == placed && c.Job.Affinity != "" && (grouped || s.app().Grouped(ms.model)) {
 			s.affinity.placed(c.Job, ms.provider, prev)
 		}
 		return p

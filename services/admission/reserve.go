@@ -41,7 +41,7 @@ func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, 
 	c := it.Value.(*Candidate)
 	c.Cost = s.placedCost(ms, c.Job)       // the correction now, not at arrival
 	s.netOfCache(ctx, ms, []*Candidate{c}) // anthropic.go
-	_, model, ok := s.cfg.App.Deployment(ms.provider, ms.model)
+	_, model, ok := s.app().Deployment(ms.provider, ms.model)
 	if !ok {
 		s.fail(ctx, c, &job.Error{Code: job.CodeUnknownModel, Message: fmt.Sprintf("model %q is no longer configured", ms.model)})
 		return nil, handled
@@ -111,7 +111,7 @@ func (s *Service) limitsFor(ctx context.Context, q *queueState, ms *modelState, 
 	// Units are paced like requests and tokens at their configured limits
 	// (not learned from the provider).
 	lim.Units = ms.unitLimits
-	if h := s.cfg.App.Admission.HeadroomShare(); h > 0 && !urgent && s.now().Sub(ms.lastUrgent) < UrgentMemory {
+	if h := s.app().Admission.HeadroomShare(); h > 0 && !urgent && s.now().Sub(ms.lastUrgent) < UrgentMemory {
 		// Work that should not wait is about: backlogs leave it room.
 		lim.Keep, lim.KeepAtLeast = h, budget.Cost{Requests: 1, Tokens: ms.urgentCost}
 		for i := range ms.units {
@@ -200,7 +200,7 @@ func (s *Service) publish(q *queueState, ms *modelState, c *Candidate, at, from,
 		// The slice before the dash is what the executor settles against.
 		ID: fmt.Sprintf("%d-0", s.store.SliceOf(at)), Requests: c.Cost.Requests, Tokens: c.Cost.Tokens,
 		Output: c.Cost.Output, Cached: c.cached,
-		ReservedAt: planned.UTC(), ValidUntil: at.Add(s.cfg.App.Admission.SendTolerance.D()).UTC(), SendAt: at.UTC(),
+		ReservedAt: planned.UTC(), ValidUntil: at.Add(s.app().Admission.SendTolerance.D()).UTC(), SendAt: at.UTC(),
 	}
 	if from.Before(at) {
 		j.Reservation.SendFrom = from.UTC()
@@ -213,13 +213,13 @@ func (s *Service) publish(q *queueState, ms *modelState, c *Candidate, at, from,
 	}
 	if !lim.Limited() {
 		// Unlimited: nothing to pace, so no instant to keep.
-		j.Reservation.SendAt, j.Reservation.SendFrom, j.Reservation.ValidUntil = time.Time{}, time.Time{}, now.Add(s.cfg.App.Admission.DispatchGrace.D()).UTC()
+		j.Reservation.SendAt, j.Reservation.SendFrom, j.Reservation.ValidUntil = time.Time{}, time.Time{}, now.Add(s.app().Admission.DispatchGrace.D()).UTC()
 	}
 	j.Gated = true
 	s.guard.Sign(j)
 	s.m.TokensReserved.WithLabelValues(j.Provider, j.Model).Add(float64(c.Cost.Tokens))
 	if len(j.Attempts) == 0 {
-		s.m.QueueWait.WithLabelValues(string(j.Priority), s.cfg.App.TaskLabel(j.Task)).Observe(now.Sub(j.SubmittedAt).Seconds())
+		s.m.QueueWait.WithLabelValues(string(j.Priority), s.app().TaskLabel(j.Task)).Observe(now.Sub(j.SubmittedAt).Seconds())
 	}
 	data, _ := json.Marshal(j)
 	msg := nats.NewMsg(job.DispatchSubject(j.Provider, j.Model))

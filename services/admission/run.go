@@ -29,7 +29,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		if err != nil {
 			return err
 		}
-		s.guard = guard.New(s.cfg.App, key)
+		s.guard = guard.NewLive(s.live, key)
 	}
 	defer s.recoverScheduler(&err)
 	in, stop, err := s.consumeQueue(ctx)
@@ -68,13 +68,15 @@ func (s *Service) recoverScheduler(err *error) {
 // watches QUEUE's depth. stop drains the consumers and sends back what was
 // pulled and not taken.
 func (s *Service) consumeQueue(ctx context.Context) (in chan jetstream.Msg, stop func(), err error) {
-	q := &queueTakers{s: s, ctx: ctx, in: make(chan jetstream.Msg, s.cfg.App.Admission.Batch), quit: make(chan struct{}), loops: map[string]*mesh.Loop{}}
-	if err := q.takeAll(s.cfg.App.Tenants); err != nil {
+	next := s.nextReload()
+	q := &queueTakers{s: s, ctx: ctx, in: make(chan jetstream.Msg, s.app().Admission.Batch), quit: make(chan struct{}), loops: map[string]*mesh.Loop{}}
+	if err := q.takeAll(s.app().Tenants); err != nil {
 		q.stop()
 		return nil, nil, err
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() { s.watchDepth(ctx) })
+	wg.Go(func() { q.followReloads(next) })
 	stop = func() {
 		q.stop()
 		wg.Wait()
@@ -119,6 +121,26 @@ func (q *queueTakers) takeAll(tenants []config.Tenant) error {
 	return errors.Join(errs...)
 }
 
+// followReloads takes the jobs of tenants a reload adds, until the
+// takers stop. A tenant a reload removes keeps its consumer until the
+// process restarts: its jobs already queued are still placed (ingest
+// takes no new ones).
+func (q *queueTakers) followReloads(next <-chan struct{}) {
+	for {
+		select {
+		case <-q.ctx.Done():
+			return
+		case <-q.quit:
+			return
+		case <-next:
+			next = q.s.nextReload()
+			if err := q.takeAll(q.s.app().Tenants); err != nil {
+				q.s.log.Error("reload: could not take a new tenant's jobs", "err", err)
+			}
+		}
+	}
+}
+
 // take starts taking tenant's jobs, its consumer made or updated first. A
 // tenant taken already is left as it is, so it may be called again at any
 // time while the service runs (for a tenant added later).
@@ -153,11 +175,11 @@ func (q *queueTakers) take(tenant string) error {
 // a share of max_held_bytes (but room for the largest job), so the jobs
 // pulled ahead stay bounded however many tenants there are.
 func (s *Service) tenantConsumer(tenant string) mesh.Consumer {
-	a := s.cfg.App.Admission
-	share := a.MaxHeldBytes / max(len(s.cfg.App.Tenants), 1)
+	a := s.app().Admission
+	share := a.MaxHeldBytes / max(len(s.app().Tenants), 1)
 	return mesh.Consumer{Stream: streams.Queue, Template: "admission", What: "queue",
 		Name: keys.AdmissionConsumer(tenant), Filter: job.QueuePrefix + "*." + tenant, MaxAckPending: a.TenantWindow,
-		Batch: min(a.Batch, a.TenantWindow), BatchBytes: max(share, 2*s.cfg.App.Limits.JobMsgBytes())}
+		Batch: min(a.Batch, a.TenantWindow), BatchBytes: max(share, 2*s.app().Limits.JobMsgBytes())}
 }
 
 // deliver hands a message to the scheduler.
@@ -294,7 +316,7 @@ func (s *Service) answerWhy(ctx context.Context, m *nats.Msg, whys chan<- whyQue
 // and whenever a model's budget is expected to free, keeps held jobs alive
 // and answers the signals, until ctx ends.
 func (s *Service) schedule(ctx context.Context, in <-chan jetstream.Msg, sig signals) {
-	batch := s.cfg.App.Admission.Batch
+	batch := s.app().Admission.Batch
 	msgs := make([]jetstream.Msg, 0, batch)
 	tick := time.NewTicker(s.store.Params().Slice)
 	defer tick.Stop()

@@ -27,7 +27,7 @@ func (s *Service) watchDeployments(ctx context.Context) {
 		case <-t.C:
 		}
 		now := s.now()
-		for _, p := range s.cfg.App.Providers {
+		for _, p := range s.app().Providers {
 			for _, m := range p.Models {
 				lim := [2]int{m.RPM, m.TPM}
 				key := budget.ModelKey(p.Name, job.ModelToken(m.Name))

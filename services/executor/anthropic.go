@@ -19,7 +19,7 @@ import (
 // prefix the provider reported reading or writing, for the fleet's next
 // reservations. It reports false for other models (settled as before).
 func (s *Service) settleSplit(ctx context.Context, j *job.Job, u job.Usage) bool {
-	_, model, ok := s.cfg.App.Deployment(j.Provider, j.Model)
+	_, model, ok := s.app().Deployment(j.Provider, j.Model)
 	if !ok || !model.SplitsOutput() {
 		return false
 	}

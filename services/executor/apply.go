@@ -59,7 +59,7 @@ func (s *Service) conclude(ctx context.Context, a *attempt) error {
 	if a.resp != nil {
 		o.header = a.resp.Header
 	}
-	pol := s.cfg.App.Policy(j.Priority)
+	pol := s.app().Policy(j.Priority)
 	policy := provider.Policy{MaxAttempts: pol.MaxAttempts, MaxElapsed: pol.MaxElapsed.D(), BaseDelay: pol.BaseDelay.D(), MaxDelay: pol.MaxDelay.D()}
 	s.rndMu.Lock()
 	d := decide(j, o, policy, s.mayCallAgain(j), s.rnd)

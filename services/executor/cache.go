@@ -15,5 +15,5 @@ func (s *Service) storeAnswer(ctx context.Context, j *job.Job, r *job.Result) {
 	if s.cfg.Cache == nil || j.CacheTarget == nil {
 		return
 	}
-	s.cfg.Cache.Store(context.WithoutCancel(ctx), s.cfg.App, j.Tenant, j.CacheTarget, r)
+	s.cfg.Cache.Store(context.WithoutCancel(ctx), s.app(), j.Tenant, j.CacheTarget, r)
 }

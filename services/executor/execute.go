@@ -151,7 +151,7 @@ func (s *Service) claim(ctx context.Context, a *attempt) (done bool, err error) 
 	switch {
 	case op.State == mesh.OpCompleted || op.State == mesh.OpFailed:
 		// Done before (a redelivery after a crash): its result is stored.
-		s.m.DupSuppressed.WithLabelValues(s.cfg.App.TaskLabel(j.Task)).Inc()
+		s.m.DupSuppressed.WithLabelValues(s.app().TaskLabel(j.Task)).Inc()
 		return true, nil
 	case cancelled || context.Cause(ctx) == errCancelled:
 		return true, s.cancelBeforeCall(ctx, j, a.opKey)
@@ -174,8 +174,8 @@ func (s *Service) claim(ctx context.Context, a *attempt) (done bool, err error) 
 // fallback when the provider is failing and a route names one.
 func (s *Service) admitCall(ctx context.Context, a *attempt) (done bool, err error) {
 	j := a.j
-	prov, dm, ok := s.cfg.App.Deployment(j.Provider, j.Model)
-	a.client = s.clients[j.Provider]
+	prov, dm, ok := s.app().Deployment(j.Provider, j.Model)
+	a.client = s.client(j.Provider)
 	if !ok || a.client == nil {
 		return true, s.finish(ctx, j, a.opKey, &job.Result{Status: job.StatusFailed, Error: &job.Error{Code: job.CodeUnknownModel, Message: fmt.Sprintf("model %q is not configured here", j.Model)}})
 	}
@@ -184,7 +184,7 @@ func (s *Service) admitCall(ctx context.Context, a *attempt) (done bool, err err
 	if j.Deadline != nil && j.Deadline.Before(a.until) {
 		a.until = *j.Deadline
 	}
-	if tp := s.tenantPools[j.Tenant]; tp != nil {
+	if tp := s.tenantPool(j.Tenant); tp != nil {
 		if !tp.TryAcquire() {
 			s.m.AdmissionWaits.WithLabelValues(j.Provider, j.Model, "tenant_concurrency").Inc()
 			return true, s.backToAdmission(ctx, a, ptr(a.at.Add(TenantSlotWait)), "tenant slot", backTenantSlot)
@@ -261,7 +261,7 @@ func (s *Service) send(ctx context.Context, a *attempt) {
 		// Usage is always asked for: the budget settles from it, and the
 		// caller gets the usage chunk only if it asked.
 		call.Body = job.WithMember(j.Request, "stream_options", json.RawMessage(`{"include_usage":true}`))
-		a.pub = newChunkPublisher(s.mesh.JS, j, s.cfg.App.Streaming.FlushInterval.D(), s.now, func(err error) {
+		a.pub = newChunkPublisher(s.mesh.JS, j, s.app().Streaming.FlushInterval.D(), s.now, func(err error) {
 			s.log.Warn("stream: chunks not published", "job_id", j.ID, "err", err)
 		})
 		a.resp, a.cerr, a.end = s.stream(callCtx, j, sc, withUpstream(call, a.upstream), a.wantUsage, a.pub)

@@ -24,6 +24,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -50,7 +51,10 @@ import (
 
 // Config is what the executor needs.
 type Config struct {
-	App    *config.Config
+	App *config.Config
+	// Live, when set, is the configuration in effect, which a reload
+	// replaces (App is then its first value); nil: App, fixed.
+	Live   *config.Live
 	Getenv func(string) string // resolves providers' api_key_env
 	Now    func() time.Time
 	// Clients overrides the provider clients by provider name (tests).
@@ -72,6 +76,7 @@ type Config struct {
 
 // Service is the executor service.
 type Service struct {
+	live   *config.Live
 	pcache *promptcache.Registry // warm prompt prefixes (anthropic.go)
 	// givingBack holds, per model key, whether a lapsed instant is being
 	// returned (giveBackUnsent): one at a time.
@@ -91,13 +96,14 @@ type Service struct {
 	log      *slog.Logger
 	m        *metrics.Set
 	now      func() time.Time
-	clients  map[string]provider.Client
+	clients  clientSet // live.go
 	rndMu    sync.Mutex
 	rnd      *rand.Rand
 	holder   string // this process's name in concurrency leases
 
-	tenantPools map[string]*budget.Pool
-	router      *route.Router
+	poolMu      sync.Mutex
+	tenantPools map[string]*budget.Pool // live.go
+	routes      atomic.Pointer[routedBy]
 	breakers    *breaker.Set
 	seedMu      sync.Mutex
 	seeded      map[string]time.Time
@@ -113,6 +119,11 @@ type Service struct {
 
 // New builds the service; it does no I/O.
 func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service, error) {
+	if cfg.Live != nil {
+		cfg.App = cfg.Live.Load()
+	} else if cfg.App != nil {
+		cfg.Live = config.NewLive(cfg.App)
+	}
 	if cfg.App == nil {
 		return nil, errors.New("executor: no configuration")
 	}
@@ -126,38 +137,32 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	a := cfg.App.Admission
 	st := budget.NewStore(m.Budgets, a.Params(), now)
 	st.Writes = ms.BudgetWrites.Inc
-	s := &Service{cfg: cfg, mesh: m, store: st, log: log.With("service", "executor"), m: ms, now: now,
-		clients: map[string]provider.Client{}, rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7)),
-		holder: holderName(), router: route.New(cfg.App.Routes), broken: map[string]time.Time{}, seeded: map[string]time.Time{},
+	s := &Service{live: cfg.Live, cfg: cfg, mesh: m, store: st, log: log.With("service", "executor"), m: ms, now: now,
+		clients: clientSet{by: map[string]clientEntry{}}, rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7)),
+		holder: holderName(), broken: map[string]time.Time{}, seeded: map[string]time.Time{},
 		learn: adapt.NewStore(m.Budgets, now), epochs: map[string]epochView{}, pcache: promptcache.New(m.Budgets, now),
 		breakers: breaker.NewSet(breaker.Config{Now: now})}
 	s.guard = cfg.Guard
 	s.tenantPools = map[string]*budget.Pool{}
-	for _, t := range cfg.App.Tenants {
-		if t.MaxConcurrency > 0 {
-			s.tenantPools[t.Name] = budget.NewPool(m.Budgets, keys.TenantConc(t.Name), s.holder, t.MaxConcurrency, 10*time.Second, now)
-		}
-	}
-	for _, p := range cfg.App.Providers {
-		if c, ok := cfg.Clients[p.Name]; ok {
-			s.clients[p.Name] = c
-			continue
-		}
-		key := ""
-		if p.APIKeyEnv != "" {
-			key = cfg.Getenv(p.APIKeyEnv)
-		}
-		switch p.Kind {
-		case "anthropic":
-			s.clients[p.Name] = provider.NewAnthropic(provider.AnthropicConfig{BaseURL: p.BaseURL, APIKey: key, Transport: cfg.Transport, MaxResponseBytes: cfg.App.Limits.MaxResponseBytes})
-		case config.KindAzure:
-			s.clients[p.Name] = provider.NewAzure(provider.AzureConfig{BaseURL: p.BaseURL, APIKey: key, APIVersion: p.APIVersion, Transport: cfg.Transport, MaxResponseBytes: cfg.App.Limits.MaxResponseBytes})
-		default:
-			s.clients[p.Name] = provider.NewOpenAI(provider.OpenAIConfig{BaseURL: p.BaseURL, APIKey: key, Transport: cfg.Transport, MaxResponseBytes: cfg.App.Limits.MaxResponseBytes,
-				Responses: p.NativeResponses()})
-		}
-	}
+	s.syncTenantPools(nil) // live.go
 	return s, nil
+}
+
+// app is the configuration in effect (cfg.App for a Service built
+// without New, in tests).
+func (s *Service) app() *config.Config {
+	if s.live == nil {
+		return s.cfg.App
+	}
+	return s.live.Load()
+}
+
+// nextReload is closed by the next reload (never, without New).
+func (s *Service) nextReload() <-chan struct{} {
+	if s.live == nil {
+		return nil
+	}
+	return s.live.Next()
 }
 
 // decode reads a dispatched job; one that does not decode can never
@@ -330,7 +335,7 @@ func (s *Service) giveBackUnsent(ctx context.Context, msg jetstream.Msg, j *job.
 	if md, err := msg.Metadata(); err != nil || md.NumDelivered != 1 {
 		return
 	}
-	_, model, ok := s.cfg.App.Deployment(j.Provider, j.Model)
+	_, model, ok := s.app().Deployment(j.Provider, j.Model)
 	if !ok {
 		return
 	}
@@ -367,7 +372,7 @@ func (s *Service) giveBackUnsent(ctx context.Context, msg jetstream.Msg, j *job.
 // deadline, or admission.max_rate_limited refusals, end it.
 func (s *Service) throttled(ctx context.Context, msg jetstream.Msg, j *job.Job, opKey string, info provider.RateLimitInfo, start time.Time, elapsed time.Duration) error {
 	key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
-	if _, model, ok := s.cfg.App.Deployment(j.Provider, j.Model); ok && j.Reservation != nil {
+	if _, model, ok := s.app().Deployment(j.Provider, j.Model); ok && j.Reservation != nil {
 		used, _ := s.store.Used(ctx, key)
 		var recent budget.Cost
 		if !j.Reservation.SendAt.IsZero() {
@@ -382,7 +387,7 @@ func (s *Service) throttled(ctx context.Context, msg jetstream.Msg, j *job.Job, 
 		case "output_tokens":
 			dim = adapt.Output
 		}
-		cut, reason, err := s.learn.Cut(ctx, adapt.Key(j.Provider, job.ModelToken(j.Model)), adapt.For(s.cfg.App.Admission, *model), adapt.Refusal{
+		cut, reason, err := s.learn.Cut(ctx, adapt.Key(j.Provider, job.ModelToken(j.Model)), adapt.For(s.app().Admission, *model), adapt.Refusal{
 			Kind: info.Kind, Dim: dim, ReservedAt: j.Reservation.ReservedAt, RetryAfter: info.RetryAfter,
 			Stated: [adapt.Dims]int{info.StatedLimitRequests, info.StatedLimitTokens, info.StatedLimitOutput}, Used: used, Recent: recent,
 			Cost: budget.Cost{Requests: j.Reservation.Requests, Tokens: j.Reservation.Tokens, Output: j.Reservation.Output}})
@@ -403,7 +408,7 @@ func (s *Service) throttled(ctx context.Context, msg jetstream.Msg, j *job.Job, 
 		}
 	}
 	j.RateLimited++
-	capped := j.RateLimited > s.cfg.App.Admission.MaxRateLimited
+	capped := j.RateLimited > s.app().Admission.MaxRateLimited
 	if capped {
 		// Where the retry policy used to give up on a 429, the cap does: a
 		// route may move the job (rate_limit_after_retry_budget,
@@ -456,14 +461,14 @@ func (s *Service) terminal(ctx context.Context, j *job.Job, opKey string, status
 
 // fallback asks the job's route for another target.
 func (s *Service) fallback(j *job.Job, sit route.Situation) (route.Decision, bool) {
-	rt, ok := s.router.RouteFor(j.Task, j.Model)
+	rt, ok := s.router().RouteFor(j.Task, j.Model)
 	if !ok {
 		if len(j.Attempts) == 0 {
 			return route.Decision{}, false
 		}
 		// A job already moved to a fallback keeps its original route.
 		first := j.Attempts[0]
-		if rt, ok = s.router.RouteFor(j.Task, first.Model); !ok {
+		if rt, ok = s.router().RouteFor(j.Task, first.Model); !ok {
 			return route.Decision{}, false
 		}
 	}
@@ -482,7 +487,7 @@ func (s *Service) fallback(j *job.Job, sit route.Situation) (route.Decision, boo
 	if !seen[sit.Current] {
 		sit.Tried = append(sit.Tried, sit.Current)
 	}
-	return s.router.Next(rt, sit)
+	return s.router().Next(rt, sit)
 }
 
 // reroute sends the job to a fallback target: the request names the new
@@ -492,13 +497,13 @@ func (s *Service) reroute(ctx context.Context, msg jetstream.Msg, j *job.Job, op
 	if err != nil {
 		return s.terminal(ctx, j, opKey, job.StatusFailed, "invalid", &job.Error{Code: job.CodeInvalidRequest, Message: "cannot rewrite the request for the fallback model"})
 	}
-	_, est, err := tokens.Estimate(j.Endpoint, body, job.Limits{}, s.cfg.App.Limits.DefaultMaxTokens)
+	_, est, err := tokens.Estimate(j.Endpoint, body, job.Limits{}, s.app().Limits.DefaultMaxTokens)
 	if err != nil {
 		return s.terminal(ctx, j, opKey, job.StatusFailed, "invalid", &job.Error{Code: job.CodeInvalidRequest, Message: err.Error()})
 	}
 	s.m.Fallbacks.WithLabelValues(j.Provider, d.Target.Provider, d.Reason).Inc()
 	s.log.Info("fallback", "job_id", j.ID, "from", j.Provider+"/"+j.Model, "to", d.Target.String(), "reason", d.Reason)
-	if _, m, ok := s.cfg.App.Deployment(d.Target.Provider, d.Target.Model); ok {
+	if _, m, ok := s.app().Deployment(d.Target.Provider, d.Target.Model); ok {
 		// The units the new model limits, from the job's cost; units only
 		// the first model limited cost nothing there. One its minute
 		// cannot hold is refused by admission.
@@ -570,7 +575,7 @@ func (s *Service) seed(ctx context.Context, j *job.Job, rl provider.RateLimit) {
 	if rl.RemainingTokens < 0 && rl.RemainingRequests < 0 {
 		return
 	}
-	_, model, ok := s.cfg.App.Deployment(j.Provider, j.Model)
+	_, model, ok := s.app().Deployment(j.Provider, j.Model)
 	if !ok {
 		return
 	}
@@ -582,7 +587,7 @@ func (s *Service) seed(ctx context.Context, j *job.Job, rl provider.RateLimit) {
 	}
 	s.seeded[key] = s.now()
 	s.seedMu.Unlock()
-	ac := adapt.For(s.cfg.App.Admission, *model)
+	ac := adapt.For(s.app().Admission, *model)
 	if rl.LimitRequests > 0 || rl.LimitTokens > 0 || rl.LimitOutput > 0 {
 		if err := s.learn.Observe(ctx, adapt.Key(j.Provider, job.ModelToken(j.Model)), ac, [adapt.Dims]int{rl.LimitRequests, rl.LimitTokens, rl.LimitOutput}); err != nil {
 			s.log.Debug("stated limits", "err", err)
@@ -719,7 +724,7 @@ func (s *Service) finishHinted(ctx context.Context, j *job.Job, opKey string, r 
 	}
 	r.JobID, r.Tenant, r.Attempts = j.ID, j.Tenant, len(j.Attempts)
 	r.Provider, r.Model, r.SubmittedAt = j.Provider, j.Model, j.SubmittedAt
-	if len(r.Response) > s.cfg.App.Limits.MaxResponseBytes {
+	if len(r.Response) > s.app().Limits.MaxResponseBytes {
 		r.Status, r.Response, r.Error = job.StatusFailed, nil, s.tooLarge()
 	}
 	s.storeAnswer(ctx, j, r) // cache.go
@@ -741,7 +746,7 @@ func (s *Service) finishHinted(ctx context.Context, j *job.Job, opKey string, r 
 func (s *Service) tooLarge() *job.Error {
 	return &job.Error{Code: job.CodeResponseTooLarge, Message: fmt.Sprintf(
 		"the provider's answer is larger than limits.max_response_bytes (%d bytes): it was paid for once and is not stored, and the call is not repeated; raise the limit or ask for less output",
-		s.cfg.App.Limits.MaxResponseBytes)}
+		s.app().Limits.MaxResponseBytes)}
 }
 
 // keepAlive tells JetStream the job is still being worked on while a call

@@ -98,7 +98,7 @@ func (s *Service) deploymentDown(ctx context.Context, j *job.Job, reason string,
 }
 
 // grouped reports whether another deployment serves j's model.
-func (s *Service) grouped(j *job.Job) bool { return s.cfg.App.Grouped(j.Model) }
+func (s *Service) grouped(j *job.Job) bool { return s.app().Grouped(j.Model) }
 
 // replace sends a's job, whose deployment is down, back to admission to be
 // placed again: its reservation dropped, its attempts untouched, its

@@ -25,28 +25,19 @@ func (s *Service) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		s.guard = guard.New(s.cfg.App, key)
+		s.guard = guard.NewLive(s.live, key)
 	}
 	var wg sync.WaitGroup
 	var calls callGroup
 	// Leases are returned after the calls in flight end.
 	leaseCtx, stopLeases := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopLeases()
-	var loops []*mesh.Loop
-	stop := func() {
-		for _, l := range loops {
-			l.Stop()
-		}
-	}
-	for _, p := range s.cfg.App.Providers {
-		for i := range p.Models {
-			l, err := s.consumeModel(ctx, leaseCtx, &wg, &calls, p.Name, &p.Models[i])
-			if err != nil {
-				stop()
-				return err
-			}
-			loops = append(loops, l)
-		}
+	next := s.nextReload() // reloads from here on: followReloads
+	models := &modelLoops{by: map[string]*modelLoop{}}
+	stop := models.stop
+	if err := s.syncModels(ctx, leaseCtx, &wg, &calls, models); err != nil {
+		stop()
+		return err
 	}
 	// Streaming callers that go away ask for their call to stop; every
 	// executor hears it, the one running the job stops it.
@@ -62,13 +53,22 @@ func (s *Service) Run(ctx context.Context) error {
 		return fmt.Errorf("subscribe %s: %w", mesh.ExecutorWhySubjectPrefix, err)
 	}
 	defer func() { _ = whySub.Unsubscribe() }()
-	for _, t := range s.cfg.App.Tenants {
-		if t.MaxConcurrency <= 0 {
-			continue
-		}
-		tp := s.tenantPools[t.Name]
+	startPool := func(tp *budget.Pool) {
 		wg.Go(func() { tp.Run(leaseCtx, func(err error) { s.m.BudgetErrors.Inc() }) })
 	}
+	s.poolMu.Lock()
+	for _, tp := range s.tenantPools {
+		startPool(tp)
+	}
+	s.poolMu.Unlock()
+	wg.Go(func() {
+		s.followReloads(ctx, next, func() {
+			s.syncTenantPools(startPool)
+			if err := s.syncModels(ctx, leaseCtx, &wg, &calls, models); err != nil {
+				s.log.Error("reload: could not consume a new deployment's jobs", "err", err)
+			}
+		})
+	})
 	wg.Go(func() { s.reportTransits(ctx) })
 	<-ctx.Done()
 	stop()
@@ -112,7 +112,7 @@ func (g *callGroup) close() {
 // job is verified and run with one of the model's concurrency slots, from
 // a lease on the fleet-wide limit (internal/budget Pool) kept until
 // leaseCtx ends.
-func (s *Service) consumeModel(ctx, leaseCtx context.Context, wg *sync.WaitGroup, calls *callGroup, provider string, m *config.Model) (*mesh.Loop, error) {
+func (s *Service) consumeModel(ctx, leaseCtx context.Context, wg *sync.WaitGroup, calls *callGroup, provider string, m *config.Model) (*modelLoop, error) {
 	// Slots are taken just before the call and given back when it ends.
 	pool := budget.NewPool(s.mesh.Budgets, budget.ConcKey(provider, job.ModelToken(m.Name)), s.holder, m.MaxConcurrency, 10*time.Second, s.now)
 	labels := []string{provider, m.Name}
@@ -134,7 +134,7 @@ func (s *Service) consumeModel(ctx, leaseCtx context.Context, wg *sync.WaitGroup
 			s.log.Warn("concurrency lease", "provider", labels[0], "model", labels[1], "err", err)
 		})
 	})
-	return l, nil
+	return &modelLoop{loop: l, pool: pool}, nil
 }
 
 // modelCalls starts the calls of one model's dispatched jobs.

@@ -112,7 +112,7 @@ type streamEnd struct {
 // end is then nil. After it, chunks go to the job's stream subject as they
 // come, batched by time, and end says how the stream ended.
 func (s *Service) stream(ctx context.Context, j *job.Job, client provider.Streamer, call provider.Call, wantUsage bool, pub *chunkPublisher) (resp *provider.Response, cerr error, end *streamEnd) {
-	cfg := s.cfg.App.Streaming
+	cfg := s.app().Streaming
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	// One timer: the first-token timeout, then the idle timeout.
@@ -239,7 +239,7 @@ func (s *Service) endStream(ctx context.Context, j *job.Job, opKey string, pub *
 		s.m.StreamInterrupted.WithLabelValues(j.Provider, j.Model, "cancelled").Inc()
 		r.Error = &job.Error{Code: job.CodeCancelled, Message: "the caller went away; the provider call was stopped"}
 	}
-	if len(r.Response) > s.cfg.App.Limits.MaxResponseBytes {
+	if len(r.Response) > s.app().Limits.MaxResponseBytes {
 		// The stream's end must say what the result will: finish would
 		// store this as response_too_large.
 		r.Status, r.Response, r.Error = job.StatusFailed, nil, s.tooLarge()

@@ -33,7 +33,7 @@ func (s *Service) mayCallAgain(j *job.Job) bool {
 	if j.AtLeastOnce {
 		return true
 	}
-	for _, p := range s.cfg.App.Providers {
+	for _, p := range s.app().Providers {
 		if p.Name == j.Provider {
 			return p.HonoursIdempotencyKey
 		}
@@ -58,7 +58,7 @@ const lostGrace = resultPublishWait + 10*time.Second
 // can take after it left.
 func (s *Service) callBound(j *job.Job) time.Duration {
 	d := 2 * time.Minute
-	if p, _, ok := s.cfg.App.Deployment(j.Provider, j.Model); ok {
+	if p, _, ok := s.app().Deployment(j.Provider, j.Model); ok {
 		d = p.Timeout.D()
 	}
 	return d + lostGrace
@@ -81,7 +81,7 @@ func (d redeliverAfter) Error() string {
 // second call.
 func (s *Service) lostCall(ctx context.Context, j *job.Job, opKey string, sent *mesh.SentMark, stream bool) error {
 	if _, err := s.mesh.StoredResult(ctx, j.Tenant, j.ID); err == nil {
-		s.m.DupSuppressed.WithLabelValues(s.cfg.App.TaskLabel(j.Task)).Inc()
+		s.m.DupSuppressed.WithLabelValues(s.app().TaskLabel(j.Task)).Inc()
 		return nil
 	}
 	if stream {

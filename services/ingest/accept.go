@@ -34,10 +34,10 @@ func (s *Service) check(j *job.Job) (*config.Provider, *config.Model, job.Estima
 	if err := j.CheckEnvelope(); err != nil {
 		return nil, nil, job.Estimate{}, err
 	}
-	if _, ok := s.cfg.App.Tenant(j.Tenant); !ok {
+	if _, ok := s.app().Tenant(j.Tenant); !ok {
 		return nil, nil, job.Estimate{}, &job.ValidationError{Code: job.CodeUnknownTenant, Field: "tenant", Message: fmt.Sprintf("unknown tenant %q", clip(j.Tenant))}
 	}
-	name, est, err := tokens.Estimate(j.Endpoint, j.Request, s.lim, s.cfg.App.Limits.DefaultMaxTokens)
+	name, est, err := tokens.Estimate(j.Endpoint, j.Request, s.lim, s.app().Limits.DefaultMaxTokens)
 	if err != nil {
 		return nil, nil, job.Estimate{}, err
 	}
@@ -48,7 +48,7 @@ func (s *Service) check(j *job.Job) (*config.Provider, *config.Model, job.Estima
 	if err := endpointServed(j, prov); err != nil {
 		return nil, nil, job.Estimate{}, err
 	}
-	if err := shapeBody(j, prov, model, s.cfg.App.Limits.DefaultMaxTokens); err != nil {
+	if err := shapeBody(j, prov, model, s.app().Limits.DefaultMaxTokens); err != nil {
 		return nil, nil, job.Estimate{}, err
 	}
 	if err := s.fitsGroup(j, model, &est); err != nil {
@@ -77,7 +77,7 @@ func (s *Service) fits(j *job.Job, model *config.Model, est *job.Estimate) error
 	if est.Units, err = guard.UnitCost(j.Cost, model, true); err != nil {
 		return err
 	}
-	if t, _ := s.cfg.App.Tenant(j.Tenant); t != nil {
+	if t, _ := s.app().Tenant(j.Tenant); t != nil {
 		for _, l := range []struct {
 			name  string
 			limit int
@@ -109,7 +109,7 @@ func (s *Service) admit(ctx context.Context, j *job.Job, model *config.Model, co
 		return room{}, &job.ValidationError{Code: CodeDeadlineUnmeetable, Field: "deadline",
 			Message: fmt.Sprintf("cannot be met: the estimated wait is %s (the queue ahead at %s's admission rate) and the deadline is in %s", wait.Round(100*time.Millisecond), model.Name, j.Deadline.Sub(now).Round(100*time.Millisecond))}
 	}
-	shed := s.cfg.App.Admission.Shed
+	shed := s.app().Admission.Shed
 	if (j.Priority == job.Batch && fill >= shed.Batch) || (j.Priority == job.Standard && fill >= shed.Standard) {
 		s.m.Shed.WithLabelValues(j.Tenant, string(j.Priority)).Inc()
 		return room{}, &BusyError{Code: "shed", RetryAfter: retry, Ahead: ahead,
@@ -214,7 +214,7 @@ func (s *Service) recordOp(ctx context.Context, j *job.Job, held bool, opKey str
 			return 0, nil, err
 		}
 		if joined != "" {
-			s.m.DupSuppressed.WithLabelValues(s.cfg.App.TaskLabel(j.Task)).Inc()
+			s.m.DupSuppressed.WithLabelValues(s.app().TaskLabel(j.Task)).Inc()
 			return 0, &Accepted{JobID: joined, Tenant: j.Tenant, Joined: true}, nil
 		}
 		return 0, nil, nil

@@ -35,7 +35,10 @@ func (s *Service) cacheBefore(w http.ResponseWriter, r *http.Request, j *job.Job
 	}
 	ask, err := cache.AskFromHeader(r.Header)
 	if err == nil {
-		p, err = cache.Decide(cache.Request{App: s.cfg.App, Tenant: j.Tenant, Endpoint: j.Endpoint, Ask: ask, Body: body, IdempotencyKey: j.IdempotencyKey})
+		p, err = cache.Decide(cache.Request{App: s.app(), Tenant: j.Tenant, Endpoint: j.Endpoint, Ask: ask, Body: body, IdempotencyKey: j.IdempotencyKey})
+	}
+	if err == nil && p != nil {
+		err = keyAllows(r.Context(), p.Model)
 	}
 	if err != nil {
 		s.fail(w, "openai", err)
@@ -94,10 +97,13 @@ func (s *Service) acceptCached(ctx context.Context, j *job.Job, accept func() (A
 	if c == nil || (j.ID != "" && !job.CanonicalID(j.ID)) {
 		return accept() // which refuses what is wrong
 	}
-	if _, ok := s.cfg.App.Tenant(j.Tenant); !ok {
+	if _, ok := s.app().Tenant(j.Tenant); !ok {
 		return accept()
 	}
-	p, err := cache.Decide(cache.Request{App: s.cfg.App, Tenant: j.Tenant, Endpoint: j.Endpoint, Ask: j.Cache, Body: j.Request, IdempotencyKey: j.IdempotencyKey})
+	p, err := cache.Decide(cache.Request{App: s.app(), Tenant: j.Tenant, Endpoint: j.Endpoint, Ask: j.Cache, Body: j.Request, IdempotencyKey: j.IdempotencyKey})
+	if err == nil && p != nil {
+		err = keyAllows(ctx, p.Model)
+	}
 	if err != nil {
 		return Accepted{}, err
 	}
@@ -166,7 +172,7 @@ func (s *Service) cacheGet(ctx context.Context, p *cache.Plan) (*cache.Entry, ti
 func (s *Service) countHit(p *cache.Plan, tenant string, e *cache.Entry) {
 	m := s.cfg.Cache.Metrics()
 	m.Request(cache.Hit)
-	m.Saved(s.cfg.App, tenant, p.Model, e.Usage)
+	m.Saved(s.app(), tenant, p.Model, e.Usage)
 }
 
 func result(p *cache.Plan) string {
@@ -217,7 +223,7 @@ func (s *Service) cacheAccepted(p *cache.Plan, acc Accepted) {
 // did not pay for.
 func (s *Service) cacheAnswered(p *cache.Plan, acc Accepted, res *job.Result) {
 	if p != nil && p.Coalesce != "" && acc.Joined && res != nil && res.Status == job.StatusSucceeded {
-		s.cfg.Cache.Metrics().Saved(s.cfg.App, acc.Tenant, p.Model, res.Usage)
+		s.cfg.Cache.Metrics().Saved(s.app(), acc.Tenant, p.Model, res.Usage)
 	}
 }
 

@@ -32,7 +32,7 @@ var hitCost = budget.Cost{Requests: 1}
 // the hit through (the answer is there; the budget is a rationing, and
 // its store's failure is logged by those that depend on it).
 func (s *Service) hitBudget(ctx context.Context, tenant string) error {
-	app := s.cfg.App
+	app := s.app()
 	t, ok := app.Tenant(tenant)
 	if !app.Cache.HitsCountInTenantBudget || !ok || (t.RPM == 0 && t.RPD == 0) || s.mesh.Budgets == nil {
 		return nil

@@ -18,14 +18,14 @@ import (
 // deployment resolves the deployment a job of model name starts on; pin
 // is the provider its producer named ("" for none).
 func (s *Service) deployment(j *job.Job, name, pin string) (*config.Provider, *config.Model, error) {
-	p, m, ok := s.cfg.App.ModelRef(name)
+	p, m, ok := s.app().ModelRef(name)
 	if !ok {
 		return nil, nil, &job.ValidationError{Code: job.CodeUnknownModel, Field: "request.model", Message: fmt.Sprintf("model %q is not configured", clip(name))}
 	}
 	if pin == "" {
 		return p, m, nil
 	}
-	if p, m, ok = s.cfg.App.Deployment(pin, name); !ok {
+	if p, m, ok = s.app().Deployment(pin, name); !ok {
 		return nil, nil, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "provider",
 			Message: fmt.Sprintf("provider %q serves no deployment of model %q", clip(pin), clip(name))}
 	}
@@ -38,10 +38,10 @@ func (s *Service) deployment(j *job.Job, name, pin string) (*config.Provider, *c
 // places the job only where it fits).
 func (s *Service) fitsGroup(j *job.Job, model *config.Model, est *job.Estimate) error {
 	err := s.fits(j, model, est)
-	if err == nil || j.Pinned || !s.cfg.App.Grouped(model.Name) {
+	if err == nil || j.Pinned || !s.app().Grouped(model.Name) {
 		return err
 	}
-	for _, d := range s.cfg.App.Group(model.Name) {
+	for _, d := range s.app().Group(model.Name) {
 		if d.Model != model && s.fits(j, d.Model, est) == nil {
 			return nil
 		}
@@ -53,13 +53,13 @@ func (s *Service) fitsGroup(j *job.Job, model *config.Model, est *job.Estimate) 
 // pinned deployment's, else its group's together (0, no limit, where any
 // deployment has none).
 func (s *Service) capacity(j *job.Job, model *config.Model) *config.Model {
-	if j.Pinned || !s.cfg.App.Grouped(model.Name) {
+	if j.Pinned || !s.app().Grouped(model.Name) {
 		return model
 	}
 	sum := *model
 	sum.RPM, sum.TPM = 0, 0
 	rpm, tpm := true, true
-	for _, d := range s.cfg.App.Group(model.Name) {
+	for _, d := range s.app().Group(model.Name) {
 		rpm, tpm = rpm && d.Model.RPM > 0, tpm && d.Model.TPM > 0
 		sum.RPM += d.Model.RPM
 		sum.TPM += d.Model.TPM
@@ -77,7 +77,7 @@ func (s *Service) capacity(j *job.Job, model *config.Model) *config.Model {
 // none, from the request's prompt_cache_key or user: the conversation
 // whose prefix a deployment's cache holds.
 func (s *Service) affinity(j *job.Job, name string) {
-	if j.Affinity != "" || j.Endpoint == job.EndpointEmbeddings || !s.cfg.App.Grouped(name) {
+	if j.Affinity != "" || j.Endpoint == job.EndpointEmbeddings || !s.app().Grouped(name) {
 		return
 	}
 	var v struct {

@@ -19,7 +19,7 @@ import (
 // shared window holds of the trailing minute. Each model's view is read
 // from the budgets bucket at most every limitRefresh.
 type limitView struct {
-	app   *config.Config
+	live  *config.Live
 	learn *adapt.Store
 	store *budget.Store
 	now   func() time.Time
@@ -47,8 +47,9 @@ const (
 	LimitLowered    = "lowered"
 )
 
-func newLimitView(app *config.Config, m *mesh.Mesh, now func() time.Time) *limitView {
-	v := &limitView{app: app, now: now, cache: adapt.NewCache[limitSnapshot](limitRefresh)}
+func newLimitView(live *config.Live, m *mesh.Mesh, now func() time.Time) *limitView {
+	app := live.Load()
+	v := &limitView{live: live, now: now, cache: adapt.NewCache[limitSnapshot](limitRefresh)}
 	if m != nil && m.Budgets != nil {
 		v.learn = adapt.NewStore(m.Budgets, now)
 		v.store = budget.NewStore(m.Budgets, app.Admission.Params(), now)
@@ -58,7 +59,7 @@ func newLimitView(app *config.Config, m *mesh.Mesh, now func() time.Time) *limit
 
 // get returns the view of provider/model; ok is false for an unknown model.
 func (v *limitView) get(ctx context.Context, provider, model string) (limitSnapshot, bool) {
-	_, m, found := v.app.Deployment(provider, model)
+	_, m, found := v.live.Load().Deployment(provider, model)
 	if !found {
 		return limitSnapshot{}, false
 	}
@@ -79,7 +80,7 @@ func (v *limitView) read(ctx context.Context, provider, model string, m *config.
 	ctx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
 	defer cancel()
 	if st, _, err := v.learn.Get(ctx, adapt.Key(provider, job.ModelToken(model))); err == nil {
-		e := adapt.Compute(adapt.For(v.app.Admission, *m), st, now)
+		e := adapt.Compute(adapt.For(v.live.Load().Admission, *m), st, now)
 		snap.limit = [2]int{e.PerMinute[adapt.Requests], e.PerMinute[adapt.Tokens]}
 		switch {
 		case e.Ramp < 1:

@@ -36,7 +36,7 @@ func (s *Service) Routes(mux *http.ServeMux, auth api.Auth) {
 		{"DELETE /v1/responses/{id}", s.deleteResponse},
 		{"GET /v1/responses/{id}/input_items", s.inputItems}, // input_items.go
 	} {
-		mux.HandleFunc(rt.pattern, func(w http.ResponseWriter, r *http.Request) { rt.handle(w, r, auth) })
+		mux.HandleFunc(rt.pattern, func(w http.ResponseWriter, r *http.Request) { rt.handle(w, auth.Scoped(r), auth) })
 	}
 }
 
@@ -225,7 +225,7 @@ func chatJob(r *http.Request, tenant string, body []byte) (*job.Job, error) {
 const deadlineSlack = 30 * time.Second
 
 func (s *Service) maxWait() time.Duration {
-	if d := s.cfg.App.Limits.MaxWait.D(); d > 0 {
+	if d := s.app().Limits.MaxWait.D(); d > 0 {
 		return d
 	}
 	return config.DefaultMaxWait

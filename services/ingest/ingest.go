@@ -34,7 +34,10 @@ import (
 
 // Config is what ingest needs.
 type Config struct {
-	App        *config.Config
+	App *config.Config
+	// Live, when set, is the configuration in effect, which a reload
+	// replaces (App is then its first value); nil: App, fixed.
+	Live       *config.Live
 	TenantKeys map[string]string // bearer key -> tenant
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
@@ -55,6 +58,7 @@ type Config struct {
 
 // Service is the ingest service.
 type Service struct {
+	live    *config.Live
 	qmu     sync.Mutex
 	qAt     time.Time
 	qMsgs   uint64 // QUEUE's messages
@@ -79,6 +83,11 @@ type Service struct {
 
 // New builds the service; it does no I/O.
 func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service, error) {
+	if cfg.Live != nil {
+		cfg.App = cfg.Live.Load()
+	} else if cfg.App != nil {
+		cfg.Live = config.NewLive(cfg.App)
+	}
 	if cfg.App == nil {
 		return nil, errors.New("ingest: no configuration")
 	}
@@ -93,7 +102,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 		if err != nil {
 			return nil, err
 		}
-		cfg.Guard = guard.New(cfg.App, key)
+		cfg.Guard = guard.NewLive(cfg.Live, key)
 	}
 	if cfg.Waiters == nil {
 		n := cfg.App.Limits.MaxWaitersPerTenant
@@ -104,6 +113,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	}
 	qs, is := newShares(cfg.App)
 	return &Service{
+		live:       cfg.Live,
 		queueShare: qs, intakeShare: is,
 		cfg:  cfg,
 		lim:  job.Limits{MaxBodyBytes: cfg.App.Limits.MaxBodyBytes, MaxTokens: cfg.App.Limits.MaxTokens},
@@ -112,8 +122,27 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 		m:    ms,
 		now:  now,
 
-		limits: newLimitView(cfg.App, m, now),
+		limits: newLimitView(cfg.Live, m, now),
 	}, nil
+}
+
+// app is the configuration in effect (cfg.App for a Service built
+// without New, in tests).
+func (s *Service) app() *config.Config {
+	if s.live == nil {
+		return s.cfg.App
+	}
+	return s.live.Load()
+}
+
+// keyAllows refuses a model the caller's API key may not call (its
+// api_keys entry lists others), as OpenAI answers a model the key cannot
+// see: model_not_found, without saying whether it exists.
+func keyAllows(ctx context.Context, model string) error {
+	if api.ModelAllowed(ctx, model) {
+		return nil
+	}
+	return &job.ValidationError{Code: job.CodeUnknownModel, Field: "model", Message: fmt.Sprintf("model %q is not available to this API key", clip(model))}
 }
 
 // Accepted is the outcome of a successful submission.
@@ -175,6 +204,9 @@ type created struct{ job, op uint64 }
 func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, error) {
 	prov, model, est, err := s.check(j)
 	if err != nil {
+		return Accepted{}, err
+	}
+	if err := keyAllows(ctx, model.Name); err != nil {
 		return Accepted{}, err
 	}
 	now := s.now().UTC()
@@ -333,8 +365,8 @@ func (s *Service) intakeWait(ctx context.Context, data []byte) time.Duration {
 	if len(data) > MaxHintBytes {
 		cost = len(data) / 4
 	} else if json.Unmarshal(data, &j) == nil {
-		if name, est, err := tokens.Estimate(j.Endpoint, j.Request, s.lim, s.cfg.App.Limits.DefaultMaxTokens); err == nil {
-			if _, m, ok := s.cfg.App.ModelRef(name); ok {
+		if name, est, err := tokens.Estimate(j.Endpoint, j.Request, s.lim, s.app().Limits.DefaultMaxTokens); err == nil {
+			if _, m, ok := s.app().ModelRef(name); ok {
 				model, cost = m, est.Cost()
 			}
 		}
@@ -348,7 +380,7 @@ func (s *Service) intakeWait(ctx context.Context, data []byte) time.Duration {
 	if model != nil {
 		wait = waitFor(model, ahead, b.avgCost, cost, true)
 	} else {
-		for _, p := range s.cfg.App.Providers {
+		for _, p := range s.app().Providers {
 			for i := range p.Models {
 				wait = max(wait, waitFor(&p.Models[i], ahead, b.avgCost, cost, true))
 			}
@@ -524,7 +556,7 @@ func (s *Service) refuse(ctx context.Context, msg jetstream.Msg, j *job.Job, ten
 	if id == "" || !job.CanonicalID(id) {
 		id = job.NewID()
 	}
-	if _, ok := s.cfg.App.Tenant(tenant); !ok {
+	if _, ok := s.app().Tenant(tenant); !ok {
 		// Nothing is stored for a tenant Sluice does not know, but a
 		// producer listening on the result subject still learns why.
 		res := &job.Result{JobID: id, Tenant: tenant, Status: job.StatusFailed, CompletedAt: s.now().UTC(),

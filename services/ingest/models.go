@@ -32,12 +32,13 @@ func (s *Service) listModels(w http.ResponseWriter, r *http.Request, auth api.Au
 	}
 	data := []Model{}
 	seen := map[string]bool{}
-	for i := range s.cfg.App.Providers {
-		p := &s.cfg.App.Providers[i]
+	app := s.app()
+	for i := range app.Providers {
+		p := &app.Providers[i]
 		for j := range p.Models {
-			if name := p.Models[j].Name; !seen[name] {
+			if name := p.Models[j].Name; !seen[name] && api.ModelAllowed(r.Context(), name) {
 				seen[name] = true
-				gp, gm, _ := s.cfg.App.ModelRef(name)
+				gp, gm, _ := app.ModelRef(name)
 				data = append(data, modelObject(gp, gm, created))
 			}
 		}
@@ -52,8 +53,8 @@ func (s *Service) getModel(w http.ResponseWriter, r *http.Request, auth api.Auth
 		return
 	}
 	id := r.PathValue("id")
-	p, m, ok := s.cfg.App.ModelRef(id)
-	if !ok {
+	p, m, ok := s.app().ModelRef(id)
+	if !ok || !api.ModelAllowed(r.Context(), m.Name) {
 		api.ErrorParam(w, http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
 			fmt.Sprintf("The model %q is not configured in Sluice", clip(id)))
 		return

@@ -62,10 +62,10 @@ func (st *storedResponse) items() []json.RawMessage {
 // group, since admission may place it on any.
 func (s *Service) nativeResponses(r *http.Request, model string) bool {
 	if pin := r.Header.Get("X-Sluice-Provider"); pin != "" {
-		p, _, ok := s.cfg.App.Deployment(pin, model)
+		p, _, ok := s.app().Deployment(pin, model)
 		return ok && p.NativeResponses()
 	}
-	group := s.cfg.App.Group(model)
+	group := s.app().Group(model)
 	for _, d := range group {
 		if !d.Provider.NativeResponses() {
 			return false

@@ -49,7 +49,7 @@ func (s *Service) acceptHTTP(r *http.Request, j *job.Job, body []byte) (Accepted
 	key := retryKey(j.Tenant, r.URL.Path, body)
 	if count >= 1 {
 		if id, ok := s.retryJoin(ctx, key, j.Tenant); ok {
-			s.m.DupSuppressed.WithLabelValues(s.cfg.App.TaskLabel(j.Task)).Inc()
+			s.m.DupSuppressed.WithLabelValues(s.app().TaskLabel(j.Task)).Inc()
 			return Accepted{JobID: id, Tenant: j.Tenant, Joined: true}, nil
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -43,7 +44,9 @@ const ledgerGroups = 4096
 type share struct {
 	stream, filter string
 	key            string // the config key of the bound, for messages
-	bound          int64
+	bounds         config.StreamBounds
+	bound          atomic.Int64 // per tenant, from bounds and the tenants configured (setTenants)
+	tenants        atomic.Int64 // the count bound was computed for
 
 	mu      sync.Mutex
 	at      time.Time
@@ -70,8 +73,19 @@ type group struct {
 }
 
 func newShare(stream, filter, key string, b config.StreamBounds, tenants int) *share {
-	return &share{stream: stream, filter: filter, key: key, bound: b.TenantBytes(tenants),
+	sh := &share{stream: stream, filter: filter, key: key, bounds: b,
 		counts: map[string]uint64{}, ledgers: map[string]*ledger{}}
+	sh.tenants.Store(-1)
+	sh.setTenants(tenants)
+	return sh
+}
+
+// setTenants recomputes the bound when there are n tenants now, not as
+// many as it was computed for (a reload may change them).
+func (sh *share) setTenants(n int) {
+	if sh.tenants.Swap(int64(n)) != int64(n) {
+		sh.bound.Store(sh.bounds.TenantBytes(n))
+	}
 }
 
 // tenantOfSubject is the last token of a QUEUE or INTAKE subject.
@@ -236,11 +250,12 @@ func (sh *share) bytes(tenant string) (int64, uint64) {
 // it past its bound; "" when they fit.
 func (sh *share) over(tenant string, size int) (string, uint64) {
 	have, n := sh.bytes(tenant)
-	if have+int64(size) <= sh.bound {
+	bound := sh.bound.Load()
+	if have+int64(size) <= bound {
 		return "", n
 	}
 	return fmt.Sprintf("tenant %q's jobs waiting in %s hold about %s, and this one would take them past the tenant's bound of %s (%s)",
-		tenant, sh.stream, mib(have), mib(sh.bound), sh.key), n
+		tenant, sh.stream, mib(have), mib(bound), sh.key), n
 }
 
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
@@ -270,6 +285,7 @@ func storedSize(msg jetstream.Msg) int {
 // more than the tenant's bound. The wait it suggests is the tenant's own
 // jobs ahead at the model's rate: those are what must drain first.
 func (s *Service) queueRoom(ctx context.Context, j *job.Job, model *config.Model, cost int) error {
+	s.queueShare.setTenants(len(s.app().Tenants))
 	s.queueShare.refresh(ctx, s.mesh.JS, s.now())
 	msg, n := s.queueShare.over(j.Tenant, envelopeSize(j))
 	if msg == "" {
@@ -290,6 +306,7 @@ func (s *Service) intakeOver(ctx context.Context, tenant string, busy error) err
 	if !errors.Is(busy, ErrQueueFull) {
 		return nil
 	}
+	s.intakeShare.setTenants(len(s.app().Tenants))
 	s.intakeShare.refresh(ctx, s.mesh.JS, s.now())
 	msg, _ := s.intakeShare.over(tenant, 0)
 	if msg == "" {

@@ -63,17 +63,17 @@ func (s *Service) streamChat(w http.ResponseWriter, r *http.Request, j *job.Job,
 			}
 		}
 	}()
-	keepAlive := time.NewTicker(s.cfg.App.Streaming.KeepAlive.D())
+	keepAlive := time.NewTicker(s.app().Streaming.KeepAlive.D())
 	defer keepAlive.Stop()
 	gone := func() {
-		if !acc.Joined && s.cfg.App.Streaming.Cancels(j.Priority) {
+		if !acc.Joined && s.app().Streaming.Cancels(j.Priority) {
 			s.Cancel(context.WithoutCancel(r.Context()), acc.Tenant, acc.JobID, j.IdempotencyKey)
 		}
 	}
 	for {
 		// The connection lives as long as the stream does: each event (or
 		// keep-alive) moves its deadlines on, past the server's timeouts.
-		api.ExtendDeadlines(w, s.cfg.App.Streaming.KeepAlive.D()+deadlineSlack)
+		api.ExtendDeadlines(w, s.app().Streaming.KeepAlive.D()+deadlineSlack)
 		select {
 		case it, ok := <-items:
 			if !ok {
@@ -109,7 +109,7 @@ func (s *Service) streamChat(w http.ResponseWriter, r *http.Request, j *job.Job,
 				gone()
 				return
 			}
-			keepAlive.Reset(s.cfg.App.Streaming.KeepAlive.D())
+			keepAlive.Reset(s.app().Streaming.KeepAlive.D())
 		case <-keepAlive.C:
 			if !f.keepAlive(w) || rc.Flush() != nil {
 				gone()

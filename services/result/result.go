@@ -37,10 +37,14 @@ type Config struct {
 	// Waiters bounds the long-polls per tenant (shared with ingest); nil
 	// makes one from the config.
 	Waiters *api.Waiters
+	// Live, when set, is the configuration in effect, which a reload
+	// replaces (App is then its first value); nil: App, fixed.
+	Live *config.Live
 }
 
 // Service is the result service.
 type Service struct {
+	live *config.Live
 	cfg  Config
 	mesh *mesh.Mesh
 	log  *slog.Logger
@@ -56,13 +60,27 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 		}
 		cfg.App = app
 	}
+	if cfg.Live != nil {
+		cfg.App = cfg.Live.Load()
+	} else if cfg.App != nil {
+		cfg.Live = config.NewLive(cfg.App)
+	}
 	if cfg.MaxWait == 0 {
 		cfg.MaxWait = cfg.App.Limits.MaxWait.D()
 	}
 	if cfg.Waiters == nil {
 		cfg.Waiters = api.NewWaiters(cfg.App.Limits.MaxWaitersPerTenant)
 	}
-	return &Service{cfg: cfg, mesh: m, log: log.With("service", "result"), m: ms}, nil
+	return &Service{live: cfg.Live, cfg: cfg, mesh: m, log: log.With("service", "result"), m: ms}, nil
+}
+
+// app is the configuration in effect (cfg.App for a Service built
+// without New, in tests).
+func (s *Service) app() *config.Config {
+	if s.live == nil {
+		return s.cfg.App
+	}
+	return s.live.Load()
 }
 
 // Run consumes RESULTS until ctx ends.
@@ -116,7 +134,7 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) error {
 // tenantLabel is a tenant name for a metric label: only configured names,
 // so a forged result cannot add series.
 func (s *Service) tenantLabel(name string) string {
-	if _, ok := s.cfg.App.Tenant(name); ok {
+	if _, ok := s.app().Tenant(name); ok {
 		return name
 	}
 	return "unknown"
