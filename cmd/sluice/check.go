@@ -11,6 +11,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/embedded"
 	"github.com/sluice-dev/sluice/internal/natsauth"
+	"github.com/sluice-dev/sluice/internal/tracing"
 )
 
 // errNoConfig is what `sluice up` says when it is given no configuration: a
@@ -42,6 +43,9 @@ func loadConfig(path string, check bool, getenv func(string) string) (*config.Co
 		return nil, nil, err
 	}
 	c, ps := config.Check(data, getenv)
+	if _, err := tracing.FromEnv(getenv); err != nil {
+		ps = append(ps, config.Problem{Msg: err.Error()}) // it names the OTEL_* variable
+	}
 	return c, ps, nil
 }
 
