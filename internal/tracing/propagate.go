@@ -46,6 +46,15 @@ func (t *Tracing) FromNATS(ctx context.Context, h nats.Header) context.Context {
 	return propagator.Extract(ctx, natsCarrier(h))
 }
 
+// FromMsg is FromNATS with a message's headers, read only when tracing
+// is on.
+func (t *Tracing) FromMsg(ctx context.Context, msg interface{ Headers() nats.Header }) context.Context {
+	if t == nil {
+		return ctx
+	}
+	return t.FromNATS(ctx, msg.Headers())
+}
+
 // SpanFromNATS is the span context of a message's headers (invalid when
 // there is none, or tracing is off).
 func (t *Tracing) SpanFromNATS(h nats.Header) trace.SpanContext {

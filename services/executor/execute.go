@@ -23,7 +23,7 @@ import (
 // having settled what it found: the job ended, went back to admission, or
 // moved to a fallback.
 func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) error {
-	ctx = s.mesh.Tracing.FromNATS(ctx, msg.Headers()) // under the placement
+	ctx = s.mesh.Tracing.FromMsg(ctx, msg) // under the placement
 	a := s.newAttempt(msg, j)
 	if done, err := s.prepare(ctx, a); done {
 		return err

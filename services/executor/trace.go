@@ -32,9 +32,10 @@ func (s *Service) startCall(ctx context.Context, a *attempt) (context.Context, t
 	if a.upstream != "" {
 		model = a.upstream
 	}
+	// The job's id and tenant are on accept's span, its deployment on the
+	// placement's, in the same trace.
 	attrs := []attribute.KeyValue{tracing.GenAIOperation.String(op), tracing.GenAIRequestModel.String(model),
-		tracing.GenAIStream.Bool(a.stream), tracing.JobID.String(j.ID), tracing.Tenant.String(j.Tenant),
-		tracing.Attempt.Int(a.n), tracing.Deployment.String(j.Provider + "/" + j.Model)}
+		tracing.GenAIStream.Bool(a.stream), tracing.Attempt.Int(a.n)}
 	if j.Estimate != nil && j.Endpoint != job.EndpointEmbeddings {
 		attrs = append(attrs, tracing.GenAIMaxTokens.Int(j.Estimate.MaxTokens))
 	}
@@ -89,7 +90,9 @@ func (s *Service) endCall(span trace.Span, a *attempt) {
 			span.SetAttributes(tracing.GenAIResponseID.String(m.ID), tracing.GenAIResponseModel.String(m.Model), tracing.GenAIFinishReasons.StringSlice(reasons))
 		}
 		u := a.resp.Usage
-		span.SetAttributes(tracing.GenAIInputTokens.Int(u.PromptTokens), tracing.GenAIOutputTokens.Int(u.CompletionTokens),
-			tracing.GenAICacheReadTokens.Int(u.CachedTokens), tracing.GenAICacheWrite.Int(u.CacheWriteTokens))
+		span.SetAttributes(tracing.GenAIInputTokens.Int(u.PromptTokens), tracing.GenAIOutputTokens.Int(u.CompletionTokens))
+		if u.CachedTokens > 0 || u.CacheWriteTokens > 0 {
+			span.SetAttributes(tracing.GenAICacheReadTokens.Int(u.CachedTokens), tracing.GenAICacheWrite.Int(u.CacheWriteTokens))
+		}
 	}
 }

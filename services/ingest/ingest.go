@@ -477,7 +477,7 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 	case j.Tenant != tenant:
 		err = &job.ValidationError{Code: job.CodeInvalidRequest, Field: "tenant", Message: fmt.Sprintf("%q does not match the subject's tenant %q", clip(j.Tenant), tenant)}
 	default:
-		ctx := s.mesh.Tracing.FromNATS(ctx, msg.Headers())
+		ctx := s.mesh.Tracing.FromMsg(ctx, msg)
 		_, err = s.acceptCached(ctx, j, func() (Accepted, error) { return s.accept(ctx, j, true) }) // cache.go
 	}
 	var te *transientError

@@ -92,7 +92,7 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) (err error) {
 		s.log.Error("result: undecodable result skipped", "subject", msg.Subject(), "err", err)
 		return nil
 	}
-	ctx, span := s.mesh.Tracing.Start(s.mesh.Tracing.FromNATS(ctx, msg.Headers()), tracing.SpanResult)
+	ctx, span := s.mesh.Tracing.Start(s.mesh.Tracing.FromMsg(ctx, msg), tracing.SpanResult)
 	first := false
 	defer func() { endResult(span, &r, first, err) }()
 	hints := mesh.Hints(msg.Headers())
