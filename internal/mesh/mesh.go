@@ -355,6 +355,9 @@ type OpRecord struct {
 	// BodyDigest is the request's digest (BodyDigest) when the caller
 	// gave the idempotency key.
 	BodyDigest string `json:"body_digest,omitempty"`
+	// Trace is the W3C traceparent of the accept that made the record
+	// (tracing on): a job that joins the operation links its trace to it.
+	Trace string `json:"trace,omitempty"`
 }
 
 // SentMark is the record of a call leaving for the provider.

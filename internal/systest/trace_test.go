@@ -148,12 +148,15 @@ retry:
 `)
 	n := StartLogged(t, cfg, env)
 	const secret = "zebracanary"
-	post := func(tp string) string {
+	post := func(tp, idemKey string) string {
 		body := fmt.Sprintf(`{"model":"gpt-4o-mini","max_tokens":16,"messages":[{"role":"user","content":"say %s twice"}]}`, secret)
 		req, _ := http.NewRequest(http.MethodPost, n.HTTP+"/v1/chat/completions", strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer acme-key")
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("traceparent", tp)
+		if idemKey != "" {
+			req.Header.Set("Idempotency-Key", idemKey)
+		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -168,17 +171,31 @@ retry:
 
 	// The first call the provider gets fails (500): this job is retried.
 	tpA, traceA, _ := traceparent(1)
-	if got := post(tpA); got != traceA {
+	if got := post(tpA, ""); got != traceA {
 		t.Errorf("retried job: X-Sluice-Trace-Id %q, want the caller's %q", got, traceA)
 	}
 	tpB, traceB, callerB := traceparent(2)
-	if got := post(tpB); got != traceB {
+	if got := post(tpB, ""); got != traceB {
 		t.Errorf("X-Sluice-Trace-Id %q, want the caller's %q", got, traceB)
 	}
 	checkTrace(t, rc, traceB, callerB, secret)
 	checkRetried(t, rc, traceA)
 	checkProviderParent(t, rc, traceB, func() []string { pmu.Lock(); defer pmu.Unlock(); return copyOf(parents) })
 	checkNATS(t, n, rc)
+
+	// A job that joins an earlier one (the same Idempotency-Key) links its
+	// trace to the first job's, where the work is.
+	tpD, traceD, _ := traceparent(4)
+	post(tpD, "join-me")
+	tpE, traceE, _ := traceparent(5)
+	post(tpE, "join-me")
+	accept := named(waitSpans(t, rc, traceE, map[string]int{"sluice.accept": 1}), "sluice.accept")[0]
+	if got := attr(accept, "sluice.joined"); !got.GetBoolValue() {
+		t.Errorf("second submission: sluice.joined %v, want true", got)
+	}
+	if l := accept.GetLinks(); len(l) != 1 || hex.EncodeToString(l[0].GetTraceId()) != traceD {
+		t.Errorf("joined job's accept links %v, want one to the first job's trace %s", l, traceD)
+	}
 }
 
 func copyOf(s []string) []string { return append([]string(nil), s...) }

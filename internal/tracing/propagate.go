@@ -88,6 +88,29 @@ func ToHTTP(ctx context.Context, h http.Header) {
 	propagator.Inject(ctx, propagation.HeaderCarrier(h))
 }
 
+// Traceparent is the W3C traceparent of ctx's span; "" when there is none.
+func Traceparent(ctx context.Context) string {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return ""
+	}
+	c := propagation.MapCarrier{}
+	propagator.Inject(ctx, c)
+	return c["traceparent"]
+}
+
+// LinkTo links ctx's span to the span a traceparent names (another
+// trace's, where the work goes on: a job that joins an earlier one).
+func LinkTo(ctx context.Context, traceparent string) {
+	span := trace.SpanFromContext(ctx)
+	if traceparent == "" || !span.IsRecording() {
+		return
+	}
+	sc := trace.SpanContextFromContext(propagator.Extract(context.Background(), propagation.MapCarrier{"traceparent": traceparent}))
+	if sc.IsValid() {
+		span.AddLink(trace.Link{SpanContext: sc})
+	}
+}
+
 // Handler reads the caller's traceparent and tracestate into each
 // request's context, and answers with the trace id (TraceIDHeader) of the
 // trace the request belongs to: the caller's, or the one its first span

@@ -395,6 +395,7 @@ func (s *Service) join(ctx context.Context, opKey string, j *job.Job) (string, e
 	if rec.JobID == j.ID {
 		return "", nil
 	}
+	tracing.LinkTo(ctx, rec.Trace) // the operation's work is in its first job's trace
 	if done {
 		// The operation already ended: answer this job from the stored result.
 		orig, _, err := s.mesh.Lookup(ctx, j.Tenant, rec.JobID)
