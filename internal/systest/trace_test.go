@@ -182,6 +182,7 @@ retry:
 	checkRetried(t, rc, traceA)
 	checkProviderParent(t, rc, traceB, func() []string { pmu.Lock(); defer pmu.Unlock(); return copyOf(parents) })
 	checkNATS(t, n, rc)
+	checkSurfaces(t, n)
 
 	// A job that joins an earlier one (the same Idempotency-Key) links its
 	// trace to the first job's, where the work is.
@@ -332,5 +333,42 @@ func checkNATS(t *testing.T, n Node, rc *otlpReceiver) {
 	}
 	if got := attr(accept, "sluice.via").GetStringValue(); got != "nats" {
 		t.Errorf("accept via %q, want nats", got)
+	}
+}
+
+// checkSurfaces sends a traceparent to every API surface: each answer,
+// a refusal included, carries the caller's trace id; a streamed answer
+// still streams.
+func checkSurfaces(t *testing.T, n Node) {
+	t.Helper()
+	for i, tc := range []struct{ path, body string }{
+		{"/v1/jobs", `{"request":{"model":"gpt-4o-mini","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}}`},
+		{"/v1/chat/completions", `{"model":"gpt-4o-mini","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"hi"}]}`},
+		{"/v1/messages", `{"model":"gpt-4o-mini","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`},
+		{"/v1/responses", `{"model":"gpt-4o-mini","input":"hi","max_output_tokens":16}`},
+		{"/v1/embeddings", `{"model":"gpt-4o-mini","input":"hi"}`},
+	} {
+		tp, traceID, _ := traceparent(10 + i)
+		req, _ := http.NewRequest(http.MethodPost, n.HTTP+tc.path, strings.NewReader(tc.body))
+		req.Header.Set("Authorization", "Bearer acme-key")
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("anthropic-version", "2023-06-01")
+		req.Header.Set("traceparent", tp)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		t.Logf("%s: %d", tc.path, resp.StatusCode)
+		if got := resp.Header.Get("X-Sluice-Trace-Id"); got != traceID {
+			t.Errorf("%s (%d): X-Sluice-Trace-Id %q, want %q", tc.path, resp.StatusCode, got, traceID)
+		}
+		if resp.StatusCode >= 500 {
+			t.Errorf("%s: %d %s", tc.path, resp.StatusCode, body)
+		}
+		if strings.Contains(tc.body, `"stream":true`) && !strings.Contains(string(body), "[DONE]") {
+			t.Errorf("%s streamed: %d %q, want an event stream ending [DONE]", tc.path, resp.StatusCode, body)
+		}
 	}
 }
