@@ -321,6 +321,7 @@ func runBenchOverhead(ctx context.Context, args []string, stdout, stderr io.Writ
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run (runtime/pprof) to this file")
 	jsonPath := fs.String("json", "", "write the figures here as JSON")
+	trace := fs.Bool("trace", false, "run the node with tracing on: every trace sampled, exported over OTLP/HTTP to a receiver the benchmark starts on loopback")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}
@@ -361,7 +362,7 @@ func runBenchOverhead(ctx context.Context, args []string, stdout, stderr io.Writ
 	}
 	began := time.Now()
 	rep, err := bench.Overhead(ctx, bench.OverheadOptions{Jobs: *jobs, Concurrency: *conc, Serial: *serial, Warmup: *warmup,
-		Closed: *closed, Secure: *secure, JetStreamOps: jetStreamOps, Timeout: *timeout, Cluster: *cluster, FloorJobs: floorJobs}, nil)
+		Closed: *closed, Secure: *secure, JetStreamOps: jetStreamOps, Timeout: *timeout, Cluster: *cluster, FloorJobs: floorJobs, Trace: *trace}, nil)
 	if perr := stopProfile(); perr != nil && err == nil {
 		err = fmt.Errorf("--cpuprofile: %w", perr)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/embedded"
 	"github.com/sluice-dev/sluice/internal/natsauth"
+	"github.com/sluice-dev/sluice/internal/tracing"
 )
 
 // errNoConfig is what `sluice up` says when it is given no configuration: a
@@ -50,6 +51,9 @@ func loadConfig(path string, check bool, getenv func(string) string) (*config.Co
 		return c, nil, config.Hash(data), nil
 	}
 	c, ps := config.Check(data, getenv)
+	if _, err := tracing.FromEnv(getenv); err != nil {
+		ps = append(ps, config.Problem{Msg: err.Error()}) // it names the OTEL_* variable
+	}
 	return c, ps, config.Hash(data), nil
 }
 

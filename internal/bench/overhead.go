@@ -39,6 +39,9 @@ type OverheadOptions struct {
 	// on loopback (streams and buckets replicated as many times), each
 	// with every service; not with Secure.
 	Cluster int
+	// Trace runs the node with tracing on: every trace sampled, exported
+	// over OTLP/HTTP to a receiver on loopback in this process.
+	Trace bool
 }
 
 func (o OverheadOptions) withDefaults() OverheadOptions {
@@ -108,6 +111,11 @@ type OverheadReport struct {
 	// NATS, the simulator and the submitters) during the loaded test per
 	// completed job; 0 where not measured.
 	CPUPerJobMS float64 `json:"cpu_per_job_ms"`
+	// Traced: the node ran with tracing on (OverheadOptions.Trace);
+	// SpansPerJob is the spans the receiver got, per job submitted in the
+	// whole run (serial, warm-up and loaded), once the node flushed.
+	Traced      bool    `json:"traced"`
+	SpansPerJob float64 `json:"spans_per_job,omitempty"`
 	// Serial is the one-job-at-a-time test's added latency (unloaded),
 	// SerialEndToEnd its submission-to-result latency.
 	Serial         Quantiles `json:"serial_added"`
@@ -197,8 +205,18 @@ func Overhead(ctx context.Context, opt OverheadOptions, progress func()) (*Overh
 		return nil, err
 	}
 	defer stopSim()
-	n, err := startNode(ctx, nodeSpec{providerURL: url + "/v1", maxConcurrency: max(opt.Concurrency, 64) * 4,
-		retry: DefaultRetry, maxElapsed: time.Minute, log: opt.Log, nats: map[bool]natsMode{false: natsOpen, true: natsSecure}[opt.Secure], cluster: opt.Cluster})
+	spec := nodeSpec{providerURL: url + "/v1", maxConcurrency: max(opt.Concurrency, 64) * 4,
+		retry: DefaultRetry, maxElapsed: time.Minute, log: opt.Log, nats: map[bool]natsMode{false: natsOpen, true: natsSecure}[opt.Secure], cluster: opt.Cluster}
+	sink := &spanSink{}
+	if opt.Trace {
+		sinkURL, stopSink, err := serve(sink)
+		if err != nil {
+			return nil, err
+		}
+		defer stopSink()
+		spec.env, rep.Traced = traceEnv(sinkURL), true
+	}
+	n, err := startNode(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -215,6 +233,17 @@ func Overhead(ctx context.Context, opt OverheadOptions, progress func()) (*Overh
 	}
 	if err := sub.loaded(ctx, opt, rep); err != nil {
 		return rep, fmt.Errorf("overhead (timeout %s): %w", opt.Timeout, err)
+	}
+	if opt.Trace {
+		// The node exports what it still buffers as it stops.
+		if err := n.stop(); err != nil {
+			return rep, err
+		}
+		spans, err := sink.spans()
+		if err != nil {
+			return rep, err
+		}
+		rep.SpansPerJob = float64(spans) / float64(opt.Warmup+opt.Serial+opt.Jobs)
 	}
 	if opt.FloorJobs > 0 {
 		if err := measureFloors(ctx, opt, url, rep); err != nil {
@@ -439,6 +468,9 @@ func WriteOverhead(out io.Writer, r *OverheadReport) {
 		r.Completed, r.Failed, r.WallS, r.JobsPerSec)
 	if r.CPUPerJobMS > 0 {
 		fmt.Fprintf(out, "cpu: %.3f ms of process CPU (user + system) per job in the loaded test\n", r.CPUPerJobMS)
+	}
+	if r.Traced {
+		fmt.Fprintf(out, "tracing: on (always_on, OTLP/HTTP to a receiver in process); %.2f spans received per job\n", r.SpansPerJob)
 	}
 	if r.CeilingJobsPerS > 0 {
 		js, b, a := r.JetStream, r.JetStreamBefore, r.JetStreamAfter

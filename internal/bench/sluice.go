@@ -51,6 +51,8 @@ type nodeSpec struct {
 	// node of a JetStream cluster with every service, streams and
 	// buckets replicated cluster times (natsOpen only).
 	cluster int
+	// env is more of the node's environment (OTEL_* for a traced run).
+	env map[string]string
 	// cache: the tenant's deterministic answers are cached (config
 	// cache.tenants) and identical jobs coalesce.
 	cache bool
@@ -205,7 +207,7 @@ func startFleet(ctx context.Context, s nodeSpec) (*meshNode, error) {
 		if k == benchKeyEnv {
 			return benchKey
 		}
-		return ""
+		return s.env[k]
 	}
 	n := &meshNode{}
 	stopAll := func() error {

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/keys"
+	"github.com/sluice-dev/sluice/internal/tracing"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -29,8 +30,12 @@ type Mesh struct {
 	Idempotency jetstream.KeyValue // <tenant>.<hash> -> OpRecord
 	Budgets     jetstream.KeyValue
 	Fleet       jetstream.KeyValue // the fleet key (internal/guard); services only read it
-	resultsMu   sync.Mutex
-	results     jetstream.Stream // bound lazily by StoredResult, under resultsMu
+	// Tracing is the node's tracer (nil: off). Enqueue and the result
+	// publishers carry the trace context of their ctx in the message's
+	// headers, and a result the trace id.
+	Tracing   *tracing.Tracing
+	resultsMu sync.Mutex
+	results   jetstream.Stream // bound lazily by StoredResult, under resultsMu
 }
 
 // PublishAckWait is how long an asynchronous publish waits for its stream's
@@ -124,6 +129,9 @@ func (m *Mesh) PublishResultWith(ctx context.Context, r *job.Result, opKey strin
 	if r.CompletedAt.IsZero() {
 		r.CompletedAt = time.Now().UTC()
 	}
+	if r.TraceID == "" {
+		r.TraceID = tracing.TraceID(ctx)
+	}
 	data, err := json.Marshal(r)
 	if err != nil {
 		return err
@@ -143,6 +151,7 @@ func (m *Mesh) PublishResultWith(ctx context.Context, r *job.Result, opKey strin
 	if h.RecordRev > 0 {
 		msg.Header.Set(RecRevHeader, strconv.FormatUint(h.RecordRev, 10))
 	}
+	tracing.ToNATS(ctx, msg.Header)
 	_, err = m.JS.PublishMsg(ctx, msg)
 	if err != nil && IsPerSubjectLimit(err) {
 		return nil
@@ -246,6 +255,7 @@ func (m *Mesh) Enqueue(ctx context.Context, j *job.Job, msgID string) error {
 	msg := nats.NewMsg(job.QueueSubject(j.Priority, j.Tenant))
 	msg.Data = data
 	msg.Header.Set(jetstream.MsgIDHeader, msgID)
+	tracing.ToNATS(ctx, msg.Header)
 	if _, err := m.JS.PublishMsg(ctx, msg); err != nil {
 		return fmt.Errorf("enqueue %s: %w", j.ID, err)
 	}
@@ -347,6 +357,9 @@ type OpRecord struct {
 	// BodyDigest is the request's digest (BodyDigest) when the caller
 	// gave the idempotency key.
 	BodyDigest string `json:"body_digest,omitempty"`
+	// Trace is the W3C traceparent of the accept that made the record
+	// (tracing on): a job that joins the operation links its trace to it.
+	Trace string `json:"trace,omitempty"`
 }
 
 // SentMark is the record of a call leaving for the provider.

@@ -63,7 +63,7 @@ func httpAuth(o Options, log *slog.Logger) (api.Auth, error) {
 // server to g. It returns the addresses bound. /metrics is never on the
 // API listener: it names every tenant and its traffic, and the API
 // listener is what callers reach.
-func addHTTP(g *run.Group, o Options, mux *http.ServeMux, reg *prometheus.Registry, log *slog.Logger) (httpAddr, metricsAddr string, err error) {
+func addHTTP(g *run.Group, o Options, apiHandler http.Handler, reg *prometheus.Registry, log *slog.Logger) (httpAddr, metricsAddr string, err error) {
 	s := o.Config.Server
 	metrics := promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
 	var tlsCfg *tls.Config
@@ -121,7 +121,7 @@ func addHTTP(g *run.Group, o Options, mux *http.ServeMux, reg *prometheus.Regist
 		}
 	}
 	if o.HTTP != "" {
-		if httpAddr, err = serve("http", o.HTTP, api.WithRequestID(mux)); err != nil {
+		if httpAddr, err = serve("http", o.HTTP, api.WithRequestID(apiHandler)); err != nil {
 			return "", "", err
 		}
 	}

@@ -34,6 +34,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/natsauth"
+	"github.com/sluice-dev/sluice/internal/tracing"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/services/admission"
 	"github.com/sluice-dev/sluice/services/executor"
@@ -131,6 +132,11 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	tr, err := tracing.New(ctx, o.Getenv)
+	if err != nil {
+		return err
+	}
+	defer flushTraces(tr, log)
 	ns, natsURL, err := startNATS(o, log)
 	if err != nil {
 		return err
@@ -151,6 +157,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	st.mesh.Tracing = tr
 	reg, ms := newMetrics(o.Config)
 	mux := http.NewServeMux()
 	services, readiness, err := newServices(o, live, st, c.hints, reg, ms, auth, mux)
@@ -166,7 +173,16 @@ func Run(ctx context.Context, o Options) error {
 	mux.Handle("GET /healthz", healthz(c.nc))
 	mux.Handle("GET /readyz", readyz(c.nc, readiness))
 	mux.Handle("/", api.NotFound(mux))
-	return serve(ctx, o, c, natsURL, services, mux, reg, log)
+	return serve(ctx, o, c, natsURL, services, tr.Handler(mux), reg, log)
+}
+
+// flushTraces exports the spans still buffered as the node stops.
+func flushTraces(tr *tracing.Tracing, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := tr.Shutdown(ctx); err != nil {
+		log.Warn("traces not exported", "err", err)
+	}
 }
 
 // withDefaults checks o and fills what it leaves out.
@@ -514,7 +530,7 @@ func readyz(nc *nats.Conn, readiness []func() error) http.Handler {
 // connection is a failure. The services get a context of their own, ended
 // only once the group stops, so they drain when the node is asked to
 // stop, not when ctx ends.
-func serve(ctx context.Context, o Options, c *link, natsURL string, services []runner, mux *http.ServeMux, reg *prometheus.Registry, log *slog.Logger) error {
+func serve(ctx context.Context, o Options, c *link, natsURL string, services []runner, mux http.Handler, reg *prometheus.Registry, log *slog.Logger) error {
 	var g run.Group
 	g.Add(run.ContextHandler(ctx))
 	connCtx, stopConn := context.WithCancel(ctx)

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/tracing"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -341,6 +342,7 @@ func open(ctx context.Context, rt http.RoundTripper, target string, body []byte,
 		return nil, buildErr("building request: invalid URL")
 	}
 	req.Header = hdr
+	tracing.ToHTTP(ctx, req.Header) // the call's span is the provider's parent
 	// The body is set by hand, without GetBody. http.Transport silently
 	// replays a request on a reused keep-alive connection that died under it
 	// when the request is "replayable": it has no body or a GetBody to rewind

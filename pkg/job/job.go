@@ -382,6 +382,8 @@ type Result struct {
 	// ProviderRequestID is the provider's id for the last call (its
 	// x-request-id or request-id header), for support requests.
 	ProviderRequestID string `json:"provider_request_id,omitempty"`
+	// TraceID is the W3C trace id of the job's trace, when tracing is on.
+	TraceID string `json:"trace_id,omitempty"`
 }
 
 // NewID returns a fresh job id (UUIDv7: time-ordered).

@@ -46,6 +46,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/promptcache"
+	"github.com/sluice-dev/sluice/internal/tracing"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -88,6 +89,7 @@ type Candidate struct {
 	cached  int       // prompt tokens expected from the provider's cache (anthropic.go)
 	counted bool      // already counted as demand
 	touched time.Time // last InProgress (or delivery)
+	wait    waitTrace // its wait as its trace shows it (trace.go)
 }
 
 // Service is the admission service.
@@ -270,13 +272,17 @@ func (s *Service) admit(ctx context.Context, msgs []jetstream.Msg) {
 			continue
 		}
 		if j.Deadline != nil && !j.Deadline.After(now) {
-			s.expire(ctx, msg, j, "deadline passed while queued")
+			s.expire(s.queuedCtx(ctx, msg), msg, j, "deadline passed while queued")
 			continue
 		}
 		if j.NotBefore != nil && j.NotBefore.After(now) {
 			if j.Deadline != nil && j.NotBefore.After(*j.Deadline) {
-				s.expire(ctx, msg, j, "the next attempt would start after the deadline")
+				s.expire(s.queuedCtx(ctx, msg), msg, j, "the next attempt would start after the deadline")
 				continue
+			}
+			if w := s.startWait(msg, now); w.open {
+				w.note(tracing.ReasonNotBefore)
+				s.endWait(&w, *j.NotBefore, tracing.ReasonNotBefore)
 			}
 			s.m.AdmissionWaits.WithLabelValues(j.Provider, j.Model, "not_before").Inc()
 			s.noteWait(j.Key(), notBeforeReason(j), *j.NotBefore)
@@ -284,7 +290,7 @@ func (s *Service) admit(ctx context.Context, msgs []jetstream.Msg) {
 			continue
 		}
 		delete(s.waits, j.Key())
-		s.hold(&Candidate{Job: j, Msg: msg}, now)
+		s.hold(&Candidate{Job: j, Msg: msg, wait: s.startWait(msg, now)}, now)
 	}
 	s.dispatchAll(ctx)
 }
@@ -332,7 +338,7 @@ func (s *Service) check(ctx context.Context, msg jetstream.Msg, now time.Time) (
 		return nil, false
 	}
 	s.log.Warn("queue: invalid job ended", "job_id", j.ID, "code", e.Code)
-	s.fail(ctx, &Candidate{Job: j, Msg: msg}, e)
+	s.fail(ctx, &Candidate{Job: j, Msg: msg, wait: s.startWait(msg, now)}, e)
 	return nil, false
 }
 
@@ -432,6 +438,7 @@ func (s *Service) expire(ctx context.Context, msg jetstream.Msg, j *job.Job, why
 }
 
 func (s *Service) fail(ctx context.Context, c *Candidate, e *job.Error) {
+	ctx = s.leave(ctx, c, "failed")
 	j := c.Job
 	res := &job.Result{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusFailed, Attempts: len(j.Attempts), Error: e, SubmittedAt: j.SubmittedAt}
 	opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)

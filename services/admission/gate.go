@@ -145,11 +145,14 @@ func (s *Service) giveBack(ctx context.Context, taken []passage) {
 // back), or expires it if what it waits for frees after its deadline.
 func (s *Service) deferUntil(ctx context.Context, c *Candidate, now, retry time.Time, reason, what string) {
 	s.m.AdmissionWaits.WithLabelValues(c.Job.Provider, c.Job.Model, reason).Inc()
+	c.wait.note(reason)
 	wait := max(retry.Sub(now), 50*time.Millisecond) + jitter(s.store.Params().Slice)
 	if dl := c.Job.Deadline; dl != nil && now.Add(wait).After(*dl) {
-		s.expire(ctx, c.Msg, c.Job, fmt.Sprintf("%s (%s) frees after the deadline", what, reason))
+		s.expire(s.leave(ctx, c, "expired"), c.Msg, c.Job, fmt.Sprintf("%s (%s) frees after the deadline", what, reason))
 		return
 	}
 	s.noteWait(c.Job.Key(), reason, retry)
-	_ = c.Msg.NakWithDelay(min(wait, time.Minute))
+	wait = min(wait, time.Minute)
+	s.endWait(&c.wait, now.Add(wait), "deferred") // until it comes back
+	_ = c.Msg.NakWithDelay(wait)
 }

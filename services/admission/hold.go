@@ -217,6 +217,7 @@ func (s *Service) evict() bool {
 	s.held.remove(it)
 	c := it.Value.(*Candidate)
 	s.m.AdmissionWaits.WithLabelValues(c.Job.Provider, c.Job.Model, "evicted").Inc()
+	s.leave(context.Background(), c, "evicted")
 	_ = c.Msg.NakWithDelay(5*time.Second + jitter(5*time.Second))
 	return true
 }
@@ -244,6 +245,7 @@ func (s *Service) dispatchAll(ctx context.Context) {
 				break
 			}
 			s.held.remove(it)
+			it.Value.(*Candidate).wait.note(q.reason)
 			if p := s.reserve(ctx, q, it); p != nil {
 				pending = append(pending, p)
 			}
@@ -303,7 +305,8 @@ func (s *Service) expireHeld(ctx context.Context) {
 		for _, it := range gone {
 			s.held.remove(it)
 			c := it.Value.(*Candidate)
-			s.expire(ctx, c.Msg, c.Job, "deadline passed while waiting for "+orQueued(q.reason)+" budget")
+			c.wait.note(q.reason)
+			s.expire(s.leave(ctx, c, "expired"), c.Msg, c.Job, "deadline passed while waiting for "+orQueued(q.reason)+" budget")
 		}
 	}
 	s.forgetStaleWaits(now)
@@ -331,6 +334,7 @@ func (s *Service) letGoAll() {
 	for _, q := range s.queues {
 		for _, it := range q.sched.Remove(func(*Item) bool { return true }) {
 			s.held.remove(it)
+			s.leave(context.Background(), it.Value.(*Candidate), "let_go")
 			_ = it.Value.(*Candidate).Msg.NakWithDelay(jitter(time.Second))
 		}
 		q.wakeAt = time.Time{}
@@ -342,6 +346,7 @@ func (s *Service) letGoAll() {
 func (s *Service) releaseAll() {
 	for _, q := range s.queues {
 		q.sched.Each(func(it *Item) bool {
+			s.leave(context.Background(), it.Value.(*Candidate), "released")
 			_ = it.Value.(*Candidate).Msg.Nak()
 			return true
 		})

@@ -54,6 +54,9 @@ func healthOf(h DeploymentHealth) DeploymentHealth {
 func (s *Service) reserve(ctx context.Context, q *queueState, it *Item) *pub {
 	now := s.now()
 	c := it.Value.(*Candidate)
+	if c.wait.open {
+		c.wait.placing = now
+	}
 	order, prev := s.candidates(ctx, q, c, now)
 	grouped := len(q.deps) > 1
 	for _, ms := range order {

@@ -12,6 +12,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/keys"
+	"github.com/sluice-dev/sluice/internal/tracing"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -54,6 +55,7 @@ func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, 
 		return nil, handled
 	}
 	if day != nil {
+		c.wait.note(gateReason("model_day_", day.Reason))
 		ms.wakeAt, ms.freeAt, ms.reason = day.RetryAt, day.RetryAt, gateReason("model_day_", day.Reason)
 		if limit := s.now().Add(time.Minute); day.RetryAt.After(limit) {
 			ms.wakeAt = limit // another process may give the quota back
@@ -82,6 +84,7 @@ func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, 
 	s.storeUp()
 	if g.N == 0 {
 		s.m.AdmissionWaits.WithLabelValues(ms.provider, ms.model, g.Reason).Inc()
+		c.wait.note(g.Reason)
 		ms.freeAt = g.RetryAt
 		wake := latest(g.RetryAt, s.now())
 		if ms.splits && g.Reason == "burst" {
@@ -155,8 +158,9 @@ func (s *Service) waitAll(ctx context.Context, q *queueState, it *Item) {
 	c := it.Value.(*Candidate)
 	now := s.now()
 	wake, reason := q.firstWake(now) // place.go
+	c.wait.note(reason)
 	if dl := c.Job.Deadline; dl != nil && wake.After(*dl) {
-		s.expire(ctx, c.Msg, c.Job, fmt.Sprintf("estimated wait %s for %s exceeds the deadline", wake.Sub(now).Round(time.Millisecond), orQueued(reason)))
+		s.expire(s.leave(ctx, c, "expired"), c.Msg, c.Job, fmt.Sprintf("estimated wait %s for %s exceeds the deadline", wake.Sub(now).Round(time.Millisecond), orQueued(reason)))
 	} else {
 		s.unpop(q, it)
 	}
@@ -228,6 +232,7 @@ func (s *Service) publish(q *queueState, ms *modelState, c *Candidate, at, from,
 	// crash between publish and ack) is dropped by DISPATCH's duplicate
 	// window, while a job re-admitted later is a new message.
 	msg.Header.Set(jetstream.MsgIDHeader, keys.MsgID(keys.MsgDispatch, j.Tenant, j.ID, seqOf(c.Msg)))
+	tracing.SpanToNATS(s.endPlacement(c, ms, now), msg.Header) // trace.go
 	fut, err := s.mesh.JS.PublishMsgAsync(msg)
 	if err != nil {
 		s.log.Warn("dispatch publish failed", "job_id", j.ID, "err", err)

@@ -23,6 +23,7 @@ import (
 // having settled what it found: the job ended, went back to admission, or
 // moved to a fallback.
 func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) error {
+	ctx = s.mesh.Tracing.FromMsg(ctx, msg) // under the placement
 	a := s.newAttempt(msg, j)
 	if done, err := s.prepare(ctx, a); done {
 		return err
@@ -38,7 +39,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 	if done, err := s.awaitInstant(ctx, a); done {
 		return err
 	}
-	s.send(ctx, a)
+	ctx = s.send(ctx, a)
 	return s.conclude(ctx, a)
 }
 
@@ -248,9 +249,12 @@ func (s *Service) awaitInstant(ctx context.Context, a *attempt) (done bool, err 
 }
 
 // send makes the call, streamed when the job asks for it and the client
-// can, and records what came back; nothing below it retries.
-func (s *Service) send(ctx context.Context, a *attempt) {
+// can, and records what came back; nothing below it retries. It returns
+// ctx with the call's span (trace.go), the parent of what follows.
+func (s *Service) send(ctx context.Context, a *attempt) context.Context {
 	j := a.j
+	ctx, span := s.startCall(ctx, a)
+	defer s.endCall(span, a)
 	callCtx, cancel := context.WithDeadline(ctx, a.until)
 	a.onClose(cancel)
 	stop := keepAlive(callCtx, a.msg)
@@ -271,6 +275,7 @@ func (s *Service) send(ctx context.Context, a *attempt) {
 	a.elapsed = s.now().Sub(a.start)
 	s.m.InFlight.WithLabelValues(j.Provider, j.Model).Dec()
 	stop()
+	return ctx
 }
 
 // notSent sends back to admission a job whose call did not leave: its

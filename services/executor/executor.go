@@ -45,6 +45,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/provider"
 	"github.com/sluice-dev/sluice/internal/route"
 	"github.com/sluice-dev/sluice/internal/tokens"
+	"github.com/sluice-dev/sluice/internal/tracing"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -687,7 +688,7 @@ func (s *Service) markInFlight(ctx context.Context, j *job.Job, opKey string, at
 	if j.Revs != nil && j.Revs.Op > 0 {
 		_, key := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
 		r := &mesh.OpRecord{Key: key, JobID: j.ID, Tenant: j.Tenant, State: mesh.OpInFlight, Provider: j.Provider, Model: j.Model, Attempt: attempt, Sent: sent,
-			BodyDigest: mesh.BodyDigest(j)}
+			BodyDigest: mesh.BodyDigest(j), Trace: tracing.Traceparent(ctx)} // the job's trace, as ingest wrote it
 		if rev, err := s.mesh.PutOpAt(ctx, opKey, r, j.Revs.Op); err == nil {
 			return r, rev, nil
 		}

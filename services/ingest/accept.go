@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/tokens"
+	"github.com/sluice-dev/sluice/internal/tracing"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -142,7 +143,7 @@ func (s *Service) stamp(j *job.Job, prov *config.Provider, model *config.Model, 
 func (s *Service) record(ctx context.Context, j *job.Job, held bool, now time.Time) (opKey string, made created, joined *Accepted, err error) {
 	opKey, key := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
 	op := mesh.OpRecord{Key: key, JobID: j.ID, Tenant: j.Tenant, State: mesh.OpQueued, Provider: j.Provider, Model: j.Model, UpdatedAt: now,
-		BodyDigest: mesh.BodyDigest(j)}
+		BodyDigest: mesh.BodyDigest(j), Trace: tracing.Traceparent(ctx)}
 	opData, _ := json.Marshal(op)
 	rec := mesh.Record{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusQueued, SubmittedAt: j.SubmittedAt, OpKey: opKey}
 	data, _ := json.Marshal(rec)

@@ -27,6 +27,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/tokens"
+	"github.com/sluice-dev/sluice/internal/tracing"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
@@ -201,7 +202,9 @@ type created struct{ job, op uint64 }
 // accept is Accept; held says the caller holds the job durably and offers
 // it again later (an INTAKE message), so a job QUEUE refuses keeps its
 // records: it is accepted and waits. Its phases are in accept.go.
-func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (Accepted, error) {
+func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (acc Accepted, err error) {
+	ctx, span := s.mesh.Tracing.Start(ctx, tracing.SpanAccept)
+	defer func() { endAccept(span, j, held, acc, err) }()
 	prov, model, est, err := s.check(j)
 	if err != nil {
 		return Accepted{}, err
@@ -424,6 +427,7 @@ func (s *Service) join(ctx context.Context, opKey string, j *job.Job) (string, e
 	if rec.JobID == j.ID {
 		return "", nil
 	}
+	tracing.LinkTo(ctx, rec.Trace) // the operation's work is in its first job's trace
 	if done {
 		// The operation already ended: answer this job from the stored result.
 		orig, _, err := s.mesh.Lookup(ctx, j.Tenant, rec.JobID)
@@ -506,6 +510,7 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 	case j.Tenant != tenant:
 		err = &job.ValidationError{Code: job.CodeInvalidRequest, Field: "tenant", Message: fmt.Sprintf("%q does not match the subject's tenant %q", clip(j.Tenant), tenant)}
 	default:
+		ctx := s.mesh.Tracing.FromMsg(ctx, msg)
 		_, err = s.acceptCached(ctx, j, func() (Accepted, error) { return s.accept(ctx, j, true) }) // cache.go
 	}
 	var te *transientError

@@ -16,12 +16,15 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
+	"github.com/sluice-dev/sluice/internal/tracing"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -101,14 +104,17 @@ func (s *Service) Run(ctx context.Context) error {
 	return nil
 }
 
-func (s *Service) handle(ctx context.Context, msg jetstream.Msg) error {
+func (s *Service) handle(ctx context.Context, msg jetstream.Msg) (err error) {
 	var r job.Result
 	if err := json.Unmarshal(msg.Data(), &r); err != nil || r.JobID == "" {
 		s.log.Error("result: undecodable result skipped", "subject", msg.Subject(), "err", err)
 		return nil
 	}
+	ctx, span := s.mesh.Tracing.Start(s.mesh.Tracing.FromMsg(ctx, msg), tracing.SpanResult)
+	first := false
+	defer func() { endResult(span, &r, first, err) }()
 	hints := mesh.Hints(msg.Headers())
-	first, err := s.record(ctx, &r, hints.RecordRev)
+	first, err = s.record(ctx, &r, hints.RecordRev)
 	if err != nil {
 		return err
 	}
@@ -307,4 +313,20 @@ func (s *Service) get(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 		}
 	}
 	api.JSON(w, http.StatusOK, body)
+}
+
+// endResult ends the result span: the job's status and error code, and
+// whether this delivery wrote the record (a repeat finds it written).
+func endResult(span trace.Span, r *job.Result, first bool, err error) {
+	if span.IsRecording() {
+		span.SetAttributes(tracing.Status.String(string(r.Status)),
+			tracing.Attempt.Int(r.Attempts), tracing.Outcome.String(map[bool]string{true: "recorded", false: "repeat"}[first]))
+		if r.Error != nil {
+			span.SetAttributes(tracing.ErrorCode.String(r.Error.Code))
+		}
+		if err != nil {
+			span.SetStatus(codes.Error, "will retry")
+		}
+	}
+	span.End()
 }

@@ -1,0 +1,108 @@
+package admission
+
+import (
+	"context"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluice-dev/sluice/internal/tracing"
+)
+
+// waitTrace is a job's wait in this process as its trace will show it:
+// the span context its QUEUE message carries, when the wait began, and
+// the reasons it waited for, in the order seen. Its span is recorded
+// whole when the wait ends (endWait), so it ends exactly once, whichever
+// way the job leaves; a later delivery of the message is a wait of its
+// own. Zero when tracing is off.
+type waitTrace struct {
+	parent  trace.SpanContext
+	since   time.Time
+	placing time.Time // when its placement began (reserve)
+	reasons []string
+	deliver uint64 // the message's delivery count
+	open    bool
+}
+
+// startWait begins the wait of a QUEUE message delivered at now: the
+// first delivery's wait began when the job was queued, a redelivery's
+// when it came back.
+func (s *Service) startWait(msg jetstream.Msg, now time.Time) waitTrace {
+	if !s.mesh.Tracing.On() {
+		return waitTrace{}
+	}
+	w := waitTrace{parent: s.mesh.Tracing.SpanFromNATS(msg.Headers()), since: now, open: true}
+	if md, err := msg.Metadata(); err == nil {
+		w.deliver = md.NumDelivered
+		if md.NumDelivered == 1 && md.Timestamp.Before(now) {
+			w.since = md.Timestamp
+		}
+	}
+	return w
+}
+
+// note adds why the job waits now (once in a row).
+func (w *waitTrace) note(reason string) {
+	if !w.open || reason == "" || (len(w.reasons) > 0 && w.reasons[len(w.reasons)-1] == reason) {
+		return
+	}
+	w.reasons = append(w.reasons, reason)
+}
+
+// endWait records the job's wait, ended at end with outcome, and returns
+// its span context (the parent of what follows); nothing when tracing is
+// off or the wait was recorded already.
+func (s *Service) endWait(w *waitTrace, end time.Time, outcome string) trace.SpanContext {
+	if !w.open {
+		return w.parent
+	}
+	w.open = false
+	reasons := w.reasons
+	if len(reasons) == 0 {
+		reasons = []string{tracing.ReasonQueued}
+	}
+	// The job's id, tenant and model are on accept's span, in the same
+	// trace.
+	w.parent = s.mesh.Tracing.Record(w.parent, tracing.SpanWait, w.since, end, tracing.WaitReason.String(reasons[len(reasons)-1]),
+		tracing.WaitReasons.StringSlice(reasons), tracing.Outcome.String(outcome), tracing.Delivery.Int64(int64(w.deliver)))
+	return w.parent
+}
+
+// leave records c's wait, ended now with outcome, and returns ctx with
+// its span for the result or the message that follows.
+func (s *Service) leave(ctx context.Context, c *Candidate, outcome string) context.Context {
+	if !c.wait.open {
+		return ctx
+	}
+	return trace.ContextWithSpanContext(ctx, s.endWait(&c.wait, s.now(), outcome))
+}
+
+// queuedCtx is ctx with the trace context of a QUEUE message that ends
+// before it waits (expired on arrival).
+func (s *Service) queuedCtx(ctx context.Context, msg jetstream.Msg) context.Context {
+	if !s.mesh.Tracing.On() {
+		return ctx
+	}
+	return trace.ContextWithSpanContext(ctx, s.mesh.Tracing.SpanFromNATS(msg.Headers()))
+}
+
+// endPlacement records the wait of c, placed on ms, and its placement,
+// and returns the placement's span context for DISPATCH's headers.
+func (s *Service) endPlacement(c *Candidate, ms *modelState, now time.Time) trace.SpanContext {
+	if !c.wait.open {
+		return c.wait.parent
+	}
+	start := c.wait.placing
+	if start.IsZero() {
+		start = now
+	}
+	j := c.Job
+	parent := s.endWait(&c.wait, start, "placed")
+	attrs := []attribute.KeyValue{tracing.Deployment.String(ms.provider + "/" + ms.model)}
+	if r := j.Reservation; r != nil && !r.SendAt.IsZero() {
+		attrs = append(attrs, tracing.SendAt.String(r.SendAt.Format(time.RFC3339Nano)))
+	}
+	return s.mesh.Tracing.Record(parent, tracing.SpanPlacement, start, now, attrs...)
+}

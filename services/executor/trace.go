@@ -1,0 +1,98 @@
+package executor
+
+import (
+	"encoding/json"
+	"errors"
+	"net/url"
+	"strconv"
+
+	"context"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluice-dev/sluice/internal/provider"
+	"github.com/sluice-dev/sluice/internal/tracing"
+	"github.com/sluice-dev/sluice/pkg/job"
+)
+
+// startCall starts the provider call's span, a GenAI client span (one
+// per attempt: a retried job shows each). Off, nothing is built.
+func (s *Service) startCall(ctx context.Context, a *attempt) (context.Context, trace.Span) {
+	if !s.mesh.Tracing.On() {
+		return ctx, trace.SpanFromContext(context.Background())
+	}
+	j := a.j
+	op := tracing.OperationChat
+	if j.Endpoint == job.EndpointEmbeddings {
+		op = tracing.OperationEmbeddings
+	}
+	model := j.Model
+	if a.upstream != "" {
+		model = a.upstream
+	}
+	// The job's id and tenant are on accept's span, its deployment on the
+	// placement's, in the same trace.
+	attrs := []attribute.KeyValue{tracing.GenAIOperation.String(op), tracing.GenAIRequestModel.String(model),
+		tracing.GenAIStream.Bool(a.stream), tracing.Attempt.Int(a.n)}
+	if j.Estimate != nil && j.Endpoint != job.EndpointEmbeddings {
+		attrs = append(attrs, tracing.GenAIMaxTokens.Int(j.Estimate.MaxTokens))
+	}
+	if p, _, ok := s.cfg.App.Deployment(j.Provider, j.Model); ok {
+		attrs = append(attrs, tracing.GenAIProvider.String(tracing.ProviderName(p.Kind)))
+		if u, err := url.Parse(p.BaseURL); err == nil && u.Hostname() != "" {
+			attrs = append(attrs, tracing.ServerAddress.String(u.Hostname()))
+		}
+	}
+	return s.mesh.Tracing.Start(ctx, tracing.CallName(op, model), trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+}
+
+// answerMeta is what the call's span reads of an answer: its id, model
+// and finish reasons; never its content.
+type answerMeta struct {
+	ID      string `json:"id"`
+	Model   string `json:"model"`
+	Choices []struct {
+		FinishReason string `json:"finish_reason"`
+	} `json:"choices"`
+}
+
+// endCall ends the call's span with what came back: the answer's id,
+// model, finish reasons and usage, or the error's type (the HTTP status,
+// or how far a failed call got).
+func (s *Service) endCall(span trace.Span, a *attempt) {
+	defer span.End()
+	if !span.IsRecording() {
+		return
+	}
+	var te *provider.TransportError
+	switch {
+	case errors.As(a.cerr, &te):
+		span.SetAttributes(tracing.ErrorType.String(string(te.Phase)))
+		span.SetStatus(codes.Error, string(te.Phase))
+	case a.cerr != nil:
+		span.SetAttributes(tracing.ErrorType.String("_OTHER"))
+		span.SetStatus(codes.Error, "")
+	case a.resp == nil:
+	case a.resp.Status >= 400:
+		span.SetAttributes(tracing.ErrorType.String(strconv.Itoa(a.resp.Status)))
+		span.SetStatus(codes.Error, "")
+	default:
+		var m answerMeta
+		if a.end == nil && json.Unmarshal(a.resp.Body, &m) == nil {
+			reasons := make([]string, 0, len(m.Choices))
+			for _, c := range m.Choices {
+				if c.FinishReason != "" {
+					reasons = append(reasons, c.FinishReason)
+				}
+			}
+			span.SetAttributes(tracing.GenAIResponseID.String(m.ID), tracing.GenAIResponseModel.String(m.Model), tracing.GenAIFinishReasons.StringSlice(reasons))
+		}
+		u := a.resp.Usage
+		span.SetAttributes(tracing.GenAIInputTokens.Int(u.PromptTokens), tracing.GenAIOutputTokens.Int(u.CompletionTokens))
+		if u.CachedTokens > 0 || u.CacheWriteTokens > 0 {
+			span.SetAttributes(tracing.GenAICacheReadTokens.Int(u.CachedTokens), tracing.GenAICacheWrite.Int(u.CacheWriteTokens))
+		}
+	}
+}
