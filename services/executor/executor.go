@@ -14,6 +14,7 @@
 package executor
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -108,6 +109,7 @@ type Service struct {
 	epochs      map[string]epochView // learn key -> last cut, as last read
 	running     cancels              // streamed jobs in this process, for cancellation
 	ended       sync.Map             // job id -> true: its stream's end marker is published
+	firstToken  sync.Map             // job key -> time.Duration: its stream's time to first token (request log)
 }
 
 // New builds the service; it does no I/O.
@@ -721,8 +723,12 @@ func (s *Service) finishHinted(ctx context.Context, j *job.Job, opKey string, r 
 	if len(r.Response) > s.cfg.App.Limits.MaxResponseBytes {
 		r.Status, r.Response, r.Error = job.StatusFailed, nil, s.tooLarge()
 	}
+	s.cfg.App.PriceResult(r, cmp.Or(r.UsageSource, job.UsageProvider))
 	s.storeAnswer(ctx, j, r) // cache.go
-	hints := mesh.ResultHints{Op: inFlight, OpRev: opRev}
+	hints := mesh.ResultHints{Op: inFlight, OpRev: opRev, Facts: mesh.FactsOf(j)}
+	if ttft, ok := s.firstToken.LoadAndDelete(j.Key()); ok {
+		hints.Facts.TTFTMS = ttft.(time.Duration).Milliseconds()
+	}
 	if j.Revs != nil {
 		hints.RecordRev = j.Revs.Record
 	}
