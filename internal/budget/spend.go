@@ -27,13 +27,13 @@ import (
 //
 // Amounts are billionths of the currency (Nanos), so sums are exact.
 type SpendLedger struct {
-	kv  jetstream.KeyValue
+	kv  KV
 	now func() time.Time
 }
 
 // NewSpendLedger keeps spend windows in kv; now is the clock (nil: the
 // system's).
-func NewSpendLedger(kv jetstream.KeyValue, now func() time.Time) *SpendLedger {
+func NewSpendLedger(kv KV, now func() time.Time) *SpendLedger {
 	if now == nil {
 		now = time.Now
 	}

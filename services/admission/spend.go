@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/sluice-dev/sluice/internal/budget"
+	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
@@ -49,7 +50,11 @@ func (s *Service) holdSpend(ctx context.Context, c *Candidate, provider string, 
 			c.Job.Tenant, model.Name, provider)})
 		return false, nil
 	}
-	worst := budget.Nanos(model.Price.WorstCase(*c.Job.Estimate))
+	est := *c.Job.Estimate
+	// The prompt as the provider is expected to count it (the learned
+	// correction), if that is more than the estimate.
+	est.PromptTokens = max(est.PromptTokens, calib.Placed(est.PromptTokens, s.correction(provider, c.Job)))
+	worst := budget.Nanos(model.Price.WorstCase(est))
 	old := c.Job.SpendHold
 	need := worst
 	if old != nil {
