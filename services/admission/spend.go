@@ -75,11 +75,11 @@ func (s *Service) holdSpend(ctx context.Context, c *Candidate, provider string, 
 			// Held in windows since closed: the difference is not enough
 			// in today's, so the whole worst case is held there.
 			s.dropSpend(ctx, c)
-			return s.holdWhole(ctx, c, worst, caps)
+			return s.holdWhole(ctx, c, worst, caps, provider, model.Name)
 		}
 		return true, nil
 	}
-	s.spendRefused(ctx, c, t, ref)
+	s.spendRefused(ctx, c, t, ref, provider, model.Name)
 	return false, nil
 }
 
@@ -87,12 +87,12 @@ func (s *Service) holdSpend(ctx context.Context, c *Candidate, provider string, 
 // job whose earlier hold is in windows since closed (that one is left
 // held: giving it back before the job is placed would leave its QUEUE
 // message naming a hold no longer held).
-func (s *Service) holdWhole(ctx context.Context, c *Candidate, worst int64, caps budget.SpendCaps) (bool, error) {
+func (s *Service) holdWhole(ctx context.Context, c *Candidate, worst int64, caps budget.SpendCaps, provider, model string) (bool, error) {
 	hold, ref, err := s.spend.Reserve(ctx, c.Job.Tenant, worst, caps)
 	if err != nil || ref != nil {
 		if ref != nil {
 			t, _ := s.cfg.App.Tenant(c.Job.Tenant)
-			s.spendRefused(ctx, c, t, ref)
+			s.spendRefused(ctx, c, t, ref, provider, model)
 		}
 		return false, err
 	}
@@ -100,11 +100,12 @@ func (s *Service) holdWhole(ctx context.Context, c *Candidate, worst int64, caps
 	return true, nil
 }
 
-// spendRefused defers or ends c, which its tenant's spend budget refused.
-func (s *Service) spendRefused(ctx context.Context, c *Candidate, t *config.Tenant, ref *budget.SpendRefusal) {
-	s.m.AdmissionWaits.WithLabelValues(c.Job.Provider, c.Job.Model, "tenant_spend_"+ref.Window).Inc()
+// spendRefused defers (deferUntil counts the wait) or ends c, which its
+// tenant's spend budget refused on provider's model.
+func (s *Service) spendRefused(ctx context.Context, c *Candidate, t *config.Tenant, ref *budget.SpendRefusal, provider, model string) {
 	what := fmt.Sprintf("tenant %q's %s %s", c.Job.Tenant, ref.Error(), s.cfg.App.Currency)
 	if t.Spend.OnExceed == config.SpendRefuse {
+		s.m.AdmissionWaits.WithLabelValues(provider, model, "tenant_spend_"+ref.Window).Inc()
 		s.fail(ctx, c, &job.Error{Code: job.CodeSpendBudget, Message: what + "; refused (spend.on_exceed: refuse)"})
 		return
 	}
