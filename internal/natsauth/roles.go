@@ -220,6 +220,9 @@ func rolePerms(role string) perms {
 		p.add(kvWrite(streams.BucketResults))
 		p.add(kvWrite(streams.BucketIdempotency))
 		p.add(streamRead(streams.Results))
+		// It settles spend holds: the spend windows of the budgets bucket only.
+		p.add(kvRead(streams.BucketBudgets))
+		p.add(perms{pub: []string{"$KV." + streams.BucketBudgets + "." + keys.SpendPrefix + ">"}})
 		p.add(perms{pub: []string{job.StorePrefix + ">", whySubjects}, sub: []string{job.ResultPrefix + ">"}})
 	case Operator:
 		p.add(perms{pub: []string{api + ">", "$KV.>", "$JS.ACK.>", "sluice.>"}, sub: []string{"sluice.>"}})

@@ -13,11 +13,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/internal/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
+	"github.com/sluice-dev/sluice/streams"
 )
 
 // TestSpendBudgetNeverOvershoots: 200 concurrent jobs of one tenant
@@ -62,14 +66,14 @@ func spendRun(t *testing.T, mode string) {
 	// Admission holds the prompt at the fleet's correction, which starts
 	// at calib.Prior until it learns the provider's counts.
 	worst := (float64(calib.Placed(est.PromptTokens, calib.Prior))*spendIn + float64(est.MaxTokens)*spendOut) / 1e6
-	budget := 50.5 * worst // 50 jobs at worst case fit, the 51st does not
+	perDay := 50.5 * worst // 50 jobs at worst case fit, the 51st does not
 	simSrv, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 1_000_000, TPM: 1_000_000_000}},
 		APIKeys: []string{"sim-secret"}, Count: sim.TokenCount{Factor: 0.6}, TTFT: 20 * time.Millisecond,
 		OutputTokens: func(max int, _ []byte) int { return max }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	led := &providerLedger{budget: budget}
+	led := &providerLedger{budget: perDay}
 	ts := httptest.NewServer(led.wrap(simSrv))
 	t.Cleanup(ts.Close)
 	cfg := fmt.Sprintf(`
@@ -82,9 +86,12 @@ providers:
       - {name: %s, rpm: 1000000, tpm: 1000000000, max_concurrency: 64, price: {input_per_mtok: %g, output_per_mtok: %g}}
 tenants:
   - {name: acme, spend: {per_day: %g, on_exceed: %s}}
-`, ts.URL, model, spendIn, spendOut, budget, mode)
-	n := StartWith(t, cfg, Setup{Env: Env})
+`, ts.URL, model, spendIn, spendOut, perDay, mode)
+	// Two admission processes, and the result service (which settles the
+	// holds) in a process of its own, with its own NATS permissions.
+	n := StartWith(t, cfg, Setup{Env: Env, Services: []string{"ingest", "admission", "executor"}})
 	n2 := StartWith(t, cfg, Setup{Env: Env, NATSURL: n.NATS, Data: n.Data, Services: []string{"admission"}})
+	res := StartWith(t, cfg, Setup{Env: Env, NATSURL: n.NATS, Data: n.Data, Services: []string{"result"}})
 	_, cl := n.Connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -136,9 +143,29 @@ tenants:
 			t.Errorf("admission process %d placed no job; want both to share the work", i+1)
 		}
 	}
+	// The result service settles each hold to its cost as it records the
+	// result: the window ends holding nothing, having spent what the
+	// provider's ledger shows.
+	nc, _ := n.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, streams.BucketBudgets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spend := budget.NewSpendLedger(kv, nil)
+	natstest.Eventually(t, 20*time.Second, func() error {
+		spent, held, err := spend.Spent(ctx, "acme", time.Now().UTC().Format("20060102"))
+		if want := budget.Nanos(led.total()); err != nil || held != 0 || math.Abs(float64(spent-want)) > float64(led.calls()) {
+			return fmt.Errorf("spend window: spent %d held %d (%v), want %d spent and nothing held", spent, held, err, want)
+		}
+		return nil
+	})
 	// The result service counts each result as it records it.
 	natstest.Eventually(t, 20*time.Second, func() error {
-		if got, want := MetricSum(t, n.MetricsURL(), "sluice_cost_total", `tenant="acme"`), led.total(); math.Abs(got-want) > 1e-9 {
+		if got, want := MetricSum(t, res.MetricsURL(), "sluice_cost_total", `tenant="acme"`), led.total(); math.Abs(got-want) > 1e-9 {
 			return fmt.Errorf("sluice_cost_total = %.9f, the provider's ledger %.9f", got, want)
 		}
 		return nil
