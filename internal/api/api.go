@@ -343,7 +343,7 @@ func StatusFor(code string) int {
 		return http.StatusForbidden
 	case job.CodeTooLarge:
 		return http.StatusRequestEntityTooLarge
-	case job.CodeQueueFull:
+	case job.CodeQueueFull, job.CodeSpendBudget:
 		return http.StatusTooManyRequests
 	case job.CodeUnknownModel:
 		return http.StatusNotFound

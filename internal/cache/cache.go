@@ -184,7 +184,7 @@ func newMetrics(reg prometheus.Registerer) *Metrics {
 		saved: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_cache_tokens_saved_total",
 			Help: "Provider tokens not paid for: those of cache hits and of coalesced requests, by tenant, model and kind (prompt, completion)."}, []string{"tenant", "model", "kind"}),
 		savedUSD: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_cache_saved_usd_total",
-			Help: "Spend not paid, in US dollars: the tokens of sluice_cache_tokens_saved_total at the model's configured price (models without one are not counted)."}, []string{"tenant", "model"}),
+			Help: "Spend not paid, in the configured currency: the tokens of sluice_cache_tokens_saved_total at the model's configured price (models without one are not counted)."}, []string{"tenant", "model"}),
 		stores: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_cache_stores_total",
 			Help: "Answers offered to the cache, by outcome: stored, exists (stored already), failed (the bucket unreachable, or the answer larger than it), refused (a target not the job's tenant's)."}, []string{"outcome"}),
 	}
@@ -222,7 +222,9 @@ func (m *Metrics) Saved(app *config.Config, tenant, model string, u *job.Usage) 
 	}
 	m.saved.WithLabelValues(tenant, model, "prompt").Add(float64(u.PromptTokens))
 	m.saved.WithLabelValues(tenant, model, "completion").Add(float64(u.CompletionTokens))
-	if _, mc, ok := app.ModelRef(model); ok && mc.Price != nil {
-		m.savedUSD.WithLabelValues(tenant, model).Add(mc.Price.USD(u))
+	if p, mc, ok := app.ModelRef(model); ok {
+		if v, priced := app.CostOf(p.Name, mc.Name, u); priced {
+			m.savedUSD.WithLabelValues(tenant, model).Add(v)
+		}
 	}
 }

@@ -45,7 +45,7 @@ admission:
 		{Key: "providers[0].models[1].tpm", Line: 12, Msg: `must be a whole number, got "lots"`},
 		{Key: "providers[1].timeout", Line: 15, Msg: `"two minutes" is not a duration (like 500ms, 8s, 5m)`},
 		{Key: "tenants[0].weight", Line: 19, Msg: `must be a whole number, got "many"`},
-		{Key: "tenants[1]", Line: 20, Msg: `must be a mapping of keys (name, api_key_env, api_keys, weight, rpm, tpm, rpd, tpd, max_concurrency), got "not-a-mapping"`},
+		{Key: "tenants[1]", Line: 20, Msg: `must be a mapping of keys (name, api_key_env, api_keys, weight, rpm, tpm, rpd, tpd, max_concurrency, spend), got "not-a-mapping"`},
 		{Key: "admission.slice", Line: 22, Msg: "must be between 10ms and 5s, got 1ms"},
 	}
 	if len(ps) != len(want) {

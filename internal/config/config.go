@@ -34,6 +34,8 @@ type Config struct {
 	Routes    []Route           `yaml:"routes"`
 	Streaming Streaming         `yaml:"streaming"`
 	Cache     Cache             `yaml:"cache"` // cache.go
+	// Currency is what prices and spend budgets are counted in (price.go).
+	Currency string `yaml:"currency"`
 }
 
 // Streaming configures streamed answers (stream: true).
@@ -466,6 +468,9 @@ type Tenant struct {
 	TPD int `yaml:"tpd"`
 	// MaxConcurrency caps the tenant's calls in flight across the fleet (0 = none).
 	MaxConcurrency int `yaml:"max_concurrency"`
+	// Spend caps what the tenant's calls cost per UTC day and month
+	// (spend.go); nil: no cap.
+	Spend *Spend `yaml:"spend"`
 }
 
 // HasLimits reports whether any tenant budget is set.
@@ -554,6 +559,7 @@ func (c *Config) withDefaults() {
 	c.streamingDefaults()
 	c.retryDefaults()
 	c.Cache.withDefaults() // cache.go
+	c.spendDefaults()      // spend.go
 }
 
 func (c *Config) limitsDefaults() {
@@ -744,6 +750,7 @@ func (c *Config) problems() Problems {
 		(*Config).checkRoutes,
 		(*Config).checkCache,  // cache.go
 		(*Config).checkPrices, // price.go
+		(*Config).checkSpend,  // spend.go
 	} {
 		check(c, fail)
 	}

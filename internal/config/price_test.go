@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/sluice-dev/sluice/internal/config"
@@ -30,15 +31,28 @@ func TestPrice(t *testing.T) {
 		{"m", 2.1 + 0.06 + 0.375 + 0.15},
 		// Without their own prices, cached and written tokens cost input.
 		{"plain", 1 + 0.02},
-		{"free", 0},
 	} {
-		_, m, ok := c.ModelRef(tc.model)
-		if !ok {
-			t.Fatalf("model %s not found", tc.model)
+		if got, ok := c.CostOf("p", tc.model, u); !ok || math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("%s: CostOf = %v, %v, want %v, true", tc.model, got, ok, tc.want)
 		}
-		if got := m.Price.USD(u); math.Abs(got-tc.want) > 1e-9 {
-			t.Errorf("%s: USD = %v, want %v", tc.model, got, tc.want)
-		}
+	}
+	// An unpriced model's cost is unknown, never zero.
+	if got, ok := c.CostOf("p", "free", u); ok {
+		t.Errorf("free: CostOf = %v, true; want unpriced", got)
+	}
+	r := &job.Result{Provider: "p", Model: "free", Usage: u}
+	c.PriceResult(r, job.UsageProvider)
+	if r.Cost != nil || !r.CostUnpriced || r.UsageSource != job.UsageProvider {
+		t.Errorf("unpriced result: cost %v, unpriced %v, source %q", r.Cost, r.CostUnpriced, r.UsageSource)
+	}
+	// Worst case: every prompt token at the dearest input rate (a cache
+	// write), every output token.
+	_, m, _ := c.ModelRef("m")
+	if got, want := m.Price.WorstCase(job.Estimate{PromptTokens: 1000, MaxTokens: 200}), (1000*3.75+200*15)/1e6; math.Abs(got-want) > 1e-12 {
+		t.Errorf("WorstCase = %v, want %v", got, want)
+	}
+	if c.Currency != "USD" {
+		t.Errorf("currency defaults to %q, want USD", c.Currency)
 	}
 	for _, bad := range []string{`{input_per_mtok: -1}`, `{output_per_mtok: .nan}`, `{cached_input_per_mtok: 1e9}`, `{input_per_mtok: 1, per_call: 2}`} {
 		_, err := config.Parse([]byte(`providers:
@@ -48,6 +62,32 @@ func TestPrice(t *testing.T) {
 `))
 		if err == nil {
 			t.Errorf("price %s accepted, want an error", bad)
+		}
+	}
+}
+
+func TestSpendConfig(t *testing.T) {
+	t.Parallel()
+	c, err := config.Parse([]byte(`currency: EUR
+tenants:
+  - {name: a, spend: {per_day: 50, per_month: 1000}}
+  - {name: b, spend: {per_day: 5, on_exceed: refuse}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := c.Tenant("a"); a.Spend.OnExceed != config.SpendWait {
+		t.Errorf("on_exceed defaults to %q, want wait", a.Spend.OnExceed)
+	}
+	for bad, key := range map[string]string{
+		`currency: dollars`:                                   "currency",
+		`tenants: [{name: a, spend: {per_day: -1}}]`:          "tenants[0].spend.per_day",
+		`tenants: [{name: a, spend: {per_month: .inf}}]`:      "tenants[0].spend.per_month",
+		`tenants: [{name: a, spend: {on_exceed: overshoot}}]`: "tenants[0].spend.on_exceed",
+	} {
+		_, err := config.Parse([]byte(bad))
+		if err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("%s: error %v, want one naming %s", bad, err, key)
 		}
 	}
 }

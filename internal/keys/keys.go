@@ -98,6 +98,14 @@ func Affinity(tenant, modelToken string) string { return "affinity." + tenant + 
 func TenantMinute(tenant string) string { return "tenant." + tenant + ".minute" }
 func TenantDay(tenant string) string    { return "tenant." + tenant + ".day" }
 
+// Spend is the key of a tenant's spend window: window is "d" and a UTC
+// day (d20261203) or "m" and a UTC month (m202612).
+func Spend(tenant, window string) string { return SpendPrefix + tenant + "." + window }
+
+// SpendPrefix begins every spend window's key: the result service, which
+// settles spend holds, may write these keys of the budgets bucket only.
+const SpendPrefix = "spend."
+
 // ModelDay is the key of a provider/model's per-day quota.
 func ModelDay(provider, modelToken string) string {
 	return "model." + provider + "." + modelToken + ".day"

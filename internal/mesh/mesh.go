@@ -3,6 +3,7 @@
 package mesh
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -99,6 +100,32 @@ type ResultHints struct {
 	// nil: none.
 	Op    *OpRecord
 	OpRev uint64
+	// Facts are the job's facts for the request log and its spend hold;
+	// nil: none.
+	Facts *JobFacts
+}
+
+// JobFacts are what the service ending a job knows of it beyond the
+// result: the spend hold the result service settles (its one settlement:
+// the result service settles when it first records the result), and the
+// request log's fields. No content: User is a hash.
+type JobFacts struct {
+	Spend       *job.SpendHold `json:"spend,omitempty"`
+	Priority    job.Priority   `json:"priority,omitempty"`
+	QueueWaitMS int64          `json:"queue_wait_ms,omitempty"`
+	TTFTMS      int64          `json:"ttft_ms,omitempty"`
+	User        string         `json:"user,omitempty"`
+	WaitReason  string         `json:"wait_reason,omitempty"`
+}
+
+// FactsOf are j's facts as far as the job itself tells them: its spend
+// hold, priority, queue wait (to its first call) and hashed user.
+func FactsOf(j *job.Job) *JobFacts {
+	f := &JobFacts{Spend: j.SpendHold, Priority: j.Priority, User: userHash(j.Tenant, j.Request), WaitReason: j.WaitReason}
+	if len(j.Attempts) > 0 && !j.SubmittedAt.IsZero() {
+		f.QueueWaitMS = max(j.Attempts[0].StartedAt.Sub(j.SubmittedAt).Milliseconds(), 0)
+	}
+	return f
 }
 
 // Result hint headers.
@@ -106,6 +133,7 @@ const (
 	RecRevHeader   = "Sluice-Rec-Rev"
 	OpRevHeader    = "Sluice-Op-Rev"
 	OpRecordHeader = "Sluice-Op-Record"
+	FactsHeader    = "Sluice-Job-Facts"
 )
 
 // Hints reads a result message's hints; what does not parse is left out.
@@ -119,6 +147,12 @@ func Hints(h nats.Header) ResultHints {
 		var op OpRecord
 		if err == nil && rev > 0 && json.Unmarshal([]byte(h.Get(OpRecordHeader)), &op) == nil {
 			out.Op, out.OpRev = &op, rev
+		}
+	}
+	if v := h.Get(FactsHeader); v != "" {
+		var f JobFacts
+		if json.Unmarshal([]byte(v), &f) == nil {
+			out.Facts = &f
 		}
 	}
 	return out
@@ -152,6 +186,11 @@ func (m *Mesh) PublishResultWith(ctx context.Context, r *job.Result, opKey strin
 		msg.Header.Set(RecRevHeader, strconv.FormatUint(h.RecordRev, 10))
 	}
 	tracing.ToNATS(ctx, msg.Header)
+	if h.Facts != nil {
+		if f, err := json.Marshal(h.Facts); err == nil {
+			msg.Header.Set(FactsHeader, string(f))
+		}
+	}
 	_, err = m.JS.PublishMsg(ctx, msg)
 	if err != nil && IsPerSubjectLimit(err) {
 		return nil
@@ -554,4 +593,26 @@ func WhySubject(tenant, jobID string) string { return WhySubjectPrefix + keys.Jo
 func (m *Mesh) Pause(provider, model string, until time.Time) error {
 	data := []byte(fmt.Sprintf(`{"provider":%q,"model":%q,"until":%q}`, provider, model, until.UTC().Format(time.RFC3339Nano)))
 	return m.JS.Conn().Publish(PauseSubjectPrefix+provider+"."+job.ModelToken(model), data)
+}
+
+// userHash is a short, one-way tag of the caller's user field of request
+// (OpenAI's "user", Anthropic's metadata.user_id) for logs: the first 12
+// hex digits of SHA-256 over the tenant and the value, so one user reads
+// the same in every line and no line holds the id. "" when there is none.
+func userHash(tenant string, request json.RawMessage) string {
+	var b struct {
+		User     string `json:"user"`
+		Metadata struct {
+			UserID string `json:"user_id"`
+		} `json:"metadata"`
+	}
+	if len(request) == 0 || json.Unmarshal(request, &b) != nil {
+		return ""
+	}
+	u := cmp.Or(b.User, b.Metadata.UserID)
+	if u == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(tenant + "\x00" + u))
+	return hex.EncodeToString(sum[:6])
 }

@@ -16,6 +16,7 @@ type Set struct {
 	JobsAccepted        *prometheus.CounterVec // tenant, via
 	JobsRejected        *prometheus.CounterVec // via, code
 	Results             *prometheus.CounterVec // tenant, status
+	Cost                *prometheus.CounterVec // tenant, provider, model
 	Requests            *prometheus.CounterVec // provider, model, status
 	TokensReserved      *prometheus.CounterVec // provider, model
 	TokensUsed          *prometheus.CounterVec // provider, model
@@ -121,6 +122,8 @@ func New(reg prometheus.Registerer) *Set {
 	s.DeploymentChanges = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_deployment_state_changes_total", Help: "Deployment health changes this process wrote, by the state entered (cooling: a Retry-After; down: a refused key, an unreachable endpoint or an open breaker; up: a call succeeded after either)."}, []string{"provider", "model", "state"})
 	s.DeploymentState = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_deployment_state", Help: "Each deployment's health as the fleet shares it: 0 up, 1 cooling, 2 down (no job is placed on it until a probe succeeds)."}, []string{"provider", "model"})
 	reg.MustRegister(s.DeploymentChanges, s.DeploymentState)
+	s.Cost = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_cost_total", Help: "What the calls of finished jobs cost, in the configuration's currency (usage times the model's price; unpriced models are not counted)."}, []string{"tenant", "provider", "model"})
+	reg.MustRegister(s.Cost)
 	s.RepliesDropped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_nats_replies_dropped_total", Help: "NATS requests a service did not answer because their reply subject was not one it may answer on (a reply aimed at another subject)."}, []string{"service"})
 	reg.MustRegister(s.RepliesDropped)
 	s.newDeployments(reg)

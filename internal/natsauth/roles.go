@@ -222,6 +222,9 @@ func rolePerms(role string) perms {
 		p.add(kvWatch(streams.BucketResults, "")) // GET /v1/jobs lists a tenant's keys
 		p.add(kvWrite(streams.BucketIdempotency))
 		p.add(streamRead(streams.Results))
+		// It settles spend holds: the spend windows of the budgets bucket only.
+		p.add(kvRead(streams.BucketBudgets))
+		p.add(perms{pub: []string{"$KV." + streams.BucketBudgets + "." + keys.SpendPrefix + ">"}})
 		p.add(perms{pub: []string{job.StorePrefix + ">", whySubjects, executorWhySubjects, job.CancelPrefix + ">", mesh.CancelledSubjectPrefix + "*.*"},
 			sub: []string{job.ResultPrefix + ">"}})
 	case Operator:

@@ -77,6 +77,11 @@ type Setup struct {
 	Level slog.Level        // the log's level
 	// Executor overrides executor settings (a clock, say).
 	Executor func(*executor.Config)
+	// NATSURL joins that NATS instead of embedding a server, with the
+	// identities kept in Data (the data directory of the node that
+	// embeds it); Services runs only those services (nil: all).
+	NATSURL, Data string
+	Services      []string
 	// Load and Reloads: see node.Options (nil: the node cannot reload).
 	Load    func() (*config.Config, string, error)
 	Reloads <-chan string
@@ -125,12 +130,15 @@ func StartWith(t testing.TB, yaml string, s Setup) Node {
 	if logTo == nil {
 		logTo = io.Discard
 	}
-	data := filepath.Join(t.TempDir(), "data")
+	data := s.Data
+	if data == "" {
+		data = filepath.Join(t.TempDir(), "data")
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan node.Info, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- node.Run(ctx, node.Options{Config: cfg, NATSListen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Data: data,
+		done <- node.Run(ctx, node.Options{Config: cfg, NATSURL: s.NATSURL, Services: s.Services, NATSListen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Data: data,
 			Getenv: func(k string) string { return s.Env[k] }, Executor: s.Executor, Load: s.Load, ReloadRequests: s.Reloads,
 			Log:     slog.New(slog.NewJSONHandler(logTo, &slog.HandlerOptions{Level: s.Level})),
 			OnReady: func(i node.Info) { ready <- i }})

@@ -200,6 +200,10 @@ func TestStreamCutAfterFirstToken(t *testing.T) {
 	if r.Status != job.StatusInterrupted || r.Error == nil || r.Error.Code != job.CodeStreamInterrupted || ResponseText(t, r) != got.text {
 		t.Errorf("result %s (%+v) with %q; want interrupted with %q", r.Status, r.Error, r.Response, got.text)
 	}
+	// The provider's usage never came: the result carries Sluice's.
+	if r.UsageSource != job.UsageEstimate || r.Usage == nil || r.Usage.PromptTokens == 0 || r.Usage.CompletionTokens == 0 {
+		t.Errorf("usage %+v from %q; want Sluice's estimate of prompt and text received", r.Usage, r.UsageSource)
+	}
 	// Give a wrong retry time to show up before reading the ledger.
 	time.Sleep(time.Second)
 	if st := simSrv.Stats(); st.Streamed != 1 || st.JobCompletions[got.jobID] != 1 {

@@ -134,6 +134,24 @@ type Job struct {
 	// for one reason without a provider call in between; the executor ends
 	// a job that comes back too often for one reason.
 	Requeued *Requeued `json:"requeued,omitempty"`
+	// SpendHold is the worst-case cost admission reserved from the
+	// tenant's spend budget; it stays with the job through retries and
+	// is settled when the job ends.
+	SpendHold *SpendHold `json:"spend_hold,omitempty"`
+	// WaitReason is why admission held the job last before it placed it
+	// (a gate or a limit: docs/API.md, "Why is my job waiting?"), for the
+	// job's log line. Set by admission only.
+	WaitReason string `json:"wait_reason,omitempty"`
+}
+
+// SpendHold is a reservation in a tenant's spend windows: Amount
+// billionths of the configured currency, in the UTC day Day (20261203)
+// and month Month (202612) it was taken in; a window left empty was not
+// capped.
+type SpendHold struct {
+	Amount int64  `json:"amount"`
+	Day    string `json:"day,omitempty"`
+	Month  string `json:"month,omitempty"`
 }
 
 // Requeued is a run of returns to admission for one reason: N of them
@@ -165,7 +183,7 @@ type Revs struct {
 func (j *Job) ClearInternal() {
 	j.SubmittedAt, j.Provider, j.Model, j.Estimate, j.NotBefore = time.Time{}, "", "", nil, nil
 	j.Attempts, j.Reservation, j.RateLimited, j.Seal, j.Revs, j.Gated = nil, nil, 0, "", nil, false
-	j.Pinned, j.Requeued = false, nil
+	j.Pinned, j.Requeued, j.SpendHold, j.WaitReason = false, nil, nil, ""
 }
 
 // TaskType is the job's task for metric labels: its Task, or "default".
@@ -332,12 +350,16 @@ func (e *Error) Error() string { return e.Code + ": " + e.Message }
 
 // Error codes Sluice itself produces.
 const (
-	CodeInvalidRequest  = "invalid_request"
-	CodeUnknownTenant   = "unknown_tenant"
-	CodeUnknownModel    = "unknown_model"
-	CodeTooLarge        = "request_too_large"
-	CodeUnsupported     = "unsupported"
-	CodeQueueFull       = "queue_full"
+	CodeInvalidRequest = "invalid_request"
+	CodeUnknownTenant  = "unknown_tenant"
+	CodeUnknownModel   = "unknown_model"
+	CodeTooLarge       = "request_too_large"
+	CodeUnsupported    = "unsupported"
+	CodeQueueFull      = "queue_full"
+	// CodeSpendBudget: the tenant's spend budget (config tenants[].spend)
+	// cannot hold the job's worst-case cost, and the tenant's on_exceed
+	// is refuse (or the model has no price to bound the cost by).
+	CodeSpendBudget     = "spend_budget_exceeded"
 	CodeDeadlineExpired = "deadline_expired"
 	CodeProviderError   = "provider_error"
 	// CodeDeploymentAuth: the provider refused the operator's key for the
@@ -384,7 +406,22 @@ type Result struct {
 	ProviderRequestID string `json:"provider_request_id,omitempty"`
 	// TraceID is the W3C trace id of the job's trace, when tracing is on.
 	TraceID string `json:"trace_id,omitempty"`
+	// Cost is what the call cost by Usage and the model's price, in the
+	// configuration's currency. Absent when there is no usage, or when
+	// the model has no price: then CostUnpriced is true. Never a zero
+	// standing in for "unknown".
+	Cost         *float64 `json:"cost,omitempty"`
+	CostUnpriced bool     `json:"cost_unpriced,omitempty"`
+	// UsageSource says where Usage came from: UsageProvider (the
+	// provider reported it) or UsageEstimate (Sluice estimated it).
+	UsageSource string `json:"usage_source,omitempty"`
 }
+
+// Where a result's usage came from (Result.UsageSource).
+const (
+	UsageProvider = "provider"
+	UsageEstimate = "estimate"
+)
 
 // NewID returns a fresh job id (UUIDv7: time-ordered).
 func NewID() string {

@@ -480,3 +480,19 @@ func TestDecodeCost(t *testing.T) {
 		})
 	}
 }
+
+// What a producer writes in the fields Sluice sets is not believed: a
+// forged spend hold would let a job pass its tenant's spend budget free.
+func TestClearInternal(t *testing.T) {
+	t.Parallel()
+	var j job.Job
+	forged := `{"tenant":"acme","request":{},"provider":"p","model":"m","gated":true,"pinned":true,
+		"reservation":{"id":"1-0"},"spend_hold":{"amount":1000000000,"day":"20261203"},"requeued":{"reason":"x","n":1}}`
+	if err := json.Unmarshal([]byte(forged), &j); err != nil {
+		t.Fatal(err)
+	}
+	j.ClearInternal()
+	if j.SpendHold != nil || j.Gated || j.Pinned || j.Reservation != nil || j.Requeued != nil || j.Provider != "" || j.Model != "" {
+		t.Errorf("after ClearInternal: %+v, want every field Sluice sets cleared", j)
+	}
+}

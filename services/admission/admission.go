@@ -90,6 +90,9 @@ type Candidate struct {
 	counted bool      // already counted as demand
 	touched time.Time // last InProgress (or delivery)
 	wait    waitTrace // its wait as its trace shows it (trace.go)
+	// The spend hold taken for this placement (spend.go): spendFresh goes
+	// back if the job is not placed; spendNext is what it holds if it is.
+	spendFresh, spendNext *job.SpendHold
 }
 
 // Service is the admission service.
@@ -114,6 +117,7 @@ type Service struct {
 	tblocks   map[string]*budget.Lease // per gate window key (gate.go): this process's block
 	tenantMin *budget.Store            // tenants' per-minute windows
 	tenantDay *budget.Store            // tenants' per-day windows
+	spend     *budget.SpendLedger      // tenants' spend windows (spend.go)
 	learn     *adapt.Store             // limits learned from the providers
 	budgetErr atomic.Value             // last budget store error (string), "" when healthy
 	failed    atomic.Value             // why the scheduler stopped (string), "" while it runs
@@ -157,6 +161,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 		x.Writes, x.Conflicts = ms.BudgetWrites.Inc, ms.BudgetConflict.Inc
 	}
 	s := &Service{live: cfg.Live, cfg: cfg, guard: cfg.Guard, mesh: m, store: st, learn: adapt.NewStore(m.Budgets, now), pcache: promptcache.New(m.Budgets, now), learned: adapt.NewCache[adapt.State](adapt.AdmissionRefresh), shown: map[string]time.Time{}, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, queues: map[string]*queueState{}, health: healthOf(cfg.Health), held: newHeldSet(), waits: map[string]waitNote{}, cancelled: map[string]time.Time{}, leases: map[string]*budget.Lease{}, tblocks: map[string]*budget.Lease{}}
+	s.spend = budget.NewSpendLedger(m.Budgets, now)
 	s.affinity = newAffinityTable(m.Budgets, now, a.CacheAffinity.TTL.D(), a.CacheAffinity.MaxDelay.D(), ms.AffinityJobs)
 	s.lead = newLead(a)
 	st.Lead = s.lead.Lead
@@ -289,8 +294,12 @@ func (s *Service) admit(ctx context.Context, msgs []jetstream.Msg) {
 			_ = msg.NakWithDelay(j.NotBefore.Sub(now))
 			continue
 		}
+		w := s.startWait(msg, now)
+		if n, ok := s.waits[j.Key()]; ok {
+			w.note(n.reason) // why it was sent back to wait
+		}
 		delete(s.waits, j.Key())
-		s.hold(&Candidate{Job: j, Msg: msg, wait: s.startWait(msg, now)}, now)
+		s.hold(&Candidate{Job: j, Msg: msg, wait: w}, now)
 	}
 	s.dispatchAll(ctx)
 }
@@ -430,7 +439,7 @@ func (s *Service) expire(ctx context.Context, msg jetstream.Msg, j *job.Job, why
 	res := &job.Result{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusExpired, Attempts: len(j.Attempts),
 		Error: &job.Error{Code: job.CodeDeadlineExpired, Message: why}, SubmittedAt: j.SubmittedAt, Provider: j.Provider, Model: j.Model}
 	opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
-	if err := s.mesh.PublishResult(ctx, res, opKey); err != nil {
+	if err := s.mesh.PublishResultWith(ctx, res, opKey, mesh.ResultHints{Facts: mesh.FactsOf(j)}); err != nil {
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
@@ -442,7 +451,7 @@ func (s *Service) fail(ctx context.Context, c *Candidate, e *job.Error) {
 	j := c.Job
 	res := &job.Result{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusFailed, Attempts: len(j.Attempts), Error: e, SubmittedAt: j.SubmittedAt}
 	opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
-	if err := s.mesh.PublishResult(ctx, res, opKey); err != nil {
+	if err := s.mesh.PublishResultWith(ctx, res, opKey, mesh.ResultHints{Facts: mesh.FactsOf(j)}); err != nil {
 		_ = c.Msg.NakWithDelay(time.Second)
 		return
 	}

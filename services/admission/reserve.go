@@ -65,14 +65,31 @@ func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, 
 	if !passed {
 		return nil, handled
 	}
+	placeable, err := s.holdSpend(ctx, c, ms.provider, model) // spend.go
+	if err != nil || !placeable {
+		s.giveBack(ctx, taken)
+	}
+	if err != nil {
+		s.storeDown(ms.key, err)
+		s.unpop(q, it)
+		s.sleepQueue(q, s.now().Add(time.Second), "budget_store")
+		return nil, handled
+	}
+	if !placeable {
+		return nil, handled
+	}
 	lim, backlog := s.limitsFor(ctx, q, ms, model, c, it.Urgent)
 	g, err := s.lease(ctx, ms.key, lim, []*Candidate{c}, backlog, it.Urgent)
 	if err == nil && (len(g.SendAt) < g.N || len(g.Planned) < g.N || len(g.From) < g.N) {
 		err = fmt.Errorf("lease granted %d jobs with %d send instants", g.N, len(g.SendAt))
 	}
 	if g.N == 0 {
-		// The model cannot take the job now: what its gates took goes back.
+		// The model cannot take the job now: what its gates and its spend
+		// budget took goes back.
 		s.giveBack(ctx, taken)
+	}
+	if g.N == 0 || err != nil {
+		s.dropSpend(ctx, c)
 	}
 	if err != nil {
 		// Fail closed: no budget, no dispatch.
@@ -200,6 +217,7 @@ func (s *Service) publish(q *queueState, ms *modelState, c *Candidate, at, from,
 	now := s.now()
 	j := c.Job
 	s.placeOn(j, ms) // place.go
+	j.WaitReason = c.wait.last()
 	j.Reservation = &job.Reservation{
 		// The slice before the dash is what the executor settles against.
 		ID: fmt.Sprintf("%d-0", s.store.SliceOf(at)), Requests: c.Cost.Requests, Tokens: c.Cost.Tokens,
@@ -220,6 +238,9 @@ func (s *Service) publish(q *queueState, ms *modelState, c *Candidate, at, from,
 		j.Reservation.SendAt, j.Reservation.SendFrom, j.Reservation.ValidUntil = time.Time{}, time.Time{}, now.Add(s.app().Admission.DispatchGrace.D()).UTC()
 	}
 	j.Gated = true
+	if c.spendNext != nil {
+		j.SpendHold, c.spendFresh, c.spendNext = c.spendNext, nil, nil
+	}
 	s.guard.Sign(j)
 	s.m.TokensReserved.WithLabelValues(j.Provider, j.Model).Add(float64(c.Cost.Tokens))
 	if len(j.Attempts) == 0 {

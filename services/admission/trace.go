@@ -31,7 +31,8 @@ type waitTrace struct {
 // when it came back.
 func (s *Service) startWait(msg jetstream.Msg, now time.Time) waitTrace {
 	if !s.mesh.Tracing.On() {
-		return waitTrace{}
+		// Its reasons are kept for the job's log line (WaitReason).
+		return waitTrace{since: now, open: true}
 	}
 	w := waitTrace{parent: s.mesh.Tracing.SpanFromNATS(msg.Headers()), since: now, open: true}
 	if md, err := msg.Metadata(); err == nil {
@@ -43,12 +44,27 @@ func (s *Service) startWait(msg jetstream.Msg, now time.Time) waitTrace {
 	return w
 }
 
-// note adds why the job waits now (once in a row).
+// note adds why the job waits now (once in a row; at most maxReasons, the
+// latest kept).
 func (w *waitTrace) note(reason string) {
 	if !w.open || reason == "" || (len(w.reasons) > 0 && w.reasons[len(w.reasons)-1] == reason) {
 		return
 	}
+	if len(w.reasons) == maxReasons {
+		w.reasons = append(w.reasons[:0], w.reasons[1:]...)
+	}
 	w.reasons = append(w.reasons, reason)
+}
+
+// maxReasons bounds the reasons one wait records.
+const maxReasons = 16
+
+// last is the latest reason the wait recorded ("" if none).
+func (w *waitTrace) last() string {
+	if len(w.reasons) == 0 {
+		return ""
+	}
+	return w.reasons[len(w.reasons)-1]
 }
 
 // endWait records the job's wait, ended at end with outcome, and returns

@@ -14,6 +14,7 @@
 package executor
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -116,6 +117,7 @@ type Service struct {
 	running     cancels              // streamed jobs in this process, for cancellation
 	waits       sync.Map             // job key -> mesh.Waiting: dispatched jobs waiting here (why.go)
 	ended       sync.Map             // job id -> true: its stream's end marker is published
+	firstToken  sync.Map             // job key -> time.Duration: its stream's time to first token (request log)
 }
 
 // New builds the service; it does no I/O.
@@ -728,8 +730,12 @@ func (s *Service) finishHinted(ctx context.Context, j *job.Job, opKey string, r 
 	if len(r.Response) > s.app().Limits.MaxResponseBytes {
 		r.Status, r.Response, r.Error = job.StatusFailed, nil, s.tooLarge()
 	}
+	s.app().PriceResult(r, cmp.Or(r.UsageSource, job.UsageProvider))
 	s.storeAnswer(ctx, j, r) // cache.go
-	hints := mesh.ResultHints{Op: inFlight, OpRev: opRev}
+	hints := mesh.ResultHints{Op: inFlight, OpRev: opRev, Facts: mesh.FactsOf(j)}
+	if ttft, ok := s.firstToken.LoadAndDelete(j.Key()); ok {
+		hints.Facts.TTFTMS = ttft.(time.Duration).Milliseconds()
+	}
 	if j.Revs != nil {
 		hints.RecordRev = j.Revs.Record
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/provider"
+	"github.com/sluice-dev/sluice/internal/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -179,7 +180,9 @@ func (s *Service) stream(ctx context.Context, j *job.Job, client provider.Stream
 		}
 		switch {
 		case tr.Started() && !started:
-			s.m.TimeToFirstToken.WithLabelValues(labels...).Observe(s.now().Sub(start).Seconds())
+			ttft := s.now().Sub(start)
+			s.m.TimeToFirstToken.WithLabelValues(labels...).Observe(ttft.Seconds())
+			s.firstToken.Store(j.Key(), ttft)
 			first.Store(true)
 			timer.Reset(cfg.IdleTimeout.D())
 			pub.add(append(held, c)...)
@@ -216,6 +219,9 @@ func streamBreak(err, cause error) (reason string, broke error) {
 // charged its reservation.
 func (s *Service) endStream(ctx context.Context, j *job.Job, opKey string, pub *chunkPublisher, e *streamEnd) error {
 	r := &job.Result{Status: e.status, Usage: e.tr.Usage()}
+	if r.Usage == nil && e.tr.Started() {
+		r.Usage, r.UsageSource = s.estimateUsage(j, e.tr), job.UsageEstimate
+	}
 	if e.tr.Started() || e.status == job.StatusSucceeded {
 		r.Response = e.tr.Completion()
 	}
@@ -358,4 +364,16 @@ func (s *Service) cancelBeforeCall(ctx context.Context, j *job.Job, opKey string
 	s.m.StreamInterrupted.WithLabelValues(j.Provider, j.Model, "cancelled").Inc()
 	e := &job.Error{Code: job.CodeCancelled, Message: "the caller went away before the provider was called"}
 	return s.finish(ctx, j, opKey, &job.Result{Status: job.StatusCancelled, Error: e})
+}
+
+// estimateUsage is Sluice's estimate of what a stream that ended without
+// the provider's usage (cut before its usage chunk) used: the prompt as
+// estimated at intake and the completion's text as received, counted.
+func (s *Service) estimateUsage(j *job.Job, tr *job.Transcript) *job.Usage {
+	u := &job.Usage{CompletionTokens: tokens.Count(j.Model, string(tr.Completion()))}
+	if j.Estimate != nil {
+		u.PromptTokens = j.Estimate.PromptTokens
+	}
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	return u
 }

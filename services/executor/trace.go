@@ -39,7 +39,7 @@ func (s *Service) startCall(ctx context.Context, a *attempt) (context.Context, t
 	if j.Estimate != nil && j.Endpoint != job.EndpointEmbeddings {
 		attrs = append(attrs, tracing.GenAIMaxTokens.Int(j.Estimate.MaxTokens))
 	}
-	if p, _, ok := s.cfg.App.Deployment(j.Provider, j.Model); ok {
+	if p, _, ok := s.app().Deployment(j.Provider, j.Model); ok {
 		attrs = append(attrs, tracing.GenAIProvider.String(tracing.ProviderName(p.Kind)))
 		if u, err := url.Parse(p.BaseURL); err == nil && u.Hostname() != "" {
 			attrs = append(attrs, tracing.ServerAddress.String(u.Hostname()))

@@ -150,6 +150,11 @@ func (s *Service) serveJob(ctx context.Context, p *cache.Plan, j *job.Job, e *ca
 	s.countHit(p, j.Tenant, e)
 	res := &job.Result{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusSucceeded, Response: e.Response, Usage: e.Usage,
 		Provider: e.Provider, Model: e.Model, SubmittedAt: now, CompletedAt: now}
+	if res.Usage != nil {
+		// The usage is the stored call's; this answer was not paid for.
+		free := 0.0
+		res.Cost, res.UsageSource = &free, job.UsageProvider
+	}
 	if err := s.mesh.PublishResultWith(ctx, res, "", mesh.ResultHints{RecordRev: rev}); err != nil {
 		return Accepted{}, false, &transientError{err}
 	}

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-dev/sluice/internal/api"
+	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
@@ -47,11 +48,12 @@ type Config struct {
 
 // Service is the result service.
 type Service struct {
-	live *config.Live
-	cfg  Config
-	mesh *mesh.Mesh
-	log  *slog.Logger
-	m    *metrics.Set
+	live  *config.Live
+	cfg   Config
+	mesh  *mesh.Mesh
+	log   *slog.Logger
+	m     *metrics.Set
+	spend *budget.SpendLedger // settles spend holds (finished.go)
 }
 
 // New builds the service; it does no I/O.
@@ -74,7 +76,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	if cfg.Waiters == nil {
 		cfg.Waiters = api.NewWaiters(cfg.App.Limits.MaxWaitersPerTenant)
 	}
-	return &Service{live: cfg.Live, cfg: cfg, mesh: m, log: log.With("service", "result"), m: ms}, nil
+	return &Service{live: cfg.Live, cfg: cfg, mesh: m, log: log.With("service", "result"), m: ms, spend: budget.NewSpendLedger(m.Budgets, nil)}, nil
 }
 
 // app is the configuration in effect (cfg.App for a Service built
@@ -124,15 +126,7 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) (err error) {
 		}
 	}
 	if first {
-		s.m.Results.WithLabelValues(s.tenantLabel(r.Tenant), string(r.Status)).Inc()
-		attrs := []any{"job_id", r.JobID, "tenant", r.Tenant, "status", r.Status, "attempts", r.Attempts}
-		if r.Error != nil {
-			attrs = append(attrs, "code", r.Error.Code)
-		}
-		if r.DuplicateOf != "" {
-			attrs = append(attrs, "duplicate_of", r.DuplicateOf)
-		}
-		s.log.Info("job finished", attrs...)
+		s.finished(ctx, &r, hints.Facts) // finished.go
 	}
 	return nil
 }

@@ -38,13 +38,20 @@ type fixture struct {
 // setup runs the result service on an embedded server, with tenant acme.
 func setup(t testing.TB, yaml string) *fixture {
 	t.Helper()
+	return setupLogged(t, "tenants: [{name: acme}]\n"+yaml, slog.New(slog.DiscardHandler))
+}
+
+// setupLogged runs the result service with the configuration yaml (whole),
+// logging to log.
+func setupLogged(t testing.TB, yaml string, log *slog.Logger) *fixture {
+	t.Helper()
 	m := meshtest.New(t, streams.Options{})
-	cfg, err := config.Parse([]byte("tenants: [{name: acme}]\n" + yaml))
+	cfg, err := config.Parse([]byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ms := metrics.New(prometheus.NewRegistry())
-	svc, err := New(Config{App: cfg}, m, slog.New(slog.DiscardHandler), ms)
+	svc, err := New(Config{App: cfg}, m, log, ms)
 	if err != nil {
 		t.Fatal(err)
 	}
