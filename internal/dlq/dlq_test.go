@@ -70,6 +70,7 @@ func entry(tenant string) *dlq.Entry {
 			Cache:       &job.CacheOptions{TTL: 60},
 			CacheTarget: &job.CacheTarget{Key: "t." + tenant + ".chat.abc", TTL: time.Minute},
 			Affinity:    "conversation-1", Pinned: true, Requeued: &job.Requeued{Reason: "lapsed", N: 1},
+			SpendHold: &job.SpendHold{Amount: 5, Day: "2026-12-03"}, WaitReason: "tenant_rpm",
 		},
 		Reason:    dlq.ReasonRetriesExhausted,
 		LastError: &job.Error{Code: "server_is_overloaded", Message: "try again later"},
