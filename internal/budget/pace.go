@@ -91,31 +91,8 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 	if win == 0 {
 		win = time.Minute
 	}
-	// Microseconds per unit of each dimension at the minute's average
-	// rate, or at the per-second cap's if that is slower (a cap learned
-	// from the provider's refusals): sends spread evenly instead of
-	// bunching at the start of each second. 0: the dimension is unlimited.
-	var per [dims]float64
-	paced := false
-	for d, m := range mins {
-		if m <= 0 {
-			continue
-		}
-		paced = true
-		per[d] = float64(win.Microseconds()) / float64(m)
-		if caps[d] > 0 && caps[d] < math.MaxInt64 {
-			per[d] = max(per[d], float64(time.Second.Microseconds())/float64(caps[d]))
-		}
-	}
-	// The minute counts a call's whole max_tokens until the call gives back
-	// what it did not use; with an output tolerance (a bucket the provider
-	// refills, charged at arrival) the calls in flight may hold that much
-	// more than the limit: the pace, which the tolerance bounds, keeps the
-	// provider's bucket from running dry.
-	minute := mins
-	if t := lim.OutputTolerance; t > 0 && minute[outDim] > 0 {
-		minute[outDim] += minute[outDim] * t.Microseconds() / win.Microseconds()
-	}
+	per, paced := pacePer(mins, caps, win)
+	minute := outputMinute(mins, lim.OutputTolerance, win)
 	g := Grant{Slice: s.sliceOf(now)}
 	if !paced {
 		// Nothing to pace: every call may leave now.
@@ -190,6 +167,38 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 		g.N++
 	}
 	return g
+}
+
+// pacePer is the microseconds per unit of each dimension at the minute's
+// average rate, or at the per-second cap's if that is slower (a cap
+// learned from the provider's refusals): sends spread evenly instead of
+// bunching at the start of each second. 0: the dimension is unlimited;
+// paced is false when every dimension is.
+func pacePer(mins, caps Vec, win time.Duration) (per [dims]float64, paced bool) {
+	for d, m := range mins {
+		if m <= 0 {
+			continue
+		}
+		paced = true
+		per[d] = float64(win.Microseconds()) / float64(m)
+		if caps[d] > 0 && caps[d] < math.MaxInt64 {
+			per[d] = max(per[d], float64(time.Second.Microseconds())/float64(caps[d]))
+		}
+	}
+	return per, paced
+}
+
+// outputMinute is the minute's bounds for placing: the minute counts a
+// call's whole max_tokens until the call gives back what it did not use,
+// so with an output tolerance (a bucket the provider refills, charged at
+// arrival) the calls in flight may hold that much more than the limit: the
+// pace, which the tolerance bounds, keeps the provider's bucket from
+// running dry.
+func outputMinute(mins Vec, tol, win time.Duration) Vec {
+	if tol > 0 && mins[outDim] > 0 {
+		mins[outDim] += mins[outDim] * tol.Microseconds() / win.Microseconds()
+	}
+	return mins
 }
 
 // roomy reports whether a call planned at instant at may leave as early as
