@@ -128,9 +128,12 @@ type entry struct {
 // Registry is one process's view of every deployment's health, and its
 // way to change it.
 type Registry struct {
-	cfg    Config
-	byKey  map[string]Deployment // keys.Health -> deployment
-	keyOf  map[Deployment]string
+	cfg Config
+	// The deployments kept (Set changes them on a reload).
+	kmu   sync.RWMutex
+	deps  []Deployment
+	byKey map[string]Deployment // keys.Health -> deployment
+	keyOf map[Deployment]string
 	view   atomic.Pointer[map[Deployment]entry]
 	mu     sync.Mutex // serialises changes to view
 	probes chan Deployment
@@ -150,18 +153,38 @@ func New(cfg Config) *Registry {
 	if cfg.ProbeLease <= 0 {
 		cfg.ProbeLease = DefaultProbeLease
 	}
-	r := &Registry{cfg: cfg, byKey: map[string]Deployment{}, keyOf: map[Deployment]string{},
-		probes: make(chan Deployment, 64), loaded: make(chan struct{})}
-	for _, d := range cfg.Deployments {
-		k := keys.Health(d.Provider, job.ModelToken(d.Model))
-		r.byKey[k], r.keyOf[d] = d, k
-		if cfg.States != nil {
-			cfg.States.WithLabelValues(d.Provider, d.Model).Set(0)
-		}
-	}
+	r := &Registry{cfg: cfg, probes: make(chan Deployment, 64), loaded: make(chan struct{})}
+	r.Set(cfg.Deployments)
 	empty := map[Deployment]entry{}
 	r.view.Store(&empty)
 	return r
+}
+
+// Set makes ds the deployments the registry keeps: at start, and when a
+// reload adds or removes some. A deployment added later starts up; its
+// record, once one is written, is watched like the others.
+func (r *Registry) Set(ds []Deployment) {
+	byKey, keyOf := make(map[string]Deployment, len(ds)), make(map[Deployment]string, len(ds))
+	for _, d := range ds {
+		k := keys.Health(d.Provider, job.ModelToken(d.Model))
+		byKey[k], keyOf[d] = d, k
+	}
+	r.kmu.Lock()
+	for _, d := range ds {
+		if _, known := r.keyOf[d]; !known && r.cfg.States != nil {
+			r.cfg.States.WithLabelValues(d.Provider, d.Model).Set(0)
+		}
+	}
+	r.deps, r.byKey, r.keyOf = slices.Clone(ds), byKey, keyOf
+	r.kmu.Unlock()
+}
+
+// known returns the deployment whose record key is k.
+func (r *Registry) known(k string) (Deployment, bool) {
+	r.kmu.RLock()
+	defer r.kmu.RUnlock()
+	d, ok := r.byKey[k]
+	return d, ok
 }
 
 // Blocked says whether admission must not place a job on the deployment at
@@ -268,7 +291,7 @@ func (r *Registry) watch(ctx context.Context) error {
 				r.once.Do(func() { close(r.loaded) })
 				continue
 			}
-			d, known := r.byKey[e.Key()]
+			d, known := r.known(e.Key())
 			if !known {
 				continue
 			}
@@ -319,7 +342,9 @@ var ErrUnknown = errors.New("health: unknown deployment")
 // wrote; fn returns false to leave the record as it is. It returns the
 // record before and after, and whether it wrote.
 func (r *Registry) update(ctx context.Context, d Deployment, fn func(*Record, time.Time) bool) (before, after Record, wrote bool, err error) {
+	r.kmu.RLock()
 	key, ok := r.keyOf[d]
+	r.kmu.RUnlock()
 	if !ok {
 		return before, after, false, fmt.Errorf("%w: %s/%s", ErrUnknown, d.Provider, d.Model)
 	}
@@ -496,11 +521,14 @@ func (r *Registry) changed(provider, model string, before, after Record) {
 // unready when all are.
 func (r *Registry) DownNow() (down []string, configured int) {
 	view := *r.view.Load()
-	for _, d := range r.cfg.Deployments {
+	r.kmu.RLock()
+	deps := r.deps
+	r.kmu.RUnlock()
+	for _, d := range deps {
 		if e, ok := view[d]; ok && e.rec.State == Down {
 			down = append(down, d.Provider+"/"+d.Model)
 		}
 	}
 	slices.Sort(down)
-	return down, len(r.cfg.Deployments)
+	return down, len(deps)
 }

@@ -2,6 +2,7 @@ package health
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -273,4 +274,28 @@ func TestRestartReadsState(t *testing.T) {
 	if err := b.Down(ctx, "nowhere", dep.Model, "x", time.Time{}); err == nil {
 		t.Error("Down of an unknown deployment: want an error")
 	}
+}
+
+// TestSetAddsAndRemoves: a reload's deployments: one added is known at
+// once (its record is written and watched, /readyz counts it), one removed
+// is not.
+func TestSetAddsAndRemoves(t *testing.T) {
+	f := setup(t)
+	r := f.process(t, "h1", nil) // east and west
+	ctx := context.Background()
+	added := Deployment{Provider: "north", Model: "gpt-4o-mini"}
+	if err := r.Down(ctx, added.Provider, added.Model, "auth", time.Time{}); !errors.Is(err, ErrUnknown) {
+		t.Fatalf("Down of an unconfigured deployment: %v, want ErrUnknown", err)
+	}
+	r.Set([]Deployment{dep, added})
+	if err := r.Down(ctx, added.Provider, added.Model, "auth", time.Time{}); err != nil {
+		t.Fatalf("Down of a deployment a reload added: %v", err)
+	}
+	if err := r.Down(ctx, "west", "gpt-4o-mini", "auth", time.Time{}); !errors.Is(err, ErrUnknown) {
+		t.Errorf("Down of a deployment a reload removed: %v, want ErrUnknown", err)
+	}
+	eventually(t, "the added deployment seen down", func() bool {
+		down, n := r.DownNow()
+		return n == 2 && len(down) == 1 && down[0] == "north/gpt-4o-mini"
+	})
 }

@@ -165,6 +165,7 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	rl := newReloader(o, live, auth, ms, c.nc) // reload.go
+	rl.health = st.health
 	mux.Handle("POST /admin/reload", rl.adminReload(strings.TrimSpace(o.Getenv(o.Config.Server.OperatorKeyEnv))))
 	services = append(services, namedRun{"configuration reloads", rl.run})
 	if ns != nil && o.NATSCluster != "" && o.Config.Server.Replicas > 1 {
@@ -322,6 +323,9 @@ type stores struct {
 	// cache is the response cache's bucket: ingest reads it, the executor
 	// stores in it (nil when neither runs).
 	cache jetstream.KeyValue
+	// health is the deployments' health view (nil when neither admission
+	// nor an executor runs); a reload changes its deployments.
+	health *health.Registry
 }
 
 // setUp waits for the connection, ensures the streams and buckets, opens
@@ -418,6 +422,7 @@ func newServices(o Options, live *config.Live, st *stores, hints *nats.Conn, reg
 		answers = cache.New(st.cache, reg, o.Log)
 	}
 	hr := newHealth(o, m, ms)
+	st.health = hr
 	for _, name := range o.Services {
 		switch name {
 		case "ingest":
@@ -466,15 +471,20 @@ func newHealth(o Options, m *mesh.Mesh, ms *metrics.Set) *health.Registry {
 	if !slices.Contains(o.Services, "admission") && !slices.Contains(o.Services, "executor") {
 		return nil
 	}
+	host, _ := os.Hostname()
+	return health.New(health.Config{KV: m.Budgets, Deployments: deploymentsOf(o.Config), Holder: fmt.Sprintf("%s-%d-%s", host, os.Getpid(), job.NewID()[24:]),
+		Log: o.Log, Changes: ms.DeploymentChanges, States: ms.DeploymentState})
+}
+
+// deploymentsOf is every provider/model pair c configures.
+func deploymentsOf(c *config.Config) []health.Deployment {
 	var deps []health.Deployment
-	for _, p := range o.Config.Providers {
+	for _, p := range c.Providers {
 		for _, md := range p.Models {
 			deps = append(deps, health.Deployment{Provider: p.Name, Model: md.Name})
 		}
 	}
-	host, _ := os.Hostname()
-	return health.New(health.Config{KV: m.Budgets, Deployments: deps, Holder: fmt.Sprintf("%s-%d-%s", host, os.Getpid(), job.NewID()[24:]),
-		Log: o.Log, Changes: ms.DeploymentChanges, States: ms.DeploymentState})
+	return deps
 }
 
 // degraded is a readiness check's answer that the node serves, but not

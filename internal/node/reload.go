@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/health"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -41,6 +42,7 @@ type reloader struct {
 	nc      *nats.Conn
 	log     *slog.Logger
 	process string
+	health  *health.Registry // the deployments' health view, or nil
 
 	mu   sync.Mutex
 	hash string // of the file in effect
@@ -97,8 +99,8 @@ func (r *reloader) apply(source string) mesh.ReloadReport {
 	if added := addedTenants(old, c); len(added) > 0 && r.o.NATSURL == "" {
 		r.log.Warn("reload: new tenants use the HTTP API now; their NATS logins on the embedded server come with the next restart", "tenants", strings.Join(added, ","))
 	}
-	if added := addedDeployments(old, c); len(added) > 0 {
-		r.log.Warn("reload: new deployments take jobs now; their shared health record (cooldowns, down marks, /readyz) starts with the next restart", "deployments", strings.Join(added, ","))
+	if r.health != nil {
+		r.health.Set(deploymentsOf(c)) // added ones start up, removed ones leave /readyz
 	}
 	return rep
 }
@@ -124,18 +126,6 @@ func (r *reloader) publishLimits(c *config.Config) {
 	}
 }
 
-// addedDeployments are the provider/model pairs c has and old had not.
-func addedDeployments(old, c *config.Config) []string {
-	var out []string
-	for _, p := range c.Providers {
-		for _, m := range p.Models {
-			if _, _, ok := old.Deployment(p.Name, m.Name); !ok {
-				out = append(out, p.Name+"/"+m.Name)
-			}
-		}
-	}
-	return out
-}
 
 // addedTenants are the tenants c has and old had not.
 func addedTenants(old, c *config.Config) []string {
