@@ -33,9 +33,7 @@ const (
 // registers them, each with what will add it. Remove a name once it is
 // registered. (sluice_model_limit{provider,model,limit}, added by the
 // executor/admission wiring, was planned here and is registered now.)
-var planned = map[string]string{
-	"sluice_cost_total": "spend at the configured prices, {tenant, provider, model} (issue 36, another branch)",
-}
+var planned = map[string]string{}
 
 // recorder is a Registerer that keeps what is registered with it.
 type recorder struct{ cs []prometheus.Collector }
