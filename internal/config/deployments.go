@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"slices"
 	"time"
 	"unicode"
@@ -133,7 +134,7 @@ func checkDeployment(m Model, mk string, fail failFunc) {
 		fail(mk+".weight", "must be between 1 and %d, got %d", MaxDeploymentWeight, m.Weight)
 	}
 	if m.Upstream != "" && !validUpstream(m.Upstream) {
-		fail(mk+".upstream", "must be 1-256 characters without spaces or control characters, got %q", clipName(m.Upstream))
+		fail(mk+".upstream", "must be 1-256 characters without spaces or control characters, got %q", clip.String(m.Upstream, 40))
 	}
 }
 

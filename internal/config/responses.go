@@ -1,6 +1,7 @@
 package config
 
 import (
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"net/url"
 	"strings"
 )
@@ -38,6 +39,6 @@ func checkResponses(p Provider, key string, fail func(key, format string, args .
 	case p.Responses == ResponsesNative && p.Kind == "anthropic":
 		fail(key+".responses", "must be chat or absent for an anthropic provider (it is called on its Messages API)")
 	case p.Responses != ResponsesNative:
-		fail(key+".responses", "must be native or chat, got %q", clip(p.Responses))
+		fail(key+".responses", "must be native or chat, got %q", clip.String(p.Responses, shown))
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/keys"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -275,7 +276,7 @@ func (m *Mesh) CreateRecords(ctx context.Context, tenant, jobID string, rec []by
 		retry bool
 	}
 	if tenant == "" || !jobRef(tenant, jobID) || !validOpKey(opKey) {
-		err := fmt.Errorf("records of job %q under %q: not a job id or operation key", clipKey(jobID), clipKey(opKey))
+		err := fmt.Errorf("records of job %q under %q: not a job id or operation key", clip.String(jobID, 64), clip.String(opKey, 64))
 		return Created{Err: err}, Created{Err: err}
 	}
 	both := [2]*one{{kv: m.Results, key: keys.Record(tenant, jobID), data: rec}, {kv: m.Idempotency, key: opKey, data: op}}
@@ -435,7 +436,7 @@ func (m *Mesh) UpdateOpRev(ctx context.Context, bucketKey string, fn func(r *OpR
 // at it.
 func (m *Mesh) PutOpAt(ctx context.Context, bucketKey string, r *OpRecord, rev uint64) (uint64, error) {
 	if !validOpKey(bucketKey) {
-		return 0, fmt.Errorf("op record %q: not an operation key", clipKey(bucketKey))
+		return 0, fmt.Errorf("op record %q: not an operation key", clip.String(bucketKey, 64))
 	}
 	r.UpdatedAt = time.Now().UTC()
 	data, err := json.Marshal(r)

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -182,7 +183,7 @@ func ChatToAnthropic(body []byte, model string) ([]byte, error) {
 
 	for i, t := range in.Tools {
 		if t.Type != "" && t.Type != "function" {
-			return nil, fmt.Errorf("tools[%d]: type %q is not supported", i, clipName(t.Type))
+			return nil, fmt.Errorf("tools[%d]: type %q is not supported", i, clip.String(t.Type, 32))
 		}
 		schema := t.Function.Parameters
 		if len(bytes.TrimSpace(schema)) == 0 || string(bytes.TrimSpace(schema)) == "null" {
@@ -250,7 +251,7 @@ func anthropicMessages(in []oaMessage) (system []anBlock, msgs []anMessage, err 
 			}
 			blocks = []anBlock{{Type: "tool_result", ToolUseID: m.ToolCallID, Content: text.String()}}
 		default:
-			return nil, nil, fmt.Errorf("messages[%d]: role %q is not supported", i, clipName(m.Role))
+			return nil, nil, fmt.Errorf("messages[%d]: role %q is not supported", i, clip.String(m.Role, 32))
 		}
 		blocks = markLast(blocks, m.CacheControl)
 		if len(blocks) == 0 {
@@ -300,7 +301,7 @@ func contentBlocks(raw json.RawMessage, images bool) ([]anBlock, error) {
 			}
 			out = append(out, anBlock{Type: "image", Source: src, CacheControl: present(p.CacheControl)})
 		default:
-			return nil, fmt.Errorf("content[%d]: part type %q is not supported", j, clipName(p.Type))
+			return nil, fmt.Errorf("content[%d]: part type %q is not supported", j, clip.String(p.Type, 32))
 		}
 	}
 	return out, nil
@@ -353,7 +354,7 @@ func toolChoice(raw json.RawMessage) (map[string]any, error) {
 		case "none":
 			return map[string]any{"type": "none"}, nil
 		}
-		return nil, fmt.Errorf("tool_choice %q is not supported", clipName(s))
+		return nil, fmt.Errorf("tool_choice %q is not supported", clip.String(s, 32))
 	}
 	var obj struct {
 		Type     string `json:"type"`
@@ -365,14 +366,6 @@ func toolChoice(raw json.RawMessage) (map[string]any, error) {
 		return nil, errors.New("tool_choice must name a function")
 	}
 	return map[string]any{"type": "tool", "name": obj.Function.Name}, nil
-}
-
-// clipName keeps identifiers quoted in errors short.
-func clipName(s string) string {
-	if len(s) > 32 {
-		return s[:32] + "…"
-	}
-	return s
 }
 
 // --- response conversion ---

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -112,7 +113,7 @@ func decodeMessages(body []byte) (anInRequest, error) {
 	}
 	for k := range keys {
 		if !slices.Contains(messagesFields, k) {
-			return in, fmt.Errorf("%s: is not supported by Sluice's /v1/messages (supported: %s)", clip(k), strings.Join(messagesFields, ", "))
+			return in, fmt.Errorf("%s: is not supported by Sluice's /v1/messages (supported: %s)", clip.String(k, 64), strings.Join(messagesFields, ", "))
 		}
 	}
 	if err := json.Unmarshal(body, &in); err != nil {
@@ -177,7 +178,7 @@ func MessagesToChat(body []byte) ([]byte, string, error) {
 		var tools []map[string]any
 		for i, t := range in.Tools {
 			if t.Type != "" && t.Type != "custom" {
-				return nil, "", fmt.Errorf("tools[%d].type: %q (a server tool) is not supported by Sluice's /v1/messages", i, clip(t.Type))
+				return nil, "", fmt.Errorf("tools[%d].type: %q (a server tool) is not supported by Sluice's /v1/messages", i, clip.String(t.Type, 64))
 			}
 			fn := map[string]any{"name": t.Name}
 			tool := map[string]any{"type": "function", "function": fn}
@@ -205,7 +206,7 @@ func MessagesToChat(body []byte) ([]byte, string, error) {
 		case "tool":
 			out["tool_choice"] = map[string]any{"type": "function", "function": map[string]string{"name": tc.Name}}
 		default:
-			return nil, "", fmt.Errorf("tool_choice.type: %q is not one of auto, any, tool, none", clip(tc.Type))
+			return nil, "", fmt.Errorf("tool_choice.type: %q is not one of auto, any, tool, none", clip.String(tc.Type, 64))
 		}
 		if tc.DisableParallelToolUse {
 			out["parallel_tool_calls"] = false
@@ -244,7 +245,7 @@ func systemText(raw json.RawMessage) (string, error) {
 // tool calls), ahead of the rest of its content.
 func convertMessage(i int, m anInMessage) ([]oaOutMsg, error) {
 	if m.Role != "user" && m.Role != "assistant" {
-		return nil, fmt.Errorf("messages[%d].role: must be user or assistant, got %q", i, clip(m.Role))
+		return nil, fmt.Errorf("messages[%d].role: must be user or assistant, got %q", i, clip.String(m.Role, 64))
 	}
 	raw := bytes.TrimSpace(m.Content)
 	var s string
@@ -297,7 +298,7 @@ func convertMessage(i int, m anInMessage) ([]oaOutMsg, error) {
 			}
 			tools = append(tools, oaOutMsg{Role: "tool", ToolCallID: b.ToolUseID, Content: text, CacheControl: present(b.CacheControl)})
 		default:
-			return nil, fmt.Errorf("%s.type: %q is not supported in a %s message by Sluice's /v1/messages", at, clip(b.Type), m.Role)
+			return nil, fmt.Errorf("%s.type: %q is not supported in a %s message by Sluice's /v1/messages", at, clip.String(b.Type, 64), m.Role)
 		}
 	}
 	out := tools
@@ -343,7 +344,7 @@ func toolResultText(raw json.RawMessage) (string, error) {
 	var b strings.Builder
 	for _, blk := range blocks {
 		if blk.Type != "text" {
-			return "", fmt.Errorf("block type %q is not supported (text only)", clip(blk.Type))
+			return "", fmt.Errorf("block type %q is not supported (text only)", clip.String(blk.Type, 64))
 		}
 		b.WriteString(blk.Text)
 	}
@@ -519,7 +520,7 @@ func withThinking(out map[string]any, raw json.RawMessage, maxTokens int) error 
 			return fmt.Errorf("thinking.budget_tokens: must be at least 1 and less than max_tokens (%d), got %d", maxTokens, *th.BudgetTokens)
 		}
 	default:
-		return fmt.Errorf("thinking.type: must be enabled or disabled, got %q", clip(th.Type))
+		return fmt.Errorf("thinking.type: must be enabled or disabled, got %q", clip.String(th.Type, 64))
 	}
 	out["thinking"] = raw
 	return nil

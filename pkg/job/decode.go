@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"reflect"
 	"strings"
 )
@@ -92,5 +93,5 @@ func jsonValue(v string) string {
 		}
 		return fmt.Sprintf("the number %s", n)
 	}
-	return "a " + clip(v)
+	return "a " + clip.String(v, 64)
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -55,7 +56,7 @@ func (s *Service) getModel(w http.ResponseWriter, r *http.Request, auth api.Auth
 	p, m, ok := s.cfg.App.ModelRef(id)
 	if !ok {
 		api.ErrorParam(w, http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
-			fmt.Sprintf("The model %q is not configured in Sluice", clip(id)))
+			fmt.Sprintf("The model %q is not configured in Sluice", clip.String(id, 64)))
 		return
 	}
 	api.JSON(w, http.StatusOK, modelObject(p, m, created))
