@@ -39,4 +39,3 @@ func validOpKey(k string) bool {
 	}
 	return true
 }
-
