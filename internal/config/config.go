@@ -462,9 +462,6 @@ type Tenant struct {
 	MaxConcurrency int `yaml:"max_concurrency"`
 }
 
-// HasLimits reports whether any tenant budget is set.
-func (t Tenant) HasLimits() bool { return t.RPM > 0 || t.TPM > 0 || t.RPD > 0 || t.TPD > 0 }
-
 // Policy is a retry policy class.
 type Policy struct {
 	MaxAttempts int      `yaml:"max_attempts"`

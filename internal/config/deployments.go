@@ -2,10 +2,11 @@ package config
 
 import (
 	"fmt"
-	"github.com/sluice-dev/sluice/pkg/clip"
 	"slices"
 	"time"
 	"unicode"
+
+	"github.com/sluice-dev/sluice/pkg/clip"
 )
 
 // # Deployments

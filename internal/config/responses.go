@@ -1,9 +1,10 @@
 package config
 
 import (
-	"github.com/sluice-dev/sluice/pkg/clip"
 	"net/url"
 	"strings"
+
+	"github.com/sluice-dev/sluice/pkg/clip"
 )
 
 // How a provider serves POST /v1/responses (Provider.Responses).

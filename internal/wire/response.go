@@ -303,20 +303,3 @@ func itemStatus(status string) string {
 	}
 	return StatusIncomplete
 }
-
-// AssistantMessage is a chat.completion's answer as the assistant message
-// the next turn's history holds.
-func AssistantMessage(completion []byte) (ChatMessage, error) {
-	var c chatCompletion
-	if json.Unmarshal(completion, &c) != nil || len(c.Choices) == 0 {
-		return ChatMessage{}, errNotCompletion
-	}
-	msg := c.Choices[0].Message
-	out := ChatMessage{Role: "assistant", ToolCalls: msg.ToolCalls}
-	if msg.Content != nil && *msg.Content != "" {
-		out.Content = *msg.Content
-	} else if len(msg.ToolCalls) == 0 {
-		out.Content = ""
-	}
-	return out, nil
-}

@@ -169,14 +169,6 @@ func (j *Job) ClearInternal() {
 	j.Pinned, j.Requeued = false, nil
 }
 
-// TaskType is the job's task for metric labels: its Task, or "default".
-func (j *Job) TaskType() string {
-	if j.Task == "" {
-		return "default"
-	}
-	return j.Task
-}
-
 // Estimate is the cost ingest computed for a job: its tokens and, for a
 // model that limits other units, its amount of each (every unit the model
 // limits, from the job's Cost or DefaultUnitCost). The seal covers all of
