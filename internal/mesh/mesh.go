@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/keys"
+	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
@@ -446,45 +447,33 @@ func (m *Mesh) PutOpAt(ctx context.Context, bucketKey string, r *OpRecord, rev u
 	return m.Idempotency.Update(ctx, bucketKey, data, rev)
 }
 
-// Wait returns the job's terminal result, waiting until ctx ends. It
-// subscribes to the job's result subject before looking the record up, so a
-// result written in between is not missed.
+// Wait returns the job's terminal result, waiting until ctx ends, by the
+// one protocol (client.WaitResult): it subscribes to the job's result
+// subject before looking the record up, so a result written in between is
+// not missed.
 func (m *Mesh) Wait(ctx context.Context, tenant, jobID string) (*job.Result, error) {
 	if !jobRef(tenant, jobID) {
 		return nil, job.ErrNotFound
 	}
-	ch := make(chan *nats.Msg, 1)
-	sub, err := m.JS.Conn().ChanSubscribe(job.ResultSubject(tenant, jobID), ch)
-	if err != nil {
-		return nil, fmt.Errorf("subscribe result: %w", err)
-	}
-	defer func() { _ = sub.Unsubscribe() }()
-	rec, _, err := m.Lookup(ctx, tenant, jobID)
-	if err != nil {
-		return nil, err
-	}
-	if rec.Tenant != tenant {
-		return nil, job.ErrNotFound
-	}
-	if rec.Result != nil {
-		return rec.Result, nil
-	}
-	// RESULTS stores a result before republishing it and before the result
-	// service records it, so read the stream too: a result published before
-	// we subscribed is there.
-	if r, err := m.StoredResult(ctx, tenant, jobID); err == nil {
-		return r, nil
-	}
-	select {
-	case msg := <-ch:
-		var r job.Result
-		if err := json.Unmarshal(msg.Data, &r); err != nil {
-			return nil, fmt.Errorf("result %s: %w", jobID, err)
+	return client.WaitResult(ctx, m.JS.Conn(), tenant, jobID, func(ctx context.Context) (*job.Result, error) {
+		rec, _, err := m.Lookup(ctx, tenant, jobID)
+		if err != nil {
+			return nil, err
 		}
-		return &r, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
+		if rec.Tenant != tenant {
+			return nil, job.ErrNotFound
+		}
+		if rec.Result != nil {
+			return rec.Result, nil
+		}
+		// RESULTS stores a result before republishing it and before the
+		// result service records it, so read the stream too: a result
+		// published before the subscription is there.
+		if r, err := m.StoredResult(ctx, tenant, jobID); err == nil {
+			return r, nil
+		}
+		return nil, nil
+	})
 }
 
 // errCodeStoreFailed is JetStream's "stream store failed" (10077): a

@@ -4,9 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/sluice-dev/sluice/pkg/clip"
 	"reflect"
 	"strings"
+
+	"github.com/sluice-dev/sluice/pkg/clip"
 )
 
 // CodeIdempotencyMismatch refuses an idempotency key used before with a

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+
 	"github.com/sluice-dev/sluice/pkg/clip"
 )
 

@@ -4,13 +4,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/sluice-dev/sluice/pkg/clip"
 	"reflect"
 	"strconv"
 	"strings"
 	"sync"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/sluice-dev/sluice/pkg/clip"
 )
 
 // A body is forwarded to the provider as it came, so what Sluice reads of
