@@ -391,12 +391,12 @@ type anResponse struct {
 }
 
 type oaCompletion struct {
-	ID      string             `json:"id"`
-	Object  string             `json:"object"`
-	Created int64              `json:"created"`
-	Model   string             `json:"model"`
-	Choices []oaChoice         `json:"choices"`
-	Usage   AnthropicChatUsage `json:"usage"`
+	ID      string     `json:"id"`
+	Object  string     `json:"object"`
+	Created int64      `json:"created"`
+	Model   string     `json:"model"`
+	Choices []oaChoice `json:"choices"`
+	Usage   ChatUsage  `json:"usage"`
 }
 
 type oaChoice struct {
@@ -404,19 +404,6 @@ type oaChoice struct {
 	Message      chatReply `json:"message"`
 	FinishReason string    `json:"finish_reason"`
 	Logprobs     *struct{} `json:"logprobs"`
-}
-
-type AnthropicChatUsage struct {
-	PromptTokens        int `json:"prompt_tokens"`
-	CompletionTokens    int `json:"completion_tokens"`
-	TotalTokens         int `json:"total_tokens"`
-	PromptTokensDetails struct {
-		CachedTokens int `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
-	// Anthropic's own cache fields, next to OpenAI's (as LiteLLM reports
-	// them): /v1/messages answers with them.
-	CacheCreationInputTokens int `json:"cache_creation_input_tokens,omitempty"`
-	CacheReadInputTokens     int `json:"cache_read_input_tokens,omitempty"`
 }
 
 // AnthropicToChat converts a Messages API response to an OpenAI

@@ -360,30 +360,7 @@ type msgCompletion struct {
 		Message      chatReply `json:"message"`
 		FinishReason string    `json:"finish_reason"`
 	} `json:"choices"`
-	Usage msgUsage `json:"usage"`
-}
-
-// msgUsage is a chat completion's (or a usage chunk's) usage.
-type msgUsage struct {
-	PromptTokens        int `json:"prompt_tokens"`
-	CompletionTokens    int `json:"completion_tokens"`
-	PromptTokensDetails *struct {
-		CachedTokens int `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
-	// CacheCreationInputTokens is what an Anthropic provider wrote to its
-	// cache (part of PromptTokens).
-	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
-}
-
-// split returns the input tokens as Anthropic counts them: those neither
-// read from the cache nor written to it (input_tokens), those read from
-// it (cache_read_input_tokens) and those written (cache_creation_input_tokens).
-func (u msgUsage) split() (input, cached, written int) {
-	if d := u.PromptTokensDetails; d != nil {
-		cached = d.CachedTokens
-	}
-	written = max(min(u.CacheCreationInputTokens, u.PromptTokens-cached), 0)
-	return max(u.PromptTokens-cached-written, 0), cached, written
+	Usage ChatUsage `json:"usage"`
 }
 
 // stopReason maps an OpenAI finish_reason to Anthropic's stop_reason.
@@ -570,19 +547,15 @@ type MessageEvents struct {
 	tools      map[int]int
 	openText   bool
 	stop       string
-	usage      *msgUsage
+	usage      *ChatUsage
 }
 
 func NewMessageEvents(model string) *MessageEvents {
 	return &MessageEvents{model: model, open: -1, tools: map[int]int{}}
 }
 
-// msgChunk is the part of a chat.completion.chunk the translation reads.
-type msgChunk = chatChunk[msgUsage]
-
-// chatChunk is the part of a chat.completion.chunk the translations read,
-// with usage as each reads it.
-type chatChunk[U any] struct {
+// chatChunk is the part of a chat.completion.chunk the translations read.
+type chatChunk struct {
 	ID      string `json:"id"`
 	Model   string `json:"model"`
 	Choices []struct {
@@ -601,7 +574,7 @@ type chatChunk[U any] struct {
 		} `json:"delta"`
 		FinishReason *string `json:"finish_reason"`
 	} `json:"choices"`
-	Usage *U                `json:"usage"`
+	Usage *ChatUsage        `json:"usage"`
 	Items []json.RawMessage `json:"sluice_items"`
 }
 
@@ -656,7 +629,7 @@ func (a *MessageEvents) openBlock(w io.Writer, block map[string]any) (int, bool)
 }
 
 func (a *MessageEvents) Chunk(w io.Writer, c []byte) bool {
-	var ch msgChunk
+	var ch chatChunk
 	if json.Unmarshal(c, &ch) != nil {
 		return true // not a chunk: nothing a Messages client could read
 	}
