@@ -19,17 +19,25 @@ func Eventually(t testing.TB, within time.Duration, cond func() error) {
 	}
 }
 
-// Poll calls cond every 20 ms until it returns true (Poll returns true)
+// Poll calls cond, 20 ms apart, until it returns true (Poll returns true)
 // or ctx ends (false): Eventually for a caller that bounds the wait with
 // its own context and reports a failure itself.
 func Poll(ctx context.Context, cond func() bool) bool {
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
+	return PollEvery(ctx, 20*time.Millisecond, cond)
+}
+
+// PollEvery is Poll with another gap between calls, for a cond that takes
+// what something else is waiting for (a tenant's one waiter slot) and must
+// leave it free most of the time.
+func PollEvery(ctx context.Context, gap time.Duration, cond func() bool) bool {
+	tm := time.NewTimer(gap)
+	defer tm.Stop()
 	for !cond() {
+		tm.Reset(gap)
 		select {
 		case <-ctx.Done():
 			return cond()
-		case <-tick.C:
+		case <-tm.C:
 		}
 	}
 	return true
