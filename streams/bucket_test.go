@@ -119,7 +119,7 @@ func TestEnsureOnFormingCluster(t *testing.T) {
 	watch, stopWatch := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		for watch.Err() == nil {
+		natstest.Poll(watch, func() bool { // samples until the watch ends
 			for _, b := range LeaderReadBuckets {
 				rctx, c := context.WithTimeout(watch, 500*time.Millisecond)
 				st, err := jss[0].Stream(rctx, "KV_"+b)
@@ -128,8 +128,8 @@ func TestEnsureOnFormingCluster(t *testing.T) {
 					sawDirect.Store(b)
 				}
 			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			return false
+		})
 	})
 	errs := make([]error, 3)
 	var ensure sync.WaitGroup

@@ -19,6 +19,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -100,10 +101,7 @@ func offer(ctx context.Context, rate float64, d time.Duration, submit func(id st
 	interval := time.Duration(float64(time.Second) / rate)
 	start := time.Now()
 	n := 0
-	for ; time.Since(start) < d && ctx.Err() == nil; n++ {
-		if w := time.Until(start.Add(time.Duration(n) * interval)); w > 0 {
-			time.Sleep(w)
-		}
+	for ; time.Since(start) < d && natstest.Pace(ctx, start, n, interval); n++ {
 		submit(job.NewID())
 	}
 	return n
@@ -284,11 +282,14 @@ func backpressure(b *testing.B) {
 		}
 		return out
 	}
-	for len(missing()) > 0 && time.Since(drainStart) < bpDrain {
-		time.Sleep(250 * time.Millisecond)
-	}
+	drain, stop := context.WithTimeout(ctx, bpDrain)
+	natstest.Poll(drain, func() bool { return len(missing()) == 0 })
+	stop()
 	drained := time.Since(drainStart)
-	time.Sleep(2 * time.Second) // a second result, if any, would arrive now
+	if len(missing()) == 0 {
+		// A second result, if any, comes from a job still in a stream.
+		systest.AllResultsIn(b, nc, sub, time.Minute)
+	}
 	// A result the subscription missed is still stored: not lost.
 	for _, id := range missing() {
 		if r, err := cl.Lookup(ctx, "acme", id); err == nil && r != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/dlq"
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
@@ -76,6 +77,8 @@ retry:
 	kills := 0
 	var mu sync.Mutex
 	for kills < 6 {
+		// Scenario time: chaos strikes at random moments, whatever the
+		// executors are doing then.
 		time.Sleep(time.Duration(800+rnd.IntN(1500)) * time.Millisecond)
 		i := rnd.IntN(len(executors))
 		_ = executors[i].cmd.Process.Signal(syscall.SIGKILL)
@@ -90,19 +93,17 @@ retry:
 	statuses := map[job.Status]int{}
 	var failed []*job.Result
 	for i, id := range ids {
-		for {
-			r, err := cl.Lookup(ctx, []string{"acme", "globex"}[i%2], id)
-			if err == nil && r != nil {
-				statuses[r.Status]++
-				if r.Status != job.StatusSucceeded {
-					failed = append(failed, r)
-				}
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("job %s has no result", id)
-			}
-			time.Sleep(20 * time.Millisecond)
+		var r *job.Result
+		if !natstest.Poll(ctx, func() bool {
+			var err error
+			r, err = cl.Lookup(ctx, []string{"acme", "globex"}[i%2], id)
+			return err == nil && r != nil
+		}) {
+			t.Fatalf("job %s has no result", id)
+		}
+		statuses[r.Status]++
+		if r.Status != job.StatusSucceeded {
+			failed = append(failed, r)
 		}
 	}
 	// Exactly one stored result per job.

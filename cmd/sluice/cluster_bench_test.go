@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
@@ -123,7 +124,7 @@ func runClusterFault(b *testing.B, fault string) faultRun {
 	faultDone := make(chan struct{})
 	go func() {
 		defer close(faultDone)
-		at := func(d time.Duration) { time.Sleep(time.Until(start.Add(d))) }
+		at := func(d time.Duration) { natstest.At(ctx, start.Add(d)) } // the fault's schedule
 		switch fault {
 		case "node-loss":
 			at(20 * time.Second)
@@ -160,7 +161,7 @@ func runClusterFault(b *testing.B, fault string) faultRun {
 	tenants := []struct{ name, key string }{{"acme", "acme-key"}, {"globex", "globex-key"}, {"initech", "initech-key"}}
 	owner := map[string]string{} // job id -> tenant
 	for i := range jobs {
-		time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / perSecond)))
+		natstest.Pace(ctx, start, i, time.Second/perSecond)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -186,32 +187,31 @@ func runClusterFault(b *testing.B, fault string) faultRun {
 	r.jobs, r.refused = jobs, int(refused.Load())
 
 	// Every accepted job's one result.
-	deadline := time.Now().Add(3 * time.Minute)
+	resultsBy, stop := context.WithTimeout(ctx, 3*time.Minute)
+	defer stop()
 	unknown := map[string]bool{}
 	for _, id := range ids {
-		for {
-			rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
-			res, err := load.cl.Lookup(rctx, owner[id], id)
-			rcancel()
-			if err == nil && res != nil {
-				switch {
-				case res.Status == job.StatusSucceeded:
-					r.succeeded++
-				case res.Status == job.StatusFailed && res.Error != nil && res.Error.Code == "outcome_unknown":
-					r.unknown++
-					unknown[id] = true
-				default:
-					r.other++
-					b.Errorf("job %s ended %s (%+v)", id, res.Status, res.Error)
-				}
-				break
-			}
-			if time.Now().After(deadline) {
-				r.lost++
-				b.Errorf("job %s has no result three minutes after the last submission", id)
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
+		var res *job.Result
+		if !natstest.Poll(resultsBy, func() bool {
+			rctx, rcancel := context.WithTimeout(resultsBy, 5*time.Second)
+			defer rcancel()
+			var err error
+			res, err = load.cl.Lookup(rctx, owner[id], id)
+			return err == nil && res != nil
+		}) {
+			r.lost++
+			b.Errorf("job %s has no result three minutes after the last submission", id)
+			continue
+		}
+		switch {
+		case res.Status == job.StatusSucceeded:
+			r.succeeded++
+		case res.Status == job.StatusFailed && res.Error != nil && res.Error.Code == "outcome_unknown":
+			r.unknown++
+			unknown[id] = true
+		default:
+			r.other++
+			b.Errorf("job %s ended %s (%+v)", id, res.Status, res.Error)
 		}
 	}
 	st := load.sim.Stats()
@@ -231,35 +231,40 @@ func runClusterFault(b *testing.B, fault string) faultRun {
 // when a node does not answer at all (stopped, restarting): what a client
 // behind a load balancer sees. It returns the HTTP status (0: no node
 // answered), the job id and, when refused, the body.
-func submitAnyNode(ctx context.Context, hc *http.Client, c *cluster, key string, body []byte) (int, string, string) {
-	var last string
-	for try := 0; try < 30 && ctx.Err() == nil; try++ {
+func submitAnyNode(ctx context.Context, hc *http.Client, c *cluster, key string, body []byte) (code int, id, msg string) {
+	// Each node in turn until one answers, for up to 6 s.
+	tctx, cancel := context.WithTimeout(ctx, 6*time.Second)
+	defer cancel()
+	try := 0
+	natstest.Poll(tctx, func() bool {
 		n := c.nodes[try%len(c.nodes)]
+		try++
 		n.mu.Lock()
 		p := n.proc
 		n.mu.Unlock()
 		if p == nil {
-			continue
+			return false
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, p.HTTP+"/v1/jobs", bytes.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+key)
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := hc.Do(req)
 		if err != nil {
-			last = err.Error()
-			time.Sleep(200 * time.Millisecond)
-			continue
+			msg = err.Error()
+			return false
 		}
 		data, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusAccepted {
-			return resp.StatusCode, "", string(data)
+		if code = resp.StatusCode; code != http.StatusAccepted {
+			msg = string(data)
+			return true
 		}
 		var out struct {
 			ID string `json:"id"`
 		}
 		_ = json.Unmarshal(data, &out)
-		return resp.StatusCode, out.ID, ""
-	}
-	return 0, "", last
+		id, msg = out.ID, ""
+		return true
+	})
+	return code, id, msg
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/natsauth"
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -276,20 +277,22 @@ func (l *clusterLoad) offer(ctx context.Context, n int, perSecond float64) error
 	interval := time.Duration(float64(time.Second) / perSecond)
 	start := time.Now()
 	for i := range n {
-		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
-			time.Sleep(d)
+		if !natstest.Pace(ctx, start, i, interval) {
+			return ctx.Err()
 		}
 		if l.js != nil && i == n/2 {
 			// Where INTAKE lives now, for the log.
 			l.t.Logf("INTAKE at submit #%d: %s", i, streamCluster(ctx, l.js, streams.Intake))
 		}
 		j := &job.Job{Tenant: []string{"acme", "globex", "initech"}[i%3], Request: systest.ChatBody(l.model, 10+i%40, 40)}
-		for {
+		var err error
+		if !natstest.Poll(ctx, func() bool {
 			// A publish whose stream leader dies never hears back: bound
 			// each attempt, as a producer must, above the client's own
 			// wait through an election.
 			sctx, cancel := context.WithTimeout(ctx, client.ElectionWait+5*time.Second)
-			id, err := l.cl.Submit(sctx, j)
+			var id string
+			id, err = l.cl.Submit(sctx, j)
 			cancel()
 			// A duplicate: an earlier attempt was stored, its ack lost.
 			if err == nil || errors.Is(err, client.ErrDuplicate) {
@@ -300,15 +303,14 @@ func (l *clusterLoad) offer(ctx context.Context, n int, perSecond float64) error
 				}
 				l.owner[id] = j.Tenant
 				l.mu.Unlock()
-				break
-			}
-			if ctx.Err() != nil {
-				return fmt.Errorf("submit #%d: %w", i, err)
+				return true
 			}
 			if n := l.failed.Add(1); n == 1 || n%25 == 0 {
 				l.t.Logf("submit #%d refused (%d refusals so far): %v", i, n, err)
 			}
-			time.Sleep(200 * time.Millisecond)
+			return false
+		}) {
+			return fmt.Errorf("submit #%d: %w", i, err)
 		}
 	}
 	return nil
@@ -323,36 +325,35 @@ func (l *clusterLoad) verify(ctx context.Context) {
 	l.mu.Unlock()
 	unknown := map[string]bool{}
 	for _, id := range ids {
-		for {
+		var r *job.Result
+		var err error
+		if natstest.Poll(ctx, func() bool {
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			r, err := l.cl.Lookup(rctx, owner[id], id)
+			r, err = l.cl.Lookup(rctx, owner[id], id)
 			cancel()
-			if err == nil && r != nil {
-				switch {
-				case r.Status == job.StatusSucceeded:
-				case r.Status == job.StatusFailed && r.Error != nil && r.Error.Code == "outcome_unknown":
-					unknown[id] = true
-				default:
-					t.Errorf("job %s ended %s (%+v)", id, r.Status, r.Error)
-				}
-				break
+			return err == nil && r != nil
+		}) {
+			switch {
+			case r.Status == job.StatusSucceeded:
+			case r.Status == job.StatusFailed && r.Error != nil && r.Error.Code == "outcome_unknown":
+				unknown[id] = true
+			default:
+				t.Errorf("job %s ended %s (%+v)", id, r.Status, r.Error)
 			}
-			if ctx.Err() != nil {
-				for _, name := range []string{streams.Intake, streams.Queue, streams.Dispatch, streams.Results} {
-					t.Logf("%s: %s", name, streamCluster(context.Background(), l.js, name))
-				}
-				// Whoever holds it says why it waits.
-				if m, err := l.js.Conn().Request(mesh.WhySubject(owner[id], id), nil, 2*time.Second); err == nil {
-					t.Logf("job %s: its admission process says %s", id, m.Data)
-				} else {
-					t.Logf("job %s: no admission process holds it (%v)", id, err)
-				}
-				st := l.sim.Stats()
-				t.Fatalf("job %s has no result (last: %v; the provider completed it %d times, %d calls in all); the cluster lost it or stalled",
-					id, err, st.JobCompletions[id], st.Completed)
-			}
-			time.Sleep(100 * time.Millisecond)
+			continue
 		}
+		for _, name := range []string{streams.Intake, streams.Queue, streams.Dispatch, streams.Results} {
+			t.Logf("%s: %s", name, streamCluster(context.Background(), l.js, name))
+		}
+		// Whoever holds it says why it waits.
+		if m, err := l.js.Conn().Request(mesh.WhySubject(owner[id], id), nil, 2*time.Second); err == nil {
+			t.Logf("job %s: its admission process says %s", id, m.Data)
+		} else {
+			t.Logf("job %s: no admission process holds it (%v)", id, err)
+		}
+		st := l.sim.Stats()
+		t.Fatalf("job %s has no result (last: %v; the provider completed it %d times, %d calls in all); the cluster lost it or stalled",
+			id, err, st.JobCompletions[id], st.Completed)
 	}
 	st := l.sim.Stats()
 	ms := st.Models[l.model]
@@ -420,11 +421,8 @@ func clusterSetup(t testing.TB, rpm int, lab *netLab, routeAddr func(from, to in
 // waitCompleted waits until the provider has completed n calls.
 func waitCompleted(ctx context.Context, t testing.TB, s *sim.Server, n int64) {
 	t.Helper()
-	for s.Stats().Completed < n {
-		if ctx.Err() != nil {
-			t.Fatalf("provider completed %d calls, waited for %d", s.Stats().Completed, n)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !natstest.Poll(ctx, func() bool { return s.Stats().Completed >= n }) {
+		t.Fatalf("provider completed %d calls, waited for %d", s.Stats().Completed, n)
 	}
 }
 
@@ -458,9 +456,7 @@ func TestClusterNodeLoss(t *testing.T) {
 	c.kill(victim)
 	t.Logf("killed %s (QUEUE leader; budgets leader %d) after %d provider completions", c.nodes[victim].name, budgetsLeader+1, atKill)
 	var newLeader time.Duration
-	for c.leader(ctx, js, streams.Queue) < 0 && ctx.Err() == nil {
-		time.Sleep(50 * time.Millisecond)
-	}
+	natstest.Poll(ctx, func() bool { return c.leader(ctx, js, streams.Queue) >= 0 })
 	newLeader = time.Since(killed)
 	waitCompleted(ctx, t, load.sim, load.sim.Stats().Completed+10)
 	t.Logf("recovery: QUEUE had a new leader %v after the kill; the provider saw 10 more completions %v after it",
@@ -468,6 +464,9 @@ func TestClusterNodeLoss(t *testing.T) {
 	if load.sim.Stats().Completed >= jobs {
 		t.Error("every job finished before the kill; the test proves nothing")
 	}
+	// Scenario time, not a wait for a signal: the node stays down a while
+	// under load (every job may finish first, so no later event is sure
+	// to come) before it restarts and catches up.
 	time.Sleep(3 * time.Second)
 	start := time.Now()
 	c.restart(victim)
@@ -669,11 +668,13 @@ func TestClusterPartition(t *testing.T) {
 	setCut(x, true)
 	cutAt := load.sim.Stats().Completed
 	t.Logf("cut %s (QUEUE leader) off at %d provider completions", c.nodes[x].name, cutAt)
-	// Calls it had started may finish; after that it must make none.
+	// Calls it had started may finish; after that it must make none. The
+	// cut's length is the scenario (it outlasts a submit's bound), and the
+	// majority may have no work in it, so no later event is sure to come.
 	time.Sleep(10 * time.Second)
 	before := systest.MetricSum(t, minority, "llm_requests_total")
 	midCut := load.sim.Stats().Completed
-	time.Sleep(10 * time.Second)
+	time.Sleep(10 * time.Second) // the cut's second half, as above
 	after := systest.MetricSum(t, minority, "llm_requests_total")
 	healAt := load.sim.Stats().Completed
 	t.Logf("during the cut's last 10 s: the majority completed %d calls, the minority made %v", healAt-midCut, after-before)

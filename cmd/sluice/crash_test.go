@@ -185,11 +185,8 @@ func crashRecovery(t *testing.T, honours bool) {
 		ids = append(ids, id)
 	}
 	// Kill it mid-run: some calls done, others in flight or queued.
-	for simSrv.Stats().Completed < jobs/4 {
-		if ctx.Err() != nil {
-			t.Fatal("no progress before the kill")
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !natstest.Poll(ctx, func() bool { return simSrv.Stats().Completed >= jobs/4 }) {
+		t.Fatal("no progress before the kill")
 	}
 	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -210,29 +207,27 @@ func crashRecovery(t *testing.T, honours bool) {
 	statuses := map[string]int{}
 	var unknown []string
 	for i, id := range ids {
-		for {
-			r, err := cl2.Lookup(ctx, []string{"acme", "globex", "initech"}[i%3], id)
-			if err == nil && r != nil {
-				switch {
-				case r.Status == job.StatusSucceeded:
-					statuses["succeeded"]++
-				case !honours && r.Status == job.StatusFailed && r.Error != nil && r.Error.Code == "outcome_unknown":
-					statuses["outcome_unknown"]++
-					unknown = append(unknown, id)
-				default:
-					t.Errorf("job %s ended %s (%+v)", id, r.Status, r.Error)
-				}
-				break
-			}
-			if ctx.Err() != nil {
-				out, _ := exec.Command("curl", "-s", second.MetricsURL()+"/metrics").Output()
-				t.Logf("metrics: %s", grepLines(string(out), "sluice_", "llm_"))
-				systest.DumpStreams(t, second.Node)
-				out, _ = exec.Command("curl", "-s", second.HTTP+"/v1/jobs/"+id, "-H", "Authorization: Bearer acme-key").Output()
-				t.Logf("job: %s", out)
-				t.Fatalf("job %s has no result after restart", id)
-			}
-			time.Sleep(50 * time.Millisecond)
+		var r *job.Result
+		if !natstest.Poll(ctx, func() bool {
+			var err error
+			r, err = cl2.Lookup(ctx, []string{"acme", "globex", "initech"}[i%3], id)
+			return err == nil && r != nil
+		}) {
+			out, _ := exec.Command("curl", "-s", second.MetricsURL()+"/metrics").Output()
+			t.Logf("metrics: %s", grepLines(string(out), "sluice_", "llm_"))
+			systest.DumpStreams(t, second.Node)
+			out, _ = exec.Command("curl", "-s", second.HTTP+"/v1/jobs/"+id, "-H", "Authorization: Bearer acme-key").Output()
+			t.Logf("job: %s", out)
+			t.Fatalf("job %s has no result after restart", id)
+		}
+		switch {
+		case r.Status == job.StatusSucceeded:
+			statuses["succeeded"]++
+		case !honours && r.Status == job.StatusFailed && r.Error != nil && r.Error.Code == "outcome_unknown":
+			statuses["outcome_unknown"]++
+			unknown = append(unknown, id)
+		default:
+			t.Errorf("job %s ended %s (%+v)", id, r.Status, r.Error)
 		}
 	}
 	st := simSrv.Stats()
@@ -333,7 +328,9 @@ func TestStreamExecutorLost(t *testing.T) {
 	if rt := systest.ResponseText(t, r); !strings.HasPrefix(rt, got) && !strings.HasPrefix(got, rt) {
 		t.Errorf("result text %q is not the text relayed %q", rt, got)
 	}
-	time.Sleep(time.Second)
+	// A second call would come from the job's dispatch, still in DISPATCH
+	// until the killed executor's ack wait ends and another takes it.
+	systest.Quiet(t, front.Node, 90*time.Second)
 	if s := simSrv.Stats(); s.Streamed != 1 || s.JobCompletions[id] > 1 {
 		t.Errorf("simulator: %d streams, %d completions of the job; want exactly 1 provider call", s.Streamed, s.JobCompletions[id])
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
@@ -189,18 +190,23 @@ func (fr *fairRun) shares(from, to time.Time) map[string]float64 {
 }
 
 func (fr *fairRun) waitAll(ctx context.Context, b *testing.B, total int) {
-	for {
-		fr.arr.mu.Lock()
-		n := len(fr.arr.at)
-		fr.arr.mu.Unlock()
-		if n >= total {
-			return
-		}
-		if ctx.Err() != nil {
-			b.Fatalf("only %d of %d jobs reached the provider", n, total)
-		}
-		time.Sleep(100 * time.Millisecond)
+	arrived := func() int { fr.arr.mu.Lock(); defer fr.arr.mu.Unlock(); return len(fr.arr.at) }
+	if !natstest.Poll(ctx, func() bool { return arrived() >= total }) {
+		b.Fatalf("only %d of %d jobs reached the provider", arrived(), total)
 	}
+}
+
+// arrivedAfter reports whether a request reached the provider after t:
+// every request of a window ending at t has arrived by then.
+func (fr *fairRun) arrivedAfter(t time.Time) bool {
+	fr.arr.mu.Lock()
+	defer fr.arr.mu.Unlock()
+	for _, at := range fr.arr.at {
+		if at.After(t) {
+			return true
+		}
+	}
+	return false
 }
 
 func jainIndex(xs ...float64) float64 {
@@ -239,18 +245,14 @@ func noisyNeighbour(b *testing.B, admission string) {
 			}
 			total += 2000
 		}
-		for range 50 {
+		start := time.Now()
+		for i := range 50 {
+			natstest.Pace(ctx, start, i, time.Second)
 			fr.submit(ctx, b, cl, "b", job.Batch, 200, 100)
-			time.Sleep(time.Second)
 		}
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			_, _, n := fr.waits("b")
-			if n >= 50 || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		wctx, stop := context.WithTimeout(ctx, 31*time.Second)
+		natstest.Poll(wctx, func() bool { _, _, n := fr.waits("b"); return n >= 50 })
+		stop()
 		p50, p95, _ = fr.waits("b")
 		ms := fr.sim.Stats().Models["gpt-4o-mini"]
 		b.Logf("tenant B (with A: %v): %s; busiest 60 s at the provider: %d of %d tokens, %d answered 429",
@@ -283,8 +285,11 @@ func BenchmarkFairShares(b *testing.B) {
 			fr.submit(ctx, b, cl, "b", job.Batch, 150, 50)
 			fr.submit(ctx, b, cl, "b", job.Batch, 150, 50)
 		}
-		// Both stay backlogged for the first 90 s.
-		time.Sleep(95 * time.Second)
+		// Both stay backlogged for the first 90 s: measured once a request
+		// has arrived after them (or at 120 s).
+		wctx, stop := context.WithDeadline(ctx, start.Add(120*time.Second))
+		natstest.Poll(wctx, func() bool { return fr.arrivedAfter(start.Add(90 * time.Second)) })
+		stop()
 		sh := fr.shares(start, start.Add(90*time.Second))
 		total := sh["a"] + sh["b"]
 		b.ReportMetric(sh["a"]/total, "share-a")
@@ -309,11 +314,15 @@ func BenchmarkFairPriority(b *testing.B) {
 		for range 3000 {
 			fr.submit(ctx, b, cl, "bulk", job.Batch, 200, 100)
 		}
-		for range 60 {
+		appStart := time.Now()
+		for i := range 60 {
+			natstest.Pace(ctx, appStart, i, time.Second)
 			fr.submit(ctx, b, cl, "app", job.Interactive, 200, 100)
-			time.Sleep(time.Second)
 		}
-		time.Sleep(5 * time.Second)
+		// Until every interactive job has reached the provider (or 30 s).
+		wctx, stop := context.WithTimeout(ctx, 30*time.Second)
+		natstest.Poll(wctx, func() bool { _, _, n := fr.waits("app"); return n >= 60 })
+		stop()
 		p50, p95, n := fr.waits("app")
 		sh := fr.shares(start, start.Add(60*time.Second))
 		b.ReportMetric(p95.Seconds(), "interactive-p95-s")
@@ -339,13 +348,13 @@ func noStarvation(b *testing.B, admission string) {
 		_, cl := fr.n.Connect(b)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		// Offered over 60 s at about twice the limit, half the tokens each.
+		start := time.Now()
 		for s := range 60 {
+			natstest.Pace(ctx, start, s, time.Second)
 			for range 25 {
 				fr.submit(ctx, b, cl, "small", job.Standard, 150, 50)
 			}
 			fr.submit(ctx, b, cl, "large", job.Standard, 4000, 1000)
-			_ = s
-			time.Sleep(time.Second)
 		}
 		fr.waitAll(ctx, b, 60*26)
 		ms := fr.sim.Stats().Models["gpt-4o-mini"]

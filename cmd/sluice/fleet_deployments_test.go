@@ -86,6 +86,8 @@ func fleetGroupRun(t testing.TB) (fill float64, windows int, rate429 float64) {
 		defer close(done)
 		results.offer(t, ctx, f.cl, body, 2*float64(sum)/60, "acme", offerFor)
 	}()
+	// Scenario time, not a wait for a signal: the offer is a timed run,
+	// and the kill is placed in its middle.
 	time.Sleep(45 * time.Second)
 	victim := f.executors[0]
 	_ = victim.cmd.Process.Signal(syscall.SIGKILL)

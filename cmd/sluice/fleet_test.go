@@ -139,18 +139,18 @@ limits:
 	}()
 
 	// Mid-run, kill one executor; its concurrency lease must lapse within
-	// the lease period.
+	// the lease period. Scenario time, not a wait for a signal: the offer
+	// is a timed run, and the kill is placed in its middle.
 	time.Sleep(45 * time.Second)
 	victim := f.executors[0]
 	_ = victim.cmd.Process.Signal(syscall.SIGKILL)
 	_ = victim.cmd.Wait()
 	killedAt := time.Now()
-	time.Sleep(12 * time.Second) // lease period 10 s
 	kv, err := js.KeyValue(ctx, "budgets")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, model := range []string{longModel, shortModel} {
+	leases := func(model string) map[string]budget.SlotLease {
 		e, err := kv.Get(ctx, budget.ConcKey("sim", job.ModelToken(model)))
 		if err != nil {
 			t.Fatal(err)
@@ -159,12 +159,30 @@ limits:
 			H map[string]budget.SlotLease `json:"h"`
 		}
 		_ = json.Unmarshal(e.Value(), &st)
+		return st.H
+	}
+	victimTag := fmt.Sprintf("-%d-", victim.cmd.Process.Pid)
+	// Until the killed executor holds no live lease, or the lease period
+	// (10 s) and a second have passed.
+	lapse, stop := context.WithDeadline(ctx, killedAt.Add(12*time.Second))
+	natstest.Poll(lapse, func() bool {
+		for _, model := range []string{longModel, shortModel} {
+			for holder, l := range leases(model) {
+				if strings.Contains(holder, victimTag) && time.Unix(0, l.Expires).After(time.Now()) {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	stop()
+	for _, model := range []string{longModel, shortModel} {
 		live := 0
-		for holder, l := range st.H {
+		for holder, l := range leases(model) {
 			if time.Unix(0, l.Expires).After(time.Now()) {
 				live++
 			}
-			if strings.Contains(holder, fmt.Sprintf("-%d-", victim.cmd.Process.Pid)) && time.Unix(0, l.Expires).After(killedAt.Add(10*time.Second+time.Second)) {
+			if strings.Contains(holder, victimTag) && time.Unix(0, l.Expires).After(killedAt.Add(10*time.Second+time.Second)) {
 				t.Errorf("%s: the killed executor's lease runs until %s, past the lease period", model, time.Unix(0, l.Expires))
 			}
 		}
@@ -276,6 +294,8 @@ func startFleet(t testing.TB, bin, cfg string) fleet {
 // fleetResults counts the jobs a fleet run submitted and the results
 // published for each.
 type fleetResults struct {
+	nc      *nats.Conn
+	sub     *nats.Subscription
 	ids     sync.Map
 	mu      sync.Mutex
 	results map[string]int
@@ -287,7 +307,7 @@ type fleetResults struct {
 // killed executor (never sent again); anything else fails t.
 func watchResults(t testing.TB, nc *nats.Conn) *fleetResults {
 	t.Helper()
-	r := &fleetResults{results: map[string]int{}}
+	r := &fleetResults{nc: nc, results: map[string]int{}}
 	sub, err := nc.Subscribe(job.ResultPrefix+">", func(m *nats.Msg) {
 		var res job.Result
 		if json.Unmarshal(m.Data, &res) != nil {
@@ -307,6 +327,7 @@ func watchResults(t testing.TB, nc *nats.Conn) *fleetResults {
 	if err != nil {
 		t.Fatal(err)
 	}
+	r.sub = sub
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	return r
 }
@@ -316,8 +337,8 @@ func (r *fleetResults) offer(t testing.TB, ctx context.Context, cl *client.Clien
 	interval := time.Duration(float64(time.Second) / perSecond)
 	start := time.Now()
 	for n := 0; time.Since(start) < offerFor; n++ {
-		if d := time.Until(start.Add(time.Duration(n) * interval)); d > 0 {
-			time.Sleep(d)
+		if !natstest.Pace(ctx, start, n, interval) {
+			return
 		}
 		id, err := cl.Submit(ctx, &job.Job{Tenant: tenant, Priority: job.Batch, Request: body})
 		if err != nil {
@@ -335,19 +356,15 @@ func (r *fleetResults) exactlyOnce(t testing.TB, ctx context.Context) {
 	t.Helper()
 	want := 0
 	r.ids.Range(func(_, _ any) bool { want++; return true })
-	for {
+	if !natstest.Poll(ctx, func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.results) >= want }) {
 		r.mu.Lock()
-		got := len(r.results)
-		r.mu.Unlock()
-		if got >= want {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("%d of %d jobs finished", got, want)
-		}
-		time.Sleep(500 * time.Millisecond)
+		defer r.mu.Unlock()
+		t.Fatalf("%d of %d jobs finished", len(r.results), want)
 	}
-	time.Sleep(time.Second)
+	// A second result would come from a job still in a stream: once none
+	// is, and the subscription has handled what was sent to it, every
+	// result is counted.
+	systest.AllResultsIn(t, r.nc, r.sub, time.Minute)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for id, n := range r.results {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluice-dev/sluice/internal/natstest"
 )
 
 // netLab is a small network of our own: n hosts, each a network namespace
@@ -100,20 +103,18 @@ func newNetLab(t testing.TB, n int) (*netLab, error) {
 	}
 	// Every host answers (a refused connection is an answer).
 	for i := range n {
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			c, err := net.DialTimeout("tcp", l.ip(i)+":9", 500*time.Millisecond)
-			if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		var err error
+		answers := natstest.Poll(ctx, func() bool {
+			var c net.Conn
+			if c, err = net.DialTimeout("tcp", l.ip(i)+":9", 500*time.Millisecond); err == nil {
 				c.Close()
-				break
 			}
-			if errors.Is(err, syscall.ECONNREFUSED) {
-				break
-			}
-			if time.Now().After(deadline) {
-				return nil, fmt.Errorf("host %s does not answer: %v", l.ip(i), err)
-			}
-			time.Sleep(100 * time.Millisecond)
+			return err == nil || errors.Is(err, syscall.ECONNREFUSED)
+		})
+		cancel()
+		if !answers {
+			return nil, fmt.Errorf("host %s does not answer: %v", l.ip(i), err)
 		}
 	}
 	return l, nil

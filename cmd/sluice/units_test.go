@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
@@ -103,8 +104,9 @@ func TestUnitsEndToEnd(t *testing.T) {
 		t.Fatalf("chat completion: %v", err)
 	}
 
-	for {
+	finished := func() int {
 		mu.Lock()
+		defer mu.Unlock()
 		done := 0
 		ids.Range(func(id, _ any) bool {
 			if _, ok := statuses[id.(string)]; ok {
@@ -112,15 +114,10 @@ func TestUnitsEndToEnd(t *testing.T) {
 			}
 			return true
 		})
-		mu.Unlock()
-		if done == jobs {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("only %d of %d jobs finished", done, jobs)
-		case <-time.After(100 * time.Millisecond):
-		}
+		return done
+	}
+	if !natstest.Poll(ctx, func() bool { return finished() == jobs }) {
+		t.Fatalf("only %d of %d jobs finished", finished(), jobs)
 	}
 	mu.Lock()
 	ids.Range(func(id, _ any) bool {

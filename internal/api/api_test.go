@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -249,29 +250,30 @@ func TestWaiters(t *testing.T) {
 	r2()
 	r3()
 
-	// Concurrent acquires never hand out more than the limit.
+	// Concurrent acquires never hand out more than the limit: a slot is
+	// held until all 50 have asked, so exactly the limit is granted.
 	w = NewWaiters(5)
-	var mu sync.Mutex
 	var wg sync.WaitGroup
-	held, most := 0, 0
+	var asked, granted atomic.Int64
+	allAsked := make(chan struct{})
 	for range 50 {
 		wg.Go(func() {
-			if rel, ok := w.Acquire("acme"); ok {
-				mu.Lock()
-				held++
-				most = max(most, held)
-				mu.Unlock()
-				time.Sleep(time.Millisecond)
-				mu.Lock()
-				held--
-				mu.Unlock()
+			rel, ok := w.Acquire("acme")
+			if ok {
+				granted.Add(1)
+			}
+			if asked.Add(1) == 50 {
+				close(allAsked)
+			}
+			if ok {
+				<-allAsked
 				rel()
 			}
 		})
 	}
 	wg.Wait()
-	if most > 5 {
-		t.Errorf("concurrent waiters: %d held at once, want at most 5", most)
+	if got := granted.Load(); got != 5 {
+		t.Errorf("50 concurrent waiters, none leaving before all had asked: %d granted, want the limit 5", got)
 	}
 }
 

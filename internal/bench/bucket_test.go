@@ -75,7 +75,7 @@ func TestTokenBucketDebt(t *testing.T) {
 		if got, want := l.Reserve(5), 4500*time.Millisecond; got != want {
 			t.Errorf("5-token reserve after a debt of 40 waits %v, want %v", got, want)
 		}
-		time.Sleep(10 * time.Second)
+		time.Sleep(10 * time.Second) // synctest's virtual time: the refill is the logic
 		// 10 s refilled 100 but the level is capped at the capacity.
 		if got := l.tokens.Level(time.Now()); got != 10 {
 			t.Errorf("level after a long idle = %v, want the capacity 10", got)
@@ -99,7 +99,7 @@ func TestLimiterGrantsBothBucketsTogether(t *testing.T) {
 		if got := l.tokens.Level(time.Now()); math.Abs(got-(-2)) > 1e-9 {
 			t.Errorf("token level now = %v, want -2", got)
 		}
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // synctest's virtual time: the refill is the logic
 		if got := l.tokens.Level(time.Now()); math.Abs(got-8) > 1e-9 {
 			t.Errorf("token level at the grant = %v, want 8", got)
 		}

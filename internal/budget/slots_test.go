@@ -47,7 +47,7 @@ func TestPoolLeaseGrowsExpiresAndReturns(t *testing.T) {
 		for range 10 {
 			p.Release()
 		}
-		time.Sleep(period + time.Millisecond)
+		time.Sleep(period + time.Millisecond) // synctest's virtual time: the lease period is the logic
 		if p.TryAcquire() {
 			t.Error("acquired a slot on an expired lease")
 		}
@@ -91,7 +91,7 @@ func TestPoolDeadHolderLosesSlotsAtExpiry(t *testing.T) {
 			t.Fatalf("live holder got %d slots while 8 of 8 are leased", held)
 		}
 		// The dead holder never renews; after its period the slots come back.
-		time.Sleep(period + time.Millisecond)
+		time.Sleep(period + time.Millisecond) // synctest's virtual time: the lease period is the logic
 		for range 5 {
 			for live.TryAcquire() {
 			}
@@ -115,7 +115,7 @@ func TestPoolRunRenewsAndReturnsOnStop(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Holding a slot across many periods: Run keeps the lease alive.
-		time.Sleep(5 * period)
+		time.Sleep(5 * period) // synctest's virtual time: the lease period is the logic
 		if held, inUse := p.Held(); held < 1 || inUse != 1 {
 			t.Fatalf("after 5 periods: held %d in use %d, want a live lease", held, inUse)
 		}
@@ -158,7 +158,7 @@ func TestPoolNeverOverTheLimit(t *testing.T) {
 					_ = p.Return(ctx)
 				}
 			}
-			time.Sleep(time.Duration(rnd.IntN(400)) * time.Millisecond)
+			time.Sleep(time.Duration(rnd.IntN(400)) * time.Millisecond) // synctest's virtual time: leases expire between steps
 			total := 0
 			for _, q := range pools {
 				held, inUse := q.Held()

@@ -121,8 +121,11 @@ func (v Vec) any() bool {
 	return false
 }
 
-// Limits are the per-minute limits of one key. Zero means unlimited.
+// Limits are the limits of one key, per minute unless the store has
+// another Window. Zero means unlimited.
 type Limits struct {
+	// RPM and TPM are requests and tokens per the store's Window (a
+	// minute unless Params.Window says otherwise; see PerWindow).
 	RPM int
 	TPM int
 	// Units are the per-minute limits of the key's other units, by index
@@ -831,10 +834,9 @@ func (s *Store) Charge(ctx context.Context, key string, extra Cost) error {
 	return s.Settle(ctx, key, s.sliceOf(s.now()), extra)
 }
 
-// CalibrationKey is the budgets key holding a model's estimate calibration.
-func CalibrationKey(provider, modelToken string) string {
-	return keys.Calib(provider, modelToken, "")
-}
+// PerWindow is the limits of a store whose Window is not a minute (the
+// per-day stores): requests and tokens per that window.
+func PerWindow(requests, tokens int) Limits { return Limits{RPM: requests, TPM: tokens} }
 
 // Return gives back cost reserved in slice and not spent (a lease's
 // leftover). Usage never goes below zero; a slice already out of every

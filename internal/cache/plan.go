@@ -23,6 +23,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -84,7 +85,7 @@ func AskFromHeader(h http.Header) (*job.CacheOptions, error) {
 	case "force":
 		a.Force = true
 	default:
-		return nil, &job.ValidationError{Code: job.CodeInvalidRequest, Field: Header, Message: fmt.Sprintf("%q is not understood (want force)", clip(v))}
+		return nil, &job.ValidationError{Code: job.CodeInvalidRequest, Field: Header, Message: fmt.Sprintf("%q is not understood (want force)", clip.String(v, 64))}
 	}
 	if *a == (job.CacheOptions{}) {
 		return nil, nil
@@ -308,11 +309,4 @@ func canonical(data []byte) ([]byte, error) {
 		return nil, err
 	}
 	return bytes.TrimRight(buf.Bytes(), "\n"), nil
-}
-
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
 }

@@ -111,9 +111,9 @@ func New(kv jetstream.KeyValue, now func() time.Time) *Table {
 	return &Table{kv: kv, now: now, m: map[string]*entry{}}
 }
 
-// Key is the budgets key of a provider/model ("" class) or of one of its
+// key is the budgets key of a provider/model ("" class) or of one of its
 // request shape classes.
-func Key(provider, modelToken, class string) string {
+func key(provider, modelToken, class string) string {
 	return keys.Calib(provider, modelToken, class)
 }
 
@@ -125,9 +125,9 @@ func (t *Table) Observe(ctx context.Context, provider, modelToken, class string,
 		return 0
 	}
 	r := float64(actual) / float64(estimated)
-	keys := []string{Key(provider, modelToken, "")}
+	keys := []string{key(provider, modelToken, "")}
 	if class != "" {
-		keys = append(keys, Key(provider, modelToken, class))
+		keys = append(keys, key(provider, modelToken, class))
 	}
 	for _, k := range keys {
 		t.mu.Lock()
@@ -262,11 +262,11 @@ func (t *Table) correction(ctx context.Context, k string) float64 {
 // that the larger of the class's and the model's (Prior for a model with
 // no answer yet).
 func (t *Table) Factor(ctx context.Context, provider, modelToken, class string) float64 {
-	model := t.record(ctx, Key(provider, modelToken, ""))
+	model := t.record(ctx, key(provider, modelToken, ""))
 	if class == "" {
 		return model.Correction()
 	}
-	c := t.record(ctx, Key(provider, modelToken, class))
+	c := t.record(ctx, key(provider, modelToken, class))
 	switch {
 	case c.Samples >= ClassSamples:
 		return c.Correction()
@@ -286,13 +286,13 @@ type State struct {
 // Lookup returns provider/model's state and its classes' (by class name),
 // read from the bucket.
 func (t *Table) Lookup(ctx context.Context, provider, modelToken string) (State, map[string]State) {
-	rec := t.record(ctx, Key(provider, modelToken, ""))
+	rec := t.record(ctx, key(provider, modelToken, ""))
 	model := State{Correction: rec.Correction(), Samples: rec.Samples, At: rec.At}
 	classes := map[string]State{}
 	if t.kv == nil {
 		return model, classes
 	}
-	prefix := Key(provider, modelToken, "") + "."
+	prefix := key(provider, modelToken, "") + "."
 	lister, err := t.kv.ListKeysFiltered(ctx, prefix+">")
 	if err != nil {
 		return model, classes

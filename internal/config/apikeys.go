@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"os"
 	"strings"
 	"time"
@@ -111,19 +112,19 @@ func (c *Config) checkAPIKeys(key string, t Tenant, fail failFunc) {
 		case (k.Env == "") == (k.File == ""):
 			fail(kp+".env", "give env (a variable) or file (a path holding the key), one of them")
 		case k.Env != "" && !envName(k.Env):
-			fail(kp+".env", "must name an environment variable (the key itself never sits in the file), got %q", clip(k.Env))
+			fail(kp+".env", "must name an environment variable (the key itself never sits in the file), got %q", clip.String(k.Env, shown))
 		}
 		if k.Env != "" && k.Env == t.APIKeyEnv {
 			fail(kp+".env", "%s is already the tenant's api_key_env", k.Env)
 		}
 		if k.Expires != "" {
 			if _, err := time.Parse(time.RFC3339, k.Expires); err != nil {
-				fail(kp+".expires", "want an RFC 3339 instant such as 2026-12-31T00:00:00Z, got %q", clip(k.Expires))
+				fail(kp+".expires", "want an RFC 3339 instant such as 2026-12-31T00:00:00Z, got %q", clip.String(k.Expires, shown))
 			}
 		}
 		for m, name := range k.Models {
 			if _, _, ok := c.ModelRef(name); !ok {
-				fail(fmt.Sprintf("%s.models[%d]", kp, m), "%q is not a configured model", clip(name))
+				fail(fmt.Sprintf("%s.models[%d]", kp, m), "%q is not a configured model", clip.String(name, shown))
 			}
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluice-dev/sluice/internal/budget"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -473,9 +474,6 @@ type Tenant struct {
 	Spend *Spend `yaml:"spend"`
 }
 
-// HasLimits reports whether any tenant budget is set.
-func (t Tenant) HasLimits() bool { return t.RPM > 0 || t.TPM > 0 || t.RPD > 0 || t.TPD > 0 }
-
 // Policy is a retry policy class.
 type Policy struct {
 	MaxAttempts int      `yaml:"max_attempts"`
@@ -800,7 +798,7 @@ func (c *Config) checkHTTP(fail failFunc) {
 		fail("server.http_tls", "needs both cert and key (PEM files), got cert %q key %q", t.Cert, t.Key)
 	}
 	if k := c.Server.OperatorKeyEnv; k != "" && !envName(k) {
-		fail("server.operator_key_env", "must name an environment variable (the key itself never sits in the file), got %q", clip(k))
+		fail("server.operator_key_env", "must name an environment variable (the key itself never sits in the file), got %q", clip.String(k, shown))
 	}
 }
 
@@ -867,7 +865,7 @@ func (c *Config) checkStreaming(fail failFunc) {
 	}
 	for k := range st.CancelOnDisconnect {
 		if !job.Priority(k).Valid() {
-			fail("streaming.cancel_on_disconnect."+clip(k), "is not a priority (interactive, standard, batch)")
+			fail("streaming.cancel_on_disconnect."+clip.String(k, shown), "is not a priority (interactive, standard, batch)")
 		}
 	}
 }
@@ -927,7 +925,7 @@ func (c *Config) checkProviders(fail failFunc) {
 			fail(key+".timeout", "must be positive, got %s", p.Timeout.D())
 		}
 		if p.APIKeyEnv != "" && !envName(p.APIKeyEnv) {
-			fail(key+".api_key_env", "must name an environment variable (the key itself never sits in the file), got %q", clip(p.APIKeyEnv))
+			fail(key+".api_key_env", "must name an environment variable (the key itself never sits in the file), got %q", clip.String(p.APIKeyEnv, shown))
 		}
 		if len(p.Models) == 0 {
 			fail(key+".models", "must list at least one model")
@@ -975,7 +973,7 @@ func checkModel(p Provider, m Model, mk string, tokens map[string]string, fail f
 	}{{".allow_fields", m.AllowFields}, {".deny_fields", m.DenyFields}} {
 		for k, f := range l.names {
 			if f == "" || len(f) > 64 {
-				fail(fmt.Sprintf("%s%s[%d]", mk, l.key, k), "a body field name is 1-64 characters, got %q", clip(f))
+				fail(fmt.Sprintf("%s%s[%d]", mk, l.key, k), "a body field name is 1-64 characters, got %q", clip.String(f, shown))
 			}
 		}
 	}
@@ -984,7 +982,7 @@ func checkModel(p Provider, m Model, mk string, tokens map[string]string, fail f
 	}
 	for _, name := range m.UnitNames() {
 		if !job.ValidUnitName(name) {
-			fail(mk+".units", "%q: a unit is named by 1-32 of a-z, 0-9 and '_' (requests and tokens are rpm and tpm)", clipName(name))
+			fail(mk+".units", "%q: a unit is named by 1-32 of a-z, 0-9 and '_' (requests and tokens are rpm and tpm)", clip.String(name, 40))
 		}
 		if v := m.Units[name]; v < 0 || v > job.MaxUnitCost {
 			fail(mk+".units."+name, "must be between 0 (no limit) and %d per minute, got %d", job.MaxUnitCost, v)
@@ -1005,7 +1003,7 @@ func (c *Config) checkTenants(fail failFunc) {
 		}
 		seenT[t.Name] = true
 		if t.APIKeyEnv != "" && !envName(t.APIKeyEnv) {
-			fail(key+".api_key_env", "must name an environment variable, got %q", clip(t.APIKeyEnv))
+			fail(key+".api_key_env", "must name an environment variable, got %q", clip.String(t.APIKeyEnv, shown))
 		}
 		c.checkAPIKeys(key, t, fail) // apikeys.go
 		for _, l := range []struct {
@@ -1075,22 +1073,10 @@ func envName(s string) bool {
 	return true
 }
 
-// clipName shortens a name for an error message.
-func clipName(s string) string {
-	if len(s) > 40 {
-		return s[:40] + "…"
-	}
-	return s
-}
-
-// clip shortens a value that failed to be an environment variable name: it
-// may be the secret itself, so no more than its first 4 bytes are shown.
-func clip(s string) string {
-	if len(s) > 4 {
-		return s[:4] + "…"
-	}
-	return s
-}
+// shown is how many bytes of a bad value an error quotes: a value that
+// failed to be an environment variable name may be the secret itself, so
+// no more than its first 4 bytes are shown.
+const shown = 4
 
 // ModelRef finds a model by the name callers send: its preferred
 // deployment (Group's first). What differs between deployments (limits,
@@ -1145,7 +1131,7 @@ func (n NATS) Validate() error {
 	}
 	for _, e := range []struct{ key, v string }{{"password_env", n.PasswordEnv}, {"token_env", n.TokenEnv}} {
 		if e.v != "" && !envName(e.v) {
-			return fail(e.key, "must name an environment variable (the secret itself never sits in the file), got %q", clip(e.v))
+			return fail(e.key, "must name an environment variable (the secret itself never sits in the file), got %q", clip.String(e.v, shown))
 		}
 	}
 	if n.PasswordEnv != "" && n.User == "" {

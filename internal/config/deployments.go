@@ -5,6 +5,8 @@ import (
 	"slices"
 	"time"
 	"unicode"
+
+	"github.com/sluice-dev/sluice/pkg/clip"
 )
 
 // # Deployments
@@ -133,7 +135,7 @@ func checkDeployment(m Model, mk string, fail failFunc) {
 		fail(mk+".weight", "must be between 1 and %d, got %d", MaxDeploymentWeight, m.Weight)
 	}
 	if m.Upstream != "" && !validUpstream(m.Upstream) {
-		fail(mk+".upstream", "must be 1-256 characters without spaces or control characters, got %q", clipName(m.Upstream))
+		fail(mk+".upstream", "must be 1-256 characters without spaces or control characters, got %q", clip.String(m.Upstream, 40))
 	}
 }
 

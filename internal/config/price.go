@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"math"
 	"regexp"
 
@@ -96,7 +97,7 @@ func (c *Config) PriceResult(r *job.Result, source string) {
 // checkPrices checks providers[].models[].price and currency.
 func (c *Config) checkPrices(fail failFunc) {
 	if !currencyCode.MatchString(c.Currency) {
-		fail("currency", "must be a currency code of 3 capital letters (ISO 4217, as USD or EUR), got %q", clip(c.Currency))
+		fail("currency", "must be a currency code of 3 capital letters (ISO 4217, as USD or EUR), got %q", clip.String(c.Currency, shown))
 	}
 	for i, p := range c.Providers {
 		for j, m := range p.Models {

@@ -3,6 +3,8 @@ package config
 import (
 	"net/url"
 	"strings"
+
+	"github.com/sluice-dev/sluice/pkg/clip"
 )
 
 // How a provider serves POST /v1/responses (Provider.Responses).
@@ -38,6 +40,6 @@ func checkResponses(p Provider, key string, fail func(key, format string, args .
 	case p.Responses == ResponsesNative && p.Kind == "anthropic":
 		fail(key+".responses", "must be chat or absent for an anthropic provider (it is called on its Messages API)")
 	case p.Responses != ResponsesNative:
-		fail(key+".responses", "must be native or chat, got %q", clip(p.Responses))
+		fail(key+".responses", "must be native or chat, got %q", clip.String(p.Responses, shown))
 	}
 }

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"math"
 )
 
@@ -56,7 +57,7 @@ func (c *Config) checkSpend(fail failFunc) {
 			}
 		}
 		if s.OnExceed != SpendWait && s.OnExceed != SpendRefuse {
-			fail(key+".on_exceed", "must be %q or %q, got %q", SpendWait, SpendRefuse, clip(s.OnExceed))
+			fail(key+".on_exceed", "must be %q or %q, got %q", SpendWait, SpendRefuse, clip.String(s.OnExceed, shown))
 		}
 	}
 }

@@ -41,6 +41,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/tokens"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -343,7 +344,7 @@ func UnitCost(stated map[string]int, model *config.Model, strict bool) (map[stri
 					limits = "it limits " + strings.Join(model.UnitNames(), ", ")
 				}
 				return nil, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "cost." + name,
-					Message: fmt.Sprintf("model %q does not limit unit %q (%s)", clip(model.Name), clip(name), limits)}
+					Message: fmt.Sprintf("model %q does not limit unit %q (%s)", clip.String(model.Name, 64), clip.String(name, 64), limits)}
 			}
 		}
 	}
@@ -358,7 +359,7 @@ func UnitCost(stated map[string]int, model *config.Model, strict bool) (map[stri
 		}
 		if limit := model.Units[name]; limit > 0 && n > limit {
 			return nil, &job.ValidationError{Code: job.CodeTooLarge, Field: "cost." + name,
-				Message: fmt.Sprintf("is %d; model %q allows %d %s per minute", n, clip(model.Name), limit, name)}
+				Message: fmt.Sprintf("is %d; model %q allows %d %s per minute", n, clip.String(model.Name, 64), limit, name)}
 		}
 		out[name] = max(n, 0)
 	}
@@ -410,11 +411,11 @@ func (g *Guard) static(j *job.Job) (model *config.Model, sealed bool, err error)
 		return nil, false, err
 	}
 	if _, ok := g.live.Load().Tenant(j.Tenant); !ok {
-		return nil, false, &job.ValidationError{Code: job.CodeUnknownTenant, Field: "tenant", Message: fmt.Sprintf("unknown tenant %q", clip(j.Tenant))}
+		return nil, false, &job.ValidationError{Code: job.CodeUnknownTenant, Field: "tenant", Message: fmt.Sprintf("unknown tenant %q", clip.String(j.Tenant, 64))}
 	}
 	model = g.configured(j.Provider, j.Model)
 	if model == nil {
-		return nil, false, &job.ValidationError{Code: job.CodeUnknownModel, Field: "model", Message: fmt.Sprintf("%q/%q is not a configured provider and model", clip(j.Provider), clip(j.Model))}
+		return nil, false, &job.ValidationError{Code: job.CodeUnknownModel, Field: "model", Message: fmt.Sprintf("%q/%q is not a configured provider and model", clip.String(j.Provider, 64), clip.String(j.Model, 64))}
 	}
 	if !sealed {
 		name, err := requestModel(j)
@@ -422,7 +423,7 @@ func (g *Guard) static(j *job.Job) (model *config.Model, sealed bool, err error)
 			return nil, false, err
 		}
 		if name != j.Model {
-			return nil, false, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "request.model", Message: fmt.Sprintf("is %q but the job is routed to %q", clip(name), clip(j.Model))}
+			return nil, false, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "request.model", Message: fmt.Sprintf("is %q but the job is routed to %q", clip.String(name, 64), clip.String(j.Model, 64))}
 		}
 	}
 	if e := j.Estimate; e != nil && (e.PromptTokens < 0 || e.MaxTokens < 0) {
@@ -470,11 +471,4 @@ func (g *Guard) configured(provider, model string) *config.Model {
 		}
 	}
 	return nil
-}
-
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
 }

@@ -68,12 +68,12 @@ func (f *fleet) process(t *testing.T, holder string, changes *prometheus.Counter
 // eventually polls cond for up to 10 s.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return
+	natstest.Eventually(t, 10*time.Second, func() error {
+		if !cond() {
+			return errors.New(what)
 		}
-	}
-	t.Fatalf("timed out waiting: %s", what)
+		return nil
+	})
 }
 
 func TestLongestWaitWins(t *testing.T) {

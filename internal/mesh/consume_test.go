@@ -41,7 +41,9 @@ func TestConsumeLoop(t *testing.T) {
 				break
 			}
 		}
-		time.Sleep(time.Millisecond) // let the handlers overlap
+		// A hold, not a wait: handlers must overlap for the bound to be
+		// tested, and nothing signals that the loop would start another.
+		time.Sleep(time.Millisecond)
 		_ = msg.Ack()
 		running.Add(-1)
 		if handled.Add(1) == n {

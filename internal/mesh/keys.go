@@ -39,10 +39,3 @@ func validOpKey(k string) bool {
 	}
 	return true
 }
-
-func clipKey(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
-}

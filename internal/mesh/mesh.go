@@ -20,6 +20,8 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/tracing"
+	"github.com/sluice-dev/sluice/pkg/client"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -326,7 +328,7 @@ func (m *Mesh) CreateRecords(ctx context.Context, tenant, jobID string, rec []by
 		retry bool
 	}
 	if tenant == "" || !jobRef(tenant, jobID) || !validOpKey(opKey) {
-		err := fmt.Errorf("records of job %q under %q: not a job id or operation key", clipKey(jobID), clipKey(opKey))
+		err := fmt.Errorf("records of job %q under %q: not a job id or operation key", clip.String(jobID, 64), clip.String(opKey, 64))
 		return Created{Err: err}, Created{Err: err}
 	}
 	both := [2]*one{{kv: m.Results, key: keys.Record(tenant, jobID), data: rec}, {kv: m.Idempotency, key: opKey, data: op}}
@@ -489,7 +491,7 @@ func (m *Mesh) UpdateOpRev(ctx context.Context, bucketKey string, fn func(r *OpR
 // at it.
 func (m *Mesh) PutOpAt(ctx context.Context, bucketKey string, r *OpRecord, rev uint64) (uint64, error) {
 	if !validOpKey(bucketKey) {
-		return 0, fmt.Errorf("op record %q: not an operation key", clipKey(bucketKey))
+		return 0, fmt.Errorf("op record %q: not an operation key", clip.String(bucketKey, 64))
 	}
 	r.UpdatedAt = time.Now().UTC()
 	data, err := json.Marshal(r)
@@ -499,45 +501,33 @@ func (m *Mesh) PutOpAt(ctx context.Context, bucketKey string, r *OpRecord, rev u
 	return m.Idempotency.Update(ctx, bucketKey, data, rev)
 }
 
-// Wait returns the job's terminal result, waiting until ctx ends. It
-// subscribes to the job's result subject before looking the record up, so a
-// result written in between is not missed.
+// Wait returns the job's terminal result, waiting until ctx ends, by the
+// one protocol (client.WaitResult): it subscribes to the job's result
+// subject before looking the record up, so a result written in between is
+// not missed.
 func (m *Mesh) Wait(ctx context.Context, tenant, jobID string) (*job.Result, error) {
 	if !jobRef(tenant, jobID) {
 		return nil, job.ErrNotFound
 	}
-	ch := make(chan *nats.Msg, 1)
-	sub, err := m.JS.Conn().ChanSubscribe(job.ResultSubject(tenant, jobID), ch)
-	if err != nil {
-		return nil, fmt.Errorf("subscribe result: %w", err)
-	}
-	defer func() { _ = sub.Unsubscribe() }()
-	rec, _, err := m.Lookup(ctx, tenant, jobID)
-	if err != nil {
-		return nil, err
-	}
-	if rec.Tenant != tenant {
-		return nil, job.ErrNotFound
-	}
-	if rec.Result != nil {
-		return rec.Result, nil
-	}
-	// RESULTS stores a result before republishing it and before the result
-	// service records it, so read the stream too: a result published before
-	// we subscribed is there.
-	if r, err := m.StoredResult(ctx, tenant, jobID); err == nil {
-		return r, nil
-	}
-	select {
-	case msg := <-ch:
-		var r job.Result
-		if err := json.Unmarshal(msg.Data, &r); err != nil {
-			return nil, fmt.Errorf("result %s: %w", jobID, err)
+	return client.WaitResult(ctx, m.JS.Conn(), tenant, jobID, func(ctx context.Context) (*job.Result, error) {
+		rec, _, err := m.Lookup(ctx, tenant, jobID)
+		if err != nil {
+			return nil, err
 		}
-		return &r, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
+		if rec.Tenant != tenant {
+			return nil, job.ErrNotFound
+		}
+		if rec.Result != nil {
+			return rec.Result, nil
+		}
+		// RESULTS stores a result before republishing it and before the
+		// result service records it, so read the stream too: a result
+		// published before the subscription is there.
+		if r, err := m.StoredResult(ctx, tenant, jobID); err == nil {
+			return r, nil
+		}
+		return nil, nil
+	})
 }
 
 // errCodeStoreFailed is JetStream's "stream store failed" (10077): a

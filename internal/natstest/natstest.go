@@ -1,6 +1,8 @@
 // Package natstest starts a fresh embedded NATS server with JetStream for a
 // test (like net/http/httptest), on a random loopback port with a temporary
-// store.
+// store. Tests wait with its Eventually or Poll (for an end state) and Pace
+// or At (for a load or fault schedule, where wall time is the logic), never
+// with time.Sleep.
 package natstest
 
 import (

@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/internal/node"
 	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/client"
@@ -213,13 +214,10 @@ func TestTenantRepliesStayInItsAccount(t *testing.T) {
 	acme := connect(t, info.NATSURL, client.TenantUser("acme", env["ACME_KEY"]))
 	// The node is ready before its services subscribe: wait until ingest
 	// answers wait hints, so the attempts below reach it.
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		if _, err := acme.Request(job.WaitSubject("acme"), nil, 500*time.Millisecond); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("ingest never answered a wait hint: %v", err)
-		}
-	}
+	natstest.Eventually(t, 20*time.Second, func() error {
+		_, err := acme.Request(job.WaitSubject("acme"), nil, 500*time.Millisecond)
+		return err
+	})
 	for i, reply := range foreign {
 		body, _ := json.Marshal(&job.Job{Tenant: "acme", Request: chat(3)})
 		if err := acme.PublishRequest(job.WaitSubject("acme"), reply, body); err != nil {
@@ -239,13 +237,10 @@ func TestTenantRepliesStayInItsAccount(t *testing.T) {
 	// ask until the attempts above are through.
 	body, _ := json.Marshal(&job.Job{Tenant: "acme", Request: chat(3)})
 	var m *nats.Msg
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		if m, err = acme.Request(job.WaitSubject("acme"), body, time.Second); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("acme's own wait hint: %v", err)
-		}
-	}
+	natstest.Eventually(t, 20*time.Second, func() (err error) {
+		m, err = acme.Request(job.WaitSubject("acme"), body, time.Second)
+		return err
+	})
 	var hint job.WaitHint
 	if err := json.Unmarshal(m.Data, &hint); err != nil || hint.RetryAfterMS <= 0 {
 		t.Errorf("wait hint %q (%v), want a positive retry_after_ms", m.Data, err)

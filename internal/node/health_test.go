@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/internal/node"
 	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/client"
@@ -108,11 +109,11 @@ func TestDeploymentStoppedMidRun(t *testing.T) {
 	t.Parallel()
 	g := startGroup(t, []groupDep{{name: "a", rpm: 600}, {name: "b", rpm: 600}, {name: "c", rpm: 600}})
 	served := g.run(t, 60, func() {
-		for deadline := time.Now().Add(60 * time.Second); g.sims["b"].Stats().Models[model].Admitted < 3; time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Error("b was given no job")
-				return
-			}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		if !natstest.Poll(ctx, func() bool { return g.sims["b"].Stats().Models[model].Admitted >= 3 }) {
+			t.Error("b was given no job")
+			return
 		}
 		g.servers["b"].Close()
 	})

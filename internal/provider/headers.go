@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/wire"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -180,18 +181,7 @@ func parseResetDuration(v string) (time.Duration, bool) {
 // gives zeros. TotalTokens is computed when the provider omits it.
 func ParseUsage(body []byte) job.Usage {
 	var v struct {
-		Usage *struct {
-			PromptTokens        int `json:"prompt_tokens"`
-			CompletionTokens    int `json:"completion_tokens"`
-			TotalTokens         int `json:"total_tokens"`
-			PromptTokensDetails *struct {
-				CachedTokens int `json:"cached_tokens"`
-			} `json:"prompt_tokens_details"`
-			CompletionTokensDetails *struct {
-				ReasoningTokens int `json:"reasoning_tokens"`
-			} `json:"completion_tokens_details"`
-			CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
-		} `json:"usage"`
+		Usage *wire.ChatUsage `json:"usage"`
 	}
 	if json.Unmarshal(body, &v) != nil || v.Usage == nil {
 		return job.Usage{}
@@ -200,15 +190,11 @@ func ParseUsage(body []byte) job.Usage {
 	// not panic a counter or return budget that was never taken.
 	clamp := func(n int) int { return min(max(n, 0), maxUsage) }
 	u := job.Usage{PromptTokens: clamp(v.Usage.PromptTokens), CompletionTokens: clamp(v.Usage.CompletionTokens), TotalTokens: clamp(v.Usage.TotalTokens)}
-	if v.Usage.PromptTokensDetails != nil {
-		u.CachedTokens = min(clamp(v.Usage.PromptTokensDetails.CachedTokens), u.PromptTokens)
-	}
-	if d := v.Usage.CompletionTokensDetails; d != nil {
-		// Reasoning tokens are output tokens (inside completion_tokens
-		// as OpenAI reports them).
-		u.ReasoningTokens = clamp(d.ReasoningTokens)
-		u.CompletionTokens = max(u.CompletionTokens, u.ReasoningTokens)
-	}
+	u.CachedTokens = min(clamp(v.Usage.PromptTokensDetails.CachedTokens), u.PromptTokens)
+	// Reasoning tokens are output tokens (inside completion_tokens as
+	// OpenAI reports them).
+	u.ReasoningTokens = clamp(v.Usage.CompletionTokensDetails.ReasoningTokens)
+	u.CompletionTokens = max(u.CompletionTokens, u.ReasoningTokens)
 	u.CacheWriteTokens = min(clamp(v.Usage.CacheCreationInputTokens), u.PromptTokens-u.CachedTokens)
 	if u.TotalTokens < u.PromptTokens+u.CompletionTokens {
 		u.TotalTokens = u.PromptTokens + u.CompletionTokens

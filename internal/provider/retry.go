@@ -52,9 +52,6 @@ type Policy struct {
 	BaseDelay, MaxDelay time.Duration
 }
 
-// DefaultPolicy is a reasonable policy for LLM calls.
-var DefaultPolicy = Policy{MaxAttempts: 6, MaxElapsed: 10 * time.Minute, BaseDelay: time.Second, MaxDelay: time.Minute}
-
 // Decision is Plan's answer.
 type Decision struct {
 	Retry bool

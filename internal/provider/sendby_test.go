@@ -54,6 +54,8 @@ func testSendBy(t *testing.T, tls bool) {
 	slowConn := func(d time.Duration) context.Context {
 		return httptrace.WithClientTrace(t.Context(), &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) {
 			reused.Store(i.Reused)
+			// Time is the logic: the connection must come after SendBy, a
+			// wall-clock instant the client checks.
 			time.Sleep(d)
 		}})
 	}

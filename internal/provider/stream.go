@@ -221,8 +221,8 @@ func (a *Anthropic) Stream(ctx context.Context, c Call) (*Response, *Stream, err
 	h := baseHeader(c)
 	h.Set("X-Api-Key", a.apiKey)
 	h.Set("Anthropic-Version", a.version)
-	tr := &anStream{created: time.Now().Unix(), tools: map[int]int{}}
-	r, st, err := openStream(ctx, a.rt, target, body, h, a.maxResp, tr.event, func(b []byte) [][]byte {
+	tr := wire.NewAnthropicChunks(time.Now().Unix())
+	r, st, err := openStream(ctx, a.rt, target, body, h, a.maxResp, anthropicEvent(tr), func(b []byte) [][]byte {
 		conv, _, err := wire.AnthropicToChat(b, time.Now())
 		if err != nil {
 			return nil
@@ -237,105 +237,14 @@ func (a *Anthropic) Stream(ctx context.Context, c Call) (*Response, *Stream, err
 	return r, st, err
 }
 
-// anStream translates one Anthropic stream to OpenAI chunks.
-type anStream struct {
-	id, model string
-	created   int64
-	usage     wire.AnthropicChatUsage
-	tools     map[int]int // content block index -> tool call index
-}
-
-func (t *anStream) chunk(delta map[string]any, finish *string) []byte {
-	b, _ := json.Marshal(map[string]any{"id": t.id, "object": "chat.completion.chunk", "created": t.created, "model": t.model,
-		"choices": []any{map[string]any{"index": 0, "delta": delta, "logprobs": nil, "finish_reason": finish}}})
-	return b
-}
-
-func (t *anStream) event(ev ssestream.Event) ([][]byte, bool, error) {
-	var e struct {
-		Type    string `json:"type"`
-		Index   int    `json:"index"`
-		Message struct {
-			ID    string `json:"id"`
-			Model string `json:"model"`
-			Usage struct {
-				InputTokens              int `json:"input_tokens"`
-				OutputTokens             int `json:"output_tokens"`
-				CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
-				CacheReadInputTokens     int `json:"cache_read_input_tokens"`
-			} `json:"usage"`
-		} `json:"message"`
-		ContentBlock struct {
-			Type string `json:"type"`
-			ID   string `json:"id"`
-			Name string `json:"name"`
-		} `json:"content_block"`
-		Delta struct {
-			Type        string `json:"type"`
-			Text        string `json:"text"`
-			PartialJSON string `json:"partial_json"`
-			StopReason  string `json:"stop_reason"`
-		} `json:"delta"`
-		Usage *struct {
-			OutputTokens int `json:"output_tokens"`
-		} `json:"usage"`
+// anthropicEvent is the stream's event function over the translation
+// (wire.AnthropicChunks): an error event ends the stream with its body.
+func anthropicEvent(tr *wire.AnthropicChunks) func(ev ssestream.Event) ([][]byte, bool, error) {
+	return func(ev ssestream.Event) ([][]byte, bool, error) {
+		chunks, done, errBody := tr.Event(ev.Type, ev.Data)
+		if errBody != nil {
+			return nil, false, &StreamError{Body: errBody}
+		}
+		return chunks, done, nil
 	}
-	if err := json.Unmarshal(ev.Data, &e); err != nil {
-		return nil, false, &StreamError{Body: []byte(`{"error":{"message":"undecodable stream event","type":"api_error"}}`)}
-	}
-	typ := e.Type
-	if typ == "" {
-		typ = ev.Type
-	}
-	switch typ {
-	case "message_start":
-		m := e.Message
-		t.id, t.model = m.ID, m.Model
-		u := m.Usage
-		t.usage.PromptTokens = max(u.InputTokens+u.CacheCreationInputTokens+u.CacheReadInputTokens, 0)
-		t.usage.PromptTokensDetails.CachedTokens = max(u.CacheReadInputTokens, 0)
-		t.usage.CacheReadInputTokens = max(u.CacheReadInputTokens, 0)
-		t.usage.CacheCreationInputTokens = max(u.CacheCreationInputTokens, 0)
-		t.usage.CompletionTokens = max(u.OutputTokens, 0)
-		return [][]byte{t.chunk(map[string]any{"role": "assistant", "content": ""}, nil)}, false, nil
-	case "content_block_start":
-		if e.ContentBlock.Type != "tool_use" {
-			return nil, false, nil
-		}
-		n := len(t.tools)
-		t.tools[e.Index] = n
-		return [][]byte{t.chunk(map[string]any{"tool_calls": []any{map[string]any{"index": n, "id": e.ContentBlock.ID, "type": "function",
-			"function": map[string]any{"name": e.ContentBlock.Name, "arguments": ""}}}}, nil)}, false, nil
-	case "content_block_delta":
-		switch e.Delta.Type {
-		case "text_delta":
-			return [][]byte{t.chunk(map[string]any{"content": e.Delta.Text}, nil)}, false, nil
-		case "input_json_delta":
-			n, ok := t.tools[e.Index]
-			if !ok {
-				return nil, false, nil
-			}
-			return [][]byte{t.chunk(map[string]any{"tool_calls": []any{map[string]any{"index": n, "function": map[string]any{"arguments": e.Delta.PartialJSON}}}}, nil)}, false, nil
-		}
-		return nil, false, nil // thinking and signature deltas have no OpenAI form
-	case "message_delta":
-		if e.Usage != nil {
-			t.usage.CompletionTokens = max(e.Usage.OutputTokens, 0)
-		}
-		if e.Delta.StopReason == "" {
-			return nil, false, nil
-		}
-		finish := wire.AnthropicFinish(e.Delta.StopReason)
-		t.usage.TotalTokens = t.usage.PromptTokens + t.usage.CompletionTokens
-		u, _ := json.Marshal(map[string]any{"id": t.id, "object": "chat.completion.chunk", "created": t.created, "model": t.model, "choices": []any{}, "usage": t.usage})
-		return [][]byte{t.chunk(map[string]any{}, &finish), u}, false, nil
-	case "message_stop":
-		return nil, true, nil
-	case "error":
-		if conv, ok := wire.AnthropicErrorToOpenAI(ev.Data); ok {
-			return nil, false, &StreamError{Body: conv}
-		}
-		return nil, false, &StreamError{Body: []byte(`{"error":{"message":"error event","type":"api_error"}}`)}
-	}
-	return nil, false, nil // ping, content_block_stop, and events added later
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/adapt"
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
@@ -56,17 +57,10 @@ retry:
 			t.Fatal(err)
 		}
 	}
-	for {
+	if !natstest.Poll(ctx, func() bool { mu.Lock(); defer mu.Unlock(); return len(results) >= jobs }) {
 		mu.Lock()
-		got := len(results)
-		mu.Unlock()
-		if got >= jobs {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("%d of %d jobs finished", got, jobs)
-		}
-		time.Sleep(250 * time.Millisecond)
+		defer mu.Unlock()
+		t.Fatalf("%d of %d jobs finished", len(results), jobs)
 	}
 	mu.Lock()
 	for id, r := range results {

@@ -3,19 +3,23 @@ package systest
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/streams"
 )
 
 // SDK is the official OpenAI SDK pointed at the node as tenant acme, with
@@ -124,7 +128,7 @@ func DumpStreams(t testing.TB, n Node) {
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
 	ctx := context.Background()
-	for _, name := range []string{"INTAKE", "QUEUE", "DISPATCH", "RESULTS"} {
+	for _, name := range []string{streams.Intake, streams.Queue, streams.Dispatch, streams.Results} {
 		st, err := js.Stream(ctx, name)
 		if err != nil {
 			continue
@@ -135,4 +139,64 @@ func DumpStreams(t testing.TB, n Node) {
 			t.Logf("  consumer %s: delivered=%d ackfloor=%d pending=%d ackpending=%d redelivered=%d waiting=%d", ci.Name, ci.Delivered.Stream, ci.AckFloor.Stream, ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting)
 		}
 	}
+}
+
+// Quiet waits (up to within) until INTAKE, QUEUE and DISPATCH hold no
+// message: every job accepted has ended and none is waiting to be tried
+// again (a service publishes a job's next step before it acks the
+// current one, so a live job is always in one of them). A test that
+// proves a job was not retried checks the provider after Quiet, rather
+// than after a sleep.
+func Quiet(t testing.TB, n Node, within time.Duration) {
+	t.Helper()
+	nc, err := nats.Connect(n.NATS, n.NATSOptions...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	QuietOn(t, nc, within)
+}
+
+// QuietOn is Quiet on a connection of the test's own.
+func QuietOn(t testing.TB, nc *nats.Conn, within time.Duration) {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	natstest.Eventually(t, within, func() error {
+		for _, name := range []string{streams.Intake, streams.Queue, streams.Dispatch} {
+			st, err := js.Stream(ctx, name)
+			if err != nil {
+				return err
+			}
+			info, err := st.Info(ctx)
+			if err != nil {
+				return err
+			}
+			if info.State.Msgs > 0 {
+				return fmt.Errorf("%s holds %d messages", name, info.State.Msgs)
+			}
+		}
+		return nil
+	})
+}
+
+// AllResultsIn is QuietOn, then waits until sub (a subscription of nc to
+// results) has handled every message sent to it before: after it, a test
+// that counts results per job has seen every result there will be.
+func AllResultsIn(t testing.TB, nc *nats.Conn, sub *nats.Subscription, within time.Duration) {
+	t.Helper()
+	QuietOn(t, nc, within)
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, within, func() error {
+		if m, _, err := sub.Pending(); err != nil || m > 0 {
+			return fmt.Errorf("%d results not yet handled (%v)", m, err)
+		}
+		return nil
+	})
 }

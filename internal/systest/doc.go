@@ -8,6 +8,8 @@
 // Its non-test files are the shared fixture, which cmd/sluice's tests of
 // the command line and of the binary's processes use too: Start runs a
 // node from a YAML configuration and stops it when the test ends,
-// StartSim serves a simulator, and Judged and WatchPlans hold what a
-// provider saw against what admission planned.
+// StartSim serves a simulator, Judged and WatchPlans hold what a
+// provider saw against what admission planned, and Quiet (no job left in
+// INTAKE, QUEUE or DISPATCH) is the end state after which no job can be
+// tried again: a test proving a negative checks there, not after a sleep.
 package systest

@@ -19,6 +19,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
@@ -108,20 +109,15 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatalf("accepted %d distinct jobs, want %d", want, 3*perTenant)
 	}
 
-	for {
+	if !natstest.Poll(ctx, func() bool { mu.Lock(); defer mu.Unlock(); return len(results) >= want }) {
 		mu.Lock()
-		got := len(results)
-		mu.Unlock()
-		if got >= want {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("only %d of %d jobs finished", got, want)
-		case <-time.After(250 * time.Millisecond):
-		}
+		defer mu.Unlock()
+		t.Fatalf("only %d of %d jobs finished", len(results), want)
 	}
-	time.Sleep(500 * time.Millisecond) // let any duplicate show up
+	// A duplicate result would come from a job still in a stream (a
+	// redelivery): once none is, and this connection has handled what was
+	// sent to it, every result is counted.
+	AllResultsIn(t, nc, sub, time.Minute)
 	mu.Lock()
 	defer mu.Unlock()
 	ids.Range(func(k, _ any) bool {
@@ -169,13 +165,14 @@ func httpSubmit(ctx context.Context, base, key string, body []byte, openAI bool)
 	// machine) is retried with the same Idempotency-Key, as the README
 	// advises callers: the retry joins the first attempt, never a second job.
 	idem := uuid.NewString()
-	for {
-		id, status, err := httpSubmitOnce(ctx, base, key, body, openAI, idem)
-		if status != http.StatusServiceUnavailable || ctx.Err() != nil {
-			return id, err
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+	var id string
+	var err error
+	natstest.Poll(ctx, func() bool {
+		var status int
+		id, status, err = httpSubmitOnce(ctx, base, key, body, openAI, idem)
+		return status != http.StatusServiceUnavailable
+	})
+	return id, err
 }
 
 func httpSubmitOnce(ctx context.Context, base, key string, body []byte, openAI bool, idem string) (string, int, error) {
@@ -514,20 +511,23 @@ tenants:
 	// small: 3 now, the rest wait for the minute; daily: 2, the rest expire
 	// (their budget frees only tomorrow); free: all 6.
 	want := map[string]map[job.Status]int{"small": {job.StatusSucceeded: 3}, "daily": {job.StatusSucceeded: 2, job.StatusExpired: 4}, "free": {job.StatusSucceeded: 6}}
-	for {
+	natstest.Eventually(t, 30*time.Second, func() error {
 		mu.Lock()
-		ok := fmt.Sprint(done) == fmt.Sprint(want)
-		got := fmt.Sprint(done)
-		mu.Unlock()
-		if ok {
-			break
+		defer mu.Unlock()
+		if got := fmt.Sprint(done); got != fmt.Sprint(want) {
+			return fmt.Errorf("results by tenant %s, want %v", got, want)
 		}
-		if ctx.Err() != nil {
-			t.Fatalf("results by tenant %s, want %v", got, want)
+		return nil
+	})
+	// Nothing more may finish for small within its minute: its other three
+	// jobs are each sent back to wait for the minute to free (a deferral
+	// of tens of seconds) before anything could place them.
+	natstest.Eventually(t, 20*time.Second, func() error {
+		if d := MetricSum(t, n.MetricsURL(), "sluice_admission_deferrals_total", `reason="tenant_rpm"`); d < 3 {
+			return fmt.Errorf("small's jobs deferred %v times, want at least 3", d)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	time.Sleep(2 * time.Second) // nothing more may finish for small within its minute
+		return nil
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	if got := done["small"][job.StatusSucceeded]; got != 3 {

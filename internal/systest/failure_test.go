@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/dlq"
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
 	"github.com/sluice-dev/sluice/services/executor"
@@ -194,9 +195,7 @@ func TestLateExecutorGivesItsInstantBack(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	go func() {
-		for ctx.Err() == nil && counterSum(n.Registry, "sluice_reservations_expired_total") == 0 {
-			time.Sleep(10 * time.Millisecond)
-		}
+		natstest.Poll(ctx, func() bool { return counterSum(n.Registry, "sluice_reservations_expired_total") > 0 })
 		ahead.Store(false)
 	}()
 	res, err := cl.Do(ctx, &job.Job{Tenant: "acme", Request: ChatBody("gpt-4o-mini", 5, 16)})

@@ -14,6 +14,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
@@ -36,20 +37,16 @@ func getJobAs(t testing.TB, base, id string) (int, map[string]any) {
 // waitJob polls a job until it has a terminal status.
 func waitJobAs(t testing.TB, base, id string) map[string]any {
 	t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	var last map[string]any
-	for time.Now().Before(deadline) {
-		code, v := getJobAs(t, base, id)
-		if code == http.StatusOK {
-			if st, _ := v["status"].(string); job.Status(st).Terminal() {
-				return v
-			}
+	var v map[string]any
+	natstest.Eventually(t, 90*time.Second, func() error {
+		code, got := getJobAs(t, base, id)
+		v = got
+		if st, _ := got["status"].(string); code != http.StatusOK || !job.Status(st).Terminal() {
+			return fmt.Errorf("job %s not finished; last seen: %v", id, got)
 		}
-		last = v
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("job %s did not finish in 90s; last seen: %v", id, last)
-	return nil
+		return nil
+	})
+	return v
 }
 
 // TestForgedMessagesNeverReachTheProvider publishes on QUEUE and DISPATCH
@@ -185,8 +182,8 @@ func TestAnswerTooLargeIsPaidOnce(t *testing.T) {
 	if v["status"] != string(job.StatusFailed) {
 		t.Errorf("job: got %v, want failed", v)
 	}
-	// Give a redelivery (the failure mode) time to show.
-	time.Sleep(3 * time.Second)
+	// A redelivery (the failure mode) would keep the job in DISPATCH.
+	Quiet(t, n, 30*time.Second)
 	st := simSrv.Stats()
 	if st.Requests[http.StatusOK] != 1 || st.Completed != 1 {
 		t.Errorf("provider answered %d calls (%d completed), want exactly 1: %s", st.Requests[http.StatusOK], st.Completed, fmt.Sprint(st.Requests))

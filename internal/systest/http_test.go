@@ -26,6 +26,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
 
@@ -220,21 +221,19 @@ func TestWaitersPerTenant(t *testing.T) {
 	held := make(chan struct{})
 	go func() { // takes acme's one waiter slot and holds it until the job ends
 		defer close(held)
-		for ctx.Err() == nil {
-			if c, _ := get("acme-key", "20s"); c != http.StatusTooManyRequests {
-				return
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		natstest.Poll(ctx, func() bool { c, _ := get("acme-key", "20s"); return c != http.StatusTooManyRequests })
 	}()
 	defer func() { <-held }()
 	var code int
 	var body string
-	for deadline := time.Now().Add(4 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		if code, body = get("acme-key", "100ms"); code == http.StatusTooManyRequests {
-			break
-		}
-	}
+	// Until the goroutine above holds the slot (asking seldom, so that a
+	// wait of this loop's does not keep the slot from it).
+	pctx, pcancel := context.WithTimeout(ctx, 4*time.Second)
+	natstest.PollEvery(pctx, 200*time.Millisecond, func() bool {
+		code, body = get("acme-key", "100ms")
+		return code == http.StatusTooManyRequests
+	})
+	pcancel()
 	if code != http.StatusTooManyRequests || !strings.Contains(body, "too_many_waiters") {
 		t.Errorf("a second wait of a tenant allowed one: got %d %s, want 429 too_many_waiters", code, body)
 	}
@@ -261,24 +260,26 @@ func TestHTTPTLSAndMetricsListener(t *testing.T) {
 	}
 	api := strings.Replace(n.HTTP, "http://", "https://", 1)
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: 10 * time.Second}
-	get := func(url string) (int, string) {
-		for deadline := time.Now().Add(30 * time.Second); ; {
-			resp, err := hc.Get(url)
-			if err != nil {
-				if time.Now().After(deadline) {
-					t.Fatalf("GET %s: %v", url, err)
-				}
-				time.Sleep(100 * time.Millisecond)
-				continue
+	// get asks until it has an answer other than 503 (not ready yet), or
+	// for 30 s.
+	get := func(url string) (code int, body string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var err error
+		natstest.Poll(ctx, func() bool {
+			var resp *http.Response
+			if resp, err = hc.Get(url); err != nil {
+				return false
 			}
 			defer resp.Body.Close()
 			b, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode == http.StatusServiceUnavailable && time.Now().Before(deadline) {
-				time.Sleep(100 * time.Millisecond)
-				continue
-			}
-			return resp.StatusCode, string(b)
+			code, body = resp.StatusCode, string(b)
+			return code != http.StatusServiceUnavailable
+		})
+		if err != nil {
+			t.Fatalf("GET %s: %v", url, err)
 		}
+		return code, body
 	}
 	if code, _ := get(api + "/readyz"); code != http.StatusOK {
 		t.Errorf("GET /readyz over TLS: %d, want 200", code)

@@ -2,6 +2,7 @@ package systest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
@@ -121,9 +123,17 @@ routes:
 		t.Errorf("results %v, want between 1 and 5 (the provider's real RPM) succeeded", count)
 	}
 	t.Logf("results %v", count)
-	time.Sleep(2500 * time.Millisecond) // queue depth is sampled every 2 s
-
+	// Every job has ended once no stream holds one; queue depth is sampled
+	// every 2 s.
+	Quiet(t, n, 30*time.Second)
 	m := scrape(t, n.MetricsURL()+"/metrics")
+	natstest.Eventually(t, 10*time.Second, func() error {
+		m = scrape(t, n.MetricsURL()+"/metrics")
+		if _, k := sum(m, "llm_queue_depth", `priority="interactive"`); k == 0 {
+			return errors.New("llm_queue_depth not sampled yet")
+		}
+		return nil
+	})
 	must := func(name string, labels ...string) float64 {
 		v, k := sum(m, name, labels...)
 		if k == 0 {

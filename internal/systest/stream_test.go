@@ -14,6 +14,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
@@ -204,8 +205,9 @@ func TestStreamCutAfterFirstToken(t *testing.T) {
 	if r.UsageSource != job.UsageEstimate || r.Usage == nil || r.Usage.PromptTokens == 0 || r.Usage.CompletionTokens == 0 {
 		t.Errorf("usage %+v from %q; want Sluice's estimate of prompt and text received", r.Usage, r.UsageSource)
 	}
-	// Give a wrong retry time to show up before reading the ledger.
-	time.Sleep(time.Second)
+	// A wrong retry would keep the job in a stream: read the ledger once
+	// none is left.
+	Quiet(t, n, 30*time.Second)
 	if st := simSrv.Stats(); st.Streamed != 1 || st.JobCompletions[got.jobID] != 1 {
 		t.Errorf("simulator: %d streams, %d completions of the job; want exactly 1 provider call", st.Streamed, st.JobCompletions[got.jobID])
 	}
@@ -235,7 +237,7 @@ func TestStreamTooLargeIsPaidOnce(t *testing.T) {
 	if r.Status != job.StatusFailed || r.Error == nil || r.Error.Code != job.CodeResponseTooLarge || len(r.Response) != 0 {
 		t.Errorf("result %s (%+v) with %d bytes; want failed %s and nothing stored", r.Status, r.Error, len(r.Response), job.CodeResponseTooLarge)
 	}
-	time.Sleep(time.Second) // give a wrong retry time to show up
+	Quiet(t, n, 30*time.Second) // a wrong retry would keep the job in a stream
 	if st := simSrv.Stats(); st.Streamed != 1 || st.Completed != 1 {
 		t.Errorf("simulator: %d streams, %d completions; want exactly 1 provider call", st.Streamed, st.Completed)
 	}
@@ -263,10 +265,9 @@ func TestStreamCancelOnDisconnect(t *testing.T) {
 	if words := len(strings.Fields(ResponseText(t, r))); words == 0 || words >= 400 {
 		t.Errorf("cancelled result holds %d words, want the partial text", words)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for simSrv.Stats().ClientGone == 0 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
+	gone, stop := context.WithTimeout(ctx, 10*time.Second)
+	natstest.Poll(gone, func() bool { return simSrv.Stats().ClientGone > 0 })
+	stop()
 	if st := simSrv.Stats(); st.ClientGone != 1 || st.JobCompletions[got.jobID] != 1 {
 		t.Errorf("simulator: client gone %d, completions %d; want the call stopped (1, 1)", st.ClientGone, st.JobCompletions[got.jobID])
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -182,7 +183,7 @@ func ChatToAnthropic(body []byte, model string) ([]byte, error) {
 
 	for i, t := range in.Tools {
 		if t.Type != "" && t.Type != "function" {
-			return nil, fmt.Errorf("tools[%d]: type %q is not supported", i, clipName(t.Type))
+			return nil, fmt.Errorf("tools[%d]: type %q is not supported", i, clip.String(t.Type, 32))
 		}
 		schema := t.Function.Parameters
 		if len(bytes.TrimSpace(schema)) == 0 || string(bytes.TrimSpace(schema)) == "null" {
@@ -250,7 +251,7 @@ func anthropicMessages(in []oaMessage) (system []anBlock, msgs []anMessage, err 
 			}
 			blocks = []anBlock{{Type: "tool_result", ToolUseID: m.ToolCallID, Content: text.String()}}
 		default:
-			return nil, nil, fmt.Errorf("messages[%d]: role %q is not supported", i, clipName(m.Role))
+			return nil, nil, fmt.Errorf("messages[%d]: role %q is not supported", i, clip.String(m.Role, 32))
 		}
 		blocks = markLast(blocks, m.CacheControl)
 		if len(blocks) == 0 {
@@ -300,7 +301,7 @@ func contentBlocks(raw json.RawMessage, images bool) ([]anBlock, error) {
 			}
 			out = append(out, anBlock{Type: "image", Source: src, CacheControl: present(p.CacheControl)})
 		default:
-			return nil, fmt.Errorf("content[%d]: part type %q is not supported", j, clipName(p.Type))
+			return nil, fmt.Errorf("content[%d]: part type %q is not supported", j, clip.String(p.Type, 32))
 		}
 	}
 	return out, nil
@@ -353,7 +354,7 @@ func toolChoice(raw json.RawMessage) (map[string]any, error) {
 		case "none":
 			return map[string]any{"type": "none"}, nil
 		}
-		return nil, fmt.Errorf("tool_choice %q is not supported", clipName(s))
+		return nil, fmt.Errorf("tool_choice %q is not supported", clip.String(s, 32))
 	}
 	var obj struct {
 		Type     string `json:"type"`
@@ -365,14 +366,6 @@ func toolChoice(raw json.RawMessage) (map[string]any, error) {
 		return nil, errors.New("tool_choice must name a function")
 	}
 	return map[string]any{"type": "tool", "name": obj.Function.Name}, nil
-}
-
-// clipName keeps identifiers quoted in errors short.
-func clipName(s string) string {
-	if len(s) > 32 {
-		return s[:32] + "…"
-	}
-	return s
 }
 
 // --- response conversion ---
@@ -398,12 +391,12 @@ type anResponse struct {
 }
 
 type oaCompletion struct {
-	ID      string             `json:"id"`
-	Object  string             `json:"object"`
-	Created int64              `json:"created"`
-	Model   string             `json:"model"`
-	Choices []oaChoice         `json:"choices"`
-	Usage   AnthropicChatUsage `json:"usage"`
+	ID      string     `json:"id"`
+	Object  string     `json:"object"`
+	Created int64      `json:"created"`
+	Model   string     `json:"model"`
+	Choices []oaChoice `json:"choices"`
+	Usage   ChatUsage  `json:"usage"`
 }
 
 type oaChoice struct {
@@ -411,19 +404,6 @@ type oaChoice struct {
 	Message      chatReply `json:"message"`
 	FinishReason string    `json:"finish_reason"`
 	Logprobs     *struct{} `json:"logprobs"`
-}
-
-type AnthropicChatUsage struct {
-	PromptTokens        int `json:"prompt_tokens"`
-	CompletionTokens    int `json:"completion_tokens"`
-	TotalTokens         int `json:"total_tokens"`
-	PromptTokensDetails struct {
-		CachedTokens int `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
-	// Anthropic's own cache fields, next to OpenAI's (as LiteLLM reports
-	// them): /v1/messages answers with them.
-	CacheCreationInputTokens int `json:"cache_creation_input_tokens,omitempty"`
-	CacheReadInputTokens     int `json:"cache_read_input_tokens,omitempty"`
 }
 
 // AnthropicToChat converts a Messages API response to an OpenAI

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"slices"
 	"strings"
 
@@ -105,7 +106,7 @@ func checkChatMessage(at string, raw json.RawMessage, allowed func(string) bool)
 	}
 	spec, ok := chatRoles[role]
 	if !ok {
-		return invalid("request."+at+".role", fmt.Sprintf("must be one of %s, got %q", strings.Join(chatRoleNames, ", "), clip(role)))
+		return invalid("request."+at+".role", fmt.Sprintf("must be one of %s, got %q", strings.Join(chatRoleNames, ", "), clip.String(role, 64)))
 	}
 	if err := unknownField(at+".", m, spec.fields, allowed, "a field of a "+role+" message"); err != nil {
 		return err
@@ -143,7 +144,7 @@ func unknownField(prefix string, obj map[string]json.RawMessage, known []string,
 		msg += fmt.Sprintf(" (did you mean %q?)", near)
 	}
 	msg += "; a provider's own field passes when the model's allow_fields names it"
-	return invalid("request."+prefix+clip(names[0]), msg)
+	return invalid("request."+prefix+clip.String(names[0], 64), msg)
 }
 
 // checkRanges refuses a number out of its range (null counts as absent).
@@ -161,7 +162,7 @@ func checkRanges(obj map[string]json.RawMessage, ranges []numRange, prefix strin
 			return invalid("request."+prefix+r.field, "must be an integer")
 		}
 		if v < r.min || v > r.max {
-			return invalid("request."+prefix+r.field, fmt.Sprintf("must be between %g and %g, got %s", r.min, r.max, clip(string(bytes.TrimSpace(raw)))))
+			return invalid("request."+prefix+r.field, fmt.Sprintf("must be between %g and %g, got %s", r.min, r.max, clip.String(string(bytes.TrimSpace(raw)), 64)))
 		}
 	}
 	return nil

@@ -11,6 +11,7 @@
 // provider gets the chat body as a Messages request (ChatToAnthropic) and
 // answers as chat (AnthropicToChat); a provider serving the Responses API
 // natively gets it as a Responses request (ChatToResponses) and answers
-// as chat (ResponseToChat, NativeStream). So every service between
-// handles every job alike.
+// as chat (ResponseToChat, NativeStream; AnthropicChunks for a streamed
+// Messages answer). So every service between handles every job alike.
+// ChatUsage is the one type OpenAI's usage object is read and written with.
 package wire

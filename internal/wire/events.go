@@ -91,13 +91,13 @@ func (e *Events) closeOpen(buf []byte, status string) []byte {
 
 // Chunk translates one chat.completion.chunk.
 func (e *Events) Chunk(c []byte) []byte {
-	var ch chatChunk[chatUsage]
+	var ch chatChunk
 	if json.Unmarshal(c, &ch) != nil {
 		return nil // not a chunk: nothing a Responses client could read
 	}
 	buf := e.begin(nil)
 	if ch.Usage != nil {
-		e.usage = ch.Usage.usage()
+		e.usage = ch.Usage.responses()
 	}
 	if len(ch.Items) > 0 {
 		// The provider's own items (reasoning, built-in tool calls)

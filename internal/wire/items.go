@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -96,7 +97,7 @@ func ChatMessages(items []json.RawMessage, native bool) ([]ChatMessage, error) {
 		case native:
 			return nil
 		}
-		return errf(fmt.Sprintf("input[%d].type", i), "item type %q is not supported on this model: it is translated to another API (only a provider with responses: native takes it)", clip(typ))
+		return errf(fmt.Sprintf("input[%d].type", i), "item type %q is not supported on this model: it is translated to another API (only a provider with responses: native takes it)", clip.String(typ, 64))
 	})
 }
 
@@ -256,7 +257,7 @@ func ForChat(body []byte) ([]byte, error) {
 	}
 	for _, t := range probe.Native.Tools {
 		if typ := toolType(t); typ != "function" {
-			return nil, fmt.Errorf("built-in tool %q runs only on a provider serving the Responses API natively (responses: native); this one is called on another API", clip(typ))
+			return nil, fmt.Errorf("built-in tool %q runs only on a provider serving the Responses API natively (responses: native); this one is called on another API", clip.String(typ, 64))
 		}
 	}
 	return job.WithoutMembers(body, NativeMember), nil

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -112,7 +113,7 @@ func decodeMessages(body []byte) (anInRequest, error) {
 	}
 	for k := range keys {
 		if !slices.Contains(messagesFields, k) {
-			return in, fmt.Errorf("%s: is not supported by Sluice's /v1/messages (supported: %s)", clip(k), strings.Join(messagesFields, ", "))
+			return in, fmt.Errorf("%s: is not supported by Sluice's /v1/messages (supported: %s)", clip.String(k, 64), strings.Join(messagesFields, ", "))
 		}
 	}
 	if err := json.Unmarshal(body, &in); err != nil {
@@ -140,7 +141,7 @@ func checkMessages(top map[string]json.RawMessage) error {
 	for i, m := range msgs {
 		for name := range m {
 			if name != "role" && name != "content" {
-				return fmt.Errorf("messages[%d].%s: Extra inputs are not permitted (a message has role and content; system is top-level)", i, clip(name))
+				return fmt.Errorf("messages[%d].%s: Extra inputs are not permitted (a message has role and content; system is top-level)", i, clip.String(name, 64))
 			}
 		}
 		if present(m["content"]) == nil {
@@ -206,7 +207,7 @@ func MessagesToChat(body []byte) ([]byte, string, error) {
 		var tools []map[string]any
 		for i, t := range in.Tools {
 			if t.Type != "" && t.Type != "custom" {
-				return nil, "", fmt.Errorf("tools[%d].type: %q (a server tool) is not supported by Sluice's /v1/messages", i, clip(t.Type))
+				return nil, "", fmt.Errorf("tools[%d].type: %q (a server tool) is not supported by Sluice's /v1/messages", i, clip.String(t.Type, 64))
 			}
 			fn := map[string]any{"name": t.Name}
 			tool := map[string]any{"type": "function", "function": fn}
@@ -234,7 +235,7 @@ func MessagesToChat(body []byte) ([]byte, string, error) {
 		case "tool":
 			out["tool_choice"] = map[string]any{"type": "function", "function": map[string]string{"name": tc.Name}}
 		default:
-			return nil, "", fmt.Errorf("tool_choice.type: %q is not one of auto, any, tool, none", clip(tc.Type))
+			return nil, "", fmt.Errorf("tool_choice.type: %q is not one of auto, any, tool, none", clip.String(tc.Type, 64))
 		}
 		if tc.DisableParallelToolUse {
 			out["parallel_tool_calls"] = false
@@ -273,7 +274,7 @@ func systemText(raw json.RawMessage) (string, error) {
 // tool calls), ahead of the rest of its content.
 func convertMessage(i int, m anInMessage) ([]oaOutMsg, error) {
 	if m.Role != "user" && m.Role != "assistant" {
-		return nil, fmt.Errorf("messages[%d].role: must be user or assistant, got %q", i, clip(m.Role))
+		return nil, fmt.Errorf("messages[%d].role: must be user or assistant, got %q", i, clip.String(m.Role, 64))
 	}
 	raw := bytes.TrimSpace(m.Content)
 	var s string
@@ -326,7 +327,7 @@ func convertMessage(i int, m anInMessage) ([]oaOutMsg, error) {
 			}
 			tools = append(tools, oaOutMsg{Role: "tool", ToolCallID: b.ToolUseID, Content: text, CacheControl: present(b.CacheControl)})
 		default:
-			return nil, fmt.Errorf("%s.type: %q is not supported in a %s message by Sluice's /v1/messages", at, clip(b.Type), m.Role)
+			return nil, fmt.Errorf("%s.type: %q is not supported in a %s message by Sluice's /v1/messages", at, clip.String(b.Type, 64), m.Role)
 		}
 	}
 	out := tools
@@ -372,7 +373,7 @@ func toolResultText(raw json.RawMessage) (string, error) {
 	var b strings.Builder
 	for _, blk := range blocks {
 		if blk.Type != "text" {
-			return "", fmt.Errorf("block type %q is not supported (text only)", clip(blk.Type))
+			return "", fmt.Errorf("block type %q is not supported (text only)", clip.String(blk.Type, 64))
 		}
 		b.WriteString(blk.Text)
 	}
@@ -388,30 +389,7 @@ type msgCompletion struct {
 		Message      chatReply `json:"message"`
 		FinishReason string    `json:"finish_reason"`
 	} `json:"choices"`
-	Usage msgUsage `json:"usage"`
-}
-
-// msgUsage is a chat completion's (or a usage chunk's) usage.
-type msgUsage struct {
-	PromptTokens        int `json:"prompt_tokens"`
-	CompletionTokens    int `json:"completion_tokens"`
-	PromptTokensDetails *struct {
-		CachedTokens int `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
-	// CacheCreationInputTokens is what an Anthropic provider wrote to its
-	// cache (part of PromptTokens).
-	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
-}
-
-// split returns the input tokens as Anthropic counts them: those neither
-// read from the cache nor written to it (input_tokens), those read from
-// it (cache_read_input_tokens) and those written (cache_creation_input_tokens).
-func (u msgUsage) split() (input, cached, written int) {
-	if d := u.PromptTokensDetails; d != nil {
-		cached = d.CachedTokens
-	}
-	written = max(min(u.CacheCreationInputTokens, u.PromptTokens-cached), 0)
-	return max(u.PromptTokens-cached-written, 0), cached, written
+	Usage ChatUsage `json:"usage"`
 }
 
 // stopReason maps an OpenAI finish_reason to Anthropic's stop_reason.
@@ -548,7 +526,7 @@ func withThinking(out map[string]any, raw json.RawMessage, maxTokens int) error 
 			return fmt.Errorf("thinking.budget_tokens: must be at least 1 and less than max_tokens (%d), got %d", maxTokens, *th.BudgetTokens)
 		}
 	default:
-		return fmt.Errorf("thinking.type: must be enabled or disabled, got %q", clip(th.Type))
+		return fmt.Errorf("thinking.type: must be enabled or disabled, got %q", clip.String(th.Type, 64))
 	}
 	out["thinking"] = raw
 	return nil
@@ -598,19 +576,15 @@ type MessageEvents struct {
 	tools      map[int]int
 	openText   bool
 	stop       string
-	usage      *msgUsage
+	usage      *ChatUsage
 }
 
 func NewMessageEvents(model string) *MessageEvents {
 	return &MessageEvents{model: model, open: -1, tools: map[int]int{}}
 }
 
-// msgChunk is the part of a chat.completion.chunk the translation reads.
-type msgChunk = chatChunk[msgUsage]
-
-// chatChunk is the part of a chat.completion.chunk the translations read,
-// with usage as each reads it.
-type chatChunk[U any] struct {
+// chatChunk is the part of a chat.completion.chunk the translations read.
+type chatChunk struct {
 	ID      string `json:"id"`
 	Model   string `json:"model"`
 	Choices []struct {
@@ -629,7 +603,7 @@ type chatChunk[U any] struct {
 		} `json:"delta"`
 		FinishReason *string `json:"finish_reason"`
 	} `json:"choices"`
-	Usage *U                `json:"usage"`
+	Usage *ChatUsage        `json:"usage"`
 	Items []json.RawMessage `json:"sluice_items"`
 }
 
@@ -684,7 +658,7 @@ func (a *MessageEvents) openBlock(w io.Writer, block map[string]any) (int, bool)
 }
 
 func (a *MessageEvents) Chunk(w io.Writer, c []byte) bool {
-	var ch msgChunk
+	var ch chatChunk
 	if json.Unmarshal(c, &ch) != nil {
 		return true // not a chunk: nothing a Messages client could read
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -168,7 +169,7 @@ func responsesInput(msgs []chatIn) (string, []map[string]any, error) {
 		case "tool":
 			input = append(input, map[string]any{"type": "function_call_output", "call_id": m.ToolCallID, "output": chatText(m.Content)})
 		default:
-			return "", nil, errors.New("message role " + clip(m.Role) + " has no Responses form")
+			return "", nil, errors.New("message role " + clip.String(m.Role, 64) + " has no Responses form")
 		}
 	}
 	return strings.Join(instructions, "\n\n"), input, nil

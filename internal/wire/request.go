@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -71,7 +72,7 @@ func ParseRequest(body []byte) (*Request, error) {
 	}
 	for name := range members {
 		if !slices.Contains(requestFields, name) {
-			return nil, errf(clip(name), "is not supported by Sluice's /v1/responses (supported: %s)", strings.Join(requestFields, ", "))
+			return nil, errf(clip.String(name, 64), "is not supported by Sluice's /v1/responses (supported: %s)", strings.Join(requestFields, ", "))
 		}
 	}
 	var r Request
@@ -176,7 +177,7 @@ func messageItem(param string, it item) (ChatMessage, error) {
 	case "developer":
 		role = "system"
 	default:
-		return ChatMessage{}, errf(param+".role", "must be user, assistant, system or developer, got %q", clip(it.Role))
+		return ChatMessage{}, errf(param+".role", "must be user, assistant, system or developer, got %q", clip.String(it.Role, 64))
 	}
 	c := bytes.TrimSpace(it.Content)
 	var s string
@@ -216,7 +217,7 @@ func messageItem(param string, it item) (ChatMessage, error) {
 			chat = append(chat, map[string]any{"type": "image_url", "image_url": img})
 			images = true
 		default:
-			return ChatMessage{}, errf(fmt.Sprintf("%s.content[%d].type", param, j), "content type %q is not supported through Sluice", clip(p.Type))
+			return ChatMessage{}, errf(fmt.Sprintf("%s.content[%d].type", param, j), "content type %q is not supported through Sluice", clip.String(p.Type, 64))
 		}
 	}
 	if images {
@@ -242,7 +243,7 @@ func outputText(raw json.RawMessage) (string, *Error) {
 	var b strings.Builder
 	for _, p := range parts {
 		if p.Type != "input_text" && p.Type != "output_text" {
-			return "", &Error{Msg: fmt.Sprintf("part type %q is not supported", clip(p.Type))}
+			return "", &Error{Msg: fmt.Sprintf("part type %q is not supported", clip.String(p.Type, 64))}
 		}
 		b.WriteString(p.Text)
 	}
@@ -358,7 +359,7 @@ func chatToolChoice(raw json.RawMessage) (any, error) {
 		case "auto", "none", "required":
 			return s, nil
 		}
-		return nil, errf("tool_choice", "must be auto, none, required or a function, got %q", clip(s))
+		return nil, errf("tool_choice", "must be auto, none, required or a function, got %q", clip.String(s, 64))
 	}
 	var f struct {
 		Type string `json:"type"`
@@ -409,7 +410,7 @@ func chatResponseFormat(text json.RawMessage) (any, error) {
 		}
 		return map[string]any{"type": "json_schema", "json_schema": js}, nil
 	}
-	return nil, errf("text.format.type", "must be text, json_object or json_schema, got %q", clip(t.Format.Type))
+	return nil, errf("text.format.type", "must be text, json_object or json_schema, got %q", clip.String(t.Format.Type, 64))
 }
 
 // present returns raw, or nil when it is absent or JSON null.
@@ -430,11 +431,4 @@ func marshal(v any) ([]byte, error) {
 		return nil, err
 	}
 	return bytes.TrimRight(buf.Bytes(), "\n"), nil
-}
-
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
 }

@@ -47,36 +47,6 @@ type Usage struct {
 	TotalTokens int `json:"total_tokens"`
 }
 
-// chatUsage is a chat answer's usage.
-type chatUsage struct {
-	PromptTokens        int `json:"prompt_tokens"`
-	CompletionTokens    int `json:"completion_tokens"`
-	TotalTokens         int `json:"total_tokens"`
-	PromptTokensDetails *struct {
-		CachedTokens int `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
-	CompletionTokensDetails *struct {
-		ReasoningTokens int `json:"reasoning_tokens"`
-	} `json:"completion_tokens_details"`
-}
-
-func (c *chatUsage) usage() *Usage {
-	if c == nil {
-		return nil
-	}
-	u := &Usage{InputTokens: c.PromptTokens, OutputTokens: c.CompletionTokens, TotalTokens: c.TotalTokens}
-	if u.TotalTokens == 0 {
-		u.TotalTokens = u.InputTokens + u.OutputTokens
-	}
-	if d := c.PromptTokensDetails; d != nil {
-		u.InputTokensDetails.CachedTokens = d.CachedTokens
-	}
-	if d := c.CompletionTokensDetails; d != nil {
-		u.OutputTokensDetails.ReasoningTokens = d.ReasoningTokens
-	}
-	return u
-}
-
 // Status values of a Response.
 const (
 	StatusCompleted  = "completed"
@@ -252,7 +222,7 @@ type chatCompletion struct {
 		Message      chatReply `json:"message"`
 		FinishReason *string   `json:"finish_reason"`
 	} `json:"choices"`
-	Usage *chatUsage        `json:"usage"`
+	Usage *ChatUsage        `json:"usage"`
 	Items []json.RawMessage `json:"sluice_items"`
 }
 
@@ -281,7 +251,7 @@ func FromChat(m Meta, completion []byte) (map[string]any, error) {
 		finish = *ch.FinishReason
 	}
 	status, reason := statusOf(finish)
-	return Response(m, status, o.finish(itemStatus(status)), c.Usage.usage(), reason, nil), nil
+	return Response(m, status, o.finish(itemStatus(status)), c.Usage.responses(), reason, nil), nil
 }
 
 // statusOf maps a chat finish_reason to a Response status and incomplete
@@ -302,21 +272,4 @@ func itemStatus(status string) string {
 		return StatusCompleted
 	}
 	return StatusIncomplete
-}
-
-// AssistantMessage is a chat.completion's answer as the assistant message
-// the next turn's history holds.
-func AssistantMessage(completion []byte) (ChatMessage, error) {
-	var c chatCompletion
-	if json.Unmarshal(completion, &c) != nil || len(c.Choices) == 0 {
-		return ChatMessage{}, errNotCompletion
-	}
-	msg := c.Choices[0].Message
-	out := ChatMessage{Role: "assistant", ToolCalls: msg.ToolCalls}
-	if msg.Content != nil && *msg.Content != "" {
-		out.Content = *msg.Content
-	} else if len(msg.ToolCalls) == 0 {
-		out.Content = ""
-	}
-	return out, nil
 }

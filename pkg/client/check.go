@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -18,17 +19,10 @@ var ErrInvalidID = errors.New("sluice: job id must be a UUID in canonical form (
 // goes into a subject.
 func checkRef(tenant, id string) error {
 	if !job.ValidName(tenant) {
-		return fmt.Errorf("sluice: tenant %q is not a valid name", clip(tenant))
+		return fmt.Errorf("sluice: tenant %q is not a valid name", clip.String(tenant, 64))
 	}
 	if id != "" && !job.CanonicalID(id) {
 		return ErrInvalidID
 	}
 	return nil
-}
-
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
 }

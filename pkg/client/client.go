@@ -45,6 +45,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/streams"
 )
 
 // ErrQueueFull matches a submission refused because Sluice's intake is full.
@@ -226,27 +227,40 @@ func (c *Client) Await(ctx context.Context, tenant, id string) (*job.Result, err
 	if id == "" {
 		return nil, ErrInvalidID
 	}
-	ch := make(chan *nats.Msg, 1)
-	sub, err := c.nc.ChanSubscribe(job.ResultSubject(tenant, id), ch)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = sub.Unsubscribe() }()
-	if c.tenant != "" {
-		return waitResult(ctx, id, ch)
-	}
-	// The result may have been stored before we subscribed: RESULTS holds it
-	// from the moment it was published.
-	if st, err := c.js.Stream(ctx, "RESULTS"); err == nil {
-		if m, err := st.GetLastMsgForSubject(ctx, job.StoreSubject(tenant, id)); err == nil {
-			var r job.Result
-			if err := json.Unmarshal(m.Data, &r); err == nil {
-				return &r, nil
+	var stored func(context.Context) (*job.Result, error)
+	if c.tenant == "" {
+		// A tenant connection may not read RESULTS or the results bucket.
+		stored = func(ctx context.Context) (*job.Result, error) {
+			if r, err := storedResult(ctx, c.js, tenant, id); err == nil {
+				return r, nil
 			}
+			if r, err := c.Lookup(ctx, tenant, id); err == nil && r != nil {
+				return r, nil
+			}
+			return nil, nil
 		}
 	}
-	if r, err := c.Lookup(ctx, tenant, id); err == nil && r != nil {
-		return r, nil
+	return WaitResult(ctx, c.nc, tenant, id, stored)
+}
+
+// WaitResult is the one way to wait for a job's result, which Await and
+// Sluice's own HTTP API share: subscribe to the job's result subject
+// first, then ask stored (when not nil) for a result published before the
+// subscription (nil, nil: none yet; an error ends the wait), and
+// otherwise wait for the publication or the end of ctx. RESULTS stores a
+// result before it is republished to the subscribers, so a result is
+// either stored by the time stored looks or still to come.
+func WaitResult(ctx context.Context, nc *nats.Conn, tenant, id string, stored func(context.Context) (*job.Result, error)) (*job.Result, error) {
+	ch := make(chan *nats.Msg, 1)
+	sub, err := nc.ChanSubscribe(job.ResultSubject(tenant, id), ch)
+	if err != nil {
+		return nil, fmt.Errorf("sluice: subscribe result: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if stored != nil {
+		if r, err := stored(ctx); err != nil || r != nil {
+			return r, err
+		}
 	}
 	return waitResult(ctx, id, ch)
 }
@@ -277,7 +291,7 @@ func (c *Client) Lookup(ctx context.Context, tenant, id string) (*job.Result, er
 	if !job.CanonicalID(id) {
 		return nil, ErrInvalidID
 	}
-	kv, err := c.js.KeyValue(ctx, "results")
+	kv, err := c.js.KeyValue(ctx, streams.BucketResults)
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -102,21 +103,28 @@ func TestQueueFullIsTyped(t *testing.T) {
 func TestQueueFullCarriesSluicesWait(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name  string
-		delay time.Duration // before the answer
-		want  time.Duration
+		name string
+		late bool // answered only after Submit has returned
+		want time.Duration
 	}{
-		{"answered", 0, 7300 * time.Millisecond},
-		{"too late", 2 * client.HintTimeout, client.DefaultRetryAfter},
+		{"answered", false, 7300 * time.Millisecond},
+		{"too late", true, client.DefaultRetryAfter},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			c, js := setup(t)
 			nc := js.Conn()
 			asked := make(chan *nats.Msg, 10)
+			answer := make(chan struct{})
+			var answerOnce sync.Once
+			answerNow := func() { answerOnce.Do(func() { close(answer) }) }
+			defer answerNow()
+			if !tc.late {
+				answerNow()
+			}
 			sub, err := nc.Subscribe(job.WaitSubject("acme"), func(m *nats.Msg) {
 				asked <- m
-				time.Sleep(tc.delay)
+				<-answer
 				_ = m.Respond([]byte(`{"retry_after_ms":7300}`))
 			})
 			if err != nil {
@@ -124,8 +132,9 @@ func TestQueueFullCarriesSluicesWait(t *testing.T) {
 			}
 			defer sub.Unsubscribe()
 			// "too late" shows the wait for the hint is bounded: the answer
-			// comes after HintTimeout, and the refusal carries the default.
+			// comes after the refusal, which carries the default.
 			err = fillIntake(t, c, js, "acme")
+			answerNow()
 			var qf *client.QueueFullError
 			if !errors.As(err, &qf) || qf.RetryAfter != tc.want {
 				t.Fatalf("got %v, want a QueueFullError with RetryAfter %s", err, tc.want)
@@ -140,7 +149,7 @@ func TestQueueFullCarriesSluicesWait(t *testing.T) {
 				t.Error("Submit did not ask for a wait")
 			}
 			// A second refusal within the hint's lifetime reuses an answer.
-			if tc.delay == 0 {
+			if !tc.late {
 				_, err := c.Submit(context.Background(), &job.Job{Tenant: "acme", Request: []byte(`{"model":"m"}`)})
 				if !errors.As(err, &qf) || qf.RetryAfter != tc.want {
 					t.Errorf("second refusal: got %v, want RetryAfter %s", err, tc.want)
@@ -172,9 +181,12 @@ func TestAwaitFindsStoredAndLaterResults(t *testing.T) {
 	if err != nil || r.Status != job.StatusSucceeded {
 		t.Fatalf("Await(stored) = %+v, %v", r, err)
 	}
-	// Published while Await waits.
+	// Published once Await has subscribed (the connection then holds one
+	// more subscription), while it waits.
+	nc := js.Conn()
+	before := nc.NumSubscriptions()
 	go func() {
-		time.Sleep(100 * time.Millisecond)
+		natstest.Poll(ctx, func() bool { return nc.NumSubscriptions() > before })
 		data, _ := json.Marshal(job.Result{JobID: b, Tenant: "acme", Status: job.StatusFailed})
 		_, _ = js.Publish(ctx, job.StoreSubject("acme", b), data)
 	}()

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/streams"
 )
 
 // StreamError ends a stream that did not succeed: the job's terminal
@@ -255,7 +256,7 @@ func resultMessage(r *job.Result, usage bool) *job.StreamMessage {
 }
 
 func storedResult(ctx context.Context, js jetstream.JetStream, tenant, id string) (*job.Result, error) {
-	st, err := js.Stream(ctx, "RESULTS")
+	st, err := js.Stream(ctx, streams.Results)
 	if err != nil {
 		return nil, err
 	}
@@ -272,7 +273,7 @@ func storedResult(ctx context.Context, js jetstream.JetStream, tenant, id string
 
 // hasChunks reports whether STREAMS holds anything of the job's stream.
 func hasChunks(ctx context.Context, js jetstream.JetStream, tenant, id string) bool {
-	st, err := js.Stream(ctx, "STREAMS")
+	st, err := js.Stream(ctx, streams.StreamChunks)
 	if err != nil {
 		return false
 	}

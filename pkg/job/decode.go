@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+
+	"github.com/sluice-dev/sluice/pkg/clip"
 )
 
 // CodeIdempotencyMismatch refuses an idempotency key used before with a
@@ -92,5 +94,5 @@ func jsonValue(v string) string {
 		}
 		return fmt.Sprintf("the number %s", n)
 	}
-	return "a " + clip(v)
+	return "a " + clip.String(v, 64)
 }

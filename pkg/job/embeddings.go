@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+
+	"github.com/sluice-dev/sluice/pkg/clip"
 )
 
 // Endpoints a job's request may be for (Job.Endpoint).
@@ -89,7 +91,7 @@ func ParseEmbeddings(body []byte) (*EmbeddingsRequest, error) {
 	switch r.EncodingFormat {
 	case "", "float", "base64":
 	default:
-		return nil, invalid("request.encoding_format", "must be float or base64, got %q", clip(r.EncodingFormat))
+		return nil, invalid("request.encoding_format", "must be float or base64, got %q", clip.String(r.EncodingFormat, 64))
 	}
 	if r.Dimensions != nil && *r.Dimensions <= 0 {
 		return nil, invalid("request.dimensions", "must be positive, got %d", *r.Dimensions)

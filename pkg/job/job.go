@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/sluice-dev/sluice/pkg/clip"
 )
 
 // Priority is a job's scheduling class.
@@ -186,14 +187,6 @@ func (j *Job) ClearInternal() {
 	j.Pinned, j.Requeued, j.SpendHold, j.WaitReason = false, nil, nil, ""
 }
 
-// TaskType is the job's task for metric labels: its Task, or "default".
-func (j *Job) TaskType() string {
-	if j.Task == "" {
-		return "default"
-	}
-	return j.Task
-}
-
 // Estimate is the cost ingest computed for a job: its tokens and, for a
 // model that limits other units, its amount of each (every unit the model
 // limits, from the job's Cost or DefaultUnitCost). The seal covers all of
@@ -254,7 +247,7 @@ func CheckUnits(field string, units map[string]int) error {
 	for _, name := range UnitNames(units) {
 		n := units[name]
 		if !ValidUnitName(name) {
-			return invalid(field, "unit %q: a unit is named by 1-32 of a-z, 0-9 and '_' (not requests or tokens)", clip(name))
+			return invalid(field, "unit %q: a unit is named by 1-32 of a-z, 0-9 and '_' (not requests or tokens)", clip.String(name, 64))
 		}
 		if n < 0 || n > MaxUnitCost {
 			return invalid(field+"."+name, "must be between 0 and %d, got %d", MaxUnitCost, n)
@@ -580,7 +573,7 @@ func Parse(data []byte, lim Limits) (*Job, error) {
 	if err := dec.Decode(&j); err != nil {
 		if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
 			name, _ := strconv.Unquote(f)
-			return nil, invalid(clip(name), "is not a field of the job envelope (its fields: %s)", strings.Join(EnvelopeFields, ", "))
+			return nil, invalid(clip.String(name, 64), "is not a field of the job envelope (its fields: %s)", strings.Join(EnvelopeFields, ", "))
 		}
 		return nil, DecodeError("", "job JSON", err)
 	}
@@ -628,16 +621,16 @@ func (j *Job) Check(lim Limits) error {
 // that holds a seal proving the body was checked (internal/guard).
 func (j *Job) CheckEnvelope() error {
 	if j.ID != "" && !CanonicalID(j.ID) {
-		return invalid("id", "must be a UUID in canonical form (like 0190f6c4-8b1e-7c3a-9d2e-4f5a6b7c8d9e, lower case), got %q", clip(j.ID))
+		return invalid("id", "must be a UUID in canonical form (like 0190f6c4-8b1e-7c3a-9d2e-4f5a6b7c8d9e, lower case), got %q", clip.String(j.ID, 64))
 	}
 	if j.Priority == "" {
 		j.Priority = Standard
 	}
 	if !j.Priority.Valid() {
-		return invalid("priority", "must be interactive, standard or batch, got %q", clip(string(j.Priority)))
+		return invalid("priority", "must be interactive, standard or batch, got %q", clip.String(string(j.Priority), 64))
 	}
 	if j.Task != "" && !ValidName(j.Task) {
-		return invalid("task", "must be 1-64 letters, digits, '-' or '_', got %q", clip(j.Task))
+		return invalid("task", "must be 1-64 letters, digits, '-' or '_', got %q", clip.String(j.Task, 64))
 	}
 	if len(j.IdempotencyKey) > 256 {
 		return invalid("idempotency_key", "is %d bytes; at most 256", len(j.IdempotencyKey))
@@ -660,7 +653,7 @@ func (j *Job) CheckEnvelope() error {
 		}
 		return nil
 	}
-	return invalid("endpoint", "must be %q, %q or %q, got %q", EndpointChat, EndpointEmbeddings, EndpointResponses, clip(j.Endpoint))
+	return invalid("endpoint", "must be %q, %q or %q, got %q", EndpointChat, EndpointEmbeddings, EndpointResponses, clip.String(j.Endpoint, 64))
 }
 
 // ParseRequest parses and checks a chat-completions body.
@@ -710,13 +703,6 @@ func ParseRequest(body []byte, lim Limits) (*ChatRequest, error) {
 		return nil, &ValidationError{Code: CodeUnsupported, Field: "request.n", Message: "streamed requests support only n=1; send n>1 without stream"}
 	}
 	return &r, nil
-}
-
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
 }
 
 // ErrNotFound is returned when a job or result does not exist.

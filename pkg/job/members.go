@@ -10,6 +10,8 @@ import (
 	"sync"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/sluice-dev/sluice/pkg/clip"
 )
 
 // A body is forwarded to the provider as it came, so what Sluice reads of
@@ -51,9 +53,9 @@ func CheckMembers(field string, data []byte, into any) error {
 			at = joinField(field, de.at)
 		}
 		if de.first == "" {
-			return invalid(at, "member %q is read as %q: send it as %q (a provider matching names exactly would not read it)", clip(de.again), clip(de.field), clip(de.field))
+			return invalid(at, "member %q is read as %q: send it as %q (a provider matching names exactly would not read it)", clip.String(de.again, 64), clip.String(de.field, 64), clip.String(de.field, 64))
 		}
-		return invalid(at, "duplicate member %q (also as %q): name each member once; names that differ only in case would be read as one by Sluice and as two by the provider", clip(de.first), clip(de.again))
+		return invalid(at, "duplicate member %q (also as %q): name each member once; names that differ only in case would be read as one by Sluice and as two by the provider", clip.String(de.first, 64), clip.String(de.again, 64))
 	case err != nil:
 		// The scan disagrees with json.Valid: refuse rather than let a
 		// body through unchecked.
@@ -107,7 +109,7 @@ func CheckProducerRequest(field string, body []byte) error {
 	prefix := FoldName(ReservedPrefix)
 	for name := range members {
 		if strings.HasPrefix(FoldName(name), prefix) {
-			return invalid(joinField(field, clip(name)), "is set by Sluice only (members named %s* are Sluice's own); a request may not carry it", ReservedPrefix)
+			return invalid(joinField(field, clip.String(name, 64)), "is set by Sluice only (members named %s* are Sluice's own); a request may not carry it", ReservedPrefix)
 		}
 	}
 	return nil
@@ -203,9 +205,9 @@ func (s *memberScan) where() string {
 		case p.index >= 0:
 			fmt.Fprintf(&b, "[%d]", p.index)
 		case k > 0:
-			b.WriteString("." + clip(p.name))
+			b.WriteString("." + clip.String(p.name, 64))
 		default:
-			b.WriteString(clip(p.name))
+			b.WriteString(clip.String(p.name, 64))
 		}
 	}
 	return b.String()

@@ -66,14 +66,14 @@ func (s *Service) gatesFor(c *Candidate, provider string, model *config.Model) [
 				cost: cost, reason: "tenant_", what: "tenant budget"})
 		}
 		if t.RPD > 0 || t.TPD > 0 {
-			gs = append(gs, gate{st: s.tenantDay, key: tenantDayKey(c.Job.Tenant), lim: budget.Limits{RPM: t.RPD, TPM: t.TPD},
+			gs = append(gs, gate{st: s.tenantDay, key: tenantDayKey(c.Job.Tenant), lim: budget.PerWindow(t.RPD, t.TPD),
 				cost: cost, reason: "tenant_day_", what: "tenant budget"})
 		}
 	}
 	if model.HasDayQuota() {
 		// A day quota counts requests and tokens only; it is kept in the
 		// tenants' day store.
-		gs = append(gs, gate{st: s.tenantDay, key: modelDayKey(provider, model.Name), lim: budget.Limits{RPM: model.RPD, TPM: model.TPD},
+		gs = append(gs, gate{st: s.tenantDay, key: modelDayKey(provider, model.Name), lim: budget.PerWindow(model.RPD, model.TPD),
 			cost: budget.Cost{Requests: c.Cost.Requests, Tokens: c.Cost.Tokens}, reason: "model_day_", what: "the model's per-day quota", modelDay: true})
 	}
 	return gs

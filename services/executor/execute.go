@@ -180,7 +180,7 @@ func (s *Service) admitCall(ctx context.Context, a *attempt) (done bool, err err
 	if !ok || a.client == nil {
 		return true, s.finish(ctx, j, a.opKey, &job.Result{Status: job.StatusFailed, Error: &job.Error{Code: job.CodeUnknownModel, Message: fmt.Sprintf("model %q is not configured here", j.Model)}})
 	}
-	a.upstream = dm.Upstream
+	a.upstream = dm.UpstreamName()
 	a.until = a.at.Add(prov.Timeout.D())
 	if j.Deadline != nil && j.Deadline.Before(a.until) {
 		a.until = *j.Deadline
@@ -308,11 +308,12 @@ func (s *Service) backToAdmission(ctx context.Context, a *attempt, notBefore *ti
 
 func ptr[T any](v T) *T { return &v }
 
-// withUpstream names the deployment's upstream model in the call, when it
-// has one: the provider is sent that name, while the job, its result and
-// its metrics keep the name the caller used.
+// withUpstream names the deployment's upstream model (its UpstreamName) in
+// the call when it differs from the caller's: the provider is sent that
+// name, while the job, its result and its metrics keep the name the caller
+// used.
 func withUpstream(c provider.Call, upstream string) provider.Call {
-	if upstream == "" || upstream == c.Model {
+	if upstream == c.Model {
 		return c
 	}
 	name, _ := json.Marshal(upstream)

@@ -47,6 +47,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/route"
 	"github.com/sluice-dev/sluice/internal/tokens"
 	"github.com/sluice-dev/sluice/internal/tracing"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -213,7 +214,7 @@ func (s *Service) verify(ctx context.Context, msg jetstream.Msg, j *job.Job) err
 	switch {
 	case errors.Is(err, guard.ErrUnverified):
 		s.m.JobsRejected.WithLabelValues("dispatch", "unverified").Inc()
-		s.log.Warn("dispatch: reservation does not verify; admitting the job again", "job_id", j.ID, "provider", clip(j.Provider), "model", clip(j.Model))
+		s.log.Warn("dispatch: reservation does not verify; admitting the job again", "job_id", j.ID, "provider", clip.String(j.Provider, 64), "model", clip.String(j.Model, 64))
 		if errors.Is(err, guard.ErrUnbounded) {
 			// Admission signed it: what it holds goes back to the schedule.
 			s.giveBackUnsent(ctx, msg, j)
@@ -241,13 +242,6 @@ func (s *Service) verify(ctx context.Context, msg jetstream.Msg, j *job.Job) err
 		}
 	}
 	return errSettled
-}
-
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
 }
 
 // slotAhead is how long before its send instant a paced call takes its

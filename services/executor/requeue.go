@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/keys"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -51,14 +52,14 @@ func (s *Service) requeue(ctx context.Context, msg jetstream.Msg, j *job.Job, op
 	if n > r.bound {
 		s.m.RequeueLimited.WithLabelValues(j.Provider, j.Model, r.name).Inc()
 		s.log.Warn("job sent back to admission too often for one reason: dead-lettered", "job_id", j.ID, "tenant", j.Tenant,
-			"provider", clip(j.Provider), "model", clip(j.Model), "reason", r.name, "times", r.bound)
+			"provider", clip.String(j.Provider, 64), "model", clip.String(j.Model, 64), "reason", r.name, "times", r.bound)
 		j.Requeued = nil
 		return s.terminal(ctx, j, opKey, job.StatusDeadLettered, job.CodeRequeueLimit, &job.Error{Code: job.CodeRequeueLimit,
 			Message: fmt.Sprintf("sent back to admission %d times in a row (%s) without a provider call", r.bound, r.name)})
 	}
 	if n == r.bound/2 {
 		s.log.Warn("job keeps going back to admission for one reason", "job_id", j.ID, "tenant", j.Tenant,
-			"provider", clip(j.Provider), "model", clip(j.Model), "reason", r.name, "times", n, "ends_after", r.bound)
+			"provider", clip.String(j.Provider, 64), "model", clip.String(j.Model, 64), "reason", r.name, "times", n, "ends_after", r.bound)
 	}
 	j.Requeued = &job.Requeued{Reason: r.name, N: n, Calls: len(j.Attempts)}
 	j.Reservation = nil

@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/tokens"
 	"github.com/sluice-dev/sluice/internal/tracing"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -36,7 +37,7 @@ func (s *Service) check(j *job.Job) (*config.Provider, *config.Model, job.Estima
 		return nil, nil, job.Estimate{}, err
 	}
 	if _, ok := s.app().Tenant(j.Tenant); !ok {
-		return nil, nil, job.Estimate{}, &job.ValidationError{Code: job.CodeUnknownTenant, Field: "tenant", Message: fmt.Sprintf("unknown tenant %q", clip(j.Tenant))}
+		return nil, nil, job.Estimate{}, &job.ValidationError{Code: job.CodeUnknownTenant, Field: "tenant", Message: fmt.Sprintf("unknown tenant %q", clip.String(j.Tenant, 64))}
 	}
 	name, est, err := tokens.Estimate(j.Endpoint, j.Request, s.lim, s.app().Limits.DefaultMaxTokens)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/wire"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -85,7 +86,7 @@ func deniedField(fields map[string]json.RawMessage, m *config.Model) error {
 			}
 			why = "the provider would keep the completion in the operator's account, which every tenant shares"
 		}
-		return &job.ValidationError{Code: job.CodeInvalidRequest, Field: "request." + clip(name),
+		return &job.ValidationError{Code: job.CodeInvalidRequest, Field: "request." + clip.String(name, 64),
 			Message: fmt.Sprintf("is not allowed for model %q: %s (the operator can let it through with the model's allow_fields)", m.Name, why)}
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -29,14 +30,14 @@ func ParseCost(v string) (map[string]int, error) {
 		name, amount, ok := strings.Cut(part, "=")
 		name, amount = strings.TrimSpace(name), strings.TrimSpace(amount)
 		if !ok || name == "" {
-			return nil, bad("%q has no '='", clip(part))
+			return nil, bad("%q has no '='", clip.String(part, 64))
 		}
 		n, err := strconv.Atoi(amount)
 		if err != nil {
-			return nil, bad("%q is not a whole number", clip(amount))
+			return nil, bad("%q is not a whole number", clip.String(amount, 64))
 		}
 		if _, dup := out[name]; dup {
-			return nil, bad("%q appears twice", clip(name))
+			return nil, bad("%q appears twice", clip.String(name, 64))
 		}
 		out[name] = n
 		if len(out) > job.MaxUnits {
@@ -44,7 +45,7 @@ func ParseCost(v string) (map[string]int, error) {
 		}
 	}
 	if len(out) == 0 {
-		return nil, bad("no pair in %q", clip(v))
+		return nil, bad("no pair in %q", clip.String(v, 64))
 	}
 	if err := job.CheckUnits(CostHeader, out); err != nil {
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -20,14 +21,14 @@ import (
 func (s *Service) deployment(j *job.Job, name, pin string) (*config.Provider, *config.Model, error) {
 	p, m, ok := s.app().ModelRef(name)
 	if !ok {
-		return nil, nil, &job.ValidationError{Code: job.CodeUnknownModel, Field: "request.model", Message: fmt.Sprintf("model %q is not configured", clip(name))}
+		return nil, nil, &job.ValidationError{Code: job.CodeUnknownModel, Field: "request.model", Message: fmt.Sprintf("model %q is not configured", clip.String(name, 64))}
 	}
 	if pin == "" {
 		return p, m, nil
 	}
 	if p, m, ok = s.app().Deployment(pin, name); !ok {
 		return nil, nil, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "provider",
-			Message: fmt.Sprintf("provider %q serves no deployment of model %q", clip(pin), clip(name))}
+			Message: fmt.Sprintf("provider %q serves no deployment of model %q", clip.String(pin, 64), clip.String(name, 64))}
 	}
 	j.Pinned = true
 	return p, m, nil

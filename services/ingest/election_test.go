@@ -2,9 +2,11 @@ package ingest
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +26,9 @@ func TestSubmitRidesThroughElection(t *testing.T) {
 	if err := f.js.DeleteStream(ctx, streams.Queue); err != nil {
 		t.Fatal(err)
 	}
+	// The service says when a submission was refused and rides on.
+	riding := &logSignal{prefix: "http submit: the streams are electing a leader", ch: make(chan struct{})}
+	f.svc.log = slog.New(riding)
 	mux := http.NewServeMux()
 	f.svc.Routes(mux, api.Auth{Tenants: []string{"acme", "beta"}, Open: true})
 	answered := make(chan *httptest.ResponseRecorder, 1)
@@ -36,13 +41,17 @@ func TestSubmitRidesThroughElection(t *testing.T) {
 		mux.ServeHTTP(rec, req)
 		answered <- rec
 	}()
-	time.Sleep(3 * time.Second)
+	select {
+	case <-riding.ch:
+	case <-ctx.Done():
+		t.Fatal("the submission was never refused for want of QUEUE")
+	}
 	if err := streams.Ensure(ctx, f.js, streams.Options{Queue: streams.Bounds{MaxMsgsPerSubject: 2}}); err != nil {
 		t.Fatal(err)
 	}
 	rec := <-answered
 	if rec.Code != http.StatusAccepted {
-		t.Fatalf("POST /v1/jobs while QUEUE had no leader for 3 s: %d %s; want 202", rec.Code, rec.Body)
+		t.Fatalf("POST /v1/jobs while QUEUE had no leader: %d %s; want 202", rec.Code, rec.Body)
 	}
 	st, err := f.js.Stream(ctx, streams.Queue)
 	if err != nil {
@@ -55,4 +64,23 @@ func TestSubmitRidesThroughElection(t *testing.T) {
 	if info.State.Msgs != 1 {
 		t.Errorf("QUEUE holds %d jobs, want the one submitted", info.State.Msgs)
 	}
+}
+
+// logSignal is a log handler that closes ch at the first record whose
+// message starts with prefix.
+type logSignal struct {
+	prefix string
+	ch     chan struct{}
+	once   sync.Once
+}
+
+func (h *logSignal) Enabled(context.Context, slog.Level) bool { return true }
+func (h *logSignal) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *logSignal) WithGroup(string) slog.Handler            { return h }
+
+func (h *logSignal) Handle(_ context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, h.prefix) {
+		h.once.Do(func() { close(h.ch) })
+	}
+	return nil
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/tokens"
 	"github.com/sluice-dev/sluice/internal/tracing"
 	"github.com/sluice-dev/sluice/pkg/client"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -143,7 +144,7 @@ func keyAllows(ctx context.Context, model string) error {
 	if api.ModelAllowed(ctx, model) {
 		return nil
 	}
-	return &job.ValidationError{Code: job.CodeUnknownModel, Field: "model", Message: fmt.Sprintf("model %q is not available to this API key", clip(model))}
+	return &job.ValidationError{Code: job.CodeUnknownModel, Field: "model", Message: fmt.Sprintf("model %q is not available to this API key", clip.String(model, 64))}
 }
 
 // Accepted is the outcome of a successful submission.
@@ -508,7 +509,7 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 	case derr != nil:
 		err = derr
 	case j.Tenant != tenant:
-		err = &job.ValidationError{Code: job.CodeInvalidRequest, Field: "tenant", Message: fmt.Sprintf("%q does not match the subject's tenant %q", clip(j.Tenant), tenant)}
+		err = &job.ValidationError{Code: job.CodeInvalidRequest, Field: "tenant", Message: fmt.Sprintf("%q does not match the subject's tenant %q", clip.String(j.Tenant, 64), tenant)}
 	default:
 		ctx := s.mesh.Tracing.FromMsg(ctx, msg)
 		_, err = s.acceptCached(ctx, j, func() (Accepted, error) { return s.accept(ctx, j, true) }) // cache.go
@@ -599,11 +600,4 @@ func (s *Service) refuse(ctx context.Context, msg jetstream.Msg, j *job.Job, ten
 	}
 	s.log.Info("job refused", "job_id", id, "tenant", tenant, "code", jerr.Code)
 	_ = msg.Ack()
-}
-
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
 }

@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sluice-dev/sluice/internal/api"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -28,7 +29,7 @@ func checkContentType(r *http.Request) error {
 	}
 	got := "none"
 	if ct != "" {
-		got = fmt.Sprintf("%q", clip(ct))
+		got = fmt.Sprintf("%q", clip.String(ct, 64))
 	}
 	return &job.ValidationError{Code: api.CodeUnsupportedMediaType, Field: "Content-Type",
 		Message: fmt.Sprintf("must be application/json (UTF-8), got %s", got)}

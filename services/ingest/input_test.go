@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -225,21 +226,24 @@ func TestMessagesAnswerSlowerThanWriteTimeout(t *testing.T) {
 	answered := make(chan error, 1)
 	go func() {
 		// The job's result, written well after the write timeout.
-		for ctx.Err() == nil {
+		var j job.Job
+		queued := natstest.Poll(ctx, func() bool {
 			st, err := f.js.Stream(ctx, streams.Queue)
-			if err == nil {
-				if m, err := st.GetLastMsgForSubject(ctx, job.QueueSubject(job.Standard, "acme")); err == nil {
-					var j job.Job
-					_ = json.Unmarshal(m.Data, &j)
-					time.Sleep(3 * writeTimeout)
-					completion := `{"id":"c1","object":"chat.completion","model":"fast","choices":[{"index":0,"message":{"role":"assistant","content":"slow but here"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}`
-					answered <- f.mesh.PublishResult(ctx, &job.Result{JobID: j.ID, Tenant: "acme", Status: job.StatusSucceeded, Response: json.RawMessage(completion)}, "")
-					return
-				}
+			if err != nil {
+				return false
 			}
-			time.Sleep(20 * time.Millisecond)
+			m, err := st.GetLastMsgForSubject(ctx, job.QueueSubject(job.Standard, "acme"))
+			return err == nil && json.Unmarshal(m.Data, &j) == nil
+		})
+		if !queued {
+			answered <- ctx.Err()
+			return
 		}
-		answered <- ctx.Err()
+		// Time is what is tested: the answer must come after the server's
+		// write deadline (net/http's, on the wall clock) has passed.
+		time.Sleep(3 * writeTimeout)
+		completion := `{"id":"c1","object":"chat.completion","model":"fast","choices":[{"index":0,"message":{"role":"assistant","content":"slow but here"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}`
+		answered <- f.mesh.PublishResult(ctx, &job.Result{JobID: j.ID, Tenant: "acme", Status: job.StatusSucceeded, Response: json.RawMessage(completion)}, "")
 	}()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ts.URL+"/v1/messages", bytes.NewReader([]byte(chatHi)))
 	req.Header.Set("Content-Type", "application/json")

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/wire"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -53,7 +54,7 @@ func (s *Service) messages(w http.ResponseWriter, r *http.Request, auth api.Auth
 	}
 	if !validAnthropicVersion(v) {
 		anthropicError(w, http.StatusBadRequest, "invalid_request_error",
-			fmt.Sprintf("anthropic-version: %q is not a valid version (a date such as 2023-06-01)", clip(v)))
+			fmt.Sprintf("anthropic-version: %q is not a valid version (a date such as 2023-06-01)", clip.String(v, 64)))
 		return
 	}
 	body, err := s.readBody(w, r)

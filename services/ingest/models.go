@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -56,7 +57,7 @@ func (s *Service) getModel(w http.ResponseWriter, r *http.Request, auth api.Auth
 	p, m, ok := s.app().ModelRef(id)
 	if !ok || !api.ModelAllowed(r.Context(), m.Name) {
 		api.ErrorParam(w, http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
-			fmt.Sprintf("The model %q is not configured in Sluice", clip(id)))
+			fmt.Sprintf("The model %q is not configured in Sluice", clip.String(id, 64)))
 		return
 	}
 	api.JSON(w, http.StatusOK, modelObject(p, m, created))

@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/wire"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -104,11 +105,11 @@ func (s *Service) responses(w http.ResponseWriter, r *http.Request, auth api.Aut
 	}
 	native := s.nativeResponses(r, req.Model)
 	if params, types := req.BuiltinTools(); len(params) > 0 && !native {
-		s.invalidResponse(w, &wire.Error{Param: params[0], Msg: fmt.Sprintf("built-in tool %q runs only on a provider serving the Responses API natively (responses: native); model %q is translated to another API", clip(types[0]), clip(req.Model))})
+		s.invalidResponse(w, &wire.Error{Param: params[0], Msg: fmt.Sprintf("built-in tool %q runs only on a provider serving the Responses API natively (responses: native); model %q is translated to another API", clip.String(types[0], 64), clip.String(req.Model, 64))})
 		return
 	}
 	if req.BuiltinChoice() && !native {
-		s.invalidResponse(w, &wire.Error{Param: "tool_choice", Msg: fmt.Sprintf("a built-in tool runs only on a provider serving the Responses API natively (responses: native); model %q is translated to another API", clip(req.Model))})
+		s.invalidResponse(w, &wire.Error{Param: "tool_choice", Msg: fmt.Sprintf("a built-in tool runs only on a provider serving the Responses API natively (responses: native); model %q is translated to another API", clip.String(req.Model, 64))})
 		return
 	}
 	items, err := req.Items()
@@ -239,7 +240,7 @@ func newConversation(chat []byte) string {
 type responseNotFound struct{ id string }
 
 func (e *responseNotFound) Error() string {
-	return fmt.Sprintf("Response with id '%s' not found.", clip(e.id))
+	return fmt.Sprintf("Response with id '%s' not found.", clip.String(e.id, 64))
 }
 
 // storeResponse writes a response's record. A failure is logged: the
@@ -302,7 +303,7 @@ func (s *Service) history(ctx context.Context, tenant, id string) (items []json.
 		if res != nil {
 			state = "did not complete (" + string(res.Status) + ")"
 		}
-		return nil, "", &wire.Error{Param: "previous_response_id", Msg: fmt.Sprintf("response '%s' %s; a conversation continues from a completed response", clip(id), state)}
+		return nil, "", &wire.Error{Param: "previous_response_id", Msg: fmt.Sprintf("response '%s' %s; a conversation continues from a completed response", clip.String(id, 64), state)}
 	}
 	out, err := wire.FromChat(st.Meta, res.Response)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/keys"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -85,22 +86,15 @@ func TestMalformedJobIDIsNotFound(t *testing.T) {
 	} {
 		rec := f.get(seg, nil)
 		if rec.Code != http.StatusNotFound || !strings.Contains(rec.Body.String(), "job_not_found") {
-			t.Errorf("GET /v1/jobs/%s: got %d %s, want 404 job_not_found", clipSeg(seg), rec.Code, rec.Body)
+			t.Errorf("GET /v1/jobs/%s: got %d %s, want 404 job_not_found", clip.String(seg, 40), rec.Code, rec.Body)
 		}
-		f.healthy(t, "GET /v1/jobs/"+clipSeg(seg))
+		f.healthy(t, "GET /v1/jobs/"+clip.String(seg, 40))
 	}
 	// A long-poll of a malformed id ends at once too, holding no waiter.
 	if rec := f.get(strings.Repeat("b", 4000)+"?wait=30s", nil); rec.Code != http.StatusNotFound {
 		t.Errorf("long-poll of a 4,000-character id: got %d, want 404", rec.Code)
 	}
 	f.healthy(t, "a long-poll of a 4,000-character id")
-}
-
-func clipSeg(s string) string {
-	if len(s) > 40 {
-		return s[:40] + "…"
-	}
-	return s
 }
 
 // FuzzJobIDPath sends GET /v1/jobs/{id} with any path segment and any
@@ -129,10 +123,10 @@ func FuzzJobIDPath(f *testing.F) {
 		}
 		rec := fx.get(url.PathEscape(seg), h)
 		if rec.Code >= 500 {
-			t.Fatalf("GET /v1/jobs/%q (tenant %q): %d %s", clipSeg(seg), clipSeg(tenant), rec.Code, rec.Body)
+			t.Fatalf("GET /v1/jobs/%q (tenant %q): %d %s", clip.String(seg, 40), clip.String(tenant, 40), rec.Code, rec.Body)
 		}
 		if nc := fx.mesh.JS.Conn(); !nc.IsConnected() {
-			t.Fatalf("GET /v1/jobs/%q: NATS connection %v (%v)", clipSeg(seg), nc.Status(), nc.LastError())
+			t.Fatalf("GET /v1/jobs/%q: NATS connection %v (%v)", clip.String(seg, 40), nc.Status(), nc.LastError())
 		}
 	})
 }

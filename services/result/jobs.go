@@ -3,6 +3,7 @@ package result
 import (
 	"context"
 	"errors"
+	"github.com/sluice-dev/sluice/pkg/clip"
 	"net/http"
 	"slices"
 	"strconv"
@@ -50,7 +51,7 @@ func (s *Service) list(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 	}
 	status := job.Status(q.Get("status"))
 	if status != "" && status != job.StatusQueued && status != job.StatusRunning && !status.Terminal() {
-		api.ErrorParam(w, http.StatusBadRequest, "invalid_request_error", job.CodeInvalidRequest, "status", "unknown status "+strconv.Quote(clipStr(string(status))))
+		api.ErrorParam(w, http.StatusBadRequest, "invalid_request_error", job.CodeInvalidRequest, "status", "unknown status "+strconv.Quote(clip.String(string(status), 40)))
 		return
 	}
 	page, err := s.listJobs(r.Context(), tenant, status, after, limit)
@@ -123,11 +124,4 @@ func opKeyOf(rec *mesh.Record) string {
 	}
 	k, _ := mesh.OpKey(rec.Tenant, "", rec.JobID)
 	return k
-}
-
-func clipStr(s string) string {
-	if len(s) > 40 {
-		return s[:40]
-	}
-	return s
 }
