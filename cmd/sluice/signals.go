@@ -43,11 +43,15 @@ func signals() (context.Context, func()) {
 }
 
 // followSignals logs the end of ctx ("shutting down", naming the signal)
-// and passes each SIGHUP to reloads, logged, until ctx ends.
+// and passes each SIGHUP to reloads, logged, until ctx ends. The function
+// it returns waits for that last line when ctx has ended (call it before
+// the command returns: its log may be the caller's buffer).
 func followSignals(ctx context.Context, log interface {
 	Info(msg string, args ...any)
-}, reloads chan<- string) {
-	context.AfterFunc(ctx, func() {
+}, reloads chan<- string) (wait func()) {
+	logged := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(logged)
 		reason := context.Cause(ctx)
 		if s, ok := reason.(stopSignal); ok {
 			log.Info("shutting down", "signal", s.name)
@@ -69,4 +73,9 @@ func followSignals(ctx context.Context, log interface {
 			}
 		}
 	}()
+	return func() {
+		if !stop() { // ctx ended: the line is being written
+			<-logged
+		}
+	}
 }

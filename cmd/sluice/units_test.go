@@ -40,7 +40,7 @@ func TestUnitsEndToEnd(t *testing.T) {
 		APIKeys: []string{"sim-secret"},
 	})
 	cfg := strings.Replace(systest.SimConfig(simURL, model, 100_000, 100_000_000, ""),
-		"max_concurrency: 128}", fmt.Sprintf("max_concurrency: 128, units: {images: %d}}", images), 1)
+		"max_concurrency: 128}", fmt.Sprintf("max_concurrency: 128, units: {images: %d}, allow_fields: [sim_units]}", images), 1)
 	n := systest.Start(t, cfg, systest.Env)
 	nc, cl := n.Connect(t)
 
@@ -64,7 +64,8 @@ func TestUnitsEndToEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
-	// The simulator reads a request's images from its body ("sim_units");
+	// The simulator reads a request's images from its body ("sim_units", a
+	// provider's own field: the model's allow_fields lets it through);
 	// Sluice from the job's cost. Both say the same.
 	body := func(i, k int) []byte {
 		b := systest.ChatBody(model, 10+i%20, 32)

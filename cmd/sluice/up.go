@@ -102,7 +102,7 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 		httpAddr = ""
 	}
 	reloads := make(chan string, 1)
-	followSignals(ctx, log, reloads) // signals.go
+	defer followSignals(ctx, log, reloads)() // signals.go
 	return node.Run(ctx, node.Options{
 		Load: func() (*config.Config, string, error) {
 			c, _, hash, err := f.resolve(set, false, getenv)
