@@ -465,16 +465,22 @@ func (s *Store) Settle(ctx context.Context, key string, slice int64, extra Cost)
 		return nil
 	}
 	return s.modify(ctx, key, "settle", func(w *Window, cur int64) bool {
-		if slice < cur-s.p.Span()+1 {
-			return false // already out of every window
-		}
-		v := w.Slices[slice]
-		for d, x := range extra.vec() {
-			v[d] += max(x, 0)
-		}
-		w.Slices[slice] = v
-		return true
+		return s.charge(w, cur, slice, extra)
 	})
+}
+
+// charge adds extra's positive entries to slice and reports whether w
+// changed (not when the slice is already out of every window).
+func (s *Store) charge(w *Window, cur, slice int64, extra Cost) bool {
+	if slice < cur-s.p.Span()+1 {
+		return false
+	}
+	v := w.Slices[slice]
+	for d, x := range extra.vec() {
+		v[d] += max(x, 0)
+	}
+	w.Slices[slice] = v
+	return true
 }
 
 // modify applies fn to key's window (pruned to the current slice cur)

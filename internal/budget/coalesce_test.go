@@ -1,0 +1,65 @@
+package budget_test
+
+import (
+	"bytes"
+	"context"
+	"testing"
+
+	"github.com/sluice-dev/sluice/internal/budget"
+)
+
+// ReturnAll and SettleAll leave the window as the same returns and
+// settlements one by one would, with one write.
+func TestReturnAllAndSettleAllAreOneWrite(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	lim := budget.Limits{RPM: 600, TPM: 60_000}
+	one := budget.Cost{Requests: 1, Tokens: 100}
+	for _, lapsed := range []bool{false, true} {
+		b := setup(t, pacedParams)
+		g, err := b.store.Take(ctx, key, lim, costs(4, one))
+		if err != nil || g.N != 4 {
+			t.Fatalf("Take: %+v %v, want 4 placed", g, err)
+		}
+		rs := []budget.Return{
+			{At: g.SendAt[1], Cost: budget.Cost{Tokens: 40}},
+			{At: g.SendAt[2], Cost: budget.Cost{}}, // nothing: skipped
+			{At: g.SendAt[3], Cost: one},           // the newest, whole: a lapse rewinds the pace
+		}
+		ss := []budget.Settlement{{Slice: g.Slice, Extra: budget.Cost{Tokens: 7}}, {Slice: g.Slice, Extra: budget.Cost{Tokens: 5}}}
+		// One by one, on a copy of the same state, by another process.
+		kv1 := b.kv.clone()
+		s1 := budget.NewStore(kv1, b.p, b.clock.Now)
+		for _, r := range rs {
+			ret := s1.ReturnAt
+			if lapsed {
+				ret = s1.ReturnLapsed
+			}
+			if err := ret(ctx, key, r.At, r.Cost); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, st := range ss {
+			if err := s1.Settle(ctx, key, st.Slice, st.Extra); err != nil {
+				t.Fatal(err)
+			}
+		}
+
+		before, _ := b.kv.stats()
+		if err := b.store.ReturnAll(ctx, key, rs, lapsed); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.store.SettleAll(ctx, key, ss); err != nil {
+			t.Fatal(err)
+		}
+		if after, _ := b.kv.stats(); after-before != 2 {
+			t.Errorf("lapsed=%v: %d writes, want 2 (one for the returns, one for the settlements)", lapsed, after-before)
+		}
+		if got, want := b.kv.value(key), kv1.value(key); !bytes.Equal(got, want) {
+			t.Errorf("lapsed=%v: window after ReturnAll, SettleAll:\n%s\nwant (one by one):\n%s", lapsed, got, want)
+		}
+		if used, _ := b.store.Used(ctx, key); used.Requests != 3 || used.Tokens != 400-40-100+12 {
+			t.Errorf("lapsed=%v: window holds %+v, want 3 requests and %d tokens", lapsed, used, 400-40-100+12)
+		}
+	}
+}
