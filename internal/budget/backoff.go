@@ -24,7 +24,7 @@ import (
 const (
 	conflictBase     = time.Millisecond
 	conflictCap      = 50 * time.Millisecond
-	conflictPatience = 2 * time.Second
+	conflictPatience = 5 * time.Second
 )
 
 // backoff is the waiting of one operation on a contended key.

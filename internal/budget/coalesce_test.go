@@ -1,8 +1,9 @@
 package budget_test
 
 import (
-	"bytes"
 	"context"
+	"encoding/json"
+	"reflect"
 	"testing"
 
 	"github.com/sluice-dev/sluice/internal/budget"
@@ -55,8 +56,15 @@ func TestReturnAllAndSettleAllAreOneWrite(t *testing.T) {
 		if after, _ := b.kv.stats(); after-before != 2 {
 			t.Errorf("lapsed=%v: %d writes, want 2 (one for the returns, one for the settlements)", lapsed, after-before)
 		}
-		if got, want := b.kv.value(key), kv1.value(key); !bytes.Equal(got, want) {
-			t.Errorf("lapsed=%v: window after ReturnAll, SettleAll:\n%s\nwant (one by one):\n%s", lapsed, got, want)
+		var got, want budget.Window
+		if err := json.Unmarshal(b.kv.value(key), &got); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(kv1.value(key), &want); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("lapsed=%v: window after ReturnAll, SettleAll:\n%+v\nwant (one by one):\n%+v", lapsed, got, want)
 		}
 		if used, _ := b.store.Used(ctx, key); used.Requests != 3 || used.Tokens != 400-40-100+12 {
 			t.Errorf("lapsed=%v: window holds %+v, want 3 requests and %d tokens", lapsed, used, 400-40-100+12)
