@@ -71,3 +71,32 @@ func TestReturnAllAndSettleAllAreOneWrite(t *testing.T) {
 		}
 	}
 }
+
+// A lease's blocks that expire together go back to a paced window in one
+// write, all of them.
+func TestLeaseExpiresInOneWrite(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, pacedParams)
+	lim := budget.Limits{RPM: 6_000, TPM: 600_000}
+	one := budget.Cost{Requests: 1, Tokens: 100}
+	l := budget.NewLease(b.store, key)
+	g, err := l.Take(ctx, lim, []budget.Cost{one}, costs(5, one), false, 0)
+	if err != nil || g.N != 1 {
+		t.Fatalf("Take: %+v %v, want the job placed", g, err)
+	}
+	// Two blocks spent, three left.
+	for range 2 {
+		if _, ok := l.Spend(one, false, b.clock.Now(), 0); !ok {
+			t.Fatal("Spend: no block")
+		}
+	}
+	before, _ := b.kv.stats()
+	l.Expire(ctx, b.clock.Now(), true)
+	if after, _ := b.kv.stats(); after-before != 1 {
+		t.Errorf("Expire of three blocks: %d writes, want 1", after-before)
+	}
+	if used, _ := b.store.Used(ctx, key); used.Requests != 3 || used.Tokens != 300 {
+		t.Errorf("window holds %+v, want the job and the two blocks spent (3 requests, 300 tokens)", used)
+	}
+}
