@@ -183,18 +183,31 @@ func (l *Lease) Take(ctx context.Context, lim Limits, rest, extra []Cost, urgent
 }
 
 // Expire gives back what is left of blocks that can no longer be spent
-// (every block when all is set: shutdown).
+// (every block when all is set: shutdown), on a paced store in one write.
 func (l *Lease) Expire(ctx context.Context, now time.Time, all bool) {
 	keep := l.blocks[:0]
+	var back []Return
 	for _, b := range l.blocks {
-		if !all && l.usable(b, now, 0) {
+		switch {
+		case !all && l.usable(b, now, 0):
 			keep = append(keep, b)
-			continue
+		case l.st.p.paced():
+			if b.Left.Positive() {
+				back = append(back, Return{At: b.At, Cost: b.Left})
+			}
+		default:
+			l.giveBack(ctx, *b, b.Left)
 		}
-		l.giveBack(ctx, *b, b.Left)
 	}
 	clear(l.blocks[len(keep):])
 	l.blocks = keep
+	switch {
+	case len(back) == 0:
+	case l.rewind != nil:
+		_ = l.st.ReturnRewindAll(ctx, l.key, back, *l.rewind)
+	default:
+		_ = l.st.ReturnAll(ctx, l.key, back, false)
+	}
 }
 
 func (l *Lease) giveBack(ctx context.Context, b Block, c Cost) {

@@ -394,34 +394,40 @@ func (s *Store) returnAt(ctx context.Context, key string, at time.Time, c Cost, 
 	}
 	cv := c.vec()
 	return s.modify(ctx, key, "return", func(w *Window, cur int64) bool {
-		i, ok := s.subtract(w, cur, at, cv)
-		if !ok {
-			return false
+		return s.giveBack(w, cur, at, cv, rewind)
+	})
+}
+
+// giveBack takes cv off w at instant at (ReturnAt; rewind: ReturnLapsed)
+// and reports whether w changed.
+func (s *Store) giveBack(w *Window, cur int64, at time.Time, cv Vec, rewind bool) bool {
+	i, ok := s.subtract(w, cur, at, cv)
+	if !ok {
+		return false
+	}
+	us := at.UnixMicro()
+	if i >= 0 {
+		last := rewind && !w.P[i].V.any()
+		for _, p := range w.P[i+1:] {
+			if p.V.any() {
+				last = false
+				break
+			}
 		}
-		us := at.UnixMicro()
-		if i >= 0 {
-			last := rewind && !w.P[i].V.any()
-			for _, p := range w.P[i+1:] {
-				if p.V.any() {
-					last = false
-					break
-				}
-			}
-			if last {
-				for d := range w.TAT {
-					w.TAT[d] = min(w.TAT[d], us)
-				}
-			}
-		} else if rewind && w.Last != 0 && (w.Last+999)/1000*1000 == us {
-			// The placement is gone from the schedule (given back more
-			// than a short window after its instant) but was the newest:
-			// nothing was spaced after it.
+		if last {
 			for d := range w.TAT {
 				w.TAT[d] = min(w.TAT[d], us)
 			}
 		}
-		return true
-	})
+	} else if rewind && w.Last != 0 && (w.Last+999)/1000*1000 == us {
+		// The placement is gone from the schedule (given back more
+		// than a short window after its instant) but was the newest:
+		// nothing was spaced after it.
+		for d := range w.TAT {
+			w.TAT[d] = min(w.TAT[d], us)
+		}
+	}
+	return true
 }
 
 // subtract takes cv off the minute's slice and the placement at instant

@@ -79,3 +79,37 @@ func (s *Store) ReturnRewindAll(ctx context.Context, key string, rs []Return, li
 		return true
 	})
 }
+
+// ReturnAll is ReturnAt (lapsed: ReturnLapsed) for several returns in one
+// compare-and-set, in their order. A return whose instant has left the
+// window is skipped.
+func (s *Store) ReturnAll(ctx context.Context, key string, rs []Return, lapsed bool) error {
+	return s.modify(ctx, key, "return", func(w *Window, cur int64) bool {
+		changed := false
+		for _, r := range rs {
+			if r.Cost.Positive() && s.giveBack(w, cur, r.At, r.Cost.vec(), lapsed) {
+				changed = true
+			}
+		}
+		return changed
+	})
+}
+
+// Settlement is extra charged to the slice a reservation was made in.
+type Settlement struct {
+	Slice int64
+	Extra Cost
+}
+
+// SettleAll is Settle for several settlements in one compare-and-set.
+func (s *Store) SettleAll(ctx context.Context, key string, ss []Settlement) error {
+	return s.modify(ctx, key, "settle", func(w *Window, cur int64) bool {
+		changed := false
+		for _, st := range ss {
+			if st.Extra.Positive() && s.charge(w, cur, st.Slice, st.Extra) {
+				changed = true
+			}
+		}
+		return changed
+	})
+}

@@ -163,7 +163,8 @@ func (p *Pool) Renew(ctx context.Context) error {
 	p.waiting, p.peak = 0, p.inUse
 	p.mu.Unlock()
 
-	for attempt := 0; attempt < 50; attempt++ {
+	b := backoff{sleep: sleepCtx, now: p.now}
+	for {
 		st, rev, err := p.load(ctx)
 		if err != nil {
 			return err
@@ -197,6 +198,9 @@ func (p *Pool) Renew(ctx context.Context) error {
 		}
 		err = p.store(ctx, st, rev)
 		if errors.Is(err, errConflict) {
+			if err := b.wait(ctx, "lease", p.key); err != nil {
+				return err
+			}
 			continue
 		}
 		if err != nil {
@@ -208,12 +212,12 @@ func (p *Pool) Renew(ctx context.Context) error {
 		p.mu.Unlock()
 		return nil
 	}
-	return fmt.Errorf("%w: lease %s: too many conflicts", ErrUnavailable, p.key)
 }
 
 // Return gives the whole lease back (shutdown).
 func (p *Pool) Return(ctx context.Context) error {
-	for attempt := 0; attempt < 50; attempt++ {
+	b := backoff{sleep: sleepCtx, now: p.now}
+	for {
 		st, rev, err := p.load(ctx)
 		if err != nil {
 			return err
@@ -224,6 +228,9 @@ func (p *Pool) Return(ctx context.Context) error {
 		delete(st.Holders, p.holder)
 		err = p.store(ctx, st, rev)
 		if errors.Is(err, errConflict) {
+			if err := b.wait(ctx, "return lease", p.key); err != nil {
+				return err
+			}
 			continue
 		}
 		if err != nil {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -178,9 +177,11 @@ func (l *SpendLedger) load(ctx context.Context, key string) (spendWindow, uint64
 }
 
 // modify applies f to key's window by compare-and-set, retrying lost
-// ones with jittered backoff; f returning false writes nothing.
+// ones with the store's jittered, bounded backoff (backoff.go); f
+// returning false writes nothing.
 func (l *SpendLedger) modify(ctx context.Context, key string, f func(*spendWindow) bool) error {
-	for attempt := 0; attempt < maxAttempts; attempt++ {
+	b := backoff{sleep: sleepCtx, now: l.now}
+	for {
 		w, rev, err := l.load(ctx, key)
 		if err != nil {
 			return err
@@ -200,12 +201,8 @@ func (l *SpendLedger) modify(ctx context.Context, key string, f func(*spendWindo
 		if !IsConflict(err) {
 			return fmt.Errorf("%w: write %s: %v", ErrUnavailable, key, err)
 		}
-		d := time.Duration(rand.Int64N(int64(time.Millisecond) << min(attempt, 6)))
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(d):
+		if err := b.wait(ctx, "spend", key); err != nil {
+			return err
 		}
 	}
-	return fmt.Errorf("%w: %s: too many conflicts", ErrUnavailable, key)
 }

@@ -368,6 +368,9 @@ type Store struct {
 	Writes func() // called after each successful write, for metrics; may be nil
 	// Conflicts is called on a lost compare-and-set; may be nil.
 	Conflicts func()
+	// Sleep waits d or until ctx ends, between lost compare-and-sets
+	// (backoff.go); nil uses a timer. Tests replace it.
+	Sleep func(ctx context.Context, d time.Duration) error
 	// Lead, when set, is how far ahead of now a paced store plans at the
 	// earliest (learned: lead.go); nil plans Params.Lead ahead.
 	Lead func(now time.Time) time.Duration
@@ -395,7 +398,7 @@ func (s *Store) sliceOf(t time.Time) int64 { return t.UnixNano() / int64(s.p.Sli
 func (s *Store) sliceStart(k int64) time.Time { return time.Unix(0, k*int64(s.p.Slice)) }
 
 // Take reserves the longest prefix of costs that fits key's limits now, with
-// one compare-and-set (retried on conflict).
+// one compare-and-set (retried on conflict, after a backoff: backoff.go).
 func (s *Store) Take(ctx context.Context, key string, lim Limits, costs []Cost) (Grant, error) {
 	return s.TakeAt(ctx, key, lim, costs, nil)
 }
@@ -404,7 +407,8 @@ func (s *Store) Take(ctx context.Context, key string, lim Limits, costs []Cost) 
 // notBefore[i] (when given and not zero): room for demand expected later
 // in a slice, say.
 func (s *Store) TakeAt(ctx context.Context, key string, lim Limits, costs []Cost, notBefore []time.Time) (Grant, error) {
-	for attempt := 0; ; attempt++ {
+	b := s.backoff()
+	for {
 		w, rev, known := s.known.take(key)
 		if !known {
 			wrote := rev
@@ -430,7 +434,6 @@ func (s *Store) TakeAt(ctx context.Context, key string, lim Limits, costs []Cost
 		if g.N == 0 && known {
 			// A copy may be stale with less room than the window has (a
 			// return since): a refusal stands only on a fresh read.
-			attempt--
 			continue
 		}
 		if g.N == 0 {
@@ -443,16 +446,15 @@ func (s *Store) TakeAt(ctx context.Context, key string, lim Limits, costs []Cost
 					// The copy was stale (known.go): read the window, as
 					// without one; no contention to report.
 					s.known.count(key, false)
-					attempt--
 					continue
 				}
 				if s.Conflicts != nil {
 					s.Conflicts()
 				}
-				if attempt < maxAttempts-1 {
-					continue
+				if err := b.wait(ctx, "take", key); err != nil {
+					return Grant{}, err
 				}
-				return Grant{}, fmt.Errorf("%w: take %s: lost %d compare-and-sets in a row", ErrUnavailable, key, maxAttempts)
+				continue
 			}
 			return Grant{}, err
 		}
@@ -471,23 +473,30 @@ func (s *Store) Settle(ctx context.Context, key string, slice int64, extra Cost)
 		return nil
 	}
 	return s.modify(ctx, key, "settle", func(w *Window, cur int64) bool {
-		if slice < cur-s.p.Span()+1 {
-			return false // already out of every window
-		}
-		v := w.Slices[slice]
-		for d, x := range extra.vec() {
-			v[d] += max(x, 0)
-		}
-		w.Slices[slice] = v
-		return true
+		return s.charge(w, cur, slice, extra)
 	})
 }
 
+// charge adds extra's positive entries to slice and reports whether w
+// changed (not when the slice is already out of every window).
+func (s *Store) charge(w *Window, cur, slice int64, extra Cost) bool {
+	if slice < cur-s.p.Span()+1 {
+		return false
+	}
+	v := w.Slices[slice]
+	for d, x := range extra.vec() {
+		v[d] += max(x, 0)
+	}
+	w.Slices[slice] = v
+	return true
+}
+
 // modify applies fn to key's window (pruned to the current slice cur)
-// under compare-and-set, retrying on conflict; fn returns false to write
-// nothing.
+// under compare-and-set, retrying on conflict after a backoff (backoff.go);
+// fn returns false to write nothing.
 func (s *Store) modify(ctx context.Context, key, what string, fn func(w *Window, cur int64) bool) error {
-	for range maxAttempts {
+	b := s.backoff()
+	for {
 		w, rev, err := s.load(ctx, key)
 		if err != nil {
 			return err
@@ -509,11 +518,13 @@ func (s *Store) modify(ctx context.Context, key, what string, fn func(w *Window,
 			if s.Conflicts != nil {
 				s.Conflicts()
 			}
+			if err := b.wait(ctx, what, key); err != nil {
+				return err
+			}
 			continue
 		}
 		return err
 	}
-	return fmt.Errorf("%w: %s %s: lost %d compare-and-sets in a row", ErrUnavailable, what, key, maxAttempts)
 }
 
 // Used returns what key's window holds now in every dimension (for
@@ -653,9 +664,6 @@ func (w *Window) keys() []int64 {
 }
 
 var errConflict = errors.New("budget: revision conflict")
-
-// maxAttempts bounds the compare-and-sets one Take or Settle tries.
-const maxAttempts = 51
 
 func (s *Store) load(ctx context.Context, key string) (Window, uint64, error) {
 	w := Window{Slices: map[int64]Vec{}}

@@ -671,38 +671,6 @@ func TestTakeRetriesConflict(t *testing.T) {
 	}
 }
 
-// A process that loses every compare-and-set gives up with ErrUnavailable
-// (fail closed) instead of spinning or leaking the internal conflict error.
-func TestConflictsExhausted(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	b := setup(t, noBurst)
-	k := b.at(0, 0)
-	if _, err := b.store.Take(ctx, key, budget.Limits{}, costs(1, budget.Cost{Requests: 1})); err != nil {
-		t.Fatal(err)
-	}
-	// Someone else writes between every read and write.
-	b.kv.beforeUpdate = func(key string) { b.kv.set(key, b.kv.value(key)) }
-	var conflicts int
-	b.store.Conflicts = func() { conflicts++ }
-
-	g, err := b.store.Take(ctx, key, budget.Limits{RPM: 10}, costs(1, budget.Cost{Requests: 1}))
-	if !errors.Is(err, budget.ErrUnavailable) || g.N != 0 {
-		t.Errorf("Take: got N=%d err=%v, want N=0 and an error wrapping ErrUnavailable", g.N, err)
-	}
-	if conflicts < 50 {
-		t.Errorf("Take: got %d conflicts reported, want at least 50", conflicts)
-	}
-	conflicts = 0
-	err = b.store.Settle(ctx, key, k, budget.Cost{Tokens: 1})
-	if !errors.Is(err, budget.ErrUnavailable) {
-		t.Errorf("Settle: got %v, want an error wrapping ErrUnavailable", err)
-	}
-	if conflicts < 50 {
-		t.Errorf("Settle: got %d conflicts reported, want at least 50", conflicts)
-	}
-}
-
 func BenchmarkTake(b *testing.B) {
 	ctx := context.Background()
 	bb := setup(b, defaultParams)

@@ -130,10 +130,10 @@ type entry struct {
 type Registry struct {
 	cfg Config
 	// The deployments kept (Set changes them on a reload).
-	kmu   sync.RWMutex
-	deps  []Deployment
-	byKey map[string]Deployment // keys.Health -> deployment
-	keyOf map[Deployment]string
+	kmu    sync.RWMutex
+	deps   []Deployment
+	byKey  map[string]Deployment // keys.Health -> deployment
+	keyOf  map[Deployment]string
 	view   atomic.Pointer[map[Deployment]entry]
 	mu     sync.Mutex // serialises changes to view
 	probes chan Deployment

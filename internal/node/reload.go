@@ -126,7 +126,6 @@ func (r *reloader) publishLimits(c *config.Config) {
 	}
 }
 
-
 // addedTenants are the tenants c has and old had not.
 func addedTenants(old, c *config.Config) []string {
 	var out []string

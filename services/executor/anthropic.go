@@ -40,21 +40,15 @@ func (s *Service) settleSplit(ctx context.Context, j *job.Job, u job.Usage) bool
 	if extra.Positive() {
 		var slice int64
 		if _, err := fmt.Sscanf(r.ID, "%d-", &slice); err == nil {
-			if err := s.store.Settle(ctx, key, slice, extra); err != nil {
-				s.log.Warn("settle: budget store", "job_id", j.ID, "err", err)
-			}
+			s.charge(ctx, j.ID, key, slice, extra)
 		}
 	}
 	if back.Tokens+back.Output >= minReturn && !r.SendAt.IsZero() {
 		// The provider's bucket was charged the usage: pace what it was
 		// charged (at the configured limits, never above the effective).
-		// One write per model at a time; give-backs meanwhile join the next.
+		// Coalesced per model: give-backs meanwhile join the next write.
 		lim := budget.Limits{RPM: model.RPM, TPM: model.TokenLimit(), OTPM: model.OTPM}
-		s.refunds.add(key, r.SendAt, back, lim, func(key string, rs []budget.Return, lim budget.Limits) {
-			if err := s.store.ReturnRewindAll(context.WithoutCancel(ctx), key, rs, lim); err != nil {
-				s.log.Debug("settle: return", "key", key, "returns", len(rs), "err", err)
-			}
-		})
+		s.rewindBack(ctx, key, r.SendAt, back, lim)
 	}
 	s.recordPrefix(ctx, j, u)
 	return true

@@ -81,28 +81,26 @@ type Config struct {
 type Service struct {
 	live   *config.Live
 	pcache *promptcache.Registry // warm prompt prefixes (anthropic.go)
-	// givingBack holds, per model key, whether a lapsed instant is being
-	// returned (giveBackUnsent): one at a time.
-	givingBack perKey
 	// warming holds, per learn key, whether its last cut is being read
 	// ahead of a paced call (transit.go).
 	warming sync.Map
-	// returning does the same for over-reserved prompt tokens (settle.go).
-	returning perKey
-	// refunds coalesces give-backs to bucket providers' schedules (settle.go).
-	refunds  returns
-	transits transits // paced calls' dispatch transits, to report (transit.go)
-	guard    *guard.Guard
-	cfg      Config
-	mesh     *mesh.Mesh
-	store    *budget.Store
-	log      *slog.Logger
-	m        *metrics.Set
-	now      func() time.Time
-	clients  clientSet // live.go
-	rndMu    sync.Mutex
-	rnd      *rand.Rand
-	holder   string // this process's name in concurrency leases
+	// Writes to models' schedules, coalesced per key (settle.go): plain
+	// give-backs, lapsed instants, bucket providers' give-backs, charges.
+	backs, lapses coalesce[budget.Return]
+	refunds       coalesce[rewound]
+	charges       coalesce[budget.Settlement]
+	transits      transits // paced calls' dispatch transits, to report (transit.go)
+	guard         *guard.Guard
+	cfg           Config
+	mesh          *mesh.Mesh
+	store         *budget.Store
+	log           *slog.Logger
+	m             *metrics.Set
+	now           func() time.Time
+	clients       clientSet // live.go
+	rndMu         sync.Mutex
+	rnd           *rand.Rand
+	holder        string // this process's name in concurrency leases
 
 	poolMu      sync.Mutex
 	tenantPools map[string]*budget.Pool // live.go
@@ -140,7 +138,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	}
 	a := cfg.App.Admission
 	st := budget.NewStore(m.Budgets, a.Params(), now)
-	st.Writes = ms.BudgetWrites.Inc
+	st.Writes, st.Conflicts = ms.BudgetWrites.Inc, ms.BudgetConflict.Inc
 	s := &Service{live: cfg.Live, cfg: cfg, mesh: m, store: st, log: log.With("service", "executor"), m: ms, now: now,
 		clients: clientSet{by: map[string]clientEntry{}}, rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7)),
 		holder: holderName(), broken: map[string]time.Time{}, seeded: map[string]time.Time{},
@@ -337,28 +335,15 @@ func (s *Service) giveBackUnsent(ctx context.Context, msg jetstream.Msg, j *job.
 		return
 	}
 	key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
-	// One give-back per model at a time; the others keep their instants
-	// spent, which errs towards the limit. Each is a compare-and-set on the
-	// model's schedule, the key every admission process plans on: when
-	// executors fell behind (TestChaos, after executors were killed), every
-	// lapsed job returned its instant, the conflicts slowed planning and the
-	// sends, more instants lapsed, and no job reached the provider for
-	// minutes.
-	s.givingBack.try(key, func() {
-		back := budget.Cost{Requests: r.Requests, Tokens: r.Tokens, Output: r.Output, Units: reservedUnits(r, model)}
-		if model.SplitsOutput() {
-			// A bucket the provider refills (Anthropic, as settleSplit):
-			// what it never saw rewinds the pace, whatever was placed after.
-			lim := budget.Limits{RPM: model.RPM, TPM: model.TokenLimit(), OTPM: model.OTPM}
-			if err := s.store.ReturnRewind(ctx, key, r.SendAt, back, lim); err != nil {
-				s.log.Debug("return a lapsed reservation", "job_id", j.ID, "err", err)
-			}
-			return
-		}
-		if err := s.store.ReturnLapsed(ctx, key, r.SendAt, back); err != nil {
-			s.log.Debug("return a lapsed reservation", "job_id", j.ID, "err", err)
-		}
-	})
+	// Coalesced per model (settle.go): one write for what lapses meanwhile.
+	back := budget.Cost{Requests: r.Requests, Tokens: r.Tokens, Output: r.Output, Units: reservedUnits(r, model)}
+	if model.SplitsOutput() {
+		// A bucket the provider refills (Anthropic, as settleSplit):
+		// what it never saw rewinds the pace, whatever was placed after.
+		s.rewindBack(ctx, key, r.SendAt, back, budget.Limits{RPM: model.RPM, TPM: model.TokenLimit(), OTPM: model.OTPM})
+		return
+	}
+	s.giveBack(ctx, key, r.SendAt, back, true)
 }
 
 // throttled handles a rate-limit refusal of a call Sluice admitted: that is
@@ -399,9 +384,7 @@ func (s *Service) throttled(ctx context.Context, msg jetstream.Msg, j *job.Job, 
 		// of its other units (nothing was generated).
 		back := budget.Cost{Tokens: j.Reservation.Tokens, Output: j.Reservation.Output, Units: reservedUnits(j.Reservation, model)}
 		if !j.Reservation.SendAt.IsZero() && back.Positive() {
-			if err := s.store.ReturnAt(ctx, key, j.Reservation.SendAt, back); err != nil {
-				s.log.Debug("return refused tokens", "err", err)
-			}
+			s.giveBack(ctx, key, j.Reservation.SendAt, back, false)
 		}
 	}
 	j.RateLimited++
@@ -658,10 +641,7 @@ func (s *Service) settle(ctx context.Context, j *job.Job, u job.Usage) {
 	if _, err := fmt.Sscanf(j.Reservation.ID, "%d-", &slice); err != nil {
 		return
 	}
-	key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
-	if err := s.store.Settle(ctx, key, slice, budget.Cost{Tokens: extra}); err != nil {
-		s.log.Warn("settle: budget store", "job_id", j.ID, "err", err)
-	}
+	s.charge(ctx, j.ID, budget.ModelKey(j.Provider, job.ModelToken(j.Model)), slice, budget.Cost{Tokens: extra})
 }
 
 func (s *Service) finish(ctx context.Context, j *job.Job, opKey string, r *job.Result) error {

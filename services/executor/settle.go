@@ -3,7 +3,6 @@ package executor
 import (
 	"context"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/budget"
@@ -38,85 +37,114 @@ const minReturn = 16
 // returnOverReserved gives back to the window, at the call's instant, the
 // prompt tokens a paced reservation held beyond what the provider counted
 // (it charges what it counted, as Sluice reserved: the window then holds
-// what the provider's does). One at a time per model, as giveBackUnsent.
+// what the provider's does). Coalesced per model (s.backs).
 func (s *Service) returnOverReserved(ctx context.Context, j *job.Job, n int) {
 	r := j.Reservation
 	if r == nil || r.SendAt.IsZero() || n < minReturn {
 		return
 	}
-	key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
-	s.returning.try(key, func() {
-		if err := s.store.ReturnAt(context.WithoutCancel(ctx), key, r.SendAt, budget.Cost{Tokens: n}); err != nil {
-			s.log.Debug("return over-reserved prompt tokens", "job_id", j.ID, "err", err)
+	s.giveBack(ctx, budget.ModelKey(j.Provider, job.ModelToken(j.Model)), r.SendAt, budget.Cost{Tokens: n}, false)
+}
+
+// giveBack returns c at instant at to key's schedule (lapsed: as
+// budget.ReturnLapsed), in one write with the give-backs of the same kind
+// that arrive meanwhile.
+func (s *Service) giveBack(ctx context.Context, key string, at time.Time, c budget.Cost, lapsed bool) {
+	co := &s.backs
+	if lapsed {
+		co = &s.lapses
+	}
+	co.add(key, budget.Return{At: at, Cost: c}, func(key string, rs []budget.Return) {
+		if err := s.store.ReturnAll(context.WithoutCancel(ctx), key, rs, lapsed); err != nil {
+			s.log.Debug("give back to the schedule", "key", key, "returns", len(rs), "lapsed", lapsed, "err", err)
 		}
 	})
 }
 
-// perKey runs one function at a time per key: a call that finds one
-// running for its key is skipped.
-type perKey struct{ m sync.Map }
-
-func (p *perKey) try(key string, f func()) {
-	v, _ := p.m.LoadOrStore(key, new(atomic.Bool))
-	busy := v.(*atomic.Bool)
-	if !busy.CompareAndSwap(false, true) {
-		return
-	}
-	defer busy.Store(false)
-	f()
+// rewindBack returns c at instant at to a bucket provider's schedule paced
+// at lim (budget.ReturnRewindAll), coalesced per model.
+func (s *Service) rewindBack(ctx context.Context, key string, at time.Time, c budget.Cost, lim budget.Limits) {
+	s.refunds.add(key, rewound{Return: budget.Return{At: at, Cost: c}, lim: lim}, func(key string, items []rewound) {
+		rs := make([]budget.Return, len(items))
+		for i, x := range items {
+			rs[i] = x.Return
+		}
+		// The latest limits (configured, never above the effective).
+		if err := s.store.ReturnRewindAll(context.WithoutCancel(ctx), key, rs, items[len(items)-1].lim); err != nil {
+			s.log.Debug("give back to a bucket's schedule", "key", key, "returns", len(rs), "err", err)
+		}
+	})
 }
 
-// returns coalesces give-backs to a bucket provider's schedule (settleSplit):
-// per model key, one goroutine writes at a time, and what is given back
-// meanwhile joins its next write (budget.ReturnRewindAll), so none is
-// dropped (each used to be skipped while another was under way, leaving
-// its tokens spent) and the writes stay one at a time per key.
-type returns struct {
+// rewound is a give-back to a bucket provider's schedule.
+type rewound struct {
+	budget.Return
+	lim budget.Limits
+}
+
+// charge adds extra to the slice key's reservation was made in, coalesced
+// per model.
+func (s *Service) charge(ctx context.Context, jobID, key string, slice int64, extra budget.Cost) {
+	s.charges.add(key, budget.Settlement{Slice: slice, Extra: extra}, func(key string, ss []budget.Settlement) {
+		if err := s.store.SettleAll(context.WithoutCancel(ctx), key, ss); err != nil {
+			s.log.Warn("settle: budget store", "job_id", jobID, "key", key, "settlements", len(ss), "err", err)
+		}
+	})
+}
+
+// coalesce makes one write of many per key: one goroutine writes a key at
+// a time (the caller that found none writing), and what is added
+// meanwhile joins its next write instead of being dropped or costing a
+// compare-and-set of its own on the model's schedule, the key every
+// admission process plans on. When executors fell behind (TestChaos, after
+// executors were killed), every lapsed job returned its instant, each
+// return a write, the conflicts slowed planning and the sends, more
+// instants lapsed, and no job reached the provider for minutes.
+type coalesce[T any] struct {
 	mu      sync.Mutex
-	pending map[string]*pendingReturns
+	pending map[string]*pending[T]
 }
 
-type pendingReturns struct {
-	rs      []budget.Return
-	lim     budget.Limits
+type pending[T any] struct {
+	items   []T
 	writing bool
 }
 
-// maxPendingReturns bounds what waits per key; past it the oldest are
-// dropped (they err towards the limit).
-const maxPendingReturns = 4096
+// maxCoalesced bounds what waits per key; past it the oldest are dropped
+// (give-backs err towards the limit; a charge that many behind is as
+// stale as the window it was for).
+const maxCoalesced = 4096
 
-// add gives c back at instant at on key's schedule paced at lim, now or
-// with the write under way's successor; write does the writing.
-func (r *returns) add(key string, at time.Time, c budget.Cost, lim budget.Limits, write func(string, []budget.Return, budget.Limits)) {
-	r.mu.Lock()
-	if r.pending == nil {
-		r.pending = map[string]*pendingReturns{}
+// add queues item for key, and writes it (with what joins) unless a write
+// of key is under way.
+func (c *coalesce[T]) add(key string, item T, write func(string, []T)) {
+	c.mu.Lock()
+	if c.pending == nil {
+		c.pending = map[string]*pending[T]{}
 	}
-	p := r.pending[key]
+	p := c.pending[key]
 	if p == nil {
-		p = &pendingReturns{}
-		r.pending[key] = p
+		p = &pending[T]{}
+		c.pending[key] = p
 	}
-	p.rs = append(p.rs, budget.Return{At: at, Cost: c})
-	if len(p.rs) > maxPendingReturns {
-		p.rs = p.rs[len(p.rs)-maxPendingReturns:]
+	p.items = append(p.items, item)
+	if len(p.items) > maxCoalesced {
+		p.items = p.items[len(p.items)-maxCoalesced:]
 	}
-	p.lim = lim
 	if p.writing {
-		r.mu.Unlock()
+		c.mu.Unlock()
 		return
 	}
 	p.writing = true
 	// A few rounds at most, so a busy key does not keep one job's
-	// goroutine writing: what is left joins the next give-back's write.
-	for round := 0; len(p.rs) > 0 && round < 3; round++ {
-		batch, lim := p.rs, p.lim
-		p.rs = nil
-		r.mu.Unlock()
-		write(key, batch, lim)
-		r.mu.Lock()
+	// goroutine writing: what is left joins the next one's write.
+	for round := 0; len(p.items) > 0 && round < 3; round++ {
+		batch := p.items
+		p.items = nil
+		c.mu.Unlock()
+		write(key, batch)
+		c.mu.Lock()
 	}
 	p.writing = false
-	r.mu.Unlock()
+	c.mu.Unlock()
 }

@@ -10,17 +10,17 @@ import (
 	"github.com/sluice-dev/sluice/internal/natstest"
 )
 
-// TestReturnsCoalesce: give-backs that arrive while one is being written
-// are written together next, none dropped, and one write at a time per
-// key.
-func TestReturnsCoalesce(t *testing.T) {
+// TestWritesCoalesce: give-backs (or charges) that arrive while one is
+// being written are written together next, none dropped, and one write at
+// a time per key.
+func TestWritesCoalesce(t *testing.T) {
 	t.Parallel()
-	var r returns
+	var r coalesce[budget.Return]
 	var mu sync.Mutex
 	var got, writes, writing, most int
 	release := make(chan struct{})
 	first := make(chan struct{})
-	write := func(_ string, rs []budget.Return, _ budget.Limits) {
+	write := func(_ string, rs []budget.Return) {
 		mu.Lock()
 		writing++
 		most = max(most, writing)
@@ -39,16 +39,16 @@ func TestReturnsCoalesce(t *testing.T) {
 		mu.Unlock()
 	}
 	var wg sync.WaitGroup
-	wg.Go(func() { r.add("k", time.Now(), budget.Cost{Output: 1}, budget.Limits{}, write) })
+	wg.Go(func() { r.add("k", budget.Return{At: time.Now(), Cost: budget.Cost{Output: 1}}, write) })
 	<-first
 	for range 50 {
-		wg.Go(func() { r.add("k", time.Now(), budget.Cost{Output: 1}, budget.Limits{}, write) })
+		wg.Go(func() { r.add("k", budget.Return{At: time.Now(), Cost: budget.Cost{Output: 1}}, write) })
 	}
 	// The 50 were queued behind the write under way (each returns at once).
 	natstest.Eventually(t, 10*time.Second, func() error {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		if n := len(r.pending["k"].rs); n != 50 {
+		if n := len(r.pending["k"].items); n != 50 {
 			return fmt.Errorf("%d give-backs queued, want 50", n)
 		}
 		return nil

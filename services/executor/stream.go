@@ -348,10 +348,7 @@ func (p *chunkPublisher) flushLocked(end job.Status, e *job.Error) {
 // reserved stays spent: its slot has passed).
 func (s *Service) returnUnusedTokens(ctx context.Context, j *job.Job) {
 	if r := j.Reservation; r != nil && !r.SendAt.IsZero() && r.Tokens > 0 {
-		key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
-		if err := s.store.ReturnAt(context.WithoutCancel(ctx), key, r.SendAt, budget.Cost{Tokens: r.Tokens}); err != nil {
-			s.log.Debug("return an unused reservation's tokens", "job_id", j.ID, "err", err)
-		}
+		s.giveBack(ctx, budget.ModelKey(j.Provider, job.ModelToken(j.Model)), r.SendAt, budget.Cost{Tokens: r.Tokens}, false)
 	}
 }
 

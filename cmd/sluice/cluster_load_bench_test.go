@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// BenchmarkClusterLoad offers 1,000 jobs at 150 a second to the three-node
+// cluster (R3, every service on every node) with a provider allowing 200
+// calls a second, and checks what the node-loss test checks (every job
+// ends once, none paid twice, the limits hold). It reports the provider's
+// completions per second from the first submission to the last completion.
+// Run it beside a CPU hog to see the budget store under starvation
+// (docs/BENCHMARKS.md):
+//
+//	SLUICE_TEST_LOGS=/tmp/logs go test -run '^$' -bench ClusterLoad -benchtime 1x -timeout 20m ./cmd/sluice/
+func BenchmarkClusterLoad(b *testing.B) {
+	const jobs, perSecond, rpm = 1000, 150, 12_000
+	for range b.N {
+		c, load, _ := clusterSetup(b, rpm, nil, nil)
+		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+		// Eight submitters, so a submission's round trip does not bound
+		// the offered rate.
+		const submitters = 8
+		start := time.Now()
+		errs := make(chan error, submitters)
+		for range submitters {
+			go func() { errs <- load.offer(ctx, jobs/submitters, float64(perSecond)/submitters) }()
+		}
+		for range submitters {
+			if err := <-errs; err != nil {
+				cancel()
+				b.Fatal(err)
+			}
+		}
+		offered := time.Since(start)
+		waitCompleted(ctx, b, load.sim, jobs)
+		took := time.Since(start)
+		b.Logf("offered in %v, completed in %v", offered.Round(10*time.Millisecond), took.Round(10*time.Millisecond))
+		load.verify(ctx)
+		cancel()
+		b.Logf("budget store and lapses, summed over the nodes: %s", budgetCounters(c))
+		b.ReportMetric(jobs/took.Seconds(), "completed/s")
+		b.ReportMetric(perSecond, "offered/s")
+	}
+}
+
+// budgetCounters sums, over the cluster's nodes, the metrics that say how
+// the budget store and the send instants fared.
+func budgetCounters(c *cluster) string {
+	names := []string{"sluice_budget_writes_total", "sluice_budget_conflicts_total", "sluice_budget_errors_total",
+		"sluice_reservations_expired_total", "sluice_requeues_total"}
+	sums := map[string]float64{}
+	for _, n := range c.nodes {
+		resp, err := http.Get(n.proc.MetricsURL() + "/metrics")
+		if err != nil {
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for line := range strings.Lines(string(body)) {
+			for _, name := range names {
+				if strings.HasPrefix(line, name+" ") || strings.HasPrefix(line, name+"{") {
+					f := strings.Fields(line)
+					if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+						sums[name] += v
+					}
+				}
+			}
+		}
+	}
+	var out []string
+	for _, name := range names {
+		out = append(out, fmt.Sprintf("%s %.0f", strings.TrimPrefix(name, "sluice_"), sums[name]))
+	}
+	return strings.Join(out, ", ")
+}
