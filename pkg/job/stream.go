@@ -94,6 +94,9 @@ type ChunkUsage struct {
 	CompletionTokensDetails *struct {
 		ReasoningTokens int `json:"reasoning_tokens"`
 	} `json:"completion_tokens_details,omitempty"`
+	// CacheCreationInputTokens is what an Anthropic provider wrote to its
+	// cache (part of PromptTokens).
+	CacheCreationInputTokens int `json:"cache_creation_input_tokens,omitempty"`
 }
 
 // Usage converts to Sluice's usage, clamping negative counts to 0.
@@ -102,6 +105,9 @@ func (u *ChunkUsage) Usage() Usage {
 	if u.PromptTokensDetails != nil {
 		out.CachedTokens = max(u.PromptTokensDetails.CachedTokens, 0)
 	}
+	// Written to the cache: within the prompt not read from it, as a
+	// non-streamed answer's usage is read (provider.ParseUsage).
+	out.CacheWriteTokens = max(min(u.CacheCreationInputTokens, out.PromptTokens-out.CachedTokens), 0)
 	if u.CompletionTokensDetails != nil {
 		out.ReasoningTokens = max(u.CompletionTokensDetails.ReasoningTokens, 0)
 		out.CompletionTokens = max(out.CompletionTokens, out.ReasoningTokens) // output, whatever the provider's total says

@@ -92,3 +92,28 @@ func TestWithMembers(t *testing.T) {
 		t.Errorf("WithMember on {} = %s", got)
 	}
 }
+
+// TestChunkUsageCacheWrite: a stream's usage chunk from an Anthropic
+// provider carries what it wrote to its cache, as a non-streamed answer's
+// usage does (its cost and the prompt-cache record depend on it); never
+// more than the prompt not read from the cache.
+func TestChunkUsageCacheWrite(t *testing.T) {
+	for _, tc := range []struct {
+		chunk string
+		want  job.Usage
+	}{
+		{`{"prompt_tokens":3020,"completion_tokens":30,"total_tokens":3050,"cache_creation_input_tokens":3000}`,
+			job.Usage{PromptTokens: 3020, CompletionTokens: 30, TotalTokens: 3050, CacheWriteTokens: 3000}},
+		{`{"prompt_tokens":3205,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":3000},"cache_creation_input_tokens":900}`,
+			job.Usage{PromptTokens: 3205, CompletionTokens: 1, TotalTokens: 3206, CachedTokens: 3000, CacheWriteTokens: 205}},
+		{`{"prompt_tokens":10,"completion_tokens":2}`, job.Usage{PromptTokens: 10, CompletionTokens: 2, TotalTokens: 12}},
+	} {
+		var u job.ChunkUsage
+		if err := json.Unmarshal([]byte(tc.chunk), &u); err != nil {
+			t.Fatal(err)
+		}
+		if got := u.Usage(); got != tc.want {
+			t.Errorf("%s: usage %+v, want %+v", tc.chunk, got, tc.want)
+		}
+	}
+}
