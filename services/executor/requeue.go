@@ -32,7 +32,10 @@ type backReason struct {
 // drain's end); their bounds are far above any normal run of them.
 var (
 	backUnverified = backReason{"unverified", keys.MsgUnverified, 3}
-	backLapsed     = backReason{"lapsed", keys.MsgReadmit, 100}
+	// A lapse is also a wait for a concurrency slot a crashed process
+	// still leases (until its lease ends): a fast re-placement (no lead
+	// with room) makes many in that time.
+	backLapsed     = backReason{"lapsed", keys.MsgReadmit, 1200}
 	backTenantSlot = backReason{"tenant_slot", keys.MsgTenantSlot, 1200} // 5 min of TenantSlotWait
 	backBreaker    = backReason{"breaker_open", keys.MsgBreaker, 100}
 	backDown       = backReason{"deployment_down", keys.MsgDown, 100}
