@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-dev/sluice/internal/tokens"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )

@@ -8,12 +8,12 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/sluice-dev/sluice/internal/tokens"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
 // Model is the model every workload asks for. It has a known tokenizer, so
-// every strategy estimates prompts with internal/tokens' real BPE count; the
+// every strategy estimates prompts with pkg/tokens' real BPE count; the
 // simulator counts them its own way (about 1.2 times as many for the
 // workloads' English words), as a provider would.
 const Model = "gpt-4o-mini"
@@ -37,7 +37,7 @@ func (d Dim) Unit() string {
 // Job is one chat-completions request of a workload.
 type Job struct {
 	Body      []byte
-	Prompt    int // prompt tokens as internal/tokens counts them
+	Prompt    int // prompt tokens as pkg/tokens counts them
 	MaxTokens int
 }
 
@@ -181,7 +181,7 @@ years where much your way well down should because each just those people how to
 make world still own see men work long get here between both life being under never day same another know
 while last might us great old year off come since against go came right used take three`)
 
-// newJob writes a prompt of about target tokens (internal/tokens' count, chat
+// newJob writes a prompt of about target tokens (pkg/tokens' count, chat
 // framing included) and wraps it in a chat-completions body.
 func newJob(rnd *rand.Rand, target, maxTok int) (Job, error) {
 	words := make([]string, 0, target)

@@ -19,9 +19,9 @@
 package keys
 
 import (
-	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"github.com/sluice-dev/sluice/pkg/job"
 	"strconv"
 	"strings"
 )
@@ -29,7 +29,7 @@ import (
 // Job names one tenant's job: "<tenant>.<job id>". It is the key of the
 // job's record in the results bucket, and the key under which a process
 // tracks a job it holds or runs.
-func Job(tenant, id string) string { return tenant + "." + id }
+func Job(tenant, id string) string { return job.KeyOf(tenant, id) }
 
 // Record is the results bucket key of a job's record.
 func Record(tenant, id string) string { return Job(tenant, id) }
@@ -202,7 +202,7 @@ func MsgSeq(msgID string) string {
 // produce it. With an empty secret it is a plain digest, which anyone who
 // knows the envelope can compute.
 func IntakeMsgID(secret []byte, tenant, id string, envelope []byte) string {
-	return "intake:" + tenant + ":" + id + ":" + keyedDigest(secret, tenant, id, envelope)
+	return job.IntakeMsgID(secret, tenant, id, envelope)
 }
 
 // ReplayMsgID is the message id of a dead letter's replay to INTAKE: seq
@@ -212,15 +212,4 @@ func IntakeMsgID(secret []byte, tenant, id string, envelope []byte) string {
 func ReplayMsgID(tenant, id string, seq uint64, entry []byte) string {
 	sum := sha256.Sum256(entry)
 	return MsgID(MsgReplay, tenant, id, strconv.FormatUint(seq, 10)) + ":" + hex.EncodeToString(sum[:12])
-}
-
-func keyedDigest(secret []byte, tenant, id string, envelope []byte) string {
-	if len(secret) == 0 {
-		sum := sha256.Sum256(envelope)
-		return hex.EncodeToString(sum[:12])
-	}
-	h := hmac.New(sha256.New, secret)
-	h.Write([]byte(tenant + "\x00" + id + "\x00"))
-	h.Write(envelope)
-	return hex.EncodeToString(h.Sum(nil)[:12])
 }

@@ -16,7 +16,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/sluice-dev/sluice/internal/calib"
-	"github.com/sluice-dev/sluice/internal/tokens"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )

@@ -43,7 +43,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -295,10 +294,10 @@ func (c *Client) Lookup(ctx context.Context, tenant, id string) (*job.Result, er
 	if err != nil {
 		return nil, err
 	}
-	e, err := kv.Get(ctx, keys.Record(tenant, id))
+	e, err := kv.Get(ctx, job.KeyOf(tenant, id))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		// A record written before ids were scoped by tenant.
-		e, err = kv.Get(ctx, keys.LegacyRecord(id))
+		e, err = kv.Get(ctx, id)
 	}
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, job.ErrNotFound

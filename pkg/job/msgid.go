@@ -1,6 +1,10 @@
 package job
 
-import "github.com/sluice-dev/sluice/internal/keys"
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+)
 
 // IntakeMsgID is the JetStream message id (Nats-Msg-Id) of a job published
 // to INTAKE. INTAKE's duplicate window is stream-wide and a producer sets
@@ -12,10 +16,25 @@ import "github.com/sluice-dev/sluice/internal/keys"
 // long as a publish may be retried (pkg/client keeps one per Client); an
 // empty secret gives an id anyone who knows the envelope can compute.
 func IntakeMsgID(secret []byte, tenant, id string, envelope []byte) string {
-	return keys.IntakeMsgID(secret, tenant, id, envelope)
+	return "intake:" + tenant + ":" + id + ":" + keyedDigest(secret, tenant, id, envelope)
 }
 
-// Key names the job among every tenant's: a job id is unique only within
-// its tenant (two tenants may choose the same one), so whatever Sluice
-// keeps per job is kept under Key.
-func (j *Job) Key() string { return keys.Job(j.Tenant, j.ID) }
+func keyedDigest(secret []byte, tenant, id string, envelope []byte) string {
+	if len(secret) == 0 {
+		sum := sha256.Sum256(envelope)
+		return hex.EncodeToString(sum[:12])
+	}
+	h := hmac.New(sha256.New, secret)
+	h.Write([]byte(tenant + "\x00" + id + "\x00"))
+	h.Write(envelope)
+	return hex.EncodeToString(h.Sum(nil)[:12])
+}
+
+// KeyOf names one tenant's job: "<tenant>.<job id>". A job id is unique
+// only within its tenant (two tenants may choose the same one), so
+// whatever Sluice keeps per job is kept under this name; it is also the
+// key of the job's record in the results bucket.
+func KeyOf(tenant, id string) string { return tenant + "." + id }
+
+// Key is KeyOf the job's tenant and id.
+func (j *Job) Key() string { return KeyOf(j.Tenant, j.ID) }

@@ -20,7 +20,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/fakeclock"
 	"github.com/sluice-dev/sluice/internal/natstest"
-	"github.com/sluice-dev/sluice/internal/tokens"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )

@@ -8,7 +8,7 @@ import (
 	"hash/crc32"
 	"testing"
 
-	"github.com/sluice-dev/sluice/internal/tokens"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 

@@ -10,7 +10,7 @@ import (
 	"github.com/tiktoken-go/tokenizer"
 	"go.uber.org/goleak"
 
-	"github.com/sluice-dev/sluice/internal/tokens"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
