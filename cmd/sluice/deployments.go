@@ -12,6 +12,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/adapt"
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -118,7 +119,7 @@ func pace(ctx context.Context, kv jetstream.KeyValue, cfg *config.Config, provid
 
 // groupPace is pace for a queued job: its pinned deployment's, else its
 // group's deployments' together (0, no limit, when any has none).
-func groupPace(ctx context.Context, js jetstream.JetStream, cfg *config.Config, j *job.Job, now time.Time) (rpm, tpm int) {
+func groupPace(ctx context.Context, js jetstream.JetStream, cfg *config.Config, j *task.Task, now time.Time) (rpm, tpm int) {
 	kv, _ := js.KeyValue(ctx, streams.BucketBudgets)
 	if j.Pinned || !cfg.Grouped(j.Model) {
 		p, m, ok := cfg.Deployment(j.Provider, j.Model)

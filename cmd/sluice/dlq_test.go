@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/dlq"
 	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -48,9 +49,10 @@ func dlqSetup(t *testing.T) dlqFixture {
 func (f dlqFixture) dead(t *testing.T, tenant, reason string) string {
 	t.Helper()
 	e := &dlq.Entry{
-		Job: job.Job{ID: job.NewID(), Tenant: tenant, Priority: job.Interactive,
-			Request:  dlqChatBody("gpt-4o-mini", dlqPrompt),
-			Attempts: []job.Attempt{{N: 1, Provider: "sim", Model: "gpt-4o-mini", Status: 401, Outcome: "failed"}}},
+		Job: task.Task{
+			Job:      job.Job{ID: job.NewID(), Tenant: tenant, Priority: job.Interactive, Request: dlqChatBody("gpt-4o-mini", dlqPrompt)},
+			Attempts: []job.Attempt{{N: 1, Provider: "sim", Model: "gpt-4o-mini", Status: 401, Outcome: "failed"}},
+		},
 		Reason:    reason,
 		LastError: &job.Error{Code: "invalid_api_key", Message: "Incorrect API key provided"},
 		DeadAt:    time.Date(2025, 6, 7, 8, 9, 10, 0, time.UTC),
@@ -167,9 +169,9 @@ func TestDLQShow(t *testing.T) {
 		t.Fatal(err)
 	}
 	var v struct {
-		Seq          uint64  `json:"seq"`
-		Job          job.Job `json:"job"`
-		Reason       string  `json:"reason"`
+		Seq          uint64    `json:"seq"`
+		Job          task.Task `json:"job"`
+		Reason       string    `json:"reason"`
 		LastError    *job.Error
 		RequestBytes int `json:"request_bytes"`
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/services/admission"
 	"github.com/sluice-dev/sluice/streams"
@@ -249,7 +250,7 @@ const queueScanMax = 2000
 
 // queuedJob is what a row needs of one message.
 type queuedJob struct {
-	j  job.Job
+	j  task.Task
 	at time.Time
 }
 
@@ -303,7 +304,7 @@ func queueRows(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, cfg *
 		}
 		if s.stream == streams.Dispatch {
 			for i := range jobs {
-				jobs[i].j.Reservation = &job.Reservation{} // marks the stage below
+				jobs[i].j.Reservation = &task.Reservation{} // marks the stage below
 			}
 		}
 		all = append(all, jobs...)

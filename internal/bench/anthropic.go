@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-dev/sluice/pkg/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 )
 
 // The anthropic-cache scenario: agent-like jobs against the simulator's

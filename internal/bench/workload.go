@@ -8,8 +8,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/sluice-dev/sluice/pkg/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 )
 
 // Model is the model every workload asks for. It has a known tokenizer, so

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/keys"
-	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/internal/task"
 )
 
 // A SpendLedger keeps tenants' spend budgets: what their calls may cost per
@@ -76,9 +76,9 @@ const spendRetry = time.Second
 
 // Reserve holds amount in tenant's windows under caps. It returns the
 // hold to settle later, or a refusal (and holds nothing).
-func (l *SpendLedger) Reserve(ctx context.Context, tenant string, amount int64, caps SpendCaps) (job.SpendHold, *SpendRefusal, error) {
+func (l *SpendLedger) Reserve(ctx context.Context, tenant string, amount int64, caps SpendCaps) (task.SpendHold, *SpendRefusal, error) {
 	now := l.now().UTC()
-	h := job.SpendHold{Amount: amount}
+	h := task.SpendHold{Amount: amount}
 	day, month := now.Format("20060102"), now.Format("200601")
 	if caps.PerDay > 0 {
 		end := time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 0, 0, time.UTC)
@@ -94,7 +94,7 @@ func (l *SpendLedger) Reserve(ctx context.Context, tenant string, amount int64, 
 			if h.Day != "" {
 				_ = l.Settle(ctx, tenant, h, 0)
 			}
-			return job.SpendHold{}, ref, err
+			return task.SpendHold{}, ref, err
 		}
 		h.Month = month
 	}
@@ -121,7 +121,7 @@ func (l *SpendLedger) hold(ctx context.Context, tenant, window string, amount, l
 
 // Settle ends hold h: its amount leaves held and actual (billionths; the
 // cost of the usage reported) is spent, in the windows h was taken in.
-func (l *SpendLedger) Settle(ctx context.Context, tenant string, h job.SpendHold, actual int64) error {
+func (l *SpendLedger) Settle(ctx context.Context, tenant string, h task.SpendHold, actual int64) error {
 	var errs []error
 	for _, w := range []string{dayWindow(h.Day), monthWindow(h.Month)} {
 		if w == "" {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/natstest"
-	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/internal/task"
 )
 
 // spendKV is a budgets bucket on a fresh embedded server.
@@ -144,7 +144,7 @@ func TestSpendLedgerConcurrent(t *testing.T) {
 		t.Errorf("window holds %d, want 15 units", h)
 	}
 	holds.Range(func(_, v any) bool {
-		if err := ledgers[1].Settle(ctx, "acme", v.(job.SpendHold), 0); err != nil {
+		if err := ledgers[1].Settle(ctx, "acme", v.(task.SpendHold), 0); err != nil {
 			t.Error(err)
 		}
 		return true

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -114,7 +115,7 @@ func Storable(res *job.Result) bool {
 // tenant is in (a target is set by ingest; this holds whatever reached
 // the caller), and a TTL within cache.max_ttl. The first answer stored
 // stands until it expires.
-func (c *Cache) Store(ctx context.Context, app *config.Config, tenant string, t *job.CacheTarget, res *job.Result) {
+func (c *Cache) Store(ctx context.Context, app *config.Config, tenant string, t *task.CacheTarget, res *job.Result) {
 	if t == nil || !Storable(res) {
 		return
 	}
@@ -149,7 +150,7 @@ func (c *Cache) Store(ctx context.Context, app *config.Config, tenant string, t 
 const storeWait = 2 * time.Second
 
 // mayWrite checks a target against the job's tenant and the config.
-func mayWrite(app *config.Config, tenant string, t *job.CacheTarget) bool {
+func mayWrite(app *config.Config, tenant string, t *task.CacheTarget) bool {
 	if t.TTL < time.Second || t.TTL > app.Cache.MaxTTL.D() {
 		return false
 	}

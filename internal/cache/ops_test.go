@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -42,7 +43,7 @@ func TestStoreStatsPurge(t *testing.T) {
 		{"acme", "t.acme.m1.a1"}, {"acme", "t.acme.m2.a2"}, {"globex", "t.globex.m1.g1"}, {"acme", "s.docs.m1.d1"},
 		{"acme", "t.globex.m1.forged"}, // refused: not acme's
 	} {
-		c.Store(ctx, app, k.tenant, &job.CacheTarget{Key: k.key, TTL: time.Minute}, res)
+		c.Store(ctx, app, k.tenant, &task.CacheTarget{Key: k.key, TTL: time.Minute}, res)
 	}
 	e, _, ok := c.Get(ctx, "t.acme.m1.a1")
 	if !ok || e.Usage.PromptTokens != 3 || string(e.Response) != string(res.Response) {
@@ -113,7 +114,7 @@ func TestFullCacheEvicts(t *testing.T) {
 	const n = 30 // about 3 MiB into 1 MiB
 	key := func(i int) string { return fmt.Sprintf("t.acme.m1.k%02d", i) }
 	for i := range n {
-		c.Store(ctx, app, "acme", &job.CacheTarget{Key: key(i), TTL: time.Hour}, res)
+		c.Store(ctx, app, "acme", &task.CacheTarget{Key: key(i), TTL: time.Hour}, res)
 	}
 	var stored dto.Metric
 	if err := c.m.stores.WithLabelValues("stored").Write(&stored); err != nil {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
@@ -232,11 +233,11 @@ func Decide(r Request) (*Plan, error) {
 
 // Target is where the executor stores the answer; nil when it is not to
 // be stored.
-func (p *Plan) Target() *job.CacheTarget {
+func (p *Plan) Target() *task.CacheTarget {
 	if p == nil || !p.Write {
 		return nil
 	}
-	return &job.CacheTarget{Key: p.Key, TTL: p.TTL}
+	return &task.CacheTarget{Key: p.Key, TTL: p.TTL}
 }
 
 // modelConfig is what the provider is called with besides the body: a

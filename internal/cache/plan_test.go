@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -208,11 +209,11 @@ func TestMayWrite(t *testing.T) {
 		{"globex", "s.docs.m1.abc", false},
 		{"acme", "t.acme.abc", false},
 	} {
-		if got := mayWrite(app, tc.tenant, &job.CacheTarget{Key: tc.key, TTL: time.Minute}); got != tc.want {
+		if got := mayWrite(app, tc.tenant, &task.CacheTarget{Key: tc.key, TTL: time.Minute}); got != tc.want {
 			t.Errorf("%s writing %s: %v, want %v", tc.tenant, tc.key, got, tc.want)
 		}
 	}
-	if mayWrite(app, "acme", &job.CacheTarget{Key: "t.acme.m1.abc", TTL: 48 * time.Hour}) {
+	if mayWrite(app, "acme", &task.CacheTarget{Key: "t.acme.m1.abc", TTL: 48 * time.Hour}) {
 		t.Error("a TTL over cache.max_ttl was written")
 	}
 }

@@ -3,10 +3,11 @@ package config
 import (
 	"errors"
 	"fmt"
-	"github.com/sluice-dev/sluice/pkg/clip"
 	"os"
 	"strings"
 	"time"
+
+	"github.com/sluice-dev/sluice/pkg/clip"
 )
 
 // APIKey is one of a tenant's HTTP keys beside api_key_env: the variable

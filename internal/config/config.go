@@ -405,7 +405,7 @@ type Model struct {
 	// Units are per-minute limits on units other than requests and tokens
 	// (images: 50, audio_seconds: 600, tasks: 100), at most job.MaxUnits,
 	// each named by 1-32 of a-z, 0-9 and '_' (0 = counted, no limit). A
-	// job states its cost in them (job.Job.Cost, X-Sluice-Cost); a unit it
+	// job states its cost in them (task.Task.Cost, X-Sluice-Cost); a unit it
 	// does not name costs job.DefaultUnitCost. Paced, quantized and leased
 	// like requests and tokens; not adapted to the provider.
 	Units map[string]int `yaml:"units"`

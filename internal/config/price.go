@@ -2,9 +2,10 @@ package config
 
 import (
 	"fmt"
-	"github.com/sluice-dev/sluice/pkg/clip"
 	"math"
 	"regexp"
+
+	"github.com/sluice-dev/sluice/pkg/clip"
 
 	"github.com/sluice-dev/sluice/pkg/job"
 )

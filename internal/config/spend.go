@@ -2,8 +2,9 @@ package config
 
 import (
 	"fmt"
-	"github.com/sluice-dev/sluice/pkg/clip"
 	"math"
+
+	"github.com/sluice-dev/sluice/pkg/clip"
 )
 
 // Spend is a tenant's spend budget: what its calls may cost, in the

@@ -61,6 +61,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -81,7 +82,7 @@ const (
 
 // Entry is one dead-lettered job.
 type Entry struct {
-	Job       job.Job    `json:"job"` // the job as it last was (attempts included)
+	Job       task.Task  `json:"job"` // the job as it last was (attempts included)
 	Reason    string     `json:"reason"`
 	LastError *job.Error `json:"last_error,omitempty"`
 	DeadAt    time.Time  `json:"dead_lettered_at"`
@@ -430,14 +431,12 @@ func (e *notFoundError) Is(target error) bool { return target == job.ErrNotFound
 // Sluice fills in (ingest decides the cache target again). A pin to one
 // deployment is not kept: the replay may go to any deployment of its
 // model, as the one it was pinned to may be why it was dead-lettered.
-func fresh(old job.Job) job.Job {
+func fresh(old task.Task) task.Task {
 	nj := old
 	nj.ID = job.NewID()
 	nj.Deadline = nil
 	nj.IdempotencyKey = ""
-	nj.ClearInternal()
-	nj.CacheTarget = nil
-	return nj
+	return task.Task{Job: nj.Job}
 }
 
 func dlqStream(ctx context.Context, js jetstream.JetStream) (jetstream.Stream, error) {

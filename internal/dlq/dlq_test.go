@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/dlq"
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/meshtest"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -45,32 +46,26 @@ func entry(tenant string) *dlq.Entry {
 	deadline := time.Now().Add(-time.Hour).UTC()
 	at := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 	return &dlq.Entry{
-		Job: job.Job{
-			ID:             job.NewID(),
-			Tenant:         tenant,
-			Priority:       job.Batch,
-			IdempotencyKey: "op-" + tenant,
-			Deadline:       &deadline,
-			Request:        json.RawMessage(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`),
-			Task:           "summarise",
-			Endpoint:       job.EndpointChat,
-			Cost:           map[string]int{"images": 2},
-			AtLeastOnce:    true,
-			SubmittedAt:    at.Add(-time.Minute),
-			Provider:       "openai",
-			Model:          "gpt-4o-mini",
-			Estimate:       &job.Estimate{PromptTokens: 9, MaxTokens: 256},
-			NotBefore:      &at,
-			Reservation:    &job.Reservation{ID: "r1", Requests: 1, Tokens: 265, ReservedAt: at, ValidUntil: at.Add(time.Second)},
+		Job: task.Task{
+			Job:         job.Job{ID: job.NewID(), Tenant: tenant, Priority: job.Batch, IdempotencyKey: "op-" + tenant, Deadline: &deadline, Request: json.RawMessage(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`), Task: "summarise", Endpoint: job.EndpointChat, Cost: map[string]int{"images": 2}, AtLeastOnce: true, Provider: "openai", Cache: &job.CacheOptions{TTL: 60}, Affinity: "conversation-1"},
+			SubmittedAt: at.Add(-time.Minute),
+			Model:       "gpt-4o-mini",
+			Estimate:    &job.Estimate{PromptTokens: 9, MaxTokens: 256},
+			NotBefore:   &at,
+			Reservation: &task.Reservation{ID: "r1", Requests: 1, Tokens: 265, ReservedAt: at, ValidUntil: at.Add(time.Second)},
 			Attempts: []job.Attempt{
 				{N: 1, Provider: "openai", Model: "gpt-4o-mini", StartedAt: at, Status: 503, Outcome: "retry"},
 				{N: 2, Provider: "openai", Model: "gpt-4o-mini", StartedAt: at.Add(time.Second), Status: 503, Outcome: "dead_lettered"},
 			},
-			RateLimited: 2, Seal: "c2VhbA", Revs: &job.Revs{Record: 7, Op: 8}, Gated: true,
-			Cache:       &job.CacheOptions{TTL: 60},
-			CacheTarget: &job.CacheTarget{Key: "t." + tenant + ".chat.abc", TTL: time.Minute},
-			Affinity:    "conversation-1", Pinned: true, Requeued: &job.Requeued{Reason: "lapsed", N: 1},
-			SpendHold: &job.SpendHold{Amount: 5, Day: "2026-12-03"}, WaitReason: "tenant_rpm",
+			RateLimited: 2,
+			Seal:        "c2VhbA",
+			Revs:        &task.Revs{Record: 7, Op: 8},
+			Gated:       true,
+			CacheTarget: &task.CacheTarget{Key: "t." + tenant + ".chat.abc", TTL: time.Minute},
+			Pinned:      true,
+			Requeued:    &task.Requeued{Reason: "lapsed", N: 1},
+			SpendHold:   &task.SpendHold{Amount: 5, Day: "2026-12-03"},
+			WaitReason:  "tenant_rpm",
 		},
 		Reason:    dlq.ReasonRetriesExhausted,
 		LastError: &job.Error{Code: "server_is_overloaded", Message: "try again later"},
@@ -268,7 +263,7 @@ func TestReplayByID(t *testing.T) {
 	for i := range orig.NumField() {
 		name := orig.Type().Field(i).Name
 		if orig.Field(i).IsZero() {
-			t.Errorf("test entry leaves job.Job.%s empty: set it, and decide whether a replay keeps it", name)
+			t.Errorf("test entry leaves task.Task.%s empty: set it, and decide whether a replay keeps it", name)
 		}
 		if !kept[name] && !got.Field(i).IsZero() {
 			t.Errorf("replayed job.%s = %v, want it empty", name, got.Field(i).Interface())

@@ -40,9 +40,10 @@ import (
 	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/keys"
-	"github.com/sluice-dev/sluice/pkg/tokens"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 )
 
 // KeyName is the fleet key's key in the fleet bucket (streams.BucketFleet).
@@ -189,7 +190,7 @@ func writeUnits(h hash.Hash, units map[string]int) {
 	}
 }
 
-func (g *Guard) seal(j *job.Job) string {
+func (g *Guard) seal(j *task.Task) string {
 	h := g.mac()
 	writeStr(h, "seal/1")
 	writeStr(h, j.ID)
@@ -209,14 +210,14 @@ func (g *Guard) seal(j *job.Job) string {
 
 // Seal signs the job's estimate (call it after setting the estimate,
 // provider, model and request).
-func (g *Guard) Seal(j *job.Job) { j.Seal = g.seal(j) }
+func (g *Guard) Seal(j *task.Task) { j.Seal = g.seal(j) }
 
 // Sealed reports whether the job's seal verifies.
-func (g *Guard) Sealed(j *job.Job) bool {
+func (g *Guard) Sealed(j *task.Task) bool {
 	return j.Seal != "" && j.Estimate != nil && hmac.Equal([]byte(j.Seal), []byte(g.seal(j)))
 }
 
-func (g *Guard) sign(j *job.Job) string {
+func (g *Guard) sign(j *task.Task) string {
 	r := j.Reservation
 	h := g.mac()
 	writeStr(h, "reservation/1")
@@ -241,12 +242,12 @@ func (g *Guard) sign(j *job.Job) string {
 }
 
 // Sign signs the job's reservation (admission, after reserving).
-func (g *Guard) Sign(j *job.Job) { j.Reservation.Sig = g.sign(j) }
+func (g *Guard) Sign(j *task.Task) { j.Reservation.Sig = g.sign(j) }
 
 // Floor is the least a job's request can cost: its prompt (or input)
 // counted with the tokenizer and the output it asks for (n choices of the
 // output limit, or the configured default).
-func (g *Guard) Floor(j *job.Job) (job.Estimate, error) {
+func (g *Guard) Floor(j *task.Task) (job.Estimate, error) {
 	_, est, err := tokens.Estimate(j.Endpoint, j.Request, g.lim, g.live.Load().Limits.DefaultMaxTokens)
 	return est, err
 }
@@ -256,7 +257,7 @@ func (g *Guard) Floor(j *job.Job) (job.Estimate, error) {
 // corrects what a retry could not fix but Sluice can: an estimate that does
 // not verify is recomputed (never lowered), a hold too far ahead is
 // shortened. corrected reports the estimate was recomputed.
-func (g *Guard) Queued(j *job.Job, now time.Time) (corrected bool, err error) {
+func (g *Guard) Queued(j *task.Task, now time.Time) (corrected bool, err error) {
 	model, sealed, err := g.static(j)
 	if err != nil {
 		return false, err
@@ -299,7 +300,7 @@ func (g *Guard) Queued(j *job.Job, now time.Time) (corrected bool, err error) {
 // Dispatched checks a job read from DISPATCH before the executor calls
 // the provider: the job must be valid as Queued requires, and its seal and
 // reservation must verify (else ErrUnverified: admit it again).
-func (g *Guard) Dispatched(j *job.Job) error {
+func (g *Guard) Dispatched(j *task.Task) error {
 	model, sealed, err := g.static(j)
 	if err != nil {
 		return err
@@ -328,7 +329,7 @@ func (g *Guard) Dispatched(j *job.Job) error {
 	return nil
 }
 
-// UnitCost resolves a job's stated cost (job.Job.Cost) against its model:
+// UnitCost resolves a job's stated cost (task.Task.Cost) against its model:
 // every unit the model limits, at the amount stated or
 // job.DefaultUnitCost; nil for a model without units. Strict (ingest, where
 // the producer chose the model) refuses a unit the model does not limit;
@@ -398,7 +399,7 @@ func sameUnits(a, b map[string]int) bool {
 // that checked the body (ingest, or admission's Queued) makes one. A large
 // prompt is the costliest thing a hop parses, and this hop parsed it twice
 // (the checks, then the model name) before.
-func (g *Guard) static(j *job.Job) (model *config.Model, sealed bool, err error) {
+func (g *Guard) static(j *task.Task) (model *config.Model, sealed bool, err error) {
 	if j.ID == "" || !job.CanonicalID(j.ID) {
 		return nil, false, &job.ValidationError{Code: job.CodeInvalidRequest, Field: "id", Message: "must be a UUID in canonical form"}
 	}
@@ -440,7 +441,7 @@ func (g *Guard) static(j *job.Job) (model *config.Model, sealed bool, err error)
 
 // requestModel is the model the job's request names (Check has parsed it
 // once already; this second parse reads only what it needs).
-func requestModel(j *job.Job) (string, error) {
+func requestModel(j *task.Task) (string, error) {
 	if j.Endpoint == job.EndpointEmbeddings {
 		r, err := job.ParseEmbeddings(j.Request)
 		if err != nil {

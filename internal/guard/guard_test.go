@@ -12,8 +12,9 @@ import (
 	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/guard"
-	"github.com/sluice-dev/sluice/pkg/tokens"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 )
 
 const cfgYAML = `
@@ -44,8 +45,8 @@ func request(model string, words int, extra string) json.RawMessage {
 }
 
 // ingested is a job as ingest hands it to QUEUE: estimated and sealed.
-func ingested(g *guard.Guard, body json.RawMessage) *job.Job {
-	j := &job.Job{ID: job.NewID(), Tenant: "acme", Priority: job.Standard, Request: body, Provider: "openai", Model: "gpt-4o-mini", SubmittedAt: time.Now().UTC()}
+func ingested(g *guard.Guard, body json.RawMessage) *task.Task {
+	j := &task.Task{Job: job.Job{ID: job.NewID(), Tenant: "acme", Priority: job.Standard, Request: body, Provider: "openai"}, Model: "gpt-4o-mini", SubmittedAt: time.Now().UTC()}
 	_, est, err := tokens.Estimate("", body, job.DefaultLimits, 512)
 	if err != nil {
 		panic(err)
@@ -56,9 +57,9 @@ func ingested(g *guard.Guard, body json.RawMessage) *job.Job {
 }
 
 // admitted is a job as admission hands it to DISPATCH.
-func admitted(g *guard.Guard, j *job.Job) *job.Job {
+func admitted(g *guard.Guard, j *task.Task) *task.Task {
 	now := time.Now().UTC()
-	j.Reservation = &job.Reservation{ID: "1-0", Requests: 1, Tokens: j.Estimate.Cost(), ReservedAt: now, SendAt: now.Add(50 * time.Millisecond), ValidUntil: now.Add(65 * time.Millisecond)}
+	j.Reservation = &task.Reservation{ID: "1-0", Requests: 1, Tokens: j.Estimate.Cost(), ReservedAt: now, SendAt: now.Add(50 * time.Millisecond), ValidUntil: now.Add(65 * time.Millisecond)}
 	g.Sign(j)
 	return j
 }
@@ -124,25 +125,25 @@ func TestQueuedRefusesWhatTheConfigForbids(t *testing.T) {
 	g, _ := newGuard(t)
 	for _, tc := range []struct {
 		name      string
-		mutate    func(*job.Job)
+		mutate    func(*task.Task)
 		wantCode  string
 		wantField string
 	}{
-		{"unknown tenant", func(j *job.Job) { j.Tenant = "mallory" }, job.CodeUnknownTenant, "tenant"},
-		{"unknown model", func(j *job.Job) { j.Model = "gpt-9"; j.Request = request("gpt-9", 10, "") }, job.CodeUnknownModel, "model"},
-		{"unknown provider", func(j *job.Job) { j.Provider = "other" }, job.CodeUnknownModel, "model"},
-		{"request names another model", func(j *job.Job) { j.Request = request("gpt-4o", 10, "") }, job.CodeInvalidRequest, "request.model"},
-		{"max_tokens over the limit", func(j *job.Job) { j.Request = request("gpt-4o-mini", 10, `,"max_tokens":20000`) }, job.CodeInvalidRequest, "request.max_tokens"},
+		{"unknown tenant", func(j *task.Task) { j.Tenant = "mallory" }, job.CodeUnknownTenant, "tenant"},
+		{"unknown model", func(j *task.Task) { j.Model = "gpt-9"; j.Request = request("gpt-9", 10, "") }, job.CodeUnknownModel, "model"},
+		{"unknown provider", func(j *task.Task) { j.Provider = "other" }, job.CodeUnknownModel, "model"},
+		{"request names another model", func(j *task.Task) { j.Request = request("gpt-4o", 10, "") }, job.CodeInvalidRequest, "request.model"},
+		{"max_tokens over the limit", func(j *task.Task) { j.Request = request("gpt-4o-mini", 10, `,"max_tokens":20000`) }, job.CodeInvalidRequest, "request.max_tokens"},
 		// A body read two ways (Sluice's decoder folds case and takes the
 		// last of two alike) does not pass re-validation either.
-		{"model named twice", func(j *job.Job) {
+		{"model named twice", func(j *task.Task) {
 			j.Request = json.RawMessage(`{"model":"gpt-4o","MODEL":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`)
 		}, job.CodeInvalidRequest, "request"},
-		{"max_tokens named twice", func(j *job.Job) { j.Request = request("gpt-4o-mini", 10, `,"max_tokens":20000,"MAX_TOKENS":1`) }, job.CodeInvalidRequest, "request"},
-		{"braced id", func(j *job.Job) { j.ID = "{" + j.ID + "}" }, job.CodeInvalidRequest, "id"},
-		{"urn id", func(j *job.Job) { j.ID = "urn:uuid:" + j.ID }, job.CodeInvalidRequest, "id"},
-		{"no id", func(j *job.Job) { j.ID = "" }, job.CodeInvalidRequest, "id"},
-		{"bad priority", func(j *job.Job) { j.Priority = "urgent" }, job.CodeInvalidRequest, "priority"},
+		{"max_tokens named twice", func(j *task.Task) { j.Request = request("gpt-4o-mini", 10, `,"max_tokens":20000,"MAX_TOKENS":1`) }, job.CodeInvalidRequest, "request"},
+		{"braced id", func(j *task.Task) { j.ID = "{" + j.ID + "}" }, job.CodeInvalidRequest, "id"},
+		{"urn id", func(j *task.Task) { j.ID = "urn:uuid:" + j.ID }, job.CodeInvalidRequest, "id"},
+		{"no id", func(j *task.Task) { j.ID = "" }, job.CodeInvalidRequest, "id"},
+		{"bad priority", func(j *task.Task) { j.Priority = "urgent" }, job.CodeInvalidRequest, "priority"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			j := ingested(g, request("gpt-4o-mini", 10, ""))
@@ -187,22 +188,22 @@ func TestDispatchedVerifiesTheReservation(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name   string
-		mutate func(*job.Job)
+		mutate func(*task.Task)
 	}{
-		{"no reservation", func(j *job.Job) { j.Reservation = nil }},
-		{"unsigned", func(j *job.Job) { j.Reservation.Sig = "" }},
-		{"valid until 2099", func(j *job.Job) { j.Reservation.ValidUntil = time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC) }},
-		{"send at moved", func(j *job.Job) { j.Reservation.SendAt = j.Reservation.SendAt.Add(-time.Second) }},
-		{"fewer tokens", func(j *job.Job) { j.Reservation.Tokens = 1 }},
-		{"estimate lowered", func(j *job.Job) { j.Estimate.PromptTokens = 1 }},
-		{"bigger output asked", func(j *job.Job) { j.Request = request("gpt-4o-mini", 10, `,"max_tokens":4000`) }},
-		{"other model", func(j *job.Job) { j.Model = "gpt-4o"; j.Request = request("gpt-4o", 10, "") }},
-		{"signed by another fleet", func(j *job.Job) {
+		{"no reservation", func(j *task.Task) { j.Reservation = nil }},
+		{"unsigned", func(j *task.Task) { j.Reservation.Sig = "" }},
+		{"valid until 2099", func(j *task.Task) { j.Reservation.ValidUntil = time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC) }},
+		{"send at moved", func(j *task.Task) { j.Reservation.SendAt = j.Reservation.SendAt.Add(-time.Second) }},
+		{"fewer tokens", func(j *task.Task) { j.Reservation.Tokens = 1 }},
+		{"estimate lowered", func(j *task.Task) { j.Estimate.PromptTokens = 1 }},
+		{"bigger output asked", func(j *task.Task) { j.Request = request("gpt-4o-mini", 10, `,"max_tokens":4000`) }},
+		{"other model", func(j *task.Task) { j.Model = "gpt-4o"; j.Request = request("gpt-4o", 10, "") }},
+		{"signed by another fleet", func(j *task.Task) {
 			other := guard.New(mustParse(t), []byte(strings.Repeat("x", 32)))
 			other.Seal(j)
 			other.Sign(j)
 		}},
-		{"signed too long", func(j *job.Job) {
+		{"signed too long", func(j *task.Task) {
 			j.Reservation.ValidUntil = j.Reservation.ReservedAt.Add(time.Hour)
 			g.Sign(j)
 		}},
@@ -238,7 +239,7 @@ func FuzzGuard(f *testing.F) {
 	f.Add([]byte(`{"id":"{` + job.NewID() + `}","tenant":"acme","request":{"model":"gpt-4o-mini","messages":[]}}`))
 	f.Add([]byte(`{"id":"` + job.NewID() + `","tenant":"acme","provider":"openai","model":"gpt-4o-mini","not_before":"2099-01-01T00:00:00Z","rate_limited":-9,"attempts":[{}],"request":{"model":"gpt-4o-mini","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}],"max_completion_tokens":9}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		var j job.Job
+		var j task.Task
 		if json.Unmarshal(data, &j) != nil {
 			return
 		}
@@ -281,7 +282,7 @@ func FuzzGuard(f *testing.F) {
 
 // unitJob is a job for the painter model (images: 50 a minute, tasks
 // counted) as ingest hands it to QUEUE, stating cost.
-func unitJob(t *testing.T, g *guard.Guard, cfg *config.Config, cost map[string]int) *job.Job {
+func unitJob(t *testing.T, g *guard.Guard, cfg *config.Config, cost map[string]int) *task.Task {
 	t.Helper()
 	j := ingested(g, request("painter", 10, ""))
 	j.Model, j.Cost = "painter", cost
@@ -415,10 +416,10 @@ func TestSealedBodyIsNotParsedAgain(t *testing.T) {
 	}
 
 	// The same body with the seal broken is checked in full.
-	for name, mutate := range map[string]func(j *job.Job){
-		"body changed":  func(j *job.Job) { j.Request = request("gpt-4o-mini", 20, `,"max_tokens":4001`) },
-		"seal stripped": func(j *job.Job) { j.Seal = "" },
-		"model changed": func(j *job.Job) { j.Request = request("gpt-4o", 20, `,"max_tokens":4000`) },
+	for name, mutate := range map[string]func(j *task.Task){
+		"body changed":  func(j *task.Task) { j.Request = request("gpt-4o-mini", 20, `,"max_tokens":4001`) },
+		"seal stripped": func(j *task.Task) { j.Seal = "" },
+		"model changed": func(j *task.Task) { j.Request = request("gpt-4o", 20, `,"max_tokens":4000`) },
 	} {
 		j := ingested(g, body)
 		mutate(j)
@@ -445,7 +446,7 @@ func TestSealedBodyIsNotParsedAgain(t *testing.T) {
 // admission signed it (ErrUnbounded: its budget goes back).
 func TestDispatchedBoundsInPlacedUnits(t *testing.T) {
 	g, _ := newGuard(t)
-	at := func(f float64, cachedShare float64) *job.Job {
+	at := func(f float64, cachedShare float64) *task.Task {
 		j := ingested(g, request("gpt-4o-mini", 2000, ""))
 		j = admitted(g, j)
 		placed := calib.Placed(j.Estimate.PromptTokens, f)

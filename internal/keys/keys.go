@@ -21,9 +21,10 @@ package keys
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"github.com/sluice-dev/sluice/pkg/job"
 	"strconv"
 	"strings"
+
+	"github.com/sluice-dev/sluice/pkg/job"
 )
 
 // Job names one tenant's job: "<tenant>.<job id>". It is the key of the

@@ -3,7 +3,7 @@ package mesh
 import (
 	"strings"
 
-	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/internal/task"
 )
 
 // CoalescePrefix starts the idempotency keys the response cache derives
@@ -16,7 +16,7 @@ const CoalescePrefix = "sluice-coalesce:"
 // operation's (ProviderKey), or for an operation under a coalescing key,
 // which is used again by later generations, the job's own, so a provider
 // that honours the key answers a new generation with a new call.
-func CallKey(j *job.Job, opKey string) string {
+func CallKey(j *task.Task, opKey string) string {
 	if strings.HasPrefix(j.IdempotencyKey, CoalescePrefix) {
 		return ProviderKey(opKey + "." + j.ID)
 	}

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -14,7 +15,7 @@ import (
 // without a caller's key, whose operation is the job itself. It hashes
 // the body as the job carries it once accepted (compact, as QUEUE holds
 // it), so ingest and the executor compute the same.
-func BodyDigest(j *job.Job) string {
+func BodyDigest(j *task.Task) string {
 	if j.IdempotencyKey == "" {
 		return ""
 	}

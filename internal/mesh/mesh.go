@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/keys"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/internal/tracing"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/clip"
@@ -90,13 +91,13 @@ func (m *Mesh) PublishResult(ctx context.Context, r *job.Result, opKey string) e
 }
 
 // ResultHints let the result service update a job's records by
-// compare-and-set without reading them first (see job.Revs). They ride on
+// compare-and-set without reading them first (see task.Revs). They ride on
 // the result message as headers; the result service checks them (a stale
 // or forged hint fails the compare-and-set or the checks, and it then
 // reads the records as without hints).
 type ResultHints struct {
 	// RecordRev is the revision of the job's record as ingest created it
-	// (job.Revs.Record); 0: none.
+	// (task.Revs.Record); 0: none.
 	RecordRev uint64
 	// Op is the operation record as the sender last wrote it, at OpRev;
 	// nil: none.
@@ -112,17 +113,17 @@ type ResultHints struct {
 // the result service settles when it first records the result), and the
 // request log's fields. No content: User is a hash.
 type JobFacts struct {
-	Spend       *job.SpendHold `json:"spend,omitempty"`
-	Priority    job.Priority   `json:"priority,omitempty"`
-	QueueWaitMS int64          `json:"queue_wait_ms,omitempty"`
-	TTFTMS      int64          `json:"ttft_ms,omitempty"`
-	User        string         `json:"user,omitempty"`
-	WaitReason  string         `json:"wait_reason,omitempty"`
+	Spend       *task.SpendHold `json:"spend,omitempty"`
+	Priority    job.Priority    `json:"priority,omitempty"`
+	QueueWaitMS int64           `json:"queue_wait_ms,omitempty"`
+	TTFTMS      int64           `json:"ttft_ms,omitempty"`
+	User        string          `json:"user,omitempty"`
+	WaitReason  string          `json:"wait_reason,omitempty"`
 }
 
 // FactsOf are j's facts as far as the job itself tells them: its spend
 // hold, priority, queue wait (to its first call) and hashed user.
-func FactsOf(j *job.Job) *JobFacts {
+func FactsOf(j *task.Task) *JobFacts {
 	f := &JobFacts{Spend: j.SpendHold, Priority: j.Priority, User: userHash(j.Tenant, j.Request), WaitReason: j.WaitReason}
 	if len(j.Attempts) > 0 && !j.SubmittedAt.IsZero() {
 		f.QueueWaitMS = max(j.Attempts[0].StartedAt.Sub(j.SubmittedAt).Milliseconds(), 0)
@@ -288,7 +289,7 @@ func (m *Mesh) getRecord(ctx context.Context, key string) (*Record, uint64, erro
 
 // Enqueue publishes a job to QUEUE. msgID dedupes a repeat within the
 // stream's duplicate window (a crash between publish and ack).
-func (m *Mesh) Enqueue(ctx context.Context, j *job.Job, msgID string) error {
+func (m *Mesh) Enqueue(ctx context.Context, j *task.Task, msgID string) error {
 	data, err := json.Marshal(j)
 	if err != nil {
 		return err
@@ -486,7 +487,7 @@ func (m *Mesh) UpdateOpRev(ctx context.Context, bucketKey string, fn func(r *OpR
 // PutOpAt writes r over the record only if it is still at revision rev
 // (compare-and-set) and returns the new revision;
 // jetstream.ErrKeyRevisionMismatch when it is not. It is how a service
-// that knows a record's revision (job.Revs, ResultHints) updates it
+// that knows a record's revision (task.Revs, ResultHints) updates it
 // without reading it first: the record at a revision is the one written
 // at it.
 func (m *Mesh) PutOpAt(ctx context.Context, bucketKey string, r *OpRecord, rev uint64) (uint64, error) {

@@ -15,6 +15,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
@@ -79,10 +80,12 @@ func TestForgedMessagesNeverReachTheProvider(t *testing.T) {
 
 	// 1. DISPATCH: a model that is not configured, max_tokens 20,000 (the
 	// limit is 4,096), valid until 2099, nothing reserved.
-	forged := &job.Job{ID: job.NewID(), Tenant: "acme", Priority: job.Standard, Provider: "sim", Model: "gpt-4o-mini",
-		Request:     json.RawMessage(`{"model":"gpt-9-unconfigured","max_tokens":20000,"messages":[{"role":"user","content":"hi"}]}`),
+	forged := &task.Task{
+		Job:         job.Job{ID: job.NewID(), Tenant: "acme", Priority: job.Standard, Provider: "sim", Request: json.RawMessage(`{"model":"gpt-9-unconfigured","max_tokens":20000,"messages":[{"role":"user","content":"hi"}]}`)},
+		Model:       "gpt-4o-mini",
 		Estimate:    &job.Estimate{PromptTokens: 1, MaxTokens: 1},
-		Reservation: &job.Reservation{ID: "1-0", Requests: 1, Tokens: 2, ReservedAt: now, ValidUntil: far}}
+		Reservation: &task.Reservation{ID: "1-0", Requests: 1, Tokens: 2, ReservedAt: now, ValidUntil: far},
+	}
 	publish(job.DispatchSubject("sim", "gpt-4o-mini"), forged)
 	// 2. The same with the request's model configured but max_tokens over
 	// the limit.
@@ -91,17 +94,28 @@ func TestForgedMessagesNeverReachTheProvider(t *testing.T) {
 	over.Request = json.RawMessage(`{"model":"gpt-4o-mini","max_tokens":20000,"messages":[{"role":"user","content":"hi"}]}`)
 	publish(job.DispatchSubject("sim", "gpt-4o-mini"), &over)
 	// 3. QUEUE: a tenant Sluice does not know.
-	stranger := &job.Job{ID: job.NewID(), Tenant: "mallory", Priority: job.Standard, Provider: "sim", Model: "gpt-4o-mini",
-		Request: json.RawMessage(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`), Estimate: &job.Estimate{PromptTokens: 1, MaxTokens: 1}}
+	stranger := &task.Task{
+		Job:      job.Job{ID: job.NewID(), Tenant: "mallory", Priority: job.Standard, Provider: "sim", Request: json.RawMessage(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`)},
+		Model:    "gpt-4o-mini",
+		Estimate: &job.Estimate{PromptTokens: 1, MaxTokens: 1},
+	}
 	publish(job.QueueSubject(job.Standard, "mallory"), stranger)
 	// 4. QUEUE: a negative estimate (it panicked a counter and hung
 	// admission for good).
-	negative := &job.Job{ID: job.NewID(), Tenant: "acme", Priority: job.Standard, Provider: "sim", Model: "gpt-4o-mini", SubmittedAt: now,
-		Request: json.RawMessage(`{"model":"gpt-4o-mini","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`), Estimate: &job.Estimate{PromptTokens: -1 << 40, MaxTokens: -1}}
+	negative := &task.Task{
+		Job:         job.Job{ID: job.NewID(), Tenant: "acme", Priority: job.Standard, Provider: "sim", Request: json.RawMessage(`{"model":"gpt-4o-mini","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`)},
+		Model:       "gpt-4o-mini",
+		SubmittedAt: now,
+		Estimate:    &job.Estimate{PromptTokens: -1 << 40, MaxTokens: -1},
+	}
 	publish(job.QueueSubject(job.Standard, "acme"), negative)
 	// 5. QUEUE: 1 + 1 tokens claimed for a request of about 15,000.
-	long := &job.Job{ID: job.NewID(), Tenant: "acme", Priority: job.Standard, Provider: "sim", Model: "gpt-4o-mini", SubmittedAt: now,
-		Request: ChatBody("gpt-4o-mini", 15000, 16), Estimate: &job.Estimate{PromptTokens: 1, MaxTokens: 1}}
+	long := &task.Task{
+		Job:         job.Job{ID: job.NewID(), Tenant: "acme", Priority: job.Standard, Provider: "sim", Request: ChatBody("gpt-4o-mini", 15000, 16)},
+		Model:       "gpt-4o-mini",
+		SubmittedAt: now,
+		Estimate:    &job.Estimate{PromptTokens: 1, MaxTokens: 1},
+	}
 	reservedBefore := MetricSum(t, n.MetricsURL(), "llm_tokens_reserved_total")
 	publish(job.QueueSubject(job.Standard, "acme"), long)
 

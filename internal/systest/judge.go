@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
@@ -46,7 +47,7 @@ func WatchPlans(t testing.TB, nc *nats.Conn) *Plans {
 	t.Helper()
 	p := &Plans{at: map[string][]time.Time{}}
 	sub, err := nc.Subscribe(job.DispatchPrefix+">", func(m *nats.Msg) {
-		var j job.Job
+		var j task.Task
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if json.Unmarshal(m.Data, &j) != nil || j.Reservation == nil {

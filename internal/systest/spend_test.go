@@ -18,9 +18,9 @@ import (
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/natstest"
-	"github.com/sluice-dev/sluice/pkg/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 	"github.com/sluice-dev/sluice/streams"
 )
 

@@ -16,9 +16,9 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/sluice-dev/sluice/internal/calib"
-	"github.com/sluice-dev/sluice/pkg/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 )
 
 // surfaceConfig is a Sluice config with an OpenAI-compatible provider (the

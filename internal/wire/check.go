@@ -4,9 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"github.com/sluice-dev/sluice/pkg/clip"
 	"slices"
 	"strings"
+
+	"github.com/sluice-dev/sluice/pkg/clip"
 
 	"github.com/sluice-dev/sluice/pkg/job"
 )

@@ -1,7 +1,5 @@
 package job
 
-import "time"
-
 // CacheOptions ask for a job's answer to be cached and reused (the
 // envelope's "cache" member; over HTTP, Cache-Control and the
 // X-Sluice-Cache* headers say the same). Only a deterministic request
@@ -23,11 +21,4 @@ type CacheOptions struct {
 	// Scope names a shared cache (config cache.shared_scopes) instead of
 	// the tenant's own.
 	Scope string `json:"scope,omitempty"`
-}
-
-// CacheTarget is where the executor stores a job's answer once it is
-// complete: set by ingest, never taken from a producer.
-type CacheTarget struct {
-	Key string        `json:"key"`
-	TTL time.Duration `json:"ttl"`
 }

@@ -100,92 +100,14 @@ type Job struct {
 	// (previous_response_id) continues. At most MaxAffinity bytes.
 	Affinity string `json:"affinity,omitempty"`
 
-	// Set by Sluice. A producer may set Provider to pin one deployment of
-	// its model: the job then waits for that one (Pinned).
-	SubmittedAt time.Time    `json:"submitted_at,omitzero"`
-	Provider    string       `json:"provider,omitempty"`
-	Model       string       `json:"model,omitempty"`
-	Estimate    *Estimate    `json:"estimate,omitempty"`
-	NotBefore   *time.Time   `json:"not_before,omitempty"`
-	Attempts    []Attempt    `json:"attempts,omitempty"`
-	Reservation *Reservation `json:"reservation,omitempty"`
-	// RateLimited counts the provider's rate-limit refusals of this job:
-	// Sluice's misjudgement, which sends it back to admission without
-	// spending an attempt.
-	RateLimited int `json:"rate_limited,omitempty"`
-	// Seal binds the estimate to the request, provider and model (an HMAC
-	// with the fleet key, see internal/guard): admission trusts an estimate
-	// only under a valid seal and recomputes it otherwise.
-	Seal string `json:"seal,omitempty"`
-	// Revs are hints ingest leaves for the services that later update the
-	// job's records (see Revs).
-	Revs *Revs `json:"revs,omitempty"`
-	// Gated: admission took this attempt's tenant and per-day budgets when
-	// it placed the job. A job sent back unsent (its instant lapsed, the
-	// limits were cut) keeps them and passes those gates again free; the
-	// executor clears it once the call is made.
-	Gated bool `json:"gated,omitempty"`
-	// CacheTarget is where the answer is stored (cache.go); ingest sets
-	// it on every job it accepts.
-	CacheTarget *CacheTarget `json:"cache_target,omitempty"`
-	// Pinned: the producer named the deployment (Provider); admission
-	// places the job there only, never on another of its model's group.
-	Pinned bool `json:"pinned,omitempty"`
-	// Requeued counts the times in a row the job went back to admission
-	// for one reason without a provider call in between; the executor ends
-	// a job that comes back too often for one reason.
-	Requeued *Requeued `json:"requeued,omitempty"`
-	// SpendHold is the worst-case cost admission reserved from the
-	// tenant's spend budget; it stays with the job through retries and
-	// is settled when the job ends.
-	SpendHold *SpendHold `json:"spend_hold,omitempty"`
-	// WaitReason is why admission held the job last before it placed it
-	// (a gate or a limit: docs/API.md, "Why is my job waiting?"), for the
-	// job's log line. Set by admission only.
-	WaitReason string `json:"wait_reason,omitempty"`
-}
-
-// SpendHold is a reservation in a tenant's spend windows: Amount
-// billionths of the configured currency, in the UTC day Day (20261203)
-// and month Month (202612) it was taken in; a window left empty was not
-// capped.
-type SpendHold struct {
-	Amount int64  `json:"amount"`
-	Day    string `json:"day,omitempty"`
-	Month  string `json:"month,omitempty"`
-}
-
-// Requeued is a run of returns to admission for one reason: N of them
-// since the job's Calls-th attempt (len(Attempts) then).
-type Requeued struct {
-	Reason string `json:"reason"`
-	N      int    `json:"n"`
-	Calls  int    `json:"calls"`
+	// Provider, set by a producer, pins one deployment of its model: the
+	// job then waits for that one. Everything else Sluice adds to a job as
+	// it moves travels in internal/task.Task, which embeds this envelope.
+	Provider string `json:"provider,omitempty"`
 }
 
 // MaxAffinity bounds Job.Affinity.
 const MaxAffinity = 256
-
-// Revs are the revisions at which ingest created a job's record (results
-// bucket) and its operation record (idempotency bucket). The executor and
-// the result service update those records by compare-and-set at these
-// revisions without reading them first: a record still at the revision
-// ingest created it at is exactly what ingest wrote. A hint that is stale
-// (the record changed: a joiner, a cancel, an earlier attempt) or forged
-// only fails the compare-and-set, and the service then reads the record as
-// it would without a hint. Nothing is trusted from a hint but a revision.
-type Revs struct {
-	Record uint64 `json:"record,omitempty"`
-	Op     uint64 `json:"op,omitempty"`
-}
-
-// ClearInternal resets every field Sluice sets, so nothing a producer
-// wrote there is believed: ingest calls it on every envelope it accepts.
-func (j *Job) ClearInternal() {
-	j.SubmittedAt, j.Provider, j.Model, j.Estimate, j.NotBefore = time.Time{}, "", "", nil, nil
-	j.Attempts, j.Reservation, j.RateLimited, j.Seal, j.Revs, j.Gated = nil, nil, 0, "", nil, false
-	j.Pinned, j.Requeued, j.SpendHold, j.WaitReason = false, nil, nil, ""
-}
 
 // Estimate is the cost ingest computed for a job: its tokens and, for a
 // model that limits other units, its amount of each (every unit the model
@@ -258,45 +180,6 @@ func CheckUnits(field string, units map[string]int) error {
 
 // Cost is what a provider charges against TPM at arrival: prompt plus max output.
 func (e Estimate) Cost() int { return e.PromptTokens + e.MaxTokens }
-
-// Reservation is the budget admission reserved for one dispatch.
-type Reservation struct {
-	ID       string `json:"id"`
-	Requests int    `json:"requests"`
-	Tokens   int    `json:"tokens"`
-	// Units are the amounts reserved of the model's other units.
-	Units map[string]int `json:"units,omitempty"`
-	// Output is the output tokens reserved apart from Tokens (a provider
-	// that limits them apart: Tokens is then the input), and Cached the
-	// prompt tokens expected to be read from the provider's cache and so
-	// not reserved (Anthropic does not count them toward its input limit).
-	Output     int       `json:"output,omitempty"`
-	Cached     int       `json:"cached,omitempty"`
-	ReservedAt time.Time `json:"reserved_at"`
-	// ValidUntil is the latest moment the provider call may start; an executor
-	// that picks the job up later sends it back for a new reservation.
-	ValidUntil time.Time `json:"valid_until"`
-	// SendAt, on a paced model, is the instant the call may leave: the
-	// executor waits for it and sends by ValidUntil or not at all.
-	SendAt time.Time `json:"send_at,omitzero"`
-	// SendFrom, when set, is the earliest the call may leave, before
-	// SendAt: admission found room for it from the moment it planned it,
-	// so the call need not wait for its instant.
-	SendFrom time.Time `json:"send_from,omitzero"`
-	// Sig is admission's signature over the reservation and the job's
-	// seal (HMAC with the fleet key): an executor sends only what it can
-	// verify admission reserved.
-	Sig string `json:"sig,omitempty"`
-}
-
-// Earliest is the earliest the reserved call may leave: SendFrom when
-// set, else SendAt (zero: unpaced, at once).
-func (r *Reservation) Earliest() time.Time {
-	if !r.SendFrom.IsZero() && r.SendFrom.Before(r.SendAt) {
-		return r.SendFrom
-	}
-	return r.SendAt
-}
 
 // Attempt records one provider call.
 type Attempt struct {
@@ -567,13 +450,23 @@ func Parse(data []byte, lim Limits) (*Job, error) {
 		_ = json.Unmarshal(data, &named)
 		return &Job{ID: named.ID}, err
 	}
-	var j Job
+	var in struct {
+		Job
+		dropped
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&j); err != nil {
+	err := dec.Decode(&in)
+	j := in.Job
+	if err != nil {
 		if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
 			name, _ := strconv.Unquote(f)
 			return nil, invalid(clip.String(name, 64), "is not a field of the job envelope (its fields: %s)", strings.Join(EnvelopeFields, ", "))
+		}
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			// The path goes through the embedded envelope: "Job.tenant".
+			te.Field = strings.TrimPrefix(strings.TrimPrefix(te.Field, "Job."), "dropped.")
 		}
 		return nil, DecodeError("", "job JSON", err)
 	}
@@ -587,6 +480,31 @@ func Parse(data []byte, lim Limits) (*Job, error) {
 		return &j, err
 	}
 	return &j, nil
+}
+
+// SluiceMembers are the members Sluice adds to a job as it moves through
+// the mesh (internal/task). An envelope may carry them (a job read from a
+// subject and published again); they are read and dropped, never believed.
+var SluiceMembers = []string{"submitted_at", "model", "estimate", "not_before", "attempts", "reservation",
+	"rate_limited", "seal", "revs", "gated", "cache_target", "pinned", "requeued", "spend_hold", "wait_reason"}
+
+// dropped decodes SluiceMembers into nothing kept.
+type dropped struct {
+	SubmittedAt json.RawMessage `json:"submitted_at"`
+	Model       json.RawMessage `json:"model"`
+	Estimate    json.RawMessage `json:"estimate"`
+	NotBefore   json.RawMessage `json:"not_before"`
+	Attempts    json.RawMessage `json:"attempts"`
+	Reservation json.RawMessage `json:"reservation"`
+	RateLimited json.RawMessage `json:"rate_limited"`
+	Seal        json.RawMessage `json:"seal"`
+	Revs        json.RawMessage `json:"revs"`
+	Gated       json.RawMessage `json:"gated"`
+	CacheTarget json.RawMessage `json:"cache_target"`
+	Pinned      json.RawMessage `json:"pinned"`
+	Requeued    json.RawMessage `json:"requeued"`
+	SpendHold   json.RawMessage `json:"spend_hold"`
+	WaitReason  json.RawMessage `json:"wait_reason"`
 }
 
 // EnvelopeFields are the fields a producer may set in a job envelope.

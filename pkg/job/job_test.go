@@ -481,18 +481,35 @@ func TestDecodeCost(t *testing.T) {
 	}
 }
 
-// What a producer writes in the fields Sluice sets is not believed: a
+// What a producer writes in the members Sluice sets is not believed: a
 // forged spend hold would let a job pass its tenant's spend budget free.
-func TestClearInternal(t *testing.T) {
+// The envelope has no such fields; Parse reads and drops them (a job read
+// from a subject may be published again), and keeps the producer's pin.
+func TestEnvelopeDropsWhatSluiceSets(t *testing.T) {
 	t.Parallel()
-	var j job.Job
-	forged := `{"tenant":"acme","request":{},"provider":"p","model":"m","gated":true,"pinned":true,
-		"reservation":{"id":"1-0"},"spend_hold":{"amount":1000000000,"day":"20261203"},"requeued":{"reason":"x","n":1}}`
-	if err := json.Unmarshal([]byte(forged), &j); err != nil {
+	forged := `{"tenant":"acme","request":{"model":"m","messages":[{"role":"user","content":"hi"}]},"provider":"p","model":"m","gated":true,"pinned":true,
+		"reservation":{"id":"1-0"},"spend_hold":{"amount":1000000000,"day":"20261203"},"requeued":{"reason":"x","n":1},"seal":"s","revs":{"record":1}}`
+	j, err := job.Parse([]byte(forged), job.Limits{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	j.ClearInternal()
-	if j.SpendHold != nil || j.Gated || j.Pinned || j.Reservation != nil || j.Requeued != nil || j.Provider != "" || j.Model != "" {
-		t.Errorf("after ClearInternal: %+v, want every field Sluice sets cleared", j)
+	out, err := json.Marshal(j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(out, &members); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range job.SluiceMembers {
+		if _, ok := members[m]; ok {
+			t.Errorf("envelope re-encoded carries %q: %s", m, out)
+		}
+	}
+	if j.Provider != "p" {
+		t.Errorf("provider = %q, want the producer's pin kept", j.Provider)
+	}
+	if _, err := job.Parse([]byte(`{"tenant":"acme","request":{},"GATED":true}`), job.Limits{}); err == nil {
+		t.Error("a case variant of a member Sluice sets was accepted")
 	}
 }

@@ -133,6 +133,7 @@ var fieldCache sync.Map // reflect.Type -> *fields
 // affinity key), so that a case variant of them is refused too.
 var alsoRead = map[reflect.Type][]string{
 	reflect.TypeFor[ChatRequest](): {"temperature", "seed", "functions", "prompt_cache_key", "user"},
+	reflect.TypeFor[Job]():         SluiceMembers,
 }
 
 var rawType = reflect.TypeFor[json.RawMessage]()

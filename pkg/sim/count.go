@@ -6,8 +6,8 @@ import (
 	"math"
 	"unicode/utf8"
 
-	"github.com/sluice-dev/sluice/pkg/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 )
 
 // Token counting: how the simulator counts the prompt it charges and

@@ -20,9 +20,9 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/fakeclock"
 	"github.com/sluice-dev/sluice/internal/natstest"
-	"github.com/sluice-dev/sluice/pkg/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 )
 
 const model = "gpt-4o-mini"

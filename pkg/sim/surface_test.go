@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-dev/sluice/pkg/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 )
 
 // Embeddings are charged their input tokens against the model's TPM like

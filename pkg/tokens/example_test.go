@@ -3,8 +3,8 @@ package tokens_test
 import (
 	"fmt"
 
-	"github.com/sluice-dev/sluice/pkg/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 )
 
 func ExamplePrompt() {

@@ -8,8 +8,8 @@ import (
 	"hash/crc32"
 	"testing"
 
-	"github.com/sluice-dev/sluice/pkg/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 )
 
 // pngDataURL is a data URL of a PNG header for a w×h image: all a size

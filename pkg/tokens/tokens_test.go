@@ -10,8 +10,8 @@ import (
 	"github.com/tiktoken-go/tokenizer"
 	"go.uber.org/goleak"
 
-	"github.com/sluice-dev/sluice/pkg/tokens"
 	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 )
 
 func TestMain(m *testing.M) {

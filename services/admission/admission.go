@@ -7,7 +7,7 @@
 // first), bounded in count and bytes, their messages kept alive. A model
 // several providers serve has one queue, and each job is placed on one of
 // its deployments (place.go; cache affinity: affinity.go, keyed by
-// job.Job.Affinity).
+// task.Task.Affinity).
 //
 // One loop per process pops jobs in fair order and passes each through the
 // gates: its tenant's budgets, the model's per-day quota, then the model's
@@ -46,6 +46,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/promptcache"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/internal/tracing"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
@@ -82,7 +83,7 @@ type Config struct {
 
 // Candidate is a job ready for a reservation.
 type Candidate struct {
-	Job  *job.Job
+	Job  *task.Task
 	Msg  jetstream.Msg
 	Cost budget.Cost
 
@@ -92,7 +93,7 @@ type Candidate struct {
 	wait    waitTrace // its wait as its trace shows it (trace.go)
 	// The spend hold taken for this placement (spend.go): spendFresh goes
 	// back if the job is not placed; spendNext is what it holds if it is.
-	spendFresh, spendNext *job.SpendHold
+	spendFresh, spendNext *task.SpendHold
 }
 
 // Service is the admission service.
@@ -308,7 +309,7 @@ func (s *Service) admit(ctx context.Context, msgs []jetstream.Msg) {
 // whoever published it, nothing in it is believed that the configuration
 // and the fleet key do not confirm. A job that can never run ends failed
 // (or, for a tenant Sluice does not know, is dropped) and ok is false.
-func (s *Service) check(ctx context.Context, msg jetstream.Msg, now time.Time) (j *job.Job, ok bool) {
+func (s *Service) check(ctx context.Context, msg jetstream.Msg, now time.Time) (j *task.Task, ok bool) {
 	defer func() {
 		// Whatever a message holds, it must not stop the scheduler.
 		if p := recover(); p != nil {
@@ -318,7 +319,7 @@ func (s *Service) check(ctx context.Context, msg jetstream.Msg, now time.Time) (
 			j, ok = nil, false
 		}
 	}()
-	j = new(job.Job)
+	j = new(task.Task)
 	if err := json.Unmarshal(msg.Data(), j); err != nil || j.ID == "" {
 		s.log.Error("queue: undecodable job dropped", "subject", msg.Subject(), "err", err)
 		s.m.JobsRejected.WithLabelValues("queue", "undecodable").Inc()
@@ -435,7 +436,7 @@ func jitter(d time.Duration) time.Duration {
 	return rand.N(d)
 }
 
-func (s *Service) expire(ctx context.Context, msg jetstream.Msg, j *job.Job, why string) {
+func (s *Service) expire(ctx context.Context, msg jetstream.Msg, j *task.Task, why string) {
 	res := &job.Result{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusExpired, Attempts: len(j.Attempts),
 		Error: &job.Error{Code: job.CodeDeadlineExpired, Message: why}, SubmittedAt: j.SubmittedAt, Provider: j.Provider, Model: j.Model}
 	opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)

@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/services/admission"
 	"github.com/sluice-dev/sluice/streams"
@@ -74,9 +75,12 @@ func queued(i int) []byte { return queuedAs(i, job.Standard) }
 
 func queuedAs(i int, p job.Priority) []byte {
 	est := job.Estimate{PromptTokens: 150, MaxTokens: 50}
-	data, _ := json.Marshal(job.Job{ID: fmt.Sprintf("00000000-0000-7000-8000-%012d", i), Tenant: "t", Priority: p,
-		Provider: "p", Model: "m", Estimate: &est, SubmittedAt: time.Now(),
-		Request: json.RawMessage(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)})
+	data, _ := json.Marshal(task.Task{
+		Job:         job.Job{ID: fmt.Sprintf("00000000-0000-7000-8000-%012d", i), Tenant: "t", Priority: p, Provider: "p", Request: json.RawMessage(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)},
+		Model:       "m",
+		Estimate:    &est,
+		SubmittedAt: time.Now(),
+	})
 	return data
 }
 
@@ -205,7 +209,7 @@ tenants: [{name: t}]
 		if err != nil {
 			continue
 		}
-		var j job.Job
+		var j task.Task
 		if json.Unmarshal(m.Data, &j) == nil && j.Reservation != nil {
 			planned = append(planned, j.Reservation.SendAt)
 		}

@@ -13,12 +13,13 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/keys"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
 // # Cache affinity
 //
-// A job's affinity key (job.Job.Affinity: a conversation) keeps it on the
+// A job's affinity key (task.Task.Affinity: a conversation) keeps it on the
 // deployment of its model's group that served the key last, for
 // admission.cache_affinity.ttl after that job, so the provider's prompt
 // cache serves the conversation's prefix: unless another deployment would
@@ -75,12 +76,12 @@ func affinityHash(key string) string {
 	return hex.EncodeToString(h[:12])
 }
 
-func affinityRecord(j *job.Job) string { return keys.Affinity(j.Tenant, job.ModelToken(j.Model)) }
+func affinityRecord(j *task.Task) string { return keys.Affinity(j.Tenant, job.ModelToken(j.Model)) }
 
 // stay returns the provider j's key was last served by ("" for none or an
 // expired one); when that deployment is in order and would send j at most
 // maxDelay after the best, it moves to the front of order.
-func (a *affinityTable) stay(ctx context.Context, j *job.Job, order []*modelState, now time.Time) string {
+func (a *affinityTable) stay(ctx context.Context, j *task.Task, order []*modelState, now time.Time) string {
 	e, ok := a.lookup(ctx, affinityRecord(j), affinityHash(j.Affinity), now)
 	if !ok {
 		return ""
@@ -100,7 +101,7 @@ func (a *affinityTable) stay(ctx context.Context, j *job.Job, order []*modelStat
 
 // placed notes that j went to provider (prev: where its key was, "" for a
 // new key), counts whether it stayed, and has the record written.
-func (a *affinityTable) placed(j *job.Job, provider, prev string) {
+func (a *affinityTable) placed(j *task.Task, provider, prev string) {
 	outcome := "new"
 	switch {
 	case prev == provider:

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/internal/promptcache"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -43,7 +44,7 @@ func TestReservationNetOfCache(t *testing.T) {
 	est := job.Estimate{PromptTokens: p.Tokens + 210, MaxTokens: 500}
 	ms := &modelState{key: "k", provider: "anthropic", model: "claude-x", splits: true}
 	cand := func() *Candidate {
-		c := &Candidate{Job: &job.Job{Request: body, Estimate: &est}}
+		c := &Candidate{Job: &task.Task{Job: job.Job{Request: body}, Estimate: &est}}
 		c.Cost = ms.costOf(c.Job)
 		return c
 	}

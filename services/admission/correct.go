@@ -6,8 +6,9 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/calib"
-	"github.com/sluice-dev/sluice/pkg/tokens"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 )
 
 // correctionWait bounds a read of the fleet's correction (at most one per
@@ -19,7 +20,7 @@ const correctionWait = 250 * time.Millisecond
 // is Sluice's own count, and what the provider will charge is learned from
 // every answer since, so a job queued before the fleet learned is placed
 // with what it knows when it places it.
-func (s *Service) correction(provider string, j *job.Job) float64 {
+func (s *Service) correction(provider string, j *task.Task) float64 {
 	if s.cfg.Calib == nil || j.Estimate == nil {
 		return 1
 	}
@@ -35,7 +36,7 @@ func (s *Service) correction(provider string, j *job.Job) float64 {
 // placedCost is what j reserves when placed now: costOf with the prompt
 // estimate corrected, never above the model's configured minute of tokens
 // (more could never be placed).
-func (s *Service) placedCost(ms *modelState, j *job.Job) budget.Cost {
+func (s *Service) placedCost(ms *modelState, j *task.Task) budget.Cost {
 	c := ms.costOf(j)
 	f := s.correction(ms.provider, j)
 	if f == 1 || j.Estimate == nil {

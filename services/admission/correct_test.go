@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/services/admission"
 	"github.com/sluice-dev/sluice/streams"
@@ -45,9 +46,12 @@ tenants: [{name: t}]
 	const n, prompt, maxTokens = 6, 1000, 50
 	for i := range n {
 		est := job.Estimate{PromptTokens: prompt, MaxTokens: maxTokens, Class: "m_latin"}
-		data, _ := json.Marshal(job.Job{ID: fmt.Sprintf("00000000-0000-7000-8000-%012d", i), Tenant: "t", Priority: job.Standard,
-			Provider: "p", Model: "m", Estimate: &est, SubmittedAt: time.Now(),
-			Request: json.RawMessage(`{"model":"m","max_tokens":50,"messages":[{"role":"user","content":"hi"}]}`)})
+		data, _ := json.Marshal(task.Task{
+			Job:         job.Job{ID: fmt.Sprintf("00000000-0000-7000-8000-%012d", i), Tenant: "t", Priority: job.Standard, Provider: "p", Request: json.RawMessage(`{"model":"m","max_tokens":50,"messages":[{"role":"user","content":"hi"}]}`)},
+			Model:       "m",
+			Estimate:    &est,
+			SubmittedAt: time.Now(),
+		})
 		if _, err := js.Publish(ctx, job.QueueSubject(job.Standard, "t"), data); err != nil {
 			t.Fatal(err)
 		}
@@ -62,7 +66,7 @@ tenants: [{name: t}]
 			raw, err = st.GetMsg(ctx, seq) // dispatch seq not there yet
 			return err
 		})
-		var j job.Job
+		var j task.Task
 		if err := json.Unmarshal(raw.Data, &j); err != nil || j.Reservation == nil {
 			t.Fatalf("dispatch %d: %v", seq, err)
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/services/admission"
 	"github.com/sluice-dev/sluice/streams"
@@ -50,9 +51,12 @@ tenants: [{name: a}, {name: b}]
 		var acks []jetstream.PubAckFuture
 		for i := from; i < from+40; i++ {
 			est := job.Estimate{PromptTokens: 10, MaxTokens: 10}
-			data, _ := json.Marshal(job.Job{ID: fmt.Sprintf("00000000-0000-7000-8000-%012d", i), Tenant: tenant, Priority: job.Standard,
-				Provider: "p", Model: "m", Estimate: &est, SubmittedAt: time.Now(),
-				Request: json.RawMessage(`{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`)})
+			data, _ := json.Marshal(task.Task{
+				Job:         job.Job{ID: fmt.Sprintf("00000000-0000-7000-8000-%012d", i), Tenant: tenant, Priority: job.Standard, Provider: "p", Request: json.RawMessage(`{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`)},
+				Model:       "m",
+				Estimate:    &est,
+				SubmittedAt: time.Now(),
+			})
 			f, err := js.PublishAsync(job.QueueSubject(job.Standard, tenant), data)
 			if err != nil {
 				t.Fatal(err)
@@ -82,7 +86,7 @@ tenants: [{name: a}, {name: b}]
 			if err != nil {
 				t.Fatal(err)
 			}
-			var j job.Job
+			var j task.Task
 			if err := json.Unmarshal(raw.Data, &j); err != nil {
 				t.Fatal(err)
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -53,7 +54,7 @@ func (f *fairSetup) push(tenant string, n, prompt, out int) {
 	for range n {
 		f.n++
 		est := job.Estimate{PromptTokens: prompt, MaxTokens: out}
-		j := &job.Job{ID: fmt.Sprintf("j%d", f.n), Tenant: tenant, Priority: job.Standard, Provider: "p", Model: "m", Estimate: &est}
+		j := &task.Task{Job: job.Job{ID: fmt.Sprintf("j%d", f.n), Tenant: tenant, Priority: job.Standard, Provider: "p"}, Model: "m", Estimate: &est}
 		f.s.hold(&Candidate{Job: j, Msg: bodyMsg{}}, f.now)
 	}
 }
@@ -148,7 +149,7 @@ func TestFairCharge(t *testing.T) {
 		{"anthropic: output against otpm", "  - {name: p, kind: anthropic, base_url: http://127.0.0.1:1/v1, models: [{name: m, rpm: 1000, itpm: 60000, otpm: 30000}]}\n", budget.Cost{Requests: 1, Tokens: 100, Output: 500}, 1000, 2000},
 	} {
 		f := newFairSetup(t, tc.models)
-		q := f.s.queueOf(&job.Job{Provider: "p", Model: "m"})
+		q := f.s.queueOf(&task.Task{Job: job.Job{Provider: "p"}, Model: "m"})
 		if got := q.fair.charge(tc.cost); got != tc.charge {
 			t.Errorf("%s: charge %d, want %d", tc.name, got, tc.charge)
 		}

@@ -51,7 +51,7 @@ func modelDayKey(provider, model string) string {
 }
 
 // gatesFor lists the gates c passes, in order, before the model of
-// provider places it. A job that paid when first placed (job.Job.Gated)
+// provider places it. A job that paid when first placed (task.Task.Gated)
 // passes free.
 func (s *Service) gatesFor(c *Candidate, provider string, model *config.Model) []gate {
 	if c.Job.Gated {

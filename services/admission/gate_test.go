@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/metrics"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -28,8 +29,8 @@ func (m *heldMsg) NakWithDelay(time.Duration) error { m.naks++; return nil }
 func TestHeldSet(t *testing.T) {
 	t.Parallel()
 	h := newHeldSet()
-	a := &Item{Size: 100, Value: &Candidate{Job: &job.Job{ID: "a", Tenant: "t"}}}
-	b := &Item{Size: 50, Value: &Candidate{Job: &job.Job{ID: "b", Tenant: "t"}}}
+	a := &Item{Size: 100, Value: &Candidate{Job: &task.Task{Job: job.Job{ID: "a", Tenant: "t"}}}}
+	b := &Item{Size: 50, Value: &Candidate{Job: &task.Task{Job: job.Job{ID: "b", Tenant: "t"}}}}
 	h.add("k1", a)
 	h.add("k2", b)
 	if got, ok := h.get("t.b"); !ok || got.key != "k2" || got.c != b.Value {
@@ -42,7 +43,7 @@ func TestHeldSet(t *testing.T) {
 		t.Fatalf("over: want true past either bound and false at both")
 	}
 	// Another tenant's job with the same id is another job.
-	b2 := &Item{Size: 10, Value: &Candidate{Job: &job.Job{ID: "b", Tenant: "u"}}}
+	b2 := &Item{Size: 10, Value: &Candidate{Job: &task.Task{Job: job.Job{ID: "b", Tenant: "u"}}}}
 	h.add("k3", b2)
 	if got, ok := h.get("t.b"); !ok || got.c != b.Value {
 		t.Fatalf("get(t.b) after u's b = %+v, %v; want t's b", got, ok)
@@ -89,7 +90,7 @@ func TestGatesGiveBackWhatALaterGateRefused(t *testing.T) {
 	ctx := context.Background()
 	cand := func(id string) (*Candidate, *heldMsg) {
 		msg := &heldMsg{}
-		return &Candidate{Job: &job.Job{ID: id, Tenant: "t", Provider: "p"}, Msg: msg, Cost: budget.Cost{Requests: 1, Tokens: 10}}, msg
+		return &Candidate{Job: &task.Task{Job: job.Job{ID: id, Tenant: "t", Provider: "p"}}, Msg: msg, Cost: budget.Cost{Requests: 1, Tokens: 10}}, msg
 	}
 	_, day, _ := s.cfg.App.ModelRef("m")
 	_, free, _ := s.cfg.App.ModelRef("free")

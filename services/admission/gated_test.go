@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/services/admission"
 	"github.com/sluice-dev/sluice/streams"
@@ -18,7 +19,7 @@ import (
 // lapsed on a late executor) already paid its tenant's per-day budget when
 // first placed; placing it again must not charge it twice. Tenant t may
 // make 2 requests a day: 2 readmitted jobs and 2 new ones are all
-// dispatched (before job.Job.Gated, the readmitted pair spent the day).
+// dispatched (before task.Task.Gated, the readmitted pair spent the day).
 func TestGatedJobPassesTenantGateFree(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -26,7 +27,7 @@ func TestGatedJobPassesTenantGateFree(t *testing.T) {
 	_, js, cfg := queueServer(ctx, t, "{name: t, rpd: 2}")
 	m := meshtest.Open(t, js)
 	for i := range 4 {
-		var j job.Job
+		var j task.Task
 		if err := json.Unmarshal(queued(i), &j); err != nil {
 			t.Fatal(err)
 		}

@@ -1,7 +1,7 @@
 package admission
 
 // heldSet is the bookkeeping of the jobs this process holds in its models'
-// schedulers: each by its key (job.Job.Key: ids are unique per tenant only), with its model's budget key (for "why does it
+// schedulers: each by its key (task.Task.Key: ids are unique per tenant only), with its model's budget key (for "why does it
 // wait" and for a redelivery of a job already held), and how many there
 // are and how many bytes they take (admission.max_held, max_held_bytes).
 // Every item that enters a scheduler is added here, and removed when it
@@ -36,7 +36,7 @@ func (h *heldSet) remove(it *Item) {
 	h.bytes -= it.Size
 }
 
-// get returns the held job with jobKey (job.Job.Key).
+// get returns the held job with jobKey (task.Task.Key).
 func (h *heldSet) get(jobKey string) (heldJob, bool) {
 	hj, ok := h.byID[jobKey]
 	return hj, ok

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -66,7 +67,7 @@ type modelState struct {
 
 // costOf is what job j reserves on this model's schedule: one request, its
 // estimated tokens and its estimate of each of the model's units.
-func (ms *modelState) costOf(j *job.Job) budget.Cost {
+func (ms *modelState) costOf(j *task.Task) budget.Cost {
 	c := budget.Cost{Requests: 1, Tokens: j.Estimate.Cost()}
 	if ms.splits {
 		c.Tokens, c.Output = j.Estimate.PromptTokens, j.Estimate.MaxTokens
@@ -119,7 +120,7 @@ func (s *Service) model(provider, name string) *modelState {
 // queueOf returns the queue j waits in: its model group's, or, for a job
 // that pins a deployment of a group (or a model one provider serves), the
 // deployment's.
-func (s *Service) queueOf(j *job.Job) *queueState {
+func (s *Service) queueOf(j *task.Task) *queueState {
 	key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
 	grouped := !j.Pinned && s.app().Grouped(j.Model)
 	if grouped {
@@ -354,7 +355,7 @@ func (s *Service) releaseAll() {
 }
 
 // why answers for a job this process knows about, by its key
-// (job.Job.Key); nil otherwise.
+// (task.Task.Key); nil otherwise.
 func (s *Service) why(jobKey string) *Waiting {
 	id := jobKey[strings.IndexByte(jobKey, '.')+1:]
 	if hj, ok := s.held.get(jobKey); ok {

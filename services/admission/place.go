@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/budget"
-	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/internal/task"
 )
 
 // # Placement across a model's deployments
@@ -163,7 +163,7 @@ const minWake = 50 * time.Millisecond
 // placeOn routes j to the deployment ms: a job of a group moves to it and
 // is sealed again (the seal binds its provider; its estimate was verified
 // when it was read from QUEUE).
-func (s *Service) placeOn(j *job.Job, ms *modelState) {
+func (s *Service) placeOn(j *task.Task, ms *modelState) {
 	if j.Provider == ms.provider {
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -44,11 +45,11 @@ providers:
 	now := time.Unix(1000, 0)
 	h := fakeHealth{}
 	s := &Service{cfg: Config{App: cfg}, models: map[string]*modelState{}, queues: map[string]*queueState{}, health: h}
-	q := s.queueOf(&job.Job{Provider: "a", Model: "m"})
+	q := s.queueOf(&task.Task{Job: job.Job{Provider: "a"}, Model: "m"})
 	if got := names(q.deps); len(got) != 4 || got[0] != "b" || got[1] != "c" {
 		t.Fatalf("group deployments %v, want b (tier 0), c (weight 2), then a, d", got)
 	}
-	c := &Candidate{Job: &job.Job{Model: "m"}}
+	c := &Candidate{Job: &task.Task{Model: "m"}}
 	order := func() []string {
 		o, _ := s.candidates(context.Background(), q, c, now)
 		return names(o)
@@ -78,7 +79,7 @@ providers:
 		t.Fatalf("firstWake = %s, %q; want d's cooldown end (+1s), cooling", wake.Sub(now), reason)
 	}
 	// A pinned job waits for its own deployment only.
-	p := s.queueOf(&job.Job{Provider: "d", Model: "m", Pinned: true})
+	p := s.queueOf(&task.Task{Job: job.Job{Provider: "d"}, Model: "m", Pinned: true})
 	if got := names(p.deps); len(got) != 1 || got[0] != "d" || p == q {
 		t.Fatalf("pinned queue deployments %v, want [d] in a queue of its own", got)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/keys"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/internal/tracing"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
@@ -218,7 +219,7 @@ func (s *Service) publish(q *queueState, ms *modelState, c *Candidate, at, from,
 	j := c.Job
 	s.placeOn(j, ms) // place.go
 	j.WaitReason = c.wait.last()
-	j.Reservation = &job.Reservation{
+	j.Reservation = &task.Reservation{
 		// The slice before the dash is what the executor settles against.
 		ID: fmt.Sprintf("%d-0", s.store.SliceOf(at)), Requests: c.Cost.Requests, Tokens: c.Cost.Tokens,
 		Output: c.Cost.Output, Cached: c.cached,

@@ -7,6 +7,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -70,7 +71,7 @@ func (s *Service) holdSpend(ctx context.Context, c *Candidate, provider string, 
 	if ref == nil {
 		c.spendFresh, c.spendNext = &hold, &hold
 		if old != nil && old.Day == hold.Day && old.Month == hold.Month {
-			c.spendNext = &job.SpendHold{Amount: worst, Day: hold.Day, Month: hold.Month}
+			c.spendNext = &task.SpendHold{Amount: worst, Day: hold.Day, Month: hold.Month}
 		} else if old != nil {
 			// Held in windows since closed: the difference is not enough
 			// in today's, so the whole worst case is held there.

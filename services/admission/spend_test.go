@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/services/admission"
 	"github.com/sluice-dev/sluice/streams"
@@ -57,9 +58,13 @@ tenants: [{name: t, spend: {per_day: 0.0025, on_exceed: refuse}}]
 	defer func() { stop(); <-done }()
 
 	const worst = int64(1_024_000) // billionths
-	publish := func(i int, model string, hold *job.SpendHold) string {
-		j := job.Job{ID: fmt.Sprintf("00000000-0000-7000-8000-%012d", i), Tenant: "t", Priority: job.Standard, Model: model, Provider: "p",
-			SubmittedAt: time.Now(), SpendHold: hold, Request: json.RawMessage(`{"model":"` + model + `","messages":[{"role":"user","content":"hi"}]}`)}
+	publish := func(i int, model string, hold *task.SpendHold) string {
+		j := task.Task{
+			Job:         job.Job{ID: fmt.Sprintf("00000000-0000-7000-8000-%012d", i), Tenant: "t", Priority: job.Standard, Provider: "p", Request: json.RawMessage(`{"model":"` + model + `","messages":[{"role":"user","content":"hi"}]}`)},
+			Model:       model,
+			SubmittedAt: time.Now(),
+			SpendHold:   hold,
+		}
 		data, _ := json.Marshal(j)
 		if _, err := js.Publish(ctx, job.QueueSubject(job.Standard, "t"), data); err != nil {
 			t.Fatal(err)
@@ -86,7 +91,7 @@ tenants: [{name: t, spend: {per_day: 0.0025, on_exceed: refuse}}]
 		t.Errorf("unpriced model: %+v, want %s saying it has no price", r.Error, job.CodeSpendBudget)
 	}
 	// Back for another attempt, holding its worst case: it passes free.
-	publish(5, "m", &job.SpendHold{Amount: worst, Day: time.Now().UTC().Format("20060102")})
+	publish(5, "m", &task.SpendHold{Amount: worst, Day: time.Now().UTC().Format("20060102")})
 	awaitDispatched(ctx, t, js, 3)
 	if _, held, _ := budget.NewSpendLedger(m.Budgets, nil).Spent(ctx, "t", time.Now().UTC().Format("20060102")); held != 2*worst {
 		t.Errorf("the window holds %d, want the first two jobs' %d", held, 2*worst)
@@ -94,7 +99,7 @@ tenants: [{name: t, spend: {per_day: 0.0025, on_exceed: refuse}}]
 }
 
 // awaitDispatched waits for n jobs in DISPATCH and returns them.
-func awaitDispatched(ctx context.Context, t *testing.T, js jetstream.JetStream, n int) []job.Job {
+func awaitDispatched(ctx context.Context, t *testing.T, js jetstream.JetStream, n int) []task.Task {
 	t.Helper()
 	st, err := js.Stream(ctx, streams.Dispatch)
 	if err != nil {
@@ -106,13 +111,13 @@ func awaitDispatched(ctx context.Context, t *testing.T, js jetstream.JetStream, 
 		}
 		return nil
 	})
-	var out []job.Job
+	var out []task.Task
 	for seq := uint64(1); len(out) < n; seq++ {
 		raw, err := st.GetMsg(ctx, seq)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var j job.Job
+		var j task.Task
 		if err := json.Unmarshal(raw.Data, &j); err != nil {
 			t.Fatal(err)
 		}

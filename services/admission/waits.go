@@ -4,7 +4,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/internal/task"
 )
 
 // Every gate that keeps a job from DISPATCH says why here, in one place:
@@ -61,7 +61,7 @@ func gateReason(prefix, bound string) string {
 // notBeforeReason names why a job's not_before is in the future: the
 // executor's reason when it sent the job back unsent (Requeued), a retry's
 // backoff after a call, or the caller's own not_before.
-func notBeforeReason(j *job.Job) string {
+func notBeforeReason(j *task.Task) string {
 	if q := j.Requeued; q != nil && q.Calls == len(j.Attempts) {
 		switch q.Reason {
 		case "tenant_slot":

@@ -3,6 +3,7 @@ package admission
 import (
 	"testing"
 
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -18,15 +19,15 @@ func TestWaitReasonNames(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct {
-		j    job.Job
+		j    task.Task
 		want string
 	}{
-		{job.Job{}, "not_before"},
-		{job.Job{Attempts: []job.Attempt{{}}}, "retry_backoff"},
-		{job.Job{Requeued: &job.Requeued{Reason: "tenant_slot"}}, "tenant_concurrency"},
-		{job.Job{Requeued: &job.Requeued{Reason: "breaker_open"}}, "breaker_open"},
+		{task.Task{}, "not_before"},
+		{task.Task{Attempts: []job.Attempt{{}}}, "retry_backoff"},
+		{task.Task{Requeued: &task.Requeued{Reason: "tenant_slot"}}, "tenant_concurrency"},
+		{task.Task{Requeued: &task.Requeued{Reason: "breaker_open"}}, "breaker_open"},
 		// Sent back before a later call: the call's backoff, not the old reason.
-		{job.Job{Requeued: &job.Requeued{Reason: "tenant_slot"}, Attempts: []job.Attempt{{}}}, "retry_backoff"},
+		{task.Task{Requeued: &task.Requeued{Reason: "tenant_slot"}, Attempts: []job.Attempt{{}}}, "retry_backoff"},
 	} {
 		if got := notBeforeReason(&tc.j); got != tc.want {
 			t.Errorf("notBeforeReason(%+v): got %q, want %q", tc.j, got, tc.want)

@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/services/admission"
 	"github.com/sluice-dev/sluice/streams"
@@ -48,8 +49,12 @@ tenants: [{name: t, rpd: 1}, {name: u}]
 	publish := func(tenant string, i int) string {
 		id := fmt.Sprintf("00000000-0000-7000-8000-%012d", i)
 		est := job.Estimate{PromptTokens: 150, MaxTokens: 50}
-		data, _ := json.Marshal(job.Job{ID: id, Tenant: tenant, Priority: job.Standard, Provider: "p", Model: "m", Estimate: &est,
-			SubmittedAt: time.Now(), Request: json.RawMessage(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)})
+		data, _ := json.Marshal(task.Task{
+			Job:         job.Job{ID: id, Tenant: tenant, Priority: job.Standard, Provider: "p", Request: json.RawMessage(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)},
+			Model:       "m",
+			Estimate:    &est,
+			SubmittedAt: time.Now(),
+		})
 		if _, err := js.Publish(ctx, job.QueueSubject(job.Standard, tenant), data); err != nil {
 			t.Fatal(err)
 		}

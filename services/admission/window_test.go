@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/services/admission"
 	"github.com/sluice-dev/sluice/streams"
@@ -100,8 +101,11 @@ admission: {tenant_window: %d}
 // jobOf is a queued job i of tenant on model p/model.
 func jobOf(i int, tenant, model string) []byte {
 	est := job.Estimate{PromptTokens: 150, MaxTokens: 50}
-	data, _ := json.Marshal(job.Job{ID: fmt.Sprintf("00000000-0000-7000-8000-%012d", i), Tenant: tenant, Priority: job.Standard,
-		Provider: "p", Model: model, Estimate: &est, SubmittedAt: time.Now(),
-		Request: json.RawMessage(`{"model":"` + model + `","messages":[{"role":"user","content":"hi"}]}`)})
+	data, _ := json.Marshal(task.Task{
+		Job:         job.Job{ID: fmt.Sprintf("00000000-0000-7000-8000-%012d", i), Tenant: tenant, Priority: job.Standard, Provider: "p", Request: json.RawMessage(`{"model":"` + model + `","messages":[{"role":"user","content":"hi"}]}`)},
+		Model:       model,
+		Estimate:    &est,
+		SubmittedAt: time.Now(),
+	})
 	return data
 }

@@ -5,8 +5,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/internal/task"
 )
 
 // A dispatched message's handling ends in an error value, and acknowledge
@@ -25,7 +24,7 @@ var (
 // decode) ended: nil or errSettled acknowledge it, errTerminate terminates
 // it, redeliverAfter asks for a redelivery after that long, without a
 // log (the wait is expected), and any other error for one after a second.
-func (s *Service) acknowledge(msg jetstream.Msg, j *job.Job, err error) {
+func (s *Service) acknowledge(msg jetstream.Msg, j *task.Task, err error) {
 	var later redeliverAfter
 	switch {
 	case err == nil || errors.Is(err, errSettled):

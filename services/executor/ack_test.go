@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -54,7 +55,7 @@ func TestAcknowledge(t *testing.T) {
 		{errors.New("kv unavailable"), "[nak 1s]"},
 	} {
 		msg := &recorded{}
-		f.s.acknowledge(msg, &job.Job{ID: "x"}, tc.err)
+		f.s.acknowledge(msg, &task.Task{Job: job.Job{ID: "x"}}, tc.err)
 		if got := msg.got(); got != tc.want {
 			t.Errorf("acknowledge(%v) settled %s, want %s", tc.err, got, tc.want)
 		}

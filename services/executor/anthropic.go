@@ -6,6 +6,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/promptcache"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -18,7 +19,7 @@ import (
 // to the schedule, what it missed is charged. It also records a prompt
 // prefix the provider reported reading or writing, for the fleet's next
 // reservations. It reports false for other models (settled as before).
-func (s *Service) settleSplit(ctx context.Context, j *job.Job, u job.Usage) bool {
+func (s *Service) settleSplit(ctx context.Context, j *task.Task, u job.Usage) bool {
 	_, model, ok := s.app().Deployment(j.Provider, j.Model)
 	if !ok || !model.SplitsOutput() {
 		return false
@@ -57,7 +58,7 @@ func (s *Service) settleSplit(ctx context.Context, j *job.Job, u job.Usage) bool
 // recordPrefix notes, for a request with a cache breakpoint, what the
 // provider read from and wrote to its cache, and keeps the prefix warm in
 // the fleet's registry when it did either.
-func (s *Service) recordPrefix(ctx context.Context, j *job.Job, u job.Usage) {
+func (s *Service) recordPrefix(ctx context.Context, j *task.Task, u job.Usage) {
 	p, ok := promptcache.Of(j.Request)
 	if !ok {
 		return

@@ -10,6 +10,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/provider"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -168,13 +169,13 @@ func (s *Service) endStreamed(ctx context.Context, a *attempt) error {
 }
 
 // countRequest counts a provider request made for j, by its status.
-func (s *Service) countRequest(j *job.Job, status string) {
+func (s *Service) countRequest(j *task.Task, status string) {
 	s.m.Requests.WithLabelValues(j.Provider, j.Model, status).Inc()
 	s.m.TenantRequests.WithLabelValues(j.Tenant).Inc()
 }
 
 // rateLimitHit counts a 429 of j by the limit it names and its kind.
-func (s *Service) rateLimitHit(j *job.Job, dimension string, kind provider.RateLimitKind) {
+func (s *Service) rateLimitHit(j *task.Task, dimension string, kind provider.RateLimitKind) {
 	if dimension == "" {
 		dimension = "unknown"
 	}

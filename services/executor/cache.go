@@ -3,6 +3,7 @@ package executor
 import (
 	"context"
 
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -11,7 +12,7 @@ import (
 // It runs before the result is published, so a request that follows the
 // result finds the entry; the answer is delivered whether or not it is
 // stored.
-func (s *Service) storeAnswer(ctx context.Context, j *job.Job, r *job.Result) {
+func (s *Service) storeAnswer(ctx context.Context, j *task.Task, r *job.Result) {
 	if s.cfg.Cache == nil || j.CacheTarget == nil {
 		return
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/provider"
 	"github.com/sluice-dev/sluice/internal/route"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -68,7 +69,7 @@ type outcome struct {
 // pol. mayCallAgain says whether a call whose outcome is unknown may be
 // sent again (unknown.go). It has no effects: rnd, the backoff's jitter,
 // is its only source of chance.
-func decide(j *job.Job, o outcome, pol provider.Policy, mayCallAgain bool, rnd *rand.Rand) decision {
+func decide(j *task.Task, o outcome, pol provider.Policy, mayCallAgain bool, rnd *rand.Rand) decision {
 	var d decision
 	if o.Class == provider.Retry && o.HTTPStatus == http.StatusTooManyRequests {
 		info := provider.ClassifyRateLimit(o.Outcome, o.header, reservedCost(j), o.now)
@@ -123,7 +124,7 @@ func decide(j *job.Job, o outcome, pol provider.Policy, mayCallAgain bool, rnd *
 // reservedCost is what a 429 of j refused, as provider.ClassifyRateLimit
 // weighs it: the reservation's input and output apart when it has them,
 // else the estimate.
-func reservedCost(j *job.Job) provider.Cost {
+func reservedCost(j *task.Task) provider.Cost {
 	cost := provider.Cost{Requests: 1}
 	if j.Estimate != nil {
 		cost.Tokens = j.Estimate.Cost()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/provider"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -66,8 +67,11 @@ func TestDecide(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			j := &job.Job{ID: "j", Provider: "p", Model: "m", Priority: tt.priority, Deadline: tt.deadline,
-				Estimate: &job.Estimate{PromptTokens: 100, MaxTokens: 50}}
+			j := &task.Task{
+				Job:      job.Job{ID: "j", Provider: "p", Priority: tt.priority, Deadline: tt.deadline},
+				Model:    "m",
+				Estimate: &job.Estimate{PromptTokens: 100, MaxTokens: 50},
+			}
 			if j.Priority == "" {
 				j.Priority = job.Standard
 			}
@@ -112,11 +116,11 @@ func TestDecide(t *testing.T) {
 
 func TestReservedCost(t *testing.T) {
 	t.Parallel()
-	j := &job.Job{Estimate: &job.Estimate{PromptTokens: 100, MaxTokens: 50}}
+	j := &task.Task{Estimate: &job.Estimate{PromptTokens: 100, MaxTokens: 50}}
 	if got, want := reservedCost(j), (provider.Cost{Requests: 1, Tokens: 150}); got != want {
 		t.Errorf("by the estimate: %+v, want %+v", got, want)
 	}
-	j.Reservation = &job.Reservation{Tokens: 80, Output: 50}
+	j.Reservation = &task.Reservation{Tokens: 80, Output: 50}
 	if got, want := reservedCost(j), (provider.Cost{Requests: 1, Tokens: 80, Output: 50}); got != want {
 		t.Errorf("a split reservation: %+v, want %+v", got, want)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/provider"
 	"github.com/sluice-dev/sluice/internal/route"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -22,7 +23,7 @@ import (
 // what happened). Each step either hands the attempt on or ends it (done),
 // having settled what it found: the job ended, went back to admission, or
 // moved to a fallback.
-func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) error {
+func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *task.Task) error {
 	ctx = s.mesh.Tracing.FromMsg(ctx, msg) // under the placement
 	a := s.newAttempt(msg, j)
 	if done, err := s.prepare(ctx, a); done {
@@ -46,7 +47,7 @@ func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *job.Job) er
 // attempt is one execution of a dispatched job, as its steps fill it in.
 type attempt struct {
 	msg       jetstream.Msg
-	j         *job.Job
+	j         *task.Task
 	opKey     string
 	n         int       // this attempt's number (1 for the first)
 	at        time.Time // when the execution began
@@ -79,7 +80,7 @@ type attempt struct {
 	release []func() // what close undoes, last first
 }
 
-func (s *Service) newAttempt(msg jetstream.Msg, j *job.Job) *attempt {
+func (s *Service) newAttempt(msg jetstream.Msg, j *task.Task) *attempt {
 	opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
 	stream, wantUsage := streamed(j)
 	return &attempt{msg: msg, j: j, opKey: opKey, n: len(j.Attempts) + 1, at: s.now(), stream: stream, wantUsage: wantUsage,

@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/provider"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -102,14 +103,17 @@ func setupWith(t *testing.T, yaml string, answer func() (*provider.Response, err
 
 // job is a job of tenant as admission dispatches it (unpaced), with its
 // operation record queued as ingest leaves it.
-func (f *fixture) job(t *testing.T, tenant string) *job.Job {
+func (f *fixture) job(t *testing.T, tenant string) *task.Task {
 	t.Helper()
 	now := time.Now().UTC()
-	j := &job.Job{ID: job.NewID(), Tenant: tenant, Priority: job.Standard, Provider: "p", Model: "m", Endpoint: "/v1/chat/completions",
-		Request:     json.RawMessage(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`),
+	j := &task.Task{
+		Job:         job.Job{ID: job.NewID(), Tenant: tenant, Priority: job.Standard, Provider: "p", Endpoint: "/v1/chat/completions", Request: json.RawMessage(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)},
+		Model:       "m",
 		Estimate:    &job.Estimate{PromptTokens: 10, MaxTokens: 16},
-		Reservation: &job.Reservation{ID: "1-0", Requests: 1, Tokens: 26, ReservedAt: now, ValidUntil: now.Add(time.Minute)},
-		SubmittedAt: now, Gated: true}
+		Reservation: &task.Reservation{ID: "1-0", Requests: 1, Tokens: 26, ReservedAt: now, ValidUntil: now.Add(time.Minute)},
+		SubmittedAt: now,
+		Gated:       true,
+	}
 	opKey, key := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
 	data, _ := json.Marshal(mesh.OpRecord{Key: key, JobID: j.ID, Tenant: j.Tenant, State: mesh.OpQueued})
 	if _, err := f.m.Idempotency.Create(context.Background(), opKey, data); err != nil {
@@ -118,7 +122,7 @@ func (f *fixture) job(t *testing.T, tenant string) *job.Job {
 	return j
 }
 
-func (f *fixture) op(t *testing.T, j *job.Job) *mesh.OpRecord {
+func (f *fixture) op(t *testing.T, j *task.Task) *mesh.OpRecord {
 	t.Helper()
 	opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
 	r, _, err := f.m.GetOp(context.Background(), opKey)
@@ -129,7 +133,7 @@ func (f *fixture) op(t *testing.T, j *job.Job) *mesh.OpRecord {
 }
 
 // queued returns the job QUEUE holds now (one is expected).
-func (f *fixture) queued(t *testing.T) *job.Job {
+func (f *fixture) queued(t *testing.T) *task.Task {
 	t.Helper()
 	ctx := context.Background()
 	st, err := f.m.JS.Stream(ctx, streams.Queue)
@@ -140,14 +144,14 @@ func (f *fixture) queued(t *testing.T) *job.Job {
 	if err != nil {
 		t.Fatalf("QUEUE: %v; want the job sent back", err)
 	}
-	var j job.Job
+	var j task.Task
 	if err := json.Unmarshal(msg.Data, &j); err != nil {
 		t.Fatal(err)
 	}
 	return &j
 }
 
-func (f *fixture) result(t *testing.T, j *job.Job) *job.Result {
+func (f *fixture) result(t *testing.T, j *task.Task) *job.Result {
 	t.Helper()
 	r, err := f.m.StoredResult(context.Background(), j.Tenant, j.ID)
 	if err != nil {

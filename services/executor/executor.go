@@ -45,10 +45,11 @@ import (
 	"github.com/sluice-dev/sluice/internal/promptcache"
 	"github.com/sluice-dev/sluice/internal/provider"
 	"github.com/sluice-dev/sluice/internal/route"
-	"github.com/sluice-dev/sluice/pkg/tokens"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/internal/tracing"
 	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 	"github.com/sluice-dev/sluice/streams"
 )
 
@@ -169,8 +170,8 @@ func (s *Service) nextReload() <-chan struct{} {
 
 // decode reads a dispatched job; one that does not decode can never
 // become valid, and decode returns errTerminate.
-func (s *Service) decode(msg jetstream.Msg) (*job.Job, error) {
-	var j job.Job
+func (s *Service) decode(msg jetstream.Msg) (*task.Task, error) {
+	var j task.Task
 	if err := json.Unmarshal(msg.Data(), &j); err != nil || j.ID == "" {
 		s.log.Error("dispatch: undecodable job dropped", "subject", msg.Subject(), "err", err)
 		s.m.JobsRejected.WithLabelValues("dispatch", "undecodable").Inc()
@@ -182,7 +183,7 @@ func (s *Service) decode(msg jetstream.Msg) (*job.Job, error) {
 // run executes a verified job. It returns nil when the message is to be
 // acknowledged; a job that failed on its last allowed delivery is dead
 // lettered first.
-func (s *Service) run(ctx context.Context, msg jetstream.Msg, j *job.Job) error {
+func (s *Service) run(ctx context.Context, msg jetstream.Msg, j *task.Task) error {
 	err := s.execute(ctx, msg, j)
 	var later redeliverAfter
 	if err == nil || errors.As(err, &later) {
@@ -203,7 +204,7 @@ func (s *Service) run(ctx context.Context, msg jetstream.Msg, j *job.Job) error 
 // that does not verify sends the job back to admission, which checks it
 // from scratch. It returns nil for a job to execute, errSettled or
 // errTerminate when the message is done with, or an error to redeliver it.
-func (s *Service) verify(ctx context.Context, msg jetstream.Msg, j *job.Job) error {
+func (s *Service) verify(ctx context.Context, msg jetstream.Msg, j *task.Task) error {
 	err := s.guard.Dispatched(j)
 	if err == nil {
 		return nil
@@ -274,7 +275,7 @@ type epochView struct {
 // drained reports whether the model's limits were cut after j was planned
 // (plus the time admission takes to see a cut): such a call was paced at a
 // rate the provider refused, and sending it would likely draw another 429.
-func (s *Service) drained(ctx context.Context, j *job.Job) bool {
+func (s *Service) drained(ctx context.Context, j *task.Task) bool {
 	key := adapt.Key(j.Provider, job.ModelToken(j.Model))
 	s.epochMu.Lock()
 	v := s.epochs[key]
@@ -303,7 +304,7 @@ func (s *Service) readEpoch(ctx context.Context, key string, now time.Time) (epo
 
 // requeueOp marks an operation that was about to be called queued again
 // (it goes back to admission instead); a missing record is fine.
-func (s *Service) requeueOp(ctx context.Context, opKey string, j *job.Job, why string) {
+func (s *Service) requeueOp(ctx context.Context, opKey string, j *task.Task, why string) {
 	if _, err := s.mesh.UpdateOp(ctx, opKey, func(r *mesh.OpRecord) bool {
 		if r.State != mesh.OpInFlight {
 			return false
@@ -322,7 +323,7 @@ func (s *Service) requeueOp(ctx context.Context, opKey string, j *job.Job, why s
 // lapsed one (on a model allowed one request a minute, by a minute). Only
 // on a dispatch's first delivery: a redelivered one may have been sent by
 // an executor that died before acknowledging it.
-func (s *Service) giveBackUnsent(ctx context.Context, msg jetstream.Msg, j *job.Job) {
+func (s *Service) giveBackUnsent(ctx context.Context, msg jetstream.Msg, j *task.Task) {
 	r := j.Reservation
 	if r == nil || r.SendAt.IsZero() {
 		return
@@ -352,7 +353,7 @@ func (s *Service) giveBackUnsent(ctx context.Context, msg jetstream.Msg, j *job.
 // provider did not charge, and the job goes back to admission, keeping its
 // place in its tenant's queue and spending none of its attempts; only its
 // deadline, or admission.max_rate_limited refusals, end it.
-func (s *Service) throttled(ctx context.Context, msg jetstream.Msg, j *job.Job, opKey string, info provider.RateLimitInfo, start time.Time, elapsed time.Duration) error {
+func (s *Service) throttled(ctx context.Context, msg jetstream.Msg, j *task.Task, opKey string, info provider.RateLimitInfo, start time.Time, elapsed time.Duration) error {
 	key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
 	if _, model, ok := s.app().Deployment(j.Provider, j.Model); ok && j.Reservation != nil {
 		used, _ := s.store.Used(ctx, key)
@@ -431,7 +432,7 @@ const ReconcileDelay = 5 * time.Second
 
 // terminal ends a job that a provider call failed: the dead-letter entry
 // (reason, last error, attempt history) first, then the result.
-func (s *Service) terminal(ctx context.Context, j *job.Job, opKey string, status job.Status, reason string, e *job.Error) error {
+func (s *Service) terminal(ctx context.Context, j *task.Task, opKey string, status job.Status, reason string, e *job.Error) error {
 	if err := dlq.Publish(ctx, s.mesh.JS, &dlq.Entry{Job: *j, Reason: reason, LastError: e, DeadAt: s.now().UTC()}); err != nil {
 		return fmt.Errorf("dead-letter %s: %w", j.ID, err)
 	}
@@ -440,7 +441,7 @@ func (s *Service) terminal(ctx context.Context, j *job.Job, opKey string, status
 }
 
 // fallback asks the job's route for another target.
-func (s *Service) fallback(j *job.Job, sit route.Situation) (route.Decision, bool) {
+func (s *Service) fallback(j *task.Task, sit route.Situation) (route.Decision, bool) {
 	rt, ok := s.router().RouteFor(j.Task, j.Model)
 	if !ok {
 		if len(j.Attempts) == 0 {
@@ -472,7 +473,7 @@ func (s *Service) fallback(j *job.Job, sit route.Situation) (route.Decision, boo
 
 // reroute sends the job to a fallback target: the request names the new
 // model, the estimate is redone for it, and admission reserves its budget.
-func (s *Service) reroute(ctx context.Context, msg jetstream.Msg, j *job.Job, opKey string, d route.Decision) error {
+func (s *Service) reroute(ctx context.Context, msg jetstream.Msg, j *task.Task, opKey string, d route.Decision) error {
 	body, err := withModel(j.Request, d.Target.Model)
 	if err != nil {
 		return s.terminal(ctx, j, opKey, job.StatusFailed, "invalid", &job.Error{Code: job.CodeInvalidRequest, Message: "cannot rewrite the request for the fallback model"})
@@ -498,7 +499,7 @@ func (s *Service) reroute(ctx context.Context, msg jetstream.Msg, j *job.Job, op
 
 // reservedUnits returns a reservation's units by the model's budget index
 // (its unit names, sorted).
-func reservedUnits(r *job.Reservation, m *config.Model) (u [budget.MaxUnits]int) {
+func reservedUnits(r *task.Reservation, m *config.Model) (u [budget.MaxUnits]int) {
 	for i, name := range m.UnitNames() {
 		u[i] = r.Units[name]
 	}
@@ -536,7 +537,7 @@ const CredentialQuarantine = time.Minute
 
 // pause holds a model's dispatch fleet-wide until until: admission stops
 // reserving for it and the model's DISPATCH consumer is paused.
-func (s *Service) pause(ctx context.Context, j *job.Job, until time.Time) {
+func (s *Service) pause(ctx context.Context, j *task.Task, until time.Time) {
 	if err := s.mesh.Pause(j.Provider, j.Model, until); err != nil {
 		s.log.Debug("pause signal", "err", err)
 	}
@@ -551,7 +552,7 @@ func (s *Service) pause(ctx context.Context, j *job.Job, until time.Time) {
 // x-ratelimit-remaining-* shows less room than the window believes (someone
 // else spends on the same key), the difference is charged. It never adds
 // room, and runs at most once a second per model.
-func (s *Service) seed(ctx context.Context, j *job.Job, rl provider.RateLimit) {
+func (s *Service) seed(ctx context.Context, j *task.Task, rl provider.RateLimit) {
 	if rl.RemainingTokens < 0 && rl.RemainingRequests < 0 {
 		return
 	}
@@ -613,7 +614,7 @@ func (s *Service) seed(ctx context.Context, j *job.Job, rl provider.RateLimit) {
 
 // settle records usage and charges the budget for prompt tokens the
 // estimate missed.
-func (s *Service) settle(ctx context.Context, j *job.Job, u job.Usage) {
+func (s *Service) settle(ctx context.Context, j *task.Task, u job.Usage) {
 	s.m.TokensUsed.WithLabelValues(j.Provider, j.Model).Add(float64(u.PromptTokens + u.CompletionTokens))
 	s.m.TenantTokens.WithLabelValues(j.Tenant, "input").Add(float64(u.PromptTokens))
 	s.m.TenantTokens.WithLabelValues(j.Tenant, "output").Add(float64(u.CompletionTokens))
@@ -644,12 +645,12 @@ func (s *Service) settle(ctx context.Context, j *job.Job, u job.Usage) {
 	s.charge(ctx, j.ID, budget.ModelKey(j.Provider, job.ModelToken(j.Model)), slice, budget.Cost{Tokens: extra})
 }
 
-func (s *Service) finish(ctx context.Context, j *job.Job, opKey string, r *job.Result) error {
+func (s *Service) finish(ctx context.Context, j *task.Task, opKey string, r *job.Result) error {
 	return s.finishHinted(ctx, j, opKey, r, nil, 0)
 }
 
 // markInFlight marks the operation in flight for this attempt. With
-// ingest's revision of the record (job.Revs), it writes the in-flight
+// ingest's revision of the record (task.Revs), it writes the in-flight
 // record by compare-and-set at that revision without reading it: a record
 // still at the revision ingest created it at is queued, unjoined and not
 // cancelled, and its key, job and tenant are the job's. Otherwise (no
@@ -660,7 +661,7 @@ func (s *Service) finish(ctx context.Context, j *job.Job, opKey string, r *job.R
 // The record written carries sent, the mark that this call leaves; a
 // record that carries an earlier call's mark is left as it is and *lost
 // is set to it, unless the call may be made again (unknown.go).
-func (s *Service) markInFlight(ctx context.Context, j *job.Job, opKey string, attempt int, sent *mesh.SentMark, lost **mesh.SentMark, cancelled, wasInFlight *bool) (*mesh.OpRecord, uint64, error) {
+func (s *Service) markInFlight(ctx context.Context, j *task.Task, opKey string, attempt int, sent *mesh.SentMark, lost **mesh.SentMark, cancelled, wasInFlight *bool) (*mesh.OpRecord, uint64, error) {
 	if j.Revs != nil && j.Revs.Op > 0 {
 		_, key := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
 		r := &mesh.OpRecord{Key: key, JobID: j.ID, Tenant: j.Tenant, State: mesh.OpInFlight, Provider: j.Provider, Model: j.Model, Attempt: attempt, Sent: sent,
@@ -691,7 +692,7 @@ func (s *Service) markInFlight(ctx context.Context, j *job.Job, opKey string, at
 // finishHinted is finish; inFlight (at opRev) is the operation record as
 // this attempt wrote it, passed on to the result service so it can settle
 // the record without reading it (nil: not known).
-func (s *Service) finishHinted(ctx context.Context, j *job.Job, opKey string, r *job.Result, inFlight *mesh.OpRecord, opRev uint64) error {
+func (s *Service) finishHinted(ctx context.Context, j *task.Task, opKey string, r *job.Result, inFlight *mesh.OpRecord, opRev uint64) error {
 	if _, ended := s.ended.LoadAndDelete(j.Key()); !ended && r.Status != job.StatusSucceeded {
 		if stream, _ := streamed(j); stream {
 			// A streamed job that ends before its first token: its stream

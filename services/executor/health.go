@@ -8,6 +8,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/provider"
 	"github.com/sluice-dev/sluice/internal/route"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -30,7 +31,7 @@ import (
 
 // coolDeployment makes the fleet wait until until before placing another
 // job on j's deployment.
-func (s *Service) coolDeployment(ctx context.Context, j *job.Job, until time.Time) {
+func (s *Service) coolDeployment(ctx context.Context, j *task.Task, until time.Time) {
 	if s.cfg.Health == nil {
 		return
 	}
@@ -68,7 +69,7 @@ func downReason(out provider.Outcome) string {
 // deployment's problem rather than the request's (nil: it is not): the
 // deployment by name, never its URL or the resolver's address, which
 // are the operator's (they are logged).
-func operatorError(j *job.Job, out provider.Outcome) *job.Error {
+func operatorError(j *task.Task, out provider.Outcome) *job.Error {
 	dep := j.Provider + "/" + j.Model
 	const tail = "; this is the deployment's problem, not the request's, and the operator must fix it (the deployment is marked down)"
 	switch {
@@ -88,7 +89,7 @@ func operatorError(j *job.Job, out provider.Outcome) *job.Error {
 
 // deploymentDown takes j's deployment down for reason, no probe before
 // notBefore.
-func (s *Service) deploymentDown(ctx context.Context, j *job.Job, reason string, notBefore time.Time) {
+func (s *Service) deploymentDown(ctx context.Context, j *task.Task, reason string, notBefore time.Time) {
 	if s.cfg.Health == nil {
 		return
 	}
@@ -98,7 +99,7 @@ func (s *Service) deploymentDown(ctx context.Context, j *job.Job, reason string,
 }
 
 // grouped reports whether another deployment serves j's model.
-func (s *Service) grouped(j *job.Job) bool { return s.app().Grouped(j.Model) }
+func (s *Service) grouped(j *task.Task) bool { return s.app().Grouped(j.Model) }
 
 // replace sends a's job, whose deployment is down, back to admission to be
 // placed again: its reservation dropped, its attempts untouched, its
@@ -114,7 +115,7 @@ func (s *Service) replace(ctx context.Context, a *attempt, reason string) error 
 // deployment that cannot be reached is marked down, and retrying it on
 // the job's own clock (five attempts in seconds) would only make the
 // caller wait for the same answer; a route may still name a fallback.
-func operatorEnd(j *job.Job, out provider.Outcome, d decision, oe *job.Error) decision {
+func operatorEnd(j *task.Task, out provider.Outcome, d decision, oe *job.Error) decision {
 	if d.verdict == retryLater {
 		d.verdict, d.delay = endOrFallBack, 0
 		d.fallback = &route.Situation{Current: config.Target{Provider: j.Provider, Model: j.Model}, Priority: string(j.Priority), LastClass: out.Class}

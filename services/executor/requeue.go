@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/keys"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
@@ -46,7 +47,7 @@ var (
 // requeue sends j, taken from msg, back to admission for r without its
 // reservation, or dead-letters it when that would make more than r.bound
 // returns in a row for r.
-func (s *Service) requeue(ctx context.Context, msg jetstream.Msg, j *job.Job, opKey string, r backReason) error {
+func (s *Service) requeue(ctx context.Context, msg jetstream.Msg, j *task.Task, opKey string, r backReason) error {
 	n := 1
 	if q := j.Requeued; q != nil && q.Reason == r.name && q.Calls == len(j.Attempts) {
 		n = q.N + 1
@@ -64,7 +65,7 @@ func (s *Service) requeue(ctx context.Context, msg jetstream.Msg, j *job.Job, op
 		s.log.Warn("job keeps going back to admission for one reason", "job_id", j.ID, "tenant", j.Tenant,
 			"provider", clip.String(j.Provider, 64), "model", clip.String(j.Model, 64), "reason", r.name, "times", n, "ends_after", r.bound)
 	}
-	j.Requeued = &job.Requeued{Reason: r.name, N: n, Calls: len(j.Attempts)}
+	j.Requeued = &task.Requeued{Reason: r.name, N: n, Calls: len(j.Attempts)}
 	j.Reservation = nil
 	return s.mesh.Enqueue(ctx, j, keys.MsgID(r.kind, j.Tenant, j.ID, dispatchSeq(msg)))
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -18,7 +19,7 @@ func TestRequeueBound(t *testing.T) {
 	ctx := context.Background()
 	j := f.job(t, "t")
 	for i := range backLapsed.bound + 1 {
-		j.Reservation = &job.Reservation{ID: "1-0", Requests: 1, Tokens: 26, ReservedAt: time.Now().UTC(), ValidUntil: time.Now().Add(-time.Second).UTC()}
+		j.Reservation = &task.Reservation{ID: "1-0", Requests: 1, Tokens: 26, ReservedAt: time.Now().UTC(), ValidUntil: time.Now().Add(-time.Second).UTC()}
 		if err := f.s.execute(ctx, &dispatched{seq: uint64(100 + i)}, j); err != nil {
 			t.Fatal(err)
 		}
@@ -46,7 +47,7 @@ func TestRequeueBound(t *testing.T) {
 
 	// A call since the last return, or another reason, starts a new run.
 	k := f.job(t, "t")
-	k.Requeued = &job.Requeued{Reason: backLapsed.name, N: backLapsed.bound, Calls: 0}
+	k.Requeued = &task.Requeued{Reason: backLapsed.name, N: backLapsed.bound, Calls: 0}
 	k.Attempts = []job.Attempt{{N: 1, Provider: "p", Model: "m"}}
 	k.Reservation.ValidUntil = time.Now().Add(-time.Second).UTC()
 	if err := f.s.execute(ctx, &dispatched{seq: 500}, k); err != nil {

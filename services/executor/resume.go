@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/keys"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -28,7 +29,7 @@ type streamedBefore struct {
 }
 
 // readStreamed reads back what STREAMS holds for job j; nil if nothing.
-func (s *Service) readStreamed(ctx context.Context, j *job.Job) (*streamedBefore, error) {
+func (s *Service) readStreamed(ctx context.Context, j *task.Task) (*streamedBefore, error) {
 	ctx, cancel := context.WithTimeout(ctx, resumeReadWait)
 	defer cancel()
 	subject := job.StreamSubject(j.Tenant, j.ID)
@@ -89,7 +90,7 @@ func (s *Service) readStreamed(ctx context.Context, j *job.Job) (*streamedBefore
 // holds was never used: its tokens go back. It reports whether the job
 // ended here; with nothing in STREAMS (the earlier attempt relayed no
 // token, or STREAMS no longer keeps it) the call goes ahead as any retry.
-func (s *Service) resumeStream(ctx context.Context, j *job.Job, opKey string) (bool, error) {
+func (s *Service) resumeStream(ctx context.Context, j *task.Task, opKey string) (bool, error) {
 	before, err := s.readStreamed(ctx, j)
 	if err != nil {
 		// Not knowing what was relayed is no reason to pay twice; the

@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -158,7 +159,7 @@ func (mc *modelCalls) take(msg jetstream.Msg) {
 
 // start hands msg's job off to a goroutine of its own, which settles the
 // message when it is done; an error says it was not handed off.
-func (mc *modelCalls) start(msg jetstream.Msg) (*job.Job, error) {
+func (mc *modelCalls) start(msg jetstream.Msg) (*task.Task, error) {
 	s := mc.s
 	// Decoded once, here: the envelope carries the request, and a large
 	// one is the costliest thing an executor parses.
@@ -210,7 +211,7 @@ func (mc *modelCalls) start(msg jetstream.Msg) (*job.Job, error) {
 // a slot for it, waiting for one at most until the reservation lapses.
 // It returns the context to run the call in and what releases the slot,
 // or a redelivery when the service shut down.
-func (mc *modelCalls) slotAtInstant(j *job.Job) (context.Context, func(), error) {
+func (mc *modelCalls) slotAtInstant(j *task.Task) (context.Context, func(), error) {
 	s, r := mc.s, j.Reservation
 	waitFrom := s.now()
 	forget := s.noteWait(j.Key(), "send_at", r.Earliest())
@@ -239,7 +240,7 @@ func (mc *modelCalls) slotAtInstant(j *job.Job) (context.Context, func(), error)
 // the message is settled (acknowledge). slot, when not nil, is called
 // after the verification to take the job's concurrency slot: it returns
 // the context to run in and the slot's release.
-func (s *Service) verifyThenRun(ctx context.Context, msg jetstream.Msg, j *job.Job, slot func() (context.Context, func(), error)) error {
+func (s *Service) verifyThenRun(ctx context.Context, msg jetstream.Msg, j *task.Task, slot func() (context.Context, func(), error)) error {
 	if err := s.verify(ctx, msg, j); err != nil {
 		return err
 	}

@@ -6,15 +6,16 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/budget"
-	"github.com/sluice-dev/sluice/pkg/tokens"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 )
 
 // reservedPrompt is the prompt tokens j's reservation holds: admission
 // reserves the estimate corrected by what the fleet has learned
 // (internal/calib), so the reservation, not the envelope's estimate, is
 // what a provider's count settles against.
-func reservedPrompt(j *job.Job) int {
+func reservedPrompt(j *task.Task) int {
 	if r := j.Reservation; r != nil && r.Tokens >= j.Estimate.MaxTokens {
 		return r.Tokens - j.Estimate.MaxTokens
 	}
@@ -22,7 +23,7 @@ func reservedPrompt(j *job.Job) int {
 }
 
 // estimateClass is j's request shape class, when it names a valid one.
-func estimateClass(j *job.Job) string {
+func estimateClass(j *task.Task) string {
 	if tokens.ValidClass(j.Estimate.Class) {
 		return j.Estimate.Class
 	}
@@ -38,7 +39,7 @@ const minReturn = 16
 // prompt tokens a paced reservation held beyond what the provider counted
 // (it charges what it counted, as Sluice reserved: the window then holds
 // what the provider's does). Coalesced per model (s.backs).
-func (s *Service) returnOverReserved(ctx context.Context, j *job.Job, n int) {
+func (s *Service) returnOverReserved(ctx context.Context, j *task.Task, n int) {
 	r := j.Reservation
 	if r == nil || r.SendAt.IsZero() || n < minReturn {
 		return

@@ -19,8 +19,9 @@ import (
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/provider"
-	"github.com/sluice-dev/sluice/pkg/tokens"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 )
 
 // errCancelled is the cause of a call stopped because its caller cancelled.
@@ -36,7 +37,7 @@ type streamFlags struct {
 
 // streamed reports whether j asks for a streamed answer, and whether its
 // caller asked for the usage chunk.
-func streamed(j *job.Job) (stream, usage bool) {
+func streamed(j *task.Task) (stream, usage bool) {
 	var f streamFlags
 	if json.Unmarshal(j.Request, &f) != nil {
 		return false, false
@@ -112,7 +113,7 @@ type streamEnd struct {
 // back as resp and cerr for Classify, exactly as a non-streamed call's;
 // end is then nil. After it, chunks go to the job's stream subject as they
 // come, batched by time, and end says how the stream ended.
-func (s *Service) stream(ctx context.Context, j *job.Job, client provider.Streamer, call provider.Call, wantUsage bool, pub *chunkPublisher) (resp *provider.Response, cerr error, end *streamEnd) {
+func (s *Service) stream(ctx context.Context, j *task.Task, client provider.Streamer, call provider.Call, wantUsage bool, pub *chunkPublisher) (resp *provider.Response, cerr error, end *streamEnd) {
 	cfg := s.app().Streaming
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -217,7 +218,7 @@ func streamBreak(err, cause error) (reason string, broke error) {
 // with the text received and the usage known. Usage the provider
 // reported settles the budget; a stream cut before its usage chunk stays
 // charged its reservation.
-func (s *Service) endStream(ctx context.Context, j *job.Job, opKey string, pub *chunkPublisher, e *streamEnd) error {
+func (s *Service) endStream(ctx context.Context, j *task.Task, opKey string, pub *chunkPublisher, e *streamEnd) error {
 	r := &job.Result{Status: e.status, Usage: e.tr.Usage()}
 	if r.Usage == nil && e.tr.Started() {
 		r.Usage, r.UsageSource = s.estimateUsage(j, e.tr), job.UsageEstimate
@@ -283,7 +284,7 @@ type chunkPublisher struct {
 // maxBatchBytes flushes a batch early, well under STREAMS' message size.
 const maxBatchBytes = 256 << 10
 
-func newChunkPublisher(js jetstream.JetStream, j *job.Job, interval time.Duration, now func() time.Time, onErr func(error)) *chunkPublisher {
+func newChunkPublisher(js jetstream.JetStream, j *task.Task, interval time.Duration, now func() time.Time, onErr func(error)) *chunkPublisher {
 	return &chunkPublisher{js: js, subject: job.StreamSubject(j.Tenant, j.ID), tenant: j.Tenant, jobID: j.ID, interval: interval, now: now, onErr: onErr}
 }
 
@@ -346,7 +347,7 @@ func (p *chunkPublisher) flushLocked(end job.Status, e *job.Error) {
 // returnUnusedTokens gives a paced reservation's tokens back to the window
 // at its instant, for a job that ends without its call (the request it
 // reserved stays spent: its slot has passed).
-func (s *Service) returnUnusedTokens(ctx context.Context, j *job.Job) {
+func (s *Service) returnUnusedTokens(ctx context.Context, j *task.Task) {
 	if r := j.Reservation; r != nil && !r.SendAt.IsZero() && r.Tokens > 0 {
 		s.giveBack(ctx, budget.ModelKey(j.Provider, job.ModelToken(j.Model)), r.SendAt, budget.Cost{Tokens: r.Tokens}, false)
 	}
@@ -355,7 +356,7 @@ func (s *Service) returnUnusedTokens(ctx context.Context, j *job.Job) {
 // cancelBeforeCall ends a streamed job whose caller went away before its
 // provider call: nothing is sent, and the reservation's tokens go back to
 // the window (the request it reserved stays spent: its slot has passed).
-func (s *Service) cancelBeforeCall(ctx context.Context, j *job.Job, opKey string) error {
+func (s *Service) cancelBeforeCall(ctx context.Context, j *task.Task, opKey string) error {
 	ctx = context.WithoutCancel(ctx)
 	s.returnUnusedTokens(ctx, j)
 	s.m.StreamInterrupted.WithLabelValues(j.Provider, j.Model, "cancelled").Inc()
@@ -366,7 +367,7 @@ func (s *Service) cancelBeforeCall(ctx context.Context, j *job.Job, opKey string
 // estimateUsage is Sluice's estimate of what a stream that ended without
 // the provider's usage (cut before its usage chunk) used: the prompt as
 // estimated at intake and the completion's text as received, counted.
-func (s *Service) estimateUsage(j *job.Job, tr *job.Transcript) *job.Usage {
+func (s *Service) estimateUsage(j *task.Task, tr *job.Transcript) *job.Usage {
 	u := &job.Usage{CompletionTokens: tokens.Count(j.Model, string(tr.Completion()))}
 	if j.Estimate != nil {
 		u.PromptTokens = j.Estimate.PromptTokens

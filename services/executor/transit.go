@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/adapt"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -76,7 +77,7 @@ func withWaited(ctx context.Context, d time.Duration) context.Context {
 // noteReady records the transit of a paced call that is ready to send:
 // only on the dispatch's first delivery (a redelivery's includes an ack
 // wait, not transit).
-func (s *Service) noteReady(ctx context.Context, msg jetstream.Msg, j *job.Job) {
+func (s *Service) noteReady(ctx context.Context, msg jetstream.Msg, j *task.Task) {
 	r := j.Reservation
 	if r == nil || r.SendAt.IsZero() || r.ReservedAt.IsZero() {
 		return
@@ -94,7 +95,7 @@ func (s *Service) noteReady(ctx context.Context, msg jetstream.Msg, j *job.Job) 
 // its transit (which the lead of every paced call is learned from). One
 // read per model at a time; drained still reads itself a view it finds
 // stale. The read is counted among the service's calls (start, done).
-func (s *Service) warmEpoch(ctx context.Context, j *job.Job, start func() bool, done func()) {
+func (s *Service) warmEpoch(ctx context.Context, j *task.Task, start func() bool, done func()) {
 	key := adapt.Key(j.Provider, job.ModelToken(j.Model))
 	s.epochMu.Lock()
 	v := s.epochs[key]

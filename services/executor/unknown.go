@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/dlq"
 	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -29,7 +30,7 @@ import (
 
 // mayCallAgain reports whether an attempt whose outcome is unknown may be
 // sent again.
-func (s *Service) mayCallAgain(j *job.Job) bool {
+func (s *Service) mayCallAgain(j *task.Task) bool {
 	if j.AtLeastOnce {
 		return true
 	}
@@ -42,7 +43,7 @@ func (s *Service) mayCallAgain(j *job.Job) bool {
 }
 
 // newSentMark is the mark an execution of j writes before its call.
-func (s *Service) newSentMark(j *job.Job, attempt int) *mesh.SentMark {
+func (s *Service) newSentMark(j *task.Task, attempt int) *mesh.SentMark {
 	m := &mesh.SentMark{Attempt: attempt, At: s.now().UTC(), By: s.holder + "." + job.NewID()[24:]}
 	if j.Reservation != nil {
 		m.Reservation = j.Reservation.ID
@@ -56,7 +57,7 @@ const lostGrace = resultPublishWait + 10*time.Second
 
 // callBound is the longest a call of j, and the recording of its outcome,
 // can take after it left.
-func (s *Service) callBound(j *job.Job) time.Duration {
+func (s *Service) callBound(j *task.Task) time.Duration {
 	d := 2 * time.Minute
 	if p, _, ok := s.app().Deployment(j.Provider, j.Model); ok {
 		d = p.Timeout.D()
@@ -79,7 +80,7 @@ func (d redeliverAfter) Error() string {
 // its acknowledgements were lost in an election): until the call's bound
 // has passed the job waits, and then it ends outcome_unknown without a
 // second call.
-func (s *Service) lostCall(ctx context.Context, j *job.Job, opKey string, sent *mesh.SentMark, stream bool) error {
+func (s *Service) lostCall(ctx context.Context, j *task.Task, opKey string, sent *mesh.SentMark, stream bool) error {
 	if _, err := s.mesh.StoredResult(ctx, j.Tenant, j.ID); err == nil {
 		s.m.DupSuppressed.WithLabelValues(s.app().TaskLabel(j.Task)).Inc()
 		return nil
@@ -108,7 +109,7 @@ func (s *Service) lostCall(ctx context.Context, j *job.Job, opKey string, sent *
 
 // outcomeUnknown ends j outcome_unknown: a dead letter with its attempts,
 // and a failed result saying so.
-func (s *Service) outcomeUnknown(ctx context.Context, j *job.Job, opKey, reason string) error {
+func (s *Service) outcomeUnknown(ctx context.Context, j *task.Task, opKey, reason string) error {
 	s.m.OutcomeUnknown.WithLabelValues(j.Provider, j.Model, reason).Inc()
 	s.log.Warn("outcome unknown: the job ends without calling the provider again", "job_id", j.ID,
 		"provider", j.Provider, "model", j.Model, "reason", reason)

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/internal/wire"
 	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -20,7 +21,7 @@ import (
 // none: a body sent without one lets the provider pick the length (often
 // its maximum), past what the tenant's and the model's token budgets
 // charged. Embeddings have no output to bound.
-func shapeBody(j *job.Job, p *config.Provider, m *config.Model, defMax int) error {
+func shapeBody(j *task.Task, p *config.Provider, m *config.Model, defMax int) error {
 	if j.Endpoint == job.EndpointEmbeddings {
 		return nil
 	}
@@ -93,7 +94,7 @@ func deniedField(fields map[string]json.RawMessage, m *config.Model) error {
 }
 
 // encodeBody writes fields as the job's request.
-func encodeBody(j *job.Job, fields map[string]json.RawMessage) error {
+func encodeBody(j *task.Task, fields map[string]json.RawMessage) error {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)

@@ -11,12 +11,13 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
 
 // queued reads the job QUEUE holds last for tenant at priority p.
-func (f *fixture) queued(t *testing.T, p job.Priority, tenant string) *job.Job {
+func (f *fixture) queued(t *testing.T, p job.Priority, tenant string) *task.Task {
 	t.Helper()
 	ctx := context.Background()
 	st, err := f.js.Stream(ctx, streams.Queue)
@@ -27,7 +28,7 @@ func (f *fixture) queued(t *testing.T, p job.Priority, tenant string) *job.Job {
 	if err != nil {
 		t.Fatalf("QUEUE holds no job of %s: %v", tenant, err)
 	}
-	var j job.Job
+	var j task.Task
 	if err := json.Unmarshal(m.Data, &j); err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +46,7 @@ func TestDefaultMaxTokensIsSent(t *testing.T) {
 		`{"model":"fast","messages":[{"role":"user","content":"hi"}]}`,
 		"{\"model\":\"fast\",\"max_tokens\":null,\"messages\":[{\"role\":\"user\",\"content\":\"<hi>\"}]}\n",
 	} {
-		j := &job.Job{ID: job.NewID(), Tenant: "beta", Request: json.RawMessage(body)}
+		j := &task.Task{Job: job.Job{ID: job.NewID(), Tenant: "beta", Request: json.RawMessage(body)}}
 		if _, err := f.svc.Accept(ctx, j); err != nil {
 			t.Fatalf("accept %s: %v", body, err)
 		}
@@ -76,7 +77,7 @@ func TestShapeBodyReasoningModel(t *testing.T) {
 		{"openai", "gpt-4o-mini", `"max_tokens":300}`},
 		{"anthropic", "claude-haiku-4-5", `"max_tokens":300}`},
 	} {
-		j := &job.Job{Request: json.RawMessage(`{"model":"` + tc.model + `","messages":[]}`)}
+		j := &task.Task{Job: job.Job{Request: json.RawMessage(`{"model":"` + tc.model + `","messages":[]}`)}}
 		if err := shapeBody(j, &config.Provider{Kind: tc.kind}, &config.Model{Name: tc.model}, 300); err != nil {
 			t.Fatal(err)
 		}
@@ -96,7 +97,7 @@ func TestShapeBodyRenamesForReasoningModel(t *testing.T) {
 		{"openai", "gpt-4o-mini", `{"model":"gpt-4o-mini","max_tokens":50,"messages":[]}`, `{"model":"gpt-4o-mini","max_tokens":50,"messages":[]}`},
 		{"anthropic", "claude-haiku-4-5", `{"model":"claude-haiku-4-5","max_tokens":50,"messages":[]}`, `{"model":"claude-haiku-4-5","max_tokens":50,"messages":[]}`},
 	} {
-		j := &job.Job{Request: json.RawMessage(tc.body)}
+		j := &task.Task{Job: job.Job{Request: json.RawMessage(tc.body)}}
 		if err := shapeBody(j, &config.Provider{Kind: tc.kind}, &config.Model{Name: tc.model}, 300); err != nil {
 			t.Fatal(err)
 		}
@@ -110,7 +111,7 @@ func TestShapeBodyRenamesForReasoningModel(t *testing.T) {
 func TestShapeBodyEmptyObject(t *testing.T) {
 	t.Parallel()
 	for _, body := range []string{`{}`, "{ }\n"} {
-		j := &job.Job{Request: json.RawMessage(body)}
+		j := &task.Task{Job: job.Job{Request: json.RawMessage(body)}}
 		if err := shapeBody(j, &config.Provider{Kind: "openai"}, &config.Model{Name: "gpt-4o-mini"}, 300); err != nil {
 			t.Fatal(err)
 		}
@@ -126,8 +127,9 @@ func TestDeniedBodyFieldRefused(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
-	j := &job.Job{ID: job.NewID(), Tenant: "acme",
-		Request: json.RawMessage(`{"model":"fast","service_tier":"priority","messages":[{"role":"user","content":"hi"}]}`)}
+	j := &task.Task{
+		Job: job.Job{ID: job.NewID(), Tenant: "acme", Request: json.RawMessage(`{"model":"fast","service_tier":"priority","messages":[{"role":"user","content":"hi"}]}`)},
+	}
 	_, err := f.svc.Accept(ctx, j)
 	var ve *job.ValidationError
 	if !errors.As(err, &ve) || ve.Field != "request.service_tier" {

@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/cache"
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -27,7 +28,7 @@ const cacheRead = 2 * time.Second
 // cache header Sluice refuses, or a hit its tenant's budget cannot take
 // now); otherwise it returns the request's plan (nil: the cache has
 // nothing to do with it), for cacheAccept.
-func (s *Service) cacheBefore(w http.ResponseWriter, r *http.Request, j *job.Job, body []byte) (p *cache.Plan, done bool) {
+func (s *Service) cacheBefore(w http.ResponseWriter, r *http.Request, j *task.Task, body []byte) (p *cache.Plan, done bool) {
 	j.CacheTarget = nil
 	c := s.cfg.Cache
 	if c == nil {
@@ -61,7 +62,7 @@ func (s *Service) cacheBefore(w http.ResponseWriter, r *http.Request, j *job.Job
 // not answer at cacheBefore's lookup, with j prepared (prepare). When the
 // second lookup of prepare finds the answer, it is served from the cache
 // (done) and accept does not run.
-func (s *Service) cacheAccept(w http.ResponseWriter, r *http.Request, p *cache.Plan, j *job.Job, accept func() (Accepted, error)) (acc Accepted, done bool, err error) {
+func (s *Service) cacheAccept(w http.ResponseWriter, r *http.Request, p *cache.Plan, j *task.Task, accept func() (Accepted, error)) (acc Accepted, done bool, err error) {
 	if p == nil {
 		acc, err = accept()
 		return acc, false, err
@@ -91,7 +92,7 @@ func (s *Service) serveHit(w http.ResponseWriter, r *http.Request, p *cache.Plan
 // the cache in front: a hit is answered with a result published for the
 // job (serveJob); otherwise accept runs with j prepared (prepare). A cache
 // option Sluice cannot honour is a *job.ValidationError.
-func (s *Service) acceptCached(ctx context.Context, j *job.Job, accept func() (Accepted, error)) (Accepted, error) {
+func (s *Service) acceptCached(ctx context.Context, j *task.Task, accept func() (Accepted, error)) (Accepted, error) {
 	j.CacheTarget = nil // never a producer's
 	c := s.cfg.Cache
 	if c == nil || (j.ID != "" && !job.CanonicalID(j.ID)) {
@@ -129,7 +130,7 @@ func (s *Service) acceptCached(ctx context.Context, j *job.Job, accept func() (A
 // published for it, when its tenant's budget allows (hitBudget). A job
 // whose id has a record already is not served: accept knows what a
 // repeat is.
-func (s *Service) serveJob(ctx context.Context, p *cache.Plan, j *job.Job, e *cache.Entry) (acc Accepted, served bool, err error) {
+func (s *Service) serveJob(ctx context.Context, p *cache.Plan, j *task.Task, e *cache.Entry) (acc Accepted, served bool, err error) {
 	if err := s.hitBudget(ctx, j.Tenant); err != nil {
 		return Accepted{}, false, err
 	}
@@ -199,7 +200,7 @@ func result(p *cache.Plan) string {
 // it by a moment must not make a second call for it. e is the entry that
 // second lookup found; the request is counted a miss (or bypass) when
 // there is none.
-func (s *Service) prepare(ctx context.Context, p *cache.Plan, j *job.Job) (release func(), e *cache.Entry, age time.Duration) {
+func (s *Service) prepare(ctx context.Context, p *cache.Plan, j *task.Task) (release func(), e *cache.Entry, age time.Duration) {
 	j.CacheTarget = p.Target()
 	release = func() {}
 	if p.Coalesce != "" && j.IdempotencyKey == "" {
@@ -343,7 +344,7 @@ func (k *keyLocks) lock(key string) (release func()) {
 
 // coalescing takes, for a job that coalesces under its idempotency key,
 // the process's lock on that key (see keyLocks); it returns the release.
-func (s *Service) coalescing(j *job.Job) (release func()) {
+func (s *Service) coalescing(j *task.Task) (release func()) {
 	if s.cfg.Cache == nil || !strings.HasPrefix(j.IdempotencyKey, mesh.CoalescePrefix) {
 		return func() {}
 	}

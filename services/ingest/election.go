@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/internal/task"
 )
 
 // ElectionWait bounds how long an HTTP submission waits for the streams and
@@ -24,7 +24,7 @@ const electionAttempt = 2 * time.Second
 // acceptRiding is Accept, tried again with the same job (and so the same
 // job id and message ids) while what refuses it is transient, for up to
 // ElectionWait.
-func (s *Service) acceptRiding(ctx context.Context, j *job.Job) (Accepted, error) {
+func (s *Service) acceptRiding(ctx context.Context, j *task.Task) (Accepted, error) {
 	until := time.Now().Add(ElectionWait)
 	for wait := 100 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		actx, cancel := context.WithTimeout(ctx, electionAttempt)

@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/provider"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -74,11 +75,12 @@ func (s *Service) postJob(w http.ResponseWriter, r *http.Request, auth api.Auth)
 		s.fail(w, "http", err)
 		return
 	}
-	j, err := job.Parse(body, s.lim) // accept checks it
+	env, err := job.Parse(body, s.lim) // accept checks it
 	if err != nil {
 		s.fail(w, "http", err)
 		return
 	}
+	j := task.New(*env)
 	if j.Tenant == "" {
 		j.Tenant = tenant
 	}
@@ -197,9 +199,9 @@ func (s *Service) chat(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 
 // chatJob is the job of an OpenAI-compatible request: its body and what
 // the Sluice headers ask of it (priority, deadline, cost).
-func chatJob(r *http.Request, tenant string, body []byte) (*job.Job, error) {
-	j := &job.Job{Tenant: tenant, Endpoint: endpointOf(r.Context()), Request: body, IdempotencyKey: r.Header.Get("Idempotency-Key"),
-		Provider: r.Header.Get("X-Sluice-Provider"), Affinity: r.Header.Get("X-Sluice-Affinity")}
+func chatJob(r *http.Request, tenant string, body []byte) (*task.Task, error) {
+	j := task.New(job.Job{Tenant: tenant, Endpoint: endpointOf(r.Context()), Request: body, IdempotencyKey: r.Header.Get("Idempotency-Key"),
+		Provider: r.Header.Get("X-Sluice-Provider"), Affinity: r.Header.Get("X-Sluice-Affinity")})
 	if p := r.Header.Get("X-Sluice-Priority"); p != "" {
 		j.Priority = job.Priority(strings.ToLower(p))
 	}

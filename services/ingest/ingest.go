@@ -26,11 +26,12 @@ import (
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
-	"github.com/sluice-dev/sluice/pkg/tokens"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/internal/tracing"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/tokens"
 	"github.com/sluice-dev/sluice/streams"
 )
 
@@ -192,7 +193,7 @@ func (e *BusyError) Is(target error) bool { return target == ErrQueueFull }
 // because QUEUE is full leaves nothing behind: the job and operation
 // records this call created are withdrawn, so the job is unknown, as the
 // refusal says.
-func (s *Service) Accept(ctx context.Context, j *job.Job) (Accepted, error) {
+func (s *Service) Accept(ctx context.Context, j *task.Task) (Accepted, error) {
 	return s.accept(ctx, j, false)
 }
 
@@ -203,7 +204,7 @@ type created struct{ job, op uint64 }
 // accept is Accept; held says the caller holds the job durably and offers
 // it again later (an INTAKE message), so a job QUEUE refuses keeps its
 // records: it is accepted and waits. Its phases are in accept.go.
-func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (acc Accepted, err error) {
+func (s *Service) accept(ctx context.Context, j *task.Task, held bool) (acc Accepted, err error) {
 	ctx, span := s.mesh.Tracing.Start(ctx, tracing.SpanAccept)
 	defer func() { endAccept(span, j, held, acc, err) }()
 	prov, model, est, err := s.check(j)
@@ -236,7 +237,7 @@ func (s *Service) accept(ctx context.Context, j *job.Job, held bool) (acc Accept
 // job and waits for its result: the job is then taken after all, handed
 // to INTAKE, which ingest offers to QUEUE until it fits, and accept
 // reports it accepted.
-func (s *Service) settleRefusal(ctx context.Context, j *job.Job, opKey string, made created, busy error) (Accepted, error) {
+func (s *Service) settleRefusal(ctx context.Context, j *task.Task, opKey string, made created, busy error) (Accepted, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	err := withdraw(ctx, s.mesh.Idempotency, opKey, made.op)
@@ -363,7 +364,7 @@ func waitFor(model *config.Model, ahead uint64, avg float64, cost int, busy bool
 // the jobs waiting in INTAKE counted ahead too. For a job whose model is
 // unknown it is the longest wait over the configured models.
 func (s *Service) intakeWait(ctx context.Context, data []byte) time.Duration {
-	var j job.Job
+	var j task.Task
 	var model *config.Model
 	cost := 0
 	if len(data) > MaxHintBytes {
@@ -396,7 +397,7 @@ func (s *Service) intakeWait(ctx context.Context, data []byte) time.Duration {
 // join attaches j to the operation already recorded under opKey. It returns
 // the job id j joined, or "" when the record is j's own (a repeat of the
 // same job, which then continues to enqueue).
-func (s *Service) join(ctx context.Context, opKey string, j *job.Job) (string, error) {
+func (s *Service) join(ctx context.Context, opKey string, j *task.Task) (string, error) {
 	var done, mismatch bool
 	digest := mesh.BodyDigest(j)
 	rec, err := s.mesh.UpdateOp(ctx, opKey, func(r *mesh.OpRecord) bool {
@@ -497,10 +498,11 @@ func (s *Service) Run(ctx context.Context) error {
 
 func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 	tenant, _ := job.TenantFromIntake(msg.Subject())
-	j, derr := job.Parse(msg.Data(), s.lim) // accept checks it
-	if j == nil {
-		j = &job.Job{}
+	env, derr := job.Parse(msg.Data(), s.lim) // accept checks it
+	if env == nil {
+		env = &job.Job{}
 	}
+	j := task.New(*env)
 	if j.Tenant == "" {
 		j.Tenant = tenant
 	}
@@ -546,7 +548,7 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 }
 
 // refuse answers an invalid job with a failed result and drops it.
-func (s *Service) refuse(ctx context.Context, msg jetstream.Msg, j *job.Job, tenant string, err error) {
+func (s *Service) refuse(ctx context.Context, msg jetstream.Msg, j *task.Task, tenant string, err error) {
 	var ve *job.ValidationError
 	jerr := &job.Error{Code: job.CodeInvalidRequest, Message: err.Error()}
 	if errors.As(err, &ve) {

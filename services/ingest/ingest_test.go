@@ -24,6 +24,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
@@ -63,9 +64,10 @@ tenants: [{name: acme}, {name: beta}]
 	return &fixture{svc: svc, mesh: m, js: m.JS, nc: m.JS.Conn()}
 }
 
-func newJob(tenant, idemKey string) *job.Job {
-	return &job.Job{ID: job.NewID(), Tenant: tenant, IdempotencyKey: idemKey,
-		Request: json.RawMessage(`{"model":"fast","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`)}
+func newJob(tenant, idemKey string) *task.Task {
+	return &task.Task{
+		Job: job.Job{ID: job.NewID(), Tenant: tenant, IdempotencyKey: idemKey, Request: json.RawMessage(`{"model":"fast","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`)},
+	}
 }
 
 // answering waits until ingest, running, answers a wait hint on nc (Run
@@ -84,7 +86,7 @@ func answering(t testing.TB, nc *nats.Conn, tenant string, data []byte) *nats.Ms
 }
 
 // records reports whether the job's record and its operation record exist.
-func (f *fixture) records(t *testing.T, j *job.Job) (jobRec, opRec bool) {
+func (f *fixture) records(t *testing.T, j *task.Task) (jobRec, opRec bool) {
 	t.Helper()
 	ctx := context.Background()
 	_, _, err := f.mesh.Lookup(ctx, j.Tenant, j.ID)
@@ -235,7 +237,7 @@ func TestRefusedJobWithAJoinerGoesToIntake(t *testing.T) {
 		if err != nil {
 			t.Fatalf("with a joiner: nothing in INTAKE: %v", err)
 		}
-		var got job.Job
+		var got task.Task
 		if err := json.Unmarshal(msg.Data, &got); err != nil || got.ID != j.ID {
 			t.Errorf("INTAKE holds %s, want job %s", msg.Data, j.ID)
 		}
@@ -268,7 +270,7 @@ func TestIntakeJobWaitsForRoom(t *testing.T) {
 		t.Fatal(err)
 	}
 	j := newJob("acme", "")
-	if _, err := cl.Submit(tctx, j); err != nil {
+	if _, err := cl.Submit(tctx, &j.Job); err != nil {
 		t.Fatal(err)
 	}
 	// It is deferred, not refused: its records say queued.
@@ -384,13 +386,14 @@ func TestAcceptResolvesCost(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
-	painter := func(cost map[string]int) *job.Job {
-		return &job.Job{ID: job.NewID(), Tenant: "beta", Cost: cost,
-			Request: json.RawMessage(`{"model":"painter","max_tokens":16,"messages":[{"role":"user","content":"a cat"}]}`)}
+	painter := func(cost map[string]int) *task.Task {
+		return &task.Task{
+			Job: job.Job{ID: job.NewID(), Tenant: "beta", Cost: cost, Request: json.RawMessage(`{"model":"painter","max_tokens":16,"messages":[{"role":"user","content":"a cat"}]}`)},
+		}
 	}
 	for _, tc := range []struct {
 		name string
-		j    *job.Job
+		j    *task.Task
 		want map[string]int
 	}{
 		{"stated", painter(map[string]int{"images": 2}), map[string]int{"images": 2, "tasks": 1}},
@@ -408,7 +411,7 @@ func TestAcceptResolvesCost(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name        string
-		j           *job.Job
+		j           *task.Task
 		code, field string
 		inMsg       string
 	}{
@@ -437,7 +440,7 @@ func TestAcceptResolvesCost(t *testing.T) {
 	}
 }
 
-func newJobWithCost(cost map[string]int) *job.Job {
+func newJobWithCost(cost map[string]int) *task.Task {
 	j := newJob("beta", "")
 	j.Cost = cost
 	return j

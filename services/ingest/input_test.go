@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -46,7 +47,7 @@ func post(mux http.Handler, path, tenant, body string, headers map[string]string
 }
 
 // lastQueued reads the last job QUEUE holds for tenant at standard priority.
-func (f *fixture) lastQueued(t *testing.T, tenant string) *job.Job {
+func (f *fixture) lastQueued(t *testing.T, tenant string) *task.Task {
 	t.Helper()
 	return f.queued(t, job.Standard, tenant)
 }
@@ -174,7 +175,7 @@ func TestIdempotencyKeyBodyMismatch(t *testing.T) {
 		t.Errorf("same key, another request: got %d %s, want 422 %s", rec.Code, rec.Body, job.CodeIdempotencyMismatch)
 	}
 	// Over NATS too.
-	j := &job.Job{Tenant: "acme", IdempotencyKey: "order-17", Request: json.RawMessage(`{"model":"fast","max_tokens":16,"messages":[{"role":"user","content":"third"}]}`)}
+	j := &task.Task{Job: job.Job{Tenant: "acme", IdempotencyKey: "order-17", Request: json.RawMessage(`{"model":"fast","max_tokens":16,"messages":[{"role":"user","content":"third"}]}`)}}
 	if _, err := f.svc.Accept(ctx, j); err == nil || !strings.Contains(err.Error(), "different request") {
 		t.Errorf("Accept with the same key and another request: %v, want the mismatch refused", err)
 	}
@@ -193,7 +194,7 @@ func TestNonCompactBodyVerifies(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	body := "{\n  \"model\": \"fast\",\n  \"max_tokens\": 16,\n  \"messages\": [{\"role\": \"user\", \"content\": \"a <b> & c \u2028\"}]\n}"
-	if _, err := f.svc.Accept(context.Background(), &job.Job{Tenant: "beta", Request: json.RawMessage(body)}); err != nil {
+	if _, err := f.svc.Accept(context.Background(), &task.Task{Job: job.Job{Tenant: "beta", Request: json.RawMessage(body)}}); err != nil {
 		t.Fatal(err)
 	}
 	if j := f.lastQueued(t, "beta"); !f.svc.cfg.Guard.Sealed(j) {
@@ -226,7 +227,7 @@ func TestMessagesAnswerSlowerThanWriteTimeout(t *testing.T) {
 	answered := make(chan error, 1)
 	go func() {
 		// The job's result, written well after the write timeout.
-		var j job.Job
+		var j task.Task
 		queued := natstest.Poll(ctx, func() bool {
 			st, err := f.js.Stream(ctx, streams.Queue)
 			if err != nil {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
@@ -67,7 +68,7 @@ func (s *Service) getModel(w http.ResponseWriter, r *http.Request, auth api.Auth
 // no embeddings, and its Messages API no n (Sluice does not fan a request
 // out into n calls: n > 1 would be n reservations and n bills for what the
 // caller sees as one call).
-func endpointServed(j *job.Job, p *config.Provider) error {
+func endpointServed(j *task.Task, p *config.Provider) error {
 	if p.Kind != "anthropic" {
 		return nil
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/metrics"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/internal/wire"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
@@ -206,8 +207,9 @@ func TestStoreAndMetadataRefusedByDefault(t *testing.T) {
 	f.queueEmpty(t)
 	ctx := context.Background()
 	accept := func(tenant, field string) error {
-		_, err := f.svc.Accept(ctx, &job.Job{ID: job.NewID(), Tenant: tenant,
-			Request: json.RawMessage(`{"model":"fast","max_tokens":16,` + hiMessages + `,` + field + `}`)})
+		_, err := f.svc.Accept(ctx, &task.Task{
+			Job: job.Job{ID: job.NewID(), Tenant: tenant, Request: json.RawMessage(`{"model":"fast","max_tokens":16,` + hiMessages + `,` + field + `}`)},
+		})
 		return err
 	}
 	if err := accept("acme", `"store":false`); err != nil {

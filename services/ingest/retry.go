@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/keys"
-	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/internal/task"
 )
 
 // RetryCountHeader is the header the official OpenAI and Anthropic SDKs
@@ -39,7 +39,7 @@ func (s *Service) RetryWindow() time.Duration { return s.maxWait() + retryWindow
 // submitting another. The job is accepted on a context the caller cannot
 // cancel: a client that drops mid-accept must not leave half its records,
 // nor miss its pointer, because its retry is on its way.
-func (s *Service) acceptHTTP(r *http.Request, j *job.Job, body []byte) (Accepted, error) {
+func (s *Service) acceptHTTP(r *http.Request, j *task.Task, body []byte) (Accepted, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), ElectionWait+10*time.Second)
 	defer cancel()
 	count, err := strconv.Atoi(r.Header.Get(RetryCountHeader))

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -263,7 +264,7 @@ func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 // envelopeSize bounds a job's size on QUEUE as the stream counts it: its
 // request plus the envelope's fields, the subject, the headers and the
 // store's own few bytes per message.
-func envelopeSize(j *job.Job) int { return len(j.Request) + envelopeBytes }
+func envelopeSize(j *task.Task) int { return len(j.Request) + envelopeBytes }
 
 // envelopeBytes is the room a job's envelope takes beside its request on
 // QUEUE (fields, attempts, seal, subject, headers), with a margin.
@@ -284,7 +285,7 @@ func storedSize(msg jetstream.Msg) int {
 // queueRoom refuses j for now when its tenant's jobs in QUEUE would hold
 // more than the tenant's bound. The wait it suggests is the tenant's own
 // jobs ahead at the model's rate: those are what must drain first.
-func (s *Service) queueRoom(ctx context.Context, j *job.Job, model *config.Model, cost int) error {
+func (s *Service) queueRoom(ctx context.Context, j *task.Task, model *config.Model, cost int) error {
 	s.queueShare.setTenants(len(s.app().Tenants))
 	s.queueShare.refresh(ctx, s.mesh.JS, s.now())
 	msg, n := s.queueShare.over(j.Tenant, envelopeSize(j))

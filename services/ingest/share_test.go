@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -54,9 +55,11 @@ queues:
 }
 
 // bigJob is a job of about 100 KiB on model.
-func bigJob(tenant, model string) *job.Job {
-	return &job.Job{ID: job.NewID(), Tenant: tenant, Request: json.RawMessage(`{"model":"` + model +
-		`","max_tokens":16,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 100<<10/5) + `"}]}`)}
+func bigJob(tenant, model string) *task.Task {
+	return &task.Task{
+		Job: job.Job{ID: job.NewID(), Tenant: tenant, Request: json.RawMessage(`{"model":"` + model +
+			`","max_tokens":16,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 100<<10/5) + `"}]}`)},
+	}
 }
 
 // One tenant's large jobs on a slow model fill only its own share of
@@ -87,7 +90,7 @@ func TestTenantBytesLeaveOthersAccepted(t *testing.T) {
 	if be.RetryAfter < 60*time.Second {
 		t.Errorf("acme's suggested wait %s; want the time its own jobs ahead take on the slow model (about 90 s)", be.RetryAfter)
 	}
-	for i, j := range []*job.Job{bigJob("beta", "fast"), bigJob("beta", "slow"), newJob("beta", "")} {
+	for i, j := range []*task.Task{bigJob("beta", "fast"), bigJob("beta", "slow"), newJob("beta", "")} {
 		if _, err := f.svc.Accept(ctx, j); err != nil {
 			t.Errorf("beta's job %d after acme filled its share: %v, want accepted", i+1, err)
 		}
@@ -173,7 +176,7 @@ func TestIntakeShareWhenQueueIsFull(t *testing.T) {
 		}
 	}
 	f.run(t)
-	var sent []*job.Job
+	var sent []*task.Task
 	for range 10 {
 		j := bigJob("acme", "fast")
 		data, _ := json.Marshal(j)

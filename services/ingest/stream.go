@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
@@ -37,7 +38,7 @@ func wantsStream(body []byte) (stream, usage bool) {
 // successful end, and an error event otherwise. When the
 // client goes away first, the job is cancelled if
 // streaming.cancel_on_disconnect says so for its priority.
-func (s *Service) streamChat(w http.ResponseWriter, r *http.Request, j *job.Job, acc Accepted, usage bool, f eventFormat) {
+func (s *Service) streamChat(w http.ResponseWriter, r *http.Request, j *task.Task, acc Accepted, usage bool, f eventFormat) {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream; charset=utf-8")
 	h.Set("Cache-Control", "no-cache")

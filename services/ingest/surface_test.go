@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/internal/wire"
 
 	"context"
@@ -28,7 +29,7 @@ func TestQueueFullRetryAfterCapped(t *testing.T) {
 	// of a minute and a half.
 	slow := `{"model":"slow","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`
 	for i := range 2 {
-		if _, err := f.svc.Accept(ctx, &job.Job{Tenant: "acme", Request: json.RawMessage(slow)}); err != nil {
+		if _, err := f.svc.Accept(ctx, &task.Task{Job: job.Job{Tenant: "acme", Request: json.RawMessage(slow)}}); err != nil {
 			t.Fatalf("job %d: %v", i+1, err)
 		}
 	}

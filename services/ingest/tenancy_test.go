@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -48,8 +49,9 @@ func TestInvalidJobFloodStoresNothing(t *testing.T) {
 	defer sub.Unsubscribe()
 	const n = 300
 	for i := range n {
-		data, _ := json.Marshal(&job.Job{ID: job.NewID(), Tenant: "acme",
-			Request: json.RawMessage(`{"model":"fast","max_tokens":-1,"messages":[{"role":"user","content":"` + strings.Repeat("x", i) + `"}]}`)})
+		data, _ := json.Marshal(&task.Task{
+			Job: job.Job{ID: job.NewID(), Tenant: "acme", Request: json.RawMessage(`{"model":"fast","max_tokens":-1,"messages":[{"role":"user","content":"` + strings.Repeat("x", i) + `"}]}`)},
+		})
 		if _, err := f.js.PublishAsync(job.IntakeSubject("acme"), data); err != nil {
 			t.Fatal(err)
 		}
@@ -107,8 +109,10 @@ func TestWaitHintsSurviveAnotherTenantsFlood(t *testing.T) {
 	acme, beta := conn(), conn()
 	small, _ := json.Marshal(newJob("beta", ""))
 	answering(t, beta, "beta", small)
-	big, _ := json.Marshal(&job.Job{Tenant: "acme", Request: json.RawMessage(
-		`{"model":"fast","messages":[{"role":"user","content":"` + strings.Repeat("lorem ipsum dolor ", 2<<20/18) + `"}]}`)})
+	big, _ := json.Marshal(&task.Task{
+		Job: job.Job{Tenant: "acme", Request: json.RawMessage(
+			`{"model":"fast","messages":[{"role":"user","content":"` + strings.Repeat("lorem ipsum dolor ", 2<<20/18) + `"}]}`)},
+	})
 	var answered atomic.Int32
 	inbox := nats.NewInbox()
 	flood, err := acme.Subscribe(inbox, func(*nats.Msg) { answered.Add(1) })
@@ -180,7 +184,7 @@ func TestSameIDInTwoTenants(t *testing.T) {
 		}
 		return err
 	})
-	for _, j := range []*job.Job{taken, mine} {
+	for _, j := range []*task.Task{taken, mine} {
 		rec, _, err := f.mesh.Lookup(ctx, j.Tenant, j.ID)
 		if err != nil || rec.Tenant != j.Tenant || rec.JobID != taken.ID || rec.Status != job.StatusQueued {
 			t.Errorf("%s's record: %+v, %v; want its own, queued", j.Tenant, rec, err)

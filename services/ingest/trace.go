@@ -7,6 +7,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/internal/tracing"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
@@ -14,7 +15,7 @@ import (
 // endAccept ends accept's span with what accept decided: the job, and
 // its outcome (accepted, joined, busy or refused). Off, span does nothing
 // and nothing is built.
-func endAccept(span trace.Span, j *job.Job, held bool, acc Accepted, err error) {
+func endAccept(span trace.Span, j *task.Task, held bool, acc Accepted, err error) {
 	if !span.IsRecording() {
 		span.End()
 		return

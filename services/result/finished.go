@@ -8,6 +8,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/dlq"
 	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -35,7 +36,7 @@ func (s *Service) finished(ctx context.Context, r *job.Result, f *mesh.JobFacts)
 // is Sluice's estimate or unpriced, or when a call may have been billed
 // without usage reported (a stream cut, an outcome unknown); nothing when
 // no call was answered.
-func spentOf(r *job.Result, h *job.SpendHold) int64 {
+func spentOf(r *job.Result, h *task.SpendHold) int64 {
 	switch {
 	case r.Usage != nil && r.Cost != nil && r.UsageSource == job.UsageProvider:
 		return budget.Nanos(*r.Cost)
@@ -57,7 +58,7 @@ var (
 
 // validHold checks a spend hold read from a result's headers: a
 // configured tenant with a spend budget, a sane amount and windows.
-func (s *Service) validHold(r *job.Result, h *job.SpendHold) bool {
+func (s *Service) validHold(r *job.Result, h *task.SpendHold) bool {
 	if h == nil {
 		return false
 	}

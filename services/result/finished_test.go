@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -66,9 +67,13 @@ func TestRequestLogLine(t *testing.T) {
 		t.Fatalf("hold: %v %v", ref, err)
 	}
 	sub := time.Now().Add(-3 * time.Second).UTC()
-	j := &job.Job{ID: job.NewID(), Tenant: "acme", Priority: job.Interactive, SubmittedAt: sub, SpendHold: &hold, WaitReason: "tenant_rpm",
-		Request:  json.RawMessage(`{"model":"m","user":"alice@example.com","messages":[{"role":"user","content":"the secret plan"}]}`),
-		Attempts: []job.Attempt{{N: 1, StartedAt: sub.Add(1500 * time.Millisecond)}}}
+	j := &task.Task{
+		Job:         job.Job{ID: job.NewID(), Tenant: "acme", Priority: job.Interactive, Request: json.RawMessage(`{"model":"m","user":"alice@example.com","messages":[{"role":"user","content":"the secret plan"}]}`)},
+		SubmittedAt: sub,
+		SpendHold:   &hold,
+		WaitReason:  "tenant_rpm",
+		Attempts:    []job.Attempt{{N: 1, StartedAt: sub.Add(1500 * time.Millisecond)}},
+	}
 	facts := mesh.FactsOf(j)
 	facts.TTFTMS = 120
 	res := &job.Result{JobID: j.ID, Tenant: "acme", Status: job.StatusSucceeded, Attempts: 1, Provider: "p", Model: "m",

@@ -3,11 +3,12 @@ package result
 import (
 	"context"
 	"errors"
-	"github.com/sluice-dev/sluice/pkg/clip"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/sluice-dev/sluice/pkg/clip"
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/keys"

@@ -139,7 +139,7 @@ func count(c prometheus.Counter) float64 {
 	return m.GetCounter().GetValue()
 }
 
-// The executor and ingest leave revisions (job.Revs, mesh.ResultHints) so
+// The executor and ingest leave revisions (task.Revs, mesh.ResultHints) so
 // the result service writes the job's record and settles its operation by
 // compare-and-set without reading them. A hint that is stale (a joiner
 // changed the operation since) or does not match (a forged record) is not
