@@ -224,7 +224,7 @@ func (m *Metrics) Saved(app *config.Config, tenant, model string, u *job.Usage) 
 	m.saved.WithLabelValues(tenant, model, "prompt").Add(float64(u.PromptTokens))
 	m.saved.WithLabelValues(tenant, model, "completion").Add(float64(u.CompletionTokens))
 	if p, mc, ok := app.ModelRef(model); ok {
-		if v, priced := app.CostOf(p.Name, mc.Name, u); priced {
+		if v, priced := app.CostOf(p.Name, mc.Name, "", u); priced {
 			m.savedUSD.WithLabelValues(tenant, model).Add(v)
 		}
 	}

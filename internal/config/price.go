@@ -22,6 +22,22 @@ type Price struct {
 	// they cost Input.
 	CachedInput *float64 `yaml:"cached_input_per_mtok"`
 	CacheWrite  *float64 `yaml:"cache_write_per_mtok"`
+	// BatchFactor is the share of these prices a call made through the
+	// provider's Batch API pays (a result with Lane job.LaneBatch): in
+	// (0, 1]; absent, DefaultBatchFactor.
+	BatchFactor *float64 `yaml:"batch_factor"`
+}
+
+// DefaultBatchFactor is what OpenAI's Batch API and Anthropic's Message
+// Batches charge of their list prices: half.
+const DefaultBatchFactor = 0.5
+
+// batchFactor is p's BatchFactor or the default.
+func (p *Price) batchFactor() float64 {
+	if p.BatchFactor != nil {
+		return *p.BatchFactor
+	}
+	return DefaultBatchFactor
 }
 
 // DefaultCurrency is the currency prices and spend are in when the
@@ -68,12 +84,16 @@ func (c *Config) PriceOf(provider, model string) *Price {
 }
 
 // CostOf is the one computation of what a call cost: usage u times the
-// price of provider's model. ok is false when the model is unpriced (or u
-// is nil): its cost is unknown, never zero.
-func (c *Config) CostOf(provider, model string, u *job.Usage) (cost float64, ok bool) {
+// price of provider's model, times its batch factor for a call made in
+// lane job.LaneBatch. ok is false when the model is unpriced (or u is
+// nil): its cost is unknown, never zero.
+func (c *Config) CostOf(provider, model, lane string, u *job.Usage) (cost float64, ok bool) {
 	p := c.PriceOf(provider, model)
 	if p == nil || u == nil {
 		return 0, false
+	}
+	if lane == job.LaneBatch {
+		return p.cost(u) * p.batchFactor(), true
 	}
 	return p.cost(u), true
 }
@@ -88,7 +108,7 @@ func (c *Config) PriceResult(r *job.Result, source string) {
 		return
 	}
 	r.UsageSource = source
-	if v, ok := c.CostOf(r.Provider, r.Model, r.Usage); ok {
+	if v, ok := c.CostOf(r.Provider, r.Model, r.Lane, r.Usage); ok {
 		r.Cost = &v
 	} else {
 		r.CostUnpriced = true
@@ -114,6 +134,9 @@ func (c *Config) checkPrices(fail failFunc) {
 				if f.v != nil && (*f.v < 0 || math.IsNaN(*f.v) || math.IsInf(*f.v, 0) || *f.v > maxPrice) {
 					fail(key+"."+f.name, "must be %s per million tokens, 0 to %g, got %g", c.Currency, float64(maxPrice), *f.v)
 				}
+			}
+			if f := m.Price.BatchFactor; f != nil && !(*f > 0 && *f <= 1) {
+				fail(key+".batch_factor", "must be the share of the price a Batch API call pays, in (0, 1], got %g", *f)
 			}
 		}
 	}

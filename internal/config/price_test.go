@@ -16,7 +16,7 @@ func TestPrice(t *testing.T) {
     base_url: "http://127.0.0.1:1/v1"
     models:
       - {name: m, price: {input_per_mtok: 3, output_per_mtok: 15, cached_input_per_mtok: 0.3, cache_write_per_mtok: 3.75}}
-      - {name: plain, price: {input_per_mtok: 1, output_per_mtok: 2}}
+      - {name: plain, price: {input_per_mtok: 1, output_per_mtok: 2, batch_factor: 0.6}}
       - {name: free}
 `))
 	if err != nil {
@@ -32,13 +32,21 @@ func TestPrice(t *testing.T) {
 		// Without their own prices, cached and written tokens cost input.
 		{"plain", 1 + 0.02},
 	} {
-		if got, ok := c.CostOf("p", tc.model, u); !ok || math.Abs(got-tc.want) > 1e-9 {
+		if got, ok := c.CostOf("p", tc.model, job.LaneSync, u); !ok || math.Abs(got-tc.want) > 1e-9 {
 			t.Errorf("%s: CostOf = %v, %v, want %v, true", tc.model, got, ok, tc.want)
 		}
 	}
 	// An unpriced model's cost is unknown, never zero.
-	if got, ok := c.CostOf("p", "free", u); ok {
+	if got, ok := c.CostOf("p", "free", job.LaneBatch, u); ok {
 		t.Errorf("free: CostOf = %v, true; want unpriced", got)
+	}
+	// A Batch API line pays the model's batch factor: 0.5 unless set.
+	for model, want := range map[string]float64{"m": 0.5 * (2.1 + 0.06 + 0.375 + 0.15), "plain": 0.6 * (1 + 0.02)} {
+		r := &job.Result{Provider: "p", Model: model, Usage: u, Lane: job.LaneBatch}
+		c.PriceResult(r, job.UsageProvider)
+		if r.Cost == nil || math.Abs(*r.Cost-want) > 1e-9 {
+			t.Errorf("%s in the batch lane: cost %v, want %v", model, r.Cost, want)
+		}
 	}
 	r := &job.Result{Provider: "p", Model: "free", Usage: u}
 	c.PriceResult(r, job.UsageProvider)
@@ -54,7 +62,7 @@ func TestPrice(t *testing.T) {
 	if c.Currency != "USD" {
 		t.Errorf("currency defaults to %q, want USD", c.Currency)
 	}
-	for _, bad := range []string{`{input_per_mtok: -1}`, `{output_per_mtok: .nan}`, `{cached_input_per_mtok: 1e9}`, `{input_per_mtok: 1, per_call: 2}`} {
+	for _, bad := range []string{`{input_per_mtok: -1}`, `{output_per_mtok: .nan}`, `{cached_input_per_mtok: 1e9}`, `{input_per_mtok: 1, per_call: 2}`, `{input_per_mtok: 1, batch_factor: 0}`, `{input_per_mtok: 1, batch_factor: 1.5}`} {
 		_, err := config.Parse([]byte(`providers:
   - name: p
     base_url: "http://127.0.0.1:1/v1"

@@ -291,7 +291,17 @@ type Result struct {
 	// UsageSource says where Usage came from: UsageProvider (the
 	// provider reported it) or UsageEstimate (Sluice estimated it).
 	UsageSource string `json:"usage_source,omitempty"`
+	// Lane is how the call was made: "" (LaneSync) for a synchronous
+	// call, LaneBatch for a line of a provider's batch, priced at the
+	// model's batch factor.
+	Lane string `json:"lane,omitempty"`
 }
+
+// Lanes a call is made in (Result.Lane).
+const (
+	LaneSync  = ""
+	LaneBatch = "batch"
+)
 
 // Where a result's usage came from (Result.UsageSource).
 const (
