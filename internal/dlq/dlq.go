@@ -436,6 +436,7 @@ func fresh(old task.Task) task.Task {
 	nj.ID = job.NewID()
 	nj.Deadline = nil
 	nj.IdempotencyKey = ""
+	nj.Provider = ""
 	return task.Task{Job: nj.Job}
 }
 

@@ -258,15 +258,23 @@ func TestReplayByID(t *testing.T) {
 	}
 	// Every other field starts empty: the deadline and idempotency key on
 	// purpose, the rest because Sluice fills them in.
-	kept := map[string]bool{"ID": true, "Tenant": true, "Priority": true, "Task": true, "Endpoint": true, "Request": true, "Cost": true, "AtLeastOnce": true, "Cache": true, "Affinity": true}
-	orig, got := reflect.ValueOf(a.Job), reflect.ValueOf(*nj)
-	for i := range orig.NumField() {
-		name := orig.Type().Field(i).Name
-		if orig.Field(i).IsZero() {
-			t.Errorf("test entry leaves task.Task.%s empty: set it, and decide whether a replay keeps it", name)
-		}
-		if !kept[name] && !got.Field(i).IsZero() {
-			t.Errorf("replayed job.%s = %v, want it empty", name, got.Field(i).Interface())
+	// The message is read as the mesh would read it, with every member
+	// Sluice sets.
+	var replayed task.Task
+	if err := json.Unmarshal(m.Data, &replayed); err != nil {
+		t.Fatal(err)
+	}
+	kept := map[string]bool{"Job": true, "ID": true, "Tenant": true, "Priority": true, "Task": true, "Endpoint": true, "Request": true, "Cost": true, "AtLeastOnce": true, "Cache": true, "Affinity": true}
+	for _, pair := range [][2]reflect.Value{{reflect.ValueOf(a.Job.Job), reflect.ValueOf(replayed.Job)}, {reflect.ValueOf(a.Job), reflect.ValueOf(replayed)}} {
+		orig, got := pair[0], pair[1]
+		for i := range orig.NumField() {
+			name := orig.Type().Field(i).Name
+			if orig.Field(i).IsZero() {
+				t.Errorf("test entry leaves %s.%s empty: set it, and decide whether a replay keeps it", orig.Type(), name)
+			}
+			if !kept[name] && !got.Field(i).IsZero() {
+				t.Errorf("replayed %s.%s = %v, want it empty", orig.Type(), name, got.Field(i).Interface())
+			}
 		}
 	}
 
