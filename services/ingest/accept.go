@@ -28,10 +28,10 @@ import (
 // envelope, tenant, model and endpoint, and its estimated cost against
 // every limit it can never fit under. Nothing is written.
 func (s *Service) check(j *task.Task) (*config.Provider, *config.Model, job.Estimate, error) {
-	// Sluice sets these; nothing a producer wrote there is believed but
-	// the deployment it pins (deployments.go).
+	// j came from a producer's envelope (task.New of a job.Job): nothing
+	// Sluice sets can have come from the producer but the deployment it
+	// pins (deployments.go).
 	pin := j.Provider
-	*j = task.Task{Job: j.Job}
 	// The request body is parsed and checked once, by the token estimate
 	// below (the same checks as job.Check).
 	if err := j.CheckEnvelope(); err != nil {
