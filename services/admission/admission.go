@@ -20,6 +20,17 @@
 // the fleet; a watchdog gives back the held jobs of a model that dispatches
 // nothing; a process that cannot reach the budget store lets its jobs go to
 // one that can.
+//
+// Inside, [Service] wires small types, each the one owner of a decision:
+// holder (hold.go: the jobs held here, their fair queues, and when they go
+// back to JetStream), placer (place.go: which deployment takes a job and
+// the instant its call may leave), coster (correct.go: what a job
+// reserves), gates (gate.go: the tenant's minute and day budgets and the
+// model's day quota), spendGate (spend.go: the tenant's spend windows),
+// waitBook (waits.go: why a job sent back to QUEUE waits, which jobs were
+// cancelled), tracer (trace.go: a job's wait and placement in its trace),
+// exits (expired and failed results) and outage (outage.go: a budget
+// store out of reach), over a shared env (configuration, clock, mesh).
 package admission
 
 import (
@@ -94,31 +105,13 @@ type Candidate struct {
 	spendFresh, spendNext *job.SpendHold
 }
 
-// Service is the admission service. It consumes QUEUE (run.go: Run,
-// schedule), admits what it reads (admit, check) and dispatches what its
-// queues let through (dispatchAll, reserve, and reserve.go's reserveOn).
-// Every decision on the way has one owner, which Service wires (New):
-//
-//   - holder (hold.go): the jobs held here, in one fair queue per model,
-//     and when they go back to JetStream;
-//   - placer (place.go): which deployment takes a job and the instant its
-//     call may leave (the deployments' schedules, their limits in effect,
-//     pauses, health);
-//   - coster (correct.go): what a job reserves;
-//   - gates (gate.go): the tenant's minute and day budgets and the model's
-//     day quota;
-//   - spendGate (spend.go): the tenant's spend windows;
-//   - waitBook (waits.go): why a job sent back to QUEUE waits, and which
-//     jobs their callers cancelled;
-//   - tracer (trace.go): a job's wait and placement as its trace shows them;
-//   - exits: how admission ends a job (expired, failed);
-//   - outage: whether the budget store answers, and when to let held jobs
-//     go to another process.
-//
-// The owned types are embedded so that the code that still calls them
-// through Service (reserve.go, which internal/budget's ledger is taking
-// over, and the consume loop) reads as it did; each one's methods are its
-// own, and the owned types call one another through named fields.
+// Service is the admission service: it wires the owned types the package
+// doc names (New) and keeps the consume entry points: Run and the
+// scheduler's loop (run.go), admit and check, dispatchAll and reserve, and
+// for now reserve.go's reserveOn, whose ledger internal/budget takes over.
+// The owned types are embedded so that the code calling them through
+// Service (reserve.go, the loop) reads as it did; each one's methods are
+// its own, and they call one another through named fields.
 type Service struct {
 	*env
 	*holder
@@ -202,7 +195,7 @@ func newService(e *env) *Service {
 	return s
 }
 
-// app is the configuration in effect (cfg.App for a Service built
+// app is the configuration in effect (cfg.App for an env built
 // without New, in tests).
 func (e *env) app() *config.Config {
 	if e.live == nil {
@@ -378,76 +371,6 @@ func (s *Service) check(ctx context.Context, msg jetstream.Msg, now time.Time) (
 	s.log.Warn("queue: invalid job ended", "job_id", j.ID, "code", e.Code)
 	s.fail(ctx, &Candidate{Job: j, Msg: msg, wait: s.startWait(msg, now)}, e)
 	return nil, false
-}
-
-// outage owns whether this process can reach the budget store, as the
-// scheduler sees it, and when it lets its held jobs go to a process that
-// can (LetGoAfter).
-type outage struct {
-	*env
-	holder    *holder      // letGoAll
-	budgetErr atomic.Value // last budget store error (string), "" when healthy
-	letGo     time.Duration
-	// The budget store's outage as the scheduler sees it (its goroutine
-	// only): failing without a break since downSince, last failed at
-	// downLast.
-	downSince, downLast time.Time
-	lettingGo           bool
-}
-
-func (o *outage) storeDown(key string, err error) {
-	o.m.BudgetErrors.Inc()
-	o.budgetErr.Store(err.Error())
-	now := o.now()
-	if o.downSince.IsZero() {
-		o.downSince = now
-	}
-	o.downLast = now
-	o.log.Warn("budget store unavailable; holding jobs", "key", key, "err", err)
-}
-
-func (o *outage) storeUp() {
-	o.budgetErr.Store("")
-	if o.lettingGo {
-		o.log.Info("budget store reachable again; taking jobs")
-	}
-	o.downSince, o.downLast, o.lettingGo = time.Time{}, time.Time{}, false
-}
-
-// LetGoAfter: a process whose budget store has failed this long without a
-// break (its node cut off from the others, its connection broken) lets its
-// held jobs go back to QUEUE, and sends back what it pulls, until the store
-// answers again: another admission process that can reserve takes them,
-// rather than one sick process holding them for as long as it lives. A
-// job it let go that it had dispatched after all is dropped by DISPATCH's
-// duplicate window, or found done in its operation record.
-const LetGoAfter = 10 * time.Second
-
-// checkStore, on every tick: a process whose store has failed for
-// LetGoAfter, and lately (held jobs are retried every second, so a failure
-// that is not recent is no outage), lets its jobs go; one letting go asks
-// the store once a second whether it is back.
-func (o *outage) checkStore(ctx context.Context) {
-	now := o.now()
-	if !o.lettingGo {
-		if o.downSince.IsZero() || now.Sub(o.downSince) < o.letGo || now.Sub(o.downLast) >= 3*time.Second {
-			return
-		}
-		o.lettingGo = true
-		o.log.Warn("budget store out of reach; letting held jobs go to other admission processes", "held", o.holder.held.n, "since", o.downSince)
-		o.holder.letGoAll()
-		return
-	}
-	if now.Sub(o.downLast) < time.Second {
-		return
-	}
-	pctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	if _, err := o.mesh.Budgets.Get(pctx, "probe"); err == nil || errors.Is(err, jetstream.ErrKeyNotFound) {
-		o.storeUp()
-		return
-	}
-	o.downLast = now
 }
 
 // BacklogHorizon is how far ahead work that may wait is placed on a

@@ -117,22 +117,6 @@ type whyQuery struct {
 	reply chan *Waiting
 }
 
-// model returns the deployment provider/name.
-func (pl *placer) model(provider, name string) *modelState {
-	key := budget.ModelKey(provider, job.ModelToken(name))
-	ms := pl.models[key]
-	if ms == nil {
-		ms = &modelState{key: key, provider: provider, model: name, weight: 1}
-		if _, m, ok := pl.app().Deployment(provider, name); ok {
-			ms.units, ms.unitLimits = m.UnitNames(), m.UnitLimits()
-			ms.splits, ms.cacheReads = m.SplitsOutput(), m.CacheReadsCount
-			ms.tier, ms.weight, ms.tokenLimit = m.Tier, m.Weight, m.TokenLimit()
-		}
-		pl.models[key] = ms
-	}
-	return ms
-}
-
 // queueOf returns the queue j waits in: its model group's, or, for a job
 // that pins a deployment of a group (or a model one provider serves), the
 // deployment's.
@@ -391,4 +375,31 @@ func orQueued(r string) string {
 		return "queued"
 	}
 	return r
+}
+
+// untilWake is how long until the first model with jobs held expects its
+// budget to free (its next placement comes within the horizon) before the
+// next tick: a paced schedule stays continuous without waiting for ticks.
+func (h *holder) untilWake() time.Duration {
+	next := time.Time{}
+	for _, q := range h.queues {
+		if n, _ := q.sched.Len(); n > 0 && !q.wakeAt.IsZero() && (next.IsZero() || q.wakeAt.Before(next)) {
+			next = q.wakeAt
+		}
+	}
+	if next.IsZero() {
+		return time.Hour
+	}
+	return max(time.Until(next), time.Millisecond)
+}
+
+// countHeld sets the held-jobs gauge per priority.
+func (h *holder) countHeld() {
+	for _, p := range job.Priorities {
+		n := 0
+		for _, q := range h.queues {
+			n += q.sched.ClassLen(p)
+		}
+		h.m.Held.WithLabelValues(string(p)).Set(float64(n))
+	}
 }

@@ -201,3 +201,34 @@ func latest(ts ...time.Time) time.Time {
 	}
 	return l
 }
+
+// model returns the deployment provider/name.
+func (pl *placer) model(provider, name string) *modelState {
+	key := budget.ModelKey(provider, job.ModelToken(name))
+	ms := pl.models[key]
+	if ms == nil {
+		ms = &modelState{key: key, provider: provider, model: name, weight: 1}
+		if _, m, ok := pl.app().Deployment(provider, name); ok {
+			ms.units, ms.unitLimits = m.UnitNames(), m.UnitLimits()
+			ms.splits, ms.cacheReads = m.SplitsOutput(), m.CacheReadsCount
+			ms.tier, ms.weight, ms.tokenLimit = m.Tier, m.Weight, m.TokenLimit()
+		}
+		pl.models[key] = ms
+	}
+	return ms
+}
+
+// pauseModel holds a model: nothing is reserved for it until the signal's
+// time. Each process resumes a little apart (jitter), and no signal holds
+// a model longer than MaxPause, whoever sent it.
+func (pl *placer) pauseModel(p pauseSignal) {
+	until := p.Until
+	if limit := pl.now().Add(MaxPause); until.After(limit) {
+		until = limit
+	}
+	until = until.Add(jitter(PauseJitter))
+	ms := pl.models[p.Key]
+	if ms != nil && until.After(ms.pausedUntil) {
+		ms.pausedUntil, ms.reason = until, "paused_provider"
+	}
+}
