@@ -166,7 +166,9 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 		x.Writes, x.Conflicts = ms.BudgetWrites.Inc, ms.BudgetConflict.Inc
 	}
 	s := newService(&env{live: cfg.Live, cfg: cfg, guard: cfg.Guard, mesh: m, store: st, log: log.With("service", "admission"), m: ms, now: now})
-	s.learn, s.pcache, s.tenantMin, s.tenantDay, s.health = adapt.NewStore(m.Budgets, now), promptcache.New(m.Budgets, now), tmin, tday, healthOf(cfg.Health)
+	s.placer.learn, s.placer.health = adapt.NewStore(m.Budgets, now), healthOf(cfg.Health)
+	s.coster.pcache = promptcache.New(m.Budgets, now)
+	s.gates.tenantMin, s.gates.tenantDay = tmin, tday
 	s.spend = budget.NewSpendLedger(m.Budgets, now)
 	s.affinity = newAffinityTable(m.Budgets, now, a.CacheAffinity.TTL.D(), a.CacheAffinity.MaxDelay.D(), ms.AffinityJobs)
 	s.lead = newLead(a)
