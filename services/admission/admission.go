@@ -20,6 +20,17 @@
 // the fleet; a watchdog gives back the held jobs of a model that dispatches
 // nothing; a process that cannot reach the budget store lets its jobs go to
 // one that can.
+//
+// Inside, [Service] wires small types, each the one owner of a decision:
+// holder (hold.go: the jobs held here, their fair queues, and when they go
+// back to JetStream), placer (place.go: which deployment takes a job and
+// the instant its call may leave), coster (correct.go: what a job
+// reserves), gates (gate.go: the tenant's minute and day budgets and the
+// model's day quota), spendGate (spend.go: the tenant's spend windows),
+// waitBook (waits.go: why a job sent back to QUEUE waits, which jobs were
+// cancelled), tracer (trace.go: a job's wait and placement in its trace),
+// exits (expired and failed results) and outage (outage.go: a budget
+// store out of reach), over a shared env (configuration, clock, mesh).
 package admission
 
 import (
@@ -32,7 +43,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -96,46 +106,41 @@ type Candidate struct {
 	spendFresh, spendNext *task.SpendHold
 }
 
-// Service is the admission service.
+// Service is the admission service: it wires the owned types the package
+// doc names (New) and keeps the consume entry points: Run and the
+// scheduler's loop (run.go), admit and check, dispatchAll and reserve, and
+// for now reserve.go's reserveOn, whose ledger internal/budget takes over.
+// The owned types are embedded so that the code calling them through
+// Service (reserve.go, the loop) reads as it did; each one's methods are
+// its own, and they call one another through named fields.
 type Service struct {
-	live      *config.Live
-	pcache    *promptcache.Registry // warm prompt prefixes (anthropic.go)
-	cfg       Config
-	mesh      *mesh.Mesh
-	store     *budget.Store
-	lead      *budget.LeadEstimator // learned from executors' transits (lead.go)
-	log       *slog.Logger
-	m         *metrics.Set
-	now       func() time.Time
-	models    map[string]*modelState   // per budget key: a deployment's state
-	queues    map[string]*queueState   // per model group or pinned deployment: the jobs held for it
-	health    DeploymentHealth         // place.go; nil: no deployment is blocked
-	affinity  *affinityTable           // affinity.go
-	held      heldSet                  // the jobs in the models' queues (held.go)
-	waits     map[string]waitNote      // job key -> why it waits in JetStream (waits.go)
-	cancelled map[string]time.Time     // job key -> when its caller cancelled it (cancel.go)
-	leases    map[string]*budget.Lease // per budget key: this process's blocks on the model's schedule
-	tblocks   map[string]*budget.Lease // per gate window key (gate.go): this process's block
-	tenantMin *budget.Store            // tenants' per-minute windows
-	tenantDay *budget.Store            // tenants' per-day windows
-	spend     *budget.SpendLedger      // tenants' spend windows (spend.go)
-	learn     *adapt.Store             // limits learned from the providers
-	budgetErr atomic.Value             // last budget store error (string), "" when healthy
-	failed    atomic.Value             // why the scheduler stopped (string), "" while it runs
-	guard     *guard.Guard
-	ackWait   time.Duration
-	letGo     time.Duration
-	heldMax   time.Duration
-	// The budget store's outage as the scheduler sees it (its goroutine
-	// only): failing without a break since downSince, last failed at
-	// downLast.
-	downSince, downLast time.Time
-	lettingGo           bool
+	*env
+	*holder
+	*placer
+	*coster
+	*gates
+	*spendGate
+	*waitBook
+	*tracer
+	*exits
+	*outage
 
-	inEffect sync.Map // per budget key: [2]int, the minute's requests and tokens in effect (seeing.go)
+	ackWait time.Duration
+	failed  atomic.Value // why the scheduler stopped (string), "" while it runs
+}
 
-	learned *adapt.Cache[adapt.State] // per learn key: the record as last read
-	shown   map[string]time.Time      // per budget key: the limit gauges last set
+// env is what every part of admission shares: the configuration in
+// effect, the clock, the mesh, the log and metrics, the guard and the
+// models' schedule store. It decides nothing.
+type env struct {
+	live  *config.Live
+	cfg   Config
+	mesh  *mesh.Mesh
+	store *budget.Store
+	log   *slog.Logger
+	m     *metrics.Set
+	now   func() time.Time
+	guard *guard.Guard
 }
 
 // New builds the service; it does no I/O.
@@ -161,7 +166,10 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	for _, x := range []*budget.Store{tmin, tday} {
 		x.Writes, x.Conflicts = ms.BudgetWrites.Inc, ms.BudgetConflict.Inc
 	}
-	s := &Service{live: cfg.Live, cfg: cfg, guard: cfg.Guard, mesh: m, store: st, learn: adapt.NewStore(m.Budgets, now), pcache: promptcache.New(m.Budgets, now), learned: adapt.NewCache[adapt.State](adapt.AdmissionRefresh), shown: map[string]time.Time{}, tenantMin: tmin, tenantDay: tday, log: log.With("service", "admission"), m: ms, now: now, models: map[string]*modelState{}, queues: map[string]*queueState{}, health: healthOf(cfg.Health), held: newHeldSet(), waits: map[string]waitNote{}, cancelled: map[string]time.Time{}, leases: map[string]*budget.Lease{}, tblocks: map[string]*budget.Lease{}}
+	s := newService(&env{live: cfg.Live, cfg: cfg, guard: cfg.Guard, mesh: m, store: st, log: log.With("service", "admission"), m: ms, now: now})
+	s.placer.learn, s.placer.health = adapt.NewStore(m.Budgets, now), healthOf(cfg.Health)
+	s.coster.pcache = promptcache.New(m.Budgets, now)
+	s.gates.tenantMin, s.gates.tenantDay = tmin, tday
 	s.spend = budget.NewSpendLedger(m.Budgets, now)
 	s.affinity = newAffinityTable(m.Budgets, now, a.CacheAffinity.TTL.D(), a.CacheAffinity.MaxDelay.D(), ms.AffinityJobs)
 	s.lead = newLead(a)
@@ -169,26 +177,42 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	s.ackWait = cmp.Or(cfg.AckWait, mesh.PublishAckWait)
 	s.letGo = cmp.Or(cfg.LetGoAfter, LetGoAfter)
 	s.heldMax = cmp.Or(cfg.HeldMax, HeldMax)
-	s.budgetErr.Store("")
-	s.failed.Store("")
 	return s, nil
 }
 
-// app is the configuration in effect (cfg.App for a Service built
+// newService wires the owned types over e with their in-memory state;
+// New adds what reaches the budgets bucket (tests build a Service
+// without it).
+func newService(e *env) *Service {
+	tr := &tracer{env: e}
+	x := &exits{env: e, tracer: tr}
+	wb := &waitBook{waits: map[string]waitNote{}, cancelled: map[string]time.Time{}}
+	pl := &placer{env: e, models: map[string]*modelState{}, leases: map[string]*budget.Lease{}, learned: adapt.NewCache[adapt.State](adapt.AdmissionRefresh), shown: map[string]time.Time{}}
+	co := &coster{env: e}
+	h := &holder{env: e, queues: map[string]*queueState{}, held: newHeldSet(), placer: pl, coster: co, tracer: tr, exits: x, waitBook: wb}
+	gt := &gates{env: e, tblocks: map[string]*budget.Lease{}, tracer: tr, exits: x, waitBook: wb}
+	s := &Service{env: e, holder: h, placer: pl, coster: co, gates: gt, waitBook: wb, tracer: tr, exits: x,
+		spendGate: &spendGate{env: e, exits: x, gates: gt, coster: co}, outage: &outage{env: e, holder: h}}
+	s.budgetErr.Store("")
+	s.failed.Store("")
+	return s
+}
+
+// app is the configuration in effect (cfg.App for an env built
 // without New, in tests).
-func (s *Service) app() *config.Config {
-	if s.live == nil {
-		return s.cfg.App
+func (e *env) app() *config.Config {
+	if e.live == nil {
+		return e.cfg.App
 	}
-	return s.live.Load()
+	return e.live.Load()
 }
 
 // nextReload is closed by the next reload (never, without New).
-func (s *Service) nextReload() <-chan struct{} {
-	if s.live == nil {
+func (e *env) nextReload() <-chan struct{} {
+	if e.live == nil {
 		return nil
 	}
-	return s.live.Next()
+	return e.live.Next()
 }
 
 // UnitQuantum is the per-second cap of a unit limited to limit per minute:
@@ -202,46 +226,46 @@ func UnitQuantum(limit int, burstFraction float64) int {
 
 // effective returns the limits in effect for a model, reading the fleet's
 // learned record at most every adapt.AdmissionRefresh.
-func (s *Service) effective(ctx context.Context, ms *modelState, model config.Model) adapt.Effective {
-	ac := adapt.For(s.app().Admission, model)
+func (pl *placer) effective(ctx context.Context, ms *modelState, model config.Model) adapt.Effective {
+	ac := adapt.For(pl.app().Admission, model)
 	lk := adapt.Key(ms.provider, job.ModelToken(ms.model))
-	now := s.now()
-	st, _ := s.learned.Last(lk)
+	now := pl.now()
+	st, _ := pl.learned.Last(lk)
 	if ac.Adapts {
 		var err error
 		// The first read starts the record (it is made from the
 		// configuration when the fleet has none).
-		st, err = s.learned.Get(lk, now, func(_ adapt.State, started bool) (adapt.State, error) {
+		st, err = pl.learned.Get(lk, now, func(_ adapt.State, started bool) (adapt.State, error) {
 			if !started {
-				return s.learn.Start(ctx, lk, ac)
+				return pl.learn.Start(ctx, lk, ac)
 			}
-			st, _, err := s.learn.Get(ctx, lk)
+			st, _, err := pl.learn.Get(ctx, lk)
 			return st, err
 		})
 		if err != nil {
-			s.log.Debug("learned limits", "key", lk, "err", err)
+			pl.log.Debug("learned limits", "key", lk, "err", err)
 		}
 	}
 	e := adapt.Compute(ac, st, now)
-	if now.Sub(s.shown[ms.key]) >= adapt.AdmissionRefresh {
+	if now.Sub(pl.shown[ms.key]) >= adapt.AdmissionRefresh {
 		// The gauges move with the record, the warm-up and the probe: a few
 		// times a second is enough, not once per job.
-		s.shown[ms.key] = now
-		s.inEffect.Store(ms.key, [2]int{e.PerMinute[0], e.PerMinute[1]})
+		pl.shown[ms.key] = now
+		pl.inEffect.Store(ms.key, [2]int{e.PerMinute[0], e.PerMinute[1]})
 		for i, d := range []string{"requests_per_minute", "tokens_per_minute", "requests_per_second", "tokens_per_second"} {
 			v := [4]int{e.PerMinute[0], e.PerMinute[1], e.PerSecond[0], e.PerSecond[1]}[i]
-			s.m.LimitEffective.WithLabelValues(ms.provider, ms.model, d).Set(float64(v))
+			pl.m.LimitEffective.WithLabelValues(ms.provider, ms.model, d).Set(float64(v))
 		}
 		if ms.splits {
-			s.m.LimitEffective.WithLabelValues(ms.provider, ms.model, "output_tokens_per_minute").Set(float64(e.PerMinute[adapt.Output]))
-			s.m.LimitEffective.WithLabelValues(ms.provider, ms.model, "output_tokens_per_second").Set(float64(e.PerSecond[adapt.Output]))
+			pl.m.LimitEffective.WithLabelValues(ms.provider, ms.model, "output_tokens_per_minute").Set(float64(e.PerMinute[adapt.Output]))
+			pl.m.LimitEffective.WithLabelValues(ms.provider, ms.model, "output_tokens_per_second").Set(float64(e.PerSecond[adapt.Output]))
 		}
 		// Units: configured, not adapted; the per-second quantum as
 		// admission.burst_fraction derives it.
 		for i, name := range ms.units {
 			limit := ms.unitLimits[i]
-			s.m.LimitEffective.WithLabelValues(ms.provider, ms.model, name+"_per_minute").Set(float64(limit))
-			s.m.LimitEffective.WithLabelValues(ms.provider, ms.model, name+"_per_second").Set(float64(UnitQuantum(limit, s.app().Admission.BurstFraction)))
+			pl.m.LimitEffective.WithLabelValues(ms.provider, ms.model, name+"_per_minute").Set(float64(limit))
+			pl.m.LimitEffective.WithLabelValues(ms.provider, ms.model, name+"_per_second").Set(float64(UnitQuantum(limit, pl.app().Admission.BurstFraction)))
 		}
 	}
 	return e
@@ -352,61 +376,6 @@ func (s *Service) check(ctx context.Context, msg jetstream.Msg, now time.Time) (
 	return nil, false
 }
 
-func (s *Service) storeDown(key string, err error) {
-	s.m.BudgetErrors.Inc()
-	s.budgetErr.Store(err.Error())
-	now := s.now()
-	if s.downSince.IsZero() {
-		s.downSince = now
-	}
-	s.downLast = now
-	s.log.Warn("budget store unavailable; holding jobs", "key", key, "err", err)
-}
-
-func (s *Service) storeUp() {
-	s.budgetErr.Store("")
-	if s.lettingGo {
-		s.log.Info("budget store reachable again; taking jobs")
-	}
-	s.downSince, s.downLast, s.lettingGo = time.Time{}, time.Time{}, false
-}
-
-// LetGoAfter: a process whose budget store has failed this long without a
-// break (its node cut off from the others, its connection broken) lets its
-// held jobs go back to QUEUE, and sends back what it pulls, until the store
-// answers again: another admission process that can reserve takes them,
-// rather than one sick process holding them for as long as it lives. A
-// job it let go that it had dispatched after all is dropped by DISPATCH's
-// duplicate window, or found done in its operation record.
-const LetGoAfter = 10 * time.Second
-
-// checkStore, on every tick: a process whose store has failed for
-// LetGoAfter, and lately (held jobs are retried every second, so a failure
-// that is not recent is no outage), lets its jobs go; one letting go asks
-// the store once a second whether it is back.
-func (s *Service) checkStore(ctx context.Context) {
-	now := s.now()
-	if !s.lettingGo {
-		if s.downSince.IsZero() || now.Sub(s.downSince) < s.letGo || now.Sub(s.downLast) >= 3*time.Second {
-			return
-		}
-		s.lettingGo = true
-		s.log.Warn("budget store out of reach; letting held jobs go to other admission processes", "held", s.held.n, "since", s.downSince)
-		s.letGoAll()
-		return
-	}
-	if now.Sub(s.downLast) < time.Second {
-		return
-	}
-	pctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	if _, err := s.mesh.Budgets.Get(pctx, "probe"); err == nil || errors.Is(err, jetstream.ErrKeyNotFound) {
-		s.storeUp()
-		return
-	}
-	s.downLast = now
-}
-
 // BacklogHorizon is how far ahead work that may wait is placed on a
 // model's schedule (urgent work may use admission.plan_horizon).
 const BacklogHorizon = 750 * time.Millisecond
@@ -436,23 +405,31 @@ func jitter(d time.Duration) time.Duration {
 	return rand.N(d)
 }
 
-func (s *Service) expire(ctx context.Context, msg jetstream.Msg, j *task.Task, why string) {
+// exits owns how admission ends a job: its terminal result (expired,
+// failed) published, then its QUEUE message acknowledged, or sent back to
+// try again when the result could not be published.
+type exits struct {
+	*env
+	tracer *tracer
+}
+
+func (x *exits) expire(ctx context.Context, msg jetstream.Msg, j *task.Task, why string) {
 	res := &job.Result{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusExpired, Attempts: len(j.Attempts),
 		Error: &job.Error{Code: job.CodeDeadlineExpired, Message: why}, SubmittedAt: j.SubmittedAt, Provider: j.Provider, Model: j.Model}
 	opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
-	if err := s.mesh.PublishResultWith(ctx, res, opKey, mesh.ResultHints{Facts: mesh.FactsOf(j)}); err != nil {
+	if err := x.mesh.PublishResultWith(ctx, res, opKey, mesh.ResultHints{Facts: mesh.FactsOf(j)}); err != nil {
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
 	_ = msg.Ack()
 }
 
-func (s *Service) fail(ctx context.Context, c *Candidate, e *job.Error) {
-	ctx = s.leave(ctx, c, "failed")
+func (x *exits) fail(ctx context.Context, c *Candidate, e *job.Error) {
+	ctx = x.tracer.leave(ctx, c, "failed")
 	j := c.Job
 	res := &job.Result{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusFailed, Attempts: len(j.Attempts), Error: e, SubmittedAt: j.SubmittedAt}
 	opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
-	if err := s.mesh.PublishResultWith(ctx, res, opKey, mesh.ResultHints{Facts: mesh.FactsOf(j)}); err != nil {
+	if err := x.mesh.PublishResultWith(ctx, res, opKey, mesh.ResultHints{Facts: mesh.FactsOf(j)}); err != nil {
 		_ = c.Msg.NakWithDelay(time.Second)
 		return
 	}
@@ -569,8 +546,8 @@ type leaseGrant struct {
 // jobs on a backlog, whatever the job rate. urgent says cands may spend
 // the headroom (lim then has no Keep). An unlimited model is not paced and
 // takes nothing from the store.
-func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cands []*Candidate, backlog budget.Cost, urgent bool) (leaseGrant, error) {
-	now := s.now()
+func (pl *placer) lease(ctx context.Context, key string, lim budget.Limits, cands []*Candidate, backlog budget.Cost, urgent bool) (leaseGrant, error) {
+	now := pl.now()
 	var g leaseGrant
 	if !lim.Limited() {
 		g.N, g.SendAt = len(cands), make([]time.Time, len(cands))
@@ -580,18 +557,18 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 		g.Planned, g.From = g.SendAt, g.SendAt
 		return g, nil
 	}
-	l := s.leases[key]
+	l := pl.leases[key]
 	if l == nil {
-		l = budget.NewLease(s.store, key)
-		if ms := s.models[key]; ms != nil && ms.splits {
+		l = budget.NewLease(pl.store, key)
+		if ms := pl.models[key]; ms != nil && ms.splits {
 			// A bucket the provider refills (Anthropic): room given back
 			// unspent rewinds the pace, at the configured limits (never
 			// below those placed with, as ReturnRewind asks).
-			if _, m, ok := s.app().ModelRef(ms.model); ok {
+			if _, m, ok := pl.app().ModelRef(ms.model); ok {
 				l.RewindReturns(budget.Limits{RPM: m.RPM, TPM: m.TokenLimit(), OTPM: m.OTPM})
 			}
 		}
-		s.leases[key] = l
+		pl.leases[key] = l
 	}
 	for _, c := range cands {
 		// Demand is new arrivals: a job asking again after a wait is not
@@ -607,7 +584,7 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 	}
 	// Spend the blocks while an executor can still reach their instant
 	// (or be late by half the lead, within its tolerance).
-	lead := s.lead.Lead(now) / 2
+	lead := pl.lead.Lead(now) / 2
 	for _, c := range cands {
 		b, ok := l.Spend(c.Cost, urgent, now, lead)
 		if !ok {
@@ -647,7 +624,7 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 		// Room for the demand expected in the slice (for urgent work too:
 		// a dense interactive stream would otherwise cost a
 		// compare-and-set per job), when it is dense enough (lead.go).
-		spread = s.store.Params().Slice
+		spread = pl.store.Params().Slice
 		extra = demandBlocks(l.Demand(urgent, now).Minus(need), spread)
 	}
 	tg, err := l.Take(ctx, lim, costs, extra, urgent, spread)
@@ -662,7 +639,7 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 	}
 	g.Reason, g.RetryAt = tg.Reason, tg.RetryAt
 	if g.N < len(cands) && g.Reason == "" {
-		g.Reason, g.RetryAt = "burst", now.Add(s.store.Params().Slice)
+		g.Reason, g.RetryAt = "burst", now.Add(pl.store.Params().Slice)
 	}
 	return g, nil
 }

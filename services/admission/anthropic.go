@@ -18,7 +18,7 @@ import (
 // netOfCache sets, at placement, the input each candidate on a split model
 // reserves: its input cost as placedCost made it, less its cacheable
 // prefix's share of it when the fleet's registry holds that prefix warm.
-func (s *Service) netOfCache(ctx context.Context, ms *modelState, cands []*Candidate) {
+func (co *coster) netOfCache(ctx context.Context, ms *modelState, cands []*Candidate) {
 	if !ms.splits || ms.cacheReads {
 		return
 	}
@@ -31,7 +31,7 @@ func (s *Service) netOfCache(ctx context.Context, ms *modelState, cands []*Candi
 		if !ok || j.Estimate.PromptTokens <= 0 {
 			continue
 		}
-		if _, warm := s.pcache.Warm(ctx, key, p.Hash); !warm {
+		if _, warm := co.pcache.Warm(ctx, key, p.Hash); !warm {
 			continue
 		}
 		// The prefix's share of the estimate; at least one token stays

@@ -34,7 +34,7 @@ func TestReservationNetOfCache(t *testing.T) {
 	var mu sync.Mutex
 	now := time.Unix(1_800_000_000, 0)
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	s := &Service{pcache: promptcache.New(kv, clock)}
+	s := &coster{pcache: promptcache.New(kv, clock)}
 	body := []byte(`{"model":"claude-x","max_tokens":500,"messages":[{"role":"system","content":[{"type":"text","text":"` +
 		strings.Repeat("Plan, then act. ", 750) + `","cache_control":{"type":"ephemeral"}}]},{"role":"user","content":"` + strings.Repeat("turn ", 200) + `"}]}`)
 	p, ok := promptcache.Of(body)

@@ -16,29 +16,29 @@ const CancelMemory = 10 * time.Minute
 const maxCancelled = 100_000
 
 // dropCancelled drops the held job of key, if any, and remembers the key.
-func (s *Service) dropCancelled(key string) {
-	now := s.now()
-	delete(s.waits, key)
-	if len(s.cancelled) < maxCancelled {
-		s.cancelled[key] = now
+func (h *holder) dropCancelled(key string) {
+	now := h.now()
+	delete(h.waitBook.waits, key)
+	if len(h.waitBook.cancelled) < maxCancelled {
+		h.waitBook.cancelled[key] = now
 	}
-	hj, ok := s.held.get(key)
+	hj, ok := h.held.get(key)
 	if !ok {
 		return
 	}
-	q := s.queues[hj.key]
+	q := h.queues[hj.key]
 	gone := q.sched.Remove(func(it *Item) bool { return it.Value.(*Candidate).Job.Key() == key })
 	for _, it := range gone {
-		s.held.remove(it)
+		h.held.remove(it)
 		_ = it.Value.(*Candidate).Msg.Ack()
 	}
 }
 
 // forgetCancelled drops keys older than CancelMemory.
-func (s *Service) forgetCancelled(now time.Time) {
-	for k, at := range s.cancelled {
+func (wb *waitBook) forgetCancelled(now time.Time) {
+	for k, at := range wb.cancelled {
 		if now.Sub(at) > CancelMemory {
-			delete(s.cancelled, k)
+			delete(wb.cancelled, k)
 		}
 	}
 }

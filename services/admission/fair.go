@@ -33,10 +33,10 @@ type fairMinute struct {
 
 // fairMinuteOf sums the configured minutes of deps; quantum is
 // admission.quantum, what a request is worth on a model with no token limit.
-func (s *Service) fairMinuteOf(deps []*modelState, quantum int) fairMinute {
+func (h *holder) fairMinuteOf(deps []*modelState, quantum int) fairMinute {
 	var f fairMinute
 	for k, ms := range deps {
-		_, m, ok := s.app().Deployment(ms.provider, ms.model)
+		_, m, ok := h.app().Deployment(ms.provider, ms.model)
 		if !ok {
 			return fairMinute{} // charged by tokens, as before the model was known
 		}

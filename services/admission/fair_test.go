@@ -45,7 +45,7 @@ func newFairSetup(t *testing.T, providers string) *fairSetup {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Service{cfg: Config{App: cfg}, models: map[string]*modelState{}, queues: map[string]*queueState{}, held: newHeldSet()}
+	s := newService(&env{cfg: Config{App: cfg}})
 	return &fairSetup{t: t, s: s, now: time.Unix(1_000_000, 0)}
 }
 

@@ -23,6 +23,23 @@ const (
 // worked on (the QUEUE consumer's ack wait is 30 s).
 const KeepAliveEvery = 10 * time.Second
 
+// holder owns the jobs this process holds: the fair queue each waits in
+// (one per model group or pinned deployment), how many it may hold
+// (evicting past admission.max_held), keeping them alive, why one waits,
+// and handing them back to JetStream (expired, stalled: watchdog.go,
+// cancelled: cancel.go, let go, released at shutdown).
+type holder struct {
+	*env
+	queues   map[string]*queueState // per model group or pinned deployment: the jobs held for it
+	held     heldSet                // the jobs in the models' queues (held.go)
+	heldMax  time.Duration          // watchdog.go
+	placer   *placer                // a queue's deployments (model), their limits in effect
+	coster   *coster                // a held job's cost
+	tracer   *tracer
+	exits    *exits
+	waitBook *waitBook
+}
+
 // queueState is one fair queue in this process: a model's, whose jobs may
 // be placed on any deployment of its group (place.go), or, for jobs that
 // pin a deployment of a group, that deployment's.
@@ -101,46 +118,30 @@ type whyQuery struct {
 	reply chan *Waiting
 }
 
-// model returns the deployment provider/name.
-func (s *Service) model(provider, name string) *modelState {
-	key := budget.ModelKey(provider, job.ModelToken(name))
-	ms := s.models[key]
-	if ms == nil {
-		ms = &modelState{key: key, provider: provider, model: name, weight: 1}
-		if _, m, ok := s.app().Deployment(provider, name); ok {
-			ms.units, ms.unitLimits = m.UnitNames(), m.UnitLimits()
-			ms.splits, ms.cacheReads = m.SplitsOutput(), m.CacheReadsCount
-			ms.tier, ms.weight, ms.tokenLimit = m.Tier, m.Weight, m.TokenLimit()
-		}
-		s.models[key] = ms
-	}
-	return ms
-}
-
 // queueOf returns the queue j waits in: its model group's, or, for a job
 // that pins a deployment of a group (or a model one provider serves), the
 // deployment's.
-func (s *Service) queueOf(j *task.Task) *queueState {
+func (h *holder) queueOf(j *task.Task) *queueState {
 	key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
-	grouped := !j.Pinned && s.app().Grouped(j.Model)
+	grouped := !j.Pinned && h.app().Grouped(j.Model)
 	if grouped {
 		key = groupKey(j.Model)
 	}
-	q := s.queues[key]
+	q := h.queues[key]
 	if q == nil {
-		a := s.app().Admission
+		a := h.app().Admission
 		floors := map[job.Priority]float64{job.Standard: a.Floors.Standard, job.Batch: a.Floors.Batch}
 		q = &queueState{key: key, model: j.Model}
 		if grouped {
-			for _, d := range s.app().Group(j.Model) {
-				q.deps = append(q.deps, s.model(d.Provider.Name, j.Model))
+			for _, d := range h.app().Group(j.Model) {
+				q.deps = append(q.deps, h.placer.model(d.Provider.Name, j.Model))
 			}
 		} else {
-			q.deps = []*modelState{s.model(j.Provider, j.Model)}
+			q.deps = []*modelState{h.placer.model(j.Provider, j.Model)}
 		}
-		q.fair = s.fairMinuteOf(q.deps, a.Quantum)
-		q.sched = NewScheduler(q.fair.quantum(a.Quantum), s.weight, floors, time.Minute)
-		s.queues[key] = q
+		q.fair = h.fairMinuteOf(q.deps, a.Quantum)
+		q.sched = NewScheduler(q.fair.quantum(a.Quantum), h.weight, floors, time.Minute)
+		h.queues[key] = q
 	}
 	return q
 }
@@ -149,23 +150,23 @@ func (s *Service) queueOf(j *task.Task) *queueState {
 // its form.
 func groupKey(model string) string { return "group " + model }
 
-func (s *Service) weight(tenant string) int {
-	if t, ok := s.app().Tenant(tenant); ok {
+func (h *holder) weight(tenant string) int {
+	if t, ok := h.app().Tenant(tenant); ok {
 		return t.Weight
 	}
 	return 1
 }
 
 // hold queues a job in its model's scheduler, keeping memory bounded.
-func (s *Service) hold(c *Candidate, now time.Time) {
-	if old, ok := s.held.get(c.Job.Key()); ok && seqOf(old.c.Msg) == seqOf(c.Msg) {
+func (h *holder) hold(c *Candidate, now time.Time) {
+	if old, ok := h.held.get(c.Job.Key()); ok && seqOf(old.c.Msg) == seqOf(c.Msg) {
 		// JetStream redelivered a message we hold (its keep-alive was
 		// late): keep one copy, acked through the newest delivery.
 		old.c.Msg, old.c.touched = c.Msg, now
 		return
 	}
-	q := s.queueOf(c.Job)
-	c.Cost = s.placedCost(q.deps[0], c.Job)
+	q := h.queueOf(c.Job)
+	c.Cost = h.coster.placedCost(q.deps[0], c.Job)
 	c.touched = now
 	if n, _ := q.sched.Len(); n == 0 {
 		q.progressAt = now // the watchdog's clock starts with the queue
@@ -191,19 +192,19 @@ func (s *Service) hold(c *Candidate, now time.Time) {
 	} else {
 		q.sched.Push(it)
 	}
-	s.held.add(q.key, it)
-	a := s.app().Admission
-	for s.held.over(a.MaxHeld, a.MaxHeldBytes) {
-		if !s.evict() {
+	h.held.add(q.key, it)
+	a := h.app().Admission
+	for h.held.over(a.MaxHeld, a.MaxHeldBytes) {
+		if !h.evict() {
 			break
 		}
 	}
 }
 
 // evict sends the newest job of the largest backlog back to JetStream.
-func (s *Service) evict() bool {
+func (h *holder) evict() bool {
 	var biggest *queueState
-	for _, q := range s.queues {
+	for _, q := range h.queues {
 		if n, _ := q.sched.Len(); n > 0 && (biggest == nil || n > func() int { m, _ := biggest.sched.Len(); return m }()) {
 			biggest = q
 		}
@@ -215,10 +216,10 @@ func (s *Service) evict() bool {
 	if it == nil {
 		return false
 	}
-	s.held.remove(it)
+	h.held.remove(it)
 	c := it.Value.(*Candidate)
-	s.m.AdmissionWaits.WithLabelValues(c.Job.Provider, c.Job.Model, "evicted").Inc()
-	s.leave(context.Background(), c, "evicted")
+	h.m.AdmissionWaits.WithLabelValues(c.Job.Provider, c.Job.Model, "evicted").Inc()
+	h.tracer.leave(context.Background(), c, "evicted")
 	_ = c.Msg.NakWithDelay(5*time.Second + jitter(5*time.Second))
 	return true
 }
@@ -296,28 +297,28 @@ func (s *Service) dispatchFailed(p *pub, err error) {
 }
 
 // expireHeld ends held jobs whose deadline passed.
-func (s *Service) expireHeld(ctx context.Context) {
-	now := s.now()
-	for _, q := range s.queues {
+func (h *holder) expireHeld(ctx context.Context) {
+	now := h.now()
+	for _, q := range h.queues {
 		gone := q.sched.Remove(func(it *Item) bool {
 			dl := it.Value.(*Candidate).Job.Deadline
 			return dl != nil && !dl.After(now)
 		})
 		for _, it := range gone {
-			s.held.remove(it)
+			h.held.remove(it)
 			c := it.Value.(*Candidate)
 			c.wait.note(q.reason)
-			s.expire(s.leave(ctx, c, "expired"), c.Msg, c.Job, "deadline passed while waiting for "+orQueued(q.reason)+" budget")
+			h.exits.expire(h.tracer.leave(ctx, c, "expired"), c.Msg, c.Job, "deadline passed while waiting for "+orQueued(q.reason)+" budget")
 		}
 	}
-	s.forgetStaleWaits(now)
-	s.forgetCancelled(now)
+	h.waitBook.forgetStaleWaits(now)
+	h.waitBook.forgetCancelled(now)
 }
 
 // keepAlive extends the ack wait of held jobs.
-func (s *Service) keepAlive() {
-	now := s.now()
-	for _, q := range s.queues {
+func (h *holder) keepAlive() {
+	now := h.now()
+	for _, q := range h.queues {
 		q.sched.Each(func(it *Item) bool {
 			c := it.Value.(*Candidate)
 			if now.Sub(c.touched) >= KeepAliveEvery {
@@ -331,11 +332,11 @@ func (s *Service) keepAlive() {
 
 // letGoAll hands every held job back to JetStream, a little apart, and
 // forgets it (LetGoAfter).
-func (s *Service) letGoAll() {
-	for _, q := range s.queues {
+func (h *holder) letGoAll() {
+	for _, q := range h.queues {
 		for _, it := range q.sched.Remove(func(*Item) bool { return true }) {
-			s.held.remove(it)
-			s.leave(context.Background(), it.Value.(*Candidate), "let_go")
+			h.held.remove(it)
+			h.tracer.leave(context.Background(), it.Value.(*Candidate), "let_go")
 			_ = it.Value.(*Candidate).Msg.NakWithDelay(jitter(time.Second))
 		}
 		q.wakeAt = time.Time{}
@@ -344,10 +345,10 @@ func (s *Service) letGoAll() {
 
 // releaseAll hands held jobs back to JetStream at shutdown, for another
 // admission process to take at once.
-func (s *Service) releaseAll() {
-	for _, q := range s.queues {
+func (h *holder) releaseAll() {
+	for _, q := range h.queues {
 		q.sched.Each(func(it *Item) bool {
-			s.leave(context.Background(), it.Value.(*Candidate), "released")
+			h.tracer.leave(context.Background(), it.Value.(*Candidate), "released")
 			_ = it.Value.(*Candidate).Msg.Nak()
 			return true
 		})
@@ -356,15 +357,15 @@ func (s *Service) releaseAll() {
 
 // why answers for a job this process knows about, by its key
 // (task.Task.Key); nil otherwise.
-func (s *Service) why(jobKey string) *Waiting {
+func (h *holder) why(jobKey string) *Waiting {
 	id := jobKey[strings.IndexByte(jobKey, '.')+1:]
-	if hj, ok := s.held.get(jobKey); ok {
+	if hj, ok := h.held.get(jobKey); ok {
 		// The tenant's own jobs only: how much others queue is theirs.
-		w := s.heldWaiting(s.queues[hj.key], hj.c, s.now())
+		w := h.heldWaiting(h.queues[hj.key], hj.c, h.now())
 		w.JobID = id
 		return w
 	}
-	if n, ok := s.waits[jobKey]; ok {
+	if n, ok := h.waitBook.waits[jobKey]; ok {
 		return &Waiting{JobID: id, Reason: n.reason, Until: n.until}
 	}
 	return nil
@@ -375,4 +376,31 @@ func orQueued(r string) string {
 		return "queued"
 	}
 	return r
+}
+
+// untilWake is how long until the first model with jobs held expects its
+// budget to free (its next placement comes within the horizon) before the
+// next tick: a paced schedule stays continuous without waiting for ticks.
+func (h *holder) untilWake() time.Duration {
+	next := time.Time{}
+	for _, q := range h.queues {
+		if n, _ := q.sched.Len(); n > 0 && !q.wakeAt.IsZero() && (next.IsZero() || q.wakeAt.Before(next)) {
+			next = q.wakeAt
+		}
+	}
+	if next.IsZero() {
+		return time.Hour
+	}
+	return max(time.Until(next), time.Millisecond)
+}
+
+// countHeld sets the held-jobs gauge per priority.
+func (h *holder) countHeld() {
+	for _, p := range job.Priorities {
+		n := 0
+		for _, q := range h.queues {
+			n += q.sched.ClassLen(p)
+		}
+		h.m.Held.WithLabelValues(string(p)).Set(float64(n))
+	}
 }

@@ -23,12 +23,12 @@ func newLead(a config.Admission) *budget.LeadEstimator {
 }
 
 // watchTransits feeds the executors' transit reports to the estimator.
-func (s *Service) watchTransits() (*nats.Subscription, error) {
-	bound := s.app().Admission.SendLead.D()
-	return s.mesh.JS.Conn().Subscribe(mesh.TransitSubject, func(m *nats.Msg) {
-		now := s.now()
+func (pl *placer) watchTransits() (*nats.Subscription, error) {
+	bound := pl.app().Admission.SendLead.D()
+	return pl.mesh.JS.Conn().Subscribe(mesh.TransitSubject, func(m *nats.Msg) {
+		now := pl.now()
 		for _, d := range mesh.DecodeTransits(m.Data, 2*bound) {
-			s.lead.Observe(now, d)
+			pl.lead.Observe(now, d)
 		}
 	})
 }

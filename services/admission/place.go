@@ -5,10 +5,13 @@ import (
 	"context"
 	"reflect"
 	"slices"
+	"sync"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/adapt"
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/task"
+	"github.com/sluice-dev/sluice/pkg/job"
 )
 
 // # Placement across a model's deployments
@@ -25,6 +28,24 @@ import (
 // affinity key goes first to the deployment that served its key last
 // (affinity.go) unless another would send it more than
 // admission.cache_affinity.max_delay sooner.
+
+// placer owns where and when a job may be sent: each deployment's state
+// (models), which of a queue's deployments takes a job (candidates, cache
+// affinity), the limits in effect on each (effective), and the instant its
+// call may leave, leased in blocks of the deployment's schedule (lease). A
+// provider's pause and the fleet's health keep a deployment out.
+type placer struct {
+	*env
+	models   map[string]*modelState    // per budget key: a deployment's state
+	leases   map[string]*budget.Lease  // per budget key: this process's blocks on the model's schedule
+	lead     *budget.LeadEstimator     // learned from executors' transits (lead.go)
+	health   DeploymentHealth          // nil: no deployment is blocked
+	affinity *affinityTable            // affinity.go
+	learn    *adapt.Store              // limits learned from the providers
+	learned  *adapt.Cache[adapt.State] // per learn key: the record as last read
+	shown    map[string]time.Time      // per budget key: the limit gauges last set
+	inEffect sync.Map                  // per budget key: [2]int, the minute's requests and tokens in effect (seeing.go)
+}
 
 // DeploymentHealth is the fleet's view of each deployment's health: a
 // deployment cooling after a 429 or a Retry-After, or skipped until a
@@ -78,15 +99,15 @@ func (s *Service) reserve(ctx context.Context, q *queueState, it *Item) *pub {
 // A deployment is left out while it sleeps (its budget is expected to free
 // later), the provider asked the fleet to pause it, or its health blocks
 // it.
-func (s *Service) candidates(ctx context.Context, q *queueState, c *Candidate, now time.Time) (order []*modelState, prev string) {
+func (pl *placer) candidates(ctx context.Context, q *queueState, c *Candidate, now time.Time) (order []*modelState, prev string) {
 	order = q.order[:0]
 	for _, ms := range q.deps {
 		ms.blockedUntil = time.Time{}
 		if now.Before(ms.wakeAt) || now.Before(ms.pausedUntil) {
 			continue
 		}
-		if s.health != nil {
-			if until, reason, blocked := s.health.Blocked(ms.provider, ms.model, now); blocked {
+		if pl.health != nil {
+			if until, reason, blocked := pl.health.Blocked(ms.provider, ms.model, now); blocked {
 				if until.IsZero() {
 					until = now.Add(MaxWakeWait) // until a probe succeeds: look again then
 				}
@@ -109,7 +130,7 @@ func (s *Service) candidates(ctx context.Context, q *queueState, c *Candidate, n
 	if c.Job.Affinity == "" || len(order) == 0 {
 		return order, ""
 	}
-	return order, s.affinity.stay(ctx, c.Job, order, now)
+	return order, pl.affinity.stay(ctx, c.Job, order, now)
 }
 
 // expected is when ms is expected to send its next call, at the earliest
@@ -123,7 +144,7 @@ func (ms *modelState) expected(now time.Time) time.Time {
 
 // advance moves ms's expected next send past a call placed at at: by the
 // call's share of the limits in effect.
-func (s *Service) advance(ms *modelState, lim budget.Limits, c budget.Cost, at time.Time) {
+func (pl *placer) advance(ms *modelState, lim budget.Limits, c budget.Cost, at time.Time) {
 	var d time.Duration
 	if lim.RPM > 0 {
 		d = time.Minute / time.Duration(lim.RPM)
@@ -132,7 +153,7 @@ func (s *Service) advance(ms *modelState, lim budget.Limits, c budget.Cost, at t
 		d = max(d, time.Duration(float64(time.Minute)*float64(c.Tokens)/float64(lim.TPM)))
 	}
 	ms.nextAt = latest(ms.nextAt, at).Add(d)
-	s.m.DeploymentPlaced.WithLabelValues(ms.provider, ms.model).Inc()
+	pl.m.DeploymentPlaced.WithLabelValues(ms.provider, ms.model).Inc()
 }
 
 // firstWake is when the first deployment of q that waits is expected to
@@ -163,12 +184,12 @@ const minWake = 50 * time.Millisecond
 // placeOn routes j to the deployment ms: a job of a group moves to it and
 // is sealed again (the seal binds its provider; its estimate was verified
 // when it was read from QUEUE).
-func (s *Service) placeOn(j *task.Task, ms *modelState) {
+func (pl *placer) placeOn(j *task.Task, ms *modelState) {
 	if j.Provider == ms.provider {
 		return
 	}
 	j.Provider = ms.provider
-	s.guard.Seal(j)
+	pl.guard.Seal(j)
 }
 
 // latest is the latest of ts.
@@ -180,4 +201,35 @@ func latest(ts ...time.Time) time.Time {
 		}
 	}
 	return l
+}
+
+// model returns the deployment provider/name.
+func (pl *placer) model(provider, name string) *modelState {
+	key := budget.ModelKey(provider, job.ModelToken(name))
+	ms := pl.models[key]
+	if ms == nil {
+		ms = &modelState{key: key, provider: provider, model: name, weight: 1}
+		if _, m, ok := pl.app().Deployment(provider, name); ok {
+			ms.units, ms.unitLimits = m.UnitNames(), m.UnitLimits()
+			ms.splits, ms.cacheReads = m.SplitsOutput(), m.CacheReadsCount
+			ms.tier, ms.weight, ms.tokenLimit = m.Tier, m.Weight, m.TokenLimit()
+		}
+		pl.models[key] = ms
+	}
+	return ms
+}
+
+// pauseModel holds a model: nothing is reserved for it until the signal's
+// time. Each process resumes a little apart (jitter), and no signal holds
+// a model longer than MaxPause, whoever sent it.
+func (pl *placer) pauseModel(p pauseSignal) {
+	until := p.Until
+	if limit := pl.now().Add(MaxPause); until.After(limit) {
+		until = limit
+	}
+	until = until.Add(jitter(PauseJitter))
+	ms := pl.models[p.Key]
+	if ms != nil && until.After(ms.pausedUntil) {
+		ms.pausedUntil, ms.reason = until, "paused_provider"
+	}
 }

@@ -44,7 +44,8 @@ providers:
 	}
 	now := time.Unix(1000, 0)
 	h := fakeHealth{}
-	s := &Service{cfg: Config{App: cfg}, models: map[string]*modelState{}, queues: map[string]*queueState{}, health: h}
+	s := newService(&env{cfg: Config{App: cfg}})
+	s.health = h
 	q := s.queueOf(&task.Task{Job: job.Job{Provider: "a"}, Model: "m"})
 	if got := names(q.deps); len(got) != 4 || got[0] != "b" || got[1] != "c" {
 		t.Fatalf("group deployments %v, want b (tier 0), c (weight 2), then a, d", got)

@@ -358,22 +358,6 @@ func (s *Service) schedule(ctx context.Context, in <-chan jetstream.Msg, sig sig
 	}
 }
 
-// untilWake is how long until the first model with jobs held expects its
-// budget to free (its next placement comes within the horizon) before the
-// next tick: a paced schedule stays continuous without waiting for ticks.
-func (s *Service) untilWake() time.Duration {
-	next := time.Time{}
-	for _, q := range s.queues {
-		if n, _ := q.sched.Len(); n > 0 && !q.wakeAt.IsZero() && (next.IsZero() || q.wakeAt.Before(next)) {
-			next = q.wakeAt
-		}
-	}
-	if next.IsZero() {
-		return time.Hour
-	}
-	return max(time.Until(next), time.Millisecond)
-}
-
 // takeBatch adds to msgs what in holds now, up to batch messages.
 func takeBatch(msgs []jetstream.Msg, in <-chan jetstream.Msg, batch int) []jetstream.Msg {
 	for len(msgs) < batch {
@@ -385,30 +369,4 @@ func takeBatch(msgs []jetstream.Msg, in <-chan jetstream.Msg, batch int) []jetst
 		}
 	}
 	return msgs
-}
-
-// countHeld sets the held-jobs gauge per priority.
-func (s *Service) countHeld() {
-	for _, p := range job.Priorities {
-		n := 0
-		for _, q := range s.queues {
-			n += q.sched.ClassLen(p)
-		}
-		s.m.Held.WithLabelValues(string(p)).Set(float64(n))
-	}
-}
-
-// pauseModel holds a model: nothing is reserved for it until the signal's
-// time. Each process resumes a little apart (jitter), and no signal holds
-// a model longer than MaxPause, whoever sent it.
-func (s *Service) pauseModel(p pauseSignal) {
-	until := p.Until
-	if limit := s.now().Add(MaxPause); until.After(limit) {
-		until = limit
-	}
-	until = until.Add(jitter(PauseJitter))
-	ms := s.models[p.Key]
-	if ms != nil && until.After(ms.pausedUntil) {
-		ms.pausedUntil, ms.reason = until, "paused_provider"
-	}
 }

@@ -17,7 +17,7 @@ const FillEvery = 2 * time.Second
 // fleet's health skips it. The limits are the ones the scheduler last
 // computed (effective); a deployment it has not placed on yet is measured
 // against its configured limits.
-func (s *Service) watchDeployments(ctx context.Context) {
+func (pl *placer) watchDeployments(ctx context.Context) {
 	t := time.NewTicker(FillEvery)
 	defer t.Stop()
 	for {
@@ -26,37 +26,37 @@ func (s *Service) watchDeployments(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		now := s.now()
-		for _, p := range s.app().Providers {
+		now := pl.now()
+		for _, p := range pl.app().Providers {
 			for _, m := range p.Models {
 				lim := [2]int{m.RPM, m.TPM}
 				key := budget.ModelKey(p.Name, job.ModelToken(m.Name))
-				if v, ok := s.inEffect.Load(key); ok {
+				if v, ok := pl.inEffect.Load(key); ok {
 					lim = v.([2]int)
 				}
 				rctx, cancel := context.WithTimeout(ctx, time.Second)
-				used, err := s.store.Used(rctx, key)
+				used, err := pl.store.Used(rctx, key)
 				cancel()
 				if err == nil {
 					for i, dim := range []string{"requests", "tokens"} {
 						v := [2]int{used.Requests, used.Tokens}[i]
 						if lim[i] > 0 {
-							s.m.DeploymentFill.WithLabelValues(p.Name, m.Name, dim).Set(float64(v) / float64(lim[i]))
+							pl.m.DeploymentFill.WithLabelValues(p.Name, m.Name, dim).Set(float64(v) / float64(lim[i]))
 						}
 					}
 				}
-				s.m.DeploymentCooldown.WithLabelValues(p.Name, m.Name).Set(s.cooldown(p.Name, m.Name, now))
+				pl.m.DeploymentCooldown.WithLabelValues(p.Name, m.Name).Set(pl.cooldown(p.Name, m.Name, now))
 			}
 		}
 	}
 }
 
 // cooldown is the cooldown gauge's value for provider/model at now.
-func (s *Service) cooldown(provider, model string, now time.Time) float64 {
-	if s.health == nil {
+func (pl *placer) cooldown(provider, model string, now time.Time) float64 {
+	if pl.health == nil {
 		return 0
 	}
-	until, _, blocked := s.health.Blocked(provider, model, now)
+	until, _, blocked := pl.health.Blocked(provider, model, now)
 	switch {
 	case !blocked:
 		return 0

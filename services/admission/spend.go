@@ -20,6 +20,17 @@ import (
 // window ends, and expires when that is after its deadline; or it ends at
 // once (refuse). A hold is taken whole or not at all: never shrunk to fit.
 
+// spendGate owns the tenants' spend budgets: the worst-case hold a job
+// takes in its tenant's spend windows before it is placed, and what
+// becomes of one that does not fit (it waits or ends: on_exceed).
+type spendGate struct {
+	*env
+	spend  *budget.SpendLedger // tenants' spend windows
+	exits  *exits
+	gates  *gates  // deferUntil
+	coster *coster // correction
+}
+
 // spendCaps are tenant t's spend caps in billionths; ok is false when it
 // has none.
 func spendCaps(t *config.Tenant) (budget.SpendCaps, bool) {
@@ -39,14 +50,14 @@ func spendCaps(t *config.Tenant) (budget.SpendCaps, bool) {
 // one placed now on a dearer model holds the difference too. When c may
 // not go on, holdSpend has deferred or ended it, unless err (the budget
 // store failed).
-func (s *Service) holdSpend(ctx context.Context, c *Candidate, provider string, model *config.Model) (placeable bool, err error) {
-	t, _ := s.app().Tenant(c.Job.Tenant)
+func (sg *spendGate) holdSpend(ctx context.Context, c *Candidate, provider string, model *config.Model) (placeable bool, err error) {
+	t, _ := sg.app().Tenant(c.Job.Tenant)
 	caps, ok := spendCaps(t)
 	if !ok {
 		return true, nil
 	}
 	if model.Price == nil || c.Job.Estimate == nil {
-		s.fail(ctx, c, &job.Error{Code: job.CodeSpendBudget, Message: fmt.Sprintf(
+		sg.exits.fail(ctx, c, &job.Error{Code: job.CodeSpendBudget, Message: fmt.Sprintf(
 			"tenant %q has a spend budget and model %q of provider %q has no price to bound the job's cost by (providers[].models[].price)",
 			c.Job.Tenant, model.Name, provider)})
 		return false, nil
@@ -54,7 +65,7 @@ func (s *Service) holdSpend(ctx context.Context, c *Candidate, provider string, 
 	est := *c.Job.Estimate
 	// The prompt as the provider is expected to count it (the learned
 	// correction), if that is more than the estimate.
-	est.PromptTokens = max(est.PromptTokens, calib.Placed(est.PromptTokens, s.correction(provider, c.Job)))
+	est.PromptTokens = max(est.PromptTokens, calib.Placed(est.PromptTokens, sg.coster.correction(provider, c.Job)))
 	worst := budget.Nanos(model.Price.WorstCase(est))
 	old := c.Job.SpendHold
 	need := worst
@@ -64,7 +75,7 @@ func (s *Service) holdSpend(ctx context.Context, c *Candidate, provider string, 
 		}
 		need = worst - old.Amount
 	}
-	hold, ref, err := s.spend.Reserve(ctx, c.Job.Tenant, need, caps)
+	hold, ref, err := sg.spend.Reserve(ctx, c.Job.Tenant, need, caps)
 	if err != nil {
 		return false, err
 	}
@@ -75,12 +86,12 @@ func (s *Service) holdSpend(ctx context.Context, c *Candidate, provider string, 
 		} else if old != nil {
 			// Held in windows since closed: the difference is not enough
 			// in today's, so the whole worst case is held there.
-			s.dropSpend(ctx, c)
-			return s.holdWhole(ctx, c, worst, caps, provider, model.Name)
+			sg.dropSpend(ctx, c)
+			return sg.holdWhole(ctx, c, worst, caps, provider, model.Name)
 		}
 		return true, nil
 	}
-	s.spendRefused(ctx, c, t, ref, provider, model.Name)
+	sg.spendRefused(ctx, c, t, ref, provider, model.Name)
 	return false, nil
 }
 
@@ -88,12 +99,12 @@ func (s *Service) holdSpend(ctx context.Context, c *Candidate, provider string, 
 // job whose earlier hold is in windows since closed (that one is left
 // held: giving it back before the job is placed would leave its QUEUE
 // message naming a hold no longer held).
-func (s *Service) holdWhole(ctx context.Context, c *Candidate, worst int64, caps budget.SpendCaps, provider, model string) (bool, error) {
-	hold, ref, err := s.spend.Reserve(ctx, c.Job.Tenant, worst, caps)
+func (sg *spendGate) holdWhole(ctx context.Context, c *Candidate, worst int64, caps budget.SpendCaps, provider, model string) (bool, error) {
+	hold, ref, err := sg.spend.Reserve(ctx, c.Job.Tenant, worst, caps)
 	if err != nil || ref != nil {
 		if ref != nil {
-			t, _ := s.app().Tenant(c.Job.Tenant)
-			s.spendRefused(ctx, c, t, ref, provider, model)
+			t, _ := sg.app().Tenant(c.Job.Tenant)
+			sg.spendRefused(ctx, c, t, ref, provider, model)
 		}
 		return false, err
 	}
@@ -103,23 +114,23 @@ func (s *Service) holdWhole(ctx context.Context, c *Candidate, worst int64, caps
 
 // spendRefused defers (deferUntil counts the wait) or ends c, which its
 // tenant's spend budget refused on provider's model.
-func (s *Service) spendRefused(ctx context.Context, c *Candidate, t *config.Tenant, ref *budget.SpendRefusal, provider, model string) {
-	what := fmt.Sprintf("tenant %q's %s %s", c.Job.Tenant, ref.Error(), s.app().Currency)
+func (sg *spendGate) spendRefused(ctx context.Context, c *Candidate, t *config.Tenant, ref *budget.SpendRefusal, provider, model string) {
+	what := fmt.Sprintf("tenant %q's %s %s", c.Job.Tenant, ref.Error(), sg.app().Currency)
 	if t.Spend.OnExceed == config.SpendRefuse {
-		s.m.AdmissionWaits.WithLabelValues(provider, model, "tenant_spend_"+ref.Window).Inc()
-		s.fail(ctx, c, &job.Error{Code: job.CodeSpendBudget, Message: what + "; refused (spend.on_exceed: refuse)"})
+		sg.m.AdmissionWaits.WithLabelValues(provider, model, "tenant_spend_"+ref.Window).Inc()
+		sg.exits.fail(ctx, c, &job.Error{Code: job.CodeSpendBudget, Message: what + "; refused (spend.on_exceed: refuse)"})
 		return
 	}
-	s.deferUntil(ctx, c, s.now(), ref.RetryAt, "tenant_spend_"+ref.Window, what)
+	sg.gates.deferUntil(ctx, c, sg.now(), ref.RetryAt, "tenant_spend_"+ref.Window, what)
 }
 
 // dropSpend gives back what holdSpend took for c that was not placed.
-func (s *Service) dropSpend(ctx context.Context, c *Candidate) {
+func (sg *spendGate) dropSpend(ctx context.Context, c *Candidate) {
 	if c.spendFresh == nil {
 		return
 	}
-	if err := s.spend.Settle(ctx, c.Job.Tenant, *c.spendFresh, 0); err != nil {
-		s.log.Warn("spend hold not given back; it stays held until its window ends", "job_id", c.Job.ID, "err", err)
+	if err := sg.spend.Settle(ctx, c.Job.Tenant, *c.spendFresh, 0); err != nil {
+		sg.log.Warn("spend hold not given back; it stays held until its window ends", "job_id", c.Job.ID, "err", err)
 	}
 	c.spendFresh, c.spendNext = nil, nil
 }

@@ -11,6 +11,12 @@ import (
 	"github.com/sluice-dev/sluice/internal/tracing"
 )
 
+// tracer owns how a job's time in admission shows in its trace: its wait
+// (since when, why, how it ended) and its placement, each recorded once.
+type tracer struct {
+	*env
+}
+
 // waitTrace is a job's wait in this process as its trace will show it:
 // the span context its QUEUE message carries, when the wait began, and
 // the reasons it waited for, in the order seen. Its span is recorded
@@ -29,12 +35,12 @@ type waitTrace struct {
 // startWait begins the wait of a QUEUE message delivered at now: the
 // first delivery's wait began when the job was queued, a redelivery's
 // when it came back.
-func (s *Service) startWait(msg jetstream.Msg, now time.Time) waitTrace {
-	if !s.mesh.Tracing.On() {
+func (tr *tracer) startWait(msg jetstream.Msg, now time.Time) waitTrace {
+	if !tr.mesh.Tracing.On() {
 		// Its reasons are kept for the job's log line (WaitReason).
 		return waitTrace{since: now, open: true}
 	}
-	w := waitTrace{parent: s.mesh.Tracing.SpanFromNATS(msg.Headers()), since: now, open: true}
+	w := waitTrace{parent: tr.mesh.Tracing.SpanFromNATS(msg.Headers()), since: now, open: true}
 	if md, err := msg.Metadata(); err == nil {
 		w.deliver = md.NumDelivered
 		if md.NumDelivered == 1 && md.Timestamp.Before(now) {
@@ -70,7 +76,7 @@ func (w *waitTrace) last() string {
 // endWait records the job's wait, ended at end with outcome, and returns
 // its span context (the parent of what follows); nothing when tracing is
 // off or the wait was recorded already.
-func (s *Service) endWait(w *waitTrace, end time.Time, outcome string) trace.SpanContext {
+func (tr *tracer) endWait(w *waitTrace, end time.Time, outcome string) trace.SpanContext {
 	if !w.open {
 		return w.parent
 	}
@@ -81,32 +87,32 @@ func (s *Service) endWait(w *waitTrace, end time.Time, outcome string) trace.Spa
 	}
 	// The job's id, tenant and model are on accept's span, in the same
 	// trace.
-	w.parent = s.mesh.Tracing.Record(w.parent, tracing.SpanWait, w.since, end, tracing.WaitReason.String(reasons[len(reasons)-1]),
+	w.parent = tr.mesh.Tracing.Record(w.parent, tracing.SpanWait, w.since, end, tracing.WaitReason.String(reasons[len(reasons)-1]),
 		tracing.WaitReasons.StringSlice(reasons), tracing.Outcome.String(outcome), tracing.Delivery.Int64(int64(w.deliver)))
 	return w.parent
 }
 
 // leave records c's wait, ended now with outcome, and returns ctx with
 // its span for the result or the message that follows.
-func (s *Service) leave(ctx context.Context, c *Candidate, outcome string) context.Context {
+func (tr *tracer) leave(ctx context.Context, c *Candidate, outcome string) context.Context {
 	if !c.wait.open {
 		return ctx
 	}
-	return trace.ContextWithSpanContext(ctx, s.endWait(&c.wait, s.now(), outcome))
+	return trace.ContextWithSpanContext(ctx, tr.endWait(&c.wait, tr.now(), outcome))
 }
 
 // queuedCtx is ctx with the trace context of a QUEUE message that ends
 // before it waits (expired on arrival).
-func (s *Service) queuedCtx(ctx context.Context, msg jetstream.Msg) context.Context {
-	if !s.mesh.Tracing.On() {
+func (tr *tracer) queuedCtx(ctx context.Context, msg jetstream.Msg) context.Context {
+	if !tr.mesh.Tracing.On() {
 		return ctx
 	}
-	return trace.ContextWithSpanContext(ctx, s.mesh.Tracing.SpanFromNATS(msg.Headers()))
+	return trace.ContextWithSpanContext(ctx, tr.mesh.Tracing.SpanFromNATS(msg.Headers()))
 }
 
 // endPlacement records the wait of c, placed on ms, and its placement,
 // and returns the placement's span context for DISPATCH's headers.
-func (s *Service) endPlacement(c *Candidate, ms *modelState, now time.Time) trace.SpanContext {
+func (tr *tracer) endPlacement(c *Candidate, ms *modelState, now time.Time) trace.SpanContext {
 	if !c.wait.open {
 		return c.wait.parent
 	}
@@ -115,10 +121,10 @@ func (s *Service) endPlacement(c *Candidate, ms *modelState, now time.Time) trac
 		start = now
 	}
 	j := c.Job
-	parent := s.endWait(&c.wait, start, "placed")
+	parent := tr.endWait(&c.wait, start, "placed")
 	attrs := []attribute.KeyValue{tracing.Deployment.String(ms.provider + "/" + ms.model)}
 	if r := j.Reservation; r != nil && !r.SendAt.IsZero() {
 		attrs = append(attrs, tracing.SendAt.String(r.SendAt.Format(time.RFC3339Nano)))
 	}
-	return s.mesh.Tracing.Record(parent, tracing.SpanPlacement, start, now, attrs...)
+	return tr.mesh.Tracing.Record(parent, tracing.SpanPlacement, start, now, attrs...)
 }

@@ -15,6 +15,14 @@ import (
 // stale. A job handed to DISPATCH is the executors' (their own answer
 // names the model's concurrency).
 
+// waitBook owns what admission remembers of jobs it does not hold: why
+// each job it sent back to QUEUE waits, and until when (waits), and which
+// jobs their callers cancelled (cancel.go).
+type waitBook struct {
+	waits     map[string]waitNote  // job key -> why it waits in JetStream
+	cancelled map[string]time.Time // job key -> when its caller cancelled it
+}
+
 // waitNote is why a job sent back to QUEUE waits, and until when.
 type waitNote struct {
 	reason string
@@ -26,18 +34,18 @@ type waitNote struct {
 const maxWaitNotes = 200_000
 
 // noteWait records why the job of key waits in JetStream until until.
-func (s *Service) noteWait(key, reason string, until time.Time) {
-	if _, ok := s.waits[key]; ok || len(s.waits) < maxWaitNotes {
-		s.waits[key] = waitNote{reason: reason, until: until}
+func (wb *waitBook) noteWait(key, reason string, until time.Time) {
+	if _, ok := wb.waits[key]; ok || len(wb.waits) < maxWaitNotes {
+		wb.waits[key] = waitNote{reason: reason, until: until}
 	}
 }
 
 // forgetStaleWaits drops notes a minute past their end: the job came back
 // to another process, or ended.
-func (s *Service) forgetStaleWaits(now time.Time) {
-	for k, w := range s.waits {
+func (wb *waitBook) forgetStaleWaits(now time.Time) {
+	for k, w := range wb.waits {
 		if now.After(w.until.Add(time.Minute)) {
-			delete(s.waits, k)
+			delete(wb.waits, k)
 		}
 	}
 }
@@ -83,7 +91,7 @@ func notBeforeReason(j *task.Task) string {
 // when it and its tenant's jobs ahead of it are expected through at the
 // model's request rate in effect and the tenant's weighted share, or the
 // queue's next chance when that is later.
-func (s *Service) heldWaiting(q *queueState, c *Candidate, now time.Time) *Waiting {
+func (h *holder) heldWaiting(q *queueState, c *Candidate, now time.Time) *Waiting {
 	tenant := c.Job.Tenant
 	w := &Waiting{Reason: orQueued(q.reason), Until: q.wakeAt}
 	w.Position = q.sched.PositionOf(tenant, c)
@@ -93,7 +101,7 @@ func (s *Service) heldWaiting(q *queueState, c *Candidate, now time.Time) *Waiti
 	}
 	rpm := 0
 	for _, ms := range q.deps {
-		if v, ok := s.inEffect.Load(ms.key); ok {
+		if v, ok := h.placer.inEffect.Load(ms.key); ok {
 			rpm += v.([2]int)[0]
 		}
 	}

@@ -15,11 +15,11 @@ const HeldMax = time.Minute
 
 // watchHeld reports the age of the oldest job held here
 // (sluice_held_oldest_seconds) and gives back what waited too long.
-func (s *Service) watchHeld() {
-	now := s.now()
-	limit := s.heldMax
+func (h *holder) watchHeld() {
+	now := h.now()
+	limit := h.heldMax
 	oldest := time.Duration(0)
-	for _, q := range s.queues {
+	for _, q := range h.queues {
 		n, _ := q.sched.Len()
 		if n == 0 {
 			q.progressAt = now
@@ -35,18 +35,18 @@ func (s *Service) watchHeld() {
 			return false
 		})
 		for _, it := range gone {
-			s.held.remove(it)
+			h.held.remove(it)
 			c := it.Value.(*Candidate)
-			s.m.AdmissionWaits.WithLabelValues(c.Job.Provider, c.Job.Model, "held_too_long").Inc()
+			h.m.AdmissionWaits.WithLabelValues(c.Job.Provider, c.Job.Model, "held_too_long").Inc()
 			_ = c.Msg.NakWithDelay(jitter(time.Second))
 		}
 		if len(gone) > 0 {
-			s.log.Warn("held jobs waited too long without a dispatch; giving them back to the queue",
+			h.log.Warn("held jobs waited too long without a dispatch; giving them back to the queue",
 				"queue", q.key, "jobs", len(gone), "reason", orQueued(q.reason), "model_stalled", stalled)
 			q.wakeAt, q.progressAt = time.Time{}, now
 		}
 	}
-	s.m.HeldOldest.Set(oldest.Seconds())
+	h.m.HeldOldest.Set(oldest.Seconds())
 }
 
 // paused reports whether the provider asked the fleet to hold every
