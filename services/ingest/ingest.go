@@ -4,6 +4,20 @@
 // their token cost, records their idempotency key and enqueues them on QUEUE.
 // Bad input gets a clear error result and is never retried; a second
 // submission of the same operation joins the first.
+//
+// Service wires small owned types, each the owner of one decision:
+//   - acceptor: whether and how a job enters QUEUE (accept.go), for every
+//     path;
+//   - queueView: how full QUEUE and INTAKE are, and the waits that implies;
+//   - responseCache: the response cache, one decorator around accept for
+//     HTTP, the jobs API and INTAKE alike (cache.go);
+//   - intake: the fate of each INTAKE message, and producers' wait hints;
+//   - pipeline: submit-and-wait, one path from a decoded job to its answer
+//     (pipeline.go, stream.go);
+//   - the surfaces, one per HTTP API (surface.go): chatSurface (chat
+//     completions, embeddings), messagesSurface, responsesSurface and
+//     jobsSurface decode their API's request into a job and render its
+//     result, errors and stream events; modelsAPI lists the models.
 package ingest
 
 import (
