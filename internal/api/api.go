@@ -304,8 +304,13 @@ func (w *Waiters) Acquire(tenant string) (release func(), ok bool) {
 // second.
 func TooManyWaiters(w http.ResponseWriter, max int) {
 	RetryAfter(w, time.Second)
-	Error(w, http.StatusTooManyRequests, "sluice_error", CodeTooManyWaiters,
-		fmt.Sprintf("this tenant already has %d requests waiting for results on this server (limits.max_waiters_per_tenant); retry when one ends", max))
+	Error(w, http.StatusTooManyRequests, "sluice_error", CodeTooManyWaiters, TooManyWaitersMessage(max))
+}
+
+// TooManyWaitersMessage is the message of TooManyWaiters' answer, for an
+// API that answers errors in a shape of its own.
+func TooManyWaitersMessage(max int) string {
+	return fmt.Sprintf("this tenant already has %d requests waiting for results on this server (limits.max_waiters_per_tenant); retry when one ends", max)
 }
 
 // CodeTooManyWaiters refuses a wait beyond limits.max_waiters_per_tenant.

@@ -27,7 +27,7 @@ import (
 // check validates j on its own and against the configuration: its
 // envelope, tenant, model and endpoint, and its estimated cost against
 // every limit it can never fit under. Nothing is written.
-func (s *Service) check(j *task.Task) (*config.Provider, *config.Model, job.Estimate, error) {
+func (s *acceptor) check(j *task.Task) (*config.Provider, *config.Model, job.Estimate, error) {
 	// j came from a producer's envelope (task.New of a job.Job): nothing
 	// Sluice sets can have come from the producer but the deployment it
 	// pins (deployments.go).
@@ -64,7 +64,7 @@ func (s *Service) check(j *task.Task) (*config.Provider, *config.Model, job.Esti
 // fits refuses a job whose cost is above a limit it could never fit
 // under (the model's per-minute and per-day limits, the tenant's), and
 // resolves its stated unit costs into est.Units.
-func (s *Service) fits(j *task.Task, model *config.Model, est *job.Estimate) error {
+func (s *acceptor) fits(j *task.Task, model *config.Model, est *job.Estimate) error {
 	if model.TPM > 0 && est.Cost() > model.TPM {
 		return &job.ValidationError{Code: job.CodeTooLarge, Field: "request",
 			Message: fmt.Sprintf("needs %d tokens (%d prompt + %d max output), above the model's limit of %d tokens per minute", est.Cost(), est.PromptTokens, est.MaxTokens, model.TPM)}
@@ -103,11 +103,11 @@ type room struct {
 // admit refuses a job the queue ahead makes late (its deadline cannot be
 // met), sheds lower priorities as QUEUE fills, and applies the tenant's
 // share of QUEUE.
-func (s *Service) admit(ctx context.Context, j *task.Task, model *config.Model, cost int, now time.Time) (room, error) {
+func (s *acceptor) admit(ctx context.Context, j *task.Task, model *config.Model, cost int, now time.Time) (room, error) {
 	if j.Deadline != nil && !j.Deadline.After(now) {
 		return room{}, &job.ValidationError{Code: job.CodeDeadlineExpired, Field: "deadline", Message: "is already past"}
 	}
-	fill, wait, retry, ahead := s.pressure(ctx, model, cost)
+	fill, wait, retry, ahead := s.queue.pressure(ctx, model, cost)
 	if j.Deadline != nil && now.Add(wait).After(*j.Deadline) {
 		return room{}, &job.ValidationError{Code: CodeDeadlineUnmeetable, Field: "deadline",
 			Message: fmt.Sprintf("cannot be met: the estimated wait is %s (the queue ahead at %s's admission rate) and the deadline is in %s", wait.Round(100*time.Millisecond), model.Name, j.Deadline.Sub(now).Round(100*time.Millisecond))}
@@ -126,7 +126,7 @@ func (s *Service) admit(ctx context.Context, j *task.Task, model *config.Model, 
 
 // stamp sets what Sluice decides about an accepted job (its id, time,
 // route and estimate) and seals it.
-func (s *Service) stamp(j *task.Task, prov *config.Provider, model *config.Model, est job.Estimate, now time.Time) {
+func (s *acceptor) stamp(j *task.Task, prov *config.Provider, model *config.Model, est job.Estimate, now time.Time) {
 	if j.ID == "" {
 		j.ID = job.NewID()
 	}
@@ -142,7 +142,7 @@ func (s *Service) stamp(j *task.Task, prov *config.Provider, model *config.Model
 // stopped), and the operation record, which a different job with the
 // same idempotency key joins. A non-nil joined ends accept there: the job
 // was already finished, or it joined another.
-func (s *Service) record(ctx context.Context, j *task.Task, held bool, now time.Time) (opKey string, made created, joined *Accepted, err error) {
+func (s *acceptor) record(ctx context.Context, j *task.Task, held bool, now time.Time) (opKey string, made created, joined *Accepted, err error) {
 	opKey, key := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
 	op := mesh.OpRecord{Key: key, JobID: j.ID, Tenant: j.Tenant, State: mesh.OpQueued, Provider: j.Provider, Model: j.Model, UpdatedAt: now,
 		BodyDigest: mesh.BodyDigest(j), Trace: tracing.Traceparent(ctx)}
@@ -162,7 +162,7 @@ func (s *Service) record(ctx context.Context, j *task.Task, held bool, now time.
 // already there for this tenant's same job (0, and it goes on unless the
 // job has ended). An operation record this call created for a job it does
 // not take on goes again (only at the revision written here).
-func (s *Service) recordJob(ctx context.Context, j *task.Task, opKey string, jobMade, first mesh.Created) (uint64, *Accepted, error) {
+func (s *acceptor) recordJob(ctx context.Context, j *task.Task, opKey string, jobMade, first mesh.Created) (uint64, *Accepted, error) {
 	if jobMade.Err == nil {
 		return jobMade.Rev, nil, nil
 	}
@@ -191,7 +191,7 @@ func (s *Service) recordJob(ctx context.Context, j *task.Task, opKey string, job
 // made with the job record): created (its revision), or joined to the job
 // that holds it. A job record this call created (at jobRev) is withdrawn
 // when the job is not taken on, unless the caller holds the job.
-func (s *Service) recordOp(ctx context.Context, j *task.Task, held bool, opKey string, opData []byte, first mesh.Created, jobRev uint64) (uint64, *Accepted, error) {
+func (s *acceptor) recordOp(ctx context.Context, j *task.Task, held bool, opKey string, opData []byte, first mesh.Created, jobRev uint64) (uint64, *Accepted, error) {
 	for attempt := 1; ; attempt++ {
 		rev, err := first.Rev, first.Err
 		if attempt > 1 {
@@ -226,7 +226,7 @@ func (s *Service) recordOp(ctx context.Context, j *task.Task, held bool, opKey s
 
 // enqueue puts the recorded job on QUEUE. A job QUEUE refuses is held by
 // its caller (held) or leaves nothing behind (settleRefusal).
-func (s *Service) enqueue(ctx context.Context, j *task.Task, held bool, opKey string, made created, r room) (Accepted, error) {
+func (s *acceptor) enqueue(ctx context.Context, j *task.Task, held bool, opKey string, made created, r room) (Accepted, error) {
 	// Hints for the executor and the result service: the records are at
 	// these revisions until one of them (or a joiner) changes them.
 	j.Revs = nil

@@ -19,20 +19,21 @@ import (
 // schedule their own retries; NATS producers get it uncapped.
 const MaxRetryAfter = 10 * time.Second
 
-// writeBusy answers a job refused for now (queue_full, shed): 429 with
-// Retry-After at most MaxRetryAfter and a body that says how long the queue
-// really is.
-func writeBusy(w http.ResponseWriter, be *BusyError) {
+// writeBusy answers a job refused for now (queue_full, shed) in OpenAI's
+// shape (busyError).
+func writeBusy(w http.ResponseWriter, be *BusyError) { writeOpenAIError(w, busyError(w, be)) }
+
+// busyError is a job refused for now: 429 with Retry-After at most
+// MaxRetryAfter and a body that says how long the queue really is.
+func busyError(w http.ResponseWriter, be *BusyError) apiError {
 	retry := min(be.RetryAfter, MaxRetryAfter)
 	api.RetryAfter(w, retry)
 	msg := fmt.Sprintf("%s: %d jobs ahead, estimated wait %s; retry after %s",
 		be.Message, be.Ahead, be.RetryAfter.Round(100*time.Millisecond), retry.Round(100*time.Millisecond))
-	api.JSON(w, http.StatusTooManyRequests, map[string]any{"error": map[string]any{
-		"message": msg, "type": "sluice_error", "code": be.Code, "param": nil,
-		"queue": map[string]any{
+	return apiError{status: http.StatusTooManyRequests, typ: "sluice_error", code: be.Code, msg: msg,
+		queue: map[string]any{
 			"jobs_ahead":        be.Ahead,
 			"estimated_wait_ms": be.RetryAfter.Milliseconds(),
 			"retry_after_ms":    max(retry, time.Second).Milliseconds(),
-		},
-	}})
+		}}
 }

@@ -5,14 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/cache"
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
@@ -23,117 +21,102 @@ import (
 // cacheRead bounds a cache lookup: past it the request is a miss.
 const cacheRead = 2 * time.Second
 
-// cacheBefore runs for a chat request (body as the chat body, j not yet
-// accepted): a cache hit is answered here (done is true, as it is for a
-// cache header Sluice refuses, or a hit its tenant's budget cannot take
-// now); otherwise it returns the request's plan (nil: the cache has
-// nothing to do with it), for cacheAccept.
-func (s *Service) cacheBefore(w http.ResponseWriter, r *http.Request, j *task.Task, body []byte) (p *cache.Plan, done bool) {
-	j.CacheTarget = nil
-	c := s.cfg.Cache
-	if c == nil {
-		return nil, false
-	}
-	ask, err := cache.AskFromHeader(r.Header)
-	if err == nil {
-		p, err = cache.Decide(cache.Request{App: s.app(), Tenant: j.Tenant, Endpoint: j.Endpoint, Ask: ask, Body: body, IdempotencyKey: j.IdempotencyKey})
-	}
-	if err == nil && p != nil {
-		err = keyAllows(r.Context(), p.Model)
-	}
-	if err != nil {
-		s.fail(w, "openai", err)
-		return nil, true
-	}
-	if p == nil {
-		return nil, false
-	}
-	if e, age, ok := s.cacheGet(r.Context(), p); ok {
-		s.serveHit(w, r, p, j.Tenant, e, age)
-		return nil, true
-	}
-	if p.Asked {
-		w.Header().Set(cache.Header, result(p))
-	}
-	return p, false
+// responseCache owns the response cache's part in accepting a job: it is
+// the one decorator around accept, for HTTP, the jobs API and INTAKE
+// alike. It decides a request's plan, answers a hit the way its caller
+// serves one (cacheCall), readies a miss (the answer's target, the
+// coalescing key) and runs accept.
+type responseCache struct {
+	*deps
+	coalesce  keyLocks  // see prepare
+	hitStores hitStores // cachebudget.go
 }
 
-// cacheAccept runs accept for a chat request its plan p (nil: none) did
-// not answer at cacheBefore's lookup, with j prepared (prepare). When the
-// second lookup of prepare finds the answer, it is served from the cache
-// (done) and accept does not run.
-func (s *Service) cacheAccept(w http.ResponseWriter, r *http.Request, p *cache.Plan, j *task.Task, accept func() (Accepted, error)) (acc Accepted, done bool, err error) {
-	if p == nil {
-		acc, err = accept()
-		return acc, false, err
-	}
-	release, e, age := s.prepare(r.Context(), p, j)
-	defer release()
-	if e != nil {
-		s.serveHit(w, r, p, j.Tenant, e, age)
-		return Accepted{}, true, nil
-	}
-	acc, err = accept()
-	return acc, false, err
+// cacheCall is how one caller uses the cache: what it asks of it, the
+// answer's headers (told a miss or a bypass; nil: no HTTP answer), and how
+// it serves a hit its tenant's budget allows (served false: not served,
+// accept runs).
+type cacheCall struct {
+	ask   func() (*job.CacheOptions, error)
+	h     http.Header
+	serve func(p *cache.Plan, e *cache.Entry, age time.Duration) (acc Accepted, served bool, err error)
 }
 
-// serveHit answers a chat request from the cache when its tenant's budget
-// allows (hitBudget), and counts it.
-func (s *Service) serveHit(w http.ResponseWriter, r *http.Request, p *cache.Plan, tenant string, e *cache.Entry, age time.Duration) {
-	if err := s.hitBudget(r.Context(), tenant); err != nil {
-		s.fail(w, "openai", err)
-		return
+// jobCall is a job envelope's use of the cache (POST /v1/jobs, INTAKE): its
+// own cache options, and a hit answered with a result published for the
+// job (serveJob).
+func jobCall(ctx context.Context, s *responseCache, j *task.Task) cacheCall {
+	return cacheCall{
+		ask: func() (*job.CacheOptions, error) { return j.Cache, nil },
+		serve: func(p *cache.Plan, e *cache.Entry, _ time.Duration) (Accepted, bool, error) {
+			return s.serveJob(ctx, p, j, e)
+		},
 	}
-	s.countHit(p, tenant, e)
-	s.answerCached(w, p, e, age)
 }
 
-// acceptCached is accept for a job envelope (POST /v1/jobs, INTAKE) with
-// the cache in front: a hit is answered with a result published for the
-// job (serveJob); otherwise accept runs with j prepared (prepare). A cache
-// option Sluice cannot honour is a *job.ValidationError.
-func (s *Service) acceptCached(ctx context.Context, j *task.Task, accept func() (Accepted, error)) (Accepted, error) {
+// accept runs accept with the cache in front: a hit is served as call
+// serves one; otherwise accept runs with j prepared (prepare). It returns
+// the request's plan (nil: the cache has nothing to do with it) and
+// whether a hit was served. A cache option Sluice cannot honour is a
+// *job.ValidationError.
+func (s *responseCache) accept(ctx context.Context, j *task.Task, call cacheCall, accept func() (Accepted, error)) (acc Accepted, p *cache.Plan, served bool, err error) {
 	j.CacheTarget = nil // never a producer's
 	c := s.cfg.Cache
 	if c == nil || (j.ID != "" && !job.CanonicalID(j.ID)) {
-		return accept() // which refuses what is wrong
+		acc, err = accept() // which refuses what is wrong
+		return acc, nil, false, err
 	}
 	if _, ok := s.app().Tenant(j.Tenant); !ok {
-		return accept()
+		acc, err = accept()
+		return acc, nil, false, err
 	}
-	p, err := cache.Decide(cache.Request{App: s.app(), Tenant: j.Tenant, Endpoint: j.Endpoint, Ask: j.Cache, Body: j.Request, IdempotencyKey: j.IdempotencyKey})
+	ask, err := call.ask()
+	if err == nil {
+		p, err = cache.Decide(cache.Request{App: s.app(), Tenant: j.Tenant, Endpoint: j.Endpoint, Ask: ask, Body: j.Request, IdempotencyKey: j.IdempotencyKey})
+	}
 	if err == nil && p != nil {
 		err = keyAllows(ctx, p.Model)
 	}
 	if err != nil {
-		return Accepted{}, err
+		return Accepted{}, nil, false, err
 	}
 	if p == nil {
-		return accept()
+		acc, err = accept()
+		return acc, nil, false, err
 	}
-	if e, _, ok := s.cacheGet(ctx, p); ok {
-		if acc, served, err := s.serveJob(ctx, p, j, e); served || err != nil {
-			return acc, err
+	if e, age, ok := s.cacheGet(ctx, p); ok {
+		if acc, served, err = s.hit(ctx, call, p, j.Tenant, e, age); served || err != nil {
+			return acc, p, served, err
 		}
 	}
-	release, e, _ := s.prepare(ctx, p, j)
+	if p.Asked && call.h != nil {
+		call.h.Set(cache.Header, result(p))
+	}
+	release, e, age := s.prepare(ctx, p, j)
 	defer release()
 	if e != nil {
-		if acc, served, err := s.serveJob(ctx, p, j, e); served || err != nil {
-			return acc, err
+		if acc, served, err = s.hit(ctx, call, p, j.Tenant, e, age); served || err != nil {
+			return acc, p, served, err
 		}
 	}
-	return accept()
+	acc, err = accept()
+	return acc, p, false, err
+}
+
+// hit serves a hit as call does, when its tenant's budget allows
+// (hitBudget).
+func (s *responseCache) hit(ctx context.Context, call cacheCall, p *cache.Plan, tenant string, e *cache.Entry, age time.Duration) (Accepted, bool, error) {
+	if err := s.hitBudget(ctx, tenant); err != nil {
+		return Accepted{}, false, err
+	}
+	return call.serve(p, e, age)
 }
 
 // serveJob answers a job envelope from the cache entry e, with a result
-// published for it, when its tenant's budget allows (hitBudget). A job
+// published for it. A job
 // whose id has a record already is not served: accept knows what a
 // repeat is.
-func (s *Service) serveJob(ctx context.Context, p *cache.Plan, j *task.Task, e *cache.Entry) (acc Accepted, served bool, err error) {
-	if err := s.hitBudget(ctx, j.Tenant); err != nil {
-		return Accepted{}, false, err
-	}
+func (s *responseCache) serveJob(ctx context.Context, p *cache.Plan, j *task.Task, e *cache.Entry) (acc Accepted, served bool, err error) {
 	if j.ID == "" {
 		j.ID = job.NewID()
 	}
@@ -164,7 +147,7 @@ func (s *Service) serveJob(ctx context.Context, p *cache.Plan, j *task.Task, e *
 }
 
 // cacheGet reads a plan's entry when it may be read.
-func (s *Service) cacheGet(ctx context.Context, p *cache.Plan) (*cache.Entry, time.Duration, bool) {
+func (s *responseCache) cacheGet(ctx context.Context, p *cache.Plan) (*cache.Entry, time.Duration, bool) {
 	if !p.Read {
 		return nil, 0, false
 	}
@@ -175,7 +158,7 @@ func (s *Service) cacheGet(ctx context.Context, p *cache.Plan) (*cache.Entry, ti
 
 // countHit counts a request answered from the cache, and what it did not
 // pay for.
-func (s *Service) countHit(p *cache.Plan, tenant string, e *cache.Entry) {
+func (s *responseCache) countHit(p *cache.Plan, tenant string, e *cache.Entry) {
 	m := s.cfg.Cache.Metrics()
 	m.Request(cache.Hit)
 	m.Saved(s.app(), tenant, p.Model, e.Usage)
@@ -200,7 +183,7 @@ func result(p *cache.Plan) string {
 // it by a moment must not make a second call for it. e is the entry that
 // second lookup found; the request is counted a miss (or bypass) when
 // there is none.
-func (s *Service) prepare(ctx context.Context, p *cache.Plan, j *task.Task) (release func(), e *cache.Entry, age time.Duration) {
+func (s *responseCache) prepare(ctx context.Context, p *cache.Plan, j *task.Task) (release func(), e *cache.Entry, age time.Duration) {
 	j.CacheTarget = p.Target()
 	release = func() {}
 	if p.Coalesce != "" && j.IdempotencyKey == "" {
@@ -219,7 +202,7 @@ func (s *Service) prepare(ctx context.Context, p *cache.Plan, j *task.Task) (rel
 }
 
 // cacheAccepted notes a request that joined an identical call in flight.
-func (s *Service) cacheAccepted(p *cache.Plan, acc Accepted) {
+func (s *responseCache) cacheAccepted(p *cache.Plan, acc Accepted) {
 	if p != nil && p.Coalesce != "" && acc.Joined {
 		s.cfg.Cache.Metrics().Coalesced()
 	}
@@ -227,7 +210,7 @@ func (s *Service) cacheAccepted(p *cache.Plan, acc Accepted) {
 
 // cacheAnswered counts the tokens a request that joined an identical call
 // did not pay for.
-func (s *Service) cacheAnswered(p *cache.Plan, acc Accepted, res *job.Result) {
+func (s *responseCache) cacheAnswered(p *cache.Plan, acc Accepted, res *job.Result) {
 	if p != nil && p.Coalesce != "" && acc.Joined && res != nil && res.Status == job.StatusSucceeded {
 		s.cfg.Cache.Metrics().Saved(s.app(), acc.Tenant, p.Model, res.Usage)
 	}
@@ -240,7 +223,7 @@ func (s *Service) cacheAnswered(p *cache.Plan, acc Accepted, res *job.Result) {
 // but whose record the result service has not settled yet is waited for
 // briefly: the record goes once settled (the result service answers the
 // jobs that joined it from the record), only at the revision read.
-func (s *Service) freshOp(ctx context.Context, tenant, key string) {
+func (s *responseCache) freshOp(ctx context.Context, tenant, key string) {
 	opKey, _ := mesh.OpKey(tenant, key, "")
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cacheRead)
 	defer cancel()
@@ -270,38 +253,6 @@ func (s *Service) freshOp(ctx context.Context, tenant, key string) {
 // settlePoll is how often freshOp looks whether an ended job's operation
 // record is settled.
 const settlePoll = 20 * time.Millisecond
-
-// answerCached answers from a cache entry as the caller asked: the
-// chat.completion, or its chunks as a stream (Anthropic's events on
-// /v1/messages, through the captured writer).
-func (s *Service) answerCached(w http.ResponseWriter, p *cache.Plan, e *cache.Entry, age time.Duration) {
-	h := w.Header()
-	h.Set(cache.Header, cache.Hit)
-	h.Set("Age", strconv.FormatInt(int64(age/time.Second), 10))
-	if !p.Stream {
-		h.Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(e.Response)
-		return
-	}
-	out, f := w, eventFormat(openAIEvents{})
-	if c, ok := w.(*captured); ok && c.stream != nil { // POST /v1/messages
-		out, f = c.beginStream(), c.stream
-	}
-	oh := out.Header()
-	oh.Set("Content-Type", "text/event-stream; charset=utf-8")
-	oh.Set("Cache-Control", "no-cache")
-	oh.Set("X-Accel-Buffering", "no")
-	out.WriteHeader(http.StatusOK)
-	api.ExtendDeadlines(out, deadlineSlack)
-	for _, c := range job.CompletionChunks(e.Response, p.Usage) {
-		if !f.chunk(out, c) {
-			return
-		}
-	}
-	f.done(out)
-	_ = http.NewResponseController(out).Flush()
-}
 
 // keyLocks serialize, within one process, the accepts of identical
 // requests that coalesce (from freshOp on, see prepare): each joins the
@@ -344,7 +295,7 @@ func (k *keyLocks) lock(key string) (release func()) {
 
 // coalescing takes, for a job that coalesces under its idempotency key,
 // the process's lock on that key (see keyLocks); it returns the release.
-func (s *Service) coalescing(j *task.Task) (release func()) {
+func (s *responseCache) coalescing(j *task.Task) (release func()) {
 	if s.cfg.Cache == nil || !strings.HasPrefix(j.IdempotencyKey, mesh.CoalescePrefix) {
 		return func() {}
 	}

@@ -31,7 +31,7 @@ var hitCost = budget.Cost{Requests: 1}
 // a *BusyError saying when it has room. An unreachable budget store lets
 // the hit through (the answer is there; the budget is a rationing, and
 // its store's failure is logged by those that depend on it).
-func (s *Service) hitBudget(ctx context.Context, tenant string) error {
+func (s *responseCache) hitBudget(ctx context.Context, tenant string) error {
 	app := s.app()
 	t, ok := app.Tenant(tenant)
 	if !app.Cache.HitsCountInTenantBudget || !ok || (t.RPM == 0 && t.RPD == 0) || s.mesh.Budgets == nil {

@@ -19,7 +19,7 @@ import (
 
 // deployment resolves the deployment a job of model name starts on; pin
 // is the provider its producer named ("" for none).
-func (s *Service) deployment(j *task.Task, name, pin string) (*config.Provider, *config.Model, error) {
+func (s *acceptor) deployment(j *task.Task, name, pin string) (*config.Provider, *config.Model, error) {
 	p, m, ok := s.app().ModelRef(name)
 	if !ok {
 		return nil, nil, &job.ValidationError{Code: job.CodeUnknownModel, Field: "request.model", Message: fmt.Sprintf("model %q is not configured", clip.String(name, 64))}
@@ -38,7 +38,7 @@ func (s *Service) deployment(j *task.Task, name, pin string) (*config.Provider, 
 // fitsGroup is fits against the job's deployment or, for an unpinned job
 // it does not fit, against any other deployment of the group (admission
 // places the job only where it fits).
-func (s *Service) fitsGroup(j *task.Task, model *config.Model, est *job.Estimate) error {
+func (s *acceptor) fitsGroup(j *task.Task, model *config.Model, est *job.Estimate) error {
 	err := s.fits(j, model, est)
 	if err == nil || j.Pinned || !s.app().Grouped(model.Name) {
 		return err
@@ -54,7 +54,7 @@ func (s *Service) fitsGroup(j *task.Task, model *config.Model, est *job.Estimate
 // capacity is the model whose limits a job's wait is estimated at: its
 // pinned deployment's, else its group's together (0, no limit, where any
 // deployment has none).
-func (s *Service) capacity(j *task.Task, model *config.Model) *config.Model {
+func (s *acceptor) capacity(j *task.Task, model *config.Model) *config.Model {
 	if j.Pinned || !s.app().Grouped(model.Name) {
 		return model
 	}
@@ -78,7 +78,7 @@ func (s *Service) capacity(j *task.Task, model *config.Model) *config.Model {
 // affinity fills a grouped job's affinity key, when its producer gave
 // none, from the request's prompt_cache_key or user: the conversation
 // whose prefix a deployment's cache holds.
-func (s *Service) affinity(j *task.Task, name string) {
+func (s *acceptor) affinity(j *task.Task, name string) {
 	if j.Affinity != "" || j.Endpoint == job.EndpointEmbeddings || !s.app().Grouped(name) {
 		return
 	}

@@ -24,11 +24,11 @@ const electionAttempt = 2 * time.Second
 // acceptRiding is Accept, tried again with the same job (and so the same
 // job id and message ids) while what refuses it is transient, for up to
 // ElectionWait.
-func (s *Service) acceptRiding(ctx context.Context, j *task.Task) (Accepted, error) {
+func (s *acceptor) acceptRiding(ctx context.Context, j *task.Task) (Accepted, error) {
 	until := time.Now().Add(ElectionWait)
 	for wait := 100 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		actx, cancel := context.WithTimeout(ctx, electionAttempt)
-		acc, err := s.Accept(actx, j)
+		acc, err := s.accept(actx, j, false)
 		cancel()
 		var te *transientError
 		if err == nil || !errors.As(err, &te) || ctx.Err() != nil || time.Now().Add(wait).After(until) {

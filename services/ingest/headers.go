@@ -122,7 +122,7 @@ func openAIRateHeader(dim, kind string) string { return "X-Ratelimit-" + kind + 
 // resultHeaders sets, on an OpenAI-shaped answer, the provider's request id
 // (x-request-id) and Sluice's view of the model's limits
 // (x-ratelimit-limit-* and x-ratelimit-remaining-*).
-func (s *Service) resultHeaders(ctx context.Context, w http.ResponseWriter, res *job.Result) {
+func (s *pipeline) resultHeaders(ctx context.Context, w http.ResponseWriter, res *job.Result) {
 	h := w.Header()
 	if res.ProviderRequestID != "" {
 		h.Set("X-Request-Id", res.ProviderRequestID)

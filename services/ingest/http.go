@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,24 +17,28 @@ import (
 )
 
 // Routes registers ingest's HTTP API on mux: every endpoint, in one table.
+// Each API is a surface (surface.go) on the one submit-and-wait pipeline.
 func (s *Service) Routes(mux *http.ServeMux, auth api.Auth) {
-	started := s.now().Unix() // the models' "created"
-	listModels := func(w http.ResponseWriter, r *http.Request, a api.Auth) { s.listModels(w, r, a, started) }
-	getModel := func(w http.ResponseWriter, r *http.Request, a api.Auth) { s.getModel(w, r, a, started) }
+	models := &modelsAPI{deps: s.deps, created: s.now().Unix()} // the models' "created"
+	jobs := &jobsSurface{deps: s.deps, acceptor: s.acceptor, cache: s.cache}
+	chat := chatSurface{deps: s.deps, pipe: s.pipe}
+	embeddings := chatSurface{deps: s.deps, pipe: s.pipe, endpoint: job.EndpointEmbeddings}
+	messages := messagesSurface{deps: s.deps, pipe: s.pipe}
+	responses := responsesSurface{deps: s.deps, pipe: s.pipe}
 	for _, rt := range []struct {
 		pattern string
 		handle  func(http.ResponseWriter, *http.Request, api.Auth)
 	}{
-		{"POST /v1/jobs", s.postJob},
-		{"POST /v1/chat/completions", s.chat},
-		{"GET /v1/models", listModels},
-		{"GET /v1/models/{id...}", getModel},
-		{"POST /v1/embeddings", s.embeddings},
-		{"POST /v1/messages", s.messages},
-		{"POST /v1/responses", s.responses},
-		{"GET /v1/responses/{id}", s.getResponse},
-		{"DELETE /v1/responses/{id}", s.deleteResponse},
-		{"GET /v1/responses/{id}/input_items", s.inputItems}, // input_items.go
+		{"POST /v1/jobs", jobs.postJob},
+		{"POST /v1/chat/completions", chat.serve},
+		{"GET /v1/models", models.listModels},
+		{"GET /v1/models/{id...}", models.getModel},
+		{"POST /v1/embeddings", embeddings.serve},
+		{"POST /v1/messages", messages.serve},
+		{"POST /v1/responses", responses.responses},
+		{"GET /v1/responses/{id}", responses.getResponse},
+		{"DELETE /v1/responses/{id}", responses.deleteResponse},
+		{"GET /v1/responses/{id}/input_items", responses.inputItems}, // input_items.go
 	} {
 		mux.HandleFunc(rt.pattern, func(w http.ResponseWriter, r *http.Request) { rt.handle(w, auth.Scoped(r), auth) })
 	}
@@ -45,7 +48,7 @@ func (s *Service) Routes(mux *http.ServeMux, auth api.Auth) {
 // the caller sets no X-Sluice-Wait-Timeout.
 const DefaultWait = 10 * time.Minute
 
-func (s *Service) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+func (s *deps) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	if err := checkContentType(r); err != nil {
 		return nil, err
 	}
@@ -63,8 +66,16 @@ func (s *Service) readBody(w http.ResponseWriter, r *http.Request) ([]byte, erro
 	return body, nil
 }
 
+// jobsSurface is the jobs API (POST /v1/jobs): the body is a job
+// envelope, accepted through the response cache; nothing is waited for.
+type jobsSurface struct {
+	*deps
+	acceptor *acceptor
+	cache    *responseCache
+}
+
 // POST /v1/jobs: the body is a job envelope; 202 with the job id.
-func (s *Service) postJob(w http.ResponseWriter, r *http.Request, auth api.Auth) {
+func (s *jobsSurface) postJob(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 	tenant, err := auth.Tenant(r)
 	if err != nil {
 		s.fail(w, "http", err)
@@ -91,7 +102,7 @@ func (s *Service) postJob(w http.ResponseWriter, r *http.Request, auth api.Auth)
 	if k := r.Header.Get("Idempotency-Key"); k != "" && j.IdempotencyKey == "" {
 		j.IdempotencyKey = k
 	}
-	acc, err := s.acceptCached(r.Context(), j, func() (Accepted, error) { return s.acceptHTTP(r, j, body) }) // cache.go
+	acc, _, _, err := s.cache.accept(r.Context(), j, jobCall(r.Context(), s.cache, j), func() (Accepted, error) { return s.acceptor.acceptHTTP(r, j, body) }) // cache.go
 	if err != nil {
 		s.fail(w, "http", err)
 		return
@@ -103,28 +114,30 @@ func (s *Service) postJob(w http.ResponseWriter, r *http.Request, auth api.Auth)
 	api.JSON(w, http.StatusAccepted, map[string]any{"id": acc.JobID, "tenant": acc.Tenant, "status": job.StatusQueued, "joined": acc.Joined})
 }
 
+// chatSurface is OpenAI's chat completions (and embeddings, endpoint
+// job.EndpointEmbeddings): the body is the job's request as it came, the
+// answer the provider's, errors and events OpenAI's.
+type chatSurface struct {
+	*deps
+	pipe     *pipeline
+	endpoint string
+}
+
 // POST /v1/chat/completions: OpenAI-compatible; waits for the result.
-func (s *Service) chat(w http.ResponseWriter, r *http.Request, auth api.Auth) {
+//
+// POST /v1/embeddings: OpenAI-compatible, through the same queue,
+// admission and executor path as chat. The job is charged its input
+// tokens, counted with the model's tokenizer; an array input is one
+// request (one provider call, up to job.MaxEmbeddingInputs inputs), as
+// OpenAI's API takes it. Headers and errors are as for chat completions.
+func (s chatSurface) serve(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 	tenant, err := auth.Tenant(r)
 	if err != nil {
 		s.fail(w, "openai", err)
 		return
 	}
-	wait := min(DefaultWait, s.maxWait())
-	if v := r.Header.Get("X-Sluice-Wait-Timeout"); v != "" {
-		d, err := api.ParseWait(v, s.maxWait(), false)
-		if err != nil {
-			s.fail(w, "openai", &job.ValidationError{Code: job.CodeInvalidRequest, Field: "X-Sluice-Wait-Timeout", Message: err.Error()})
-			return
-		}
-		wait = d
-	}
-	// A waiter slot before anything is accepted: a refusal here leaves no
-	// job behind.
-	release, ok := s.cfg.Waiters.Acquire(tenant)
+	wait, release, ok := s.pipe.open(w, r, tenant, s)
 	if !ok {
-		s.m.JobsRejected.WithLabelValues("openai", api.CodeTooManyWaiters).Inc()
-		api.TooManyWaiters(w, s.cfg.Waiters.Max())
 		return
 	}
 	defer release()
@@ -133,75 +146,42 @@ func (s *Service) chat(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 		s.fail(w, "openai", err)
 		return
 	}
+	j, err := decodeChat(r, tenant, body, s.endpoint)
+	if err != nil {
+		s.fail(w, "openai", err)
+		return
+	}
+	s.pipe.submit(w, r, s, j, body, wait)
+}
+
+func (chatSurface) completed(w http.ResponseWriter, _ string, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body)
+}
+
+func (chatSurface) failed(w http.ResponseWriter, e apiError) { writeOpenAIError(w, e) }
+func (chatSurface) resulted(http.Header, *job.Result)        {}
+func (chatSurface) events(string) eventFormat                { return openAIEvents{} }
+
+// decodeChat is the job of a chat body (as it came, or as a surface
+// translated it) for endpoint, once it is checked as JSON (checkBody).
+func decodeChat(r *http.Request, tenant string, body []byte, endpoint string) (*task.Task, error) {
 	if !json.Valid(body) {
-		s.fail(w, "openai", &job.ValidationError{Code: job.CodeInvalidRequest, Message: "body is not valid JSON"})
-		return
+		return nil, &job.ValidationError{Code: job.CodeInvalidRequest, Message: "body is not valid JSON"}
 	}
-	if err := checkBody(r.Context(), body); err != nil { // input.go
-		s.fail(w, "openai", err)
-		return
+	if err := checkBody(body, endpoint); err != nil { // input.go
+		return nil, err
 	}
-	j, err := chatJob(r, tenant, body)
-	if err != nil {
-		s.fail(w, "openai", err)
-		return
-	}
-	plan, done := s.cacheBefore(w, r, j, body) // cache.go
-	if done {
-		return
-	}
-	acc, done, err := s.cacheAccept(w, r, plan, j, func() (Accepted, error) { return s.acceptHTTP(r, j, body) }) // cache.go
-	if done {
-		return
-	}
-	if err != nil {
-		s.fail(w, "openai", err)
-		return
-	}
-	s.cacheAccepted(plan, acc)
-	if !acc.Joined {
-		s.m.JobsAccepted.WithLabelValues(tenant, "openai").Inc()
-	}
-	w.Header().Set("X-Sluice-Job-Id", acc.JobID)
-	if stream, usage := wantsStream(body); stream {
-		// A stream has no overall wait: its deadlines move with each
-		// event (stream.go).
-		out, f := w, eventFormat(openAIEvents{})
-		if c, ok := w.(*captured); ok && c.stream != nil { // POST /v1/messages, /v1/responses
-			out, f = c.beginStream(), c.stream
-		}
-		s.streamChat(out, r, j, acc, usage, f) // stream.go
-		return
-	}
-	api.ExtendDeadlines(w, wait+deadlineSlack)
-	ctx, cancel := context.WithTimeout(r.Context(), wait)
-	defer cancel()
-	res, err := s.mesh.Wait(ctx, tenant, acc.JobID)
-	if err != nil {
-		if errors.Is(err, context.DeadlineExceeded) {
-			// The job goes on: a retry would submit it again (and pay
-			// again), so the SDKs are told not to, and where to look.
-			api.NoRetry(w)
-			api.Error(w, http.StatusGatewayTimeout, "sluice_error", "wait_timeout",
-				fmt.Sprintf("no result within %s; job %s goes on: GET /v1/jobs/%s for its result", wait, acc.JobID, acc.JobID))
-			return
-		}
-		if r.Context().Err() != nil {
-			return // the caller left; the job goes on
-		}
-		api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not wait for the result; the job goes on")
-		return
-	}
-	s.cacheAnswered(plan, acc, res)
-	s.resultHeaders(r.Context(), w, res)
-	WriteOpenAIResult(w, res)
+	return chatJob(r, tenant, body, endpoint)
 }
 
 // chatJob is the job of an OpenAI-compatible request: its body and what
 // the Sluice headers ask of it (priority, deadline, cost).
-func chatJob(r *http.Request, tenant string, body []byte) (*task.Task, error) {
-	j := task.New(job.Job{Tenant: tenant, Endpoint: endpointOf(r.Context()), Request: body, IdempotencyKey: r.Header.Get("Idempotency-Key"),
-		Provider: r.Header.Get("X-Sluice-Provider"), Affinity: r.Header.Get("X-Sluice-Affinity")})
+func chatJob(r *http.Request, tenant string, body []byte, endpoint string) (*task.Task, error) {
+	j := &task.Task{
+		Job: job.Job{Tenant: tenant, Endpoint: endpoint, Request: body, IdempotencyKey: r.Header.Get("Idempotency-Key"), Provider: r.Header.Get("X-Sluice-Provider"), Affinity: r.Header.Get("X-Sluice-Affinity")},
+	}
 	if p := r.Header.Get("X-Sluice-Priority"); p != "" {
 		j.Priority = job.Priority(strings.ToLower(p))
 	}
@@ -226,7 +206,7 @@ func chatJob(r *http.Request, tenant string, body []byte) (*task.Task, error) {
 // beyond its wait, to write the answer.
 const deadlineSlack = 30 * time.Second
 
-func (s *Service) maxWait() time.Duration {
+func (s *deps) maxWait() time.Duration {
 	if d := s.app().Limits.MaxWait.D(); d > 0 {
 		return d
 	}
@@ -236,12 +216,21 @@ func (s *Service) maxWait() time.Duration {
 // WriteOpenAIResult answers in OpenAI's shape: the provider's body on
 // success, an OpenAI error otherwise.
 func WriteOpenAIResult(w http.ResponseWriter, res *job.Result) {
+	writeResult(w, chatSurface{}, res.JobID, res)
+}
+
+// writeResult answers with a job's result in sf's shapes (jobID is the
+// job the request was answered by).
+func writeResult(w http.ResponseWriter, sf surface, jobID string, res *job.Result) {
 	if res.Status == job.StatusSucceeded && len(res.Response) > 0 {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(res.Response)
+		sf.completed(w, jobID, res.Response)
 		return
 	}
+	sf.failed(w, resultError(w, res))
+}
+
+// resultError is a job that did not succeed, as an error answer.
+func resultError(w http.ResponseWriter, res *job.Result) apiError {
 	code, msg := string(res.Status), "the job did not succeed"
 	if res.Error != nil {
 		code, msg = res.Error.Code, res.Error.Message
@@ -252,7 +241,7 @@ func WriteOpenAIResult(w http.ResponseWriter, res *job.Result) {
 	api.NoRetry(w)
 	w.Header().Set("X-Sluice-Job-Id", res.JobID)
 	setDeployment(w.Header(), res)
-	api.Error(w, status, "sluice_"+string(res.Status), code, msg)
+	return apiError{status: status, typ: "sluice_" + string(res.Status), code: code, msg: msg}
 }
 
 // failureStatus is the HTTP status of a job that ended with status and
@@ -275,15 +264,23 @@ func failureStatus(status job.Status, code string) int {
 	return http.StatusBadGateway
 }
 
-func (s *Service) fail(w http.ResponseWriter, via string, err error) {
+// fail answers err in OpenAI's shape (failure).
+func (s *deps) fail(w http.ResponseWriter, via string, err error) {
+	writeOpenAIError(w, s.failure(w, via, err))
+}
+
+// failure is err as an error answer, counted as a job refused via via; it
+// sets the answer's headers (Retry-After, X-Should-Retry). Every surface
+// renders it in its API's shape.
+func (s *deps) failure(w http.ResponseWriter, via string, err error) apiError {
 	var ve *job.ValidationError
 	switch {
 	case errors.Is(err, api.ErrUnauthorized):
 		s.m.JobsRejected.WithLabelValues(via, "unauthorized").Inc()
-		api.Error(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", err.Error())
+		return apiError{status: http.StatusUnauthorized, typ: "invalid_request_error", code: "invalid_api_key", msg: err.Error()}
 	case errors.As(err, &ve) && ve.Code == CodeDeadlineUnmeetable:
 		s.m.JobsRejected.WithLabelValues(via, ve.Code).Inc()
-		api.Error(w, http.StatusTooManyRequests, "invalid_request_error", ve.Code, ve.Error())
+		return apiError{status: http.StatusTooManyRequests, typ: "invalid_request_error", code: ve.Code, msg: ve.Error()}
 	case errors.As(err, &ve):
 		// The caller's own mistake: the same request fails the same way,
 		// a deadline already past included (400, not a 504 the SDKs
@@ -297,16 +294,16 @@ func (s *Service) fail(w http.ResponseWriter, via string, err error) {
 				msg = param + ": " + ve.Message
 			}
 		}
-		api.ErrorParam(w, api.StatusFor(ve.Code), "invalid_request_error", ve.Code, param, msg)
+		return apiError{status: api.StatusFor(ve.Code), typ: "invalid_request_error", code: ve.Code, param: param, msg: msg}
 	case errors.Is(err, ErrQueueFull):
 		be := &BusyError{Code: job.CodeQueueFull, RetryAfter: 2 * time.Second, Message: "Sluice's queue is full"}
 		errors.As(err, &be)
 		s.m.JobsRejected.WithLabelValues(via, be.Code).Inc()
-		writeBusy(w, be)
+		return busyError(w, be)
 	default:
 		s.log.Warn("http submit failed", "err", err)
 		api.RetryAfter(w, time.Second)
-		api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not accept the job now (the cluster has not taken it within "+ElectionWait.String()+"); retry with an Idempotency-Key, so that a retry cannot make a second job")
+		return apiError{status: http.StatusServiceUnavailable, typ: "sluice_error", code: "unavailable", msg: "could not accept the job now (the cluster has not taken it within " + ElectionWait.String() + "); retry with an Idempotency-Key, so that a retry cannot make a second job"}
 	}
 }
 

@@ -4,6 +4,20 @@
 // their token cost, records their idempotency key and enqueues them on QUEUE.
 // Bad input gets a clear error result and is never retried; a second
 // submission of the same operation joins the first.
+//
+// Service wires small owned types, each the owner of one decision:
+//   - acceptor: whether and how a job enters QUEUE (accept.go), for every
+//     path;
+//   - queueView: how full QUEUE and INTAKE are, and the waits that implies;
+//   - responseCache: the response cache, one decorator around accept for
+//     HTTP, the jobs API and INTAKE alike (cache.go);
+//   - intake: the fate of each INTAKE message, and producers' wait hints;
+//   - pipeline: submit-and-wait, one path from a decoded job to its answer
+//     (pipeline.go, stream.go);
+//   - the surfaces, one per HTTP API (surface.go): chatSurface (chat
+//     completions, embeddings), messagesSurface, responsesSurface and
+//     jobsSurface decode their API's request into a job and render its
+//     result, errors and stream events; modelsAPI lists the models.
 package ingest
 
 import (
@@ -59,29 +73,31 @@ type Config struct {
 	Hints *nats.Conn
 }
 
-// Service is the ingest service.
-type Service struct {
-	live    *config.Live
-	qmu     sync.Mutex
-	qAt     time.Time
-	qMsgs   uint64 // QUEUE's messages
-	qLimit  uint64 // QUEUE's max_msgs
-	iMsgs   uint64 // INTAKE's messages
-	avgCost float64
-
+// deps is what every part of ingest reads: the configuration in effect,
+// the mesh, the log, the metrics and the clock. The owned types share one.
+type deps struct {
+	live *config.Live
 	cfg  Config
 	lim  job.Limits
 	mesh *mesh.Mesh
 	log  *slog.Logger
 	m    *metrics.Set
 	now  func() time.Time
+}
 
-	limits *limitView // the limits in effect, for x-ratelimit-* headers
+// Service is the ingest service. It wires the owned types: the acceptor
+// (whether and how a job enters QUEUE), the queue view (how full QUEUE
+// and INTAKE are), the response cache (the one decorator around accept),
+// intake (the fate of each INTAKE message), the submit-and-wait pipeline
+// and the surfaces, one per HTTP API.
+type Service struct {
+	*deps
 
-	queueShare, intakeShare *share // each tenant's bytes in QUEUE and INTAKE
-
-	coalesce  keyLocks  // cache.go
-	hitStores hitStores // cachebudget.go
+	queue    *queueView
+	acceptor *acceptor
+	cache    *responseCache
+	intake   *intake
+	pipe     *pipeline
 }
 
 // New builds the service; it does no I/O.
@@ -114,24 +130,63 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 		}
 		cfg.Waiters = api.NewWaiters(n)
 	}
-	qs, is := newShares(cfg.App)
-	return &Service{
-		live:       cfg.Live,
-		queueShare: qs, intakeShare: is,
+	d := &deps{
+		live: cfg.Live,
 		cfg:  cfg,
 		lim:  job.Limits{MaxBodyBytes: cfg.App.Limits.MaxBodyBytes, MaxTokens: cfg.App.Limits.MaxTokens},
 		mesh: m,
 		log:  log.With("service", "ingest"),
 		m:    ms,
 		now:  now,
+	}
+	return assemble(d), nil
+}
 
-		limits: newLimitView(cfg.Live, m, now),
-	}, nil
+// assemble builds the owned types over d.
+func assemble(d *deps) *Service {
+	qs, is := newShares(d.cfg.App)
+	s := &Service{deps: d, queue: &queueView{deps: d}, cache: &responseCache{deps: d}}
+	s.acceptor = &acceptor{deps: d, queue: s.queue, queueShare: qs}
+	s.intake = &intake{deps: d, queue: s.queue, acceptor: s.acceptor, cache: s.cache, intakeShare: is}
+	s.pipe = &pipeline{deps: d, acceptor: s.acceptor, cache: s.cache, limits: newLimitView(d.cfg.Live, d.mesh, d.now)}
+	return s
+}
+
+// acceptor owns whether and how a job enters QUEUE: its checks, its
+// route and estimate, its records (or the operation it joins) and the
+// enqueue, undone when QUEUE refuses it (accept.go).
+type acceptor struct {
+	*deps
+	queue      *queueView
+	queueShare *share // each tenant's bytes in QUEUE
+}
+
+// queueView owns ingest's reading of how full QUEUE and INTAKE are, and
+// the waits it estimates from that.
+type queueView struct {
+	*deps
+	qmu     sync.Mutex
+	qAt     time.Time
+	qMsgs   uint64 // QUEUE's messages
+	qLimit  uint64 // QUEUE's max_msgs
+	iMsgs   uint64 // INTAKE's messages
+	avgCost float64
+}
+
+// intake owns the fate of each INTAKE message: accepted (ack), kept
+// waiting (nak with a delay), or refused with a result; and the wait
+// hints producers INTAKE refused ask for.
+type intake struct {
+	*deps
+	queue       *queueView
+	acceptor    *acceptor
+	cache       *responseCache
+	intakeShare *share // each tenant's bytes in INTAKE
 }
 
 // app is the configuration in effect (cfg.App for a Service built
 // without New, in tests).
-func (s *Service) app() *config.Config {
+func (s *deps) app() *config.Config {
 	if s.live == nil {
 		return s.cfg.App
 	}
@@ -146,6 +201,11 @@ func keyAllows(ctx context.Context, model string) error {
 		return nil
 	}
 	return &job.ValidationError{Code: job.CodeUnknownModel, Field: "model", Message: fmt.Sprintf("model %q is not available to this API key", clip.String(model, 64))}
+}
+
+// Cancel asks for a job to stop (the pipeline's Cancel).
+func (s *Service) Cancel(ctx context.Context, tenant, jobID, idemKey string) {
+	s.pipe.Cancel(ctx, tenant, jobID, idemKey)
 }
 
 // Accepted is the outcome of a successful submission.
@@ -194,7 +254,7 @@ func (e *BusyError) Is(target error) bool { return target == ErrQueueFull }
 // records this call created are withdrawn, so the job is unknown, as the
 // refusal says.
 func (s *Service) Accept(ctx context.Context, j *task.Task) (Accepted, error) {
-	return s.accept(ctx, j, false)
+	return s.acceptor.accept(ctx, j, false)
 }
 
 // created holds the revisions of the records one accept call created (0:
@@ -204,7 +264,7 @@ type created struct{ job, op uint64 }
 // accept is Accept; held says the caller holds the job durably and offers
 // it again later (an INTAKE message), so a job QUEUE refuses keeps its
 // records: it is accepted and waits. Its phases are in accept.go.
-func (s *Service) accept(ctx context.Context, j *task.Task, held bool) (acc Accepted, err error) {
+func (s *acceptor) accept(ctx context.Context, j *task.Task, held bool) (acc Accepted, err error) {
 	ctx, span := s.mesh.Tracing.Start(ctx, tracing.SpanAccept)
 	defer func() { endAccept(span, j, held, acc, err) }()
 	prov, model, est, err := s.check(j)
@@ -237,7 +297,7 @@ func (s *Service) accept(ctx context.Context, j *task.Task, held bool) (acc Acce
 // job and waits for its result: the job is then taken after all, handed
 // to INTAKE, which ingest offers to QUEUE until it fits, and accept
 // reports it accepted.
-func (s *Service) settleRefusal(ctx context.Context, j *task.Task, opKey string, made created, busy error) (Accepted, error) {
+func (s *acceptor) settleRefusal(ctx context.Context, j *task.Task, opKey string, made created, busy error) (Accepted, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	err := withdraw(ctx, s.mesh.Idempotency, opKey, made.op)
@@ -293,7 +353,7 @@ const CodeDeadlineUnmeetable = "deadline_unmeetable"
 // a deadline is refused only when it surely cannot be met), the second
 // assumes the window busy, as it is when QUEUE is full. QUEUE holds every
 // model's jobs, so with several models the estimates err long.
-func (s *Service) pressure(ctx context.Context, model *config.Model, cost int) (fill float64, wait, retry time.Duration, ahead uint64) {
+func (s *queueView) pressure(ctx context.Context, model *config.Model, cost int) (fill float64, wait, retry time.Duration, ahead uint64) {
 	b := s.backlog(ctx, cost)
 	if b.queueLimit > 0 {
 		fill = float64(b.queue) / float64(b.queueLimit)
@@ -309,7 +369,7 @@ type backlog struct {
 
 // backlog reads QUEUE's and INTAKE's state, at most once a second, and
 // folds cost (0: none) into the average job cost.
-func (s *Service) backlog(ctx context.Context, cost int) backlog {
+func (s *queueView) backlog(ctx context.Context, cost int) backlog {
 	s.qmu.Lock()
 	if s.now().Sub(s.qAt) > time.Second {
 		s.qAt = s.now()
@@ -363,7 +423,7 @@ func waitFor(model *config.Model, ahead uint64, avg float64, cost int, busy bool
 // refused (data is that job's envelope): as for a job QUEUE refuses, with
 // the jobs waiting in INTAKE counted ahead too. For a job whose model is
 // unknown it is the longest wait over the configured models.
-func (s *Service) intakeWait(ctx context.Context, data []byte) time.Duration {
+func (s *intake) intakeWait(ctx context.Context, data []byte) time.Duration {
 	var j task.Task
 	var model *config.Model
 	cost := 0
@@ -376,7 +436,7 @@ func (s *Service) intakeWait(ctx context.Context, data []byte) time.Duration {
 			}
 		}
 	}
-	b := s.backlog(ctx, 0)
+	b := s.queue.backlog(ctx, 0)
 	ahead := b.queue + b.intake
 	if cost == 0 {
 		cost = int(b.avgCost)
@@ -397,7 +457,7 @@ func (s *Service) intakeWait(ctx context.Context, data []byte) time.Duration {
 // join attaches j to the operation already recorded under opKey. It returns
 // the job id j joined, or "" when the record is j's own (a repeat of the
 // same job, which then continues to enqueue).
-func (s *Service) join(ctx context.Context, opKey string, j *task.Task) (string, error) {
+func (s *acceptor) join(ctx context.Context, opKey string, j *task.Task) (string, error) {
 	var done, mismatch bool
 	digest := mesh.BodyDigest(j)
 	rec, err := s.mesh.UpdateOp(ctx, opKey, func(r *mesh.OpRecord) bool {
@@ -459,7 +519,7 @@ func (s *Service) Run(ctx context.Context) error {
 	// independent (accept is idempotent per job id), so only the order in
 	// which concurrently delivered jobs reach QUEUE may differ from INTAKE's.
 	loop, err := s.mesh.Consume(ctx, mesh.Consumer{Stream: streams.Intake, Template: "ingest", What: "intake", Batch: 512, Parallel: IntakeParallel}, s.log,
-		func(msg jetstream.Msg) { s.handle(ctx, msg) })
+		func(msg jetstream.Msg) { s.intake.handle(ctx, msg) })
 	if err != nil {
 		return err
 	}
@@ -479,7 +539,7 @@ func (s *Service) Run(ctx context.Context) error {
 		hints.serve(ctx, m, func(ctx context.Context, m *nats.Msg) {
 			wctx, cancel := context.WithTimeout(ctx, time.Second)
 			defer cancel()
-			data, _ := json.Marshal(job.WaitHint{RetryAfterMS: s.intakeWait(wctx, m.Data).Milliseconds()})
+			data, _ := json.Marshal(job.WaitHint{RetryAfterMS: s.intake.intakeWait(wctx, m.Data).Milliseconds()})
 			_ = m.Respond(data)
 		})
 	})
@@ -496,7 +556,7 @@ func (s *Service) Run(ctx context.Context) error {
 	return nil
 }
 
-func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
+func (s *intake) handle(ctx context.Context, msg jetstream.Msg) {
 	tenant, _ := job.TenantFromIntake(msg.Subject())
 	env, derr := job.Parse(msg.Data(), s.lim) // accept checks it
 	if env == nil {
@@ -514,7 +574,7 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 		err = &job.ValidationError{Code: job.CodeInvalidRequest, Field: "tenant", Message: fmt.Sprintf("%q does not match the subject's tenant %q", clip.String(j.Tenant, 64), tenant)}
 	default:
 		ctx := s.mesh.Tracing.FromMsg(ctx, msg)
-		_, err = s.acceptCached(ctx, j, func() (Accepted, error) { return s.accept(ctx, j, true) }) // cache.go
+		_, _, _, err = s.cache.accept(ctx, j, jobCall(ctx, s.cache, j), func() (Accepted, error) { return s.acceptor.accept(ctx, j, true) }) // cache.go
 	}
 	var te *transientError
 	switch {
@@ -548,7 +608,7 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 }
 
 // refuse answers an invalid job with a failed result and drops it.
-func (s *Service) refuse(ctx context.Context, msg jetstream.Msg, j *task.Task, tenant string, err error) {
+func (s *intake) refuse(ctx context.Context, msg jetstream.Msg, j *task.Task, tenant string, err error) {
 	var ve *job.ValidationError
 	jerr := &job.Error{Code: job.CodeInvalidRequest, Message: err.Error()}
 	if errors.As(err, &ve) {

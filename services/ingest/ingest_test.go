@@ -218,7 +218,7 @@ func TestRefusedJobWithAJoinerGoesToIntake(t *testing.T) {
 			}
 		}
 		busy := &BusyError{Code: job.CodeQueueFull, RetryAfter: time.Second}
-		acc, err := f.svc.settleRefusal(ctx, j, opKey, made, busy)
+		acc, err := f.svc.acceptor.settleRefusal(ctx, j, opKey, made, busy)
 		jobRec, opRec := f.records(t, j)
 		if !joiner {
 			if err != busy || jobRec || opRec {
@@ -319,9 +319,9 @@ func TestWaitHint(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	f.svc.qmu.Lock()
-	f.svc.qAt = time.Time{} // read the queues now
-	f.svc.qmu.Unlock()
+	f.svc.queue.qmu.Lock()
+	f.svc.queue.qAt = time.Time{} // read the queues now
+	f.svc.queue.qmu.Unlock()
 	slow := newJob("acme", "")
 	slow.Request = json.RawMessage(`{"model":"slow","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`)
 	data, _ := json.Marshal(slow)

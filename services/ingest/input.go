@@ -1,13 +1,11 @@
 package ingest
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"mime"
 	"net/http"
 	"strings"
-	"time"
 	"unicode/utf8"
 
 	"github.com/sluice-dev/sluice/internal/api"
@@ -58,31 +56,27 @@ func checkUTF8(body []byte) error {
 // checkBody refuses, before anything reads the body of a request to a
 // submit-and-wait endpoint, what would let Sluice and the provider read
 // it differently: members named alike (job.CheckMembers); and, unless
-// the body is the one Sluice's /v1/responses handler built (marked on the
-// context, which no caller reaches), a member only Sluice sets. A job
-// envelope's request gets the same checks from job.Parse.
-func checkBody(ctx context.Context, body []byte) error {
+// the body is the one Sluice's /v1/responses surface built (endpoint
+// job.EndpointResponses, which no caller sets), a member only Sluice
+// sets. A job envelope's request gets the same checks from job.Parse.
+func checkBody(body []byte, endpoint string) error {
 	if err := job.CheckMembers("request", body, nil); err != nil {
 		return err
 	}
-	if endpointOf(ctx) == job.EndpointResponses {
+	if endpoint == job.EndpointResponses {
 		return nil
 	}
 	return job.CheckProducerRequest("request", body)
 }
 
-// The Anthropic wrapper holds the answer to translate it, but a long wait
-// must still extend the connection's deadlines (api.ExtendDeadlines), or
-// the server's write timeout cuts an answer slower than it. It forwards
-// the deadline calls only: an Unwrap would also let a Flush reach the
-// client's writer, sending its headers before the translated answer.
-
-func (c *captured) SetWriteDeadline(t time.Time) error {
-	return http.NewResponseController(c.real).SetWriteDeadline(t)
-}
-
-func (c *captured) SetReadDeadline(t time.Time) error {
-	return http.NewResponseController(c.real).SetReadDeadline(t)
+// checkBuilt checks a chat body a surface built from its API's request
+// as readBody checks one that came as it is: its size (a translation
+// can outgrow the request) and its encoding.
+func (s *deps) checkBuilt(body []byte) error {
+	if len(body) > s.lim.MaxBodyBytes {
+		return &job.ValidationError{Code: job.CodeTooLarge, Message: fmt.Sprintf("body is over the %d-byte limit", s.lim.MaxBodyBytes)}
+	}
+	return checkUTF8(body)
 }
 
 // canonicalBody is a request body as QUEUE and DISPATCH carry it:

@@ -15,7 +15,7 @@ import (
 // desc, the default, or asc; after and before an item id). The input is
 // the whole conversation the response answered: a chained response's
 // list holds the earlier turns' input and output too.
-func (s *Service) inputItems(w http.ResponseWriter, r *http.Request, auth api.Auth) {
+func (s responsesSurface) inputItems(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 	tenant, err := auth.Tenant(r)
 	if err != nil {
 		s.fail(w, "responses", err)

@@ -1,16 +1,13 @@
 package ingest
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/api"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/internal/wire"
 	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -27,6 +24,16 @@ func validAnthropicVersion(v string) bool {
 	return err == nil
 }
 
+// messagesSurface is Anthropic's Messages API: the request becomes a chat
+// body, the answer a message, events Anthropic's, errors Anthropic's
+// {"type":"error","error":{"type","message"}}. model is the request's,
+// set once it is decoded.
+type messagesSurface struct {
+	*deps
+	pipe  *pipeline
+	model string
+}
+
 // POST /v1/messages: Anthropic's Messages API, through the same mesh as
 // chat completions. The request is translated to an OpenAI chat body (so
 // it is validated, estimated, queued, admitted and called as any chat job,
@@ -36,8 +43,9 @@ func validAnthropicVersion(v string) bool {
 // Fields that do not survive the translation are refused by name, never
 // silently dropped; cache_control and thinking are carried in the chat
 // body as an Anthropic provider reads them (anthropic.go).
-func (s *Service) messages(w http.ResponseWriter, r *http.Request, auth api.Auth) {
-	if _, err := auth.Tenant(r); err != nil {
+func (s messagesSurface) serve(w http.ResponseWriter, r *http.Request, auth api.Auth) {
+	tenant, err := auth.Tenant(r)
+	if err != nil {
 		status, typ := http.StatusUnauthorized, "authentication_error"
 		var ve *job.ValidationError
 		if errors.As(err, &ve) {
@@ -74,94 +82,63 @@ func (s *Service) messages(w http.ResponseWriter, r *http.Request, auth api.Auth
 		anthropicError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
-	r2 := r.Clone(r.Context())
-	r2.Body = io.NopCloser(bytes.NewReader(chat))
-	r2.ContentLength = int64(len(chat))
-	rec := &captured{h: http.Header{}, real: w}
-	if stream, _ := wantsStream(chat); stream {
-		rec.stream = newAnthropicEvents(model)
-	}
-	s.chat(rec, r2, auth)
-	if !rec.streamed {
-		rec.writeAnthropic(w, model)
-	}
+	s.model = model
+	s.submit(w, r, tenant, chat)
 }
 
-// captured holds an OpenAI-shaped answer so it can be rewritten. For a
-// stream, once the job is accepted, the relay writes the API's events
-// (stream: Anthropic's, or the Responses API's) to the client's writer
-// (real) instead (beginStream).
-type captured struct {
-	h        http.Header
-	status   int
-	body     bytes.Buffer
-	real     http.ResponseWriter
-	stream   eventFormat
-	streamed bool
+// submit hands the translated request to the pipeline.
+func (s messagesSurface) submit(w http.ResponseWriter, r *http.Request, tenant string, chat []byte) {
+	wait, release, ok := s.pipe.open(w, r, tenant, s)
+	if !ok {
+		return
+	}
+	defer release()
+	err := s.checkBuilt(chat)
+	var j *task.Task
+	if err == nil {
+		j, err = decodeChat(r, tenant, chat, "")
+	}
+	if err != nil {
+		s.failed(w, s.failure(w, "openai", err))
+		return
+	}
+	s.pipe.submit(w, r, s, j, chat, wait)
 }
 
-func (c *captured) Header() http.Header { return c.h }
-
-func (c *captured) WriteHeader(status int) {
-	if c.status == 0 {
-		c.status = status
+// completed answers a chat.completion as a message.
+func (s messagesSurface) completed(w http.ResponseWriter, _ string, body []byte) {
+	out, err := wire.ChatToMessage(body, s.model)
+	if err != nil {
+		anthropicError(w, http.StatusBadGateway, "api_error", "the provider's answer could not be translated to a message")
+		return
 	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(out)
 }
 
-func (c *captured) Write(b []byte) (int, error) {
-	if c.status == 0 {
-		c.status = http.StatusOK
-	}
-	return c.body.Write(b)
+// failed answers an error in Anthropic's shape: the same status, its
+// Anthropic type, the same message.
+func (messagesSurface) failed(w http.ResponseWriter, e apiError) {
+	anthropicError(w, e.status, wire.AnthropicErrorType(e.status), e.msg)
 }
 
-// writeAnthropic writes the captured answer in Anthropic's shapes: a
-// chat.completion as a message, an OpenAI error as an Anthropic error. The
-// headers pass through (Retry-After, X-Sluice-Job-Id, x-request-id and
-// x-ratelimit-*), with Anthropic's names added: request-id and
-// anthropic-ratelimit-{requests,tokens}-{limit,remaining}.
-func (c *captured) writeAnthropic(w http.ResponseWriter, model string) {
-	h := w.Header()
-	for k, v := range c.h {
-		if k != "Content-Length" {
-			h[k] = v
-		}
-	}
-	if id := c.h.Get("X-Request-Id"); id != "" {
-		h.Set("Request-Id", id)
+// resulted adds Anthropic's names to a result's headers: request-id (the
+// provider's) and anthropic-ratelimit-{requests,tokens}-{limit,remaining}.
+func (messagesSurface) resulted(h http.Header, res *job.Result) {
+	if res.ProviderRequestID != "" {
+		h.Set("Request-Id", res.ProviderRequestID)
 	}
 	for _, dim := range []string{"requests", "tokens"} {
 		for _, kind := range []string{"limit", "remaining"} {
-			if v := c.h.Get(openAIRateHeader(dim, kind)); v != "" {
+			if v := h.Get(openAIRateHeader(dim, kind)); v != "" {
 				h.Set("Anthropic-Ratelimit-"+dim+"-"+kind, v)
 			}
 		}
 	}
-	if c.status == 0 {
-		c.status = http.StatusInternalServerError
-	}
-	if c.status < 300 {
-		out, err := wire.ChatToMessage(c.body.Bytes(), model)
-		if err != nil {
-			anthropicError(w, http.StatusBadGateway, "api_error", "the provider's answer could not be translated to a message")
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(c.status)
-		_, _ = w.Write(out)
-		return
-	}
-	var e struct {
-		Error struct {
-			Message string `json:"message"`
-		} `json:"error"`
-	}
-	msg := strings.TrimSpace(c.body.String())
-	if json.Unmarshal(c.body.Bytes(), &e) == nil && e.Error.Message != "" {
-		msg = e.Error.Message
-	}
-	anthropicError(w, c.status, wire.AnthropicErrorType(c.status), msg)
 }
+
+func (s messagesSurface) events(string) eventFormat { return newAnthropicEvents(s.model) }
 
 // anthropicError writes {"type":"error","error":{"type","message"},
 // "request_id"}, as Anthropic does.

@@ -2,7 +2,6 @@ package ingest
 
 import (
 	"io"
-	"net/http"
 
 	"github.com/sluice-dev/sluice/internal/wire"
 )
@@ -52,16 +51,3 @@ func (a anthropicEvents) fail(w io.Writer, _, _, msg string, status int, rid str
 	return a.e.Fail(w, msg, status, rid)
 }
 func (a anthropicEvents) keepAlive(w io.Writer) bool { return a.e.KeepAlive(w) }
-
-// beginStream turns a captured answer into a stream: the headers set so far
-// go to the client's writer, which the relay writes Anthropic's events to.
-func (c *captured) beginStream() http.ResponseWriter {
-	h := c.real.Header()
-	for k, v := range c.h {
-		if k != "Content-Length" {
-			h[k] = v
-		}
-	}
-	c.streamed = true
-	return c.real
-}

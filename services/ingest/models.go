@@ -21,13 +21,20 @@ type Model struct {
 	OwnedBy string `json:"owned_by"`
 }
 
+// modelsAPI is GET /v1/models and /v1/models/{id}: the configured models
+// as OpenAI lists them (created: when the process started).
+type modelsAPI struct {
+	*deps
+	created int64
+}
+
 func modelObject(p *config.Provider, m *config.Model, created int64) Model {
 	return Model{ID: m.Name, Object: "model", Created: created, OwnedBy: p.Name}
 }
 
 // GET /v1/models: every configured model once, a group of deployments
 // under its preferred provider.
-func (s *Service) listModels(w http.ResponseWriter, r *http.Request, auth api.Auth, created int64) {
+func (s *modelsAPI) listModels(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 	if _, err := auth.Tenant(r); err != nil {
 		s.fail(w, "openai", err)
 		return
@@ -41,7 +48,7 @@ func (s *Service) listModels(w http.ResponseWriter, r *http.Request, auth api.Au
 			if name := p.Models[j].Name; !seen[name] && api.ModelAllowed(r.Context(), name) {
 				seen[name] = true
 				gp, gm, _ := app.ModelRef(name)
-				data = append(data, modelObject(gp, gm, created))
+				data = append(data, modelObject(gp, gm, s.created))
 			}
 		}
 	}
@@ -49,7 +56,7 @@ func (s *Service) listModels(w http.ResponseWriter, r *http.Request, auth api.Au
 }
 
 // GET /v1/models/{id}: one model, or 404 model_not_found.
-func (s *Service) getModel(w http.ResponseWriter, r *http.Request, auth api.Auth, created int64) {
+func (s *modelsAPI) getModel(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 	if _, err := auth.Tenant(r); err != nil {
 		s.fail(w, "openai", err)
 		return
@@ -61,7 +68,7 @@ func (s *Service) getModel(w http.ResponseWriter, r *http.Request, auth api.Auth
 			fmt.Sprintf("The model %q is not configured in Sluice", clip.String(id, 64)))
 		return
 	}
-	api.JSON(w, http.StatusOK, modelObject(p, m, created))
+	api.JSON(w, http.StatusOK, modelObject(p, m, s.created))
 }
 
 // endpointServed refuses a job its provider has no API for: Anthropic has

@@ -14,7 +14,7 @@ import (
 // one refused over HTTP is: its refusal goes to a producer listening on the
 // result subject and is not kept, so a flood of invalid jobs costs the
 // store nothing.
-func (s *Service) refusalStored(ctx context.Context, tenant, id string) (bool, error) {
+func (s *intake) refusalStored(ctx context.Context, tenant, id string) (bool, error) {
 	rec, _, err := s.mesh.Lookup(ctx, tenant, id)
 	if errors.Is(err, job.ErrNotFound) {
 		return false, nil
@@ -26,7 +26,7 @@ func (s *Service) refusalStored(ctx context.Context, tenant, id string) (bool, e
 }
 
 // announce publishes a result on its result subject without storing it.
-func (s *Service) announce(res *job.Result) {
+func (s *intake) announce(res *job.Result) {
 	if res.CompletedAt.IsZero() {
 		res.CompletedAt = s.now().UTC()
 	}

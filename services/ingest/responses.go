@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/keys"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/internal/wire"
 	"github.com/sluice-dev/sluice/pkg/clip"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -61,7 +61,7 @@ func (st *storedResponse) items() []json.RawMessage {
 // providers called on their own Responses API: the deployment it is
 // pinned to (X-Sluice-Provider), else every deployment of the model's
 // group, since admission may place it on any.
-func (s *Service) nativeResponses(r *http.Request, model string) bool {
+func (s responsesSurface) nativeResponses(r *http.Request, model string) bool {
 	if pin := r.Header.Get("X-Sluice-Provider"); pin != "" {
 		p, _, ok := s.app().Deployment(pin, model)
 		return ok && p.NativeResponses()
@@ -87,7 +87,18 @@ func responseJob(id string) string {
 	return jobID
 }
 
-func (s *Service) responses(w http.ResponseWriter, r *http.Request, auth api.Auth) {
+// responsesSurface is OpenAI's Responses API: the request becomes a chat
+// body (with the conversation a previous response ends), the answer a
+// Response object, events the Responses stream's, errors OpenAI's; and
+// the stored responses' own endpoints. accepted is the request's, set
+// once it is decoded.
+type responsesSurface struct {
+	*deps
+	pipe     *pipeline
+	accepted func(jobID string) wire.Meta // the response's metadata once its job is known; it stores the response's record
+}
+
+func (s responsesSurface) responses(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 	tenant, err := auth.Tenant(r)
 	if err != nil {
 		s.fail(w, "responses", err)
@@ -150,7 +161,7 @@ func (s *Service) responses(w http.ResponseWriter, r *http.Request, auth api.Aut
 	created := time.Now().Unix()
 	stored := storedResponse{Items: append(prior, items...)}
 	// Once accepted (the job id known): the response's id, and its record.
-	accepted := func(jobID string) wire.Meta {
+	s.accepted = func(jobID string) wire.Meta {
 		m := req.Meta("resp_"+jobID, created)
 		if req.Stored() {
 			stored.Meta = m
@@ -158,48 +169,41 @@ func (s *Service) responses(w http.ResponseWriter, r *http.Request, auth api.Aut
 		}
 		return m
 	}
-	r2 := r.Clone(withEndpoint(r.Context(), job.EndpointResponses))
-	r2.Body = io.NopCloser(bytes.NewReader(chat))
-	r2.ContentLength = int64(len(chat))
 	if conversation == "" && req.Stored() {
 		conversation = newConversation(chat)
 	}
 	stored.Conversation = conversation
-	if conversation != "" && r2.Header.Get(affinityHeader) == "" {
-		// The chain's turns go where the last one was served, while it
-		// has room (the provider's prompt cache holds the prefix).
-		r2.Header.Set(affinityHeader, conversation)
-	}
-	rec := &captured{h: http.Header{}, real: w}
-	if req.Stream {
-		rec.stream = &responsesEvents{start: func() *wire.Events { return wire.NewEvents(accepted(rec.h.Get("X-Sluice-Job-Id"))) }}
-	}
-	s.chat(rec, r2, auth)
-	if !rec.streamed {
-		answerResponse(w, rec, accepted)
-	}
+	s.submit(w, r, tenant, chat, conversation)
 }
 
-// answerResponse writes the chat answer rec captured as a response: its
-// headers, and the answer translated (accepted gives the response's
-// metadata for its job), or an error as the chat handler answered it.
-func answerResponse(w http.ResponseWriter, rec *captured, accepted func(jobID string) wire.Meta) {
-	h := w.Header()
-	for k, v := range rec.h {
-		if k != "Content-Length" {
-			h[k] = v
-		}
-	}
-	jobID := rec.h.Get("X-Sluice-Job-Id")
-	if rec.status >= 300 || rec.status == 0 || jobID == "" {
-		if rec.status == 0 {
-			rec.status = http.StatusInternalServerError
-		}
-		w.WriteHeader(rec.status)
-		_, _ = w.Write(rec.body.Bytes())
+// submit hands the translated request to the pipeline; conversation is
+// the chain it belongs to ("": none).
+func (s responsesSurface) submit(w http.ResponseWriter, r *http.Request, tenant string, chat []byte, conversation string) {
+	wait, release, ok := s.pipe.open(w, r, tenant, s)
+	if !ok {
 		return
 	}
-	out, err := wire.FromChat(accepted(jobID), rec.body.Bytes())
+	defer release()
+	err := s.checkBuilt(chat)
+	var j *task.Task
+	if err == nil {
+		j, err = decodeChat(r, tenant, chat, job.EndpointResponses)
+	}
+	if err != nil {
+		s.failed(w, s.failure(w, "openai", err))
+		return
+	}
+	if conversation != "" && j.Affinity == "" {
+		// The chain's turns go where the last one was served, while it
+		// has room (the provider's prompt cache holds the prefix).
+		j.Affinity = conversation
+	}
+	s.pipe.submit(w, r, s, j, chat, wait)
+}
+
+// completed answers a chat.completion as a response.
+func (s responsesSurface) completed(w http.ResponseWriter, jobID string, body []byte) {
+	out, err := wire.FromChat(s.accepted(jobID), body)
 	if err != nil {
 		api.Error(w, http.StatusBadGateway, "sluice_error", "bad_response", "the provider's answer could not be translated to a response")
 		return
@@ -207,9 +211,17 @@ func answerResponse(w http.ResponseWriter, rec *captured, accepted func(jobID st
 	api.JSON(w, http.StatusOK, out)
 }
 
+func (responsesSurface) failed(w http.ResponseWriter, e apiError) { writeOpenAIError(w, e) }
+func (responsesSurface) resulted(http.Header, *job.Result)        {}
+
+// events is the Responses stream of job jobID.
+func (s responsesSurface) events(jobID string) eventFormat {
+	return &responsesEvents{start: func() *wire.Events { return wire.NewEvents(s.accepted(jobID)) }}
+}
+
 // invalidResponse answers a request that cannot be translated or whose
 // previous response is not there, in OpenAI's error shape.
-func (s *Service) invalidResponse(w http.ResponseWriter, err error) {
+func (s responsesSurface) invalidResponse(w http.ResponseWriter, err error) {
 	var we *wire.Error
 	if errors.As(err, &we) {
 		s.m.JobsRejected.WithLabelValues("responses", job.CodeInvalidRequest).Inc()
@@ -224,9 +236,6 @@ func (s *Service) invalidResponse(w http.ResponseWriter, err error) {
 	}
 	s.fail(w, "responses", err)
 }
-
-// affinityHeader is the job's affinity key (chatJob reads it).
-const affinityHeader = "X-Sluice-Affinity"
 
 // newConversation is a new chain's key, from its first request: a
 // retry of that request keys alike, and so do chains that start alike,
@@ -245,7 +254,7 @@ func (e *responseNotFound) Error() string {
 
 // storeResponse writes a response's record. A failure is logged: the
 // response is still answered, only not retrievable.
-func (s *Service) storeResponse(ctx context.Context, tenant, jobID string, st *storedResponse) {
+func (s responsesSurface) storeResponse(ctx context.Context, tenant, jobID string, st *storedResponse) {
 	data, err := json.Marshal(st)
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -259,7 +268,7 @@ func (s *Service) storeResponse(ctx context.Context, tenant, jobID string, st *s
 
 // loadResponse reads a tenant's stored response and its job's result
 // (nil while the job runs).
-func (s *Service) loadResponse(ctx context.Context, tenant, id string) (*storedResponse, *job.Result, error) {
+func (s responsesSurface) loadResponse(ctx context.Context, tenant, id string) (*storedResponse, *job.Result, error) {
 	jobID := responseJob(id)
 	if jobID == "" {
 		return nil, nil, &responseNotFound{id}
@@ -293,7 +302,7 @@ func (s *Service) loadResponse(ctx context.Context, tenant, id string) (*storedR
 
 // history is the conversation a previous response ends, as items: its
 // input, then its output.
-func (s *Service) history(ctx context.Context, tenant, id string) (items []json.RawMessage, conversation string, err error) {
+func (s responsesSurface) history(ctx context.Context, tenant, id string) (items []json.RawMessage, conversation string, err error) {
 	st, res, err := s.loadResponse(ctx, tenant, id)
 	if err != nil {
 		return nil, "", err
@@ -350,7 +359,7 @@ func responseObject(st *storedResponse, res *job.Result) map[string]any {
 }
 
 // GET /v1/responses/{id}
-func (s *Service) getResponse(w http.ResponseWriter, r *http.Request, auth api.Auth) {
+func (s responsesSurface) getResponse(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 	tenant, err := auth.Tenant(r)
 	if err != nil {
 		s.fail(w, "responses", err)
@@ -367,7 +376,7 @@ func (s *Service) getResponse(w http.ResponseWriter, r *http.Request, auth api.A
 
 // DELETE /v1/responses/{id}: the stored response is forgotten (the job's
 // own record stays for its retention).
-func (s *Service) deleteResponse(w http.ResponseWriter, r *http.Request, auth api.Auth) {
+func (s responsesSurface) deleteResponse(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 	tenant, err := auth.Tenant(r)
 	if err != nil {
 		s.fail(w, "responses", err)
@@ -385,7 +394,7 @@ func (s *Service) deleteResponse(w http.ResponseWriter, r *http.Request, auth ap
 	api.JSON(w, http.StatusOK, map[string]any{"id": id, "object": "response", "deleted": true})
 }
 
-func (s *Service) notFoundOr(w http.ResponseWriter, err error) {
+func (s responsesSurface) notFoundOr(w http.ResponseWriter, err error) {
 	var nf *responseNotFound
 	if errors.As(err, &nf) {
 		api.ErrorParam(w, http.StatusNotFound, "invalid_request_error", "not_found", "id", nf.Error())

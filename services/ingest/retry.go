@@ -29,7 +29,7 @@ const retryWindowExtra = time.Minute
 
 // RetryWindow is how long the first attempt of a request without an
 // Idempotency-Key can be joined by the SDK's retries of it.
-func (s *Service) RetryWindow() time.Duration { return s.maxWait() + retryWindowExtra }
+func (s *deps) RetryWindow() time.Duration { return s.maxWait() + retryWindowExtra }
 
 // acceptHTTP accepts a job submitted over HTTP (body is the request body
 // as received). A request that carries RetryCountHeader and no
@@ -39,7 +39,7 @@ func (s *Service) RetryWindow() time.Duration { return s.maxWait() + retryWindow
 // submitting another. The job is accepted on a context the caller cannot
 // cancel: a client that drops mid-accept must not leave half its records,
 // nor miss its pointer, because its retry is on its way.
-func (s *Service) acceptHTTP(r *http.Request, j *task.Task, body []byte) (Accepted, error) {
+func (s *acceptor) acceptHTTP(r *http.Request, j *task.Task, body []byte) (Accepted, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), ElectionWait+10*time.Second)
 	defer cancel()
 	count, err := strconv.Atoi(r.Header.Get(RetryCountHeader))
@@ -65,7 +65,7 @@ func (s *Service) acceptHTTP(r *http.Request, j *task.Task, body []byte) (Accept
 }
 
 // retryJoin returns the job a retry pointer names, if it is still there.
-func (s *Service) retryJoin(ctx context.Context, key, tenant string) (string, bool) {
+func (s *acceptor) retryJoin(ctx context.Context, key, tenant string) (string, bool) {
 	e, err := s.mesh.Idempotency.Get(ctx, key)
 	if err != nil {
 		return "", false

@@ -285,14 +285,14 @@ func storedSize(msg jetstream.Msg) int {
 // queueRoom refuses j for now when its tenant's jobs in QUEUE would hold
 // more than the tenant's bound. The wait it suggests is the tenant's own
 // jobs ahead at the model's rate: those are what must drain first.
-func (s *Service) queueRoom(ctx context.Context, j *task.Task, model *config.Model, cost int) error {
+func (s *acceptor) queueRoom(ctx context.Context, j *task.Task, model *config.Model, cost int) error {
 	s.queueShare.setTenants(len(s.app().Tenants))
 	s.queueShare.refresh(ctx, s.mesh.JS, s.now())
 	msg, n := s.queueShare.over(j.Tenant, envelopeSize(j))
 	if msg == "" {
 		return nil
 	}
-	avg := s.backlog(ctx, 0).avgCost
+	avg := s.queue.backlog(ctx, 0).avgCost
 	return &BusyError{Code: job.CodeQueueFull, RetryAfter: max(waitFor(model, n, avg, cost, true), time.Second), Ahead: n, Message: msg, Bound: s.queueShare.key}
 }
 
@@ -303,7 +303,7 @@ func (s *Service) queueRoom(ctx context.Context, j *task.Task, model *config.Mod
 // (its tenant's own bound, shedding, QUEUE full as a whole), a job past its
 // tenant's share is refused rather than kept waiting; each tenant's jobs
 // within its share wait, and the shares add up to no more than INTAKE.
-func (s *Service) intakeOver(ctx context.Context, tenant string, busy error) error {
+func (s *intake) intakeOver(ctx context.Context, tenant string, busy error) error {
 	if !errors.Is(busy, ErrQueueFull) {
 		return nil
 	}

@@ -49,8 +49,8 @@ queues:
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc.queueShare.bound.Store(256 << 10)
-	svc.intakeShare.bound.Store(256 << 10)
+	svc.acceptor.queueShare.bound.Store(256 << 10)
+	svc.intake.intakeShare.bound.Store(256 << 10)
 	return &fixture{svc: svc, mesh: m, js: m.JS, nc: m.JS.Conn()}
 }
 

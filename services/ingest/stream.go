@@ -30,15 +30,15 @@ func wantsStream(body []byte) (stream, usage bool) {
 	return f.Stream, f.Stream && f.StreamOptions != nil && f.StreamOptions.IncludeUsage
 }
 
-// streamChat answers POST /v1/chat/completions (and /v1/messages) with
-// stream: true, for a job already accepted: Server-Sent Events in f's
+// streamChat answers a request with stream: true (chat completions,
+// messages, responses), for a job already accepted: Server-Sent Events in f's
 // format (OpenAI's chunks, or Anthropic's events), relayed from the job's
 // stream subject (any process serving HTTP can relay any job), keep-alives
 // while nothing comes (the job may wait in the queue), f's end marker at a
 // successful end, and an error event otherwise. When the
 // client goes away first, the job is cancelled if
 // streaming.cancel_on_disconnect says so for its priority.
-func (s *Service) streamChat(w http.ResponseWriter, r *http.Request, j *task.Task, acc Accepted, usage bool, f eventFormat) {
+func (s *pipeline) streamChat(w http.ResponseWriter, r *http.Request, j *task.Task, acc Accepted, usage bool, f eventFormat) {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream; charset=utf-8")
 	h.Set("Cache-Control", "no-cache")
@@ -149,7 +149,7 @@ func errorEvent(typ, code, msg, rid string) []byte {
 // cancelled) and sluice.cancel.<tenant>.<job_id> tells the executor
 // running it to stop the call. A job other submissions joined is not
 // cancelled (they still wait for it); nor is one already done.
-func (s *Service) Cancel(ctx context.Context, tenant, jobID, idemKey string) {
+func (s *pipeline) Cancel(ctx context.Context, tenant, jobID, idemKey string) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	opKey, _ := mesh.OpKey(tenant, idemKey, jobID)

@@ -33,9 +33,9 @@ func TestQueueFullRetryAfterCapped(t *testing.T) {
 			t.Fatalf("job %d: %v", i+1, err)
 		}
 	}
-	f.svc.qmu.Lock()
-	f.svc.qAt = time.Time{} // read the queue's depth afresh
-	f.svc.qmu.Unlock()
+	f.svc.queue.qmu.Lock()
+	f.svc.queue.qAt = time.Time{} // read the queue's depth afresh
+	f.svc.queue.qmu.Unlock()
 
 	mux := http.NewServeMux()
 	f.svc.Routes(mux, api.Auth{Tenants: []string{"acme", "beta"}, Open: true})
