@@ -5,11 +5,23 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/breaker"
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/provider"
 	"github.com/sluice-dev/sluice/internal/route"
 	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/streams"
 )
+
+// deployments owns what this process tells the fleet of a deployment's
+// health (cool, down, up, pause) and the per-process breakers that
+// stop its calls to a failing one.
+type deployments struct {
+	*env
+	back     *requeuer
+	breakers *breaker.Set
+}
 
 // What a call's outcome says about its deployment (the provider/model the
 // job was placed on), told to the whole fleet through internal/health:
@@ -30,7 +42,7 @@ import (
 
 // coolDeployment makes the fleet wait until until before placing another
 // job on j's deployment.
-func (s *Service) coolDeployment(ctx context.Context, j *job.Job, until time.Time) {
+func (s *deployments) coolDeployment(ctx context.Context, j *job.Job, until time.Time) {
 	if s.cfg.Health == nil {
 		return
 	}
@@ -40,7 +52,7 @@ func (s *Service) coolDeployment(ctx context.Context, j *job.Job, until time.Tim
 }
 
 // deploymentUp reports a call of a's that succeeded.
-func (s *Service) deploymentUp(ctx context.Context, a *attempt) {
+func (s *deployments) deploymentUp(ctx context.Context, a *attempt) {
 	if s.cfg.Health == nil {
 		return
 	}
@@ -88,7 +100,7 @@ func operatorError(j *job.Job, out provider.Outcome) *job.Error {
 
 // deploymentDown takes j's deployment down for reason, no probe before
 // notBefore.
-func (s *Service) deploymentDown(ctx context.Context, j *job.Job, reason string, notBefore time.Time) {
+func (s *deployments) deploymentDown(ctx context.Context, j *job.Job, reason string, notBefore time.Time) {
 	if s.cfg.Health == nil {
 		return
 	}
@@ -98,15 +110,15 @@ func (s *Service) deploymentDown(ctx context.Context, j *job.Job, reason string,
 }
 
 // grouped reports whether another deployment serves j's model.
-func (s *Service) grouped(j *job.Job) bool { return s.app().Grouped(j.Model) }
+func (s *deployments) grouped(j *job.Job) bool { return s.app().Grouped(j.Model) }
 
 // replace sends a's job, whose deployment is down, back to admission to be
 // placed again: its reservation dropped, its attempts untouched, its
 // operation queued again (the provider did no work).
-func (s *Service) replace(ctx context.Context, a *attempt, reason string) error {
+func (s *deployments) replace(ctx context.Context, a *attempt, reason string) error {
 	s.m.AdmissionWaits.WithLabelValues(a.j.Provider, a.j.Model, "deployment_down").Inc()
 	s.log.Info("deployment down: job goes back to be placed again", "job_id", a.j.ID, "provider", a.j.Provider, "model", a.j.Model, "reason", reason)
-	return s.backToAdmission(ctx, a, nil, "deployment down", backDown)
+	return s.back.backToAdmission(ctx, a, nil, "deployment down", backDown)
 }
 
 // operatorEnd turns d, the decision for an outcome that is the
@@ -123,4 +135,17 @@ func operatorEnd(j *job.Job, out provider.Outcome, d decision, oe *job.Error) de
 		d.status, d.reason, d.err = job.StatusFailed, out.Class.String(), oe
 	}
 	return d
+}
+
+// pause holds a model's dispatch fleet-wide until until: admission stops
+// reserving for it and the model's DISPATCH consumer is paused.
+func (s *deployments) pause(ctx context.Context, j *job.Job, until time.Time) {
+	if err := s.mesh.Pause(j.Provider, j.Model, until); err != nil {
+		s.log.Debug("pause signal", "err", err)
+	}
+	name := keys.DispatchConsumer(j.Provider, job.ModelToken(j.Model))
+	if _, err := s.mesh.JS.PauseConsumer(ctx, streams.Dispatch, name, until); err != nil {
+		s.log.Debug("pause consumer", "consumer", name, "err", err)
+	}
+	s.m.Pauses.WithLabelValues(j.Provider, j.Model).Inc()
 }
