@@ -30,7 +30,6 @@ type outcomes struct {
 	str   *streamer
 	fb    *feedback
 	deps  *deployments
-	creds *quarantine
 	fall  *fallbacks
 	rndMu sync.Mutex
 	rnd   *rand.Rand
@@ -66,9 +65,6 @@ func (s *outcomes) conclude(ctx context.Context, a *attempt) error {
 	default:
 		a.ticket.Release() // 429s and request errors say nothing about the provider's health
 	}
-	if out.Class == provider.AuthBroken {
-		s.creds.markBroken(a.target)
-	}
 	if reason := downReason(out); reason != "" {
 		s.deps.deploymentDown(ctx, j, reason, time.Time{})
 		if s.deps.grouped(j) {
@@ -101,7 +97,6 @@ func (s *outcomes) apply(ctx context.Context, a *attempt, out provider.Outcome, 
 			// The provider asked to wait (in its headers, or in its body as
 			// Gemini does): the whole fleet waits, instead of every executor
 			// finding out with a 429 of its own.
-			s.deps.pause(ctx, j, s.now().Add(d.rate.RetryAfter))
 			s.deps.coolDeployment(ctx, j, s.now().Add(d.rate.RetryAfter))
 		}
 		if d.verdict == throttleJob {

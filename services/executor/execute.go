@@ -209,18 +209,16 @@ func (s *caller) admitCall(ctx context.Context, a *attempt) (done bool, err erro
 		}
 		a.onClose(tp.Release)
 	}
-	br := s.deps.breakers.Get(a.target.String())
-	tk, openUntil := br.Take()
-	s.m.BreakerState.WithLabelValues(j.Provider, j.Model).Set(breakerGauge[br.State()])
+	tk, openUntil := s.deps.take(ctx, j)
 	// Every way out of the call settles the ticket: a half-open breaker's
 	// probe slot left taken would stop the model in this process for good.
 	a.ticket = tk
 	a.onClose(tk.Release)
 	if tk == nil {
-		// The provider is failing: do not call it. Another deployment of
-		// the model takes the job, else a route's fallback, else it waits
-		// (by redelivery delay) until the breaker probes.
-		s.deps.deploymentDown(ctx, j, "breaker_open", openUntil)
+		// The provider is failing: do not call it (health took the
+		// deployment down). Another deployment of the model takes the job,
+		// else a route's fallback, else it waits (by redelivery delay)
+		// until the breaker probes.
 		if s.deps.grouped(j) {
 			return true, s.deps.replace(ctx, a, "breaker_open")
 		}

@@ -26,10 +26,9 @@
 //   - feedback (feedback.go): what calls teach the models' windows;
 //   - epochCache (epoch.go): whether a paced call was planned before its
 //     model's last limit cut;
-//   - deployments (health.go): what this process tells the fleet of a
-//     deployment's health, and its breakers;
-//   - quarantine (quarantine.go): whether a provider's credential is
-//     taken as broken;
+//   - deployments (health.go): the executor's side of "don't send
+//     there", which internal/health decides (its record, breakers,
+//     credential quarantine and the pause of a deployment's dispatch);
 //   - fallbacks (fallback.go): which target a route moves a job to;
 //   - clientSet, tenantPools (live.go), transits (transit.go), waits
 //     (why.go): the provider clients, the tenants' concurrency pools,
@@ -51,7 +50,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/adapt"
-	"github.com/sluice-dev/sluice/internal/breaker"
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/cache"
 	"github.com/sluice-dev/sluice/internal/calib"
@@ -86,8 +84,10 @@ type Config struct {
 	// Cache stores complete answers of jobs that carry a cache target
 	// (finish.go); nil: none are stored.
 	Cache *cache.Cache
-	// Health is the fleet's view of deployments' health, which the
-	// executor writes (health.go); nil: not written.
+	// Health decides where not to send (health.go): the fleet's records,
+	// which the executor writes, and this process's breakers and
+	// credential quarantine. nil: New makes one of no deployments, which
+	// writes no record.
 	Health *health.Registry
 }
 
@@ -144,7 +144,6 @@ type Service struct {
 	fb       *feedback
 	epochs   *epochCache
 	deps     *deployments
-	creds    *quarantine
 	fall     *fallbacks
 	clients  *clientSet
 	pools    *tenantPools
@@ -175,13 +174,18 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	e := &env{live: cfg.Live, cfg: cfg, mesh: m, store: st, log: log.With("service", "executor"), m: ms, now: now,
 		holder: holderName(), guard: cfg.Guard}
 	s := &Service{env: e, pcache: promptcache.New(m.Budgets, now)}
-	s.wire(adapt.NewStore(m.Budgets, now), breaker.NewSet(breaker.Config{Now: now}))
+	if cfg.Health == nil {
+		// No fleet view (tests): a registry of no deployments writes no
+		// record, and its breakers and quarantine decide for this process.
+		e.cfg.Health = health.New(health.Config{KV: m.Budgets, Now: now, Log: e.log})
+	}
+	s.wire(adapt.NewStore(m.Budgets, now))
 	s.pools.syncTenantPools(nil)
 	return s, nil
 }
 
 // wire makes the service's parts and tells each the others it calls.
-func (s *Service) wire(learn *adapt.Store, breakers *breaker.Set) {
+func (s *Service) wire(learn *adapt.Store) {
 	e := s.env
 	s.fin = &finisher{env: e}
 	s.back = &requeuer{env: e, fin: s.fin}
@@ -190,14 +194,13 @@ func (s *Service) wire(learn *adapt.Store, breakers *breaker.Set) {
 	s.str = &streamer{env: e, fin: s.fin, fb: s.fb}
 	s.marks = &marks{env: e, fin: s.fin, str: s.str, fb: s.fb}
 	s.back.fb = s.fb
-	s.deps = &deployments{env: e, back: s.back, breakers: breakers}
-	s.creds = &quarantine{env: e, broken: map[string]time.Time{}}
-	s.fall = &fallbacks{env: e, fin: s.fin, back: s.back, deps: s.deps, creds: s.creds}
+	s.deps = &deployments{env: e, back: s.back}
+	s.fall = &fallbacks{env: e, fin: s.fin, back: s.back, deps: s.deps}
 	s.clients = &clientSet{env: e, by: map[string]clientEntry{}}
 	s.pools = &tenantPools{env: e, tenantPools: map[string]*budget.Pool{}}
 	s.transits = &transits{env: e}
 	s.waits = &waits{}
-	s.out = &outcomes{env: e, fin: s.fin, back: s.back, marks: s.marks, str: s.str, fb: s.fb, deps: s.deps, creds: s.creds, fall: s.fall,
+	s.out = &outcomes{env: e, fin: s.fin, back: s.back, marks: s.marks, str: s.str, fb: s.fb, deps: s.deps, fall: s.fall,
 		rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))}
 	s.call = &caller{env: e, out: s.out, fin: s.fin, back: s.back, marks: s.marks, str: s.str, epochs: s.epochs, deps: s.deps, fall: s.fall,
 		clients: s.clients, pools: s.pools, transits: s.transits}

@@ -6,7 +6,6 @@ import (
 	"sync/atomic"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/sluice-dev/sluice/internal/breaker"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/route"
@@ -21,7 +20,6 @@ type fallbacks struct {
 	fin    *finisher
 	back   *requeuer
 	deps   *deployments
-	creds  *quarantine
 	routes atomic.Pointer[routedBy]
 }
 
@@ -38,10 +36,8 @@ func (s *fallbacks) fallback(j *job.Job, sit route.Situation) (route.Decision, b
 			return route.Decision{}, false
 		}
 	}
-	sit.BreakerOpen = func(t config.Target) bool {
-		return s.deps.breakers.Get(t.String()).State() == breaker.Open
-	}
-	sit.CredentialBroken = s.creds.isBroken
+	sit.BreakerOpen = s.deps.breakerOpen
+	sit.CredentialBroken = s.deps.credentialBroken
 	seen := map[config.Target]bool{}
 	for _, a := range j.Attempts {
 		t := config.Target{Provider: a.Provider, Model: a.Model}

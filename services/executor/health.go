@@ -7,27 +7,26 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/breaker"
 	"github.com/sluice-dev/sluice/internal/config"
-	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/provider"
 	"github.com/sluice-dev/sluice/internal/route"
 	"github.com/sluice-dev/sluice/pkg/job"
-	"github.com/sluice-dev/sluice/streams"
 )
 
-// deployments owns what this process tells the fleet of a deployment's
-// health (cool, down, up, pause) and the per-process breakers that
-// stop its calls to a failing one.
+// deployments is the executor's side of "don't send there": it tells
+// internal/health, which decides, what a call's outcome says of its
+// deployment (cool, down, up), asks it for leave to call (its breakers),
+// and sends back to be placed again a job whose deployment is down while
+// another serves its model (replace).
 type deployments struct {
 	*env
-	back     *requeuer
-	breakers *breaker.Set
+	back *requeuer
 }
 
 // What a call's outcome says about its deployment (the provider/model the
 // job was placed on), told to the whole fleet through internal/health:
 //
 //   - a Retry-After cools the deployment until then (the longest wait
-//     wins); the refused job itself is Sluice's misjudgement, learned from
+//     wins) and pauses its dispatch; the refused job itself is Sluice's misjudgement, learned from
 //     and sent back without spending an attempt (throttled);
 //   - a refused key (401, 403), an endpoint that cannot be reached (the
 //     connection refused or timed out) or an open breaker takes it down
@@ -41,11 +40,8 @@ type deployments struct {
 // keeps the outcome's usual course.
 
 // coolDeployment makes the fleet wait until until before placing another
-// job on j's deployment.
+// job on j's deployment; health pauses its dispatch meanwhile.
 func (s *deployments) coolDeployment(ctx context.Context, j *job.Job, until time.Time) {
-	if s.cfg.Health == nil {
-		return
-	}
 	if err := s.cfg.Health.Cool(ctx, j.Provider, j.Model, until, "rate_limited"); err != nil {
 		s.log.Warn("deployment health: cool", "provider", j.Provider, "model", j.Model, "err", err)
 	}
@@ -53,9 +49,6 @@ func (s *deployments) coolDeployment(ctx context.Context, j *job.Job, until time
 
 // deploymentUp reports a call of a's that succeeded.
 func (s *deployments) deploymentUp(ctx context.Context, a *attempt) {
-	if s.cfg.Health == nil {
-		return
-	}
 	if err := s.cfg.Health.Up(ctx, a.j.Provider, a.j.Model, a.start); err != nil {
 		s.log.Warn("deployment health: up", "provider", a.j.Provider, "model", a.j.Model, "err", err)
 	}
@@ -101,9 +94,6 @@ func operatorError(j *job.Job, out provider.Outcome) *job.Error {
 // deploymentDown takes j's deployment down for reason, no probe before
 // notBefore.
 func (s *deployments) deploymentDown(ctx context.Context, j *job.Job, reason string, notBefore time.Time) {
-	if s.cfg.Health == nil {
-		return
-	}
 	if err := s.cfg.Health.Down(ctx, j.Provider, j.Model, reason, notBefore); err != nil {
 		s.log.Warn("deployment health: down", "provider", j.Provider, "model", j.Model, "err", err)
 	}
@@ -137,15 +127,22 @@ func operatorEnd(j *job.Job, out provider.Outcome, d decision, oe *job.Error) de
 	return d
 }
 
-// pause holds a model's dispatch fleet-wide until until: admission stops
-// reserving for it and the model's DISPATCH consumer is paused.
-func (s *deployments) pause(ctx context.Context, j *job.Job, until time.Time) {
-	if err := s.mesh.Pause(j.Provider, j.Model, until); err != nil {
-		s.log.Debug("pause signal", "err", err)
-	}
-	name := keys.DispatchConsumer(j.Provider, job.ModelToken(j.Model))
-	if _, err := s.mesh.JS.PauseConsumer(ctx, streams.Dispatch, name, until); err != nil {
-		s.log.Debug("pause consumer", "consumer", name, "err", err)
-	}
-	s.m.Pauses.WithLabelValues(j.Provider, j.Model).Inc()
+// take asks health for leave to call j's deployment (its breaker in this
+// process): nil when the breaker is open, until openUntil, and health took
+// the deployment down.
+func (s *deployments) take(ctx context.Context, j *job.Job) (tk *breaker.Ticket, openUntil time.Time) {
+	tk, state, openUntil := s.cfg.Health.Take(ctx, j.Provider, j.Model)
+	s.m.BreakerState.WithLabelValues(j.Provider, j.Model).Set(breakerGauge[state])
+	return tk, openUntil
+}
+
+// breakerOpen reports whether t's breaker is open in this process.
+func (s *deployments) breakerOpen(t config.Target) bool {
+	return s.cfg.Health.BreakerOpen(t.Provider, t.Model)
+}
+
+// credentialBroken reports whether t's provider refused its key lately
+// (health's quarantine).
+func (s *deployments) credentialBroken(t config.Target) bool {
+	return s.cfg.Health.CredentialBroken(t.Provider)
 }
