@@ -21,7 +21,6 @@ import (
 // runs, from the operation's claim to the call and its concluding.
 type caller struct {
 	*env
-	out      *outcomes
 	fin      *finisher
 	back     *requeuer
 	marks    *marks

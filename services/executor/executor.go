@@ -135,17 +135,14 @@ type Service struct {
 	refunds       coalesce[rewound]
 	charges       coalesce[budget.Settlement]
 
+	// The parts it calls; wire makes them all.
 	call     *caller
 	out      *outcomes
 	fin      *finisher
 	back     *requeuer
-	marks    *marks
 	str      *streamer
 	fb       *feedback
 	epochs   *epochCache
-	deps     *deployments
-	fall     *fallbacks
-	clients  *clientSet
 	pools    *tenantPools
 	transits *transits
 	waits    *waits
@@ -188,22 +185,20 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 func (s *Service) wire(learn *adapt.Store) {
 	e := s.env
 	s.fin = &finisher{env: e}
-	s.back = &requeuer{env: e, fin: s.fin}
 	s.fb = &feedback{env: e, ledger: s, learn: learn, seeded: map[string]time.Time{}}
+	s.back = &requeuer{env: e, fin: s.fin, fb: s.fb}
 	s.epochs = &epochCache{env: e, learn: learn, epochs: map[string]epochView{}}
 	s.str = &streamer{env: e, fin: s.fin, fb: s.fb}
-	s.marks = &marks{env: e, fin: s.fin, str: s.str, fb: s.fb}
-	s.back.fb = s.fb
-	s.deps = &deployments{env: e, back: s.back}
-	s.fall = &fallbacks{env: e, fin: s.fin, back: s.back, deps: s.deps}
-	s.clients = &clientSet{env: e, by: map[string]clientEntry{}}
+	mk := &marks{env: e, fin: s.fin, str: s.str, fb: s.fb}
+	deps := &deployments{env: e, back: s.back}
+	fall := &fallbacks{env: e, fin: s.fin, back: s.back, deps: deps}
 	s.pools = &tenantPools{env: e, tenantPools: map[string]*budget.Pool{}}
 	s.transits = &transits{env: e}
 	s.waits = &waits{}
-	s.out = &outcomes{env: e, fin: s.fin, back: s.back, marks: s.marks, str: s.str, fb: s.fb, deps: s.deps, fall: s.fall,
+	s.out = &outcomes{env: e, fin: s.fin, back: s.back, marks: mk, str: s.str, fb: s.fb, deps: deps, fall: fall,
 		rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))}
-	s.call = &caller{env: e, out: s.out, fin: s.fin, back: s.back, marks: s.marks, str: s.str, epochs: s.epochs, deps: s.deps, fall: s.fall,
-		clients: s.clients, pools: s.pools, transits: s.transits}
+	s.call = &caller{env: e, fin: s.fin, back: s.back, marks: mk, str: s.str, epochs: s.epochs, deps: deps, fall: fall,
+		clients: &clientSet{env: e, by: map[string]clientEntry{}}, pools: s.pools, transits: s.transits}
 }
 
 // decode reads a dispatched job; one that does not decode can never

@@ -90,6 +90,15 @@ func (s *tenantPools) tenantPool(tenant string) *budget.Pool {
 	return s.tenantPools[tenant]
 }
 
+// each calls f with every pool, under the pools' lock.
+func (s *tenantPools) each(f func(*budget.Pool)) {
+	s.poolMu.Lock()
+	defer s.poolMu.Unlock()
+	for _, tp := range s.tenantPools {
+		f(tp)
+	}
+}
+
 // syncPools makes the pools of tenants with a concurrency limit that have
 // none and sets the limits of the others, starting new ones with start.
 func (s *tenantPools) syncTenantPools(start func(*budget.Pool)) {

@@ -56,11 +56,7 @@ func (s *Service) Run(ctx context.Context) error {
 	startPool := func(tp *budget.Pool) {
 		wg.Go(func() { tp.Run(leaseCtx, func(err error) { s.m.BudgetErrors.Inc() }) })
 	}
-	s.pools.poolMu.Lock()
-	for _, tp := range s.pools.tenantPools {
-		startPool(tp)
-	}
-	s.pools.poolMu.Unlock()
+	s.pools.each(startPool)
 	wg.Go(func() {
 		s.followReloads(ctx, next, func() {
 			s.pools.syncTenantPools(startPool)
