@@ -1,15 +1,16 @@
-// Package health keeps the fleet's one view of each deployment's health.
-// A deployment is a (provider, model) pair, the model named as callers name
-// it; several providers may serve one model name (a group), and admission
-// places each job on one of them.
+// Package health decides where not to send: it keeps the fleet's one view
+// of each deployment's health, and this process's breakers and credential
+// quarantine (process.go). A deployment is a (provider, model) pair, the
+// model named as callers name it; several providers may serve one model
+// name (a group), and admission places each job on one of them.
 //
 // Each deployment has one record in the budgets bucket (keys.Health). An
 // executor writes it when the provider tells it something about the
 // deployment rather than the job: a Retry-After cools it until then (the
-// longest wait wins), a refused key (401, 403), an endpoint that cannot be
-// reached, or an open breaker takes it down. Every process that places
-// jobs watches the records and answers Blocked from memory, so admission's
-// hot path never reads the bucket.
+// longest wait wins) and pauses its dispatch (Config.Pause), a refused key
+// (401, 403), an endpoint that cannot be reached, or an open breaker takes
+// it down. Every process that places jobs watches the records and answers
+// Blocked from memory, so admission's hot path never reads the bucket.
 //
 // When a cooling deployment's wait ends, or a down one's next probe is
 // due, one process in the fleet takes the probe (a lease in the record,
@@ -33,6 +34,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluice-dev/sluice/internal/breaker"
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -106,6 +108,15 @@ type Config struct {
 	// ProbeLease is how long a probe holder has before another process
 	// may take the probe (default DefaultProbeLease).
 	ProbeLease time.Duration
+	// Breaker tunes this process's breakers (process.go); its Now is
+	// Config.Now.
+	Breaker breaker.Config
+	// Pause, when set, is a Retry-After's effect beyond the record: it holds
+	// the deployment's dispatch fleet-wide until until (mesh.PauseDispatch:
+	// admission's signal and the DISPATCH consumer). Pauses counts the
+	// times it is run (provider, model); may be nil.
+	Pause  func(ctx context.Context, provider, model string, until time.Time) error
+	Pauses *prometheus.CounterVec
 }
 
 // Defaults.
@@ -140,6 +151,7 @@ type Registry struct {
 	asked  sync.Map // Deployment -> struct{}: a probe request is pending
 	loaded chan struct{}
 	once   sync.Once
+	proc   process // this process's own evidence (process.go)
 }
 
 // New makes a registry; it does no I/O (Run watches the records).
@@ -153,7 +165,10 @@ func New(cfg Config) *Registry {
 	if cfg.ProbeLease <= 0 {
 		cfg.ProbeLease = DefaultProbeLease
 	}
-	r := &Registry{cfg: cfg, probes: make(chan Deployment, 64), loaded: make(chan struct{})}
+	bc := cfg.Breaker
+	bc.Now = cfg.Now
+	r := &Registry{cfg: cfg, probes: make(chan Deployment, 64), loaded: make(chan struct{}),
+		proc: process{breakers: breaker.NewSet(bc), broken: map[string]time.Time{}}}
 	r.Set(cfg.Deployments)
 	empty := map[Deployment]entry{}
 	r.view.Store(&empty)
@@ -387,8 +402,10 @@ func (r *Registry) update(ctx context.Context, d Deployment, fn func(*Record, ti
 
 // Cool makes the fleet wait until until before it places another job on
 // the deployment (a provider's Retry-After). The longest wait wins; a down
-// deployment stays down (its probe waits at least as long).
+// deployment stays down (its probe waits at least as long). Each Cool
+// also pauses the deployment's dispatch until until (Config.Pause).
 func (r *Registry) Cool(ctx context.Context, provider, model string, until time.Time, why string) error {
+	r.pause(ctx, provider, model, until)
 	if rec, ok := r.Get(provider, model); ok && !rec.up() && !until.After(rec.Until) {
 		return nil // a wait as long is known (every refusal of a burst says so)
 	}
@@ -412,8 +429,10 @@ func (r *Registry) Cool(ctx context.Context, provider, model string, until time.
 // breaker_open, ...): no job is placed on it until a probe succeeds, and
 // none is probed before notBefore nor before a wait that doubles with each
 // failed probe. Calls that fail while it is already down and waiting
-// change nothing but notBefore.
+// change nothing but notBefore. A refused key (reason auth_*) also
+// quarantines the provider's credential in this process (process.go).
 func (r *Registry) Down(ctx context.Context, provider, model, reason string, notBefore time.Time) error {
+	r.quarantine(provider, reason)
 	if rec, ok := r.Get(provider, model); ok && rec.State == Down && rec.waiting(r.cfg.Now()) && !notBefore.After(rec.Until) {
 		return nil // known down, and no probe due: every call in flight says so
 	}

@@ -586,6 +586,18 @@ func (m *Mesh) Pause(provider, model string, until time.Time) error {
 	return m.JS.Conn().Publish(PauseSubjectPrefix+provider+"."+job.ModelToken(model), data)
 }
 
+// PauseDispatch holds a deployment's dispatch fleet-wide until until:
+// every admission process stops reserving for it (Pause) and its DISPATCH
+// consumer is paused. Both are tried; the errors are joined.
+func (m *Mesh) PauseDispatch(ctx context.Context, provider, model string, until time.Time) error {
+	err := m.Pause(provider, model, until)
+	name := keys.DispatchConsumer(provider, job.ModelToken(model))
+	if _, cerr := m.JS.PauseConsumer(ctx, streams.Dispatch, name, until); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("pause consumer %s: %w", name, cerr))
+	}
+	return err
+}
+
 // userHash is a short, one-way tag of the caller's user field of request
 // (OpenAI's "user", Anthropic's metadata.user_id) for logs: the first 12
 // hex digits of SHA-256 over the tenant and the value, so one user reads

@@ -473,7 +473,7 @@ func newHealth(o Options, m *mesh.Mesh, ms *metrics.Set) *health.Registry {
 	}
 	host, _ := os.Hostname()
 	return health.New(health.Config{KV: m.Budgets, Deployments: deploymentsOf(o.Config), Holder: fmt.Sprintf("%s-%d-%s", host, os.Getpid(), job.NewID()[24:]),
-		Log: o.Log, Changes: ms.DeploymentChanges, States: ms.DeploymentState})
+		Log: o.Log, Changes: ms.DeploymentChanges, States: ms.DeploymentState, Pause: m.PauseDispatch, Pauses: ms.Pauses})
 }
 
 // deploymentsOf is every provider/model pair c configures.

@@ -18,6 +18,22 @@ import (
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
+// caller owns whether an attempt's call leaves now: the steps execute
+// runs, from the operation's claim to the call and its concluding.
+type caller struct {
+	*env
+	fin      *finisher
+	back     *requeuer
+	marks    *marks
+	str      *streamer
+	epochs   *epochCache
+	deps     *deployments
+	fall     *fallbacks
+	clients  *clientSet
+	pools    *tenantPools
+	transits *transits
+}
+
 // execute runs one attempt of a verified job. It returns an error only
 // when the job should be redelivered as it is (the mesh could not record
 // what happened). Each step either hands the attempt on or ends it (done),
@@ -25,23 +41,23 @@ import (
 // moved to a fallback.
 func (s *Service) execute(ctx context.Context, msg jetstream.Msg, j *task.Task) error {
 	ctx = s.mesh.Tracing.FromMsg(ctx, msg) // under the placement
-	a := s.newAttempt(msg, j)
-	if done, err := s.prepare(ctx, a); done {
+	a := s.call.newAttempt(msg, j)
+	if done, err := s.call.prepare(ctx, a); done {
 		return err
 	}
-	ctx = s.cancellable(ctx, a)
+	ctx = s.call.cancellable(ctx, a)
 	defer a.close()
-	if done, err := s.claim(ctx, a); done {
+	if done, err := s.call.claim(ctx, a); done {
 		return err
 	}
-	if done, err := s.admitCall(ctx, a); done {
+	if done, err := s.call.admitCall(ctx, a); done {
 		return err
 	}
-	if done, err := s.awaitInstant(ctx, a); done {
+	if done, err := s.call.awaitInstant(ctx, a); done {
 		return err
 	}
-	ctx = s.send(ctx, a)
-	return s.conclude(ctx, a)
+	ctx = s.call.send(ctx, a)
+	return s.out.conclude(ctx, a)
 }
 
 // attempt is one execution of a dispatched job, as its steps fill it in.
@@ -80,7 +96,7 @@ type attempt struct {
 	release []func() // what close undoes, last first
 }
 
-func (s *Service) newAttempt(msg jetstream.Msg, j *task.Task) *attempt {
+func (s *caller) newAttempt(msg jetstream.Msg, j *task.Task) *attempt {
 	opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
 	stream, wantUsage := streamed(j)
 	return &attempt{msg: msg, j: j, opKey: opKey, n: len(j.Attempts) + 1, at: s.now(), stream: stream, wantUsage: wantUsage,
@@ -101,13 +117,13 @@ func (a *attempt) close() {
 // prepare ends a job whose deadline passed, and re-admits one whose
 // reservation lapsed while it waited for a slot: calling now could exceed
 // the limit the provider sees.
-func (s *Service) prepare(ctx context.Context, a *attempt) (done bool, err error) {
+func (s *caller) prepare(ctx context.Context, a *attempt) (done bool, err error) {
 	j := a.j
 	if j.Deadline != nil && !j.Deadline.After(a.at) {
-		return true, s.finish(ctx, j, a.opKey, &job.Result{Status: job.StatusExpired, Error: &job.Error{Code: job.CodeDeadlineExpired, Message: "deadline passed before the provider call"}})
+		return true, s.fin.finish(ctx, j, a.opKey, &job.Result{Status: job.StatusExpired, Error: &job.Error{Code: job.CodeDeadlineExpired, Message: "deadline passed before the provider call"}})
 	}
 	if j.Reservation == nil || a.at.After(j.Reservation.ValidUntil) {
-		return true, s.notSent(ctx, a)
+		return true, s.back.notSent(ctx, a)
 	}
 	return false, nil
 }
@@ -115,14 +131,14 @@ func (s *Service) prepare(ctx context.Context, a *attempt) (done bool, err error
 // cancellable lets a streamed job's caller stop its call: registered
 // before the operation is marked in flight, so a cancellation that finds
 // the record unmarked is heard here.
-func (s *Service) cancellable(ctx context.Context, a *attempt) context.Context {
+func (s *caller) cancellable(ctx context.Context, a *attempt) context.Context {
 	if !a.stream {
 		return ctx
 	}
 	ctx, cancelJob := context.WithCancelCause(ctx)
 	a.onClose(func() { cancelJob(nil) })
-	s.running.add(a.j.Key(), cancelJob)
-	a.onClose(func() { s.running.remove(a.j.Key()) })
+	s.str.running.add(a.j.Key(), cancelJob)
+	a.onClose(func() { s.str.running.remove(a.j.Key()) })
 	return ctx
 }
 
@@ -131,17 +147,17 @@ func (s *Service) cancellable(ctx context.Context, a *attempt) context.Context {
 // withdrawn by every way out that does not send. An operation already
 // done, cancelled, or whose earlier call left and was lost ends here; a
 // streamed job an earlier attempt left mid-stream resumes (resume.go).
-func (s *Service) claim(ctx context.Context, a *attempt) (done bool, err error) {
+func (s *caller) claim(ctx context.Context, a *attempt) (done bool, err error) {
 	j := a.j
-	a.sent = s.newSentMark(j, a.n)
+	a.sent = s.marks.newSentMark(j, a.n)
 	var lost *mesh.SentMark
 	cancelled, wasInFlight := false, false
-	op, opRev, err := s.markInFlight(ctx, j, a.opKey, a.n, a.sent, &lost, &cancelled, &wasInFlight)
+	op, opRev, err := s.marks.markInFlight(ctx, j, a.opKey, a.n, a.sent, &lost, &cancelled, &wasInFlight)
 	if errors.Is(err, job.ErrNotFound) {
 		op, opRev, err = &mesh.OpRecord{State: mesh.OpInFlight}, 0, nil // records expire; the job still runs
 	}
 	if err != nil {
-		s.withdrawSent(ctx, a.opKey, a.sent) // the write may have landed without its answer
+		s.marks.withdrawSent(ctx, a.opKey, a.sent) // the write may have landed without its answer
 		return true, fmt.Errorf("mark in flight: %w", err)
 	}
 	a.op, a.opRev, a.claimed = op, opRev, true
@@ -156,14 +172,14 @@ func (s *Service) claim(ctx context.Context, a *attempt) (done bool, err error) 
 		s.m.DupSuppressed.WithLabelValues(s.app().TaskLabel(j.Task)).Inc()
 		return true, nil
 	case cancelled || context.Cause(ctx) == errCancelled:
-		return true, s.cancelBeforeCall(ctx, j, a.opKey)
+		return true, s.str.cancelBeforeCall(ctx, j, a.opKey)
 	case lost != nil:
-		return true, s.lostCall(ctx, j, a.opKey, lost, a.stream)
+		return true, s.marks.lostCall(ctx, j, a.opKey, lost, a.stream)
 	}
 	if a.stream && wasInFlight {
 		// An earlier attempt may have streamed part of the answer and lost
 		// its executor (resume.go).
-		if ended, err := s.resumeStream(ctx, j, a.opKey); ended {
+		if ended, err := s.str.resumeStream(ctx, j, a.opKey); ended {
 			return true, err
 		}
 	}
@@ -174,45 +190,43 @@ func (s *Service) claim(ctx context.Context, a *attempt) (done bool, err error) 
 // and its client, the tenant's concurrency slot (fleet-wide) and the
 // provider's breaker. A job that must wait goes back to admission, or to a
 // fallback when the provider is failing and a route names one.
-func (s *Service) admitCall(ctx context.Context, a *attempt) (done bool, err error) {
+func (s *caller) admitCall(ctx context.Context, a *attempt) (done bool, err error) {
 	j := a.j
 	prov, dm, ok := s.app().Deployment(j.Provider, j.Model)
-	a.client = s.client(j.Provider)
+	a.client = s.clients.client(j.Provider)
 	if !ok || a.client == nil {
-		return true, s.finish(ctx, j, a.opKey, &job.Result{Status: job.StatusFailed, Error: &job.Error{Code: job.CodeUnknownModel, Message: fmt.Sprintf("model %q is not configured here", j.Model)}})
+		return true, s.fin.finish(ctx, j, a.opKey, &job.Result{Status: job.StatusFailed, Error: &job.Error{Code: job.CodeUnknownModel, Message: fmt.Sprintf("model %q is not configured here", j.Model)}})
 	}
 	a.upstream = dm.UpstreamName()
 	a.until = a.at.Add(prov.Timeout.D())
 	if j.Deadline != nil && j.Deadline.Before(a.until) {
 		a.until = *j.Deadline
 	}
-	if tp := s.tenantPool(j.Tenant); tp != nil {
+	if tp := s.pools.tenantPool(j.Tenant); tp != nil {
 		if !tp.TryAcquire() {
 			s.m.AdmissionWaits.WithLabelValues(j.Provider, j.Model, "tenant_concurrency").Inc()
-			return true, s.backToAdmission(ctx, a, ptr(a.at.Add(TenantSlotWait)), "tenant slot", backTenantSlot)
+			return true, s.back.backToAdmission(ctx, a, ptr(a.at.Add(TenantSlotWait)), "tenant slot", backTenantSlot)
 		}
 		a.onClose(tp.Release)
 	}
-	br := s.breakers.Get(a.target.String())
-	tk, openUntil := br.Take()
-	s.m.BreakerState.WithLabelValues(j.Provider, j.Model).Set(breakerGauge[br.State()])
+	tk, openUntil := s.deps.take(ctx, j)
 	// Every way out of the call settles the ticket: a half-open breaker's
 	// probe slot left taken would stop the model in this process for good.
 	a.ticket = tk
 	a.onClose(tk.Release)
 	if tk == nil {
-		// The provider is failing: do not call it. Another deployment of
-		// the model takes the job, else a route's fallback, else it waits
-		// (by redelivery delay) until the breaker probes.
-		s.deploymentDown(ctx, j, "breaker_open", openUntil) // health.go
-		if s.grouped(j) {
-			return true, s.replace(ctx, a, "breaker_open")
+		// The provider is failing: do not call it (health took the
+		// deployment down). Another deployment of the model takes the job,
+		// else a route's fallback, else it waits (by redelivery delay)
+		// until the breaker probes.
+		if s.deps.grouped(j) {
+			return true, s.deps.replace(ctx, a, "breaker_open")
 		}
-		if fb, ok := s.fallback(j, route.Situation{Current: a.target, Priority: string(j.Priority)}); ok {
-			return true, s.reroute(ctx, a.msg, j, a.opKey, fb)
+		if fb, ok := s.fall.fallback(j, route.Situation{Current: a.target, Priority: string(j.Priority)}); ok {
+			return true, s.fall.reroute(ctx, a.msg, j, a.opKey, fb)
 		}
 		s.m.AdmissionWaits.WithLabelValues(j.Provider, j.Model, "breaker_open").Inc()
-		return true, s.backToAdmission(ctx, a, &openUntil, "breaker open", backBreaker)
+		return true, s.back.backToAdmission(ctx, a, &openUntil, "breaker open", backBreaker)
 	}
 	return false, nil
 }
@@ -221,20 +235,20 @@ func (s *Service) admitCall(ctx context.Context, a *attempt) (done bool, err err
 // judges the instant the call arrives: not before the planned one, and not
 // after the tolerance, or the plan that keeps every window under its limit
 // does not hold.
-func (s *Service) awaitInstant(ctx context.Context, a *attempt) (done bool, err error) {
+func (s *caller) awaitInstant(ctx context.Context, a *attempt) (done bool, err error) {
 	j, r := a.j, a.j.Reservation
 	if r.SendAt.IsZero() {
 		return false, nil
 	}
-	if s.drained(ctx, j) {
+	if s.epochs.drained(ctx, j) {
 		// The limits were cut after this call was planned: it was paced at
 		// the rate the provider just refused. Plan it again.
 		s.m.RateLimitRequeues.WithLabelValues(j.Provider, j.Model, "drained").Inc()
-		return true, s.backToAdmission(ctx, a, nil, "drain", backDrain)
+		return true, s.back.backToAdmission(ctx, a, nil, "drain", backDrain)
 	}
-	s.noteReady(ctx, a.msg, j) // transit.go
+	s.transits.noteReady(ctx, a.msg, j)
 	if !waitInstant(ctx, r.Earliest()) {
-		s.withdrawSent(ctx, a.opKey, a.sent)
+		s.marks.withdrawSent(ctx, a.opKey, a.sent)
 		return true, errors.New("shutting down before the send instant")
 	}
 	late := s.now().Sub(r.Earliest())
@@ -243,7 +257,7 @@ func (s *Service) awaitInstant(ctx context.Context, a *attempt) (done bool, err 
 	// (provider.Call.SendBy).
 	a.sendBy = r.ValidUntil
 	if s.now().After(a.sendBy) {
-		return true, s.notSent(ctx, a)
+		return true, s.back.notSent(ctx, a)
 	}
 	s.m.SendLateness.WithLabelValues(j.Provider, j.Model).Observe(late.Seconds())
 	return false, nil
@@ -252,7 +266,7 @@ func (s *Service) awaitInstant(ctx context.Context, a *attempt) (done bool, err 
 // send makes the call, streamed when the job asks for it and the client
 // can, and records what came back; nothing below it retries. It returns
 // ctx with the call's span (trace.go), the parent of what follows.
-func (s *Service) send(ctx context.Context, a *attempt) context.Context {
+func (s *caller) send(ctx context.Context, a *attempt) context.Context {
 	j := a.j
 	ctx, span := s.startCall(ctx, a)
 	defer s.endCall(span, a)
@@ -269,7 +283,7 @@ func (s *Service) send(ctx context.Context, a *attempt) context.Context {
 		a.pub = newChunkPublisher(s.mesh.JS, j, s.app().Streaming.FlushInterval.D(), s.now, func(err error) {
 			s.log.Warn("stream: chunks not published", "job_id", j.ID, "err", err)
 		})
-		a.resp, a.cerr, a.end = s.stream(callCtx, j, sc, withUpstream(call, a.upstream), a.wantUsage, a.pub)
+		a.resp, a.cerr, a.end = s.str.stream(callCtx, j, sc, withUpstream(call, a.upstream), a.wantUsage, a.pub)
 	} else {
 		a.resp, a.cerr = a.client.Do(callCtx, withUpstream(call, a.upstream))
 	}
@@ -277,34 +291,6 @@ func (s *Service) send(ctx context.Context, a *attempt) context.Context {
 	s.m.InFlight.WithLabelValues(j.Provider, j.Model).Dec()
 	stop()
 	return ctx
-}
-
-// notSent sends back to admission a job whose call did not leave: its
-// reservation lapsed before the call, it woke past its instant's
-// tolerance, or its connection came after the instant it had to leave by.
-// The provider never saw it, so its instant goes back to the model's
-// schedule (giveBackUnsent).
-func (s *Service) notSent(ctx context.Context, a *attempt) error {
-	a.ticket.Release()
-	if a.claimed {
-		s.requeueOp(ctx, a.opKey, a.j, "late send")
-	}
-	s.giveBackUnsent(ctx, a.msg, a.j)
-	s.m.ReservationsExpired.WithLabelValues(a.j.Provider, a.j.Model).Inc()
-	return s.requeue(ctx, a.msg, a.j, a.opKey, backLapsed)
-}
-
-// backToAdmission sends a job that was not called back to admission
-// without its reservation, not before notBefore (nil: its not_before
-// stays as it is); its operation is queued again.
-func (s *Service) backToAdmission(ctx context.Context, a *attempt, notBefore *time.Time, why string, r backReason) error {
-	j := a.j
-	if notBefore != nil {
-		nb := notBefore.UTC()
-		j.NotBefore = &nb
-	}
-	s.requeueOp(ctx, a.opKey, j, why)
-	return s.requeue(ctx, a.msg, j, a.opKey, r)
 }
 
 func ptr[T any](v T) *T { return &v }

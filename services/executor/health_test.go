@@ -24,13 +24,14 @@ func (f *fixture) withHealth() *health.Registry {
 			deps = append(deps, health.Deployment{Provider: p.Name, Model: m.Name})
 		}
 	}
-	r := health.New(health.Config{KV: f.m.Budgets, Deployments: deps, Holder: "test", Changes: f.s.m.DeploymentChanges})
+	r := health.New(health.Config{KV: f.m.Budgets, Deployments: deps, Holder: "test", Changes: f.s.m.DeploymentChanges,
+		Pause: f.m.PauseDispatch, Pauses: f.s.m.Pauses})
 	f.s.cfg.Health = r
 	return r
 }
 
-// A Retry-After cools the deployment for the fleet as long as it asks; the
-// job goes back without spending an attempt.
+// A Retry-After cools the deployment for the fleet as long as it asks, and
+// pauses its dispatch; the job goes back without spending an attempt.
 func TestRetryAfterCoolsTheDeployment(t *testing.T) {
 	t.Parallel()
 	f := setup(t, answer(429, http.Header{"Retry-After": {"5"}}, `{"error":{"type":"requests","code":"rate_limit_exceeded","message":"Rate limit reached"}}`))
@@ -49,6 +50,9 @@ func TestRetryAfterCoolsTheDeployment(t *testing.T) {
 	}
 	if got := count(f.s.m.DeploymentChanges.WithLabelValues("p", "m", "cooling")); got != 1 {
 		t.Fatalf("cooling changes %v, want 1", got)
+	}
+	if got := count(f.s.m.Pauses.WithLabelValues("p", "m")); got != 1 {
+		t.Fatalf("pauses %v, want 1", got)
 	}
 }
 

@@ -11,7 +11,6 @@ import (
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/provider"
-	"github.com/sluice-dev/sluice/internal/route"
 )
 
 // What the executor derives from the configuration, kept in step with a
@@ -20,8 +19,10 @@ import (
 // models (a changed limit is set on the pool, a new tenant or deployment
 // gets one). Calls in flight keep what they took.
 
-// clientSet holds a client per provider, with the settings it was made from.
+// clientSet owns which client calls a provider: one per provider, made
+// again when the settings it was made from change.
 type clientSet struct {
+	*env
 	mu sync.Mutex
 	by map[string]clientEntry
 }
@@ -33,7 +34,7 @@ type clientEntry struct {
 
 // client returns provider name's client under the configuration in
 // effect (nil: not configured).
-func (s *Service) client(name string) provider.Client {
+func (s *clientSet) client(name string) provider.Client {
 	if c, ok := s.cfg.Clients[name]; ok {
 		return c
 	}
@@ -42,18 +43,18 @@ func (s *Service) client(name string) provider.Client {
 		return nil
 	}
 	def := fmt.Sprint(p.Kind, "|", p.BaseURL, "|", p.APIKeyEnv, "|", p.APIVersion, "|", p.NativeResponses(), "|", s.cfg.Getenv(p.APIKeyEnv))
-	s.clients.mu.Lock()
-	defer s.clients.mu.Unlock()
-	if e, ok := s.clients.by[name]; ok && e.def == def {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.by[name]; ok && e.def == def {
 		return e.c
 	}
 	c := s.newClient(p)
-	s.clients.by[name] = clientEntry{def: def, c: c}
+	s.by[name] = clientEntry{def: def, c: c}
 	return c
 }
 
 // newClient makes p's client.
-func (s *Service) newClient(p *config.Provider) provider.Client {
+func (s *clientSet) newClient(p *config.Provider) provider.Client {
 	key := ""
 	if p.APIKeyEnv != "" {
 		key = s.cfg.Getenv(p.APIKeyEnv)
@@ -70,25 +71,16 @@ func (s *Service) newClient(p *config.Provider) provider.Client {
 	}
 }
 
-// routedBy is the router of one configuration.
-type routedBy struct {
-	app *config.Config
-	r   *route.Router
-}
-
-// router returns the routes of the configuration in effect.
-func (s *Service) router() *route.Router {
-	app := s.app()
-	if rb := s.routes.Load(); rb != nil && rb.app == app {
-		return rb.r
-	}
-	rb := &routedBy{app: app, r: route.New(app.Routes)}
-	s.routes.Store(rb)
-	return rb.r
+// tenantPools owns the fleet-wide concurrency pools of tenants with a
+// concurrency limit, kept in step with reloads.
+type tenantPools struct {
+	*env
+	poolMu      sync.Mutex
+	tenantPools map[string]*budget.Pool
 }
 
 // tenantPool returns tenant's concurrency pool (nil: no limit now).
-func (s *Service) tenantPool(tenant string) *budget.Pool {
+func (s *tenantPools) tenantPool(tenant string) *budget.Pool {
 	t, ok := s.app().Tenant(tenant)
 	if !ok || t.MaxConcurrency <= 0 {
 		return nil
@@ -98,9 +90,18 @@ func (s *Service) tenantPool(tenant string) *budget.Pool {
 	return s.tenantPools[tenant]
 }
 
+// each calls f with every pool, under the pools' lock.
+func (s *tenantPools) each(f func(*budget.Pool)) {
+	s.poolMu.Lock()
+	defer s.poolMu.Unlock()
+	for _, tp := range s.tenantPools {
+		f(tp)
+	}
+}
+
 // syncPools makes the pools of tenants with a concurrency limit that have
 // none and sets the limits of the others, starting new ones with start.
-func (s *Service) syncTenantPools(start func(*budget.Pool)) {
+func (s *tenantPools) syncTenantPools(start func(*budget.Pool)) {
 	s.poolMu.Lock()
 	defer s.poolMu.Unlock()
 	for _, t := range s.app().Tenants {

@@ -29,7 +29,7 @@ type streamedBefore struct {
 }
 
 // readStreamed reads back what STREAMS holds for job j; nil if nothing.
-func (s *Service) readStreamed(ctx context.Context, j *task.Task) (*streamedBefore, error) {
+func (s *streamer) readStreamed(ctx context.Context, j *task.Task) (*streamedBefore, error) {
 	ctx, cancel := context.WithTimeout(ctx, resumeReadWait)
 	defer cancel()
 	subject := job.StreamSubject(j.Tenant, j.ID)
@@ -90,7 +90,7 @@ func (s *Service) readStreamed(ctx context.Context, j *task.Task) (*streamedBefo
 // holds was never used: its tokens go back. It reports whether the job
 // ended here; with nothing in STREAMS (the earlier attempt relayed no
 // token, or STREAMS no longer keeps it) the call goes ahead as any retry.
-func (s *Service) resumeStream(ctx context.Context, j *task.Task, opKey string) (bool, error) {
+func (s *streamer) resumeStream(ctx context.Context, j *task.Task, opKey string) (bool, error) {
 	before, err := s.readStreamed(ctx, j)
 	if err != nil {
 		// Not knowing what was relayed is no reason to pay twice; the
@@ -100,7 +100,7 @@ func (s *Service) resumeStream(ctx context.Context, j *task.Task, opKey string) 
 	if before == nil {
 		return false, nil
 	}
-	s.returnUnusedTokens(ctx, j)
+	s.fb.returnUnusedTokens(ctx, j)
 	tr := &job.Transcript{}
 	for _, c := range before.chunks {
 		var ch job.Chunk

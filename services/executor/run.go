@@ -42,13 +42,13 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	// Streaming callers that go away ask for their call to stop; every
 	// executor hears it, the one running the job stops it.
-	cancelSub, err := s.mesh.JS.Conn().Subscribe(job.CancelPrefix+">", s.onCancel)
+	cancelSub, err := s.mesh.JS.Conn().Subscribe(job.CancelPrefix+">", s.str.onCancel)
 	if err != nil {
 		stop()
 		return fmt.Errorf("subscribe %s>: %w", job.CancelPrefix, err)
 	}
 	defer func() { _ = cancelSub.Unsubscribe() }()
-	whySub, err := s.mesh.JS.Conn().Subscribe(mesh.ExecutorWhySubjectPrefix+"*.*", s.onWhy)
+	whySub, err := s.mesh.JS.Conn().Subscribe(mesh.ExecutorWhySubjectPrefix+"*.*", s.waits.onWhy)
 	if err != nil {
 		stop()
 		return fmt.Errorf("subscribe %s: %w", mesh.ExecutorWhySubjectPrefix, err)
@@ -57,20 +57,16 @@ func (s *Service) Run(ctx context.Context) error {
 	startPool := func(tp *budget.Pool) {
 		wg.Go(func() { tp.Run(leaseCtx, func(err error) { s.m.BudgetErrors.Inc() }) })
 	}
-	s.poolMu.Lock()
-	for _, tp := range s.tenantPools {
-		startPool(tp)
-	}
-	s.poolMu.Unlock()
+	s.pools.each(startPool)
 	wg.Go(func() {
 		s.followReloads(ctx, next, func() {
-			s.syncTenantPools(startPool)
+			s.pools.syncTenantPools(startPool)
 			if err := s.syncModels(ctx, leaseCtx, &wg, &calls, models); err != nil {
 				s.log.Error("reload: could not consume a new deployment's jobs", "err", err)
 			}
 		})
 	})
-	wg.Go(func() { s.reportTransits(ctx) })
+	wg.Go(func() { s.transits.reportTransits(ctx) })
 	<-ctx.Done()
 	stop()
 	calls.close()
@@ -168,7 +164,7 @@ func (mc *modelCalls) start(msg jetstream.Msg) (*task.Task, error) {
 		return nil, err
 	}
 	if r := j.Reservation; r != nil && !r.SendAt.IsZero() {
-		s.warmEpoch(mc.ctx, j, mc.calls.start, mc.calls.done) // transit.go
+		s.epochs.warmEpoch(mc.ctx, j, mc.calls.start, mc.calls.done)
 		// A paced call: it is checked now, while it waits for its instant
 		// without a slot (admission plans at most plan_horizon ahead, which
 		// bounds how many wait), takes one just before, and goes back to
@@ -187,7 +183,7 @@ func (mc *modelCalls) start(msg jetstream.Msg) (*task.Task, error) {
 	}
 	// Wait here for a slot: the consumer buffers at most max_concurrency
 	// jobs, so a slow provider backs up DISPATCH, not this process's memory.
-	forget := s.noteWait(j.Key(), "model_concurrency", time.Time{})
+	forget := s.waits.noteWait(j.Key(), "model_concurrency", time.Time{})
 	err = mc.pool.Acquire(mc.ctx)
 	forget()
 	if err != nil {
@@ -214,13 +210,13 @@ func (mc *modelCalls) start(msg jetstream.Msg) (*task.Task, error) {
 func (mc *modelCalls) slotAtInstant(j *task.Task) (context.Context, func(), error) {
 	s, r := mc.s, j.Reservation
 	waitFrom := s.now()
-	forget := s.noteWait(j.Key(), "send_at", r.Earliest())
+	forget := s.waits.noteWait(j.Key(), "send_at", r.Earliest())
 	defer forget()
 	if !sleepUntil(mc.ctx, r.Earliest().Add(-slotAhead)) {
 		return nil, nil, redeliverAfter(time.Second)
 	}
 	waited := s.now().Sub(waitFrom)
-	s.noteWait(j.Key(), "model_concurrency", time.Time{})
+	s.waits.noteWait(j.Key(), "model_concurrency", time.Time{})
 	actx, cancel := context.WithDeadline(mc.ctx, r.ValidUntil)
 	err := mc.pool.Acquire(actx)
 	cancel()

@@ -15,7 +15,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/provider"
@@ -23,6 +22,16 @@ import (
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/tokens"
 )
+
+// streamer owns relaying a streamed answer: the call's chunks to the
+// job's stream subject, how a stream ends, its caller's cancellation, and
+// resuming one a lost executor left mid-stream (resume.go).
+type streamer struct {
+	*env
+	fin     *finisher
+	fb      *feedback
+	running cancels // streamed jobs in this process, for cancellation
+}
 
 // errCancelled is the cause of a call stopped because its caller cancelled.
 var errCancelled = errors.New("cancelled by the caller")
@@ -78,7 +87,7 @@ func (c *cancels) cancel(id string) bool {
 }
 
 // onCancel handles sluice.cancel.<tenant>.<job_id>.
-func (s *Service) onCancel(m *nats.Msg) {
+func (s *streamer) onCancel(m *nats.Msg) {
 	rest, _ := strings.CutPrefix(m.Subject, job.CancelPrefix)
 	tenant, id, ok := strings.Cut(rest, ".")
 	if !ok {
@@ -113,7 +122,7 @@ type streamEnd struct {
 // back as resp and cerr for Classify, exactly as a non-streamed call's;
 // end is then nil. After it, chunks go to the job's stream subject as they
 // come, batched by time, and end says how the stream ended.
-func (s *Service) stream(ctx context.Context, j *task.Task, client provider.Streamer, call provider.Call, wantUsage bool, pub *chunkPublisher) (resp *provider.Response, cerr error, end *streamEnd) {
+func (s *streamer) stream(ctx context.Context, j *task.Task, client provider.Streamer, call provider.Call, wantUsage bool, pub *chunkPublisher) (resp *provider.Response, cerr error, end *streamEnd) {
 	cfg := s.app().Streaming
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -183,7 +192,7 @@ func (s *Service) stream(ctx context.Context, j *task.Task, client provider.Stre
 		case tr.Started() && !started:
 			ttft := s.now().Sub(start)
 			s.m.TimeToFirstToken.WithLabelValues(labels...).Observe(ttft.Seconds())
-			s.firstToken.Store(j.Key(), ttft)
+			s.fin.firstToken.Store(j.Key(), ttft)
 			first.Store(true)
 			timer.Reset(cfg.IdleTimeout.D())
 			pub.add(append(held, c)...)
@@ -218,7 +227,7 @@ func streamBreak(err, cause error) (reason string, broke error) {
 // with the text received and the usage known. Usage the provider
 // reported settles the budget; a stream cut before its usage chunk stays
 // charged its reservation.
-func (s *Service) endStream(ctx context.Context, j *task.Task, opKey string, pub *chunkPublisher, e *streamEnd) error {
+func (s *streamer) endStream(ctx context.Context, j *task.Task, opKey string, pub *chunkPublisher, e *streamEnd) error {
 	r := &job.Result{Status: e.status, Usage: e.tr.Usage()}
 	if r.Usage == nil && e.tr.Started() {
 		r.Usage, r.UsageSource = s.estimateUsage(j, e.tr), job.UsageEstimate
@@ -234,7 +243,7 @@ func (s *Service) endStream(ctx context.Context, j *task.Task, opKey string, pub
 		}
 	case e.status == job.StatusFailed: // too_large: what was received is not stored either
 		s.m.StreamInterrupted.WithLabelValues(j.Provider, j.Model, e.reason).Inc()
-		r.Response, r.Error = nil, s.tooLarge()
+		r.Response, r.Error = nil, s.fin.tooLarge()
 	case e.status == job.StatusInterrupted && e.reason == "executor_lost":
 		s.m.StreamInterrupted.WithLabelValues(j.Provider, j.Model, e.reason).Inc()
 		r.Error = &job.Error{Code: job.CodeStreamInterrupted, Message: "the executor streaming this job was lost after the first token: the text relayed is in the response; not called again, since that would repeat text already delivered and pay twice"}
@@ -249,14 +258,14 @@ func (s *Service) endStream(ctx context.Context, j *task.Task, opKey string, pub
 	if len(r.Response) > s.app().Limits.MaxResponseBytes {
 		// The stream's end must say what the result will: finish would
 		// store this as response_too_large.
-		r.Status, r.Response, r.Error = job.StatusFailed, nil, s.tooLarge()
+		r.Status, r.Response, r.Error = job.StatusFailed, nil, s.fin.tooLarge()
 	}
 	if u := e.tr.Usage(); u != nil && !e.unsettled {
-		s.settle(ctx, j, *u)
+		s.fb.settle(ctx, j, *u)
 	}
 	pub.end(r.Status, r.Error)
-	s.ended.Store(j.Key(), true)
-	return s.finish(ctx, j, opKey, r)
+	s.fin.ended.Store(j.Key(), true)
+	return s.fin.finish(ctx, j, opKey, r)
 }
 
 // chunkPublisher publishes a job's chunks to its stream subject, batched:
@@ -344,30 +353,21 @@ func (p *chunkPublisher) flushLocked(end job.Status, e *job.Error) {
 	}
 }
 
-// returnUnusedTokens gives a paced reservation's tokens back to the window
-// at its instant, for a job that ends without its call (the request it
-// reserved stays spent: its slot has passed).
-func (s *Service) returnUnusedTokens(ctx context.Context, j *task.Task) {
-	if r := j.Reservation; r != nil && !r.SendAt.IsZero() && r.Tokens > 0 {
-		s.giveBack(ctx, budget.ModelKey(j.Provider, job.ModelToken(j.Model)), r.SendAt, budget.Cost{Tokens: r.Tokens}, false)
-	}
-}
-
 // cancelBeforeCall ends a streamed job whose caller went away before its
 // provider call: nothing is sent, and the reservation's tokens go back to
 // the window (the request it reserved stays spent: its slot has passed).
-func (s *Service) cancelBeforeCall(ctx context.Context, j *task.Task, opKey string) error {
+func (s *streamer) cancelBeforeCall(ctx context.Context, j *task.Task, opKey string) error {
 	ctx = context.WithoutCancel(ctx)
-	s.returnUnusedTokens(ctx, j)
+	s.fb.returnUnusedTokens(ctx, j)
 	s.m.StreamInterrupted.WithLabelValues(j.Provider, j.Model, "cancelled").Inc()
 	e := &job.Error{Code: job.CodeCancelled, Message: "the caller went away before the provider was called"}
-	return s.finish(ctx, j, opKey, &job.Result{Status: job.StatusCancelled, Error: e})
+	return s.fin.finish(ctx, j, opKey, &job.Result{Status: job.StatusCancelled, Error: e})
 }
 
 // estimateUsage is Sluice's estimate of what a stream that ended without
 // the provider's usage (cut before its usage chunk) used: the prompt as
 // estimated at intake and the completion's text as received, counted.
-func (s *Service) estimateUsage(j *task.Task, tr *job.Transcript) *job.Usage {
+func (s *streamer) estimateUsage(j *task.Task, tr *job.Transcript) *job.Usage {
 	u := &job.Usage{CompletionTokens: tokens.Count(j.Model, string(tr.Completion()))}
 	if j.Estimate != nil {
 		u.PromptTokens = j.Estimate.PromptTokens

@@ -19,7 +19,7 @@ import (
 
 // startCall starts the provider call's span, a GenAI client span (one
 // per attempt: a retried job shows each). Off, nothing is built.
-func (s *Service) startCall(ctx context.Context, a *attempt) (context.Context, trace.Span) {
+func (s *caller) startCall(ctx context.Context, a *attempt) (context.Context, trace.Span) {
 	if !s.mesh.Tracing.On() {
 		return ctx, trace.SpanFromContext(context.Background())
 	}
@@ -61,7 +61,7 @@ type answerMeta struct {
 // endCall ends the call's span with what came back: the answer's id,
 // model, finish reasons and usage, or the error's type (the HTTP status,
 // or how far a failed call got).
-func (s *Service) endCall(span trace.Span, a *attempt) {
+func (s *caller) endCall(span trace.Span, a *attempt) {
 	defer span.End()
 	if !span.IsRecording() {
 		return

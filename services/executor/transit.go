@@ -3,14 +3,10 @@ package executor
 import (
 	"context"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/sluice-dev/sluice/internal/adapt"
 	"github.com/sluice-dev/sluice/internal/task"
-	"github.com/sluice-dev/sluice/pkg/job"
 )
 
 // A paced call's transit runs from the moment admission planned it
@@ -26,7 +22,10 @@ const transitEvery = 100 * time.Millisecond
 // maxPending bounds the transits held between reports.
 const maxPending = 256
 
+// transits owns the paced calls' dispatch transits this process
+// measured and reports.
 type transits struct {
+	*env
 	mu sync.Mutex
 	ds []time.Duration
 }
@@ -49,7 +48,7 @@ func (t *transits) take() []time.Duration {
 
 // reportTransits publishes the transits seen, every transitEvery, until
 // ctx ends.
-func (s *Service) reportTransits(ctx context.Context) {
+func (s *transits) reportTransits(ctx context.Context) {
 	t := time.NewTicker(transitEvery)
 	defer t.Stop()
 	for {
@@ -57,7 +56,7 @@ func (s *Service) reportTransits(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if ds := s.transits.take(); len(ds) > 0 {
+			if ds := s.take(); len(ds) > 0 {
 				if err := s.mesh.PublishTransits(ds); err != nil {
 					s.log.Debug("report transits", "err", err)
 				}
@@ -77,7 +76,7 @@ func withWaited(ctx context.Context, d time.Duration) context.Context {
 // noteReady records the transit of a paced call that is ready to send:
 // only on the dispatch's first delivery (a redelivery's includes an ack
 // wait, not transit).
-func (s *Service) noteReady(ctx context.Context, msg jetstream.Msg, j *task.Task) {
+func (s *transits) noteReady(ctx context.Context, msg jetstream.Msg, j *task.Task) {
 	r := j.Reservation
 	if r == nil || r.SendAt.IsZero() || r.ReservedAt.IsZero() {
 		return
@@ -86,34 +85,5 @@ func (s *Service) noteReady(ctx context.Context, msg jetstream.Msg, j *task.Task
 		return
 	}
 	waited, _ := ctx.Value(waitedKey{}).(time.Duration)
-	s.transits.add(s.now().Sub(r.ReservedAt) - waited)
-}
-
-// warmEpoch reads the model's last cut now, in the background, when the
-// view drained consults before the call would be stale by its instant:
-// the read is then done while the call crosses to its executor, not on
-// its transit (which the lead of every paced call is learned from). One
-// read per model at a time; drained still reads itself a view it finds
-// stale. The read is counted among the service's calls (start, done).
-func (s *Service) warmEpoch(ctx context.Context, j *task.Task, start func() bool, done func()) {
-	key := adapt.Key(j.Provider, job.ModelToken(j.Model))
-	s.epochMu.Lock()
-	v := s.epochs[key]
-	s.epochMu.Unlock()
-	if j.Reservation.SendAt.Sub(v.read) < epochRefresh {
-		return
-	}
-	busy, _ := s.warming.LoadOrStore(key, new(atomic.Bool))
-	if !busy.(*atomic.Bool).CompareAndSwap(false, true) {
-		return
-	}
-	if !start() {
-		busy.(*atomic.Bool).Store(false)
-		return
-	}
-	go func() {
-		defer done()
-		defer busy.(*atomic.Bool).Store(false)
-		_, _ = s.readEpoch(ctx, key, s.now())
-	}()
+	s.add(s.now().Sub(r.ReservedAt) - waited)
 }
