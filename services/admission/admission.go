@@ -87,7 +87,7 @@ type Candidate struct {
 	Msg  jetstream.Msg
 	Cost budget.Cost
 
-	cached  int       // prompt tokens expected from the provider's cache (anthropic.go)
+	held    budget.Held // its parts as placed (correct.go, anthropic.go)
 	counted bool      // already counted as demand
 	touched time.Time // last InProgress (or delivery)
 	wait    waitTrace // its wait as its trace shows it (trace.go)
@@ -232,7 +232,7 @@ func (s *Service) effective(ctx context.Context, ms *modelState, model config.Mo
 			v := [4]int{e.PerMinute[0], e.PerMinute[1], e.PerSecond[0], e.PerSecond[1]}[i]
 			s.m.LimitEffective.WithLabelValues(ms.provider, ms.model, d).Set(float64(v))
 		}
-		if ms.splits {
+		if ms.rule.Split {
 			s.m.LimitEffective.WithLabelValues(ms.provider, ms.model, "output_tokens_per_minute").Set(float64(e.PerMinute[adapt.Output]))
 			s.m.LimitEffective.WithLabelValues(ms.provider, ms.model, "output_tokens_per_second").Set(float64(e.PerSecond[adapt.Output]))
 		}
@@ -583,7 +583,7 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 	l := s.leases[key]
 	if l == nil {
 		l = budget.NewLease(s.store, key)
-		if ms := s.models[key]; ms != nil && ms.splits {
+		if ms := s.models[key]; ms != nil && ms.rule.Split {
 			// A bucket the provider refills (Anthropic): room given back
 			// unspent rewinds the pace, at the configured limits (never
 			// below those placed with, as ReturnRewind asks).

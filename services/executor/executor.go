@@ -85,12 +85,8 @@ type Service struct {
 	// warming holds, per learn key, whether its last cut is being read
 	// ahead of a paced call (transit.go).
 	warming sync.Map
-	// Writes to models' schedules, coalesced per key (settle.go): plain
-	// give-backs, lapsed instants, bucket providers' give-backs, charges.
-	backs, lapses coalesce[budget.Return]
-	refunds       coalesce[rewound]
-	charges       coalesce[budget.Settlement]
-	transits      transits // paced calls' dispatch transits, to report (transit.go)
+	ledger        *budget.Ledger // settles and gives back reservations (settle.go)
+	transits      transits       // paced calls' dispatch transits, to report (transit.go)
 	guard         *guard.Guard
 	cfg           Config
 	mesh          *mesh.Mesh
@@ -146,6 +142,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 		learn: adapt.NewStore(m.Budgets, now), epochs: map[string]epochView{}, pcache: promptcache.New(m.Budgets, now),
 		breakers: breaker.NewSet(breaker.Config{Now: now})}
 	s.guard = cfg.Guard
+	s.ledger = budget.NewLedger(st, s.log)
 	s.tenantPools = map[string]*budget.Pool{}
 	s.syncTenantPools(nil) // live.go
 	return s, nil
@@ -331,20 +328,7 @@ func (s *Service) giveBackUnsent(ctx context.Context, msg jetstream.Msg, j *task
 	if md, err := msg.Metadata(); err != nil || md.NumDelivered != 1 {
 		return
 	}
-	_, model, ok := s.app().Deployment(j.Provider, j.Model)
-	if !ok {
-		return
-	}
-	key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
-	// Coalesced per model (settle.go): one write for what lapses meanwhile.
-	back := budget.Cost{Requests: r.Requests, Tokens: r.Tokens, Output: r.Output, Units: reservedUnits(r, model)}
-	if model.SplitsOutput() {
-		// A bucket the provider refills (Anthropic, as settleSplit):
-		// what it never saw rewinds the pace, whatever was placed after.
-		s.rewindBack(ctx, key, r.SendAt, back, budget.Limits{RPM: model.RPM, TPM: model.TokenLimit(), OTPM: model.OTPM})
-		return
-	}
-	s.giveBack(ctx, key, r.SendAt, back, true)
+	s.giveBack(ctx, j, budget.Unsent) // settle.go
 }
 
 // throttled handles a rate-limit refusal of a call Sluice admitted: that is
@@ -381,12 +365,7 @@ func (s *Service) throttled(ctx context.Context, msg jetstream.Msg, j *task.Task
 			s.m.LimitCuts.WithLabelValues(j.Provider, j.Model, reason).Inc()
 			s.log.Info("limits cut", "provider", j.Provider, "model", j.Model, "reason", reason)
 		}
-		// The provider charged the request but none of its tokens, nor
-		// of its other units (nothing was generated).
-		back := budget.Cost{Tokens: j.Reservation.Tokens, Output: j.Reservation.Output, Units: reservedUnits(j.Reservation, model)}
-		if !j.Reservation.SendAt.IsZero() && back.Positive() {
-			s.giveBack(ctx, key, j.Reservation.SendAt, back, false)
-		}
+		s.ledger.GiveBack(ctx, model.Rule(), j, budget.Refused)
 	}
 	j.RateLimited++
 	capped := j.RateLimited > s.app().Admission.MaxRateLimited
@@ -497,15 +476,6 @@ func (s *Service) reroute(ctx context.Context, msg jetstream.Msg, j *task.Task, 
 	return s.requeue(ctx, msg, j, opKey, backFallback)
 }
 
-// reservedUnits returns a reservation's units by the model's budget index
-// (its unit names, sorted).
-func reservedUnits(r *task.Reservation, m *config.Model) (u [budget.MaxUnits]int) {
-	for i, name := range m.UnitNames() {
-		u[i] = r.Units[name]
-	}
-	return u
-}
-
 // withModel returns body with its "model" replaced.
 func withModel(body []byte, model string) ([]byte, error) {
 	var m map[string]json.RawMessage
@@ -606,7 +576,7 @@ func (s *Service) seed(ctx context.Context, j *task.Task, rl provider.RateLimit)
 		s.m.Corrections.WithLabelValues(j.Provider, j.Model, "otpm").Inc()
 	}
 	if extra.Positive() {
-		if err := s.store.Charge(ctx, key, extra); err != nil {
+		if err := s.ledger.Correct(ctx, key, extra); err != nil {
 			s.log.Warn("seed: budget store", "err", err)
 		}
 	}
@@ -627,22 +597,7 @@ func (s *Service) settle(ctx context.Context, j *task.Task, u job.Usage) {
 		r := s.cfg.Calib.Observe(ctx, j.Provider, job.ModelToken(j.Model), estimateClass(j), j.Estimate.PromptTokens, u.PromptTokens)
 		s.m.EstimateRatio.WithLabelValues(j.Provider, j.Model).Set(r)
 	}
-	if s.settleSplit(ctx, j, u) { // anthropic.go
-		return
-	}
-	extra := u.PromptTokens - reservedPrompt(j)
-	if extra < 0 {
-		s.returnOverReserved(ctx, j, -extra)
-		return
-	}
-	if extra == 0 {
-		return
-	}
-	var slice int64
-	if _, err := fmt.Sscanf(j.Reservation.ID, "%d-", &slice); err != nil {
-		return
-	}
-	s.charge(ctx, j.ID, budget.ModelKey(j.Provider, job.ModelToken(j.Model)), slice, budget.Cost{Tokens: extra})
+	s.settleBudget(ctx, j, u) // settle.go
 }
 
 func (s *Service) finish(ctx context.Context, j *task.Task, opKey string, r *job.Result) error {

@@ -348,9 +348,7 @@ func (p *chunkPublisher) flushLocked(end job.Status, e *job.Error) {
 // at its instant, for a job that ends without its call (the request it
 // reserved stays spent: its slot has passed).
 func (s *Service) returnUnusedTokens(ctx context.Context, j *task.Task) {
-	if r := j.Reservation; r != nil && !r.SendAt.IsZero() && r.Tokens > 0 {
-		s.giveBack(ctx, budget.ModelKey(j.Provider, job.ModelToken(j.Model)), r.SendAt, budget.Cost{Tokens: r.Tokens}, false)
-	}
+	s.giveBack(ctx, j, budget.Cancelled) // settle.go
 }
 
 // cancelBeforeCall ends a streamed job whose caller went away before its
