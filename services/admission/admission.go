@@ -88,9 +88,9 @@ type Candidate struct {
 	Cost budget.Cost
 
 	held    budget.Held // its parts as placed (correct.go, anthropic.go)
-	counted bool      // already counted as demand
-	touched time.Time // last InProgress (or delivery)
-	wait    waitTrace // its wait as its trace shows it (trace.go)
+	counted bool        // already counted as demand
+	touched time.Time   // last InProgress (or delivery)
+	wait    waitTrace   // its wait as its trace shows it (trace.go)
 	// The spend hold taken for this placement (spend.go): spendFresh goes
 	// back if the job is not placed; spendNext is what it holds if it is.
 	spendFresh, spendNext *task.SpendHold

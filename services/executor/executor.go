@@ -84,20 +84,20 @@ type Service struct {
 	pcache *promptcache.Registry // warm prompt prefixes (anthropic.go)
 	// warming holds, per learn key, whether its last cut is being read
 	// ahead of a paced call (transit.go).
-	warming sync.Map
-	ledger        *budget.Ledger // settles and gives back reservations (settle.go)
-	transits      transits       // paced calls' dispatch transits, to report (transit.go)
-	guard         *guard.Guard
-	cfg           Config
-	mesh          *mesh.Mesh
-	store         *budget.Store
-	log           *slog.Logger
-	m             *metrics.Set
-	now           func() time.Time
-	clients       clientSet // live.go
-	rndMu         sync.Mutex
-	rnd           *rand.Rand
-	holder        string // this process's name in concurrency leases
+	warming  sync.Map
+	ledger   *budget.Ledger // settles and gives back reservations (settle.go)
+	transits transits       // paced calls' dispatch transits, to report (transit.go)
+	guard    *guard.Guard
+	cfg      Config
+	mesh     *mesh.Mesh
+	store    *budget.Store
+	log      *slog.Logger
+	m        *metrics.Set
+	now      func() time.Time
+	clients  clientSet // live.go
+	rndMu    sync.Mutex
+	rnd      *rand.Rand
+	holder   string // this process's name in concurrency leases
 
 	poolMu      sync.Mutex
 	tenantPools map[string]*budget.Pool // live.go
