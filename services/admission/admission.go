@@ -588,7 +588,7 @@ func (s *Service) lease(ctx context.Context, key string, lim budget.Limits, cand
 			// unspent rewinds the pace, at the configured limits (never
 			// below those placed with, as ReturnRewind asks).
 			if _, m, ok := s.app().ModelRef(ms.model); ok {
-				l.RewindReturns(budget.Limits{RPM: m.RPM, TPM: m.TokenLimit(), OTPM: m.OTPM})
+				l.RewindReturns(m.Rule().Refill)
 			}
 		}
 		s.leases[key] = l
