@@ -31,6 +31,11 @@ import (
 //     less the cache reads unless the model's cache reads count; output =
 //     the output; both settled to the counts reported, and what goes back
 //     rewinds the pace (the provider refills a bucket).
+//
+// A reservation also states its totals on those dimensions (Tokens,
+// Output, Cached), signed by admission, and its ID "<slice>-0": the
+// executors from before Slice and Prompt read those. One made before them
+// (no Slice) is read the old way, here only (Rule.Held).
 
 // Rule is how a model's calls count against its limits: its provider
 // kind's accounting rule and what of the model's configuration the
