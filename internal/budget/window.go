@@ -41,14 +41,19 @@
 // times a second per key, not per job. [LeadEstimator] learns how far ahead
 // of now a paced plan starts, from the transits executors report.
 //
-// # After the call
+// # The ledger
 //
-// Output is not refunded: providers charge prompt + max_tokens at arrival,
-// so handing unused output back would let the shared view drift below what
-// the provider counts. The prompt is settled to what the provider reported:
-// [Store.Settle] charges a larger one, [Store.ReturnAt] gives back what was
-// planned and not charged ([Store.ReturnLapsed] for an instant an executor
-// let lapse, [Store.ReturnRewind] for a provider that refills a bucket).
+// Reserve, settle and give back have one owner, this package (ledger.go):
+// a [Rule] per provider kind (config.Model.Rule) counts a reservation's
+// parts ([Held]: its slice, prompt, cached part, output and units) on the
+// schedule's dimensions; admission places through it, the guard bounds a
+// reservation by it ([Rule.Check]) and executors settle and give back
+// through a [Ledger], which chooses among [Store.Settle] (a larger count),
+// [Store.ReturnAt] (what was planned and not charged),
+// [Store.ReturnLapsed] (an instant an executor let lapse) and
+// [Store.ReturnRewind] (a provider that refills a bucket). On a provider
+// with one token limit output is not refunded: it charges prompt +
+// max_tokens at arrival.
 //
 // # Concurrency
 //

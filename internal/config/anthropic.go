@@ -1,5 +1,7 @@
 package config
 
+import "github.com/sluice-dev/sluice/internal/budget"
+
 // Anthropic limits input and output tokens per minute apart (ITPM, OTPM)
 // and does not count cache reads toward ITPM on most models; OpenAI-kind
 // providers have one tpm charged prompt + max tokens at arrival. A model
@@ -16,6 +18,13 @@ func SplitsOutput(kind string) bool { return kind == "anthropic" }
 // are limited by OTPM, charged max_tokens at admission and corrected to
 // the output reported.
 func (m Model) SplitsOutput() bool { return m.splits }
+
+// Rule is how the budget ledger counts the model's calls (internal/budget):
+// its provider kind's rule, chosen here and nowhere else.
+func (m Model) Rule() budget.Rule {
+	return budget.Rule{Split: m.splits, CacheReads: m.splits && m.CacheReadsCount,
+		Refill: budget.Limits{RPM: m.RPM, TPM: m.TokenLimit(), OTPM: m.OTPM}, Units: m.UnitNames()}
+}
 
 // TokenLimit is the per-minute limit of the model's tokens dimension: tpm
 // (prompt + max tokens), or on an anthropic provider itpm (input tokens

@@ -310,13 +310,12 @@ func (g *Guard) Dispatched(j *task.Task) error {
 	case r == nil, !sealed, r.Sig == "", !hmac.Equal([]byte(r.Sig), []byte(g.sign(j))):
 		return ErrUnverified
 	}
-	// The bounds are in the units admission reserves in: the prompt as
-	// placed (calib.Placed, the estimate at a correction in calib's range),
-	// of which a warm prefix's share may be held as cached.
+	// The bounds are in the reservation's own units, its parts as the
+	// ledger holds them (budget.Rule.Check): the prompt as placed
+	// (calib.Placed, the estimate at a correction in calib's range), of
+	// which a warm prefix's share may be held as cached.
 	lo, hi := calib.PlacedRange(j.Estimate.PromptTokens)
-	switch {
-	case r.Requests < 1, r.Output < 0, r.Cached < 0, r.Cached > hi,
-		r.Tokens+r.Output+r.Cached < j.Estimate.MaxTokens+lo, r.ValidUntil.Sub(r.ReservedAt) > g.maxValid:
+	if model.Rule().Check(j, lo, hi) != "" || r.ValidUntil.Sub(r.ReservedAt) > g.maxValid {
 		return ErrUnbounded
 	}
 	// Every unit the model limits is estimated and reserved.

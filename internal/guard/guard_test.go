@@ -25,6 +25,11 @@ providers:
       - {name: gpt-4o-mini, rpm: 600, tpm: 200000}
       - {name: gpt-4o, rpm: 600, tpm: 200000}
       - {name: painter, rpm: 600, tpm: 200000, units: {images: 50, tasks: 0}}
+  - name: anthropic
+    kind: anthropic
+    base_url: http://127.0.0.1:1/v1
+    models:
+      - {name: claude-x, rpm: 600, itpm: 200000, otpm: 80000}
 tenants:
   - {name: acme, api_key_env: ACME_KEY}
 limits: {max_tokens: 4096, default_max_tokens: 512}
@@ -438,32 +443,100 @@ func TestSealedBodyIsNotParsedAgain(t *testing.T) {
 }
 
 // TestDispatchedBoundsInPlacedUnits: the guard bounds a reservation in the
-// units admission reserves in (the prompt as placed, calib.Placed at any
-// correction in calib's range, of which a warm prefix may be held as
-// cached), not in the raw estimate's. A warm prefix reserved at a
-// correction above 1 holds more cached tokens than the raw estimate; it
-// verifies. Beyond the largest correction it does not, and the error says
-// admission signed it (ErrUnbounded: its budget goes back).
+// units admission reserves in, its parts as the ledger holds them (the
+// prompt as placed, calib.Placed at any correction in calib's range, of
+// which a warm prefix may be held as cached), not in the raw estimate's.
+// A warm prefix reserved at a correction above 1 holds more cached tokens
+// than the raw estimate; it verifies, with its parts carried and without
+// (a reservation from before they were). Beyond the largest correction it
+// does not, and the error says admission signed it (ErrUnbounded: its
+// budget goes back).
 func TestDispatchedBoundsInPlacedUnits(t *testing.T) {
-	g, _ := newGuard(t)
-	at := func(f float64, cachedShare float64) *task.Task {
-		j := ingested(g, request("gpt-4o-mini", 2000, ""))
+	g, cfg := newGuard(t)
+	_, m, _ := cfg.Deployment("anthropic", "claude-x")
+	rule := m.Rule()
+	at := func(f float64, cachedShare float64, legacy bool) *task.Task {
+		j := ingested(g, request("claude-x", 2000, ""))
+		j.Provider, j.Model = "anthropic", "claude-x"
+		g.Seal(j)
 		j = admitted(g, j)
-		placed := calib.Placed(j.Estimate.PromptTokens, f)
-		cached := int(float64(placed) * cachedShare)
-		j.Reservation.Tokens, j.Reservation.Cached = placed-cached+j.Estimate.MaxTokens, cached
+		h := rule.Claim(j.Estimate)
+		h.Slice = 1
+		h = rule.Place(h, calib.Placed(j.Estimate.PromptTokens, f), 0)
+		h.Cached = int(float64(h.Prompt) * cachedShare)
+		r := rule.Reserve(h)
+		r.ReservedAt, r.SendAt, r.ValidUntil = j.Reservation.ReservedAt, j.Reservation.SendAt, j.Reservation.ValidUntil
+		if legacy {
+			r.Slice, r.Prompt = 0, 0
+		}
+		j.Reservation = r
 		g.Sign(j)
 		return j
 	}
-	for _, f := range []float64{calib.MinRatio, 0.6, 1, 1.12, 1.4, calib.MaxRatio} {
-		if err := g.Dispatched(at(f, 0.95)); err != nil {
-			t.Errorf("correction %.2f, 95%% of the placed prompt cached: Dispatched = %v, want nil", f, err)
+	for _, legacy := range []bool{false, true} {
+		for _, f := range []float64{calib.MinRatio, 0.6, 1, 1.12, 1.4, calib.MaxRatio} {
+			if err := g.Dispatched(at(f, 0.95, legacy)); err != nil {
+				t.Errorf("correction %.2f, 95%% of the placed prompt cached (legacy %v): Dispatched = %v, want nil", f, legacy, err)
+			}
+		}
+		j := at(calib.MaxRatio, 1, legacy)
+		j.Reservation.Cached += 10
+		if !legacy {
+			j.Reservation.Prompt += 10
+		}
+		g.Sign(j)
+		if err := g.Dispatched(j); !errors.Is(err, guard.ErrUnbounded) || !errors.Is(err, guard.ErrUnverified) {
+			t.Errorf("cached beyond the largest correction (legacy %v): Dispatched = %v, want ErrUnbounded (an ErrUnverified)", legacy, err)
 		}
 	}
-	j := at(calib.MaxRatio, 1)
-	j.Reservation.Cached += 10
-	g.Sign(j)
-	if err := g.Dispatched(j); !errors.Is(err, guard.ErrUnbounded) || !errors.Is(err, guard.ErrUnverified) {
-		t.Errorf("cached beyond the largest correction: Dispatched = %v, want ErrUnbounded (an ErrUnverified)", err)
+}
+
+// TestDispatchedChecksTheParts: the parts a reservation carries unsigned
+// (Slice, Prompt) must be the ones its signed ID and totals say: changed,
+// the reservation is out of bounds; the same reservation without them (as
+// an admission from before them made it) verifies.
+func TestDispatchedChecksTheParts(t *testing.T) {
+	g, cfg := newGuard(t)
+	_, m, _ := cfg.Deployment("openai", "gpt-4o-mini")
+	rule := m.Rule()
+	placed := func() *task.Task {
+		j := admitted(g, ingested(g, request("gpt-4o-mini", 2000, "")))
+		h := rule.Claim(j.Estimate)
+		h.Slice = 7
+		r := rule.Reserve(h)
+		r.ReservedAt, r.SendAt, r.ValidUntil = j.Reservation.ReservedAt, j.Reservation.SendAt, j.Reservation.ValidUntil
+		j.Reservation = r
+		g.Sign(j)
+		return j
+	}
+	if err := g.Dispatched(placed()); err != nil {
+		t.Fatalf("as placed: Dispatched = %v, want nil", err)
+	}
+	for name, mutate := range map[string]func(r *task.Reservation){
+		"slice moved":     func(r *task.Reservation) { r.Slice++ },
+		"prompt raised":   func(r *task.Reservation) { r.Prompt += 100 },
+		"prompt lowered":  func(r *task.Reservation) { r.Prompt -= 100 },
+		"output apart":    func(r *task.Reservation) { r.Output = 5 },
+		"without parts":   func(r *task.Reservation) { r.Slice, r.Prompt = 0, 0 },
+		"cached on 1 tpm": func(r *task.Reservation) { r.Cached = r.Prompt + 1 },
+	} {
+		j := placed()
+		mutate(j.Reservation)
+		err := g.Dispatched(j)
+		switch name {
+		case "without parts":
+			if err != nil {
+				t.Errorf("%s: Dispatched = %v, want nil (read the old way)", name, err)
+			}
+		case "output apart", "cached on 1 tpm":
+			g.Sign(j) // signed fields: admission's doing
+			if err := g.Dispatched(j); !errors.Is(err, guard.ErrUnbounded) {
+				t.Errorf("%s (signed): Dispatched = %v, want ErrUnbounded", name, err)
+			}
+		default:
+			if !errors.Is(err, guard.ErrUnbounded) {
+				t.Errorf("%s: Dispatched = %v, want ErrUnbounded", name, err)
+			}
+		}
 	}
 }

@@ -63,19 +63,35 @@ type Task struct {
 // New wraps a producer's envelope: a task with nothing set by Sluice.
 func New(j job.Job) *Task { return &Task{Job: j} }
 
-// Reservation is the budget admission reserved for one dispatch.
+// Reservation is the budget admission reserved for one dispatch, made and
+// read by internal/budget only (budget.Rule: Reserve, Held): its parts
+// (Slice, Prompt, Cached, Output) and, by its provider's rule, the totals
+// on the schedule's dimensions (Requests, Tokens, Output, Units).
 type Reservation struct {
+	// ID is "<slice>-0": executors from before Slice read the slice here.
 	ID       string `json:"id"`
 	Requests int    `json:"requests"`
-	Tokens   int    `json:"tokens"`
+	// Tokens is what the schedule's tokens dimension holds: prompt +
+	// output on a provider with one token limit; the input less Cached
+	// on one that limits input and output apart (Output is then the
+	// output).
+	Tokens int `json:"tokens"`
 	// Units are the amounts reserved of the model's other units.
 	Units map[string]int `json:"units,omitempty"`
 	// Output is the output tokens reserved apart from Tokens (a provider
 	// that limits them apart: Tokens is then the input), and Cached the
 	// prompt tokens expected to be read from the provider's cache and so
 	// not reserved (Anthropic does not count them toward its input limit).
-	Output     int       `json:"output,omitempty"`
-	Cached     int       `json:"cached,omitempty"`
+	Output int `json:"output,omitempty"`
+	Cached int `json:"cached,omitempty"`
+	// Slice is the budget slice the reservation was made in (what a
+	// settlement charges), and Prompt the prompt tokens placed (the
+	// estimate at the fleet's correction, Cached included). Not signed:
+	// the guard checks them against the signed ID and Tokens. Zero on a
+	// reservation made before they were carried (budget reads those the
+	// old way).
+	Slice      int64     `json:"slice,omitempty"`
+	Prompt     int       `json:"prompt,omitempty"`
 	ReservedAt time.Time `json:"reserved_at"`
 	// ValidUntil is the latest moment the provider call may start; an executor
 	// that picks the job up later sends it back for a new reservation.

@@ -97,10 +97,10 @@ type Candidate struct {
 	Msg  jetstream.Msg
 	Cost budget.Cost
 
-	cached  int       // prompt tokens expected from the provider's cache (anthropic.go)
-	counted bool      // already counted as demand
-	touched time.Time // last InProgress (or delivery)
-	wait    waitTrace // its wait as its trace shows it (trace.go)
+	held    budget.Held // its parts as placed (correct.go, anthropic.go)
+	counted bool        // already counted as demand
+	touched time.Time   // last InProgress (or delivery)
+	wait    waitTrace   // its wait as its trace shows it (trace.go)
 	// The spend hold taken for this placement (spend.go): spendFresh goes
 	// back if the job is not placed; spendNext is what it holds if it is.
 	spendFresh, spendNext *task.SpendHold
@@ -256,7 +256,7 @@ func (pl *placer) effective(ctx context.Context, ms *modelState, model config.Mo
 			v := [4]int{e.PerMinute[0], e.PerMinute[1], e.PerSecond[0], e.PerSecond[1]}[i]
 			pl.m.LimitEffective.WithLabelValues(ms.provider, ms.model, d).Set(float64(v))
 		}
-		if ms.splits {
+		if ms.rule.Split {
 			pl.m.LimitEffective.WithLabelValues(ms.provider, ms.model, "output_tokens_per_minute").Set(float64(e.PerMinute[adapt.Output]))
 			pl.m.LimitEffective.WithLabelValues(ms.provider, ms.model, "output_tokens_per_second").Set(float64(e.PerSecond[adapt.Output]))
 		}
@@ -560,12 +560,12 @@ func (pl *placer) lease(ctx context.Context, key string, lim budget.Limits, cand
 	l := pl.leases[key]
 	if l == nil {
 		l = budget.NewLease(pl.store, key)
-		if ms := pl.models[key]; ms != nil && ms.splits {
+		if ms := pl.models[key]; ms != nil && ms.rule.Split {
 			// A bucket the provider refills (Anthropic): room given back
 			// unspent rewinds the pace, at the configured limits (never
 			// below those placed with, as ReturnRewind asks).
 			if _, m, ok := pl.app().ModelRef(ms.model); ok {
-				l.RewindReturns(budget.Limits{RPM: m.RPM, TPM: m.TokenLimit(), OTPM: m.OTPM})
+				l.RewindReturns(m.Rule().Refill)
 			}
 		}
 		pl.leases[key] = l

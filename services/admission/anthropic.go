@@ -19,14 +19,14 @@ import (
 // reserves: its input cost as placedCost made it, less its cacheable
 // prefix's share of it when the fleet's registry holds that prefix warm.
 func (co *coster) netOfCache(ctx context.Context, ms *modelState, cands []*Candidate) {
-	if !ms.splits || ms.cacheReads {
+	if !ms.rule.CacheFree() {
 		return
 	}
 	key := promptcache.Key(ms.provider, job.ModelToken(ms.model))
 	for _, c := range cands {
 		j := c.Job
-		whole := c.Cost.Tokens
-		c.cached = 0
+		whole := c.held.Prompt
+		c.held.Cached = 0
 		p, ok := promptcache.Of(j.Request)
 		if !ok || j.Estimate.PromptTokens <= 0 {
 			continue
@@ -37,7 +37,7 @@ func (co *coster) netOfCache(ctx context.Context, ms *modelState, cands []*Candi
 		// The prefix's share of the estimate; at least one token stays
 		// reserved (the turn after the prefix).
 		share := min(float64(p.Tokens)/float64(j.Estimate.PromptTokens), 1)
-		c.cached = min(int(float64(whole)*share), max(whole-1, 0))
-		c.Cost.Tokens = whole - c.cached
+		c.held.Cached = min(int(float64(whole)*share), max(whole-1, 0))
+		c.Cost = ms.rule.Cost(c.held)
 	}
 }

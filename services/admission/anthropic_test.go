@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/internal/promptcache"
 	"github.com/sluice-dev/sluice/internal/task"
@@ -34,7 +35,7 @@ func TestReservationNetOfCache(t *testing.T) {
 	var mu sync.Mutex
 	now := time.Unix(1_800_000_000, 0)
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	s := &coster{pcache: promptcache.New(kv, clock)}
+	s := &coster{env: &env{}, pcache: promptcache.New(kv, clock)}
 	body := []byte(`{"model":"claude-x","max_tokens":500,"messages":[{"role":"system","content":[{"type":"text","text":"` +
 		strings.Repeat("Plan, then act. ", 750) + `","cache_control":{"type":"ephemeral"}}]},{"role":"user","content":"` + strings.Repeat("turn ", 200) + `"}]}`)
 	p, ok := promptcache.Of(body)
@@ -42,10 +43,10 @@ func TestReservationNetOfCache(t *testing.T) {
 		t.Fatal("no prefix")
 	}
 	est := job.Estimate{PromptTokens: p.Tokens + 210, MaxTokens: 500}
-	ms := &modelState{key: "k", provider: "anthropic", model: "claude-x", splits: true}
+	ms := &modelState{key: "k", provider: "anthropic", model: "claude-x", rule: budget.Rule{Split: true}}
 	cand := func() *Candidate {
 		c := &Candidate{Job: &task.Task{Job: job.Job{Request: body}, Estimate: &est}}
-		c.Cost = ms.costOf(c.Job)
+		s.place(ms, c)
 		return c
 	}
 	c := cand()
@@ -53,8 +54,8 @@ func TestReservationNetOfCache(t *testing.T) {
 		t.Fatalf("cost %+v, want the prompt as input and max_tokens as output", c.Cost)
 	}
 	s.netOfCache(ctx, ms, []*Candidate{c})
-	if c.Cost.Tokens != est.PromptTokens || c.cached != 0 {
-		t.Errorf("cold prefix: input %d cached %d, want the whole prompt", c.Cost.Tokens, c.cached)
+	if c.Cost.Tokens != est.PromptTokens || c.held.Cached != 0 {
+		t.Errorf("cold prefix: input %d cached %d, want the whole prompt", c.Cost.Tokens, c.held.Cached)
 	}
 	if err := s.pcache.Record(ctx, promptcache.Key("anthropic", job.ModelToken("claude-x")), p.Hash, 3000, p.TTL); err != nil {
 		t.Fatal(err)
@@ -64,13 +65,13 @@ func TestReservationNetOfCache(t *testing.T) {
 	mu.Unlock()
 	c = cand()
 	s.netOfCache(ctx, ms, []*Candidate{c})
-	if c.Cost.Tokens != 210 || c.cached != p.Tokens || c.Cost.Output != 500 {
-		t.Errorf("warm prefix: input %d cached %d output %d, want 210, %d, 500", c.Cost.Tokens, c.cached, c.Cost.Output, p.Tokens)
+	if c.Cost.Tokens != 210 || c.held.Cached != p.Tokens || c.Cost.Output != 500 {
+		t.Errorf("warm prefix: input %d cached %d output %d, want 210, %d, 500", c.Cost.Tokens, c.held.Cached, c.Cost.Output, p.Tokens)
 	}
-	ms.cacheReads = true
+	ms.rule.CacheReads = true
 	c = cand()
 	s.netOfCache(ctx, ms, []*Candidate{c})
-	if c.Cost.Tokens != est.PromptTokens || c.cached != 0 {
-		t.Errorf("cache reads counted: input %d cached %d, want the whole prompt", c.Cost.Tokens, c.cached)
+	if c.Cost.Tokens != est.PromptTokens || c.held.Cached != 0 {
+		t.Errorf("cache reads counted: input %d cached %d, want the whole prompt", c.Cost.Tokens, c.held.Cached)
 	}
 }

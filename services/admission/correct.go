@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/promptcache"
 	"github.com/sluice-dev/sluice/internal/task"
@@ -42,24 +41,18 @@ func (co *coster) correction(provider string, j *task.Task) float64 {
 	return co.cfg.Calib.Factor(ctx, provider, job.ModelToken(j.Model), class)
 }
 
-// placedCost is what j reserves when placed now: costOf with the prompt
-// estimate corrected, never above the model's configured minute of tokens
-// (more could never be placed).
-func (co *coster) placedCost(ms *modelState, j *task.Task) budget.Cost {
-	c := ms.costOf(j)
-	f := co.correction(ms.provider, j)
-	if f == 1 || j.Estimate == nil {
-		return c
+// place sets c's parts and cost as placed now: its estimate's claim with
+// the prompt corrected, never above the model's configured minute of
+// tokens (more could never be placed).
+func (co *coster) place(ms *modelState, c *Candidate) {
+	j := c.Job
+	c.held = ms.rule.Claim(j.Estimate)
+	if f := co.correction(ms.provider, j); f != 1 {
+		limit := 0
+		if _, m, ok := co.app().Deployment(ms.provider, ms.model); ok {
+			limit = m.TokenLimit()
+		}
+		c.held = ms.rule.Place(c.held, calib.Placed(j.Estimate.PromptTokens, f), limit)
 	}
-	c.Tokens = calib.Placed(j.Estimate.PromptTokens, f)
-	whole := j.Estimate.Cost()
-	if ms.splits {
-		whole = j.Estimate.PromptTokens // the output is reserved apart
-	} else {
-		c.Tokens += j.Estimate.MaxTokens
-	}
-	if _, m, ok := co.app().Deployment(ms.provider, ms.model); ok && m.TokenLimit() > 0 {
-		c.Tokens = min(c.Tokens, max(m.TokenLimit(), whole))
-	}
-	return c
+	c.Cost = ms.rule.Cost(c.held)
 }

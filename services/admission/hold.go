@@ -77,22 +77,15 @@ type modelState struct {
 	// sorted by name), and unitLimits their per-minute limits.
 	units      []string
 	unitLimits [budget.MaxUnits]int
-	// splits: the model limits input and output tokens apart (anthropic.go);
-	// cacheReads: its cache reads count toward the input limit.
-	splits, cacheReads bool
+	// rule is how the ledger counts the model's calls (budget.Rule: one
+	// token limit, or input and output apart as Anthropic's).
+	rule budget.Rule
 }
 
 // costOf is what job j reserves on this model's schedule: one request, its
 // estimated tokens and its estimate of each of the model's units.
 func (ms *modelState) costOf(j *task.Task) budget.Cost {
-	c := budget.Cost{Requests: 1, Tokens: j.Estimate.Cost()}
-	if ms.splits {
-		c.Tokens, c.Output = j.Estimate.PromptTokens, j.Estimate.MaxTokens
-	}
-	for i, name := range ms.units {
-		c.Units[i] = j.Estimate.Units[name]
-	}
-	return c
+	return ms.rule.Cost(ms.rule.Claim(j.Estimate))
 }
 
 // UrgentMemory is how long after the last interactive or new-flow arrival
@@ -166,7 +159,7 @@ func (h *holder) hold(c *Candidate, now time.Time) {
 		return
 	}
 	q := h.queueOf(c.Job)
-	c.Cost = h.coster.placedCost(q.deps[0], c.Job)
+	h.coster.place(q.deps[0], c) // correct.go
 	c.touched = now
 	if n, _ := q.sched.Len(); n == 0 {
 		q.progressAt = now // the watchdog's clock starts with the queue

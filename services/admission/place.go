@@ -211,7 +211,7 @@ func (pl *placer) model(provider, name string) *modelState {
 		ms = &modelState{key: key, provider: provider, model: name, weight: 1}
 		if _, m, ok := pl.app().Deployment(provider, name); ok {
 			ms.units, ms.unitLimits = m.UnitNames(), m.UnitLimits()
-			ms.splits, ms.cacheReads = m.SplitsOutput(), m.CacheReadsCount
+			ms.rule = m.Rule()
 			ms.tier, ms.weight, ms.tokenLimit = m.Tier, m.Weight, m.TokenLimit()
 		}
 		pl.models[key] = ms

@@ -12,7 +12,6 @@ import (
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/keys"
-	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/internal/tracing"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
@@ -41,7 +40,7 @@ const (
 // the job.
 func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, it *Item, soft bool) (*pub, outcome) {
 	c := it.Value.(*Candidate)
-	c.Cost = s.placedCost(ms, c.Job)       // the correction now, not at arrival
+	s.place(ms, c)                         // the correction now, not at arrival (correct.go)
 	s.netOfCache(ctx, ms, []*Candidate{c}) // anthropic.go
 	_, model, ok := s.app().Deployment(ms.provider, ms.model)
 	if !ok {
@@ -105,7 +104,7 @@ func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, 
 		c.wait.note(g.Reason)
 		ms.freeAt = g.RetryAt
 		wake := latest(g.RetryAt, s.now())
-		if ms.splits && g.Reason == "burst" {
+		if ms.rule.Split && g.Reason == "burst" {
 			// Calls that end give their unused output back and move the
 			// pace back (budget.ReturnRewind) at any moment: look again
 			// within a slice rather than at the instant the schedule
@@ -139,7 +138,7 @@ func (s *Service) limitsFor(ctx context.Context, q *queueState, ms *modelState, 
 			lim.KeepAtLeast.Units[i] = 1
 		}
 	}
-	if ms.splits {
+	if ms.rule.Split {
 		lim.OutputTolerance = OutputBurst
 	}
 	if urgent {
@@ -153,11 +152,11 @@ func (s *Service) limitsFor(ctx context.Context, q *queueState, ms *modelState, 
 	lim.Horizon = BacklogHorizon
 	n, _ := q.sched.Len()
 	backlog := budget.Cost{Requests: n, Tokens: q.sched.Tokens()}
-	if len(ms.units) > 0 || ms.splits {
+	if len(ms.units) > 0 || ms.rule.Split {
 		// The scheduler counts tokens only: the backlog's units (and
 		// output) are the job's times the backlog.
 		backlog.Output = c.Cost.Output * n
-		if ms.splits {
+		if ms.rule.Split {
 			// Input as placed (net of warm prefixes), not as queued.
 			backlog.Tokens = c.Cost.Tokens * n
 		}
@@ -219,20 +218,12 @@ func (s *Service) publish(q *queueState, ms *modelState, c *Candidate, at, from,
 	j := c.Job
 	s.placeOn(j, ms) // place.go
 	j.WaitReason = c.wait.last()
-	j.Reservation = &task.Reservation{
-		// The slice before the dash is what the executor settles against.
-		ID: fmt.Sprintf("%d-0", s.store.SliceOf(at)), Requests: c.Cost.Requests, Tokens: c.Cost.Tokens,
-		Output: c.Cost.Output, Cached: c.cached,
-		ReservedAt: planned.UTC(), ValidUntil: at.Add(s.app().Admission.SendTolerance.D()).UTC(), SendAt: at.UTC(),
-	}
+	c.held.Slice = s.store.SliceOf(at) // what the executor settles against
+	j.Reservation = ms.rule.Reserve(c.held)
+	j.Reservation.ReservedAt, j.Reservation.SendAt = planned.UTC(), at.UTC()
+	j.Reservation.ValidUntil = at.Add(s.app().Admission.SendTolerance.D()).UTC()
 	if from.Before(at) {
 		j.Reservation.SendFrom = from.UTC()
-	}
-	if len(ms.units) > 0 {
-		j.Reservation.Units = make(map[string]int, len(ms.units))
-		for k, name := range ms.units {
-			j.Reservation.Units[name] = c.Cost.Units[k]
-		}
 	}
 	if !lim.Limited() {
 		// Unlimited: nothing to pace, so no instant to keep.

@@ -126,15 +126,9 @@ func (s *env) nextReload() <-chan struct{} {
 
 // Service is the executor service: it consumes DISPATCH, verifies each
 // job and runs its attempt through the parts it wires (see the package
-// doc). The ledger writes of settle.go and anthropic.go stay on it.
+// doc).
 type Service struct {
 	*env
-	pcache *promptcache.Registry // warm prompt prefixes (anthropic.go)
-	// Writes to models' schedules, coalesced per key (settle.go): plain
-	// give-backs, lapsed instants, bucket providers' give-backs, charges.
-	backs, lapses coalesce[budget.Return]
-	refunds       coalesce[rewound]
-	charges       coalesce[budget.Settlement]
 
 	// The parts it calls; wire makes them all.
 	call     *caller
@@ -171,7 +165,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	st.Writes, st.Conflicts = ms.BudgetWrites.Inc, ms.BudgetConflict.Inc
 	e := &env{live: cfg.Live, cfg: cfg, mesh: m, store: st, log: log.With("service", "executor"), m: ms, now: now,
 		holder: holderName(), guard: cfg.Guard}
-	s := &Service{env: e, pcache: promptcache.New(m.Budgets, now)}
+	s := &Service{env: e}
 	if cfg.Health == nil {
 		// No fleet view (tests): a registry of no deployments writes no
 		// record, and its breakers and quarantine decide for this process.
@@ -186,7 +180,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 func (s *Service) wire(learn *adapt.Store) {
 	e := s.env
 	s.fin = &finisher{env: e}
-	s.fb = &feedback{env: e, ledger: s, learn: learn, seeded: map[string]time.Time{}}
+	s.fb = &feedback{env: e, ledger: budget.NewLedger(e.store, e.log), pcache: promptcache.New(e.mesh.Budgets, e.now), learn: learn, seeded: map[string]time.Time{}}
 	s.back = &requeuer{env: e, fin: s.fin, fb: s.fb}
 	s.epochs = &epochCache{env: e, learn: learn, epochs: map[string]epochView{}}
 	s.str = &streamer{env: e, fin: s.fin, fb: s.fb}
@@ -308,15 +302,6 @@ const TenantSlotWait = 250 * time.Millisecond
 // ReconcileDelay is how long a non-interactive job whose last outcome is
 // unknown waits before it retries with the same Idempotency-Key.
 const ReconcileDelay = 5 * time.Second
-
-// reservedUnits returns a reservation's units by the model's budget index
-// (its unit names, sorted).
-func reservedUnits(r *task.Reservation, m *config.Model) (u [budget.MaxUnits]int) {
-	for i, name := range m.UnitNames() {
-		u[i] = r.Units[name]
-	}
-	return u
-}
 
 // keepAlive tells JetStream the job is still being worked on while a call
 // runs, so a long call is not redelivered to another executor.

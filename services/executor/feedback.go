@@ -2,7 +2,6 @@ package executor
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
 
@@ -10,6 +9,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/adapt"
 	"github.com/sluice-dev/sluice/internal/budget"
+	"github.com/sluice-dev/sluice/internal/promptcache"
 	"github.com/sluice-dev/sluice/internal/provider"
 	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -19,23 +19,14 @@ import (
 // against the reservation, the provider's own count of its minute
 // (seed), the lapsed instant of a call that never left, the tokens a call
 // that never answered did not spend, and the limits a 429 cuts (refused).
-// The ledger's writes it makes through ledger.
+// The budget's writes it makes through the ledger (internal/budget).
 type feedback struct {
 	*env
-	ledger
+	ledger *budget.Ledger
+	pcache *promptcache.Registry // warm prompt prefixes (anthropic.go)
 	learn  *adapt.Store
 	seedMu sync.Mutex
 	seeded map[string]time.Time
-}
-
-// ledger is what feedback writes to the models' schedules (settle.go,
-// anthropic.go).
-type ledger interface {
-	giveBack(ctx context.Context, key string, at time.Time, c budget.Cost, lapsed bool)
-	rewindBack(ctx context.Context, key string, at time.Time, c budget.Cost, lim budget.Limits)
-	charge(ctx context.Context, jobID, key string, slice int64, extra budget.Cost)
-	returnOverReserved(ctx context.Context, j *task.Task, n int)
-	settleSplit(ctx context.Context, j *task.Task, u job.Usage) bool
 }
 
 // settle records usage and charges the budget for prompt tokens the
@@ -53,22 +44,7 @@ func (s *feedback) settle(ctx context.Context, j *task.Task, u job.Usage) {
 		r := s.cfg.Calib.Observe(ctx, j.Provider, job.ModelToken(j.Model), estimateClass(j), j.Estimate.PromptTokens, u.PromptTokens)
 		s.m.EstimateRatio.WithLabelValues(j.Provider, j.Model).Set(r)
 	}
-	if s.settleSplit(ctx, j, u) { // anthropic.go
-		return
-	}
-	extra := u.PromptTokens - reservedPrompt(j)
-	if extra < 0 {
-		s.returnOverReserved(ctx, j, -extra)
-		return
-	}
-	if extra == 0 {
-		return
-	}
-	var slice int64
-	if _, err := fmt.Sscanf(j.Reservation.ID, "%d-", &slice); err != nil {
-		return
-	}
-	s.charge(ctx, j.ID, budget.ModelKey(j.Provider, job.ModelToken(j.Model)), slice, budget.Cost{Tokens: extra})
+	s.settleBudget(ctx, j, u) // settle.go
 }
 
 // seed corrects the shared window from the provider's own count: when its
@@ -129,7 +105,7 @@ func (s *feedback) seed(ctx context.Context, j *task.Task, rl provider.RateLimit
 		s.m.Corrections.WithLabelValues(j.Provider, j.Model, "otpm").Inc()
 	}
 	if extra.Positive() {
-		if err := s.store.Charge(ctx, key, extra); err != nil {
+		if err := s.ledger.Correct(ctx, key, extra); err != nil {
 			s.log.Warn("seed: budget store", "err", err)
 		}
 	}
@@ -150,29 +126,14 @@ func (s *feedback) giveBackUnsent(ctx context.Context, msg jetstream.Msg, j *tas
 	if md, err := msg.Metadata(); err != nil || md.NumDelivered != 1 {
 		return
 	}
-	_, model, ok := s.app().Deployment(j.Provider, j.Model)
-	if !ok {
-		return
-	}
-	key := budget.ModelKey(j.Provider, job.ModelToken(j.Model))
-	// Coalesced per model (settle.go): one write for what lapses meanwhile.
-	back := budget.Cost{Requests: r.Requests, Tokens: r.Tokens, Output: r.Output, Units: reservedUnits(r, model)}
-	if model.SplitsOutput() {
-		// A bucket the provider refills (Anthropic, as settleSplit):
-		// what it never saw rewinds the pace, whatever was placed after.
-		s.rewindBack(ctx, key, r.SendAt, back, budget.Limits{RPM: model.RPM, TPM: model.TokenLimit(), OTPM: model.OTPM})
-		return
-	}
-	s.giveBack(ctx, key, r.SendAt, back, true)
+	s.giveBack(ctx, j, budget.Unsent) // settle.go
 }
 
 // returnUnusedTokens gives a paced reservation's tokens back to the window
 // at its instant, for a job that ends without its call (the request it
 // reserved stays spent: its slot has passed).
 func (s *feedback) returnUnusedTokens(ctx context.Context, j *task.Task) {
-	if r := j.Reservation; r != nil && !r.SendAt.IsZero() && r.Tokens > 0 {
-		s.giveBack(ctx, budget.ModelKey(j.Provider, job.ModelToken(j.Model)), r.SendAt, budget.Cost{Tokens: r.Tokens}, false)
-	}
+	s.giveBack(ctx, j, budget.Cancelled) // settle.go
 }
 
 // refused learns from a rate-limit refusal of j's call: the limits in
@@ -206,11 +167,6 @@ func (s *feedback) refused(ctx context.Context, j *task.Task, info provider.Rate
 			s.m.LimitCuts.WithLabelValues(j.Provider, j.Model, reason).Inc()
 			s.log.Info("limits cut", "provider", j.Provider, "model", j.Model, "reason", reason)
 		}
-		// The provider charged the request but none of its tokens, nor
-		// of its other units (nothing was generated).
-		back := budget.Cost{Tokens: j.Reservation.Tokens, Output: j.Reservation.Output, Units: reservedUnits(j.Reservation, model)}
-		if !j.Reservation.SendAt.IsZero() && back.Positive() {
-			s.giveBack(ctx, key, j.Reservation.SendAt, back, false)
-		}
+		s.ledger.GiveBack(ctx, model.Rule(), j, budget.Refused)
 	}
 }

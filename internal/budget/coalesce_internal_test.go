@@ -1,4 +1,4 @@
-package executor
+package budget
 
 import (
 	"fmt"
@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/natstest"
 )
 
@@ -15,12 +14,12 @@ import (
 // a time per key.
 func TestWritesCoalesce(t *testing.T) {
 	t.Parallel()
-	var r coalesce[budget.Return]
+	var r coalesce[Return]
 	var mu sync.Mutex
 	var got, writes, writing, most int
 	release := make(chan struct{})
 	first := make(chan struct{})
-	write := func(_ string, rs []budget.Return) {
+	write := func(_ string, rs []Return) {
 		mu.Lock()
 		writing++
 		most = max(most, writing)
@@ -39,10 +38,10 @@ func TestWritesCoalesce(t *testing.T) {
 		mu.Unlock()
 	}
 	var wg sync.WaitGroup
-	wg.Go(func() { r.add("k", budget.Return{At: time.Now(), Cost: budget.Cost{Output: 1}}, write) })
+	wg.Go(func() { r.add("k", Return{At: time.Now(), Cost: Cost{Output: 1}}, write) })
 	<-first
 	for range 50 {
-		wg.Go(func() { r.add("k", budget.Return{At: time.Now(), Cost: budget.Cost{Output: 1}}, write) })
+		wg.Go(func() { r.add("k", Return{At: time.Now(), Cost: Cost{Output: 1}}, write) })
 	}
 	// The 50 were queued behind the write under way (each returns at once).
 	natstest.Eventually(t, 10*time.Second, func() error {
