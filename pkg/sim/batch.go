@@ -115,11 +115,11 @@ type simLine struct {
 type simBatch struct {
 	id, api, model, endpoint string
 	created, expires         int64
-	cancelAt, cancelEnd      int64 // 0: not cancelled
-	ended                    int64 // 0: not ended
+	cancelAt, cancelEnd      int64  // 0: not cancelled
+	ended                    int64  // 0: not ended
 	endedAs                  string // "" (completed), canceled or expired
-	finalize                 int64 // OpenAI: finalizing until then
-	tokens                   int64 // OpenAI: enqueued prompt tokens
+	finalize                 int64  // OpenAI: finalizing until then
+	tokens                   int64  // OpenAI: enqueued prompt tokens
 	failure                  *batchFailure
 	lines                    []*simLine
 	inputFile                string
