@@ -203,7 +203,7 @@ func (s *Server) anthropicAnswer(l *simLine, at int64) {
 	l.at = at
 	errored := func(status int, typ, msg string) {
 		l.result, l.status = lineErrored, status
-		l.answer = mustJSON(map[string]any{"type": "error", "error": map[string]any{"type": typ, "message": msg}})
+		l.answer = mustJSON(map[string]any{"type": "error", "error": map[string]any{"type": typ, "message": msg}, "request_id": "req_" + randomID(24)})
 	}
 	c, err := parseMessages(l.body, s.cfg.Count)
 	switch {
