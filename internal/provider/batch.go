@@ -145,6 +145,16 @@ type BatchClient interface {
 	Cancel(ctx context.Context, id string) (Batch, error)
 }
 
+// BatchesOf returns the batch client of a synchronous client (an *OpenAI,
+// *Azure or *Anthropic), with its configuration, and whether it has one.
+func BatchesOf(c Client, lim BatchLimits) (BatchClient, bool) {
+	b, ok := c.(interface{ Batches(BatchLimits) BatchClient })
+	if !ok {
+		return nil, false
+	}
+	return b.Batches(lim), true
+}
+
 // BatchLimits bound one batch. Zero fields take the provider's.
 type BatchLimits struct {
 	MaxRequests int

@@ -53,14 +53,34 @@ func newBatchSetup(t *testing.T, bc sim.BatchConfig, lim BatchLimits, profile st
 	}))
 	t.Cleanup(srv.Close)
 	s.url = srv.URL
-	s.client = map[string]BatchClient{
-		"openai":    NewOpenAI(OpenAIConfig{BaseURL: srv.URL + "/v1", APIKey: "sk-test"}).Batches(lim),
-		"anthropic": NewAnthropic(AnthropicConfig{BaseURL: srv.URL + "/v1", APIKey: "ak-test"}).Batches(lim),
+	sync := map[string]Client{
+		"openai":    NewOpenAI(OpenAIConfig{BaseURL: srv.URL + "/v1", APIKey: "sk-test"}),
+		"anthropic": NewAnthropic(AnthropicConfig{BaseURL: srv.URL + "/v1", APIKey: "ak-test"}),
 	}
 	if profile == sim.ProfileAzure {
-		s.client["azure"] = NewAzure(AzureConfig{BaseURL: srv.URL, APIKey: batchAzureKey, APIVersion: batchAPIVersio}).Batches(lim)
+		sync["azure"] = NewAzure(AzureConfig{BaseURL: srv.URL, APIKey: batchAzureKey, APIVersion: batchAPIVersio})
+	}
+	s.client = map[string]BatchClient{}
+	for kind, c := range sync {
+		b, ok := BatchesOf(c, lim)
+		if !ok {
+			t.Fatalf("%s: no batch client", kind)
+		}
+		s.client[kind] = b
 	}
 	return s
+}
+
+// noBatches is a Client of a provider without a Batch API.
+type noBatches struct{}
+
+func (noBatches) Do(context.Context, Call) (*Response, error) { return nil, nil }
+
+func TestBatchesOfOthers(t *testing.T) {
+	t.Parallel()
+	if b, ok := BatchesOf(noBatches{}, BatchLimits{}); ok || b != nil {
+		t.Errorf("a client without a Batch API: got %v, %v; want none", b, ok)
+	}
 }
 
 // model is the model a kind's batch is for.

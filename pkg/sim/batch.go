@@ -79,17 +79,18 @@ func (c BatchConfig) maxBytes(provider int64) int64 {
 
 // BatchLine is the ledger's record of one batch line that ended.
 type BatchLine struct {
-	API      string // "openai" or "anthropic"
-	BatchID  string
-	CustomID string
-	Model    string
+	API      string `json:"api"` // "openai" or "anthropic"
+	BatchID  string `json:"batch_id"`
+	CustomID string `json:"custom_id"`
+	Model    string `json:"model"`
 	// Result is succeeded, errored, expired or canceled.
-	Result string
+	Result string `json:"result"`
 	// InputTokens and OutputTokens are what the line was billed: its usage
 	// when it succeeded, 0 otherwise (the providers bill neither errors,
 	// expired nor cancelled lines).
-	InputTokens, OutputTokens int
-	At                        time.Time
+	InputTokens  int       `json:"input_tokens"`
+	OutputTokens int       `json:"output_tokens"`
+	At           time.Time `json:"at"`
 }
 
 // Line results.

@@ -2,6 +2,7 @@ package sim_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -144,6 +145,18 @@ func TestMessageBatchSDK(t *testing.T) {
 	}
 	if want := map[string]string{"ok-1": "succeeded", "ok-2": "succeeded", "bad": "errored"}; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("results: got %v, want %v", got, want)
+	}
+	r := do(t, http.MethodGet, url+"/stats/batches", "")
+	var ledger struct {
+		Lines []sim.BatchLine `json:"lines"`
+	}
+	if err := json.Unmarshal(r.body, &ledger); err != nil || len(ledger.Lines) != 3 {
+		t.Fatalf("GET /stats/batches: %s, %v; want 3 lines", r.body, err)
+	}
+	for _, l := range ledger.Lines {
+		if paid := l.InputTokens+l.OutputTokens > 0; paid != (l.Result == "succeeded") || l.API != "anthropic" || l.Model != model {
+			t.Errorf("ledger line %+v: billed only when succeeded, for %s", l, model)
+		}
 	}
 }
 

@@ -95,6 +95,7 @@ func (s *Server) Reset() {
 //	POST /v1/messages/batches, GET .../{id}[/results], POST .../{id}/cancel
 //	                                              Anthropic's Message Batches (batch_anthropic.go)
 //	GET  /stats                                   Stats as JSON (?summary=1: no per-key maps or timelines)
+//	GET  /stats/batches                           the Batch APIs' ledger, {"lines": BatchLines()}
 //	POST /reset                                   Reset
 //
 // Under ProfileAzure, Azure's calls too (azure.go).
@@ -126,6 +127,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/stats":
 		if s.allow(w, r, http.MethodGet) {
 			s.serveStats(w, r)
+		}
+	case "/stats/batches":
+		if s.allow(w, r, http.MethodGet) {
+			writeJSON(w, http.StatusOK, map[string]any{"lines": s.BatchLines()})
 		}
 	case "/reset":
 		if s.allow(w, r, http.MethodPost) {
