@@ -202,16 +202,15 @@ func (s *Server) serveBatches(w http.ResponseWriter, r *http.Request, rest strin
 		return
 	}
 	now := s.now()
+	st.advance(b, now)
 	if cancel {
 		if b.failure != nil || b.ended != 0 {
-			st.advance(b, now)
-			s.batchFail(w, http.StatusConflict, apiError{Message: "Cannot cancel a batch with status " + b.openAIStatus(now) + ".", Type: "invalid_request_error"})
+			s.batchFail(w, http.StatusConflict, apiError{Message: "Cannot cancel a batch with status " + b.openAIStatus() + ".", Type: "invalid_request_error"})
 			return
 		}
 		st.cancel(b, now, s.cfg.Batch.Duration)
 	}
-	st.advance(b, now)
-	writeJSON(w, http.StatusOK, b.openAIObject(now, false))
+	writeJSON(w, http.StatusOK, b.openAIObject(false))
 }
 
 // openAIEndpoints are the endpoints a batch may name.
@@ -264,7 +263,7 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request, azure bool)
 	b.answer = s.openAIAnswer(endpoint)
 	b.onEnd = func(b *simBatch) { st.writeOutputs(b) }
 	st.batches[b.id] = b
-	writeJSON(w, http.StatusOK, b.openAIObject(now, true))
+	writeJSON(w, http.StatusOK, b.openAIObject(true))
 }
 
 func contains(list []string, s string) bool {
@@ -440,8 +439,8 @@ func (st *batchState) writeOutputs(b *simBatch) {
 	b.outputFile, b.errorFile = file(out.Bytes(), "output"), file(errs.Bytes(), "error")
 }
 
-// openAIStatus is b's status at now (after advance).
-func (b *simBatch) openAIStatus(now int64) string {
+// openAIStatus is b.s status (once advanced).
+func (b *simBatch) openAIStatus() string {
 	switch {
 	case b.failure != nil:
 		return "failed"
@@ -461,14 +460,14 @@ func (b *simBatch) openAIStatus(now int64) string {
 
 // openAIObject is b as OpenAI's batch object; created: the answer to its
 // creation, still validating.
-func (b *simBatch) openAIObject(now int64, created bool) map[string]any {
+func (b *simBatch) openAIObject(created bool) map[string]any {
 	sec := func(t int64) any {
 		if t == 0 {
 			return nil
 		}
 		return t / int64(time.Second)
 	}
-	status := b.openAIStatus(now)
+	status := b.openAIStatus()
 	c := b.counts()
 	o := map[string]any{"id": b.id, "object": "batch", "endpoint": b.endpoint, "model": nullable(b.model), "errors": nil,
 		"input_file_id": b.inputFile, "completion_window": "24h", "status": status,
@@ -483,7 +482,7 @@ func (b *simBatch) openAIObject(now int64, created bool) map[string]any {
 		o["cancelling_at"] = nil
 		return o
 	case status == "failed":
-		o["failed_at"] = sec(b.created)
+		o["failed_at"], o["request_counts"] = sec(b.created), map[string]int{"total": 0, "completed": 0, "failed": 0}
 		o["errors"] = map[string]any{"object": "list", "data": []*batchFailure{b.failure}}
 		return o
 	}
@@ -496,7 +495,11 @@ func (b *simBatch) openAIObject(now int64, created bool) map[string]any {
 	case "completed":
 		o["completed_at"], o["finalizing_at"] = sec(b.ended), sec(b.ended-b.finalize)
 	case "finalizing":
-		o["finalizing_at"] = sec(now)
+		last := b.created
+		for _, l := range b.lines {
+			last = max(last, l.at)
+		}
+		o["finalizing_at"] = sec(last)
 	}
 	return o
 }
