@@ -36,6 +36,11 @@ counting against RPM; --profile picks the shorter-term limit, as providers docum
 A 429 carries retry-after-ms and Retry-After: the exact time until the same request
 would fit.
 
+Batch APIs: OpenAI's (POST /v1/files purpose=batch, /v1/batches) and Anthropic's
+Message Batches (/v1/messages/batches) answer each line as the synchronous call,
+outside the rate limits; --batch-duration, --batch-expiry, --batch-enqueued-tokens
+and --batch-queue shape them.
+
 Tools and JSON: a request whose tool_choice requires a call ("required", a named
 function; Anthropic's any or tool) is answered with one, its arguments the smallest
 value valid for the tool's parameters schema; --tool-calls N also answers tool_choice
@@ -74,6 +79,10 @@ func runSim(ctx context.Context, args []string, getenv func(string) string, stdo
 	countFactor := fs.Float64("token-factor", 1, "scale every prompt count by this (1.15: the provider counts 15% more; 0.6: 40% less)")
 	ignoreKey := fs.Bool("ignore-idempotency-key", false, "run every request, even one repeating an Idempotency-Key (as OpenAI and Anthropic document their completions); completions are still counted per key")
 	quota := fs.String("quota-models", "", "comma-separated models that answer 429 insufficient_quota")
+	batchDur := fs.Duration("batch-duration", 30*time.Second, "Batch APIs: how long a batch takes, its lines finishing evenly over it")
+	batchExpiry := fs.Duration("batch-expiry", sim.DefaultBatchExpiry, "Batch APIs: a batch's lines not answered this long after its creation expire")
+	batchTokens := fs.Int64("batch-enqueued-tokens", 0, "OpenAI Batch API: per-model limit on the prompt tokens of batches not yet ended; a batch over it fails with token_limit_exceeded (0 = unlimited)")
+	batchQueue := fs.Int("batch-queue", 0, "Anthropic Message Batches: limit on requests waiting in the processing queue, all models; a batch over it gets a 429 (0 = unlimited)")
 	toolCalls := fs.Int("tool-calls", 0, "answer a request offering tools with tool_choice auto (or none given) with a tool call while its conversation holds fewer than this many tool results (0: text); tool_choice required or a named tool is always answered with a call")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
@@ -90,6 +99,7 @@ func runSim(ctx context.Context, args []string, getenv func(string) string, stdo
 		return fmt.Errorf("--models: %w", err)
 	}
 	cfg := sim.Config{Models: ml, Profile: *profile, BurstFraction: *burst, BucketSeconds: *bucket, NoRateHeaders: *noHeaders,
+		Batch:                sim.BatchConfig{Duration: *batchDur, Expiry: *batchExpiry, EnqueuedTokens: *batchTokens, QueueRequests: *batchQueue},
 		IgnoreIdempotencyKey: *ignoreKey, ToolCalls: *toolCalls, TTFT: *ttft, PerToken: *perToken, Count: sim.TokenCount{Mode: *count, Factor: *countFactor},
 		Faults: sim.Faults{Seed: *seed, Rate500: *f500, Rate502: *f502, Rate503: *f503, RateReset: *fReset, RateHang: *fHang,
 			RateStreamCut: *fCut, StreamCutAfter: *cutAfter, RateStreamStall: *fStall, StreamStallAfter: *stallAfter}}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"regexp"
@@ -135,6 +136,7 @@ func TestSimRejectsBadProfileFlags(t *testing.T) {
 		{[]string{"--profile", "token-bucket", "--burst-fraction", "0.1"}, "--burst-fraction has no effect with --profile token-bucket"},
 		{[]string{"--bucket-seconds", "2"}, "--bucket-seconds has no effect with --profile quantized"},
 		{[]string{"--profile", "token-bucket", "--bucket-seconds", "90"}, "bucket seconds must be in"},
+		{[]string{"--batch-duration", "-1s"}, "batch duration, expiry and limits must be >= 0"},
 	} {
 		err := runSim(context.Background(), append([]string{"--listen", "127.0.0.1:0"}, tc.args...), nil, io.Discard, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -241,5 +243,35 @@ func TestSimToolCallsFlag(t *testing.T) {
 	}
 	if got := post(`{"model":"m","max_tokens":5,` + tools + `,"messages":[{"role":"user","content":"hi"},{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"1"}]}`); got == "tool_calls" {
 		t.Errorf("after the tool result: finish %q, want text", got)
+	}
+}
+
+// TestSimBatchFlags: --batch-queue limits Anthropic's processing queue and
+// --batch-duration keeps a batch in progress; both reach the simulator.
+func TestSimBatchFlags(t *testing.T) {
+	t.Parallel()
+	base := startSimCommand(t, "--profile", "anthropic", "--batch-queue", "2", "--batch-duration", "1h")
+	submit := func(n int) int {
+		var reqs []string
+		for i := range n {
+			reqs = append(reqs, fmt.Sprintf(`{"custom_id":"r%d","params":{"model":"claude-3-5-haiku-latest","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}}`, i))
+		}
+		req, err := http.NewRequest(http.MethodPost, base+"/v1/messages/batches", strings.NewReader(`{"requests":[`+strings.Join(reqs, ",")+`]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Anthropic-Version", "2023-06-01")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := submit(2); got != http.StatusOK {
+		t.Fatalf("2 requests into a queue of 2: got %d, want 200", got)
+	}
+	if got := submit(1); got != http.StatusTooManyRequests {
+		t.Errorf("one more while the first batch takes an hour: got %d, want 429", got)
 	}
 }

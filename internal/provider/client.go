@@ -328,6 +328,11 @@ func readBody(ctx context.Context, resp *http.Response, maxResp int) ([]byte, er
 // open performs one POST and returns the response with its body unread.
 // It never retries.
 func open(ctx context.Context, rt http.RoundTripper, target string, body []byte, hdr http.Header) (*http.Response, error) {
+	return openMethod(ctx, rt, http.MethodPost, target, body, hdr)
+}
+
+// openMethod is open for any method; a GET sends no body.
+func openMethod(ctx context.Context, rt http.RoundTripper, method, target string, body []byte, hdr http.Header) (*http.Response, error) {
 	_, ours := rt.(*builtinTransport)
 	tr := &tracker{ours: ours}
 	if by, ok := ctx.Value(sendByKey{}).(time.Time); ok {
@@ -337,7 +342,7 @@ func open(ctx context.Context, rt http.RoundTripper, target string, body []byte,
 		tr.sendBy = by.UnixNano()
 	}
 	ctx = httptrace.WithClientTrace(ctx, tr.trace())
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, nil)
+	req, err := http.NewRequestWithContext(ctx, method, target, nil)
 	if err != nil {
 		return nil, buildErr("building request: invalid URL")
 	}
@@ -352,8 +357,10 @@ func open(ctx context.Context, rt http.RoundTripper, target string, body []byte,
 	// the body is never http.NoBody (even when empty), so the transport cannot
 	// rewind it. Retrying is the executor's decision, made with Classify and
 	// Plan.
-	req.Body = io.NopCloser(bytes.NewReader(body))
-	req.ContentLength = int64(len(body))
+	if method != http.MethodGet {
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		req.ContentLength = int64(len(body))
+	}
 	req.GetBody = nil
 
 	resp, err := rt.RoundTrip(req)

@@ -12,6 +12,16 @@
 // sees OpenAI shapes. Both parse token usage and rate-limit headers into the
 // [Response]. Nothing here logs, and no error carries a prompt or a key.
 //
+// # Batches
+//
+// [BatchClient] speaks the providers' Batch APIs with a synchronous
+// client's configuration ([BatchesOf]): OpenAI's files and batches, Azure's
+// global batch at its own paths, Anthropic's Message Batches. Results come
+// back by custom id, an errored line classified as the same answer to a
+// synchronous call; [CancelAndWait] returns once a cancellation has
+// finished, so no line is answered twice. [ErrEnqueuedTokenLimit],
+// [ErrBatchQueueFull] and [ErrBatchTooLarge] name the batch limits.
+//
 // # One call, one attempt
 //
 // A Client never retries, and neither does the HTTP stack under it: Go's

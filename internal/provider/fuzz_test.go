@@ -131,3 +131,40 @@ func FuzzParseRateLimit(f *testing.F) {
 		}
 	})
 }
+
+// FuzzBatchAnswers: what a provider's Batch API answers (batch objects and
+// result lines) never panics a parser, and a parsed result is one of the
+// four outcomes, with a custom id; an errored one is never classified as a
+// success.
+func FuzzBatchAnswers(f *testing.F) {
+	for _, s := range []string{
+		`{"id":"batch_1","status":"failed","errors":{"data":[{"code":"token_limit_exceeded","message":"m","line":null}]}}`,
+		`{"id":"msgbatch_1","processing_status":"ended","request_counts":{"processing":0,"succeeded":2},"results_url":"http://x/r"}`,
+		`{"custom_id":"a","response":{"status_code":200,"body":{"usage":{"prompt_tokens":3}}},"error":null}`,
+		`{"custom_id":"a","response":{"status_code":400,"body":{"error":{"type":"invalid_request_error"}}}}`,
+		`{"custom_id":"a","response":null,"error":{"code":"batch_expired"}}`,
+		`{"custom_id":"a","result":{"type":"succeeded","message":{"type":"message","content":[],"usage":{}}}}`,
+		`{"custom_id":"a","result":{"type":"errored","error":{"type":"error","error":{"type":"overloaded_error"}}}}`,
+		`{"custom_id":"a","result":{"type":"canceled"}}`,
+		`{"custom_id":"a","response":{"status_code":-7}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, _ = parseOpenAIBatch(b)
+		_, _ = parseAnthropicBatch(b)
+		for _, parse := range []func([]byte) (BatchResult, error){parseOpenAIResult, func(b []byte) (BatchResult, error) { return parseAnthropicResult(b, now) }} {
+			r, err := parse(b)
+			if err != nil {
+				continue
+			}
+			if r.CustomID == "" || r.Result < LineSucceeded || r.Result > LineCancelled {
+				t.Fatalf("result %+v", r)
+			}
+			if r.Result == LineErrored && r.Outcome.Class == Success {
+				t.Fatalf("an errored line classified a success: %+v", r)
+			}
+		}
+	})
+}

@@ -258,6 +258,18 @@ func (s *Server) serveMessages(w http.ResponseWriter, r *http.Request) {
 	if !delivered {
 		return
 	}
+	resp := s.message(c, body, out)
+	w.Header().Set("Request-Id", "req_"+randomID(24))
+	if c.stream {
+		s.streamMessage(w, resp)
+		return
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// message is the Messages API answer to c (its body) with out output
+// tokens.
+func (s *Server) message(c *messagesCall, body []byte, out int) map[string]any {
 	input := c.prompt - c.read - c.write
 	resp := map[string]any{
 		"id": "msg_" + randomID(24), "type": "message", "role": "assistant", "model": c.model,
@@ -273,12 +285,7 @@ func (s *Server) serveMessages(w http.ResponseWriter, r *http.Request) {
 		resp["content"] = []map[string]any{{"type": "tool_use", "id": t.id, "name": t.name, "input": json.RawMessage(t.args)}}
 		resp["stop_reason"] = "tool_use"
 	}
-	w.Header().Set("Request-Id", "req_"+randomID(24))
-	if c.stream {
-		s.streamMessage(w, resp)
-		return
-	}
-	writeJSON(w, http.StatusOK, resp)
+	return resp
 }
 
 // parseMessages reads a Messages API body and counts its tokens: each

@@ -171,6 +171,8 @@ type Config struct {
 	// NoResponses makes the simulator a chat-only provider: POST
 	// /v1/responses answers 404 as an unknown URL.
 	NoResponses bool
+	// Batch shapes the Batch APIs (batch.go).
+	Batch BatchConfig
 }
 
 // Arrival is one request as the rate limits judged it.
@@ -270,6 +272,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.UnitsOf == nil {
 		c.UnitsOf = bodyUnits
 	}
+	if c.Batch.Expiry == 0 {
+		c.Batch.Expiry = DefaultBatchExpiry
+	}
 	var err error
 	if c.Count, err = c.Count.withDefaults(); err != nil {
 		return c, err
@@ -329,6 +334,9 @@ func (c Config) check() error {
 	}
 	if c.PadResponseBytes < 0 {
 		return fmt.Errorf("response padding must be >= 0, got %d", c.PadResponseBytes)
+	}
+	if b := c.Batch; b.Duration < 0 || b.Expiry < 0 || b.EnqueuedTokens < 0 || b.QueueRequests < 0 || b.MaxRequests < 0 || b.MaxBytes < 0 {
+		return errors.New("batch duration, expiry and limits must be >= 0")
 	}
 	for i, k := range c.APIKeys {
 		if k == "" {

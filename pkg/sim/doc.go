@@ -3,7 +3,9 @@
 // rate-limited LLM API. It answers POST /v1/chat/completions (streamed or
 // not), /v1/responses, /v1/embeddings, Anthropic's /v1/messages and GET
 // /v1/models the way a provider does, including the way it rate-limits, fails and de-duplicates,
-// and keeps a ledger of what it saw ([Server.Stats]).
+// and keeps a ledger of what it saw ([Server.Stats]). It also serves both
+// providers' Batch APIs (batch.go), with their own limits and a ledger of
+// what each batch line cost ([Server.BatchLines]).
 //
 // # Rate limits
 //

@@ -50,3 +50,37 @@ func Example() {
 	// requests left this minute: 59
 	// tokens left this minute: 9926
 }
+
+// An Anthropic message batch against the simulator: its requests are
+// answered as /v1/messages would answer them (here at once: no
+// BatchConfig.Duration), outside the rate limits, and the ledger says what
+// each line was billed.
+func ExampleServer_BatchLines() {
+	s, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: "claude-3-5-haiku-latest", RPM: 50, ITPM: 10000, OTPM: 2000}}})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	ts := httptest.NewServer(s)
+	defer ts.Close()
+
+	body := `{"requests":[
+		{"custom_id":"a","params":{"model":"claude-3-5-haiku-latest","max_tokens":64,"messages":[{"role":"user","content":"hello"}]}},
+		{"custom_id":"b","params":{"model":"claude-3-5-haiku-latest","max_tokens":0,"messages":[{"role":"user","content":"hello"}]}}]}`
+	req, _ := http.NewRequest(http.MethodPost, ts.URL+"/v1/messages/batches", strings.NewReader(body))
+	req.Header.Set("anthropic-version", "2023-06-01")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	resp.Body.Close()
+	fmt.Println("create:", resp.Status)
+	for _, l := range s.BatchLines() {
+		fmt.Println(l.CustomID, l.Result, "billed", l.InputTokens, "in,", l.OutputTokens, "out")
+	}
+	// Output:
+	// create: 200 OK
+	// a succeeded billed 5 in, 20 out
+	// b errored billed 0 in, 0 out
+}

@@ -29,6 +29,7 @@ type Server struct {
 	filler      filler
 	gen         atomic.Pointer[generation]
 	anth        atomic.Pointer[anthropicState] // /v1/messages (anthropic.go)
+	batch       atomic.Pointer[batchState]     // the Batch APIs (batch.go)
 	rec         recorder                       // Requests (responses.go)
 }
 
@@ -78,6 +79,7 @@ func (s *Server) Stats() Stats {
 func (s *Server) Reset() {
 	s.gen.Store(newGeneration(s.cfg.Now(), s.cfg))
 	s.anth.Store(newAnthropicState(s.cfg.Now().UnixNano(), s.cfg))
+	s.batch.Store(newBatchState())
 }
 
 // ServeHTTP routes:
@@ -87,7 +89,13 @@ func (s *Server) Reset() {
 //	POST /v1/messages, /messages                  Anthropic's Messages API (anthropic.go)
 //	POST /v1/responses, /responses                OpenAI's Responses API, unless Config.NoResponses (responses.go)
 //	GET  /v1/models, /models                      the configured models
+//	POST /v1/files, GET /v1/files/{id}[/content]  OpenAI's files, for its Batch API (batch_openai.go)
+//	POST /v1/batches, GET /v1/batches/{id}, POST /v1/batches/{id}/cancel
+//	                                              OpenAI's Batch API (batch_openai.go)
+//	POST /v1/messages/batches, GET .../{id}[/results], POST .../{id}/cancel
+//	                                              Anthropic's Message Batches (batch_anthropic.go)
 //	GET  /stats                                   Stats as JSON (?summary=1: no per-key maps or timelines)
+//	GET  /stats/batches                           the Batch APIs' ledger, {"lines": BatchLines()}
 //	POST /reset                                   Reset
 //
 // Under ProfileAzure, Azure's calls too (azure.go).
@@ -120,13 +128,19 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if s.allow(w, r, http.MethodGet) {
 			s.serveStats(w, r)
 		}
+	case "/stats/batches":
+		if s.allow(w, r, http.MethodGet) {
+			writeJSON(w, http.StatusOK, map[string]any{"lines": s.BatchLines()})
+		}
 	case "/reset":
 		if s.allow(w, r, http.MethodPost) {
 			s.Reset()
 			w.WriteHeader(http.StatusNoContent)
 		}
 	default:
-		s.unknownURL(w, r)
+		if !s.serveBatch(w, r) {
+			s.unknownURL(w, r)
+		}
 	}
 }
 
