@@ -80,16 +80,6 @@ type Record struct {
 	OpKey string `json:"op_key,omitempty"`
 }
 
-// PublishResult stores the one terminal result of a job in RESULTS. A
-// second result for the same job is refused by the stream; that is not an
-// error here (the first one stands).
-//
-// opKey names the job's idempotency record (mesh.OpKey), so the result
-// service can settle it; "" when the job never had one.
-func (m *Mesh) PublishResult(ctx context.Context, r *job.Result, opKey string) error {
-	return m.PublishResultWith(ctx, r, opKey, ResultHints{})
-}
-
 // ResultHints let the result service update a job's records by
 // compare-and-set without reading them first (see task.Revs). They ride on
 // the result message as headers; the result service checks them (a stale
@@ -159,49 +149,6 @@ func Hints(h nats.Header) ResultHints {
 		}
 	}
 	return out
-}
-
-// PublishResultWith is PublishResult with hints for the result service.
-func (m *Mesh) PublishResultWith(ctx context.Context, r *job.Result, opKey string, h ResultHints) error {
-	if r.CompletedAt.IsZero() {
-		r.CompletedAt = time.Now().UTC()
-	}
-	if r.TraceID == "" {
-		r.TraceID = tracing.TraceID(ctx)
-	}
-	data, err := json.Marshal(r)
-	if err != nil {
-		return err
-	}
-	msg := nats.NewMsg(job.StoreSubject(r.Tenant, r.JobID))
-	msg.Data = data
-	msg.Header.Set(jetstream.MsgIDHeader, keys.MsgID(keys.MsgResult, r.Tenant, r.JobID, ""))
-	if opKey != "" {
-		msg.Header.Set(OpKeyHeader, opKey)
-		if h.Op != nil && h.OpRev > 0 {
-			if op, err := json.Marshal(h.Op); err == nil {
-				msg.Header.Set(OpRevHeader, strconv.FormatUint(h.OpRev, 10))
-				msg.Header.Set(OpRecordHeader, string(op))
-			}
-		}
-	}
-	if h.RecordRev > 0 {
-		msg.Header.Set(RecRevHeader, strconv.FormatUint(h.RecordRev, 10))
-	}
-	tracing.ToNATS(ctx, msg.Header)
-	if h.Facts != nil {
-		if f, err := json.Marshal(h.Facts); err == nil {
-			msg.Header.Set(FactsHeader, string(f))
-		}
-	}
-	_, err = m.JS.PublishMsg(ctx, msg)
-	if err != nil && IsPerSubjectLimit(err) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("publish result %s: %w", r.JobID, err)
-	}
-	return nil
 }
 
 // OpKeyHeader carries a result's idempotency record key.

@@ -437,10 +437,9 @@ func jitter(d time.Duration) time.Duration {
 }
 
 func (s *Service) expire(ctx context.Context, msg jetstream.Msg, j *task.Task, why string) {
-	res := &job.Result{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusExpired, Attempts: len(j.Attempts),
-		Error: &job.Error{Code: job.CodeDeadlineExpired, Message: why}, SubmittedAt: j.SubmittedAt, Provider: j.Provider, Model: j.Model}
+	res := mesh.Outcome{Status: job.StatusExpired, Error: &job.Error{Code: job.CodeDeadlineExpired, Message: why}}
 	opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
-	if err := s.mesh.PublishResultWith(ctx, res, opKey, mesh.ResultHints{Facts: mesh.FactsOf(j)}); err != nil {
+	if _, err := s.mesh.Finish(ctx, j, res, mesh.Exit{OpKey: opKey, Hints: mesh.ResultHints{Facts: mesh.FactsOf(j)}, Price: s.app()}); err != nil {
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
@@ -450,9 +449,9 @@ func (s *Service) expire(ctx context.Context, msg jetstream.Msg, j *task.Task, w
 func (s *Service) fail(ctx context.Context, c *Candidate, e *job.Error) {
 	ctx = s.leave(ctx, c, "failed")
 	j := c.Job
-	res := &job.Result{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusFailed, Attempts: len(j.Attempts), Error: e, SubmittedAt: j.SubmittedAt}
+	res := mesh.Outcome{Status: job.StatusFailed, Error: e}
 	opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
-	if err := s.mesh.PublishResultWith(ctx, res, opKey, mesh.ResultHints{Facts: mesh.FactsOf(j)}); err != nil {
+	if _, err := s.mesh.Finish(ctx, j, res, mesh.Exit{OpKey: opKey, Hints: mesh.ResultHints{Facts: mesh.FactsOf(j)}, Price: s.app()}); err != nil {
 		_ = c.Msg.NakWithDelay(time.Second)
 		return
 	}

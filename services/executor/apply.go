@@ -100,14 +100,14 @@ func (s *Service) apply(ctx context.Context, a *attempt, out provider.Outcome, d
 	switch d.verdict {
 	case endTooLarge:
 		// The job's budget stays charged at the reservation.
-		return s.finish(ctx, j, a.opKey, &job.Result{Status: job.StatusFailed, Error: s.tooLarge()})
+		return s.finish(ctx, j, a.opKey, &mesh.Outcome{Status: job.StatusFailed, Error: s.tooLarge()})
 	case settleResult:
 		s.settle(ctx, j, a.resp.Usage)
 		var inFlight *mesh.OpRecord
 		if a.opRev > 0 {
 			inFlight = a.op
 		}
-		return s.finishHinted(ctx, j, a.opKey, &job.Result{Status: job.StatusSucceeded, Response: a.resp.Body, Usage: &a.resp.Usage,
+		return s.finishHinted(ctx, j, a.opKey, &mesh.Outcome{Status: job.StatusSucceeded, Response: a.resp.Body, Usage: &a.resp.Usage,
 			ProviderRequestID: provider.RequestID(a.resp.Header)}, inFlight, a.opRev)
 	case endUnknown:
 		return s.outcomeUnknown(ctx, j, a.opKey, d.reason)

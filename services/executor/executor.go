@@ -14,7 +14,6 @@
 package executor
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -236,7 +235,7 @@ func (s *Service) verify(ctx context.Context, msg jetstream.Msg, j *task.Task) e
 		s.m.JobsRejected.WithLabelValues("dispatch", e.Code).Inc()
 		s.log.Warn("dispatch: invalid job ended", "job_id", j.ID, "code", e.Code)
 		opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
-		if err := s.finish(ctx, j, opKey, &job.Result{Status: job.StatusFailed, Error: e}); err != nil {
+		if err := s.finish(ctx, j, opKey, &mesh.Outcome{Status: job.StatusFailed, Error: e}); err != nil {
 			return err
 		}
 	}
@@ -437,7 +436,7 @@ func (s *Service) terminal(ctx context.Context, j *task.Task, opKey string, stat
 		return fmt.Errorf("dead-letter %s: %w", j.ID, err)
 	}
 	s.m.DeadLetters.WithLabelValues(reason).Inc()
-	return s.finish(ctx, j, opKey, &job.Result{Status: status, Error: e})
+	return s.finish(ctx, j, opKey, &mesh.Outcome{Status: status, Error: e})
 }
 
 // fallback asks the job's route for another target.
@@ -645,7 +644,7 @@ func (s *Service) settle(ctx context.Context, j *task.Task, u job.Usage) {
 	s.charge(ctx, j.ID, budget.ModelKey(j.Provider, job.ModelToken(j.Model)), slice, budget.Cost{Tokens: extra})
 }
 
-func (s *Service) finish(ctx context.Context, j *task.Task, opKey string, r *job.Result) error {
+func (s *Service) finish(ctx context.Context, j *task.Task, opKey string, r *mesh.Outcome) error {
 	return s.finishHinted(ctx, j, opKey, r, nil, 0)
 }
 
@@ -692,7 +691,7 @@ func (s *Service) markInFlight(ctx context.Context, j *task.Task, opKey string, 
 // finishHinted is finish; inFlight (at opRev) is the operation record as
 // this attempt wrote it, passed on to the result service so it can settle
 // the record without reading it (nil: not known).
-func (s *Service) finishHinted(ctx context.Context, j *task.Task, opKey string, r *job.Result, inFlight *mesh.OpRecord, opRev uint64) error {
+func (s *Service) finishHinted(ctx context.Context, j *task.Task, opKey string, r *mesh.Outcome, inFlight *mesh.OpRecord, opRev uint64) error {
 	if _, ended := s.ended.LoadAndDelete(j.Key()); !ended && r.Status != job.StatusSucceeded {
 		if stream, _ := streamed(j); stream {
 			// A streamed job that ends before its first token: its stream
@@ -700,13 +699,9 @@ func (s *Service) finishHinted(ctx context.Context, j *task.Task, opKey string, 
 			newChunkPublisher(s.mesh.JS, j, 0, s.now, nil).end(r.Status, r.Error)
 		}
 	}
-	r.JobID, r.Tenant, r.Attempts = j.ID, j.Tenant, len(j.Attempts)
-	r.Provider, r.Model, r.SubmittedAt = j.Provider, j.Model, j.SubmittedAt
 	if len(r.Response) > s.app().Limits.MaxResponseBytes {
 		r.Status, r.Response, r.Error = job.StatusFailed, nil, s.tooLarge()
 	}
-	s.app().PriceResult(r, cmp.Or(r.UsageSource, job.UsageProvider))
-	s.storeAnswer(ctx, j, r) // cache.go
 	hints := mesh.ResultHints{Op: inFlight, OpRev: opRev, Facts: mesh.FactsOf(j)}
 	if ttft, ok := s.firstToken.LoadAndDelete(j.Key()); ok {
 		hints.Facts.TTFTMS = ttft.(time.Duration).Milliseconds()
@@ -714,14 +709,10 @@ func (s *Service) finishHinted(ctx context.Context, j *task.Task, opKey string, 
 	if j.Revs != nil {
 		hints.RecordRev = j.Revs.Record
 	}
-	err := s.publishResult(ctx, r, opKey, hints)
-	if err != nil && r.Response != nil && mesh.IsTooLarge(err) {
-		// Whatever the sizes agreed at start, an answer that cannot be
-		// stored must not be redelivered: each delivery would pay again.
-		s.log.Warn("result too large to store; ending the job response_too_large", "job_id", j.ID, "bytes", len(r.Response))
-		r.Status, r.Response, r.Error = job.StatusFailed, nil, s.tooLarge()
-		err = s.mesh.PublishResultWith(ctx, r, opKey, hints)
-	}
+	// Whatever the sizes agreed at start, an answer that cannot be stored
+	// must not be redelivered: each delivery would pay again (TooLarge).
+	_, err := s.mesh.Finish(ctx, j, *r, mesh.Exit{OpKey: opKey, Hints: hints, Price: s.app(), Wait: resultPublishWait, TooLarge: s.tooLarge(),
+		Before: func(res *job.Result) { s.storeAnswer(ctx, j, res) }}) // cache.go
 	return err
 }
 

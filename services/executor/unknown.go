@@ -142,12 +142,3 @@ func (s *Service) withdrawSent(ctx context.Context, opKey string, mark *mesh.Sen
 // outcome) is retried through a leader election before the executor gives
 // up and leaves the message for redelivery.
 const resultPublishWait = 20 * time.Second
-
-// publishResult stores r, riding through a leader election of RESULTS.
-func (s *Service) publishResult(ctx context.Context, r *job.Result, opKey string, h mesh.ResultHints) error {
-	ctx, cancel := context.WithTimeout(ctx, resultPublishWait)
-	defer cancel()
-	return streams.Retry(ctx, func(ctx context.Context) error {
-		return s.mesh.PublishResultWith(ctx, r, opKey, h)
-	})
-}

@@ -437,9 +437,7 @@ func (s *Service) join(ctx context.Context, opKey string, j *task.Task) (string,
 			return "", &transientError{err}
 		}
 		if orig.Result != nil {
-			res := *orig.Result
-			res.JobID, res.DuplicateOf, res.SubmittedAt = j.ID, rec.JobID, j.SubmittedAt
-			if err := s.mesh.PublishResult(ctx, &res, ""); err != nil {
+			if _, err := s.mesh.Finish(ctx, j, mesh.Outcome{Shared: orig.Result}, mesh.Exit{}); err != nil {
 				return "", &transientError{err}
 			}
 		}
@@ -567,27 +565,25 @@ func (s *Service) refuse(ctx context.Context, msg jetstream.Msg, j *task.Task, t
 	if _, ok := s.app().Tenant(tenant); !ok {
 		// Nothing is stored for a tenant Sluice does not know, but a
 		// producer listening on the result subject still learns why.
-		res := &job.Result{JobID: id, Tenant: tenant, Status: job.StatusFailed, CompletedAt: s.now().UTC(),
-			Error: &job.Error{Code: job.CodeUnknownTenant, Message: fmt.Sprintf("unknown tenant %q", tenant)}}
-		if data, err := json.Marshal(res); err == nil {
-			_ = s.mesh.JS.Conn().Publish(job.ResultSubject(tenant, id), data)
-		}
+		res := mesh.Outcome{Status: job.StatusFailed, Error: &job.Error{Code: job.CodeUnknownTenant, Message: fmt.Sprintf("unknown tenant %q", tenant)}}
+		_, _ = s.mesh.Finish(ctx, refused(tenant, id, time.Time{}, s.now()), res, mesh.Exit{Announce: true, Now: s.now()})
 		s.log.Warn("intake: refused job for unknown tenant", "job_id", id, "code", job.CodeUnknownTenant)
 		_ = msg.Term()
 		return
 	}
-	res := &job.Result{JobID: id, Tenant: tenant, Status: job.StatusFailed, Error: jerr, SubmittedAt: s.now().UTC()}
-	stored, lerr := false, error(nil)
+	res := mesh.Outcome{Status: job.StatusFailed, Error: jerr}
+	stored, submitted, lerr := false, time.Time{}, error(nil)
 	if id == j.ID {
-		stored, lerr = s.refusalStored(ctx, tenant, id)
+		stored, submitted, lerr = s.refusalStored(ctx, tenant, id)
 	}
+	rj := refused(tenant, id, submitted, s.now())
 	if lerr != nil {
 		s.log.Warn("intake: could not look the refused job up, will retry", "err", lerr)
 		_ = msg.NakWithDelay(2 * time.Second)
 		return
 	}
 	if !stored {
-		s.announce(res)
+		_, _ = s.mesh.Finish(ctx, rj, res, mesh.Exit{Announce: true, Now: s.now()})
 		_ = msg.Ack()
 		return
 	}
@@ -595,7 +591,7 @@ func (s *Service) refuse(ctx context.Context, msg jetstream.Msg, j *task.Task, t
 	// that joined it gets the refusal rather than waiting for a job that
 	// never runs.
 	opKey, _ := mesh.OpKey(tenant, j.IdempotencyKey, id)
-	if perr := s.mesh.PublishResult(ctx, res, opKey); perr != nil {
+	if _, perr := s.mesh.Finish(ctx, rj, res, mesh.Exit{OpKey: opKey, Now: s.now()}); perr != nil {
 		s.log.Warn("intake: could not publish refusal, will retry", "err", perr)
 		_ = msg.NakWithDelay(2 * time.Second)
 		return

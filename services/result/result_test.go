@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -78,7 +79,7 @@ func TestForgedTenantIsNoLabel(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, tenant := range []string{"acme", "forged-tenant"} {
-		if err := f.mesh.PublishResult(ctx, &job.Result{JobID: job.NewID(), Tenant: tenant, Status: job.StatusSucceeded}, ""); err != nil {
+		if _, err := f.mesh.Finish(ctx, &task.Task{Job: job.Job{ID: job.NewID(), Tenant: tenant}}, mesh.Outcome{Status: job.StatusSucceeded}, mesh.Exit{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -198,8 +199,8 @@ func TestResultHints(t *testing.T) {
 			if tc.staleRec {
 				recRev += 1000
 			}
-			res := &job.Result{JobID: id, Tenant: "acme", Status: job.StatusSucceeded, Usage: &job.Usage{PromptTokens: 3, CompletionTokens: 4, TotalTokens: 7}}
-			if err := f.mesh.PublishResultWith(ctx, res, opKey, mesh.ResultHints{RecordRev: recRev, Op: &hinted, OpRev: opRev}); err != nil {
+			res := mesh.Outcome{Status: job.StatusSucceeded, Usage: &job.Usage{PromptTokens: 3, CompletionTokens: 4, TotalTokens: 7}}
+			if _, err := f.mesh.Finish(ctx, &task.Task{Job: job.Job{ID: id, Tenant: "acme"}}, res, mesh.Exit{OpKey: opKey, Hints: mesh.ResultHints{RecordRev: recRev, Op: &hinted, OpRev: opRev}}); err != nil {
 				t.Fatal(err)
 			}
 			rec := awaitRecord(t, ctx, f.mesh, id)
