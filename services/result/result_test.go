@@ -177,7 +177,7 @@ func TestResultHints(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := f.mesh.Results.Create(ctx, keys.Record("acme", joiner), []byte(`{"job_id":"`+joiner+`","tenant":"acme","status":"queued"}`)); err != nil {
+			if _, err := f.mesh.Results.Create(ctx, keys.Record("acme", joiner), []byte(`{"job_id":"`+joiner+`","tenant":"acme","status":"queued","submitted_at":"2026-01-02T03:04:05Z"}`)); err != nil {
 				t.Fatal(err)
 			}
 			opData := []byte(`{"key":"` + key + `","job_id":"` + id + `","tenant":"acme","state":"queued"}`)
@@ -221,6 +221,8 @@ func TestResultHints(t *testing.T) {
 			if tc.wantJoiner {
 				if jr := awaitRecord(t, ctx, f.mesh, joiner); jr.Result.DuplicateOf != id {
 					t.Errorf("joiner's record = %+v, want a copy of %s", jr.Result, id)
+				} else if got := jr.Result.SubmittedAt.Format(time.RFC3339); got != "2026-01-02T03:04:05Z" {
+					t.Errorf("joiner's result submitted at %s, want its own submission, 2026-01-02T03:04:05Z", got)
 				}
 			}
 		})
