@@ -34,7 +34,7 @@ type Mesh struct {
 	Idempotency jetstream.KeyValue // <tenant>.<hash> -> OpRecord
 	Budgets     jetstream.KeyValue
 	Fleet       jetstream.KeyValue // the fleet key (internal/guard); services only read it
-	// Tracing is the node's tracer (nil: off). Enqueue and the result
+	// Tracing is the node's tracer (nil: off). Requeue and the result
 	// publishers carry the trace context of their ctx in the message's
 	// headers, and a result the trace id.
 	Tracing   *tracing.Tracing
@@ -234,9 +234,9 @@ func (m *Mesh) getRecord(ctx context.Context, key string) (*Record, uint64, erro
 	return &r, e.Revision(), nil
 }
 
-// Enqueue publishes a job to QUEUE. msgID dedupes a repeat within the
+// enqueue publishes a job to QUEUE. msgID dedupes a repeat within the
 // stream's duplicate window (a crash between publish and ack).
-func (m *Mesh) Enqueue(ctx context.Context, j *task.Task, msgID string) error {
+func (m *Mesh) enqueue(ctx context.Context, j *task.Task, msgID string) error {
 	data, err := json.Marshal(j)
 	if err != nil {
 		return err

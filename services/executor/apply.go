@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/provider"
 	"github.com/sluice-dev/sluice/internal/task"
@@ -119,7 +118,7 @@ func (s *Service) apply(ctx context.Context, a *attempt, out provider.Outcome, d
 			// An unknown outcome stays in_flight: the retry reuses the key.
 			s.requeueOp(ctx, a.opKey, j, "requeue")
 		}
-		return s.mesh.Enqueue(ctx, j, keys.MsgID(keys.MsgRetry, j.Tenant, j.ID, strconv.Itoa(a.n)))
+		return s.mesh.Requeue(ctx, j, mesh.Retried, strconv.Itoa(a.n))
 	}
 	if d.fallback != nil {
 		if fb, ok := s.fallback(j, *d.fallback); ok {

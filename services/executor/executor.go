@@ -414,7 +414,7 @@ func (s *Service) throttled(ctx context.Context, msg jetstream.Msg, j *task.Task
 		j.NotBefore = &nb
 	}
 	s.requeueOp(ctx, opKey, j, "throttled")
-	return s.mesh.Enqueue(ctx, j, keys.MsgID(keys.MsgRateLimited, j.Tenant, j.ID, strconv.Itoa(j.RateLimited)))
+	return s.mesh.Requeue(ctx, j, mesh.RateLimited, strconv.Itoa(j.RateLimited))
 }
 
 // MaxDeliveries is how many times a dispatch is tried when the mesh itself
