@@ -1,5 +1,9 @@
 // Package mesh holds what several services share: the JetStream handles,
-// result publication, job records and idempotency records.
+// job records and idempotency records, and the one owner of three
+// decisions: how a job ends (Finish publishes every terminal result), how
+// it goes back to admission (Requeue, a reason's message-id kind), and how
+// a consumed message is settled (Consume runs a Handler whose error is its
+// decision, with Recover and the PoisonRule as middleware).
 package mesh
 
 import (

@@ -25,7 +25,6 @@ package admission
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -310,20 +309,17 @@ func (s *Service) admit(ctx context.Context, msgs []jetstream.Msg) {
 // and the fleet key do not confirm. A job that can never run ends failed
 // (or, for a tenant Sluice does not know, is dropped) and ok is false.
 func (s *Service) check(ctx context.Context, msg jetstream.Msg, now time.Time) (j *task.Task, ok bool) {
+	poison := mesh.PoisonRule{Log: s.log, Stage: "queue", Count: func(stage, code string) { s.m.JobsRejected.WithLabelValues(stage, code).Inc() }}
 	defer func() {
 		// Whatever a message holds, it must not stop the scheduler.
 		if p := recover(); p != nil {
-			s.log.Error("queue: job that broke validation dropped", "subject", msg.Subject(), "panic", p)
-			s.m.JobsRejected.WithLabelValues("queue", "invalid").Inc()
-			_ = msg.Term()
+			poison.Drop(msg, "invalid", fmt.Errorf("validation panicked: %v", p))
 			j, ok = nil, false
 		}
 	}()
-	j = new(task.Task)
-	if err := json.Unmarshal(msg.Data(), j); err != nil || j.ID == "" {
-		s.log.Error("queue: undecodable job dropped", "subject", msg.Subject(), "err", err)
-		s.m.JobsRejected.WithLabelValues("queue", "undecodable").Inc()
-		_ = msg.Term()
+	j, err := mesh.DecodeTask(msg)
+	if err != nil {
+		poison.Drop(msg, mesh.CodeUndecodable, err)
 		return nil, false
 	}
 	corrected, err := s.guard.Queued(j, now)

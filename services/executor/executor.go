@@ -167,16 +167,10 @@ func (s *Service) nextReload() <-chan struct{} {
 	return s.live.Next()
 }
 
-// decode reads a dispatched job; one that does not decode can never
-// become valid, and decode returns errTerminate.
-func (s *Service) decode(msg jetstream.Msg) (*task.Task, error) {
-	var j task.Task
-	if err := json.Unmarshal(msg.Data(), &j); err != nil || j.ID == "" {
-		s.log.Error("dispatch: undecodable job dropped", "subject", msg.Subject(), "err", err)
-		s.m.JobsRejected.WithLabelValues("dispatch", "undecodable").Inc()
-		return nil, errTerminate
-	}
-	return &j, nil
+// poison is the executor's rule for a dispatched message that can never
+// run (mesh.PoisonRule): dropped, counted as rejected at dispatch.
+func (s *Service) poison() mesh.PoisonRule {
+	return mesh.PoisonRule{Log: s.log, Stage: "dispatch", Count: func(stage, code string) { s.m.JobsRejected.WithLabelValues(stage, code).Inc() }}
 }
 
 // run executes a verified job. It returns nil when the message is to be

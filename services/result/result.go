@@ -91,14 +91,7 @@ func (s *Service) app() *config.Config {
 
 // Run consumes RESULTS until ctx ends.
 func (s *Service) Run(ctx context.Context) error {
-	loop, err := s.mesh.Consume(ctx, mesh.Consumer{Stream: streams.Results, Template: "result", What: "results", Batch: 256, Parallel: 32}, s.log, func(msg jetstream.Msg) {
-		if err := s.handle(ctx, msg); err != nil {
-			s.log.Warn("result: will retry", "subject", msg.Subject(), "err", err)
-			_ = msg.NakWithDelay(time.Second)
-			return
-		}
-		_ = msg.Ack()
-	})
+	loop, err := s.mesh.Consume(ctx, mesh.Consumer{Stream: streams.Results, Template: "result", What: "results", Batch: 256, Parallel: 32}, s.log, s.handle)
 	if err != nil {
 		return err
 	}
