@@ -44,6 +44,9 @@ type Outcome struct {
 	// Shared is the result of the job whose operation this one joined:
 	// this job's outcome is that one's, cost included.
 	Shared *job.Result
+	// TraceID is the job's trace when the context ending it is not in it
+	// (a cancel, read from its operation record); "" is the context's.
+	TraceID string
 }
 
 // Pricer prices a result from its usage (config.Config does).
@@ -88,7 +91,7 @@ func Conclude(t *task.Task, o Outcome, p Pricer, now time.Time) *job.Result {
 	}
 	r := &job.Result{JobID: t.ID, Tenant: t.Tenant, Status: o.Status, Response: o.Response, Error: o.Error, Usage: o.Usage,
 		Attempts: len(t.Attempts), Provider: cmp.Or(o.Provider, t.Provider), Model: cmp.Or(o.Model, t.Model),
-		SubmittedAt: t.SubmittedAt, CompletedAt: now, ProviderRequestID: o.ProviderRequestID}
+		SubmittedAt: t.SubmittedAt, CompletedAt: now, ProviderRequestID: o.ProviderRequestID, TraceID: o.TraceID}
 	switch {
 	case o.Unpaid && r.Usage != nil:
 		free := 0.0

@@ -87,6 +87,12 @@ func TestConclude(t *testing.T) {
 		o:    mesh.Outcome{Status: job.StatusFailed, Error: &job.Error{Code: job.CodeInvalidRequest}},
 		want: job.Result{JobID: "j1", Tenant: "acme", Status: job.StatusFailed, Error: &job.Error{Code: job.CodeInvalidRequest}, SubmittedAt: sub, CompletedAt: now},
 	}, {
+		name: "result service: cancelled, in the job's trace",
+		t:    &task.Task{Job: job.Job{ID: "j1", Tenant: "acme", Provider: "p"}, Model: "m", SubmittedAt: sub},
+		o:    mesh.Outcome{Status: job.StatusCancelled, Error: &job.Error{Code: job.CodeCancelled}, TraceID: "trace-1"},
+		want: job.Result{JobID: "j1", Tenant: "acme", Status: job.StatusCancelled, Error: &job.Error{Code: job.CodeCancelled}, Provider: "p", Model: "m",
+			SubmittedAt: sub, CompletedAt: now, TraceID: "trace-1"},
+	}, {
 		name: "no price known: the usage's source all the same",
 		t:    tried,
 		o:    mesh.Outcome{Status: job.StatusSucceeded, Usage: usage},

@@ -9,6 +9,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/task"
+	"github.com/sluice-dev/sluice/internal/tracing"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -80,6 +81,9 @@ func (s *Service) cancel(w http.ResponseWriter, r *http.Request, auth api.Auth) 
 		}
 	case cancelWon:
 		res := mesh.Outcome{Status: job.StatusCancelled, Error: &job.Error{Code: job.CodeCancelled, Message: "cancelled by the caller before the provider was called"}}
+		if op != nil && op.JobID == rec.JobID {
+			res.TraceID = tracing.TraceIDOf(op.Trace) // the job's, not this request's
+		}
 		if _, err := s.mesh.Finish(ctx, cancelledJob(rec, op), res, mesh.Exit{OpKey: opKeyOf(rec)}); err != nil {
 			api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not record the cancellation; the job is marked cancelled and will not be sent")
 			return

@@ -16,7 +16,8 @@ import (
 
 // A job cancelled while queued ends with a result as complete as any
 // other's: its submission and the deployment it was placed on (the
-// operation record's), which the cancel's answer names too.
+// operation record's) and the job's trace, and the cancel's answer names
+// the model too.
 func TestCancelledResultIsComplete(t *testing.T) {
 	t.Parallel()
 	f := setup(t, "")
@@ -29,7 +30,8 @@ func TestCancelledResultIsComplete(t *testing.T) {
 		t.Fatal(err)
 	}
 	opKey, key := mesh.OpKey("acme", "", id)
-	op, _ := json.Marshal(&mesh.OpRecord{Key: key, JobID: id, Tenant: "acme", State: mesh.OpQueued, Provider: "p", Model: "m"})
+	op, _ := json.Marshal(&mesh.OpRecord{Key: key, JobID: id, Tenant: "acme", State: mesh.OpQueued, Provider: "p", Model: "m",
+		Trace: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
 	if _, err := f.mesh.Idempotency.Create(ctx, opKey, op); err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +44,8 @@ func TestCancelledResultIsComplete(t *testing.T) {
 		t.Errorf("cancel: %d %s; want 200 naming model m", w.Code, w.Body)
 	}
 	r := awaitRecord(t, ctx, f.mesh, id).Result
-	if r.Status != job.StatusCancelled || r.Provider != "p" || r.Model != "m" || !r.SubmittedAt.Equal(sub) || r.CompletedAt.IsZero() {
-		t.Errorf("cancelled result = %+v; want cancelled, p/m, submitted %v, completed", r, sub)
+	if r.Status != job.StatusCancelled || r.Provider != "p" || r.Model != "m" || !r.SubmittedAt.Equal(sub) || r.CompletedAt.IsZero() ||
+		r.TraceID != "0af7651916cd43dd8448eb211c80319c" {
+		t.Errorf("cancelled result = %+v; want cancelled, p/m, submitted %v, completed, in the job's trace", r, sub)
 	}
 }
