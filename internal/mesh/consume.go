@@ -30,6 +30,9 @@ type Consumer struct {
 	// goroutine; 0 runs the handler on the consume goroutine itself (it
 	// must then hand work off and return).
 	Parallel int
+	// Middleware wraps the handler, the first outermost; Recover always
+	// wraps them all.
+	Middleware []Middleware
 }
 
 // Loop is a running consume loop. A loop the client ended by itself (the
@@ -55,12 +58,18 @@ type Loop struct {
 // restartWait bounds the wait between attempts to start an ended loop.
 const restartWait = 5 * time.Second
 
-// Consume ensures the consumer and starts delivering its messages to h.
-// A missed heartbeat is routine (the server is briefly away) and is not
-// logged; other consume errors are logged at debug level, as the client
-// recovers from them itself, except those that end the loop (logged when
-// it starts again).
-func (m *Mesh) Consume(ctx context.Context, c Consumer, log *slog.Logger, h func(jetstream.Msg)) (*Loop, error) {
+// Consume ensures the consumer and starts delivering its messages to
+// handler, wrapped in c's middleware and Recover; what it returns is told
+// JetStream (Settle). A missed heartbeat is routine (the server is briefly
+// away) and is not logged; other consume errors are logged at debug level,
+// as the client recovers from them itself, except those that end the loop
+// (logged when it starts again).
+func (m *Mesh) Consume(ctx context.Context, c Consumer, log *slog.Logger, handler Handler) (*Loop, error) {
+	for i := len(c.Middleware) - 1; i >= 0; i-- {
+		handler = c.Middleware[i](handler)
+	}
+	handler = Recover(log, c.What)(handler)
+	h := func(msg jetstream.Msg) { Settle(msg, handler(ctx, msg), log, c.What, "") }
 	l := &Loop{m: m, c: c, log: log, h: h}
 	if c.Parallel > 0 {
 		l.sem = make(chan struct{}, c.Parallel)

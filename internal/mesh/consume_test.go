@@ -33,7 +33,7 @@ func TestConsumeLoop(t *testing.T) {
 	var running, most, handled atomic.Int64
 	all := make(chan struct{})
 	log := slog.New(slog.DiscardHandler)
-	loop, err := m.Consume(ctx, mesh.Consumer{Stream: streams.Intake, Template: "ingest", What: "intake", Batch: 8, Parallel: parallel}, log, func(msg jetstream.Msg) {
+	loop, err := m.Consume(ctx, mesh.Consumer{Stream: streams.Intake, Template: "ingest", What: "intake", Batch: 8, Parallel: parallel}, log, func(context.Context, jetstream.Msg) error {
 		now := running.Add(1)
 		for {
 			old := most.Load()
@@ -44,11 +44,11 @@ func TestConsumeLoop(t *testing.T) {
 		// A hold, not a wait: handlers must overlap for the bound to be
 		// tested, and nothing signals that the loop would start another.
 		time.Sleep(time.Millisecond)
-		_ = msg.Ack()
 		running.Add(-1)
 		if handled.Add(1) == n {
 			close(all)
 		}
+		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +68,7 @@ func TestConsumeLoop(t *testing.T) {
 		t.Errorf("handlers at once: got %d, want 1 to %d", got, parallel)
 	}
 
-	if _, err := m.Consume(ctx, mesh.Consumer{Stream: "NO_SUCH_STREAM", Template: "ingest", What: "none", Batch: 1}, log, func(jetstream.Msg) {}); err == nil {
+	if _, err := m.Consume(ctx, mesh.Consumer{Stream: "NO_SUCH_STREAM", Template: "ingest", What: "none", Batch: 1}, log, func(context.Context, jetstream.Msg) error { return nil }); err == nil {
 		t.Error("a consumer on an unknown stream: got no error")
 	}
 }
@@ -84,9 +84,9 @@ func TestConsumeLoopRestarts(t *testing.T) {
 	js := m.JS
 	got := make(chan byte, 8)
 	c := mesh.Consumer{Stream: streams.Intake, Template: "ingest", Name: "ingest-restart", What: "intake", Batch: 4}
-	loop, err := m.Consume(ctx, c, slog.New(slog.DiscardHandler), func(msg jetstream.Msg) {
-		_ = msg.Ack()
+	loop, err := m.Consume(ctx, c, slog.New(slog.DiscardHandler), func(_ context.Context, msg jetstream.Msg) error {
 		got <- msg.Data()[0]
+		return nil
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -1,5 +1,9 @@
 // Package mesh holds what several services share: the JetStream handles,
-// result publication, job records and idempotency records.
+// job records and idempotency records, and the one owner of three
+// decisions: how a job ends (Finish publishes every terminal result), how
+// it goes back to admission (Requeue, a reason's message-id kind), and how
+// a consumed message is settled (Consume runs a Handler whose error is its
+// decision, with Recover and the PoisonRule as middleware).
 package mesh
 
 import (
@@ -34,7 +38,7 @@ type Mesh struct {
 	Idempotency jetstream.KeyValue // <tenant>.<hash> -> OpRecord
 	Budgets     jetstream.KeyValue
 	Fleet       jetstream.KeyValue // the fleet key (internal/guard); services only read it
-	// Tracing is the node's tracer (nil: off). Enqueue and the result
+	// Tracing is the node's tracer (nil: off). Requeue and the result
 	// publishers carry the trace context of their ctx in the message's
 	// headers, and a result the trace id.
 	Tracing   *tracing.Tracing
@@ -78,16 +82,6 @@ type Record struct {
 	Result      *job.Result `json:"result,omitempty"`
 	// OpKey is the job's operation record's key (OpKey), for a cancel.
 	OpKey string `json:"op_key,omitempty"`
-}
-
-// PublishResult stores the one terminal result of a job in RESULTS. A
-// second result for the same job is refused by the stream; that is not an
-// error here (the first one stands).
-//
-// opKey names the job's idempotency record (mesh.OpKey), so the result
-// service can settle it; "" when the job never had one.
-func (m *Mesh) PublishResult(ctx context.Context, r *job.Result, opKey string) error {
-	return m.PublishResultWith(ctx, r, opKey, ResultHints{})
 }
 
 // ResultHints let the result service update a job's records by
@@ -159,49 +153,6 @@ func Hints(h nats.Header) ResultHints {
 		}
 	}
 	return out
-}
-
-// PublishResultWith is PublishResult with hints for the result service.
-func (m *Mesh) PublishResultWith(ctx context.Context, r *job.Result, opKey string, h ResultHints) error {
-	if r.CompletedAt.IsZero() {
-		r.CompletedAt = time.Now().UTC()
-	}
-	if r.TraceID == "" {
-		r.TraceID = tracing.TraceID(ctx)
-	}
-	data, err := json.Marshal(r)
-	if err != nil {
-		return err
-	}
-	msg := nats.NewMsg(job.StoreSubject(r.Tenant, r.JobID))
-	msg.Data = data
-	msg.Header.Set(jetstream.MsgIDHeader, keys.MsgID(keys.MsgResult, r.Tenant, r.JobID, ""))
-	if opKey != "" {
-		msg.Header.Set(OpKeyHeader, opKey)
-		if h.Op != nil && h.OpRev > 0 {
-			if op, err := json.Marshal(h.Op); err == nil {
-				msg.Header.Set(OpRevHeader, strconv.FormatUint(h.OpRev, 10))
-				msg.Header.Set(OpRecordHeader, string(op))
-			}
-		}
-	}
-	if h.RecordRev > 0 {
-		msg.Header.Set(RecRevHeader, strconv.FormatUint(h.RecordRev, 10))
-	}
-	tracing.ToNATS(ctx, msg.Header)
-	if h.Facts != nil {
-		if f, err := json.Marshal(h.Facts); err == nil {
-			msg.Header.Set(FactsHeader, string(f))
-		}
-	}
-	_, err = m.JS.PublishMsg(ctx, msg)
-	if err != nil && IsPerSubjectLimit(err) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("publish result %s: %w", r.JobID, err)
-	}
-	return nil
 }
 
 // OpKeyHeader carries a result's idempotency record key.
@@ -287,9 +238,9 @@ func (m *Mesh) getRecord(ctx context.Context, key string) (*Record, uint64, erro
 	return &r, e.Revision(), nil
 }
 
-// Enqueue publishes a job to QUEUE. msgID dedupes a repeat within the
+// enqueue publishes a job to QUEUE. msgID dedupes a repeat within the
 // stream's duplicate window (a crash between publish and ack).
-func (m *Mesh) Enqueue(ctx context.Context, j *task.Task, msgID string) error {
+func (m *Mesh) enqueue(ctx context.Context, j *task.Task, msgID string) error {
 	data, err := json.Marshal(j)
 	if err != nil {
 		return err

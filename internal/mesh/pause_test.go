@@ -25,7 +25,7 @@ func TestPauseDispatch(t *testing.T) {
 	m := meshtest.New(t, streams.Options{})
 	name := keys.DispatchConsumer("p", job.ModelToken("m"))
 	loop, err := m.Consume(ctx, mesh.Consumer{Stream: streams.Dispatch, Template: "executor", Name: name, Filter: job.DispatchSubject("p", "m"), What: name, Batch: 1},
-		slog.New(slog.DiscardHandler), func(msg jetstream.Msg) { _ = msg.Ack() })
+		slog.New(slog.DiscardHandler), func(context.Context, jetstream.Msg) error { return nil })
 	if err != nil {
 		t.Fatal(err)
 	}

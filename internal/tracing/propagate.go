@@ -98,6 +98,16 @@ func Traceparent(ctx context.Context) string {
 	return c["traceparent"]
 }
 
+// TraceIDOf is the trace id a W3C traceparent names; "" when it names
+// none.
+func TraceIDOf(traceparent string) string {
+	sc := trace.SpanContextFromContext(propagator.Extract(context.Background(), propagation.MapCarrier{"traceparent": traceparent}))
+	if !sc.IsValid() {
+		return ""
+	}
+	return sc.TraceID().String()
+}
+
 // LinkTo links ctx's span to the span a traceparent names (another
 // trace's, where the work goes on: a job that joins an earlier one).
 func LinkTo(ctx context.Context, traceparent string) {

@@ -36,7 +36,6 @@ package admission
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -334,20 +333,17 @@ func (s *Service) admit(ctx context.Context, msgs []jetstream.Msg) {
 // and the fleet key do not confirm. A job that can never run ends failed
 // (or, for a tenant Sluice does not know, is dropped) and ok is false.
 func (s *Service) check(ctx context.Context, msg jetstream.Msg, now time.Time) (j *task.Task, ok bool) {
+	poison := mesh.PoisonRule{Log: s.log, Stage: "queue", Count: func(stage, code string) { s.m.JobsRejected.WithLabelValues(stage, code).Inc() }}
 	defer func() {
 		// Whatever a message holds, it must not stop the scheduler.
 		if p := recover(); p != nil {
-			s.log.Error("queue: job that broke validation dropped", "subject", msg.Subject(), "panic", p)
-			s.m.JobsRejected.WithLabelValues("queue", "invalid").Inc()
-			_ = msg.Term()
+			poison.Drop(msg, "invalid", fmt.Errorf("validation panicked: %v", p))
 			j, ok = nil, false
 		}
 	}()
-	j = new(task.Task)
-	if err := json.Unmarshal(msg.Data(), j); err != nil || j.ID == "" {
-		s.log.Error("queue: undecodable job dropped", "subject", msg.Subject(), "err", err)
-		s.m.JobsRejected.WithLabelValues("queue", "undecodable").Inc()
-		_ = msg.Term()
+	j, err := mesh.DecodeTask(msg)
+	if err != nil {
+		poison.Drop(msg, mesh.CodeUndecodable, err)
 		return nil, false
 	}
 	corrected, err := s.guard.Queued(j, now)
@@ -406,18 +402,18 @@ func jitter(d time.Duration) time.Duration {
 }
 
 // exits owns how admission ends a job: its terminal result (expired,
-// failed) published, then its QUEUE message acknowledged, or sent back to
-// try again when the result could not be published.
+// failed) published through the mesh's one finish, then its QUEUE
+// message acknowledged, or sent back to try again when the result could
+// not be published.
 type exits struct {
 	*env
 	tracer *tracer
 }
 
 func (x *exits) expire(ctx context.Context, msg jetstream.Msg, j *task.Task, why string) {
-	res := &job.Result{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusExpired, Attempts: len(j.Attempts),
-		Error: &job.Error{Code: job.CodeDeadlineExpired, Message: why}, SubmittedAt: j.SubmittedAt, Provider: j.Provider, Model: j.Model}
+	res := mesh.Outcome{Status: job.StatusExpired, Error: &job.Error{Code: job.CodeDeadlineExpired, Message: why}}
 	opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
-	if err := x.mesh.PublishResultWith(ctx, res, opKey, mesh.ResultHints{Facts: mesh.FactsOf(j)}); err != nil {
+	if _, err := x.mesh.Finish(ctx, j, res, mesh.Exit{OpKey: opKey, Hints: mesh.ResultHints{Facts: mesh.FactsOf(j)}, Price: x.app()}); err != nil {
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
@@ -427,9 +423,9 @@ func (x *exits) expire(ctx context.Context, msg jetstream.Msg, j *task.Task, why
 func (x *exits) fail(ctx context.Context, c *Candidate, e *job.Error) {
 	ctx = x.tracer.leave(ctx, c, "failed")
 	j := c.Job
-	res := &job.Result{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusFailed, Attempts: len(j.Attempts), Error: e, SubmittedAt: j.SubmittedAt}
+	res := mesh.Outcome{Status: job.StatusFailed, Error: e}
 	opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
-	if err := x.mesh.PublishResultWith(ctx, res, opKey, mesh.ResultHints{Facts: mesh.FactsOf(j)}); err != nil {
+	if _, err := x.mesh.Finish(ctx, j, res, mesh.Exit{OpKey: opKey, Hints: mesh.ResultHints{Facts: mesh.FactsOf(j)}, Price: x.app()}); err != nil {
 		_ = c.Msg.NakWithDelay(time.Second)
 		return
 	}

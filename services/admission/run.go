@@ -182,16 +182,17 @@ func (s *Service) tenantConsumer(tenant string) mesh.Consumer {
 		Batch: min(a.Batch, a.TenantWindow), BatchBytes: max(share, 2*s.app().Limits.JobMsgBytes())}
 }
 
-// deliver hands a message to the scheduler.
-func (q *queueTakers) deliver(msg jetstream.Msg) {
+// deliver hands a message to the scheduler, which settles it.
+func (q *queueTakers) deliver(_ context.Context, msg jetstream.Msg) error {
 	select {
 	case q.in <- msg:
+		return mesh.ErrKept
 	case <-q.ctx.Done():
 		// Shutting down: another admission process takes it now,
 		// not after the ack wait.
-		_ = msg.Nak()
+		return mesh.Retry(0)
 	case <-q.quit:
-		_ = msg.Nak()
+		return mesh.Retry(0)
 	}
 }
 

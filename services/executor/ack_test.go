@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -71,10 +73,15 @@ func TestHandlingSettlesOnce(t *testing.T) {
 		t.Parallel()
 		f := setup(t, answer(200, nil, okBody))
 		msg := &recorded{data: []byte("{not json")}
-		j, err := f.s.decode(msg)
-		f.s.acknowledge(msg, j, err)
+		mc := &modelCalls{s: f.s}
+		h := mesh.Recover(f.s.log, "dispatch")(f.s.poison().Middleware(mc.take))
+		mesh.Settle(msg, h(context.Background(), msg), f.s.log, "dispatch", "")
 		if got := msg.got(); got != "[term]" {
 			t.Fatalf("settled %s, want [term]", got)
+		}
+		var m dto.Metric
+		if err := f.s.m.JobsRejected.WithLabelValues("dispatch", "undecodable").Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
+			t.Errorf("counted %v rejected undecodable (%v), want 1", m.GetCounter().GetValue(), err)
 		}
 	})
 	t.Run("unverified is admitted again", func(t *testing.T) {

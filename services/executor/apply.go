@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/config"
-	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/provider"
 	"github.com/sluice-dev/sluice/internal/route"
@@ -119,14 +118,14 @@ func (s *outcomes) apply(ctx context.Context, a *attempt, out provider.Outcome, 
 	switch d.verdict {
 	case endTooLarge:
 		// The job's budget stays charged at the reservation.
-		return s.fin.finish(ctx, j, a.opKey, &job.Result{Status: job.StatusFailed, Error: s.fin.tooLarge()})
+		return s.fin.finish(ctx, j, a.opKey, &mesh.Outcome{Status: job.StatusFailed, Error: s.fin.tooLarge()})
 	case settleResult:
 		s.fb.settle(ctx, j, a.resp.Usage)
 		var inFlight *mesh.OpRecord
 		if a.opRev > 0 {
 			inFlight = a.op
 		}
-		return s.fin.finishHinted(ctx, j, a.opKey, &job.Result{Status: job.StatusSucceeded, Response: a.resp.Body, Usage: &a.resp.Usage,
+		return s.fin.finishHinted(ctx, j, a.opKey, &mesh.Outcome{Status: job.StatusSucceeded, Response: a.resp.Body, Usage: &a.resp.Usage,
 			ProviderRequestID: provider.RequestID(a.resp.Header)}, inFlight, a.opRev)
 	case endUnknown:
 		return s.marks.outcomeUnknown(ctx, j, a.opKey, d.reason)
@@ -138,7 +137,7 @@ func (s *outcomes) apply(ctx context.Context, a *attempt, out provider.Outcome, 
 			// An unknown outcome stays in_flight: the retry reuses the key.
 			s.back.requeueOp(ctx, a.opKey, j, "requeue")
 		}
-		return s.mesh.Enqueue(ctx, j, keys.MsgID(keys.MsgRetry, j.Tenant, j.ID, strconv.Itoa(a.n)))
+		return s.mesh.Requeue(ctx, j, mesh.Retried, strconv.Itoa(a.n))
 	}
 	if d.fallback != nil {
 		if fb, ok := s.fall.fallback(j, *d.fallback); ok {
@@ -237,5 +236,5 @@ func (s *outcomes) throttled(ctx context.Context, msg jetstream.Msg, j *task.Tas
 		j.NotBefore = &nb
 	}
 	s.back.requeueOp(ctx, opKey, j, "throttled")
-	return s.mesh.Enqueue(ctx, j, keys.MsgID(keys.MsgRateLimited, j.Tenant, j.ID, strconv.Itoa(j.RateLimited)))
+	return s.mesh.Requeue(ctx, j, mesh.RateLimited, strconv.Itoa(j.RateLimited))
 }

@@ -120,7 +120,7 @@ func (a *attempt) close() {
 func (s *caller) prepare(ctx context.Context, a *attempt) (done bool, err error) {
 	j := a.j
 	if j.Deadline != nil && !j.Deadline.After(a.at) {
-		return true, s.fin.finish(ctx, j, a.opKey, &job.Result{Status: job.StatusExpired, Error: &job.Error{Code: job.CodeDeadlineExpired, Message: "deadline passed before the provider call"}})
+		return true, s.fin.finish(ctx, j, a.opKey, &mesh.Outcome{Status: job.StatusExpired, Error: &job.Error{Code: job.CodeDeadlineExpired, Message: "deadline passed before the provider call"}})
 	}
 	if j.Reservation == nil || a.at.After(j.Reservation.ValidUntil) {
 		return true, s.back.notSent(ctx, a)
@@ -195,7 +195,7 @@ func (s *caller) admitCall(ctx context.Context, a *attempt) (done bool, err erro
 	prov, dm, ok := s.app().Deployment(j.Provider, j.Model)
 	a.client = s.clients.client(j.Provider)
 	if !ok || a.client == nil {
-		return true, s.fin.finish(ctx, j, a.opKey, &job.Result{Status: job.StatusFailed, Error: &job.Error{Code: job.CodeUnknownModel, Message: fmt.Sprintf("model %q is not configured here", j.Model)}})
+		return true, s.fin.finish(ctx, j, a.opKey, &mesh.Outcome{Status: job.StatusFailed, Error: &job.Error{Code: job.CodeUnknownModel, Message: fmt.Sprintf("model %q is not configured here", j.Model)}})
 	}
 	a.upstream = dm.UpstreamName()
 	a.until = a.at.Add(prov.Timeout.D())

@@ -37,7 +37,6 @@ package executor
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -196,16 +195,10 @@ func (s *Service) wire(learn *adapt.Store) {
 		clients: &clientSet{env: e, by: map[string]clientEntry{}}, pools: s.pools, transits: s.transits}
 }
 
-// decode reads a dispatched job; one that does not decode can never
-// become valid, and decode returns errTerminate.
-func (s *Service) decode(msg jetstream.Msg) (*task.Task, error) {
-	var j task.Task
-	if err := json.Unmarshal(msg.Data(), &j); err != nil || j.ID == "" {
-		s.log.Error("dispatch: undecodable job dropped", "subject", msg.Subject(), "err", err)
-		s.m.JobsRejected.WithLabelValues("dispatch", "undecodable").Inc()
-		return nil, errTerminate
-	}
-	return &j, nil
+// poison is the executor's rule for a dispatched message that can never
+// run (mesh.PoisonRule): dropped, counted as rejected at dispatch.
+func (s *Service) poison() mesh.PoisonRule {
+	return mesh.PoisonRule{Log: s.log, Stage: "dispatch", Count: func(stage, code string) { s.m.JobsRejected.WithLabelValues(stage, code).Inc() }}
 }
 
 // run executes a verified job. It returns nil when the message is to be
@@ -264,7 +257,7 @@ func (s *Service) verify(ctx context.Context, msg jetstream.Msg, j *task.Task) e
 		s.m.JobsRejected.WithLabelValues("dispatch", e.Code).Inc()
 		s.log.Warn("dispatch: invalid job ended", "job_id", j.ID, "code", e.Code)
 		opKey, _ := mesh.OpKey(j.Tenant, j.IdempotencyKey, j.ID)
-		if err := s.fin.finish(ctx, j, opKey, &job.Result{Status: job.StatusFailed, Error: e}); err != nil {
+		if err := s.fin.finish(ctx, j, opKey, &mesh.Outcome{Status: job.StatusFailed, Error: e}); err != nil {
 			return err
 		}
 	}

@@ -1,7 +1,6 @@
 package executor
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -11,28 +10,27 @@ import (
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
-	"github.com/sluice-dev/sluice/streams"
 )
 
 // finisher owns publishing a job's terminal result: it fills in what
 // every result carries (job, tenant, attempts, deployment, price), ends a
 // streamed job's stream subject, stores a cacheable answer, writes the
 // dead-letter entry first for a job a call failed (terminal), and
-// publishes, retrying the mesh.
+// publishes through the mesh's one finish (mesh.Finish).
 type finisher struct {
 	*env
 	ended      sync.Map // job id -> true: its stream's end marker is published
 	firstToken sync.Map // job key -> time.Duration: its stream's time to first token (request log)
 }
 
-func (s *finisher) finish(ctx context.Context, j *task.Task, opKey string, r *job.Result) error {
+func (s *finisher) finish(ctx context.Context, j *task.Task, opKey string, r *mesh.Outcome) error {
 	return s.finishHinted(ctx, j, opKey, r, nil, 0)
 }
 
 // finishHinted is finish; inFlight (at opRev) is the operation record as
 // this attempt wrote it, passed on to the result service so it can settle
 // the record without reading it (nil: not known).
-func (s *finisher) finishHinted(ctx context.Context, j *task.Task, opKey string, r *job.Result, inFlight *mesh.OpRecord, opRev uint64) error {
+func (s *finisher) finishHinted(ctx context.Context, j *task.Task, opKey string, r *mesh.Outcome, inFlight *mesh.OpRecord, opRev uint64) error {
 	if _, ended := s.ended.LoadAndDelete(j.Key()); !ended && r.Status != job.StatusSucceeded {
 		if stream, _ := streamed(j); stream {
 			// A streamed job that ends before its first token: its stream
@@ -40,13 +38,9 @@ func (s *finisher) finishHinted(ctx context.Context, j *task.Task, opKey string,
 			newChunkPublisher(s.mesh.JS, j, 0, s.now, nil).end(r.Status, r.Error)
 		}
 	}
-	r.JobID, r.Tenant, r.Attempts = j.ID, j.Tenant, len(j.Attempts)
-	r.Provider, r.Model, r.SubmittedAt = j.Provider, j.Model, j.SubmittedAt
 	if len(r.Response) > s.app().Limits.MaxResponseBytes {
 		r.Status, r.Response, r.Error = job.StatusFailed, nil, s.tooLarge()
 	}
-	s.app().PriceResult(r, cmp.Or(r.UsageSource, job.UsageProvider))
-	s.storeAnswer(ctx, j, r)
 	hints := mesh.ResultHints{Op: inFlight, OpRev: opRev, Facts: mesh.FactsOf(j)}
 	if ttft, ok := s.firstToken.LoadAndDelete(j.Key()); ok {
 		hints.Facts.TTFTMS = ttft.(time.Duration).Milliseconds()
@@ -54,14 +48,10 @@ func (s *finisher) finishHinted(ctx context.Context, j *task.Task, opKey string,
 	if j.Revs != nil {
 		hints.RecordRev = j.Revs.Record
 	}
-	err := s.publishResult(ctx, r, opKey, hints)
-	if err != nil && r.Response != nil && mesh.IsTooLarge(err) {
-		// Whatever the sizes agreed at start, an answer that cannot be
-		// stored must not be redelivered: each delivery would pay again.
-		s.log.Warn("result too large to store; ending the job response_too_large", "job_id", j.ID, "bytes", len(r.Response))
-		r.Status, r.Response, r.Error = job.StatusFailed, nil, s.tooLarge()
-		err = s.mesh.PublishResultWith(ctx, r, opKey, hints)
-	}
+	// Whatever the sizes agreed at start, an answer that cannot be stored
+	// must not be redelivered: each delivery would pay again (TooLarge).
+	_, err := s.mesh.Finish(ctx, j, *r, mesh.Exit{OpKey: opKey, Hints: hints, Price: s.app(), Wait: resultPublishWait, TooLarge: s.tooLarge(),
+		Before: func(res *job.Result) { s.storeAnswer(ctx, j, res) }})
 	return err
 }
 
@@ -72,22 +62,13 @@ func (s *finisher) terminal(ctx context.Context, j *task.Task, opKey string, sta
 		return fmt.Errorf("dead-letter %s: %w", j.ID, err)
 	}
 	s.m.DeadLetters.WithLabelValues(reason).Inc()
-	return s.finish(ctx, j, opKey, &job.Result{Status: status, Error: e})
+	return s.finish(ctx, j, opKey, &mesh.Outcome{Status: status, Error: e})
 }
 
 func (s *finisher) tooLarge() *job.Error {
 	return &job.Error{Code: job.CodeResponseTooLarge, Message: fmt.Sprintf(
 		"the provider's answer is larger than limits.max_response_bytes (%d bytes): it was paid for once and is not stored, and the call is not repeated; raise the limit or ask for less output",
 		s.app().Limits.MaxResponseBytes)}
-}
-
-// publishResult stores r, riding through a leader election of RESULTS.
-func (s *finisher) publishResult(ctx context.Context, r *job.Result, opKey string, h mesh.ResultHints) error {
-	ctx, cancel := context.WithTimeout(ctx, resultPublishWait)
-	defer cancel()
-	return streams.Retry(ctx, func(ctx context.Context) error {
-		return s.mesh.PublishResultWith(ctx, r, opKey, h)
-	})
 }
 
 // storeAnswer keeps a job's answer in the response cache when ingest gave

@@ -8,7 +8,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/clip"
@@ -34,9 +33,8 @@ type requeuer struct {
 
 // backReason is why a job goes back to admission unsent.
 type backReason struct {
-	name  string   // the metric label and the job's Requeued.Reason
-	kind  keys.Msg // its QUEUE message id's kind
-	bound int      // returns in a row for this reason, without a call, before the job ends
+	name  string // its mesh.Reason: the metric label and the job's Requeued.Reason
+	bound int    // returns in a row for this reason, without a call, before the job ends
 }
 
 // The reasons. A reservation that does not verify is Sluice's own fault:
@@ -44,16 +42,16 @@ type backReason struct {
 // instant the executors kept up with, a tenant slot, a breaker's probe, a
 // drain's end); their bounds are far above any normal run of them.
 var (
-	backUnverified = backReason{"unverified", keys.MsgUnverified, 3}
+	backUnverified = backReason{string(mesh.Unverified), 3}
 	// A lapse is also a wait for a concurrency slot a crashed process
 	// still leases (until its lease ends): a fast re-placement (no lead
 	// with room) makes many in that time.
-	backLapsed     = backReason{"lapsed", keys.MsgReadmit, 1200}
-	backTenantSlot = backReason{"tenant_slot", keys.MsgTenantSlot, 1200} // 5 min of TenantSlotWait
-	backBreaker    = backReason{"breaker_open", keys.MsgBreaker, 100}
-	backDown       = backReason{"deployment_down", keys.MsgDown, 100}
-	backDrain      = backReason{"drained", keys.MsgDrain, 20}
-	backFallback   = backReason{"fallback", keys.MsgFallback, 10}
+	backLapsed     = backReason{string(mesh.Lapsed), 1200}
+	backTenantSlot = backReason{string(mesh.TenantSlot), 1200} // 5 min of TenantSlotWait
+	backBreaker    = backReason{string(mesh.BreakerOpen), 100}
+	backDown       = backReason{string(mesh.DeploymentDown), 100}
+	backDrain      = backReason{string(mesh.Drained), 20}
+	backFallback   = backReason{string(mesh.Fallback), 10}
 )
 
 // requeueOp marks an operation that was about to be called queued again
@@ -93,7 +91,7 @@ func (s *requeuer) requeue(ctx context.Context, msg jetstream.Msg, j *task.Task,
 	}
 	j.Requeued = &task.Requeued{Reason: r.name, N: n, Calls: len(j.Attempts)}
 	j.Reservation = nil
-	return s.mesh.Enqueue(ctx, j, keys.MsgID(r.kind, j.Tenant, j.ID, dispatchSeq(msg)))
+	return s.mesh.Requeue(ctx, j, mesh.Reason(r.name), dispatchSeq(msg))
 }
 
 // backToAdmission sends a job that was not called back to admission

@@ -121,7 +121,7 @@ func (s *Service) consumeModel(ctx, leaseCtx context.Context, wg *sync.WaitGroup
 	// The handler runs on the consume goroutine and hands each call off
 	// (take): it blocks there only while it waits for a slot.
 	l, err := s.mesh.Consume(ctx, mesh.Consumer{Stream: streams.Dispatch, Template: "executor", Name: name,
-		Filter: job.DispatchSubject(provider, m.Name), What: name, Batch: max(2, m.MaxConcurrency)}, s.log, mc.take)
+		Filter: job.DispatchSubject(provider, m.Name), What: name, Batch: max(2, m.MaxConcurrency), Middleware: []mesh.Middleware{s.poison().Middleware}}, s.log, mc.take)
 	if err != nil {
 		return nil, err
 	}
@@ -147,10 +147,11 @@ type modelCalls struct {
 // take handles one dispatched message: a paced call is checked at once
 // and waits for its instant without a slot; any other waits here for a
 // slot first. What it does not hand off it settles at once.
-func (mc *modelCalls) take(msg jetstream.Msg) {
-	if j, err := mc.start(msg); err != nil {
-		mc.s.acknowledge(msg, j, err)
+func (mc *modelCalls) take(_ context.Context, msg jetstream.Msg) error {
+	if _, err := mc.start(msg); err != nil {
+		return decided(err)
 	}
+	return mesh.ErrKept
 }
 
 // start hands msg's job off to a goroutine of its own, which settles the
@@ -159,7 +160,7 @@ func (mc *modelCalls) start(msg jetstream.Msg) (*task.Task, error) {
 	s := mc.s
 	// Decoded once, here: the envelope carries the request, and a large
 	// one is the costliest thing an executor parses.
-	j, err := s.decode(msg)
+	j, err := mesh.DecodeTask(msg)
 	if err != nil {
 		return nil, err
 	}

@@ -228,7 +228,7 @@ func streamBreak(err, cause error) (reason string, broke error) {
 // reported settles the budget; a stream cut before its usage chunk stays
 // charged its reservation.
 func (s *streamer) endStream(ctx context.Context, j *task.Task, opKey string, pub *chunkPublisher, e *streamEnd) error {
-	r := &job.Result{Status: e.status, Usage: e.tr.Usage()}
+	r := &mesh.Outcome{Status: e.status, Usage: e.tr.Usage()}
 	if r.Usage == nil && e.tr.Started() {
 		r.Usage, r.UsageSource = s.estimateUsage(j, e.tr), job.UsageEstimate
 	}
@@ -361,7 +361,7 @@ func (s *streamer) cancelBeforeCall(ctx context.Context, j *task.Task, opKey str
 	s.fb.returnUnusedTokens(ctx, j)
 	s.m.StreamInterrupted.WithLabelValues(j.Provider, j.Model, "cancelled").Inc()
 	e := &job.Error{Code: job.CodeCancelled, Message: "the caller went away before the provider was called"}
-	return s.fin.finish(ctx, j, opKey, &job.Result{Status: job.StatusCancelled, Error: e})
+	return s.fin.finish(ctx, j, opKey, &mesh.Outcome{Status: job.StatusCancelled, Error: e})
 }
 
 // estimateUsage is Sluice's estimate of what a stream that ended without

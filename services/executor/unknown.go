@@ -77,11 +77,7 @@ func (s *marks) callBound(j *task.Task) time.Duration {
 }
 
 // redeliverAfter asks run to leave the message for a later delivery.
-type redeliverAfter time.Duration
-
-func (d redeliverAfter) Error() string {
-	return fmt.Sprintf("redeliver after %v", time.Duration(d))
-}
+type redeliverAfter = mesh.RetryAfter
 
 // lostCall handles a delivery of j that found an earlier attempt's call
 // marked sent and its outcome unrecorded (mayCallAgain is false). A

@@ -233,7 +233,7 @@ func (s *acceptor) enqueue(ctx context.Context, j *task.Task, held bool, opKey s
 	if made.job != 0 || made.op != 0 {
 		j.Revs = &task.Revs{Record: made.job, Op: made.op}
 	}
-	if err := s.mesh.Enqueue(ctx, j, keys.MsgID(keys.MsgQueued, j.Tenant, j.ID, "")); err != nil {
+	if err := s.mesh.Requeue(ctx, j, mesh.Accepted, ""); err != nil {
 		var refusal error = &transientError{err}
 		if mesh.IsStreamFull(err) {
 			refusal = &BusyError{Code: job.CodeQueueFull, RetryAfter: r.retry, Ahead: r.ahead, Message: "Sluice's queue is full"}

@@ -132,14 +132,10 @@ func (s *responseCache) serveJob(ctx context.Context, p *cache.Plan, j *task.Tas
 		return Accepted{}, false, &transientError{err}
 	}
 	s.countHit(p, j.Tenant, e)
-	res := &job.Result{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusSucceeded, Response: e.Response, Usage: e.Usage,
-		Provider: e.Provider, Model: e.Model, SubmittedAt: now, CompletedAt: now}
-	if res.Usage != nil {
-		// The usage is the stored call's; this answer was not paid for.
-		free := 0.0
-		res.Cost, res.UsageSource = &free, job.UsageProvider
-	}
-	if err := s.mesh.PublishResultWith(ctx, res, "", mesh.ResultHints{RecordRev: rev}); err != nil {
+	// The usage is the stored call's; this answer was not paid for.
+	res := mesh.Outcome{Status: job.StatusSucceeded, Response: e.Response, Usage: e.Usage, Unpaid: true, Provider: e.Provider, Model: e.Model}
+	hit := &task.Task{Job: j.Job, SubmittedAt: now}
+	if _, err := s.mesh.Finish(ctx, hit, res, mesh.Exit{Hints: mesh.ResultHints{RecordRev: rev}, Now: now}); err != nil {
 		return Accepted{}, false, &transientError{err}
 	}
 	j.CacheTarget, j.IdempotencyKey = nil, ""

@@ -497,9 +497,7 @@ func (s *acceptor) join(ctx context.Context, opKey string, j *task.Task) (string
 			return "", &transientError{err}
 		}
 		if orig.Result != nil {
-			res := *orig.Result
-			res.JobID, res.DuplicateOf, res.SubmittedAt = j.ID, rec.JobID, j.SubmittedAt
-			if err := s.mesh.PublishResult(ctx, &res, ""); err != nil {
+			if _, err := s.mesh.Finish(ctx, j, mesh.Outcome{Shared: orig.Result}, mesh.Exit{}); err != nil {
 				return "", &transientError{err}
 			}
 		}
@@ -519,7 +517,7 @@ func (s *Service) Run(ctx context.Context) error {
 	// independent (accept is idempotent per job id), so only the order in
 	// which concurrently delivered jobs reach QUEUE may differ from INTAKE's.
 	loop, err := s.mesh.Consume(ctx, mesh.Consumer{Stream: streams.Intake, Template: "ingest", What: "intake", Batch: 512, Parallel: IntakeParallel}, s.log,
-		func(msg jetstream.Msg) { s.intake.handle(ctx, msg) })
+		s.intake.handle)
 	if err != nil {
 		return err
 	}
@@ -556,7 +554,7 @@ func (s *Service) Run(ctx context.Context) error {
 	return nil
 }
 
-func (s *intake) handle(ctx context.Context, msg jetstream.Msg) {
+func (s *intake) handle(ctx context.Context, msg jetstream.Msg) error {
 	tenant, _ := job.TenantFromIntake(msg.Subject())
 	env, derr := job.Parse(msg.Data(), s.lim) // accept checks it
 	if env == nil {
@@ -580,7 +578,7 @@ func (s *intake) handle(ctx context.Context, msg jetstream.Msg) {
 	switch {
 	case err == nil:
 		s.m.JobsAccepted.WithLabelValues(j.Tenant, "nats").Inc()
-		_ = msg.Ack()
+		return nil
 	case errors.Is(err, ErrQueueFull):
 		// INTAKE keeps the job (deferred); as it fills, producers get the
 		// stream's refusal. It is offered again after half the estimated
@@ -589,26 +587,26 @@ func (s *intake) handle(ctx context.Context, msg jetstream.Msg) {
 			s.intakeShare.arrived(tenant, md.Sequence.Stream, storedSize(msg))
 		}
 		if over := s.intakeOver(ctx, tenant, err); over != nil {
-			s.refuse(ctx, msg, j, tenant, over)
+			d := s.refuse(ctx, msg, j, tenant, over)
 			s.intakeShare.gone(tenant)
-			return
+			return d
 		}
 		d := time.Second
 		var be *BusyError
 		if errors.As(err, &be) {
 			d = min(max(be.RetryAfter/2, time.Second), 30*time.Second)
 		}
-		_ = msg.NakWithDelay(d)
+		return mesh.Retry(d)
 	case errors.As(err, &te):
 		s.log.Warn("intake: will retry", "err", err)
-		_ = msg.NakWithDelay(2 * time.Second)
+		return mesh.Retry(2 * time.Second)
 	default:
-		s.refuse(ctx, msg, j, tenant, err)
+		return s.refuse(ctx, msg, j, tenant, err)
 	}
 }
 
 // refuse answers an invalid job with a failed result and drops it.
-func (s *intake) refuse(ctx context.Context, msg jetstream.Msg, j *task.Task, tenant string, err error) {
+func (s *intake) refuse(ctx context.Context, msg jetstream.Msg, j *task.Task, tenant string, err error) error {
 	var ve *job.ValidationError
 	jerr := &job.Error{Code: job.CodeInvalidRequest, Message: err.Error()}
 	if errors.As(err, &ve) {
@@ -617,8 +615,7 @@ func (s *intake) refuse(ctx context.Context, msg jetstream.Msg, j *task.Task, te
 	s.m.JobsRejected.WithLabelValues("nats", jerr.Code).Inc()
 	if tenant == "" || !job.ValidName(tenant) {
 		s.log.Warn("intake: dropped job on an invalid subject", "code", jerr.Code)
-		_ = msg.Term()
-		return
+		return mesh.Poison(err)
 	}
 	id := j.ID
 	if id == "" || !job.CanonicalID(id) {
@@ -627,39 +624,33 @@ func (s *intake) refuse(ctx context.Context, msg jetstream.Msg, j *task.Task, te
 	if _, ok := s.app().Tenant(tenant); !ok {
 		// Nothing is stored for a tenant Sluice does not know, but a
 		// producer listening on the result subject still learns why.
-		res := &job.Result{JobID: id, Tenant: tenant, Status: job.StatusFailed, CompletedAt: s.now().UTC(),
-			Error: &job.Error{Code: job.CodeUnknownTenant, Message: fmt.Sprintf("unknown tenant %q", tenant)}}
-		if data, err := json.Marshal(res); err == nil {
-			_ = s.mesh.JS.Conn().Publish(job.ResultSubject(tenant, id), data)
-		}
+		res := mesh.Outcome{Status: job.StatusFailed, Error: &job.Error{Code: job.CodeUnknownTenant, Message: fmt.Sprintf("unknown tenant %q", tenant)}}
+		_, _ = s.mesh.Finish(ctx, refused(tenant, id, time.Time{}, s.now()), res, mesh.Exit{Announce: true, Now: s.now()})
 		s.log.Warn("intake: refused job for unknown tenant", "job_id", id, "code", job.CodeUnknownTenant)
-		_ = msg.Term()
-		return
+		return mesh.Poison(err)
 	}
-	res := &job.Result{JobID: id, Tenant: tenant, Status: job.StatusFailed, Error: jerr, SubmittedAt: s.now().UTC()}
-	stored, lerr := false, error(nil)
+	res := mesh.Outcome{Status: job.StatusFailed, Error: jerr}
+	stored, submitted, lerr := false, time.Time{}, error(nil)
 	if id == j.ID {
-		stored, lerr = s.refusalStored(ctx, tenant, id)
+		stored, submitted, lerr = s.refusalStored(ctx, tenant, id)
 	}
+	rj := refused(tenant, id, submitted, s.now())
 	if lerr != nil {
 		s.log.Warn("intake: could not look the refused job up, will retry", "err", lerr)
-		_ = msg.NakWithDelay(2 * time.Second)
-		return
+		return mesh.Retry(2 * time.Second)
 	}
 	if !stored {
-		s.announce(res)
-		_ = msg.Ack()
-		return
+		_, _ = s.mesh.Finish(ctx, rj, res, mesh.Exit{Announce: true, Now: s.now()})
+		return nil
 	}
 	// The operation ends with the job (if it is this job's): a submission
 	// that joined it gets the refusal rather than waiting for a job that
 	// never runs.
 	opKey, _ := mesh.OpKey(tenant, j.IdempotencyKey, id)
-	if perr := s.mesh.PublishResult(ctx, res, opKey); perr != nil {
+	if _, perr := s.mesh.Finish(ctx, rj, res, mesh.Exit{OpKey: opKey, Now: s.now()}); perr != nil {
 		s.log.Warn("intake: could not publish refusal, will retry", "err", perr)
-		_ = msg.NakWithDelay(2 * time.Second)
-		return
+		return mesh.Retry(2 * time.Second)
 	}
 	s.log.Info("job refused", "job_id", id, "tenant", tenant, "code", jerr.Code)
-	_ = msg.Ack()
+	return nil
 }

@@ -244,7 +244,8 @@ func TestMessagesAnswerSlowerThanWriteTimeout(t *testing.T) {
 		// write deadline (net/http's, on the wall clock) has passed.
 		time.Sleep(3 * writeTimeout)
 		completion := `{"id":"c1","object":"chat.completion","model":"fast","choices":[{"index":0,"message":{"role":"assistant","content":"slow but here"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}`
-		answered <- f.mesh.PublishResult(ctx, &job.Result{JobID: j.ID, Tenant: "acme", Status: job.StatusSucceeded, Response: json.RawMessage(completion)}, "")
+		_, err := f.mesh.Finish(ctx, &j, mesh.Outcome{Status: job.StatusSucceeded, Response: json.RawMessage(completion)}, mesh.Exit{})
+		answered <- err
 	}()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ts.URL+"/v1/messages", bytes.NewReader([]byte(chatHi)))
 	req.Header.Set("Content-Type", "application/json")

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/internal/wire"
@@ -83,9 +84,9 @@ func TestSurfacesRenderRefusals(t *testing.T) {
 	}
 }
 
-// answerQueued publishes, once QUEUE's last job of acme's is not job
-// skip, the result res makes for it.
-func (f *fixture) answerQueued(ctx context.Context, skip string, res func(id string) *job.Result) <-chan error {
+// answerQueued ends, once QUEUE's last job of acme's is not job skip,
+// that job with outcome o (through the mesh's one finish).
+func (f *fixture) answerQueued(ctx context.Context, skip string, o mesh.Outcome) <-chan error {
 	answered := make(chan error, 1)
 	go func() {
 		var j task.Task
@@ -101,7 +102,8 @@ func (f *fixture) answerQueued(ctx context.Context, skip string, res func(id str
 			answered <- ctx.Err()
 			return
 		}
-		answered <- f.mesh.PublishResult(ctx, res(j.ID), "")
+		_, err := f.mesh.Finish(ctx, &j, o, mesh.Exit{})
+		answered <- err
 	}()
 	return answered
 }
@@ -123,9 +125,7 @@ func TestSurfacesRenderResults(t *testing.T) {
 			mux := f.mux()
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 			defer cancel()
-			answered := f.answerQueued(ctx, "", func(id string) *job.Result {
-				return &job.Result{JobID: id, Tenant: "acme", Status: job.StatusSucceeded, Response: json.RawMessage(completion), ProviderRequestID: "req_up"}
-			})
+			answered := f.answerQueued(ctx, "", mesh.Outcome{Status: job.StatusSucceeded, Response: json.RawMessage(completion), ProviderRequestID: "req_up"})
 			bounded := map[string]string{"X-Sluice-Wait-Timeout": "15"}
 			rec := post(mux, sf.path, "acme", sf.body, bounded)
 			if err := <-answered; err != nil {
@@ -143,9 +143,7 @@ func TestSurfacesRenderResults(t *testing.T) {
 				t.Errorf("Request-Id = %q, want %q (Anthropic's name, on /v1/messages only)", got, want)
 			}
 
-			answered = f.answerQueued(ctx, id, func(id string) *job.Result {
-				return &job.Result{JobID: id, Tenant: "acme", Status: job.StatusFailed, Error: &job.Error{Code: "server_error", Message: "upstream broke"}}
-			})
+			answered = f.answerQueued(ctx, id, mesh.Outcome{Status: job.StatusFailed, Error: &job.Error{Code: "server_error", Message: "upstream broke"}})
 			rec = post(mux, sf.path, "acme", sf.body, bounded)
 			if err := <-answered; err != nil {
 				t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/api"
 	"github.com/sluice-dev/sluice/internal/mesh"
+	"github.com/sluice-dev/sluice/internal/task"
+	"github.com/sluice-dev/sluice/internal/tracing"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
@@ -61,7 +63,7 @@ func (s *Service) cancel(w http.ResponseWriter, r *http.Request, auth api.Auth) 
 		finished(w, rec.Result.Status)
 		return
 	}
-	out, err := s.markCancelled(ctx, rec)
+	out, op, err := s.markCancelled(ctx, rec)
 	if err != nil {
 		api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not cancel the job")
 		return
@@ -78,9 +80,11 @@ func (s *Service) cancel(w http.ResponseWriter, r *http.Request, auth api.Auth) 
 			return
 		}
 	case cancelWon:
-		res := &job.Result{JobID: id, Tenant: tenant, Status: job.StatusCancelled, SubmittedAt: rec.SubmittedAt,
-			Error: &job.Error{Code: job.CodeCancelled, Message: "cancelled by the caller before the provider was called"}}
-		if err := s.mesh.PublishResult(ctx, res, opKeyOf(rec)); err != nil {
+		res := mesh.Outcome{Status: job.StatusCancelled, Error: &job.Error{Code: job.CodeCancelled, Message: "cancelled by the caller before the provider was called"}}
+		if op != nil && op.JobID == rec.JobID {
+			res.TraceID = tracing.TraceIDOf(op.Trace) // the job's, not this request's
+		}
+		if _, err := s.mesh.Finish(ctx, cancelledJob(rec, op), res, mesh.Exit{OpKey: opKeyOf(rec)}); err != nil {
 			api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not record the cancellation; the job is marked cancelled and will not be sent")
 			return
 		}
@@ -107,10 +111,12 @@ func finished(w http.ResponseWriter, st job.Status) {
 }
 
 // markCancelled marks the job's operation cancelled unless its call has
-// left or it is done.
-func (s *Service) markCancelled(ctx context.Context, rec *mesh.Record) (cancelOutcome, error) {
+// left or it is done; it returns the record as it found it (nil: none).
+func (s *Service) markCancelled(ctx context.Context, rec *mesh.Record) (cancelOutcome, *mesh.OpRecord, error) {
 	out := cancelWon
+	var seen *mesh.OpRecord
 	_, err := s.mesh.UpdateOp(ctx, opKeyOf(rec), func(o *mesh.OpRecord) bool {
+		seen = o
 		switch {
 		case o.JobID != rec.JobID || len(o.Joiners) > 0:
 			out = cancelJoined
@@ -127,9 +133,20 @@ func (s *Service) markCancelled(ctx context.Context, rec *mesh.Record) (cancelOu
 		return false
 	})
 	if errors.Is(err, job.ErrNotFound) {
-		return cancelDone, nil // expired with its result; the record says
+		return cancelDone, nil, nil // expired with its result; the record says
 	}
-	return out, err
+	return out, seen, err
+}
+
+// cancelledJob is the job a cancel ends, as its record and its operation
+// record (op, nil: none) know it: submitted when, placed on which
+// deployment.
+func cancelledJob(rec *mesh.Record, op *mesh.OpRecord) *task.Task {
+	t := &task.Task{Job: job.Job{ID: rec.JobID, Tenant: rec.Tenant}, SubmittedAt: rec.SubmittedAt}
+	if op != nil && op.JobID == rec.JobID {
+		t.Provider, t.Model = op.Provider, op.Model
+	}
+	return t
 }
 
 // stopRunning asks the executor running the job to stop its call; true

@@ -76,16 +76,16 @@ func TestRequestLogLine(t *testing.T) {
 	}
 	facts := mesh.FactsOf(j)
 	facts.TTFTMS = 120
-	res := &job.Result{JobID: j.ID, Tenant: "acme", Status: job.StatusSucceeded, Attempts: 1, Provider: "p", Model: "m",
-		SubmittedAt: sub, CompletedAt: sub.Add(3 * time.Second), Response: json.RawMessage(`{"content":"the secret answer"}`),
-		Usage: &job.Usage{PromptTokens: 1000, CachedTokens: 400, CompletionTokens: 100, TotalTokens: 1100}}
-	f.svc.app().PriceResult(res, job.UsageProvider)
+	j.Provider, j.Model = "p", "m"
+	res, err := f.mesh.Finish(ctx, j, mesh.Outcome{Status: job.StatusSucceeded, Response: json.RawMessage(`{"content":"the secret answer"}`),
+		Usage: &job.Usage{PromptTokens: 1000, CachedTokens: 400, CompletionTokens: 100, TotalTokens: 1100}},
+		mesh.Exit{Hints: mesh.ResultHints{Facts: facts}, Price: f.svc.app(), Now: sub.Add(3 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
 	wantCost := (600*3 + 400*0.3 + 100*15) / 1e6
 	if res.Cost == nil || math.Abs(*res.Cost-wantCost) > 1e-12 {
 		t.Fatalf("cost %v, want %v", res.Cost, wantCost)
-	}
-	if err := f.mesh.PublishResultWith(ctx, res, "", mesh.ResultHints{Facts: facts}); err != nil {
-		t.Fatal(err)
 	}
 	var line map[string]any
 	var raw string
@@ -132,10 +132,10 @@ func TestRequestLogUnpriced(t *testing.T) {
 	f := setupLogged(t, pricedYAML+"tenants: [{name: acme}]\n", slog.New(slog.NewJSONHandler(logs, nil)))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	res := &job.Result{JobID: job.NewID(), Tenant: "acme", Status: job.StatusSucceeded, Provider: "p", Model: "free",
-		Usage: &job.Usage{PromptTokens: 10, CompletionTokens: 5, TotalTokens: 15}}
-	f.svc.app().PriceResult(res, job.UsageProvider)
-	if err := f.mesh.PublishResult(ctx, res, ""); err != nil {
+	j := &task.Task{Job: job.Job{ID: job.NewID(), Tenant: "acme", Provider: "p"}, Model: "free"}
+	res, err := f.mesh.Finish(ctx, j, mesh.Outcome{Status: job.StatusSucceeded, Usage: &job.Usage{PromptTokens: 10, CompletionTokens: 5, TotalTokens: 15}},
+		mesh.Exit{Price: f.svc.app()})
+	if err != nil {
 		t.Fatal(err)
 	}
 	natstest.Eventually(t, 10*time.Second, func() error {

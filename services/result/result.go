@@ -25,6 +25,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/internal/tracing"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
@@ -90,14 +91,7 @@ func (s *Service) app() *config.Config {
 
 // Run consumes RESULTS until ctx ends.
 func (s *Service) Run(ctx context.Context) error {
-	loop, err := s.mesh.Consume(ctx, mesh.Consumer{Stream: streams.Results, Template: "result", What: "results", Batch: 256, Parallel: 32}, s.log, func(msg jetstream.Msg) {
-		if err := s.handle(ctx, msg); err != nil {
-			s.log.Warn("result: will retry", "subject", msg.Subject(), "err", err)
-			_ = msg.NakWithDelay(time.Second)
-			return
-		}
-		_ = msg.Ack()
-	})
+	loop, err := s.mesh.Consume(ctx, mesh.Consumer{Stream: streams.Results, Template: "result", What: "results", Batch: 256, Parallel: 32}, s.log, s.handle)
 	if err != nil {
 		return err
 	}
@@ -213,13 +207,21 @@ func (s *Service) settleOp(ctx context.Context, opKey string, r *job.Result, hin
 		return nil
 	}
 	for _, id := range joiners {
-		dup := *r
-		dup.JobID, dup.DuplicateOf = id, r.JobID
-		if err := s.mesh.PublishResult(ctx, &dup, ""); err != nil {
+		if _, err := s.mesh.Finish(ctx, joiner(ctx, s.mesh, r.Tenant, id), mesh.Outcome{Shared: r}, mesh.Exit{}); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// joiner is the job id of tenant that joined an operation, submitted when
+// its record says (unknown when it cannot be read).
+func joiner(ctx context.Context, m *mesh.Mesh, tenant, id string) *task.Task {
+	t := &task.Task{Job: job.Job{ID: id, Tenant: tenant}}
+	if rec, _, err := m.LookupRecord(ctx, tenant, id); err == nil {
+		t.SubmittedAt = rec.SubmittedAt
+	}
+	return t
 }
 
 // settle marks o done by r; false when it already is.

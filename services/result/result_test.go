@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/meshtest"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -78,7 +79,7 @@ func TestForgedTenantIsNoLabel(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, tenant := range []string{"acme", "forged-tenant"} {
-		if err := f.mesh.PublishResult(ctx, &job.Result{JobID: job.NewID(), Tenant: tenant, Status: job.StatusSucceeded}, ""); err != nil {
+		if _, err := f.mesh.Finish(ctx, &task.Task{Job: job.Job{ID: job.NewID(), Tenant: tenant}}, mesh.Outcome{Status: job.StatusSucceeded}, mesh.Exit{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -176,7 +177,7 @@ func TestResultHints(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := f.mesh.Results.Create(ctx, keys.Record("acme", joiner), []byte(`{"job_id":"`+joiner+`","tenant":"acme","status":"queued"}`)); err != nil {
+			if _, err := f.mesh.Results.Create(ctx, keys.Record("acme", joiner), []byte(`{"job_id":"`+joiner+`","tenant":"acme","status":"queued","submitted_at":"2026-01-02T03:04:05Z"}`)); err != nil {
 				t.Fatal(err)
 			}
 			opData := []byte(`{"key":"` + key + `","job_id":"` + id + `","tenant":"acme","state":"queued"}`)
@@ -198,8 +199,8 @@ func TestResultHints(t *testing.T) {
 			if tc.staleRec {
 				recRev += 1000
 			}
-			res := &job.Result{JobID: id, Tenant: "acme", Status: job.StatusSucceeded, Usage: &job.Usage{PromptTokens: 3, CompletionTokens: 4, TotalTokens: 7}}
-			if err := f.mesh.PublishResultWith(ctx, res, opKey, mesh.ResultHints{RecordRev: recRev, Op: &hinted, OpRev: opRev}); err != nil {
+			res := mesh.Outcome{Status: job.StatusSucceeded, Usage: &job.Usage{PromptTokens: 3, CompletionTokens: 4, TotalTokens: 7}}
+			if _, err := f.mesh.Finish(ctx, &task.Task{Job: job.Job{ID: id, Tenant: "acme"}}, res, mesh.Exit{OpKey: opKey, Hints: mesh.ResultHints{RecordRev: recRev, Op: &hinted, OpRev: opRev}}); err != nil {
 				t.Fatal(err)
 			}
 			rec := awaitRecord(t, ctx, f.mesh, id)
@@ -220,6 +221,8 @@ func TestResultHints(t *testing.T) {
 			if tc.wantJoiner {
 				if jr := awaitRecord(t, ctx, f.mesh, joiner); jr.Result.DuplicateOf != id {
 					t.Errorf("joiner's record = %+v, want a copy of %s", jr.Result, id)
+				} else if got := jr.Result.SubmittedAt.Format(time.RFC3339); got != "2026-01-02T03:04:05Z" {
+					t.Errorf("joiner's result submitted at %s, want its own submission, 2026-01-02T03:04:05Z", got)
 				}
 			}
 		})
