@@ -223,7 +223,7 @@ func (s *Service) dispatchAll(ctx context.Context) {
 	now := s.now()
 	batch := s.app().Admission.Batch
 	var pending []*pub
-	for _, q := range s.queues {
+	for _, q := range s.holder.queues {
 		if n, _ := q.sched.Len(); n == 0 || now.Before(q.wakeAt) {
 			continue
 		}
@@ -239,7 +239,7 @@ func (s *Service) dispatchAll(ctx context.Context) {
 			if it == nil {
 				break
 			}
-			s.held.remove(it)
+			s.holder.held.remove(it)
 			it.Value.(*Candidate).wait.note(q.reason)
 			if p := s.reserve(ctx, q, it); p != nil {
 				pending = append(pending, p)

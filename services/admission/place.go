@@ -78,7 +78,7 @@ func (s *Service) reserve(ctx context.Context, q *queueState, it *Item) *pub {
 	if c.wait.open {
 		c.wait.placing = now
 	}
-	order, prev := s.candidates(ctx, q, c, now)
+	order, prev := s.placer.candidates(ctx, q, c, now)
 	grouped := len(q.deps) > 1
 	for _, ms := range order {
 		p, out := s.reserveOn(ctx, q, ms, it, grouped)
@@ -86,7 +86,7 @@ func (s *Service) reserve(ctx context.Context, q *queueState, it *Item) *pub {
 			continue
 		}
 		if out == placed && c.Job.Affinity != "" && (grouped || s.app().Grouped(ms.model)) {
-			s.affinity.placed(c.Job, ms.provider, prev)
+			s.placer.affinity.placed(c.Job, ms.provider, prev)
 		}
 		return p
 	}

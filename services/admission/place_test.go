@@ -45,26 +45,26 @@ providers:
 	now := time.Unix(1000, 0)
 	h := fakeHealth{}
 	s := newService(&env{cfg: Config{App: cfg}})
-	s.health = h
-	q := s.queueOf(&task.Task{Job: job.Job{Provider: "a"}, Model: "m"})
+	s.placer.health = h
+	q := s.holder.queueOf(&task.Task{Job: job.Job{Provider: "a"}, Model: "m"})
 	if got := names(q.deps); len(got) != 4 || got[0] != "b" || got[1] != "c" {
 		t.Fatalf("group deployments %v, want b (tier 0), c (weight 2), then a, d", got)
 	}
 	c := &Candidate{Job: &task.Task{Model: "m"}}
 	order := func() []string {
-		o, _ := s.candidates(context.Background(), q, c, now)
+		o, _ := s.placer.candidates(context.Background(), q, c, now)
 		return names(o)
 	}
 	if got := order(); len(got) != 4 || got[0] != "b" || got[1] != "c" || got[2] != "a" || got[3] != "d" {
 		t.Fatalf("idle order %v, want [b c a d]", got)
 	}
 	// c sent lately: within tier 1, a and d are expected sooner.
-	s.models["rate.c.m"].nextAt = now.Add(time.Second)
+	s.placer.models["rate.c.m"].nextAt = now.Add(time.Second)
 	if got := order(); len(got) != 4 || got[1] != "a" || got[2] != "d" || got[3] != "c" {
 		t.Fatalf("order with c busy %v, want [b a d c]", got)
 	}
 	// b sleeps on its budget, a is paused, d cools: c is what is left.
-	b, a := q.deps[0], s.models["rate.a.m"]
+	b, a := q.deps[0], s.placer.models["rate.a.m"]
 	b.wakeAt, b.freeAt, b.reason = now.Add(300*time.Millisecond), now.Add(3*time.Second), "rpm"
 	a.pausedUntil, a.reason = now.Add(2*time.Second), "paused_provider"
 	h["d"] = now.Add(time.Second)
@@ -80,7 +80,7 @@ providers:
 		t.Fatalf("firstWake = %s, %q; want d's cooldown end (+1s), cooling", wake.Sub(now), reason)
 	}
 	// A pinned job waits for its own deployment only.
-	p := s.queueOf(&task.Task{Job: job.Job{Provider: "d"}, Model: "m", Pinned: true})
+	p := s.holder.queueOf(&task.Task{Job: job.Job{Provider: "d"}, Model: "m", Pinned: true})
 	if got := names(p.deps); len(got) != 1 || got[0] != "d" || p == q {
 		t.Fatalf("pinned queue deployments %v, want [d] in a queue of its own", got)
 	}

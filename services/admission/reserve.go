@@ -40,16 +40,16 @@ const (
 // the job.
 func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, it *Item, soft bool) (*pub, outcome) {
 	c := it.Value.(*Candidate)
-	s.place(ms, c)                         // the correction now, not at arrival (correct.go)
-	s.netOfCache(ctx, ms, []*Candidate{c}) // anthropic.go
+	s.coster.place(ms, c)                         // the correction now, not at arrival (correct.go)
+	s.coster.netOfCache(ctx, ms, []*Candidate{c}) // anthropic.go
 	_, model, ok := s.app().Deployment(ms.provider, ms.model)
 	if !ok {
-		s.fail(ctx, c, &job.Error{Code: job.CodeUnknownModel, Message: fmt.Sprintf("model %q is no longer configured", ms.model)})
+		s.exits.fail(ctx, c, &job.Error{Code: job.CodeUnknownModel, Message: fmt.Sprintf("model %q is no longer configured", ms.model)})
 		return nil, handled
 	}
-	taken, passed, day, err := s.passGatesOn(ctx, c, s.gatesFor(c, ms.provider, model), soft)
+	taken, passed, day, err := s.gates.passGatesOn(ctx, c, s.gates.gatesFor(c, ms.provider, model), soft)
 	if err != nil {
-		s.storeDown(ms.key, err)
+		s.outage.storeDown(ms.key, err)
 		s.unpop(q, it)
 		s.sleepQueue(q, s.now().Add(time.Second), "budget_store")
 		return nil, handled
@@ -65,12 +65,12 @@ func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, 
 	if !passed {
 		return nil, handled
 	}
-	placeable, err := s.holdSpend(ctx, c, ms.provider, model) // spend.go
+	placeable, err := s.spendGate.holdSpend(ctx, c, ms.provider, model) // spend.go
 	if err != nil || !placeable {
-		s.giveBack(ctx, taken)
+		s.gates.giveBack(ctx, taken)
 	}
 	if err != nil {
-		s.storeDown(ms.key, err)
+		s.outage.storeDown(ms.key, err)
 		s.unpop(q, it)
 		s.sleepQueue(q, s.now().Add(time.Second), "budget_store")
 		return nil, handled
@@ -79,26 +79,26 @@ func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, 
 		return nil, handled
 	}
 	lim, backlog := s.limitsFor(ctx, q, ms, model, c, it.Urgent)
-	g, err := s.lease(ctx, ms.key, lim, []*Candidate{c}, backlog, it.Urgent)
+	g, err := s.placer.lease(ctx, ms.key, lim, []*Candidate{c}, backlog, it.Urgent)
 	if err == nil && (len(g.SendAt) < g.N || len(g.Planned) < g.N || len(g.From) < g.N) {
 		err = fmt.Errorf("lease granted %d jobs with %d send instants", g.N, len(g.SendAt))
 	}
 	if g.N == 0 {
 		// The model cannot take the job now: what its gates and its spend
 		// budget took goes back.
-		s.giveBack(ctx, taken)
+		s.gates.giveBack(ctx, taken)
 	}
 	if g.N == 0 || err != nil {
-		s.dropSpend(ctx, c)
+		s.spendGate.dropSpend(ctx, c)
 	}
 	if err != nil {
 		// Fail closed: no budget, no dispatch.
-		s.storeDown(ms.key, err)
+		s.outage.storeDown(ms.key, err)
 		s.unpop(q, it)
 		s.sleepQueue(q, s.now().Add(time.Second), "budget_store")
 		return nil, handled
 	}
-	s.storeUp()
+	s.outage.storeUp()
 	if g.N == 0 {
 		s.m.AdmissionWaits.WithLabelValues(ms.provider, ms.model, g.Reason).Inc()
 		c.wait.note(g.Reason)
@@ -118,7 +118,7 @@ func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, 
 	}
 	ms.wakeAt, ms.reason = time.Time{}, ""
 	q.wakeAt, q.reason = time.Time{}, ""
-	s.advance(ms, lim, c.Cost, g.SendAt[0]) // place.go
+	s.placer.advance(ms, lim, c.Cost, g.SendAt[0]) // place.go
 	return s.publish(q, ms, c, g.SendAt[0], g.From[0], g.Planned[0], lim), placed
 }
 
@@ -126,7 +126,7 @@ func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, 
 // the headroom backlogged work leaves while urgent work is about, and the
 // backlog behind c to ask room for with it.
 func (s *Service) limitsFor(ctx context.Context, q *queueState, ms *modelState, model *config.Model, c *Candidate, urgent bool) (budget.Limits, budget.Cost) {
-	eff := s.effective(ctx, ms, *model)
+	eff := s.placer.effective(ctx, ms, *model)
 	lim := eff.Limits()
 	// Units are paced like requests and tokens at their configured limits
 	// (not learned from the provider).
@@ -177,7 +177,7 @@ func (s *Service) waitAll(ctx context.Context, q *queueState, it *Item) {
 	wake, reason := q.firstWake(now) // place.go
 	c.wait.note(reason)
 	if dl := c.Job.Deadline; dl != nil && wake.After(*dl) {
-		s.expire(s.leave(ctx, c, "expired"), c.Msg, c.Job, fmt.Sprintf("estimated wait %s for %s exceeds the deadline", wake.Sub(now).Round(time.Millisecond), orQueued(reason)))
+		s.exits.expire(s.tracer.leave(ctx, c, "expired"), c.Msg, c.Job, fmt.Sprintf("estimated wait %s for %s exceeds the deadline", wake.Sub(now).Round(time.Millisecond), orQueued(reason)))
 	} else {
 		s.unpop(q, it)
 	}
@@ -187,7 +187,7 @@ func (s *Service) waitAll(ctx context.Context, q *queueState, it *Item) {
 // unpop returns it to the head of q.
 func (s *Service) unpop(q *queueState, it *Item) {
 	q.sched.Unpop(it)
-	s.held.add(q.key, it)
+	s.holder.held.add(q.key, it)
 }
 
 // sleep sets when ms looks at its budget again, and why it takes nothing:
@@ -216,7 +216,7 @@ func (s *Service) sleepQueue(q *queueState, wake time.Time, reason string) {
 func (s *Service) publish(q *queueState, ms *modelState, c *Candidate, at, from, planned time.Time, lim budget.Limits) *pub {
 	now := s.now()
 	j := c.Job
-	s.placeOn(j, ms) // place.go
+	s.placer.placeOn(j, ms) // place.go
 	j.WaitReason = c.wait.last()
 	c.held.Slice = s.store.SliceOf(at) // what the executor settles against
 	j.Reservation = ms.rule.Reserve(c.held)
@@ -245,7 +245,7 @@ func (s *Service) publish(q *queueState, ms *modelState, c *Candidate, at, from,
 	// crash between publish and ack) is dropped by DISPATCH's duplicate
 	// window, while a job re-admitted later is a new message.
 	msg.Header.Set(jetstream.MsgIDHeader, keys.MsgID(keys.MsgDispatch, j.Tenant, j.ID, seqOf(c.Msg)))
-	tracing.SpanToNATS(s.endPlacement(c, ms, now), msg.Header) // trace.go
+	tracing.SpanToNATS(s.tracer.endPlacement(c, ms, now), msg.Header) // trace.go
 	fut, err := s.mesh.JS.PublishMsgAsync(msg)
 	if err != nil {
 		s.log.Warn("dispatch publish failed", "job_id", j.ID, "err", err)

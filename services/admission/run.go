@@ -46,8 +46,8 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	defer wg.Wait()
 	bg, stopBG := context.WithCancel(ctx)
 	defer stopBG() // before the wait, even when the scheduler fails
-	wg.Go(func() { s.affinity.run(bg) })
-	wg.Go(func() { s.watchDeployments(bg) })
+	wg.Go(func() { s.placer.affinity.run(bg) })
+	wg.Go(func() { s.placer.watchDeployments(bg) })
 	s.schedule(ctx, in, sig)
 	return nil
 }
@@ -282,7 +282,7 @@ func (s *Service) listen(ctx context.Context) (sig signals, unsubscribe func(), 
 		return sig, nil, fmt.Errorf("subscribe cancels: %w", err)
 	}
 	subs = append(subs, csub)
-	tsub, err := s.watchTransits()
+	tsub, err := s.placer.watchTransits()
 	if err != nil {
 		unsubscribe()
 		return sig, nil, fmt.Errorf("subscribe transits: %w", err)
@@ -322,35 +322,35 @@ func (s *Service) schedule(ctx context.Context, in <-chan jetstream.Msg, sig sig
 	defer tick.Stop()
 	touch := time.NewTicker(KeepAliveEvery)
 	defer touch.Stop()
-	watch := time.NewTicker(min(KeepAliveEvery, s.heldMax/4))
+	watch := time.NewTicker(min(KeepAliveEvery, s.holder.heldMax/4))
 	defer watch.Stop()
 	wake := time.NewTimer(time.Hour)
 	defer wake.Stop()
 	for {
-		wake.Reset(s.untilWake())
+		wake.Reset(s.holder.untilWake())
 		select {
 		case <-ctx.Done():
 			s.returnLeases(context.WithoutCancel(ctx), true)
-			s.releaseAll()
+			s.holder.releaseAll()
 			return
 		case <-wake.C:
 			s.dispatchAll(ctx)
 		case <-tick.C:
 			s.returnLeases(ctx, false)
-			s.expireHeld(ctx)
+			s.holder.expireHeld(ctx)
 			s.dispatchAll(ctx)
-			s.checkStore(ctx)
+			s.outage.checkStore(ctx)
 		case <-watch.C:
-			s.watchHeld()
+			s.holder.watchHeld()
 		case <-touch.C:
-			s.keepAlive()
-			s.countHeld()
+			s.holder.keepAlive()
+			s.holder.countHeld()
 		case p := <-sig.pauses:
-			s.pauseModel(p)
+			s.placer.pauseModel(p)
 		case q := <-sig.whys:
-			q.reply <- s.why(q.id)
+			q.reply <- s.holder.why(q.id)
 		case key := <-sig.cancels:
-			s.dropCancelled(key)
+			s.holder.dropCancelled(key)
 		case m := <-in:
 			msgs = takeBatch(append(msgs[:0], m), in, batch)
 			s.admit(ctx, msgs)
