@@ -37,6 +37,7 @@ func TestMethodSets(t *testing.T) {
 	checked := 0
 	for _, p := range pkgs {
 		scope := p.Types.Scope()
+		largest, most := "", 0
 		for _, name := range scope.Names() {
 			tn, ok := scope.Lookup(name).(*types.TypeName)
 			if !ok || tn.IsAlias() {
@@ -44,10 +45,14 @@ func TestMethodSets(t *testing.T) {
 			}
 			checked++
 			ms := methodSet(tn.Type())
+			if ms.Len() > most {
+				largest, most = name, ms.Len()
+			}
 			if ms.Len() > MaxMethods {
 				t.Errorf("%s.%s has %d methods (at most %d, promoted included): %s", p.PkgPath, name, ms.Len(), MaxMethods, bySource(ms))
 			}
 		}
+		t.Logf("%s: largest method set %s, %d", p.PkgPath, largest, most)
 	}
 	if checked == 0 {
 		t.Fatal("no type checked")
