@@ -121,6 +121,9 @@ type Config struct {
 
 // Defaults.
 const (
+	// MaxPause bounds how long one Retry-After cools a deployment,
+	// whatever it asked: past it, one process probes the deployment.
+	MaxPause = 5 * time.Minute
 	// DefaultProbeLease is short: the process that takes a probe may
 	// have no job for the deployment (its fair queues hold others), and
 	// until its lease lapses the rest of the fleet waits.
@@ -400,11 +403,15 @@ func (r *Registry) update(ctx context.Context, d Deployment, fn func(*Record, ti
 	return before, before, false, fmt.Errorf("write %s: too many conflicts", key)
 }
 
-// Cool makes the fleet wait until until before it places another job on
-// the deployment (a provider's Retry-After). The longest wait wins; a down
-// deployment stays down (its probe waits at least as long). Each Cool
-// also pauses the deployment's dispatch until until (Config.Pause).
+// Cool makes the fleet wait until until, at most MaxPause from now,
+// before it places another job on the deployment (a provider's
+// Retry-After). The longest wait wins; a down deployment stays down (its
+// probe waits at least as long). Each Cool also pauses the deployment's
+// dispatch until then (Config.Pause).
 func (r *Registry) Cool(ctx context.Context, provider, model string, until time.Time, why string) error {
+	if limit := r.cfg.Now().Add(MaxPause); until.After(limit) {
+		until = limit
+	}
 	r.pause(ctx, provider, model, until)
 	if rec, ok := r.Get(provider, model); ok && !rec.up() && !until.After(rec.Until) {
 		return nil // a wait as long is known (every refusal of a burst says so)

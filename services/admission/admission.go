@@ -16,15 +16,18 @@
 // back what the earlier ones took. A placed job gets a signed reservation
 // naming the instant its call may leave and goes to DISPATCH; a refused one
 // goes back to the head of its queue until the budget is expected to free.
-// Executors' pause signals (a provider's Retry-After) hold a model across
-// the fleet; a watchdog gives back the held jobs of a model that dispatches
-// nothing; a process that cannot reach the budget store lets its jobs go to
-// one that can.
+// A deployment takes no job before its next possible send, the later of
+// its schedule's estimate and the fleet's health (internal/health: a
+// provider's Retry-After cools it, a refused key takes it down; place.go);
+// a watchdog gives back the held jobs of a model that dispatches nothing;
+// a process that cannot reach the budget store lets its jobs go to one
+// that can.
 //
 // Inside, [Service] wires small types, each the one owner of a decision:
 // holder (hold.go: the jobs held here, their fair queues, and when they go
-// back to JetStream), placer (place.go: which deployment takes a job and
-// the instant its call may leave), coster (correct.go: what a job
+// back to JetStream), placer (place.go: which deployment takes a job,
+// each deployment's next possible send, and the instant its call may
+// leave), coster (correct.go: what a job
 // reserves), gates (gate.go: the tenant's minute and day budgets and the
 // model's day quota), spendGate (spend.go: the tenant's spend windows),
 // waitBook (waits.go: why a job sent back to QUEUE waits, which jobs were
@@ -386,13 +389,6 @@ const BacklogHorizon = 750 * time.Millisecond
 // charges max_tokens from, room for the calls in flight whose unused output
 // has not come back yet.
 const OutputBurst = 10 * time.Second
-
-// MaxPause bounds how long one pause signal holds a model; PauseJitter
-// spreads the processes' resumption.
-const (
-	MaxPause    = 5 * time.Minute
-	PauseJitter = 100 * time.Millisecond
-)
 
 // MaxWakeWait bounds how long a model's queue sleeps before it checks the
 // budget again.

@@ -56,9 +56,9 @@ func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, 
 	}
 	if day != nil {
 		c.wait.note(gateReason("model_day_", day.Reason))
-		ms.wakeAt, ms.freeAt, ms.reason = day.RetryAt, day.RetryAt, gateReason("model_day_", day.Reason)
+		ms.refused = nextSend{at: day.RetryAt, look: day.RetryAt, reason: gateReason("model_day_", day.Reason)}
 		if limit := s.now().Add(time.Minute); day.RetryAt.After(limit) {
-			ms.wakeAt = limit // another process may give the quota back
+			ms.refused.look = limit // another process may give the quota back
 		}
 		return nil, refused
 	}
@@ -102,7 +102,6 @@ func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, 
 	if g.N == 0 {
 		s.m.AdmissionWaits.WithLabelValues(ms.provider, ms.model, g.Reason).Inc()
 		c.wait.note(g.Reason)
-		ms.freeAt = g.RetryAt
 		wake := latest(g.RetryAt, s.now())
 		if ms.rule.Split && g.Reason == "burst" {
 			// Calls that end give their unused output back and move the
@@ -113,10 +112,10 @@ func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, 
 				wake = soon
 			}
 		}
-		s.sleep(ms, wake, g.Reason)
+		s.sleep(ms, g.RetryAt, wake, g.Reason)
 		return nil, refused
 	}
-	ms.wakeAt, ms.reason = time.Time{}, ""
+	ms.refused = nextSend{}
 	q.wakeAt, q.reason = time.Time{}, ""
 	s.placer.advance(ms, lim, c.Cost, g.SendAt[0]) // place.go
 	return s.publish(q, ms, c, g.SendAt[0], g.From[0], g.Planned[0], lim), placed
@@ -174,7 +173,7 @@ func (s *Service) limitsFor(ctx context.Context, q *queueState, ms *modelState, 
 func (s *Service) waitAll(ctx context.Context, q *queueState, it *Item) {
 	c := it.Value.(*Candidate)
 	now := s.now()
-	wake, reason := q.firstWake(now) // place.go
+	wake, reason := s.placer.firstWake(q, now) // place.go
 	c.wait.note(reason)
 	if dl := c.Job.Deadline; dl != nil && wake.After(*dl) {
 		s.exits.expire(s.tracer.leave(ctx, c, "expired"), c.Msg, c.Job, fmt.Sprintf("estimated wait %s for %s exceeds the deadline", wake.Sub(now).Round(time.Millisecond), orQueued(reason)))
@@ -190,14 +189,15 @@ func (s *Service) unpop(q *queueState, it *Item) {
 	s.holder.held.add(q.key, it)
 }
 
-// sleep sets when ms looks at its budget again, and why it takes nothing:
-// within MaxWakeWait even if the estimate says later, as other processes
-// may give budget back sooner.
-func (s *Service) sleep(ms *modelState, wake time.Time, reason string) {
+// sleep records that ms's budget refused a job for reason, expected to
+// free at free: it looks at its budget again at wake, within MaxWakeWait
+// even if the estimate says later, as other processes may give budget
+// back sooner.
+func (s *Service) sleep(ms *modelState, free, wake time.Time, reason string) {
 	if limit := s.now().Add(MaxWakeWait); wake.After(limit) {
 		wake = limit
 	}
-	ms.wakeAt, ms.reason = wake, reason
+	ms.refused = nextSend{at: free, look: wake, reason: reason}
 }
 
 // sleepQueue sets when q tries its head job again, and why it waits,

@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/keys"
@@ -232,10 +231,10 @@ func (q *queueTakers) stop() {
 	}
 }
 
-// signals are what other processes tell the scheduler: that a provider
-// asked a model's fleet to wait, and "why does this job wait".
+// signals are what other processes tell the scheduler: "why does this
+// job wait", and which jobs their callers cancelled. (A provider's pause
+// is health's: a cooling record, read through placer.next.)
 type signals struct {
-	pauses  chan pauseSignal
 	whys    chan whyQuery
 	cancels chan string // job keys their callers cancelled (cancel.go)
 }
@@ -243,7 +242,7 @@ type signals struct {
 // listen subscribes to the signals and to the executors' transits
 // (lead.go); unsubscribe ends the subscriptions.
 func (s *Service) listen(ctx context.Context) (sig signals, unsubscribe func(), err error) {
-	sig = signals{pauses: make(chan pauseSignal, 64), whys: make(chan whyQuery), cancels: make(chan string, 256)}
+	sig = signals{whys: make(chan whyQuery), cancels: make(chan string, 256)}
 	var subs []*nats.Subscription
 	unsubscribe = func() {
 		for i := len(subs) - 1; i >= 0; i-- {
@@ -251,23 +250,8 @@ func (s *Service) listen(ctx context.Context) (sig signals, unsubscribe func(), 
 		}
 	}
 	nc := s.mesh.JS.Conn()
-	psub, err := nc.Subscribe(PauseSubjectPrefix+">", func(m *nats.Msg) {
-		var p pauseSignal
-		if json.Unmarshal(m.Data, &p) == nil {
-			p.Key = budget.ModelKey(p.Provider, job.ModelToken(p.Model))
-			select {
-			case sig.pauses <- p:
-			default:
-			}
-		}
-	})
-	if err != nil {
-		return sig, nil, fmt.Errorf("subscribe pauses: %w", err)
-	}
-	subs = append(subs, psub)
 	wsub, err := nc.Subscribe(WhySubjectPrefix+"*.*", func(m *nats.Msg) { s.answerWhy(ctx, m, sig.whys) })
 	if err != nil {
-		unsubscribe()
 		return sig, nil, fmt.Errorf("subscribe why: %w", err)
 	}
 	subs = append(subs, wsub)
@@ -345,8 +329,6 @@ func (s *Service) schedule(ctx context.Context, in <-chan jetstream.Msg, sig sig
 		case <-touch.C:
 			s.holder.keepAlive()
 			s.holder.countHeld()
-		case p := <-sig.pauses:
-			s.placer.pauseModel(p)
 		case q := <-sig.whys:
 			q.reply <- s.holder.why(q.id)
 		case key := <-sig.cancels:
