@@ -7,9 +7,9 @@
 // Each deployment has one record in the budgets bucket (keys.Health). An
 // executor writes it when the provider tells it something about the
 // deployment rather than the job: a Retry-After cools it until then (the
-// longest wait wins) and pauses its dispatch (Config.Pause), a refused key
-// (401, 403), an endpoint that cannot be reached, or an open breaker takes
-// it down. Every process that places jobs watches the records and answers
+// longest wait wins, at most MaxPause) and pauses its dispatch
+// (Config.Pause), a refused key (401, 403), an endpoint that cannot be
+// reached, or an open breaker takes it down. Every process that places jobs watches the records and answers
 // Blocked from memory, so admission's hot path never reads the bucket.
 //
 // When a cooling deployment's wait ends, or a down one's next probe is
@@ -113,7 +113,7 @@ type Config struct {
 	Breaker breaker.Config
 	// Pause, when set, is a Retry-After's effect beyond the record: it holds
 	// the deployment's dispatch fleet-wide until until (mesh.PauseDispatch:
-	// admission's signal and the DISPATCH consumer). Pauses counts the
+	// its DISPATCH consumer; admission reads the record). Pauses counts the
 	// times it is run (provider, model); may be nil.
 	Pause  func(ctx context.Context, provider, model string, until time.Time) error
 	Pauses *prometheus.CounterVec
