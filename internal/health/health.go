@@ -7,9 +7,9 @@
 // Each deployment has one record in the budgets bucket (keys.Health). An
 // executor writes it when the provider tells it something about the
 // deployment rather than the job: a Retry-After cools it until then (the
-// longest wait wins) and pauses its dispatch (Config.Pause), a refused key
-// (401, 403), an endpoint that cannot be reached, or an open breaker takes
-// it down. Every process that places jobs watches the records and answers
+// longest wait wins, at most MaxPause) and pauses its dispatch
+// (Config.Pause), a refused key (401, 403), an endpoint that cannot be
+// reached, or an open breaker takes it down. Every process that places jobs watches the records and answers
 // Blocked from memory, so admission's hot path never reads the bucket.
 //
 // When a cooling deployment's wait ends, or a down one's next probe is
@@ -113,7 +113,7 @@ type Config struct {
 	Breaker breaker.Config
 	// Pause, when set, is a Retry-After's effect beyond the record: it holds
 	// the deployment's dispatch fleet-wide until until (mesh.PauseDispatch:
-	// admission's signal and the DISPATCH consumer). Pauses counts the
+	// its DISPATCH consumer; admission reads the record). Pauses counts the
 	// times it is run (provider, model); may be nil.
 	Pause  func(ctx context.Context, provider, model string, until time.Time) error
 	Pauses *prometheus.CounterVec
@@ -121,6 +121,9 @@ type Config struct {
 
 // Defaults.
 const (
+	// MaxPause bounds how long one Retry-After cools a deployment,
+	// whatever it asked: past it, one process probes the deployment.
+	MaxPause = 5 * time.Minute
 	// DefaultProbeLease is short: the process that takes a probe may
 	// have no job for the deployment (its fair queues hold others), and
 	// until its lease lapses the rest of the fleet waits.
@@ -400,11 +403,15 @@ func (r *Registry) update(ctx context.Context, d Deployment, fn func(*Record, ti
 	return before, before, false, fmt.Errorf("write %s: too many conflicts", key)
 }
 
-// Cool makes the fleet wait until until before it places another job on
-// the deployment (a provider's Retry-After). The longest wait wins; a down
-// deployment stays down (its probe waits at least as long). Each Cool
-// also pauses the deployment's dispatch until until (Config.Pause).
+// Cool makes the fleet wait until until, at most MaxPause from now,
+// before it places another job on the deployment (a provider's
+// Retry-After). The longest wait wins; a down deployment stays down (its
+// probe waits at least as long). Each Cool also pauses the deployment's
+// dispatch until then (Config.Pause).
 func (r *Registry) Cool(ctx context.Context, provider, model string, until time.Time, why string) error {
+	if limit := r.cfg.Now().Add(MaxPause); until.After(limit) {
+		until = limit
+	}
 	r.pause(ctx, provider, model, until)
 	if rec, ok := r.Get(provider, model); ok && !rec.up() && !until.After(rec.Until) {
 		return nil // a wait as long is known (every refusal of a burst says so)

@@ -51,6 +51,19 @@ func TestCoolPauses(t *testing.T) {
 	if rec, _ := r.Get(dep.Provider, dep.Model); rec.State != Cooling || !rec.Until.Equal(t0.Add(10*time.Second)) {
 		t.Errorf("record %+v, want cooling until the longest wait", rec)
 	}
+	// An hour's Retry-After cools and pauses for MaxPause, no longer.
+	if err := r.Cool(ctx, dep.Provider, dep.Model, t0.Add(time.Hour), "rate_limited"); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	got = paused
+	mu.Unlock()
+	if len(got) != 3 || !got[2].Equal(t0.Add(MaxPause)) {
+		t.Errorf("paused until %v, want the hour's Retry-After cut to MaxPause (%s)", got, MaxPause)
+	}
+	if rec, _ := r.Get(dep.Provider, dep.Model); !rec.Until.Equal(t0.Add(MaxPause)) {
+		t.Errorf("record %+v, want cooling for MaxPause", rec)
+	}
 }
 
 // A breaker that opens refuses this process's calls and takes the

@@ -516,37 +516,23 @@ func (m *Mesh) StoredResult(ctx context.Context, tenant, jobID string) (*job.Res
 	return &r, nil
 }
 
-// Fleet-wide signals.
-const (
-	// PauseSubjectPrefix + <provider>.<model token>: an executor saw the
-	// provider throttle (429 with Retry-After); every admission process stops
-	// dispatching to that model until the time in the message.
-	PauseSubjectPrefix = "sluice.signal.pause."
-	// WhySubjectPrefix + <tenant>.<job id> (WhySubject): a request; the
-	// admission process or executor holding the job answers why it waits
-	// (Waiting).
-	WhySubjectPrefix = "sluice.admission.why."
-)
+// WhySubjectPrefix + <tenant>.<job id> (WhySubject): a fleet-wide request;
+// the admission process or executor holding the job answers why it waits
+// (Waiting).
+const WhySubjectPrefix = "sluice.admission.why."
 
 // WhySubject asks the admission process holding a tenant's job why it waits.
 func WhySubject(tenant, jobID string) string { return WhySubjectPrefix + keys.Job(tenant, jobID) }
 
-// Pause tells every admission process to hold a model's jobs until until.
-func (m *Mesh) Pause(provider, model string, until time.Time) error {
-	data := []byte(fmt.Sprintf(`{"provider":%q,"model":%q,"until":%q}`, provider, model, until.UTC().Format(time.RFC3339Nano)))
-	return m.JS.Conn().Publish(PauseSubjectPrefix+provider+"."+job.ModelToken(model), data)
-}
-
-// PauseDispatch holds a deployment's dispatch fleet-wide until until:
-// every admission process stops reserving for it (Pause) and its DISPATCH
-// consumer is paused. Both are tried; the errors are joined.
+// PauseDispatch pauses a deployment's DISPATCH consumer until until: the
+// effect of a provider's Retry-After beyond health's cooling record, which
+// every admission process reads itself (internal/health, Config.Pause).
 func (m *Mesh) PauseDispatch(ctx context.Context, provider, model string, until time.Time) error {
-	err := m.Pause(provider, model, until)
 	name := keys.DispatchConsumer(provider, job.ModelToken(model))
-	if _, cerr := m.JS.PauseConsumer(ctx, streams.Dispatch, name, until); cerr != nil {
-		err = errors.Join(err, fmt.Errorf("pause consumer %s: %w", name, cerr))
+	if _, err := m.JS.PauseConsumer(ctx, streams.Dispatch, name, until); err != nil {
+		return fmt.Errorf("pause consumer %s: %w", name, err)
 	}
-	return err
+	return nil
 }
 
 // userHash is a short, one-way tag of the caller's user field of request

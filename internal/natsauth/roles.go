@@ -198,7 +198,7 @@ func rolePerms(role string) perms {
 		p.add(kvRead(streams.BucketFleet))                       // checks seals, signs reservations
 		p.add(perms{
 			pub:       []string{job.DispatchPrefix + ">", job.StorePrefix + ">"},
-			sub:       []string{pauseSubjects, whySubjects, mesh.TransitSubject, mesh.CancelledSubjectPrefix + "*.*"},
+			sub:       []string{whySubjects, mesh.TransitSubject, mesh.CancelledSubjectPrefix + "*.*"},
 			responses: true, // answers "why does this job wait"
 		})
 	case Executor:
@@ -212,7 +212,7 @@ func rolePerms(role string) perms {
 		p.add(kvWrite(streams.BucketCache)) // stores complete answers
 		p.add(follow())                     // what a lost executor streamed of a job (resume.go)
 		p.add(perms{
-			pub:       []string{job.QueuePrefix + ">", job.StorePrefix + ">", job.DLQPrefix + ">", pauseSubjects, mesh.TransitSubject, job.StreamPrefix + ">"},
+			pub:       []string{job.QueuePrefix + ">", job.StorePrefix + ">", job.DLQPrefix + ">", mesh.TransitSubject, job.StreamPrefix + ">"},
 			sub:       []string{job.CancelPrefix + ">", executorWhySubjects},
 			responses: true, // answers "why does this job wait" and a cancel's request
 		})
@@ -241,7 +241,6 @@ const responseExpiry = 10 * time.Second
 
 // Fleet-wide signal subjects (internal/mesh).
 const (
-	pauseSubjects       = mesh.PauseSubjectPrefix + ">"
 	whySubjects         = mesh.WhySubjectPrefix + "*.*"
 	executorWhySubjects = mesh.ExecutorWhySubjectPrefix + "*.*"
 )

@@ -206,7 +206,7 @@ func TestTenantRepliesStayInItsAccount(t *testing.T) {
 	foreign := []string{
 		job.ResultSubject("globex", other), job.StreamSubject("globex", other), job.StoreSubject("globex", other),
 		job.DLQSubject("globex", other), job.CancelSubject("globex", other), job.QueueSubject(job.Standard, "globex"),
-		mesh.PauseSubjectPrefix + "sim." + job.ModelToken(model),
+		mesh.CancelledSubjectPrefix + "globex." + other,
 		"$KV." + streams.BucketBudgets + ".fleet.key", "$KV." + streams.BucketBudgets + ".probe",
 		"$KV." + streams.BucketResults + "." + other, "$KV." + streams.BucketIdempotency + ".globex.probe",
 		"$KV." + streams.BucketFleet + "." + guard.KeyName,

@@ -16,15 +16,18 @@
 // back what the earlier ones took. A placed job gets a signed reservation
 // naming the instant its call may leave and goes to DISPATCH; a refused one
 // goes back to the head of its queue until the budget is expected to free.
-// Executors' pause signals (a provider's Retry-After) hold a model across
-// the fleet; a watchdog gives back the held jobs of a model that dispatches
-// nothing; a process that cannot reach the budget store lets its jobs go to
-// one that can.
+// A deployment takes no job before its next possible send, the later of
+// its schedule's estimate and the fleet's health (internal/health: a
+// provider's Retry-After cools it, a refused key takes it down; place.go);
+// a watchdog gives back the held jobs of a model that dispatches nothing;
+// a process that cannot reach the budget store lets its jobs go to one
+// that can.
 //
 // Inside, [Service] wires small types, each the one owner of a decision:
 // holder (hold.go: the jobs held here, their fair queues, and when they go
-// back to JetStream), placer (place.go: which deployment takes a job and
-// the instant its call may leave), coster (correct.go: what a job
+// back to JetStream), placer (place.go: which deployment takes a job,
+// each deployment's next possible send, and the instant its call may
+// leave), coster (correct.go: what a job
 // reserves), gates (gate.go: the tenant's minute and day budgets and the
 // model's day quota), spendGate (spend.go: the tenant's spend windows),
 // waitBook (waits.go: why a job sent back to QUEUE waits, which jobs were
@@ -108,21 +111,21 @@ type Candidate struct {
 // Service is the admission service: it wires the owned types the package
 // doc names (New) and keeps the consume entry points: Run and the
 // scheduler's loop (run.go), admit and check, dispatchAll and reserve, and
-// for now reserve.go's reserveOn, whose ledger internal/budget takes over.
-// The owned types are embedded so that the code calling them through
-// Service (reserve.go, the loop) reads as it did; each one's methods are
-// its own, and they call one another through named fields.
+// reserve.go's reserveOn. It holds the owned types in named fields, not
+// embedded, so that its method set is its own (internal/archtest): each
+// call goes through the type that owns the decision (s.placer.lease,
+// s.exits.expire).
 type Service struct {
 	*env
-	*holder
-	*placer
-	*coster
-	*gates
-	*spendGate
-	*waitBook
-	*tracer
-	*exits
-	*outage
+	holder    *holder
+	placer    *placer
+	coster    *coster
+	gates     *gates
+	spendGate *spendGate
+	waitBook  *waitBook
+	tracer    *tracer
+	exits     *exits
+	outage    *outage
 
 	ackWait time.Duration
 	failed  atomic.Value // why the scheduler stopped (string), "" while it runs
@@ -169,13 +172,13 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	s.placer.learn, s.placer.health = adapt.NewStore(m.Budgets, now), healthOf(cfg.Health)
 	s.coster.pcache = promptcache.New(m.Budgets, now)
 	s.gates.tenantMin, s.gates.tenantDay = tmin, tday
-	s.spend = budget.NewSpendLedger(m.Budgets, now)
-	s.affinity = newAffinityTable(m.Budgets, now, a.CacheAffinity.TTL.D(), a.CacheAffinity.MaxDelay.D(), ms.AffinityJobs)
-	s.lead = newLead(a)
-	st.Lead = s.lead.Lead
+	s.spendGate.spend = budget.NewSpendLedger(m.Budgets, now)
+	s.placer.affinity = newAffinityTable(m.Budgets, now, a.CacheAffinity.TTL.D(), a.CacheAffinity.MaxDelay.D(), ms.AffinityJobs)
+	s.placer.lead = newLead(a)
+	st.Lead = s.placer.lead.Lead
 	s.ackWait = cmp.Or(cfg.AckWait, mesh.PublishAckWait)
-	s.letGo = cmp.Or(cfg.LetGoAfter, LetGoAfter)
-	s.heldMax = cmp.Or(cfg.HeldMax, HeldMax)
+	s.outage.letGo = cmp.Or(cfg.LetGoAfter, LetGoAfter)
+	s.holder.heldMax = cmp.Or(cfg.HeldMax, HeldMax)
 	return s, nil
 }
 
@@ -192,7 +195,7 @@ func newService(e *env) *Service {
 	gt := &gates{env: e, tblocks: map[string]*budget.Lease{}, tracer: tr, exits: x, waitBook: wb}
 	s := &Service{env: e, holder: h, placer: pl, coster: co, gates: gt, waitBook: wb, tracer: tr, exits: x,
 		spendGate: &spendGate{env: e, exits: x, gates: gt, coster: co}, outage: &outage{env: e, holder: h}}
-	s.budgetErr.Store("")
+	s.outage.budgetErr.Store("")
 	s.failed.Store("")
 	return s
 }
@@ -275,7 +278,7 @@ func (s *Service) Ready() error {
 	if e := s.failed.Load().(string); e != "" {
 		return fmt.Errorf("scheduler failed: %s", e)
 	}
-	if e := s.budgetErr.Load().(string); e != "" {
+	if e := s.outage.budgetErr.Load().(string); e != "" {
 		return fmt.Errorf("budget store: %s", e)
 	}
 	return nil
@@ -287,7 +290,7 @@ func (s *Service) Ready() error {
 func (s *Service) admit(ctx context.Context, msgs []jetstream.Msg) {
 	now := s.now()
 	for _, msg := range msgs {
-		if s.lettingGo {
+		if s.outage.lettingGo {
 			// No budget store here: another process takes it.
 			_ = msg.NakWithDelay(time.Second + jitter(time.Second))
 			continue
@@ -296,34 +299,34 @@ func (s *Service) admit(ctx context.Context, msgs []jetstream.Msg) {
 		if !ok {
 			continue
 		}
-		if _, gone := s.cancelled[j.Key()]; gone {
+		if _, gone := s.waitBook.cancelled[j.Key()]; gone {
 			_ = msg.Ack() // its caller cancelled it; its result is published
 			continue
 		}
 		if j.Deadline != nil && !j.Deadline.After(now) {
-			s.expire(s.queuedCtx(ctx, msg), msg, j, "deadline passed while queued")
+			s.exits.expire(s.tracer.queuedCtx(ctx, msg), msg, j, "deadline passed while queued")
 			continue
 		}
 		if j.NotBefore != nil && j.NotBefore.After(now) {
 			if j.Deadline != nil && j.NotBefore.After(*j.Deadline) {
-				s.expire(s.queuedCtx(ctx, msg), msg, j, "the next attempt would start after the deadline")
+				s.exits.expire(s.tracer.queuedCtx(ctx, msg), msg, j, "the next attempt would start after the deadline")
 				continue
 			}
-			if w := s.startWait(msg, now); w.open {
+			if w := s.tracer.startWait(msg, now); w.open {
 				w.note(tracing.ReasonNotBefore)
-				s.endWait(&w, *j.NotBefore, tracing.ReasonNotBefore)
+				s.tracer.endWait(&w, *j.NotBefore, tracing.ReasonNotBefore)
 			}
 			s.m.AdmissionWaits.WithLabelValues(j.Provider, j.Model, "not_before").Inc()
-			s.noteWait(j.Key(), notBeforeReason(j), *j.NotBefore)
+			s.waitBook.noteWait(j.Key(), notBeforeReason(j), *j.NotBefore)
 			_ = msg.NakWithDelay(j.NotBefore.Sub(now))
 			continue
 		}
-		w := s.startWait(msg, now)
-		if n, ok := s.waits[j.Key()]; ok {
+		w := s.tracer.startWait(msg, now)
+		if n, ok := s.waitBook.waits[j.Key()]; ok {
 			w.note(n.reason) // why it was sent back to wait
 		}
-		delete(s.waits, j.Key())
-		s.hold(&Candidate{Job: j, Msg: msg, wait: w}, now)
+		delete(s.waitBook.waits, j.Key())
+		s.holder.hold(&Candidate{Job: j, Msg: msg, wait: w}, now)
 	}
 	s.dispatchAll(ctx)
 }
@@ -368,7 +371,7 @@ func (s *Service) check(ctx context.Context, msg jetstream.Msg, now time.Time) (
 		return nil, false
 	}
 	s.log.Warn("queue: invalid job ended", "job_id", j.ID, "code", e.Code)
-	s.fail(ctx, &Candidate{Job: j, Msg: msg, wait: s.startWait(msg, now)}, e)
+	s.exits.fail(ctx, &Candidate{Job: j, Msg: msg, wait: s.tracer.startWait(msg, now)}, e)
 	return nil, false
 }
 
@@ -382,13 +385,6 @@ const BacklogHorizon = 750 * time.Millisecond
 // charges max_tokens from, room for the calls in flight whose unused output
 // has not come back yet.
 const OutputBurst = 10 * time.Second
-
-// MaxPause bounds how long one pause signal holds a model; PauseJitter
-// spreads the processes' resumption.
-const (
-	MaxPause    = 5 * time.Minute
-	PauseJitter = 100 * time.Millisecond
-)
 
 // MaxWakeWait bounds how long a model's queue sleeps before it checks the
 // budget again.
@@ -645,10 +641,10 @@ func (pl *placer) lease(ctx context.Context, key string, lim budget.Limits, cand
 // use.
 func (s *Service) returnLeases(ctx context.Context, all bool) {
 	now := s.now()
-	for _, l := range s.leases {
+	for _, l := range s.placer.leases {
 		l.Expire(ctx, now, all)
 	}
-	for _, l := range s.tblocks {
+	for _, l := range s.gates.tblocks {
 		// A day window's slice is a minute: its blocks go back at every
 		// tick rather than hold other processes off for that long.
 		l.Expire(ctx, now, all || l.Store().Params().Window > time.Minute)

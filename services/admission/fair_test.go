@@ -55,21 +55,21 @@ func (f *fairSetup) push(tenant string, n, prompt, out int) {
 		f.n++
 		est := job.Estimate{PromptTokens: prompt, MaxTokens: out}
 		j := &task.Task{Job: job.Job{ID: fmt.Sprintf("j%d", f.n), Tenant: tenant, Priority: job.Standard, Provider: "p"}, Model: "m", Estimate: &est}
-		f.s.hold(&Candidate{Job: j, Msg: bodyMsg{}}, f.now)
+		f.s.holder.hold(&Candidate{Job: j, Msg: bodyMsg{}}, f.now)
 	}
 }
 
 // pop takes the next n jobs in fair order, one a second (a 60-RPM model's
 // pace), as dispatchAll does, and counts them per tenant.
 func (f *fairSetup) pop(n int) (got map[string]int, order string) {
-	q := f.s.queues[budget.ModelKey("p", "m")]
+	q := f.s.holder.queues[budget.ModelKey("p", "m")]
 	got = map[string]int{}
 	for range n {
 		it := q.sched.Pop(f.now)
 		if it == nil {
 			f.t.Fatalf("nothing to pop after %v", got)
 		}
-		f.s.held.remove(it)
+		f.s.holder.held.remove(it)
 		got[it.Tenant]++
 		order += it.Tenant
 		f.now = f.now.Add(time.Second)
@@ -149,7 +149,7 @@ func TestFairCharge(t *testing.T) {
 		{"anthropic: output against otpm", "  - {name: p, kind: anthropic, base_url: http://127.0.0.1:1/v1, models: [{name: m, rpm: 1000, itpm: 60000, otpm: 30000}]}\n", budget.Cost{Requests: 1, Tokens: 100, Output: 500}, 1000, 2000},
 	} {
 		f := newFairSetup(t, tc.models)
-		q := f.s.queueOf(&task.Task{Job: job.Job{Provider: "p"}, Model: "m"})
+		q := f.s.holder.queueOf(&task.Task{Job: job.Job{Provider: "p"}, Model: "m"})
 		if got := q.fair.charge(tc.cost); got != tc.charge {
 			t.Errorf("%s: charge %d, want %d", tc.name, got, tc.charge)
 		}

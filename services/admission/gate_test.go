@@ -96,24 +96,24 @@ func TestGatesGiveBackWhatALaterGateRefused(t *testing.T) {
 	_, free, _ := s.cfg.App.ModelRef("free")
 
 	a, _ := cand("a")
-	taken, passed, err := s.passGates(ctx, a, s.gatesFor(a, "p", day))
+	taken, passed, err := s.gates.passGates(ctx, a, s.gates.gatesFor(a, "p", day))
 	if err != nil || !passed || len(taken) != 2 {
 		t.Fatalf("first job: passed %v, %d gates taken, err %v; want passed, 2 (tenant minute, model day)", passed, len(taken), err)
 	}
 	b, bmsg := cand("b")
-	if _, passed, err := s.passGates(ctx, b, s.gatesFor(b, "p", day)); err != nil || passed || bmsg.naks != 1 {
+	if _, passed, err := s.gates.passGates(ctx, b, s.gates.gatesFor(b, "p", day)); err != nil || passed || bmsg.naks != 1 {
 		t.Fatalf("second job on m: passed %v, naks %d, err %v; want refused by the day quota and sent back once", passed, bmsg.naks, err)
 	}
 	c, cmsg := cand("c")
-	if _, passed, err := s.passGates(ctx, c, s.gatesFor(c, "p", free)); err != nil || !passed {
+	if _, passed, err := s.gates.passGates(ctx, c, s.gates.gatesFor(c, "p", free)); err != nil || !passed {
 		t.Fatalf("third job on free: passed %v (naks %d), err %v; want passed: the refused job gave its tenant minute back", passed, cmsg.naks, err)
 	}
 	d, dmsg := cand("d")
-	if _, passed, err := s.passGates(ctx, d, s.gatesFor(d, "p", free)); err != nil || passed || dmsg.naks != 1 {
+	if _, passed, err := s.gates.passGates(ctx, d, s.gates.gatesFor(d, "p", free)); err != nil || passed || dmsg.naks != 1 {
 		t.Fatalf("fourth job on free: passed %v, naks %d, err %v; want refused: the tenant's 2 requests are spent", passed, dmsg.naks, err)
 	}
 	d.Job.Gated = true
-	if gs := s.gatesFor(d, "p", day); len(gs) != 0 {
+	if gs := s.gates.gatesFor(d, "p", day); len(gs) != 0 {
 		t.Fatalf("a gated job has %d gates; want none (it paid when first placed)", len(gs))
 	}
 }

@@ -13,11 +13,8 @@ import (
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
-// Subjects admission listens on (see mesh).
-const (
-	PauseSubjectPrefix = mesh.PauseSubjectPrefix
-	WhySubjectPrefix   = mesh.WhySubjectPrefix
-)
+// WhySubjectPrefix is the subject admission answers "why" on (see mesh).
+const WhySubjectPrefix = mesh.WhySubjectPrefix
 
 // KeepAliveEvery is how often held jobs tell JetStream they are still being
 // worked on (the QUEUE consumer's ack wait is 30 s).
@@ -59,14 +56,17 @@ type queueState struct {
 type modelState struct {
 	key, provider, model string
 	tier, weight         int
-	wakeAt               time.Time // nothing to try before (at most MaxWakeWait ahead)
-	freeAt               time.Time // its budget is expected to free (the store's estimate)
-	pausedUntil          time.Time // the provider asked the fleet to wait
-	reason               string    // why it takes nothing now
-	// nextAt is when it is expected to send its next call; blockedUntil,
-	// until when its health blocks it, as last seen (place.go).
-	nextAt, blockedUntil time.Time
-	tokenLimit           int // its configured minute of tokens (0: none)
+	// refused is its schedule's part of its next possible send: when the
+	// schedule last refused a job here, the store's estimate of when its
+	// budget frees, and why (reserve.go; zero once it places a job).
+	// Health's part is health's (internal/health): placer.next combines
+	// the two, and nothing else decides "not there, not now".
+	refused nextSend
+	// paceAt is when it is expected to send its next call at the pace of
+	// the calls placed on it (placer.advance). It keeps nothing out: it
+	// only orders a group's deployments (candidates).
+	paceAt     time.Time
+	tokenLimit int // its configured minute of tokens (0: none)
 	// lastUrgent is when a job that should not wait last arrived (an
 	// interactive job, or a new flow while others' backlogs wait);
 	// urgentCost is the largest such job's cost since (reset after
@@ -95,13 +95,6 @@ func (ms *modelState) costOf(j *task.Task) budget.Cost {
 // minutes); a job arriving after a longer quiet spell still goes first and
 // waits at most for the next slice's expiries.
 const UrgentMemory = 10 * time.Second
-
-type pauseSignal struct {
-	Provider string    `json:"provider"`
-	Model    string    `json:"model"`
-	Until    time.Time `json:"until"`
-	Key      string    `json:"-"`
-}
 
 // Waiting says why a job has not been dispatched yet (mesh.Waiting).
 type Waiting = mesh.Waiting
@@ -175,7 +168,7 @@ func (h *holder) hold(c *Candidate, now time.Time) {
 				ms.urgentCost = 0
 			}
 			ms.lastUrgent, ms.urgentCost = now, max(ms.urgentCost, c.Cost.Tokens)
-			ms.wakeAt = time.Time{}
+			ms.refused.look = time.Time{}
 		}
 		q.wakeAt = time.Time{}
 	}
@@ -223,7 +216,7 @@ func (s *Service) dispatchAll(ctx context.Context) {
 	now := s.now()
 	batch := s.app().Admission.Batch
 	var pending []*pub
-	for _, q := range s.queues {
+	for _, q := range s.holder.queues {
 		if n, _ := q.sched.Len(); n == 0 || now.Before(q.wakeAt) {
 			continue
 		}
@@ -239,7 +232,7 @@ func (s *Service) dispatchAll(ctx context.Context) {
 			if it == nil {
 				break
 			}
-			s.held.remove(it)
+			s.holder.held.remove(it)
 			it.Value.(*Candidate).wait.note(q.reason)
 			if p := s.reserve(ctx, q, it); p != nil {
 				pending = append(pending, p)

@@ -32,8 +32,10 @@ import (
 // placer owns where and when a job may be sent: each deployment's state
 // (models), which of a queue's deployments takes a job (candidates, cache
 // affinity), the limits in effect on each (effective), and the instant its
-// call may leave, leased in blocks of the deployment's schedule (lease). A
-// provider's pause and the fleet's health keep a deployment out.
+// call may leave, leased in blocks of the deployment's schedule (lease).
+// Each deployment's next possible send (next) is the later of its
+// schedule's estimate and the fleet's health (a provider's pause is a
+// cooling there): nothing else keeps a deployment out.
 type placer struct {
 	*env
 	models   map[string]*modelState    // per budget key: a deployment's state
@@ -78,7 +80,7 @@ func (s *Service) reserve(ctx context.Context, q *queueState, it *Item) *pub {
 	if c.wait.open {
 		c.wait.placing = now
 	}
-	order, prev := s.candidates(ctx, q, c, now)
+	order, prev := s.placer.candidates(ctx, q, c, now)
 	grouped := len(q.deps) > 1
 	for _, ms := range order {
 		p, out := s.reserveOn(ctx, q, ms, it, grouped)
@@ -86,7 +88,7 @@ func (s *Service) reserve(ctx context.Context, q *queueState, it *Item) *pub {
 			continue
 		}
 		if out == placed && c.Job.Affinity != "" && (grouped || s.app().Grouped(ms.model)) {
-			s.affinity.placed(c.Job, ms.provider, prev)
+			s.placer.affinity.placed(c.Job, ms.provider, prev)
 		}
 		return p
 	}
@@ -96,24 +98,14 @@ func (s *Service) reserve(ctx context.Context, q *queueState, it *Item) *pub {
 
 // candidates lists the deployments of q that may take c now, best first,
 // and the provider c's affinity key was last served by ("": none).
-// A deployment is left out while it sleeps (its budget is expected to free
-// later), the provider asked the fleet to pause it, or its health blocks
-// it.
+// A deployment is left out until its next possible send (next): while it
+// sleeps (its budget is expected to free later), or its health blocks it
+// (a cooldown after the provider's Retry-After, a refused key, ...).
 func (pl *placer) candidates(ctx context.Context, q *queueState, c *Candidate, now time.Time) (order []*modelState, prev string) {
 	order = q.order[:0]
 	for _, ms := range q.deps {
-		ms.blockedUntil = time.Time{}
-		if now.Before(ms.wakeAt) || now.Before(ms.pausedUntil) {
+		if now.Before(pl.next(ms, now).look) {
 			continue
-		}
-		if pl.health != nil {
-			if until, reason, blocked := pl.health.Blocked(ms.provider, ms.model, now); blocked {
-				if until.IsZero() {
-					until = now.Add(MaxWakeWait) // until a probe succeeds: look again then
-				}
-				ms.blockedUntil, ms.reason = until, reason
-				continue
-			}
 		}
 		if len(q.deps) > 1 && ms.tokenLimit > 0 && c.Job.Estimate != nil && c.Job.Estimate.Cost() > ms.tokenLimit {
 			continue // never fits its minute (ingest checked it fits another)
@@ -133,11 +125,11 @@ func (pl *placer) candidates(ctx context.Context, q *queueState, c *Candidate, n
 	return order, pl.affinity.stay(ctx, c.Job, order, now)
 }
 
-// expected is when ms is expected to send its next call, at the earliest
-// now.
+// expected is when ms is expected to send its next call at its pace, at
+// the earliest now (an order, not a bound: paceAt).
 func (ms *modelState) expected(now time.Time) time.Time {
-	if ms.nextAt.After(now) {
-		return ms.nextAt
+	if ms.paceAt.After(now) {
+		return ms.paceAt
 	}
 	return now
 }
@@ -152,23 +144,23 @@ func (pl *placer) advance(ms *modelState, lim budget.Limits, c budget.Cost, at t
 	if lim.TPM > 0 && c.Tokens > 0 {
 		d = max(d, time.Duration(float64(time.Minute)*float64(c.Tokens)/float64(lim.TPM)))
 	}
-	ms.nextAt = latest(ms.nextAt, at).Add(d)
+	ms.paceAt = latest(ms.paceAt, at).Add(d)
 	pl.m.DeploymentPlaced.WithLabelValues(ms.provider, ms.model).Inc()
 }
 
 // firstWake is when the first deployment of q that waits is expected to
-// take a job again (its budget free, its pause or cooldown over), and why
-// it waits until then.
-func (q *queueState) firstWake(now time.Time) (time.Time, string) {
+// take a job again (its next possible send: its budget free, its cooldown
+// over), and why it waits until then.
+func (pl *placer) firstWake(q *queueState, now time.Time) (time.Time, string) {
 	var wake time.Time
 	reason := ""
 	for _, ms := range q.deps {
-		w := latest(ms.freeAt, ms.pausedUntil, ms.blockedUntil)
-		if !w.After(now) {
+		n := pl.next(ms, now)
+		if !n.at.After(now) {
 			continue // not waiting (or one the job does not fit)
 		}
-		if wake.IsZero() || w.Before(wake) {
-			wake, reason = w, ms.reason
+		if wake.IsZero() || n.at.Before(wake) {
+			wake, reason = n.at, n.reason
 		}
 	}
 	if wake.IsZero() {
@@ -219,17 +211,57 @@ func (pl *placer) model(provider, name string) *modelState {
 	return ms
 }
 
-// pauseModel holds a model: nothing is reserved for it until the signal's
-// time. Each process resumes a little apart (jitter), and no signal holds
-// a model longer than MaxPause, whoever sent it.
-func (pl *placer) pauseModel(p pauseSignal) {
-	until := p.Until
-	if limit := pl.now().Add(MaxPause); until.After(limit) {
-		until = limit
+// nextSend is a deployment's next possible send: nothing is placed on
+// it before at, for reason (a budget's bound, a day quota, health's
+// verdict); look, at most at, is when this process tries it again, as
+// other processes may give budget back before the estimate says. Zero:
+// it may send now.
+type nextSend struct {
+	at, look time.Time
+	reason   string
+}
+
+// reasonPaused is the wait reason of a deployment cooling after its
+// provider's Retry-After: health's cooling (health.Cool, reason
+// rate_limited) shows as a provider's pause, as `sluice queue` and
+// GET /v1/jobs have always named it.
+const reasonPaused = "paused_provider"
+
+// next is ms's next possible send at now, computed here only: the later
+// of its schedule's estimate (ms.refused, set when its budget refused a
+// job) and health's verdict (cooling: until its wait ends; down: until a
+// probe succeeds, looked at again every MaxWakeWait), with the reason of
+// the later.
+func (pl *placer) next(ms *modelState, now time.Time) nextSend {
+	n := ms.refused
+	if h, blocked := pl.verdict(ms, now); blocked {
+		if !n.at.After(h.at) {
+			n.at, n.reason = h.at, h.reason
+		}
+		n.look = latest(n.look, h.look)
 	}
-	until = until.Add(jitter(PauseJitter))
-	ms := pl.models[p.Key]
-	if ms != nil && until.After(ms.pausedUntil) {
-		ms.pausedUntil, ms.reason = until, "paused_provider"
+	if !n.at.After(now) && !n.look.After(now) {
+		return nextSend{}
 	}
+	return n
+}
+
+// verdict is health's part of ms's next possible send at now: blocked
+// says health keeps it out (internal/health decides; nil health keeps
+// none out).
+func (pl *placer) verdict(ms *modelState, now time.Time) (nextSend, bool) {
+	if pl.health == nil {
+		return nextSend{}, false
+	}
+	until, reason, blocked := pl.health.Blocked(ms.provider, ms.model, now)
+	if !blocked {
+		return nextSend{}, false
+	}
+	if until.IsZero() {
+		until = now.Add(MaxWakeWait) // until a probe succeeds: look again then
+	}
+	if reason == "rate_limited" {
+		reason = reasonPaused
+	}
+	return nextSend{at: until, look: until, reason: reason}, true
 }

@@ -40,37 +40,37 @@ const (
 // the job.
 func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, it *Item, soft bool) (*pub, outcome) {
 	c := it.Value.(*Candidate)
-	s.place(ms, c)                         // the correction now, not at arrival (correct.go)
-	s.netOfCache(ctx, ms, []*Candidate{c}) // anthropic.go
+	s.coster.place(ms, c)                         // the correction now, not at arrival (correct.go)
+	s.coster.netOfCache(ctx, ms, []*Candidate{c}) // anthropic.go
 	_, model, ok := s.app().Deployment(ms.provider, ms.model)
 	if !ok {
-		s.fail(ctx, c, &job.Error{Code: job.CodeUnknownModel, Message: fmt.Sprintf("model %q is no longer configured", ms.model)})
+		s.exits.fail(ctx, c, &job.Error{Code: job.CodeUnknownModel, Message: fmt.Sprintf("model %q is no longer configured", ms.model)})
 		return nil, handled
 	}
-	taken, passed, day, err := s.passGatesOn(ctx, c, s.gatesFor(c, ms.provider, model), soft)
+	taken, passed, day, err := s.gates.passGatesOn(ctx, c, s.gates.gatesFor(c, ms.provider, model), soft)
 	if err != nil {
-		s.storeDown(ms.key, err)
+		s.outage.storeDown(ms.key, err)
 		s.unpop(q, it)
 		s.sleepQueue(q, s.now().Add(time.Second), "budget_store")
 		return nil, handled
 	}
 	if day != nil {
 		c.wait.note(gateReason("model_day_", day.Reason))
-		ms.wakeAt, ms.freeAt, ms.reason = day.RetryAt, day.RetryAt, gateReason("model_day_", day.Reason)
+		ms.refused = nextSend{at: day.RetryAt, look: day.RetryAt, reason: gateReason("model_day_", day.Reason)}
 		if limit := s.now().Add(time.Minute); day.RetryAt.After(limit) {
-			ms.wakeAt = limit // another process may give the quota back
+			ms.refused.look = limit // another process may give the quota back
 		}
 		return nil, refused
 	}
 	if !passed {
 		return nil, handled
 	}
-	placeable, err := s.holdSpend(ctx, c, ms.provider, model) // spend.go
+	placeable, err := s.spendGate.holdSpend(ctx, c, ms.provider, model) // spend.go
 	if err != nil || !placeable {
-		s.giveBack(ctx, taken)
+		s.gates.giveBack(ctx, taken)
 	}
 	if err != nil {
-		s.storeDown(ms.key, err)
+		s.outage.storeDown(ms.key, err)
 		s.unpop(q, it)
 		s.sleepQueue(q, s.now().Add(time.Second), "budget_store")
 		return nil, handled
@@ -79,30 +79,29 @@ func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, 
 		return nil, handled
 	}
 	lim, backlog := s.limitsFor(ctx, q, ms, model, c, it.Urgent)
-	g, err := s.lease(ctx, ms.key, lim, []*Candidate{c}, backlog, it.Urgent)
+	g, err := s.placer.lease(ctx, ms.key, lim, []*Candidate{c}, backlog, it.Urgent)
 	if err == nil && (len(g.SendAt) < g.N || len(g.Planned) < g.N || len(g.From) < g.N) {
 		err = fmt.Errorf("lease granted %d jobs with %d send instants", g.N, len(g.SendAt))
 	}
 	if g.N == 0 {
 		// The model cannot take the job now: what its gates and its spend
 		// budget took goes back.
-		s.giveBack(ctx, taken)
+		s.gates.giveBack(ctx, taken)
 	}
 	if g.N == 0 || err != nil {
-		s.dropSpend(ctx, c)
+		s.spendGate.dropSpend(ctx, c)
 	}
 	if err != nil {
 		// Fail closed: no budget, no dispatch.
-		s.storeDown(ms.key, err)
+		s.outage.storeDown(ms.key, err)
 		s.unpop(q, it)
 		s.sleepQueue(q, s.now().Add(time.Second), "budget_store")
 		return nil, handled
 	}
-	s.storeUp()
+	s.outage.storeUp()
 	if g.N == 0 {
 		s.m.AdmissionWaits.WithLabelValues(ms.provider, ms.model, g.Reason).Inc()
 		c.wait.note(g.Reason)
-		ms.freeAt = g.RetryAt
 		wake := latest(g.RetryAt, s.now())
 		if ms.rule.Split && g.Reason == "burst" {
 			// Calls that end give their unused output back and move the
@@ -113,12 +112,12 @@ func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, 
 				wake = soon
 			}
 		}
-		s.sleep(ms, wake, g.Reason)
+		s.sleep(ms, g.RetryAt, wake, g.Reason)
 		return nil, refused
 	}
-	ms.wakeAt, ms.reason = time.Time{}, ""
+	ms.refused = nextSend{}
 	q.wakeAt, q.reason = time.Time{}, ""
-	s.advance(ms, lim, c.Cost, g.SendAt[0]) // place.go
+	s.placer.advance(ms, lim, c.Cost, g.SendAt[0]) // place.go
 	return s.publish(q, ms, c, g.SendAt[0], g.From[0], g.Planned[0], lim), placed
 }
 
@@ -126,7 +125,7 @@ func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, 
 // the headroom backlogged work leaves while urgent work is about, and the
 // backlog behind c to ask room for with it.
 func (s *Service) limitsFor(ctx context.Context, q *queueState, ms *modelState, model *config.Model, c *Candidate, urgent bool) (budget.Limits, budget.Cost) {
-	eff := s.effective(ctx, ms, *model)
+	eff := s.placer.effective(ctx, ms, *model)
 	lim := eff.Limits()
 	// Units are paced like requests and tokens at their configured limits
 	// (not learned from the provider).
@@ -174,10 +173,10 @@ func (s *Service) limitsFor(ctx context.Context, q *queueState, ms *modelState, 
 func (s *Service) waitAll(ctx context.Context, q *queueState, it *Item) {
 	c := it.Value.(*Candidate)
 	now := s.now()
-	wake, reason := q.firstWake(now) // place.go
+	wake, reason := s.placer.firstWake(q, now) // place.go
 	c.wait.note(reason)
 	if dl := c.Job.Deadline; dl != nil && wake.After(*dl) {
-		s.expire(s.leave(ctx, c, "expired"), c.Msg, c.Job, fmt.Sprintf("estimated wait %s for %s exceeds the deadline", wake.Sub(now).Round(time.Millisecond), orQueued(reason)))
+		s.exits.expire(s.tracer.leave(ctx, c, "expired"), c.Msg, c.Job, fmt.Sprintf("estimated wait %s for %s exceeds the deadline", wake.Sub(now).Round(time.Millisecond), orQueued(reason)))
 	} else {
 		s.unpop(q, it)
 	}
@@ -187,17 +186,18 @@ func (s *Service) waitAll(ctx context.Context, q *queueState, it *Item) {
 // unpop returns it to the head of q.
 func (s *Service) unpop(q *queueState, it *Item) {
 	q.sched.Unpop(it)
-	s.held.add(q.key, it)
+	s.holder.held.add(q.key, it)
 }
 
-// sleep sets when ms looks at its budget again, and why it takes nothing:
-// within MaxWakeWait even if the estimate says later, as other processes
-// may give budget back sooner.
-func (s *Service) sleep(ms *modelState, wake time.Time, reason string) {
+// sleep records that ms's budget refused a job for reason, expected to
+// free at free: it looks at its budget again at wake, within MaxWakeWait
+// even if the estimate says later, as other processes may give budget
+// back sooner.
+func (s *Service) sleep(ms *modelState, free, wake time.Time, reason string) {
 	if limit := s.now().Add(MaxWakeWait); wake.After(limit) {
 		wake = limit
 	}
-	ms.wakeAt, ms.reason = wake, reason
+	ms.refused = nextSend{at: free, look: wake, reason: reason}
 }
 
 // sleepQueue sets when q tries its head job again, and why it waits,
@@ -216,7 +216,7 @@ func (s *Service) sleepQueue(q *queueState, wake time.Time, reason string) {
 func (s *Service) publish(q *queueState, ms *modelState, c *Candidate, at, from, planned time.Time, lim budget.Limits) *pub {
 	now := s.now()
 	j := c.Job
-	s.placeOn(j, ms) // place.go
+	s.placer.placeOn(j, ms) // place.go
 	j.WaitReason = c.wait.last()
 	c.held.Slice = s.store.SliceOf(at) // what the executor settles against
 	j.Reservation = ms.rule.Reserve(c.held)
@@ -245,7 +245,7 @@ func (s *Service) publish(q *queueState, ms *modelState, c *Candidate, at, from,
 	// crash between publish and ack) is dropped by DISPATCH's duplicate
 	// window, while a job re-admitted later is a new message.
 	msg.Header.Set(jetstream.MsgIDHeader, keys.MsgID(keys.MsgDispatch, j.Tenant, j.ID, seqOf(c.Msg)))
-	tracing.SpanToNATS(s.endPlacement(c, ms, now), msg.Header) // trace.go
+	tracing.SpanToNATS(s.tracer.endPlacement(c, ms, now), msg.Header) // trace.go
 	fut, err := s.mesh.JS.PublishMsgAsync(msg)
 	if err != nil {
 		s.log.Warn("dispatch publish failed", "job_id", j.ID, "err", err)

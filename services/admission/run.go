@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/guard"
 	"github.com/sluice-dev/sluice/internal/keys"
@@ -46,8 +45,8 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	defer wg.Wait()
 	bg, stopBG := context.WithCancel(ctx)
 	defer stopBG() // before the wait, even when the scheduler fails
-	wg.Go(func() { s.affinity.run(bg) })
-	wg.Go(func() { s.watchDeployments(bg) })
+	wg.Go(func() { s.placer.affinity.run(bg) })
+	wg.Go(func() { s.placer.watchDeployments(bg) })
 	s.schedule(ctx, in, sig)
 	return nil
 }
@@ -233,10 +232,10 @@ func (q *queueTakers) stop() {
 	}
 }
 
-// signals are what other processes tell the scheduler: that a provider
-// asked a model's fleet to wait, and "why does this job wait".
+// signals are what other processes tell the scheduler: "why does this
+// job wait", and which jobs their callers cancelled. (A provider's pause
+// is health's: a cooling record, read through placer.next.)
 type signals struct {
-	pauses  chan pauseSignal
 	whys    chan whyQuery
 	cancels chan string // job keys their callers cancelled (cancel.go)
 }
@@ -244,7 +243,7 @@ type signals struct {
 // listen subscribes to the signals and to the executors' transits
 // (lead.go); unsubscribe ends the subscriptions.
 func (s *Service) listen(ctx context.Context) (sig signals, unsubscribe func(), err error) {
-	sig = signals{pauses: make(chan pauseSignal, 64), whys: make(chan whyQuery), cancels: make(chan string, 256)}
+	sig = signals{whys: make(chan whyQuery), cancels: make(chan string, 256)}
 	var subs []*nats.Subscription
 	unsubscribe = func() {
 		for i := len(subs) - 1; i >= 0; i-- {
@@ -252,23 +251,8 @@ func (s *Service) listen(ctx context.Context) (sig signals, unsubscribe func(), 
 		}
 	}
 	nc := s.mesh.JS.Conn()
-	psub, err := nc.Subscribe(PauseSubjectPrefix+">", func(m *nats.Msg) {
-		var p pauseSignal
-		if json.Unmarshal(m.Data, &p) == nil {
-			p.Key = budget.ModelKey(p.Provider, job.ModelToken(p.Model))
-			select {
-			case sig.pauses <- p:
-			default:
-			}
-		}
-	})
-	if err != nil {
-		return sig, nil, fmt.Errorf("subscribe pauses: %w", err)
-	}
-	subs = append(subs, psub)
 	wsub, err := nc.Subscribe(WhySubjectPrefix+"*.*", func(m *nats.Msg) { s.answerWhy(ctx, m, sig.whys) })
 	if err != nil {
-		unsubscribe()
 		return sig, nil, fmt.Errorf("subscribe why: %w", err)
 	}
 	subs = append(subs, wsub)
@@ -283,7 +267,7 @@ func (s *Service) listen(ctx context.Context) (sig signals, unsubscribe func(), 
 		return sig, nil, fmt.Errorf("subscribe cancels: %w", err)
 	}
 	subs = append(subs, csub)
-	tsub, err := s.watchTransits()
+	tsub, err := s.placer.watchTransits()
 	if err != nil {
 		unsubscribe()
 		return sig, nil, fmt.Errorf("subscribe transits: %w", err)
@@ -323,35 +307,33 @@ func (s *Service) schedule(ctx context.Context, in <-chan jetstream.Msg, sig sig
 	defer tick.Stop()
 	touch := time.NewTicker(KeepAliveEvery)
 	defer touch.Stop()
-	watch := time.NewTicker(min(KeepAliveEvery, s.heldMax/4))
+	watch := time.NewTicker(min(KeepAliveEvery, s.holder.heldMax/4))
 	defer watch.Stop()
 	wake := time.NewTimer(time.Hour)
 	defer wake.Stop()
 	for {
-		wake.Reset(s.untilWake())
+		wake.Reset(s.holder.untilWake())
 		select {
 		case <-ctx.Done():
 			s.returnLeases(context.WithoutCancel(ctx), true)
-			s.releaseAll()
+			s.holder.releaseAll()
 			return
 		case <-wake.C:
 			s.dispatchAll(ctx)
 		case <-tick.C:
 			s.returnLeases(ctx, false)
-			s.expireHeld(ctx)
+			s.holder.expireHeld(ctx)
 			s.dispatchAll(ctx)
-			s.checkStore(ctx)
+			s.outage.checkStore(ctx)
 		case <-watch.C:
-			s.watchHeld()
+			s.holder.watchHeld()
 		case <-touch.C:
-			s.keepAlive()
-			s.countHeld()
-		case p := <-sig.pauses:
-			s.pauseModel(p)
+			s.holder.keepAlive()
+			s.holder.countHeld()
 		case q := <-sig.whys:
-			q.reply <- s.why(q.id)
+			q.reply <- s.holder.why(q.id)
 		case key := <-sig.cancels:
-			s.dropCancelled(key)
+			s.holder.dropCancelled(key)
 		case m := <-in:
 			msgs = takeBatch(append(msgs[:0], m), in, batch)
 			s.admit(ctx, msgs)

@@ -25,7 +25,7 @@ func (h *holder) watchHeld() {
 			q.progressAt = now
 			continue
 		}
-		stalled := now.Sub(q.progressAt) >= limit && !q.paused(now)
+		stalled := now.Sub(q.progressAt) >= limit && !h.placer.paused(q, now)
 		gone := q.sched.Remove(func(it *Item) bool {
 			age := now.Sub(it.Since)
 			if stalled && age >= limit || age >= 4*limit {
@@ -50,10 +50,11 @@ func (h *holder) watchHeld() {
 }
 
 // paused reports whether the provider asked the fleet to hold every
-// deployment q may place on.
-func (q *queueState) paused(now time.Time) bool {
+// deployment q may place on: health cools each after its Retry-After
+// (verdict), its wait or its probe not over.
+func (pl *placer) paused(q *queueState, now time.Time) bool {
 	for _, ms := range q.deps {
-		if !now.Before(ms.pausedUntil) {
+		if v, blocked := pl.verdict(ms, now); !blocked || v.reason != reasonPaused {
 			return false
 		}
 	}
