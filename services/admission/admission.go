@@ -53,6 +53,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/guard"
+	"github.com/sluice-dev/sluice/internal/lane"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/promptcache"
@@ -318,6 +319,9 @@ func (s *Service) admit(ctx context.Context, msgs []jetstream.Msg) {
 			s.noteWait(j.Key(), notBeforeReason(j), *j.NotBefore)
 			_ = msg.NakWithDelay(j.NotBefore.Sub(now))
 			continue
+		}
+		if lane.Divert(ctx, s.mesh.JS, s.app(), msg, j, now, s.laneCount) {
+			continue // to its model's batch lane (services/lane)
 		}
 		w := s.startWait(msg, now)
 		if n, ok := s.waits[j.Key()]; ok {

@@ -1,0 +1,137 @@
+package systest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-dev/sluice/pkg/client"
+	"github.com/sluice-dev/sluice/pkg/job"
+	"github.com/sluice-dev/sluice/pkg/sim"
+)
+
+// laneConfig is a Sluice configuration for one simulated OpenAI model with
+// its batch lane enabled (batch: the lane's YAML members) and a price, and
+// the tenant acme.
+func laneConfig(simURL string, rpm int, batch string) string {
+	return fmt.Sprintf(`
+providers:
+  - name: sim
+    base_url: %s/v1
+    api_key_env: SIM_KEY
+    models:
+      - name: gpt-4o-mini
+        rpm: %d
+        tpm: 10000000
+        max_concurrency: 128
+        price: {input_per_mtok: 1, output_per_mtok: 4, batch_factor: 0.5}
+        batch: {enabled: true, %s}
+tenants:
+  - {name: acme, api_key_env: ACME_KEY}
+`, simURL, rpm, batch)
+}
+
+// runJobs submits n jobs of priority p (deadline in from now, 0: none)
+// and waits for every result.
+func runJobs(t *testing.T, ctx context.Context, cl *client.Client, n int, p job.Priority, in time.Duration) []*job.Result {
+	t.Helper()
+	out := make([]*job.Result, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Go(func() {
+			j := &job.Job{Tenant: "acme", Priority: p, Request: ChatBody("gpt-4o-mini", 20+i%7, 16)}
+			if in > 0 {
+				d := time.Now().Add(in)
+				j.Deadline = &d
+			}
+			res, err := cl.Do(ctx, j)
+			if err != nil {
+				errs <- err
+				return
+			}
+			out[i] = res
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// billed checks the provider billed each job exactly once: the sync calls
+// it completed plus the batch lines that succeeded are the jobs, and each
+// result says which lane it came from. It returns the results by lane.
+func billed(t *testing.T, s *sim.Server, results []*job.Result) (batch, sync int) {
+	t.Helper()
+	lines := map[string]int{}
+	for _, l := range s.BatchLines() {
+		lines[l.Result]++
+	}
+	for _, r := range results {
+		if r.Status != job.StatusSucceeded {
+			t.Fatalf("job %s: %s %+v, want succeeded", r.JobID, r.Status, r.Error)
+		}
+		if r.Lane == job.LaneBatch {
+			batch++
+			if r.BatchID == "" || r.Cost == nil {
+				t.Errorf("job %s went through the lane without its batch id or cost: %+v", r.JobID, r)
+			}
+			continue
+		}
+		sync++
+	}
+	if lines["succeeded"] != batch {
+		t.Errorf("the provider billed %d batch lines, and %d results came from a batch", lines["succeeded"], batch)
+	}
+	if got := s.Stats().Completed; got != int64(sync) {
+		t.Errorf("the provider completed %d synchronous calls, and %d results came from them", got, sync)
+	}
+	return batch, sync
+}
+
+// Batch-priority jobs with a distant deadline go through the lane, at the
+// batch price; interactive jobs keep the synchronous lane and its limits.
+func TestBatchLaneTakesBatchWork(t *testing.T) {
+	t.Parallel()
+	s, url := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 10000000}}, APIKeys: []string{"sim-secret"},
+		Batch: sim.BatchConfig{Duration: time.Second}})
+	n := StartLogged(t, laneConfig(url, 600, "collect: 500ms, min_deadline: 1m, rescue: 30s, poll: 100ms"), Env)
+	_, cl := n.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	var lane, inter []*job.Result
+	var wg sync.WaitGroup
+	wg.Go(func() { lane = runJobs(t, ctx, cl, 300, job.Batch, time.Hour) })
+	wg.Go(func() { inter = runJobs(t, ctx, cl, 20, job.Interactive, 0) })
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	batch, _ := billed(t, s, append(lane, inter...))
+	if batch < 285 {
+		t.Errorf("%d of 300 batch jobs went through the lane, want at least 95%%", batch)
+	}
+	for _, r := range inter {
+		if r.Lane != job.LaneSync {
+			t.Errorf("interactive job %s went through lane %q", r.JobID, r.Lane)
+		}
+	}
+	if st := s.Stats().Models["gpt-4o-mini"]; st.RateLimited != 0 || st.Admitted < 20 {
+		t.Errorf("the synchronous lane: %d admitted, %d rate-limited; want the 20 interactive calls and no 429", st.Admitted, st.RateLimited)
+	}
+	if r := lane[0]; r.Lane == job.LaneBatch {
+		u := r.Usage
+		want := (float64(u.PromptTokens)*1 + float64(u.CompletionTokens)*4) / 1e6 / 2
+		if d := *r.Cost - want; d > 1e-12 || d < -1e-12 {
+			t.Errorf("a batch line cost %g, want %g (half the synchronous price)", *r.Cost, want)
+		}
+	}
+	if got := MetricSum(t, n.MetricsURL(), "sluice_lane_jobs_total", `outcome="batch"`); got != float64(batch) {
+		t.Errorf("sluice_lane_jobs_total{outcome=batch} = %g, want %d", got, batch)
+	}
+}
