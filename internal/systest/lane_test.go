@@ -3,10 +3,14 @@ package systest
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
@@ -91,6 +95,7 @@ func billed(t *testing.T, s *sim.Server, results []*job.Result) (batch, sync int
 	if got := s.Stats().Completed; got != int64(sync) {
 		t.Errorf("the provider completed %d synchronous calls, and %d results came from them", got, sync)
 	}
+	t.Logf("%d results from batch lines (%v lines by result), %d synchronous", batch, lines, sync)
 	return batch, sync
 }
 
@@ -133,5 +138,141 @@ func TestBatchLaneTakesBatchWork(t *testing.T) {
 	}
 	if got := MetricSum(t, n.MetricsURL(), "sluice_lane_jobs_total", `outcome="batch"`); got != float64(batch) {
 		t.Errorf("sluice_lane_jobs_total{outcome=batch} = %g, want %d", got, batch)
+	}
+}
+
+// A batch slower than its jobs' deadlines is cancelled rescue before the
+// earliest, the cancellation awaited: the lines it finished are results,
+// the rest run synchronously, and every job succeeds once, in time.
+func TestBatchLaneRescue(t *testing.T) {
+	t.Parallel()
+	s, url := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 6000, TPM: 10000000}}, APIKeys: []string{"sim-secret"},
+		Batch: sim.BatchConfig{Duration: 20 * time.Second}})
+	n := StartLogged(t, laneConfig(url, 6000, "collect: 300ms, min_deadline: 6s, rescue: 5s, poll: 100ms"), Env)
+	_, cl := n.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	results := runJobs(t, ctx, cl, 30, job.Batch, 9*time.Second)
+	if t.Failed() {
+		return
+	}
+	batch, sync := billed(t, s, results)
+	if batch == 0 || sync == 0 {
+		t.Errorf("%d results from the batch and %d synchronous, want some of each (the finished lines kept, the rest rescued)", batch, sync)
+	}
+	cancelled := 0
+	for _, l := range s.BatchLines() {
+		if l.Result == "canceled" {
+			cancelled++
+		}
+	}
+	if cancelled != sync {
+		t.Errorf("%d lines cancelled, %d jobs run synchronously: want the cancelled ones, and only them", cancelled, sync)
+	}
+	for _, r := range results {
+		if r.CompletedAt.After(r.SubmittedAt.Add(9 * time.Second)) {
+			t.Errorf("job %s completed %s after its submission, past its deadline", r.JobID, r.CompletedAt.Sub(r.SubmittedAt))
+		}
+	}
+	if got := MetricSum(t, n.MetricsURL(), "sluice_lane_batches_total", `state="rescued"`); got != 1 {
+		t.Errorf("sluice_lane_batches_total{state=rescued} = %g, want 1", got)
+	}
+}
+
+// The process holding a lane's open batch is lost: another takes the
+// lane's lease, finds the batch in KV, follows it and maps its lines back.
+// No job is submitted in a second batch, none runs synchronously.
+func TestBatchLaneSurvivesItsOwner(t *testing.T) {
+	t.Parallel()
+	s, url := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 10000000}}, APIKeys: []string{"sim-secret"},
+		Batch: sim.BatchConfig{Duration: 4 * time.Second}})
+	cfg := laneConfig(url, 600, "collect: 300ms, min_deadline: 1m, rescue: 30s, poll: 100ms")
+	front := StartWith(t, cfg, Setup{Env: Env, Services: []string{"ingest", "admission", "result"}})
+	WaitReady(t, front.HTTP)
+	nc, cl := front.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, "budgets")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	StartWith(t, cfg, Setup{Env: Env, NATSURL: front.NATS, Data: front.Data, Services: []string{"executor"}, Stop: stop})
+	natstest.Eventually(t, 20*time.Second, func() error { // the first executor holds the lane
+		_, err := kv.Get(ctx, "lane.sim.gpt-4o-mini.lease")
+		return err
+	})
+	heir := StartWith(t, cfg, Setup{Env: Env, NATSURL: front.NATS, Data: front.Data, Services: []string{"executor"}})
+	var results []*job.Result
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		results = runJobs(t, ctx, cl, 40, job.Batch, time.Hour)
+	}()
+	natstest.Eventually(t, 20*time.Second, func() error { // a batch is running at the provider
+		keys, err := kv.ListKeysFiltered(ctx, "lane.sim.gpt-4o-mini.batch.>")
+		if err != nil {
+			return err
+		}
+		for k := range keys.Keys() {
+			e, err := kv.Get(ctx, k)
+			if err == nil && strings.Contains(string(e.Value()), `"state":"running"`) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no running batch yet")
+	})
+	close(stop) // the lane's holder is lost, its batch running
+	<-done
+	if t.Failed() {
+		return
+	}
+	batch, sync := billed(t, s, results)
+	if batch != 40 || sync != 0 {
+		t.Errorf("%d results from the batch and %d synchronous, want all 40 from it", batch, sync)
+	}
+	ids := map[string]bool{}
+	for _, l := range s.BatchLines() {
+		ids[l.BatchID] = true
+	}
+	if len(ids) != 1 {
+		t.Errorf("the provider ran %d batches, want the one the lost process submitted", len(ids))
+	}
+	if got := MetricSum(t, heir.MetricsURL(), "sluice_lane_jobs_total", `outcome="batch"`); got != 40 {
+		t.Errorf("the heir mapped %g lines back, want all 40", got)
+	}
+}
+
+// The enqueued-token budget makes jobs wait for room, never fail: the
+// lane sends batches within it, one after another.
+func TestBatchLaneEnqueuedTokenLimit(t *testing.T) {
+	t.Parallel()
+	s, url := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 10000000}}, APIKeys: []string{"sim-secret"},
+		Batch: sim.BatchConfig{Duration: 500 * time.Millisecond, EnqueuedTokens: 600}})
+	n := StartLogged(t, laneConfig(url, 600, "collect: 200ms, min_deadline: 1m, rescue: 30s, poll: 100ms, enqueued_tokens: 600"), Env)
+	_, cl := n.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	results := runJobs(t, ctx, cl, 60, job.Batch, time.Hour)
+	if t.Failed() {
+		return
+	}
+	batch, _ := billed(t, s, results)
+	if batch != 60 {
+		t.Errorf("%d of 60 jobs went through the lane, want all (waiting for room)", batch)
+	}
+	ids := map[string]bool{}
+	for _, l := range s.BatchLines() {
+		ids[l.BatchID] = true
+	}
+	if len(ids) < 3 {
+		t.Errorf("%d batches, want several within the budget", len(ids))
+	}
+	if got := MetricSum(t, n.MetricsURL(), "sluice_lane_waits_total"); got == 0 {
+		t.Error("sluice_lane_waits_total = 0, want the jobs to have waited for room")
 	}
 }

@@ -2,8 +2,8 @@ package sim
 
 import (
 	"bufio"
-	"cmp"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"

@@ -181,4 +181,3 @@ func (c *collector) publish(ctx context.Context, h *held, r *job.Result, batchID
 	}
 	return err
 }
-
