@@ -32,24 +32,26 @@ func (c *collector) follow(ctx context.Context) {
 	}
 }
 
-// poll reads a running batch's status and acts on it.
+// poll reads a running batch's status and acts on it. A batch due for
+// rescue is asked to cancel once; the polls that follow wait, without
+// blocking the lane, until the cancellation has finished (what
+// provider.CancelAndWait does), and only the ended batch is mapped back.
 func (c *collector) poll(ctx context.Context, o *open, now time.Time) {
 	b, err := c.client.Status(ctx, o.rec.BatchID)
 	if err != nil {
 		c.log.Warn("lane: batch status unreadable", "provider", c.provider, "model", c.model, "batch", o.rec.BatchID, "err", err)
 		return
 	}
-	if (b.State == provider.BatchRunning || b.State == provider.BatchCancelling) && o.rec.Earliest != nil &&
-		!now.Before(o.rec.Earliest.Add(-c.lane.Rescue.D())) {
+	if b.State == provider.BatchRunning && !o.cancelled && o.rec.Earliest != nil && !now.Before(o.rec.Earliest.Add(-c.lane.Rescue.D())) {
 		c.log.Info("lane: rescuing batch before its earliest deadline", "provider", c.provider, "model", c.model, "batch", b.ID, "earliest", o.rec.Earliest)
-		wctx, cancel := context.WithTimeout(ctx, c.lane.Rescue.D())
-		b, err = provider.CancelAndWait(wctx, c.client, o.rec.BatchID, c.lane.Poll.D())
-		cancel()
-		if err != nil {
-			c.log.Warn("lane: batch cancellation not finished", "batch", o.rec.BatchID, "err", err)
-			return
+		if _, err := c.client.Cancel(ctx, o.rec.BatchID); err != nil {
+			// One that ended meanwhile cannot be cancelled: the next
+			// poll sees it ended.
+			c.log.Warn("lane: batch cancel refused", "batch", o.rec.BatchID, "err", err)
 		}
+		o.cancelled = true
 		c.ms.LaneBatches.WithLabelValues(c.provider, c.model, "rescued").Inc()
+		return
 	}
 	switch b.State {
 	case provider.BatchFailed:
@@ -72,7 +74,8 @@ func (c *collector) poll(ctx context.Context, o *open, now time.Time) {
 }
 
 // mapBack reads an ended batch's results (once) and ends each line whose
-// job this process holds; the batch's record goes once every line is done.
+// job this process holds: every line's end decided and recorded first (one
+// write), then acted on; the batch's record goes once every line is done.
 func (c *collector) mapBack(ctx context.Context, o *open) {
 	if o.results == nil {
 		rs, err := c.client.Results(ctx, o.rec.BatchID)
@@ -85,43 +88,58 @@ func (c *collector) mapBack(ctx context.Context, o *open) {
 			o.results[r.CustomID] = r
 		}
 	}
-	changed, left := false, 0
+	if !c.decideAll(ctx, o) {
+		return
+	}
+	changed, left, n := false, 0, 0
 	for id, l := range o.rec.Lines {
 		if l.Done {
 			continue
 		}
+		if n++; n%50 == 0 && !c.lease.held(ctx) {
+			return // the lane is another's now: it carries on from the record
+		}
 		h, ok := c.held[keyOf(l)]
-		if !ok {
-			if l.Res != "" && c.acked(ctx, l.Seq) {
-				l.Done, changed = true, true // acted on and acknowledged before a restart
-				continue
-			}
-			left++ // its message comes back by redelivery
-			continue
-		}
-		if l.Res == "" {
-			l.Res = c.decide(h, o.results[id])
-			if err := c.put(ctx, o); err != nil {
-				l.Res = ""
-				left++
-				continue
-			}
-		}
-		if c.end(ctx, o, h, l, o.results[id]) {
+		switch {
+		case !ok && l.Res != "" && c.acked(ctx, l.Seq):
+			l.Done, changed = true, true // acted on and acknowledged before a restart
+		case ok && l.Res != "" && c.end(ctx, o, h, l, o.results[id]):
 			l.Done, changed = true, true
 			delete(c.held, keyOf(l))
-		} else {
-			left++
+		default:
+			left++ // its message comes back by redelivery, or acting failed
 		}
-	}
-	if changed && left > 0 {
-		_ = c.put(ctx, o)
 	}
 	if left == 0 {
 		if err := c.drop(ctx, o); err != nil {
 			c.log.Warn("lane: batch record not deleted", "batch", o.rec.BatchID, "err", err)
 		}
+	} else if changed {
+		_ = c.put(ctx, o)
 	}
+}
+
+// decideAll decides the end of every line whose job is held and records
+// them in one write; false when the write failed (nothing is acted on).
+func (c *collector) decideAll(ctx context.Context, o *open) bool {
+	var decided []*line
+	for id, l := range o.rec.Lines {
+		if h, ok := c.held[keyOf(l)]; ok && !l.Done && l.Res == "" {
+			l.Res = c.decide(h, o.results[id])
+			decided = append(decided, l)
+		}
+	}
+	if len(decided) == 0 {
+		return true
+	}
+	if err := c.put(ctx, o); err != nil {
+		c.log.Warn("lane: batch record not updated", "batch", o.rec.BatchID, "err", err)
+		for _, l := range decided {
+			l.Res = ""
+		}
+		return false
+	}
+	return true
 }
 
 // acked reports whether the LANE message at seq is gone (acknowledged).

@@ -57,6 +57,8 @@ type open struct {
 	// results, once the batch ended: by custom id.
 	results  map[string]resultOf
 	lastPoll time.Time
+	// cancelled: this process asked the provider to cancel it (rescue).
+	cancelled bool
 }
 
 // put writes o's record by compare-and-set (create when rev is 0).
@@ -112,7 +114,18 @@ func (c *collector) load(ctx context.Context) error {
 		}
 		c.batches[r.ID] = &open{rec: &r, rev: e.Revision()}
 	}
-	return nil
+	// A reservation whose batch has no record (its holder lost between
+	// the two writes) holds nothing.
+	return c.updateBudget(ctx, func(b *budget) bool {
+		stale := false
+		for id := range b.Held {
+			if _, ok := c.batches[id]; !ok {
+				delete(b.Held, id)
+				stale = true
+			}
+		}
+		return stale
+	})
 }
 
 // budget is the lane's share of the provider's batch limit (OpenAI's
