@@ -136,6 +136,12 @@ func TestBatchLaneTakesBatchWork(t *testing.T) {
 			t.Errorf("a batch line cost %g, want %g (half the synchronous price)", *r.Cost, want)
 		}
 	}
+	if r := lane[0]; r.Lane == job.LaneBatch {
+		got := fmt.Sprint(GetJob(t, ctx, n.HTTP, Env["ACME_KEY"], r.JobID, ""))
+		if !strings.Contains(got, "lane:batch") || !strings.Contains(got, "batch_id:"+r.BatchID) {
+			t.Errorf("GET /v1/jobs/%s = %s, want its lane and batch id", r.JobID, got)
+		}
+	}
 	if got := MetricSum(t, n.MetricsURL(), "sluice_lane_jobs_total", `outcome="batch"`); got != float64(batch) {
 		t.Errorf("sluice_lane_jobs_total{outcome=batch} = %g, want %d", got, batch)
 	}
