@@ -3,6 +3,8 @@ package systest
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/pkg/sim"
+	"github.com/sluice-dev/sluice/services/executor"
 )
 
 // laneConfig is a Sluice configuration for one simulated OpenAI model with
@@ -280,5 +283,63 @@ func TestBatchLaneEnqueuedTokenLimit(t *testing.T) {
 	}
 	if got := MetricSum(t, n.MetricsURL(), "sluice_lane_waits_total"); got == 0 {
 		t.Error("sluice_lane_waits_total = 0, want the jobs to have waited for room")
+	}
+}
+
+// loseCreate is a transport that delivers the first batch create to the
+// provider and then loses its answer, as a timeout would.
+type loseCreate struct {
+	once sync.Once
+}
+
+func (l *loseCreate) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := http.DefaultTransport.RoundTrip(r)
+	if err != nil || r.Method != http.MethodPost || !strings.HasSuffix(r.URL.Path, "/batches") {
+		return resp, err
+	}
+	lost := false
+	l.once.Do(func() { lost = true })
+	if !lost {
+		return resp, nil
+	}
+	resp.Body.Close()
+	return nil, fmt.Errorf("the answer was lost (test)")
+}
+
+// A batch create whose answer is lost is found again by its key, and
+// followed: its jobs are never submitted in a second batch.
+func TestBatchLaneLostCreateAnswer(t *testing.T) {
+	t.Parallel()
+	s, url := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 10000000}}, APIKeys: []string{"sim-secret"},
+		Batch: sim.BatchConfig{Duration: time.Second}})
+	var log SyncBuffer
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("node log:\n%s", log.String())
+		}
+	})
+	lose := &loseCreate{}
+	n := StartWith(t, laneConfig(url, 600, "collect: 300ms, min_deadline: 1m, rescue: 30s, poll: 100ms"),
+		Setup{Env: Env, Log: &log, Level: slog.LevelInfo, Executor: func(c *executor.Config) { c.Transport = lose }})
+	WaitReady(t, n.HTTP)
+	_, cl := n.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	results := runJobs(t, ctx, cl, 20, job.Batch, time.Hour)
+	if t.Failed() {
+		return
+	}
+	batch, sync := billed(t, s, results)
+	ids := map[string]bool{}
+	for _, l := range s.BatchLines() {
+		ids[l.BatchID] = true
+	}
+	if batch != 20 || sync != 0 || len(ids) != 1 {
+		t.Errorf("%d results from %d batches, %d synchronous; want all 20 from the one batch created", batch, len(ids), sync)
+	}
+	lost := false
+	lose.once.Do(func() { lost = true })
+	if lost {
+		t.Error("no batch create was made")
 	}
 }
