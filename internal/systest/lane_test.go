@@ -44,12 +44,18 @@ tenants:
 // and waits for every result.
 func runJobs(t *testing.T, ctx context.Context, cl *client.Client, n int, p job.Priority, in time.Duration) []*job.Result {
 	t.Helper()
+	return runModelJobs(t, ctx, cl, "gpt-4o-mini", n, p, in)
+}
+
+// runModelJobs is runJobs for model.
+func runModelJobs(t *testing.T, ctx context.Context, cl *client.Client, model string, n int, p job.Priority, in time.Duration) []*job.Result {
+	t.Helper()
 	out := make([]*job.Result, n)
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	for i := range n {
 		wg.Go(func() {
-			j := &job.Job{Tenant: "acme", Priority: p, Request: ChatBody("gpt-4o-mini", 20+i%7, 16)}
+			j := &job.Job{Tenant: "acme", Priority: p, Request: ChatBody(model, 20+i%7, 16)}
 			if in > 0 {
 				d := time.Now().Add(in)
 				j.Deadline = &d
@@ -85,8 +91,8 @@ func billed(t *testing.T, s *sim.Server, results []*job.Result) (batch, sync int
 		}
 		if r.Lane == job.LaneBatch {
 			batch++
-			if r.BatchID == "" || r.Cost == nil {
-				t.Errorf("job %s went through the lane without its batch id or cost: %+v", r.JobID, r)
+			if r.BatchID == "" || (r.Cost == nil && !r.CostUnpriced) {
+				t.Errorf("job %s went through the lane without its batch id (%q) or cost", r.JobID, r.BatchID)
 			}
 			continue
 		}
@@ -341,5 +347,43 @@ func TestBatchLaneLostCreateAnswer(t *testing.T) {
 	lose.once.Do(func() { lost = true })
 	if lost {
 		t.Error("no batch create was made")
+	}
+}
+
+// Anthropic's Message Batches through the lane: a batch the provider's
+// processing queue refuses (429) is taken back, its jobs wait, and the
+// next batch is smaller; every job still goes through the lane.
+func TestBatchLaneAnthropicQueueFull(t *testing.T) {
+	t.Parallel()
+	const model = "claude-3-5-haiku-latest"
+	s, url := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: model, RPM: 600, ITPM: 1000000, OTPM: 1000000}}, APIKeys: []string{"sim-secret"},
+		Batch: sim.BatchConfig{Duration: 300 * time.Millisecond, QueueRequests: 8}})
+	n := StartLogged(t, fmt.Sprintf(`
+providers:
+  - name: claude
+    kind: anthropic
+    base_url: %s/v1
+    api_key_env: SIM_KEY
+    models:
+      - name: %s
+        rpm: 600
+        itpm: 1000000
+        otpm: 1000000
+        batch: {enabled: true, collect: 200ms, min_deadline: 1m, rescue: 30s, poll: 100ms}
+tenants:
+  - {name: acme, api_key_env: ACME_KEY}
+`, url, model), Env)
+	_, cl := n.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	results := runModelJobs(t, ctx, cl, model, 30, job.Batch, time.Hour)
+	if t.Failed() {
+		return
+	}
+	if batch, _ := billed(t, s, results); batch != 30 {
+		t.Errorf("%d of 30 jobs went through the lane, want all", batch)
+	}
+	if got := MetricSum(t, n.MetricsURL(), "sluice_lane_batches_total", `state="refused"`); got == 0 {
+		t.Error("no batch was refused for the queue, want the first (30 requests, the queue holds 8)")
 	}
 }
