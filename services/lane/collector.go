@@ -43,8 +43,9 @@ type collector struct {
 	waitTil time.Time        // the budget had no room: wait until then
 	// most is the lines the next batch may hold: halved by each refusal
 	// for the provider's limit, back to max_lines by a batch it takes.
-	most    int
-	batches map[string]*open // by local id
+	most         int
+	refusedAlone int              // refusals in a row of a batch of one job
+	batches      map[string]*open // by local id
 }
 
 // held is a job this process holds the LANE message of.

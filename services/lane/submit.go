@@ -52,6 +52,11 @@ func (c *collector) submitDue(ctx context.Context) {
 		take, amount = append(take, h), amount+cost
 	}
 	if len(take) == 0 {
+		if h := c.held[c.pending[0]]; c.limit > 0 && c.costOf(h) > c.limit {
+			c.pending = c.pending[1:]
+			c.toSync(ctx, h, "", "larger alone than the lane's batch budget")
+			return
+		}
 		c.wait("the batch budget has no room")
 		return
 	}
@@ -137,7 +142,7 @@ func (c *collector) started(ctx context.Context, o *open, b provider.Batch) {
 	}
 	o.lastPoll = c.now()
 	c.ms.LaneBatches.WithLabelValues(c.provider, c.model, "submitted").Inc()
-	c.most = c.lane.MaxLines
+	c.most, c.refusedAlone = c.lane.MaxLines, 0
 	c.log.Info("lane: batch submitted", "provider", c.provider, "model", c.model, "batch", b.ID, "lines", len(o.rec.Lines))
 }
 
@@ -190,10 +195,21 @@ func (c *collector) submitFailed(ctx context.Context, o *open, err error) {
 }
 
 // refused takes back a batch the provider's batch limit refused: its jobs
-// wait, and the next batch is half its size.
+// wait, and the next batch is half its size; a batch of one job refused
+// maxRefusedAlone times in a row goes to the normal lane.
 func (c *collector) refused(ctx context.Context, o *open) {
 	c.ms.LaneBatches.WithLabelValues(c.provider, c.model, "refused").Inc()
 	c.most = max(1, len(o.rec.Lines)/2)
+	if len(o.rec.Lines) == 1 {
+		c.refusedAlone++
+	}
+	if c.refusedAlone >= maxRefusedAlone {
+		// One job refused alone, again and again: larger than the
+		// provider's limit, or the limit taken by others. Not a loop.
+		c.refusedAlone = 0
+		c.unwind(ctx, o, false)
+		return
+	}
 	c.unwind(ctx, o, true)
 	c.wait("the provider's batch limit is reached")
 }
@@ -239,3 +255,6 @@ func (c *collector) withdraw(ctx context.Context, opKey, by string) {
 }
 
 func keyOf(l *line) string { return job.KeyOf(l.Tenant, l.Job) }
+
+// maxRefusedAlone bounds the refusals of a batch of one job.
+const maxRefusedAlone = 10
