@@ -34,6 +34,7 @@ const (
 	Results      = "RESULTS"
 	DLQ          = "DLQ"
 	StreamChunks = "STREAMS" // chunks of streamed answers (memory, minutes)
+	Lane         = "LANE"    // jobs of the batch lane (services/lane)
 
 	BucketBudgets     = "budgets"
 	BucketIdempotency = "idempotency"

@@ -22,6 +22,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/services/admission"
+	"github.com/sluice-dev/sluice/services/lane"
 	"github.com/sluice-dev/sluice/streams"
 )
 
@@ -69,8 +70,10 @@ func runQueue(ctx context.Context, args []string, getenv func(string) string, st
 	lrows, lerr := limitRows(ctx, js, cfg)
 	drows, _ := deploymentRows(ctx, js, cfg) // deployments.go
 	var crows []correctionRow
+	var brows []lane.Open
 	if kv, err := js.KeyValue(ctx, streams.BucketBudgets); err == nil {
 		crows, _ = correctionRows(ctx, kv)
+		brows, _ = lane.OpenBatches(ctx, kv, time.Now())
 	}
 	if *asJSON && *limits {
 		if lerr != nil {
@@ -99,6 +102,7 @@ func runQueue(ctx context.Context, args []string, getenv func(string) string, st
 		enc.SetIndent("", "  ")
 		return enc.Encode(rows)
 	}
+	defer printBatches(stdout, brows)
 	defer printDeployments(stdout, drows)
 	defer printCorrections(stdout, crows)
 	defer printLimits(stdout, lrows, lerr)

@@ -423,6 +423,8 @@ type Model struct {
 	DenyFields  []string `yaml:"deny_fields"`
 	// Price is optional, for reports of spend only (price.go).
 	Price *Price `yaml:"price"`
+	// Batch is the model's batch lane (batch.go).
+	Batch *BatchLane `yaml:"batch"`
 }
 
 // HasDayQuota reports whether the model has a per-day quota.
@@ -749,6 +751,7 @@ func (c *Config) problems() Problems {
 		(*Config).checkCache,  // cache.go
 		(*Config).checkPrices, // price.go
 		(*Config).checkSpend,  // spend.go
+		(*Config).checkBatch,  // batch.go
 	} {
 		check(c, fail)
 	}

@@ -167,6 +167,7 @@ const (
 	MsgReadmit     Msg = "readmit"     // ... a job whose reservation lapsed
 	MsgUnverified  Msg = "unverified"  // ... a job whose reservation does not verify
 	MsgFallback    Msg = "fallback"    // ... a job moved to its fallback model
+	MsgLaneSync    Msg = "lanesync"    // ... a job leaving its batch lane for the normal one; seq: its LANE message
 	MsgResult      Msg = "result"      // a job's terminal result to RESULTS
 	MsgDLQ         Msg = "dlq"         // a dead letter to DLQ
 	MsgReplay      Msg = "replay"      // a dead letter replayed to INTAKE; seq: its DLQ sequence

@@ -47,6 +47,9 @@ type Outcome struct {
 	// TraceID is the job's trace when the context ending it is not in it
 	// (a cancel, read from its operation record); "" is the context's.
 	TraceID string
+	// Lane and BatchID: the call was a line of the provider's batch
+	// BatchID (Lane job.LaneBatch), priced at the model's batch factor.
+	Lane, BatchID string
 }
 
 // Pricer prices a result from its usage (config.Config does).
@@ -91,7 +94,8 @@ func Conclude(t *task.Task, o Outcome, p Pricer, now time.Time) *job.Result {
 	}
 	r := &job.Result{JobID: t.ID, Tenant: t.Tenant, Status: o.Status, Response: o.Response, Error: o.Error, Usage: o.Usage,
 		Attempts: len(t.Attempts), Provider: cmp.Or(o.Provider, t.Provider), Model: cmp.Or(o.Model, t.Model),
-		SubmittedAt: t.SubmittedAt, CompletedAt: now, ProviderRequestID: o.ProviderRequestID, TraceID: o.TraceID}
+		SubmittedAt: t.SubmittedAt, CompletedAt: now, ProviderRequestID: o.ProviderRequestID, TraceID: o.TraceID,
+		Lane: o.Lane, BatchID: o.BatchID}
 	switch {
 	case o.Unpaid && r.Usage != nil:
 		free := 0.0

@@ -27,6 +27,7 @@ const (
 	DeploymentDown Reason = "deployment_down" // its deployment is down, to be placed again; seq: as above
 	Drained        Reason = "drained"         // taken while its executor drains; seq: as above
 	Fallback       Reason = "fallback"        // moved to its fallback model; seq: as above
+	LaneSync       Reason = "lane_sync"       // left its batch lane for the normal one; seq: its LANE message
 )
 
 // queueKinds is the message-id kind of each reason.
@@ -41,6 +42,7 @@ var queueKinds = map[Reason]keys.Msg{
 	DeploymentDown: keys.MsgDown,
 	Drained:        keys.MsgDrain,
 	Fallback:       keys.MsgFallback,
+	LaneSync:       keys.MsgLaneSync,
 }
 
 // QueueMsgID is the message id of j's send to QUEUE for why, seq telling

@@ -66,6 +66,9 @@ type Set struct {
 	BreakerState       *prometheus.GaugeVec   // provider, model
 	AffinityJobs       *prometheus.CounterVec // model, outcome
 	BuildInfo          *prometheus.GaugeVec   // version, revision, go_version (build.go)
+	// The batch lane (lane.go).
+	LaneJobs, LaneBatches, LaneLines, LaneWaits, LaneSaved *prometheus.CounterVec
+	LaneOpen, LaneEnqueued                                 *prometheus.GaugeVec
 }
 
 // New makes and registers the metrics on reg.
@@ -127,6 +130,7 @@ func New(reg prometheus.Registerer) *Set {
 	s.RepliesDropped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_nats_replies_dropped_total", Help: "NATS requests a service did not answer because their reply subject was not one it may answer on (a reply aimed at another subject)."}, []string{"service"})
 	reg.MustRegister(s.RepliesDropped)
 	s.newDeployments(reg)
+	s.newLane(reg)
 	s.newBuild(reg)
 	reg.MustRegister(s.JobsAccepted, s.JobsRejected, s.Results, s.Requests, s.TokensReserved, s.TokensUsed,
 		s.Retries, s.RateLimitHits, s.Fallbacks, s.DupSuppressed, s.QueueDepth, s.QueueWait, s.AdmissionWaits,

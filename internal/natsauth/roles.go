@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/sluice-dev/sluice/internal/keys"
+	"github.com/sluice-dev/sluice/internal/lane"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -160,7 +161,7 @@ func kvWatch(bucket, prefix string) perms {
 // and counts, no messages): binding a bucket or stream reads its info.
 func info() perms {
 	var p perms
-	for _, s := range []string{streams.Intake, streams.Queue, streams.Dispatch, streams.Results, streams.DLQ, streams.StreamChunks,
+	for _, s := range []string{streams.Intake, streams.Queue, streams.Dispatch, streams.Results, streams.DLQ, streams.StreamChunks, streams.Lane,
 		"KV_" + streams.BucketBudgets, "KV_" + streams.BucketIdempotency, "KV_" + streams.BucketResults, "KV_" + streams.BucketFleet,
 		"KV_" + streams.BucketCache} {
 		p.pub = append(p.pub, api+"STREAM.INFO."+s)
@@ -197,12 +198,15 @@ func rolePerms(role string) perms {
 		p.add(kvWatch(streams.BucketBudgets, keys.HealthPrefix)) // deployments' health
 		p.add(kvRead(streams.BucketFleet))                       // checks seals, signs reservations
 		p.add(perms{
-			pub:       []string{job.DispatchPrefix + ">", job.StorePrefix + ">"},
+			pub:       []string{job.DispatchPrefix + ">", job.StorePrefix + ">", lane.Prefix + ">"},
 			sub:       []string{whySubjects, mesh.TransitSubject, mesh.CancelledSubjectPrefix + "*.*"},
 			responses: true, // answers "why does this job wait"
 		})
 	case Executor:
 		p.add(consumer(streams.Dispatch, "*", true))
+		p.add(consumer(streams.Lane, "*", true)) // the batch lane's collectors (services/lane)
+		p.add(streamRead(streams.Lane))
+		p.add(kvWatch(streams.BucketBudgets, "lane.")) // lists the lane's batch records
 		p.add(perms{pub: []string{api + "CONSUMER.PAUSE." + streams.Dispatch + ".*",
 			api + "STREAM.PURGE." + streams.DLQ}}) // a tenant's dead letters beyond its bound (internal/dlq)
 		p.add(kvWrite(streams.BucketBudgets))

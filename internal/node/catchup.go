@@ -28,7 +28,7 @@ type catchUp struct {
 // replicated lists what a cluster node holds a replica of: the streams and
 // the buckets' streams.
 var replicated = []string{streams.Intake, streams.Queue, streams.Dispatch, streams.Results, streams.DLQ,
-	"KV_" + streams.BucketBudgets, "KV_" + streams.BucketIdempotency, "KV_" + streams.BucketResults, "KV_" + streams.BucketFleet}
+	"KV_" + streams.BucketBudgets, "KV_" + streams.BucketIdempotency, "KV_" + streams.BucketResults, "KV_" + streams.BucketFleet, streams.Lane}
 
 // Ready reports nil once every replica on this server is current.
 func (c *catchUp) Ready() error {

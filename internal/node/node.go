@@ -39,6 +39,7 @@ import (
 	"github.com/sluice-dev/sluice/services/admission"
 	"github.com/sluice-dev/sluice/services/executor"
 	"github.com/sluice-dev/sluice/services/ingest"
+	"github.com/sluice-dev/sluice/services/lane"
 	"github.com/sluice-dev/sluice/services/result"
 	"github.com/sluice-dev/sluice/streams"
 )
@@ -449,6 +450,13 @@ func newServices(o Options, live *config.Live, st *stores, hints *nats.Conn, reg
 				return nil, nil, err
 			}
 			services = append(services, s)
+			if lane.Enabled(o.Config) { // the batch lane runs with the executors
+				l, err := lane.New(lane.Config{App: o.Config, Live: live, Getenv: o.Getenv, Transport: cfg.Transport, Clients: cfg.Clients}, m, o.Log, ms)
+				if err != nil {
+					return nil, nil, err
+				}
+				services = append(services, namedRun{"lane", l.Run})
+			}
 		case "result":
 			s, err := result.New(result.Config{App: o.Config, Live: live, Waiters: waiters}, m, o.Log, ms)
 			if err != nil {

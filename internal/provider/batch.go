@@ -35,7 +35,21 @@ type BatchRequest struct {
 	// job.EndpointEmbeddings for embeddings (OpenAI-compatible only).
 	Endpoint string
 	Lines    []BatchLine
+	// Key, when set, is sent as the batch's metadata (OpenAI's
+	// metadata.sluice_batch; Anthropic's batches have none), so that a
+	// create whose answer was lost can be found again (BatchFinder).
+	Key string
 }
+
+// BatchFinder finds the batch created with a BatchRequest.Key: OpenAI's
+// and Azure's clients, by listing the batches (the newest 100) and reading
+// their metadata. ok is false when none of them has the key.
+type BatchFinder interface {
+	Find(ctx context.Context, key string) (b Batch, ok bool, err error)
+}
+
+// MetadataKey is the metadata member that carries BatchRequest.Key.
+const MetadataKey = "sluice_batch"
 
 // BatchState is where a batch is, in both providers' terms.
 type BatchState int

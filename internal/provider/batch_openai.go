@@ -110,7 +110,11 @@ func (o *openAIBatches) Submit(ctx context.Context, req BatchRequest) (Batch, er
 	if err != nil {
 		return Batch{}, err
 	}
-	body, _ := json.Marshal(map[string]string{"input_file_id": fileID, "endpoint": ep, "completion_window": "24h"})
+	create := map[string]any{"input_file_id": fileID, "endpoint": ep, "completion_window": "24h"}
+	if req.Key != "" {
+		create["metadata"] = map[string]string{MetadataKey: req.Key}
+	}
+	body, _ := json.Marshal(create)
 	resp, err := o.call(ctx, "create", http.MethodPost, target, body, o.header())
 	if err != nil {
 		return Batch{}, err
@@ -175,6 +179,40 @@ func (o *openAIBatches) batchCall(ctx context.Context, op, method, path string) 
 		return Batch{}, err
 	}
 	return parseOpenAIBatch(resp)
+}
+
+// Find lists the newest 100 batches and returns the one whose metadata
+// holds key.
+func (o *openAIBatches) Find(ctx context.Context, key string) (Batch, bool, error) {
+	target, err := o.url("/batches")
+	if err != nil {
+		return Batch{}, false, err
+	}
+	if o.query == "" {
+		target += "?limit=100"
+	} else {
+		target += "&limit=100"
+	}
+	resp, err := o.call(ctx, "list", http.MethodGet, target, nil, o.header())
+	if err != nil {
+		return Batch{}, false, err
+	}
+	var list struct {
+		Data []json.RawMessage `json:"data"`
+	}
+	if err := json.Unmarshal(resp, &list); err != nil {
+		return Batch{}, false, &TransportError{Phase: PhaseBody, Err: fmt.Errorf("list: the answer is not a list of batches")}
+	}
+	for _, raw := range list.Data {
+		var m struct {
+			Metadata map[string]string `json:"metadata"`
+		}
+		if json.Unmarshal(raw, &m) == nil && m.Metadata[MetadataKey] == key {
+			b, err := parseOpenAIBatch(raw)
+			return b, err == nil, err
+		}
+	}
+	return Batch{}, false, nil
 }
 
 // openAIBatch is the part of OpenAI's batch object Sluice reads.

@@ -406,3 +406,38 @@ func TestBatchSizeLimits(t *testing.T) {
 		}
 	}
 }
+
+// A batch submitted with a key is found by it (OpenAI's and Azure's
+// metadata), and a key no batch carries is not: a create whose answer was
+// lost is settled without a second submission.
+func TestBatchFindByKey(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []string{"openai", "azure"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			s := newBatchSetup(t, sim.BatchConfig{Duration: 10 * time.Second}, BatchLimits{}, sim.ProfileAzure)
+			c, ctx, model := s.client[kind], ctxT(t), batchModelOf(kind)
+			f, ok := c.(BatchFinder)
+			if !ok {
+				t.Fatal("no BatchFinder")
+			}
+			if _, err := c.Submit(ctx, BatchRequest{Model: model, Lines: batchLines(model, 2), Key: "other"}); err != nil {
+				t.Fatal(err)
+			}
+			b, err := c.Submit(ctx, BatchRequest{Model: model, Lines: batchLines(model, 3), Key: "k1"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, found, err := f.Find(ctx, "k1")
+			if err != nil || !found || got.ID != b.ID {
+				t.Errorf("Find(k1) = %+v, %v, %v; want batch %s", got, found, err, b.ID)
+			}
+			if _, found, err := f.Find(ctx, "k2"); err != nil || found {
+				t.Errorf("Find(k2) = %v, %v; want not found", found, err)
+			}
+		})
+	}
+	if _, ok := newBatchSetup(t, sim.BatchConfig{}, BatchLimits{}, sim.ProfileAzure).client["anthropic"].(BatchFinder); ok {
+		t.Error("Anthropic's client finds batches by key, but its batches carry no metadata")
+	}
+}

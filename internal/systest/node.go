@@ -85,6 +85,9 @@ type Setup struct {
 	// Load and Reloads: see node.Options (nil: the node cannot reload).
 	Load    func() (*config.Config, string, error)
 	Reloads <-chan string
+	// Stop, when it closes, stops the node before the test ends, handing
+	// nothing over (a lost process, as far as its peers can tell).
+	Stop <-chan struct{}
 }
 
 // Start runs a node from a YAML configuration, as `sluice up` would with
@@ -135,6 +138,15 @@ func StartWith(t testing.TB, yaml string, s Setup) Node {
 		data = filepath.Join(t.TempDir(), "data")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	if s.Stop != nil {
+		go func() {
+			select {
+			case <-s.Stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
 	ready := make(chan node.Info, 1)
 	done := make(chan error, 1)
 	go func() {

@@ -58,6 +58,9 @@ type Task struct {
 	// (a gate or a limit: docs/API.md, "Why is my job waiting?"), for the
 	// job's log line. Set by admission only.
 	WaitReason string `json:"wait_reason,omitempty"`
+	// NoLane: the job left the batch lane (services/lane: a batch
+	// cancelled, expired or refused) and runs in the normal lane only.
+	NoLane bool `json:"no_lane,omitempty"`
 }
 
 // New wraps a producer's envelope: a task with nothing set by Sluice.

@@ -295,6 +295,8 @@ type Result struct {
 	// call, LaneBatch for a line of a provider's batch, priced at the
 	// model's batch factor.
 	Lane string `json:"lane,omitempty"`
+	// BatchID is the provider's batch id when Lane is LaneBatch.
+	BatchID string `json:"batch_id,omitempty"`
 }
 
 // Lanes a call is made in (Result.Lane).

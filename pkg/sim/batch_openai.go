@@ -3,11 +3,13 @@ package sim
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 )
@@ -17,6 +19,7 @@ import (
 //	POST /v1/files                  multipart: purpose=batch, file=JSONL ({custom_id, method, url, body} a line)
 //	GET  /v1/files/{id}[/content]   the file object, or its bytes
 //	POST /v1/batches                {input_file_id, endpoint, completion_window: "24h", metadata}
+//	GET  /v1/batches                every batch, newest first, on one page (has_more false)
 //	GET  /v1/batches/{id}           the batch: status, request_counts, output_file_id, error_file_id
 //	POST /v1/batches/{id}/cancel    cancelling, then cancelled
 //
@@ -177,6 +180,9 @@ func (s *Server) serveBatches(w http.ResponseWriter, r *http.Request, rest strin
 	}
 	id, cancel := strings.CutSuffix(strings.TrimPrefix(rest, "/"), "/cancel")
 	switch {
+	case id == "" && !cancel && r.Method == http.MethodGet:
+		s.listBatches(w)
+		return
 	case id == "" && !cancel:
 		if s.allow(w, r, http.MethodPost) {
 			s.createBatch(w, r, azure)
@@ -531,4 +537,26 @@ func usageOf(api string, answer []byte) (in, out int) {
 		return u.InputTokens + u.CacheWrite + u.CacheRead, u.OutputTokens
 	}
 	return u.PromptTokens + u.InputTokens, u.CompletionTokens + u.OutputTokens
+}
+
+// listBatches answers GET /v1/batches: the OpenAI batches, newest first
+// (no paging: every batch on one page, has_more false).
+func (s *Server) listBatches(w http.ResponseWriter) {
+	st := s.batch.Load()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	now := s.now()
+	var list []*simBatch
+	for _, b := range st.batches {
+		if b.api == "openai" {
+			st.advance(b, now)
+			list = append(list, b)
+		}
+	}
+	slices.SortFunc(list, func(a, b *simBatch) int { return cmp.Compare(b.created, a.created) })
+	data := make([]map[string]any, 0, len(list))
+	for _, b := range list {
+		data = append(data, b.openAIObject(false))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data, "has_more": false})
 }

@@ -55,6 +55,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/calib"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/guard"
+	"github.com/sluice-dev/sluice/internal/lane"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/metrics"
 	"github.com/sluice-dev/sluice/internal/promptcache"
@@ -320,6 +321,9 @@ func (s *Service) admit(ctx context.Context, msgs []jetstream.Msg) {
 			s.waitBook.noteWait(j.Key(), notBeforeReason(j), *j.NotBefore)
 			_ = msg.NakWithDelay(j.NotBefore.Sub(now))
 			continue
+		}
+		if lane.Divert(ctx, s.mesh.JS, s.app(), msg, j, now, s.laneCount) {
+			continue // to its model's batch lane (services/lane)
 		}
 		w := s.tracer.startWait(msg, now)
 		if n, ok := s.waitBook.waits[j.Key()]; ok {

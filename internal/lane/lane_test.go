@@ -1,0 +1,49 @@
+package lane_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/lane"
+	"github.com/sluice-dev/sluice/internal/task"
+	"github.com/sluice-dev/sluice/pkg/job"
+)
+
+func TestEligible(t *testing.T) {
+	t.Parallel()
+	c, err := config.Parse([]byte(`providers:
+  - name: a
+    base_url: "http://127.0.0.1:1/v1"
+    models: [{name: m, tier: 0}, {name: plain}]
+  - name: b
+    base_url: "http://127.0.0.1:2/v1"
+    models: [{name: m, tier: 1, batch: {enabled: true, min_deadline: 1h, rescue: 10m}}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) *time.Time { v := now.Add(d); return &v }
+	chat := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+	for _, tc := range []struct {
+		name string
+		j    task.Task
+		want string // the lane's provider, "" none
+	}{
+		{"no deadline", task.Task{Job: job.Job{Priority: job.Batch, Request: chat}, Model: "m"}, "b"},
+		{"distant deadline", task.Task{Job: job.Job{Priority: job.Batch, Deadline: at(2 * time.Hour), Request: chat}, Model: "m"}, "b"},
+		{"near deadline", task.Task{Job: job.Job{Priority: job.Batch, Deadline: at(59 * time.Minute), Request: chat}, Model: "m"}, ""},
+		{"standard", task.Task{Job: job.Job{Priority: job.Standard, Request: chat}, Model: "m"}, ""},
+		{"no lane", task.Task{Job: job.Job{Priority: job.Batch, Request: chat}, Model: "m", NoLane: true}, ""},
+		{"streamed", task.Task{Job: job.Job{Priority: job.Batch, Request: []byte(`{"model":"m","stream":true,"messages":[]}`)}, Model: "m"}, ""},
+		{"embeddings", task.Task{Job: job.Job{Priority: job.Batch, Endpoint: job.EndpointEmbeddings, Request: chat}, Model: "m"}, ""},
+		{"pinned elsewhere", task.Task{Job: job.Job{Priority: job.Batch, Provider: "a", Request: chat}, Model: "m", Pinned: true}, ""},
+		{"model without lane", task.Task{Job: job.Job{Priority: job.Batch, Request: chat}, Model: "plain"}, ""},
+	} {
+		p, _, ok := lane.Eligible(c, &tc.j, now)
+		if p != tc.want || ok != (tc.want != "") {
+			t.Errorf("%s: got %q (%v), want %q", tc.name, p, ok, tc.want)
+		}
+	}
+}
