@@ -200,6 +200,7 @@ func rolePerms(role string) perms {
 		// callers' files and batches (services/batches), whose jobs a
 		// batch's cancel cancels as the result service does
 		p.add(kvWrite(streams.BucketBatches))
+		p.add(kvWatch(streams.BucketBatches, "")) // counts and lists a tenant's files and batches
 		p.add(objectStore(streams.ObjectFiles))
 		p.add(perms{pub: []string{mesh.CancelledSubjectPrefix + "*.*"}})
 		p.add(perms{

@@ -61,7 +61,7 @@ func (s *Service) cancel(w http.ResponseWriter, r *http.Request, auth api.Auth) 
 		finished(w, rec.Result.Status)
 		return
 	}
-	out, err := s.markCancelled(ctx, rec)
+	out, err := markCancelled(ctx, s.mesh, rec)
 	if err != nil {
 		api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not cancel the job")
 		return
@@ -78,15 +78,10 @@ func (s *Service) cancel(w http.ResponseWriter, r *http.Request, auth api.Auth) 
 			return
 		}
 	case cancelWon:
-		res := &job.Result{JobID: id, Tenant: tenant, Status: job.StatusCancelled, SubmittedAt: rec.SubmittedAt,
-			Error: &job.Error{Code: job.CodeCancelled, Message: "cancelled by the caller before the provider was called"}}
-		if err := s.mesh.PublishResult(ctx, res, opKeyOf(rec)); err != nil {
+		if err := publishCancelled(ctx, s.mesh, rec); err != nil {
 			api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not record the cancellation; the job is marked cancelled and will not be sent")
 			return
 		}
-		// Admission drops the job if it holds it (a best effort: the mark
-		// on the record is what keeps it from the provider).
-		_ = s.mesh.JS.Conn().Publish(mesh.CancelledSubject(tenant, id), nil)
 	}
 	wctx, stop := context.WithTimeout(ctx, CancelWait)
 	defer stop()
@@ -106,11 +101,37 @@ func finished(w http.ResponseWriter, st job.Status) {
 	api.Error(w, http.StatusConflict, "invalid_request_error", "job_finished", "the job has already finished: "+string(st))
 }
 
+// CancelQueued cancels rec's job unless its provider call has left or it
+// is done, as the cancel endpoint does (callers' batches, services/batches,
+// cancel their jobs with it). It reports whether the job ends cancelled; a
+// job whose call has left, or that shares its operation, runs to its end.
+func CancelQueued(ctx context.Context, m *mesh.Mesh, rec *mesh.Record) (bool, error) {
+	out, err := markCancelled(ctx, m, rec)
+	if err != nil || out != cancelWon {
+		return false, err
+	}
+	return true, publishCancelled(ctx, m, rec)
+}
+
+// publishCancelled publishes the one terminal result of rec's job, which
+// markCancelled marked cancelled, and tells admission.
+func publishCancelled(ctx context.Context, m *mesh.Mesh, rec *mesh.Record) error {
+	res := &job.Result{JobID: rec.JobID, Tenant: rec.Tenant, Status: job.StatusCancelled, SubmittedAt: rec.SubmittedAt,
+		Error: &job.Error{Code: job.CodeCancelled, Message: "cancelled by the caller before the provider was called"}}
+	if err := m.PublishResult(ctx, res, opKeyOf(rec)); err != nil {
+		return err
+	}
+	// Admission drops the job if it holds it (a best effort: the mark on
+	// the record is what keeps it from the provider).
+	_ = m.JS.Conn().Publish(mesh.CancelledSubject(rec.Tenant, rec.JobID), nil)
+	return nil
+}
+
 // markCancelled marks the job's operation cancelled unless its call has
 // left or it is done.
-func (s *Service) markCancelled(ctx context.Context, rec *mesh.Record) (cancelOutcome, error) {
+func markCancelled(ctx context.Context, m *mesh.Mesh, rec *mesh.Record) (cancelOutcome, error) {
 	out := cancelWon
-	_, err := s.mesh.UpdateOp(ctx, opKeyOf(rec), func(o *mesh.OpRecord) bool {
+	_, err := m.UpdateOp(ctx, opKeyOf(rec), func(o *mesh.OpRecord) bool {
 		switch {
 		case o.JobID != rec.JobID || len(o.Joiners) > 0:
 			out = cancelJoined
