@@ -225,6 +225,7 @@ func TestBatchCancelKeepsCompleted(t *testing.T) {
 		t.Fatalf("ended %s, want cancelled", done.Status)
 	}
 	completed := int(done.RequestCounts.Completed)
+	t.Logf("cancelled with %d of %d lines completed", completed, lines)
 	if completed < 1 || completed >= lines || done.RequestCounts.Failed != int64(lines-completed) {
 		t.Fatalf("counts %+v: want some but not all %d completed, the rest failed", done.RequestCounts, lines)
 	}

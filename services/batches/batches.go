@@ -70,7 +70,7 @@ type deps struct {
 	now    func() time.Time
 
 	mu    sync.Mutex
-	kv    jetstream.KeyValue  // streams.BucketBatches
+	kv    jetstream.KeyValue    // streams.BucketBatches
 	store jetstream.ObjectStore // streams.ObjectFiles
 }
 

@@ -161,9 +161,9 @@ func lineJob(b *batchRecord, customID string) (id, idemKey string) {
 
 // Keys in the batches bucket. tenant is a configured tenant's name (a
 // subject token); ids are checked by the patterns above first.
-func batchKey(tenant, id string) string   { return "batch." + tenant + "." + id }
-func openKey(tenant, id string) string    { return "open." + tenant + "." + id }
-func fileKey(tenant, id string) string    { return "file." + tenant + "." + id }
+func batchKey(tenant, id string) string { return "batch." + tenant + "." + id }
+func openKey(tenant, id string) string  { return "open." + tenant + "." + id }
+func fileKey(tenant, id string) string  { return "file." + tenant + "." + id }
 func refusedKey(tenant, id string, line int) string {
 	return fmt.Sprintf("refused.%s.%s.%d", tenant, id, line)
 }
