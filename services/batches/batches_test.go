@@ -203,6 +203,13 @@ func TestTakeover(t *testing.T) {
 	if len(byID) != lines {
 		t.Errorf("%d distinct jobs, want %d (one per line)", len(byID), lines)
 	}
+	checkOutput(t, ctx, bs, got, lines)
+}
+
+// checkOutput reads b's output file: each line once, in input order
+// (custom ids c0 on), answered 200 by its own job.
+func checkOutput(t *testing.T, ctx context.Context, bs *Service, got *batchRecord, lines int) {
+	t.Helper()
 	body, err := bs.files.open(ctx, "acme", got.OutputFileID)
 	if err != nil {
 		t.Fatal(err)

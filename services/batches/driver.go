@@ -55,7 +55,10 @@ func (d *driver) run(ctx context.Context) error {
 		}
 		if d.poll(ctx) {
 			if _, err := d.update(ctx, func(b *batchRecord) {
-				b.Status, b.FinalizingAt = StatusFinalizing, d.now().Unix()
+				b.FinalizingAt = d.now().Unix()
+				if b.CancellingAt == 0 { // a cancelled batch says cancelling until it is
+					b.Status = StatusFinalizing
+				}
 			}); err != nil {
 				return err
 			}

@@ -37,7 +37,7 @@ func notFound(w http.ResponseWriter, what, id string) {
 
 func (h *handlers) unavailable(w http.ResponseWriter, what string, err error) {
 	h.log.Warn(what, "err", err)
-	api.RetryAfter(w, 0)
+	api.RetryAfter(w, time.Second)
 	api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not "+what+" now; retry")
 }
 
