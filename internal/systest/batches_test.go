@@ -265,7 +265,7 @@ func TestBatchCancelKeepsCompleted(t *testing.T) {
 func TestBatchValidationErrors(t *testing.T) {
 	t.Parallel()
 	_, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 10000, TPM: 10_000_000}}, APIKeys: []string{"sim-secret"}})
-	n := Start(t, SimConfig(simURL, "gpt-4o-mini", 10000, 10_000_000, "batches: {max_file_bytes: 8388608}\n"), Env)
+	n := StartLogged(t, SimConfig(simURL, "gpt-4o-mini", 10000, 10_000_000, "batches: {max_file_bytes: 8388608}\n"), Env)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c := SDK(n)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -123,20 +124,40 @@ func (f *files) record(ctx context.Context, rec *fileRecord) error {
 	return nil
 }
 
+// ReadWithin bounds reading one file: the object store's reader ends at
+// its context's deadline (without one, after its default timeout of a
+// few seconds). A batch's submission that takes longer (QUEUE full for
+// an hour) stops there and starts again from its last checkpoint.
+const ReadWithin = time.Hour
+
 // open reads tenant's file id's content; the caller closes it.
 func (f *files) open(ctx context.Context, tenant, id string) (io.ReadCloser, error) {
 	_, store, err := f.stores(ctx)
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := context.WithTimeout(ctx, ReadWithin)
 	res, err := store.Get(ctx, objectName(tenant, id))
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		cancel()
 		return nil, job.ErrNotFound
 	}
 	if err != nil {
+		cancel()
 		return nil, err
 	}
-	return res, nil
+	return &reading{ObjectResult: res, cancel: cancel}, nil
+}
+
+// reading is an object being read, its context ended when it is closed.
+type reading struct {
+	jetstream.ObjectResult
+	cancel context.CancelFunc
+}
+
+func (r *reading) Close() error {
+	defer r.cancel()
+	return r.ObjectResult.Close()
 }
 
 // remove deletes tenant's file id: its record, then its content.
