@@ -85,6 +85,9 @@ func (f *fakeAccept) Accept(ctx context.Context, j *task.Task) (ingest.Accepted,
 	}
 	f.jobs = append(f.jobs, j.Job)
 	f.mu.Unlock()
+	if strings.Contains(string(j.Request), "refuse me") {
+		return ingest.Accepted{}, &job.ValidationError{Code: job.CodeTooLarge, Field: "request", Message: "above the model's limit"}
+	}
 	res := &job.Result{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusSucceeded, Response: json.RawMessage(`{"object":"chat.completion","echo":` + string(j.Request) + `}`)}
 	data, _ := json.Marshal(mesh.Record{JobID: j.ID, Tenant: j.Tenant, Status: job.StatusSucceeded, Result: res})
 	if _, err := f.m.Results.Put(ctx, keys.Record(j.Tenant, j.ID), data); err != nil {
@@ -241,5 +244,107 @@ func checkOutput(t *testing.T, ctx context.Context, bs *Service, got *batchRecor
 		return w
 	}()); fmt.Sprint(ids) != want {
 		t.Errorf("output custom ids %v, want %s in input order", ids, want)
+	}
+}
+
+// makeBatch stores input as acme's file and records a batch of it made at
+// now.
+func makeBatch(t *testing.T, ctx context.Context, s *Service, input string, now time.Time) *batchRecord {
+	t.Helper()
+	f := &fileRecord{ID: newFileID(), Tenant: "acme", Purpose: PurposeBatch}
+	if err := s.files.put(ctx, f, strings.NewReader(input), 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.files.record(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	b := &batchRecord{ID: newBatchID(), Tenant: "acme", InputFileID: f.ID, Endpoint: "/v1/chat/completions", CompletionWindow: "24h",
+		Status: StatusValidating, Total: strings.Count(input, "\n"), CreatedAt: now.Unix(), ExpiresAt: now.Add(Window).Unix()}
+	h := &handlers{deps: s.deps, files: s.files, wake: func() {}}
+	if err := h.record(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// waitEnded waits until the batch ends and returns it.
+func waitEnded(t *testing.T, ctx context.Context, s *Service, id string) *batchRecord {
+	t.Helper()
+	kv, _, _ := s.stores(ctx)
+	var b *batchRecord
+	natstest.Eventually(t, 30*time.Second, func() error {
+		var err error
+		if b, _, err = getBatch(ctx, kv, "acme", id); err != nil {
+			return err
+		}
+		if !b.ended() {
+			return fmt.Errorf("batch %s", b.Status)
+		}
+		return nil
+	})
+	return b
+}
+
+// errorLines reads b's error file: custom_id -> line.
+func errorLines(t *testing.T, ctx context.Context, s *Service, b *batchRecord) map[string]map[string]any {
+	t.Helper()
+	body, err := s.files.open(ctx, "acme", b.ErrorFileID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer body.Close()
+	out := map[string]map[string]any{}
+	sc := bufio.NewScanner(body)
+	for sc.Scan() {
+		var l map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			t.Fatal(err)
+		}
+		out[l["custom_id"].(string)] = l
+	}
+	return out
+}
+
+// A line accept refuses ends the batch's line failed, in the error file
+// with its code and status; a batch whose window ended before its lines
+// were submitted ends expired, each line batch_expired, none submitted.
+func TestRefusedAndExpiredLines(t *testing.T) {
+	t.Parallel()
+	m := setupMesh(t)
+	app, err := config.Parse([]byte("tenants: [{name: acme}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	acc := &fakeAccept{m: m}
+	s := New(Config{App: app}, m, acc, slog.New(slog.DiscardHandler))
+	line := func(id, text string) string {
+		return fmt.Sprintf(`{"custom_id":%q,"method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":%q}]}}`+"\n", id, text)
+	}
+	b := makeBatch(t, ctx, s, line("ok", "hello")+line("big", "refuse me")+line("ok2", "hello"), time.Now())
+	expired := makeBatch(t, ctx, s, line("late", "too late"), time.Now().Add(-Window-time.Minute))
+	go func() { _ = s.Run(ctx) }()
+	got := waitEnded(t, ctx, s, b.ID)
+	if got.Status != StatusCompleted || got.Completed != 2 || got.Failed != 1 {
+		t.Errorf("batch: %s, %d completed, %d failed; want completed, 2 and 1", got.Status, got.Completed, got.Failed)
+	}
+	errs := errorLines(t, ctx, s, got)
+	resp, _ := errs["big"]["response"].(map[string]any)
+	body, _ := resp["body"].(map[string]any)
+	if e, _ := body["error"].(map[string]any); len(errs) != 1 || resp["status_code"] != float64(413) || e["code"] != job.CodeTooLarge {
+		t.Errorf("error file: %v; want the refused line, 413 %s", errs, job.CodeTooLarge)
+	}
+	got = waitEnded(t, ctx, s, expired.ID)
+	if got.Status != StatusExpired || got.ExpiredAt == 0 || got.Failed != 1 || got.Submitted != 0 {
+		t.Errorf("expired batch: %s, %d failed, %d submitted; want expired, 1, 0", got.Status, got.Failed, got.Submitted)
+	}
+	if e, _ := errorLines(t, ctx, s, got)["late"]["error"].(map[string]any); e["code"] != "batch_expired" {
+		t.Errorf("expired line: %v, want batch_expired", e)
+	}
+	for _, j := range acc.seen() {
+		if strings.Contains(string(j.Request), "too late") {
+			t.Error("a line of the expired batch was submitted")
+		}
 	}
 }
