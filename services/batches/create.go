@@ -94,6 +94,7 @@ func (h *handlers) create(w http.ResponseWriter, r *http.Request, tenant string)
 			fmt.Sprintf("the tenant has %d batches not yet ended, its bound (batches.max_batches_per_tenant)", n))
 		return
 	}
+	api.ExtendDeadlines(w, FileTransfer) // validation reads the whole input file
 	now := h.now()
 	b := &batchRecord{ID: newBatchID(), Tenant: tenant, InputFileID: f.ID, Endpoint: req.Endpoint, CompletionWindow: req.CompletionWindow,
 		Metadata: req.Metadata, Status: StatusValidating, CreatedAt: now.Unix(), ExpiresAt: now.Add(Window).Unix()}

@@ -16,6 +16,10 @@ import (
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
+// FileTransfer is how long an upload, a download or a batch's validation
+// (which reads its whole input) may take, beyond the server's timeouts.
+const FileTransfer = 10 * time.Minute
+
 // handlers serve the files and batches endpoints: they read, check and
 // record; the runner (woken by wake) does the rest.
 type handlers struct {
@@ -45,6 +49,7 @@ func (h *handlers) unavailable(w http.ResponseWriter, what string, err error) {
 func (h *handlers) upload(w http.ResponseWriter, r *http.Request, tenant string) {
 	ctx := r.Context()
 	bounds := h.app().Batches
+	api.ExtendDeadlines(w, FileTransfer) // a file may take longer than a request's timeouts
 	r.Body = http.MaxBytesReader(w, r.Body, bounds.MaxFileBytes+1<<20)
 	mr, err := r.MultipartReader()
 	if err != nil {
@@ -160,6 +165,7 @@ func (h *handlers) content(w http.ResponseWriter, r *http.Request, tenant string
 		return
 	}
 	defer body.Close()
+	api.ExtendDeadlines(w, FileTransfer)
 	w.Header().Set("Content-Type", "application/jsonl")
 	w.Header().Set("Content-Length", strconv.FormatInt(rec.Bytes, 10))
 	_, _ = io.Copy(w, body)
