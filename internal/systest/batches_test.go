@@ -188,6 +188,30 @@ func TestBatchThroughOpenAISDK(t *testing.T) {
 	if _, err := other.Batches.Cancel(ctx, b.ID); !is404(err) {
 		t.Errorf("globex cancels acme's batch: %v, want 404", err)
 	}
+	if _, err := other.Files.Delete(ctx, f.ID); !is404(err) {
+		t.Errorf("globex deletes acme's file: %v, want 404", err)
+	}
+	listed := func(c openai.Client) bool {
+		page, err := c.Batches.List(ctx, openai.BatchListParams{})
+		if err != nil {
+			t.Fatalf("list batches: %v", err)
+		}
+		for _, it := range page.Data {
+			if it.ID == b.ID {
+				return true
+			}
+		}
+		return false
+	}
+	if !listed(c) || listed(other) {
+		t.Errorf("batch listed for acme %v, for globex %v; want acme's only", listed(c), listed(other))
+	}
+	if del, err := c.Files.Delete(ctx, f.ID); err != nil || !del.Deleted {
+		t.Errorf("delete the input file: %+v, %v", del, err)
+	}
+	if _, err := c.Files.Get(ctx, f.ID); !is404(err) {
+		t.Errorf("a deleted file: %v, want 404", err)
+	}
 }
 
 // TestBatchCancelKeepsCompleted: a batch cancelled while its jobs wait
@@ -261,15 +285,24 @@ func TestBatchCancelKeepsCompleted(t *testing.T) {
 // TestBatchValidationErrors: a batch whose input has problems fails at
 // once, each problem with its line and OpenAI's code; more than 50,000
 // lines is too_many_tasks; a file over batches.max_file_bytes is refused
-// at upload (413).
+// at upload (413), and past batches.max_files_per_tenant (400).
 func TestBatchValidationErrors(t *testing.T) {
 	t.Parallel()
 	_, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 10000, TPM: 10_000_000}}, APIKeys: []string{"sim-secret"}})
-	n := StartLogged(t, SimConfig(simURL, "gpt-4o-mini", 10000, 10_000_000, "batches: {max_file_bytes: 8388608}\n"), Env)
+	n := StartLogged(t, SimConfig(simURL, "gpt-4o-mini", 10000, 10_000_000, "batches: {max_file_bytes: 8388608, max_files_per_tenant: 2}\n"), Env)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c := SDK(n)
 	const chat = "/v1/chat/completions"
+	upload := func(data []byte) error {
+		_, err := c.Files.New(ctx, openai.FileNewParams{File: openai.File(bytes.NewReader(data), "in.jsonl", "application/jsonl"), Purpose: openai.FilePurposeBatch})
+		return err
+	}
+	big := bytes.Repeat([]byte(batchLine("z", chat, "gpt-4o-mini", strings.Repeat("y", 1000))+"\n"), 8<<10)
+	var ae *openai.Error
+	if err := upload(big); !errors.As(err, &ae) || ae.StatusCode != http.StatusRequestEntityTooLarge || ae.Code != "file_too_large" {
+		t.Errorf("a file over the bound: %v, want 413 file_too_large", err)
+	}
 	input := strings.Join([]string{
 		batchLine("a", chat, "gpt-4o-mini", "fine"),
 		`{"custom_id": "b", "method": "POST", "url": ` + "\n",
@@ -301,10 +334,8 @@ func TestBatchValidationErrors(t *testing.T) {
 	if b.Status != openai.BatchStatusFailed || len(b.Errors.Data) == 0 || b.Errors.Data[0].Code != "too_many_tasks" {
 		t.Fatalf("50,001 lines: status %s, errors %+v; want failed, too_many_tasks", b.Status, b.Errors.Data)
 	}
-	big := bytes.Repeat([]byte(batchLine("z", chat, "gpt-4o-mini", strings.Repeat("y", 1000))+"\n"), 8<<10)
-	_, err := c.Files.New(ctx, openai.FileNewParams{File: openai.File(bytes.NewReader(big), "big.jsonl", "application/jsonl"), Purpose: openai.FilePurposeBatch})
-	var ae *openai.Error
-	if !errors.As(err, &ae) || ae.StatusCode != http.StatusRequestEntityTooLarge || ae.Code != "file_too_large" {
-		t.Errorf("a file over the bound: %v, want 413 file_too_large", err)
+	// Two files stored (the one over the bound was not): the bound of 2.
+	if err := upload([]byte(input)); !errors.As(err, &ae) || ae.StatusCode != http.StatusBadRequest || ae.Code != "file_limit_exceeded" {
+		t.Errorf("a third file: %v, want 400 file_limit_exceeded", err)
 	}
 }
