@@ -226,7 +226,11 @@ func TestBatchCancelKeepsCompleted(t *testing.T) {
 	defer cancel()
 	c := SDK(n)
 	const lines = 20
-	_, b := uploadAndCreate(t, ctx, c, batchInput(lines))
+	f, b := uploadAndCreate(t, ctx, c, batchInput(lines))
+	var ae *openai.Error
+	if _, err := c.Files.Delete(ctx, f.ID); !errors.As(err, &ae) || ae.StatusCode != http.StatusConflict || ae.Code != "file_in_use" {
+		t.Errorf("delete the input of a batch in progress: %v, want 409 file_in_use", err)
+	}
 	natstest.Eventually(t, 60*time.Second, func() error {
 		got, err := c.Batches.Get(ctx, b.ID)
 		if err != nil {

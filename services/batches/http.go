@@ -181,11 +181,39 @@ func (h *handlers) deleteFile(w http.ResponseWriter, r *http.Request, tenant str
 		h.unavailable(w, "read the file", err)
 		return
 	}
+	if inUse, err := h.inputOfOpen(r.Context(), tenant, id); err != nil {
+		h.unavailable(w, "read the tenant's batches", err)
+		return
+	} else if inUse != "" {
+		api.NoRetry(w)
+		api.Error(w, http.StatusConflict, "invalid_request_error", "file_in_use", "the file is the input of batch "+inUse+", not yet ended")
+		return
+	}
 	if err := h.files.remove(r.Context(), tenant, id); err != nil {
 		h.unavailable(w, "delete the file", err)
 		return
 	}
 	api.JSON(w, http.StatusOK, map[string]any{"id": id, "object": "file", "deleted": true})
+}
+
+// inputOfOpen is the tenant's batch not yet ended whose input is file id
+// ("": none): its runner reads the file until it ends.
+func (h *handlers) inputOfOpen(ctx context.Context, tenant, id string) (string, error) {
+	kv, _, err := h.stores(ctx)
+	if err != nil {
+		return "", err
+	}
+	open, err := keysUnder(ctx, kv, openKey(tenant, ""))
+	if err != nil {
+		return "", err
+	}
+	for _, bid := range open {
+		b, _, err := getBatch(ctx, kv, tenant, bid)
+		if err == nil && b.InputFileID == id && !b.ended() {
+			return bid, nil
+		}
+	}
+	return "", nil
 }
 
 // GET /v1/batches/{id}

@@ -38,12 +38,17 @@ type runner struct {
 	wake  chan struct{}
 
 	mu      sync.Mutex
-	running map[string]bool // batch keys driven here
+	running map[string]bool      // batch keys driven here
+	retry   map[string]time.Time // a batch whose driver failed waits until then
 	wg      sync.WaitGroup
 }
 
+// RetryAfter is how long a batch whose driver stopped on an error waits
+// before this runner drives it again (logged each time).
+const RetryAfter = 5 * time.Second
+
 func newRunner(d *deps) *runner {
-	return &runner{deps: d, files: &files{deps: d}, wake: make(chan struct{}, 1), running: map[string]bool{}}
+	return &runner{deps: d, files: &files{deps: d}, wake: make(chan struct{}, 1), running: map[string]bool{}, retry: map[string]time.Time{}}
 }
 
 // poke has the runner look for open batches now.
@@ -90,26 +95,42 @@ func (r *runner) scan(ctx context.Context) {
 		}
 		tenant, id := parts[1], parts[2]
 		r.mu.Lock()
-		busy := r.running[k]
+		busy := r.running[k] || r.now().Before(r.retry[k])
+		if !busy {
+			delete(r.retry, k)
+		}
 		r.mu.Unlock()
 		if busy || !r.claim(ctx, kv, tenant, id) {
 			continue
 		}
-		r.mu.Lock()
-		r.running[k] = true
-		r.mu.Unlock()
-		r.wg.Go(func() {
-			defer func() {
-				r.mu.Lock()
-				delete(r.running, k)
-				r.mu.Unlock()
-			}()
-			d := &driver{runner: r, kv: kv, tenant: tenant, id: id}
-			if err := d.run(ctx); err != nil && ctx.Err() == nil {
-				r.log.Warn("batch: driver stopped", "batch_id", id, "tenant", tenant, "err", err)
-			}
-		})
+		r.start(ctx, kv, k, tenant, id)
 	}
+}
+
+// start drives tenant's batch id (key k, claimed) until it ends, its
+// lease is lost or ctx ends; a driver that fails leaves it for RetryAfter.
+func (r *runner) start(ctx context.Context, kv jetstream.KeyValue, k, tenant, id string) {
+	r.mu.Lock()
+	r.running[k] = true
+	r.mu.Unlock()
+	r.wg.Go(func() {
+		defer func() {
+			r.mu.Lock()
+			delete(r.running, k)
+			r.mu.Unlock()
+		}()
+		d := &driver{runner: r, kv: kv, tenant: tenant, id: id}
+		err := d.run(ctx)
+		switch {
+		case errors.Is(err, errLost):
+			r.log.Info("batch: another runner holds it now", "batch_id", id, "tenant", tenant)
+		case err != nil && ctx.Err() == nil:
+			r.log.Warn("batch: driver stopped; driven again later", "batch_id", id, "tenant", tenant, "retry_after", RetryAfter, "err", err)
+			r.mu.Lock()
+			r.retry[k] = r.now().Add(RetryAfter)
+			r.mu.Unlock()
+		}
+	})
 }
 
 // claim takes tenant's batch id for this runner when no other holds it;
