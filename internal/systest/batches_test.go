@@ -343,3 +343,31 @@ func TestBatchValidationErrors(t *testing.T) {
 		t.Errorf("a third file: %v, want 400 file_limit_exceeded", err)
 	}
 }
+
+// TestBatchOnIngestOnlyProcess: a process running ingest alone (its own
+// NATS identity and permissions) serves the Batch API, runs the batches
+// and cancels their jobs; the other services run in another process.
+func TestBatchOnIngestOnlyProcess(t *testing.T) {
+	t.Parallel()
+	_, simURL := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 30, TPM: 1_000_000}}, APIKeys: []string{"sim-secret"}})
+	cfg := SimConfig(simURL, "gpt-4o-mini", 30, 1_000_000, "")
+	rest := StartWith(t, cfg, Setup{Env: Env, Services: []string{"admission", "executor", "result"}})
+	n := StartWith(t, cfg, Setup{Env: Env, NATSURL: rest.NATS, Data: rest.Data, Services: []string{"ingest"}})
+	WaitReady(t, n.HTTP)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := SDK(n)
+	_, b := uploadAndCreate(t, ctx, c, batchInput(3))
+	done := waitBatch(t, ctx, c, b.ID, openai.BatchStatusCompleted, openai.BatchStatusFailed, openai.BatchStatusExpired, openai.BatchStatusCancelled)
+	if done.Status != openai.BatchStatusCompleted || len(fileLines(t, ctx, c, done.OutputFileID)) != 3 {
+		t.Fatalf("first batch: %s, counts %+v; want completed, 3 lines", done.Status, done.RequestCounts)
+	}
+	_, b = uploadAndCreate(t, ctx, c, batchInput(20))
+	if _, err := c.Batches.Cancel(ctx, b.ID); err != nil {
+		t.Fatalf("cancel: %v", err)
+	}
+	done = waitBatch(t, ctx, c, b.ID, openai.BatchStatusCancelled, openai.BatchStatusCompleted)
+	if done.Status != openai.BatchStatusCancelled || done.RequestCounts.Completed+done.RequestCounts.Failed != 20 || done.RequestCounts.Failed == 0 {
+		t.Fatalf("second batch: %s, counts %+v; want cancelled, some lines batch_cancelled", done.Status, done.RequestCounts)
+	}
+}
