@@ -61,7 +61,7 @@ func (s *Service) cancel(w http.ResponseWriter, r *http.Request, auth api.Auth) 
 		finished(w, rec.Result.Status)
 		return
 	}
-	out, err := markCancelled(ctx, s.mesh, rec)
+	out, err := s.markCancelled(ctx, rec)
 	if err != nil {
 		api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not cancel the job")
 		return
@@ -106,7 +106,7 @@ func finished(w http.ResponseWriter, st job.Status) {
 // cancel their jobs with it). It reports whether the job ends cancelled; a
 // job whose call has left, or that shares its operation, runs to its end.
 func CancelQueued(ctx context.Context, m *mesh.Mesh, rec *mesh.Record) (bool, error) {
-	out, err := markCancelled(ctx, m, rec)
+	out, err := (&Service{mesh: m}).markCancelled(ctx, rec)
 	if err != nil || out != cancelWon {
 		return false, err
 	}
@@ -129,9 +129,9 @@ func publishCancelled(ctx context.Context, m *mesh.Mesh, rec *mesh.Record) error
 
 // markCancelled marks the job's operation cancelled unless its call has
 // left or it is done.
-func markCancelled(ctx context.Context, m *mesh.Mesh, rec *mesh.Record) (cancelOutcome, error) {
+func (s *Service) markCancelled(ctx context.Context, rec *mesh.Record) (cancelOutcome, error) {
 	out := cancelWon
-	_, err := m.UpdateOp(ctx, opKeyOf(rec), func(o *mesh.OpRecord) bool {
+	_, err := s.mesh.UpdateOp(ctx, opKeyOf(rec), func(o *mesh.OpRecord) bool {
 		switch {
 		case o.JobID != rec.JobID || len(o.Joiners) > 0:
 			out = cancelJoined
