@@ -22,7 +22,7 @@ import (
 // record written a moment ago (a result, an operation, the fleet key that
 // another node created at start, an answer cached just before its result
 // went out) must see it.
-var LeaderReadBuckets = []string{BucketBudgets, BucketIdempotency, BucketResults, BucketFleet, BucketCache}
+var LeaderReadBuckets = []string{BucketBudgets, BucketIdempotency, BucketResults, BucketFleet, BucketCache, BucketBatches}
 
 // EvictingBuckets drop their oldest entries to make room when full, where
 // nats.go's buckets refuse new ones: a full cache keeps caching, and an

@@ -23,7 +23,7 @@ import (
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
-//go:embed *.json consumers/*.json kv/*.json
+//go:embed *.json consumers/*.json kv/*.json obj/*.json
 var files embed.FS
 
 // Names of the objects.
@@ -45,6 +45,11 @@ const (
 	// it, so no service role (nor anyone it can be made to publish for)
 	// can change it.
 	BucketFleet = "fleet"
+	// BucketBatches holds callers' file and batch records, and
+	// ObjectFiles their files' contents (services/batches): kept for
+	// their own TTL, not the results' retention.
+	BucketBatches = "batches"
+	ObjectFiles   = "files"
 )
 
 // Options adjust the embedded definitions at start.
@@ -126,6 +131,28 @@ func Buckets() ([]jetstream.KeyValueConfig, error) {
 		return nil
 	})
 	return out, err
+}
+
+// ObjectStores returns the object store definitions.
+func ObjectStores() ([]jetstream.ObjectStoreConfig, error) {
+	var out []jetstream.ObjectStoreConfig
+	err := each("obj", func(name string, data []byte) error {
+		var c jetstream.ObjectStoreConfig
+		if err := strictUnmarshal(data, &c); err != nil {
+			return fmt.Errorf("object store %s: %w", name, err)
+		}
+		out = append(out, c)
+		return nil
+	})
+	return out, err
+}
+
+// ensureObjectStore creates or updates an object store.
+func ensureObjectStore(ctx context.Context, js jetstream.JetStream, c jetstream.ObjectStoreConfig) error {
+	if _, err := js.CreateOrUpdateObjectStore(ctx, c); err != nil {
+		return fmt.Errorf("ensure object store %s: %w", c.Bucket, err)
+	}
+	return nil
 }
 
 func each(dir string, fn func(name string, data []byte) error) error {
@@ -212,13 +239,23 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opt Options) error {
 		if opt.Replicas > 0 {
 			c.Replicas = opt.Replicas
 		}
-		if c.TTL > 0 && opt.ResultRetention > 0 && c.Bucket != BucketBudgets {
+		if c.TTL > 0 && opt.ResultRetention > 0 && c.Bucket != BucketBudgets && c.Bucket != BucketBatches {
 			c.TTL = opt.ResultRetention
 		}
 		if c.Bucket == BucketCache && opt.CacheBytes > 0 {
 			c.MaxBytes = opt.CacheBytes
 		}
 		jobs = append(jobs, func() error { return raced(ensureBucket(ctx, js, c)) })
+	}
+	objs, err := ObjectStores()
+	if err != nil {
+		return err
+	}
+	for _, c := range objs {
+		if opt.Replicas > 0 {
+			c.Replicas = opt.Replicas
+		}
+		jobs = append(jobs, func() error { return raced(ensureObjectStore(ctx, js, c)) })
 	}
 	errs := make([]error, len(jobs))
 	var wg sync.WaitGroup

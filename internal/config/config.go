@@ -37,6 +37,8 @@ type Config struct {
 	Cache     Cache             `yaml:"cache"` // cache.go
 	// Currency is what prices and spend budgets are counted in (price.go).
 	Currency string `yaml:"currency"`
+	// Batches bounds callers' own batches (batches.go).
+	Batches Batches `yaml:"batches"`
 }
 
 // Streaming configures streamed answers (stream: true).
@@ -558,6 +560,7 @@ func (c *Config) withDefaults() {
 	c.tenantsDefaults()
 	c.streamingDefaults()
 	c.retryDefaults()
+	c.Batches.withDefaults()
 	c.Cache.withDefaults() // cache.go
 	c.spendDefaults()      // spend.go
 }
@@ -748,6 +751,7 @@ func (c *Config) problems() Problems {
 		(*Config).checkTenants,
 		(*Config).checkRetry,
 		(*Config).checkRoutes,
+		(*Config).checkBatches,
 		(*Config).checkCache,  // cache.go
 		(*Config).checkPrices, // price.go
 		(*Config).checkSpend,  // spend.go

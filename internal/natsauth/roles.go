@@ -157,13 +157,26 @@ func kvWatch(bucket, prefix string) perms {
 		"$JS.FC." + stream + ".>"}}
 }
 
+// objectStore reads and writes an object store's objects: its chunks and
+// metadata, purging an object's chunks, and reading them back with an
+// ordered push consumer the client library names and deletes.
+func objectStore(bucket string) perms {
+	stream := "OBJ_" + bucket
+	p := streamRead(stream)
+	p.pub = append(p.pub, "$O."+bucket+".>", api+"STREAM.PURGE."+stream,
+		api+"CONSUMER.CREATE."+stream+".*.$O."+bucket+".C.*",
+		api+"CONSUMER.DELETE."+stream+".*",
+		"$JS.FC."+stream+".>")
+	return p
+}
+
 // info lets every service look up every stream and bucket (configuration
 // and counts, no messages): binding a bucket or stream reads its info.
 func info() perms {
 	var p perms
 	for _, s := range []string{streams.Intake, streams.Queue, streams.Dispatch, streams.Results, streams.DLQ, streams.StreamChunks, streams.Lane,
 		"KV_" + streams.BucketBudgets, "KV_" + streams.BucketIdempotency, "KV_" + streams.BucketResults, "KV_" + streams.BucketFleet,
-		"KV_" + streams.BucketCache} {
+		"KV_" + streams.BucketCache, "KV_" + streams.BucketBatches, "OBJ_" + streams.ObjectFiles} {
 		p.pub = append(p.pub, api+"STREAM.INFO."+s)
 	}
 	return p
@@ -185,6 +198,12 @@ func rolePerms(role string) perms {
 		p.add(kvRead(streams.BucketCache))   // answers from the response cache
 		p.add(streamRead(streams.Results))   // HTTP waits read a stored result
 		p.add(follow())                      // HTTP streams relay any job's chunks
+		// callers' files and batches (services/batches), whose jobs a
+		// batch's cancel cancels as the result service does
+		p.add(kvWrite(streams.BucketBatches))
+		p.add(kvWatch(streams.BucketBatches, "")) // counts and lists a tenant's files and batches
+		p.add(objectStore(streams.ObjectFiles))
+		p.add(perms{pub: []string{mesh.CancelledSubjectPrefix + "*.*"}})
 		p.add(perms{
 			pub: []string{job.QueuePrefix + ">", job.StorePrefix + ">", job.ResultPrefix + ">", job.IntakePrefix + ">",
 				job.CancelPrefix + ">"}, // a streaming client went away

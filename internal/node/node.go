@@ -37,6 +37,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/tracing"
 	"github.com/sluice-dev/sluice/pkg/job"
 	"github.com/sluice-dev/sluice/services/admission"
+	"github.com/sluice-dev/sluice/services/batches"
 	"github.com/sluice-dev/sluice/services/executor"
 	"github.com/sluice-dev/sluice/services/ingest"
 	"github.com/sluice-dev/sluice/services/lane"
@@ -424,6 +425,7 @@ func newServices(o Options, live *config.Live, st *stores, hints *nats.Conn, reg
 	}
 	hr := newHealth(o, m, ms)
 	st.health = hr
+	var more []runner // after o.Services' (serve names them)
 	for _, name := range o.Services {
 		switch name {
 		case "ingest":
@@ -433,6 +435,9 @@ func newServices(o Options, live *config.Live, st *stores, hints *nats.Conn, reg
 			}
 			s.Routes(mux, auth)
 			services = append(services, s)
+			b := batches.New(batches.Config{App: o.Config, Live: live}, m, s, o.Log) // callers' batches, on ingest's accept
+			b.Routes(mux, auth)
+			more = append(more, b)
 		case "admission":
 			s, err := admission.New(admission.Config{App: o.Config, Live: live, Guard: gd, Calib: cal, Health: hr}, m, o.Log, ms)
 			if err != nil {
@@ -466,6 +471,7 @@ func newServices(o Options, live *config.Live, st *stores, hints *nats.Conn, reg
 			services = append(services, s)
 		}
 	}
+	services = append(services, more...)
 	if hr != nil {
 		services = append(services, hr) // after o.Services' (serve names them)
 		readiness = append(readiness, deploymentsReady(hr))

@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/health"
 	"github.com/sluice-dev/sluice/internal/natstest"
+	"github.com/sluice-dev/sluice/services/batches"
 	"github.com/sluice-dev/sluice/services/result"
 )
 
@@ -190,16 +191,19 @@ func TestSetUpAndBuildServices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(services) != 4 || len(readiness) != 2 {
-		t.Fatalf("got %d services and %d readiness checks, want 3 and the deployments' health, and 2 (admission's, the deployments')", len(services), len(readiness))
+	if len(services) != 5 || len(readiness) != 2 {
+		t.Fatalf("got %d services and %d readiness checks, want 3, ingest's batches and the deployments' health, and 2 (admission's, the deployments')", len(services), len(readiness))
 	}
-	if _, ok := services[3].(*health.Registry); !ok {
-		t.Errorf("last service: got %T, want the deployments' health", services[3])
+	if _, ok := services[3].(*batches.Service); !ok {
+		t.Errorf("fourth service: got %T, want callers' batches (with ingest, after the services given)", services[3])
+	}
+	if _, ok := services[4].(*health.Registry); !ok {
+		t.Errorf("last service: got %T, want the deployments' health", services[4])
 	}
 	if _, ok := services[0].(*result.Service); !ok {
 		t.Errorf("first service: got %T, want the result service (the order given)", services[0])
 	}
-	for _, route := range []string{"POST /v1/chat/completions", "GET /v1/jobs/x"} {
+	for _, route := range []string{"POST /v1/chat/completions", "GET /v1/jobs/x", "POST /v1/batches"} {
 		method, path, _ := strings.Cut(route, " ")
 		if _, pattern := mux.Handler(httptest.NewRequest(method, path, nil)); pattern == "" {
 			t.Errorf("%s: no route", route)

@@ -80,17 +80,10 @@ func (s *Service) cancel(w http.ResponseWriter, r *http.Request, auth api.Auth) 
 			return
 		}
 	case cancelWon:
-		res := mesh.Outcome{Status: job.StatusCancelled, Error: &job.Error{Code: job.CodeCancelled, Message: "cancelled by the caller before the provider was called"}}
-		if op != nil && op.JobID == rec.JobID {
-			res.TraceID = tracing.TraceIDOf(op.Trace) // the job's, not this request's
-		}
-		if _, err := s.mesh.Finish(ctx, cancelledJob(rec, op), res, mesh.Exit{OpKey: opKeyOf(rec)}); err != nil {
+		if err := publishCancelled(ctx, s.mesh, rec, op); err != nil {
 			api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not record the cancellation; the job is marked cancelled and will not be sent")
 			return
 		}
-		// Admission drops the job if it holds it (a best effort: the mark
-		// on the record is what keeps it from the provider).
-		_ = s.mesh.JS.Conn().Publish(mesh.CancelledSubject(tenant, id), nil)
 	}
 	wctx, stop := context.WithTimeout(ctx, CancelWait)
 	defer stop()
@@ -108,6 +101,35 @@ func (s *Service) cancel(w http.ResponseWriter, r *http.Request, auth api.Auth) 
 
 func finished(w http.ResponseWriter, st job.Status) {
 	api.Error(w, http.StatusConflict, "invalid_request_error", "job_finished", "the job has already finished: "+string(st))
+}
+
+// CancelQueued cancels rec's job unless its provider call has left or it
+// is done, as the cancel endpoint does (callers' batches, services/batches,
+// cancel their jobs with it). It reports whether the job ends cancelled; a
+// job whose call has left, or that shares its operation, runs to its end.
+func CancelQueued(ctx context.Context, m *mesh.Mesh, rec *mesh.Record) (bool, error) {
+	out, op, err := (&Service{mesh: m}).markCancelled(ctx, rec)
+	if err != nil || out != cancelWon {
+		return false, err
+	}
+	return true, publishCancelled(ctx, m, rec, op)
+}
+
+// publishCancelled ends rec's job, which markCancelled marked cancelled
+// (op: its operation record as found, nil: none), through the mesh's one
+// finish, and tells admission.
+func publishCancelled(ctx context.Context, m *mesh.Mesh, rec *mesh.Record, op *mesh.OpRecord) error {
+	res := mesh.Outcome{Status: job.StatusCancelled, Error: &job.Error{Code: job.CodeCancelled, Message: "cancelled by the caller before the provider was called"}}
+	if op != nil && op.JobID == rec.JobID {
+		res.TraceID = tracing.TraceIDOf(op.Trace) // the job's, not this request's
+	}
+	if _, err := m.Finish(ctx, cancelledJob(rec, op), res, mesh.Exit{OpKey: opKeyOf(rec)}); err != nil {
+		return err
+	}
+	// Admission drops the job if it holds it (a best effort: the mark on
+	// the record is what keeps it from the provider).
+	_ = m.JS.Conn().Publish(mesh.CancelledSubject(rec.Tenant, rec.JobID), nil)
+	return nil
 }
 
 // markCancelled marks the job's operation cancelled unless its call has
