@@ -19,9 +19,11 @@ import (
 	"github.com/sluice-dev/sluice/streams"
 )
 
-// collector runs one deployment's lane in this process: it acts only while
-// it holds the lane's lease.
-type collector struct {
+// env is what every part of a deployment's lane reads: the service, the
+// deployment and its lane's configuration, the batch client, the budgets
+// bucket and the lane's lease. Each part embeds the one env its collector
+// made.
+type env struct {
 	*Service
 	provider, model string
 	kind            string // the provider's kind
@@ -34,18 +36,33 @@ type collector struct {
 	limit           int64  // the budget's limit (0: none)
 	lease           *lease
 	tick, ackWait   time.Duration
+}
+
+// collector runs one deployment's lane in this process: it owns whether
+// this process works the lane (it acts only while it holds the lane's
+// lease) and the order of each turn; the parts it wires own the rest.
+type collector struct {
+	*env
+	owning bool
+	jobs   *gatherer
+	sub    *submitter
+	fol    *follower
+	recs   *records
+}
+
+// gatherer owns the LANE messages this process holds: it reads them and
+// sorts each (a line of an open batch, a job already ended, one a batch
+// with no record marked, or a job to collect), keeps them alive, and
+// keeps the jobs not yet in a batch in arrival order.
+type gatherer struct {
+	*env
+	recs *records
+	fin  *finisher
 
 	cons    jetstream.Consumer
-	owning  bool
 	held    map[string]*held // job key -> its LANE message
 	pending []string         // job keys not yet in a batch, in arrival order
 	since   time.Time        // when the oldest pending job arrived
-	waitTil time.Time        // the budget had no room: wait until then
-	// most is the lines the next batch may hold: halved by each refusal
-	// for the provider's limit, back to max_lines by a batch it takes.
-	most         int
-	refusedAlone int              // refusals in a row of a batch of one job
-	batches      map[string]*open // by local id
 }
 
 // held is a job this process holds the LANE message of.
@@ -65,9 +82,8 @@ func (s *Service) newCollector(ctx context.Context, p config.Provider, md config
 	tick := min(l.Poll.D(), l.Collect.D(), time.Second)
 	tick = max(tick, 20*time.Millisecond)
 	ttl := min(max(10*tick, time.Second), 30*time.Second)
-	c := &collector{Service: s, provider: p.Name, model: md.Name, kind: p.Kind, upstream: md.UpstreamName(), lane: l, client: bc,
-		kv: s.m.Budgets, keyBase: "lane." + p.Name + "." + job.ModelToken(md.Name) + ".", tick: tick, ackWait: 3 * ttl,
-		held: map[string]*held{}, batches: map[string]*open{}, most: l.MaxLines}
+	c := wire(&env{Service: s, provider: p.Name, model: md.Name, kind: p.Kind, upstream: md.UpstreamName(), lane: l, client: bc,
+		kv: s.m.Budgets, keyBase: "lane." + p.Name + "." + job.ModelToken(md.Name) + ".", tick: tick, ackWait: 3 * ttl})
 	c.unit, c.limit = "tokens", l.EnqueuedTokens
 	if p.Kind == "anthropic" {
 		c.unit, c.limit = "requests", int64(l.QueueRequests)
@@ -84,10 +100,22 @@ func (s *Service) newCollector(ctx context.Context, p config.Provider, md config
 	rctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	err = streams.Retry(rctx, func(ctx context.Context) (err error) {
-		c.cons, err = s.m.JS.CreateOrUpdateConsumer(ctx, streams.Lane, tmpl)
+		c.jobs.cons, err = s.m.JS.CreateOrUpdateConsumer(ctx, streams.Lane, tmpl)
 		return err
 	})
 	return c, err
+}
+
+// wire makes a lane's parts and tells each the others it calls.
+func wire(e *env) *collector {
+	bud := &laneBudget{env: e}
+	recs := &records{env: e, budget: bud, batches: map[string]*open{}}
+	jobs := &gatherer{env: e, recs: recs, held: map[string]*held{}}
+	fin := &finisher{env: e, jobs: jobs}
+	sub := &submitter{env: e, jobs: jobs, recs: recs, budget: bud, fin: fin, most: e.lane.MaxLines}
+	fol := &follower{env: e, jobs: jobs, sub: sub, recs: recs, budget: bud, fin: fin}
+	jobs.fin, fin.sub, sub.fol = fin, sub, fol
+	return &collector{env: e, jobs: jobs, sub: sub, fol: fol, recs: recs}
 }
 
 // run works the lane every tick until ctx ends.
@@ -115,34 +143,34 @@ func (c *collector) step(ctx context.Context) {
 		return
 	}
 	if !c.owning {
-		if err := c.load(ctx); err != nil {
+		if err := c.recs.load(ctx); err != nil {
 			c.log.Warn("lane: batch records unreadable; retrying", "provider", c.provider, "model", c.model, "err", err)
 			return
 		}
 		c.owning = true
-		c.log.Info("lane: holding the lane", "provider", c.provider, "model", c.model, "open_batches", len(c.batches))
+		c.log.Info("lane: holding the lane", "provider", c.provider, "model", c.model, "open_batches", len(c.recs.batches))
 	}
-	c.fetch(ctx)
-	c.keepAlive()
-	c.divertDue(ctx)
-	c.submitDue(ctx)
-	c.follow(ctx)
-	c.ms.LaneOpen.WithLabelValues(c.provider, c.model).Set(float64(len(c.batches)))
+	c.jobs.fetch(ctx)
+	c.jobs.keepAlive()
+	c.sub.divertDue(ctx)
+	c.sub.submitDue(ctx)
+	c.fol.follow(ctx)
+	c.ms.LaneOpen.WithLabelValues(c.provider, c.model).Set(float64(len(c.recs.batches)))
 }
 
 // letGo forgets what this process held: its messages go to the new
 // holder by redelivery.
 func (c *collector) letGo() {
-	for _, h := range c.held {
+	for _, h := range c.jobs.held {
 		_ = h.msg.Nak()
 	}
-	c.owning, c.held, c.pending, c.batches = false, map[string]*held{}, nil, map[string]*open{}
+	c.owning, c.jobs.held, c.jobs.pending, c.recs.batches = false, map[string]*held{}, nil, map[string]*open{}
 }
 
 // fetch reads the LANE messages waiting (new jobs and redeliveries) and
 // sorts each: a line of a known batch, a job already ended, or a job to
 // collect.
-func (c *collector) fetch(ctx context.Context) {
+func (c *gatherer) fetch(ctx context.Context) {
 	batch, err := c.cons.FetchNoWait(1000)
 	if err != nil {
 		return
@@ -155,9 +183,9 @@ func (c *collector) fetch(ctx context.Context) {
 }
 
 // lineIndex maps each job key in an open batch to its batch.
-func (c *collector) lineIndex() map[string]string {
+func (c *gatherer) lineIndex() map[string]string {
 	idx := map[string]string{}
-	for id, o := range c.batches {
+	for id, o := range c.recs.batches {
 		for _, l := range o.rec.Lines {
 			idx[keys.Job(l.Tenant, l.Job)] = id
 		}
@@ -165,7 +193,7 @@ func (c *collector) lineIndex() map[string]string {
 	return idx
 }
 
-func (c *collector) take(ctx context.Context, msg jetstream.Msg, index map[string]string, now time.Time) {
+func (c *gatherer) take(ctx context.Context, msg jetstream.Msg, index map[string]string, now time.Time) {
 	j := new(task.Task)
 	if err := json.Unmarshal(msg.Data(), j); err != nil || !job.ValidName(j.ID) || !job.ValidName(j.Tenant) {
 		c.log.Error("lane: undecodable job dropped", "subject", msg.Subject())
@@ -199,7 +227,7 @@ func (c *collector) take(ctx context.Context, msg jetstream.Msg, index map[strin
 		// Marked by a batch this lane has no record of: it may have
 		// been submitted. Never submitted again: its outcome is unknown.
 		c.held[key] = h
-		c.unknown(ctx, h, "marked in batch "+strings.TrimPrefix(op.Sent.By, markPrefix)+", which has no record")
+		c.fin.unknown(ctx, h, "marked in batch "+strings.TrimPrefix(op.Sent.By, markPrefix)+", which has no record")
 		return
 	}
 	c.held[key] = h
@@ -211,7 +239,7 @@ func (c *collector) take(ctx context.Context, msg jetstream.Msg, index map[strin
 
 // keepAlive tells NATS the held messages are in progress, each a third of
 // the ack wait after the last time.
-func (c *collector) keepAlive() {
+func (c *gatherer) keepAlive() {
 	now := c.now()
 	for _, h := range c.held {
 		if now.Sub(h.progress) >= c.ackWait/3 {

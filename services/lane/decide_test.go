@@ -18,7 +18,7 @@ func TestDecide(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
-	c := &collector{Service: &Service{cfg: Config{App: app}, now: func() time.Time { return now }}}
+	c := &finisher{env: &env{Service: &Service{cfg: Config{App: app}, now: func() time.Time { return now }}}}
 	soon := now.Add(time.Millisecond)
 	for _, tc := range []struct {
 		name     string

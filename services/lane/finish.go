@@ -21,8 +21,19 @@ const (
 	resUnknown = "unknown" // may have run: outcome_unknown
 )
 
+// finisher owns a line's end: what it is decided to be, as a synchronous
+// call's answer would be, and acting on it: a result or a failure (its
+// dead letter first) through mesh.Finish, or the normal lane through
+// mesh.Requeue; and so for any held job the lane sends to the normal lane
+// or ends outcome_unknown.
+type finisher struct {
+	*env
+	jobs *gatherer
+	sub  *submitter
+}
+
 // decide classifies a line's end as a synchronous call's would be.
-func (c *collector) decide(h *held, r resultOf) string {
+func (c *finisher) decide(h *held, r resultOf) string {
 	switch {
 	case r.CustomID == "":
 		return resSync // in no result file: not run
@@ -37,7 +48,7 @@ func (c *collector) decide(h *held, r resultOf) string {
 	return resSync
 }
 
-func (c *collector) plan(h *held, o provider.Outcome) provider.Decision {
+func (c *finisher) plan(h *held, o provider.Outcome) provider.Decision {
 	pol := c.app().Policy(h.j.Priority)
 	p := provider.Policy{MaxAttempts: pol.MaxAttempts, MaxElapsed: pol.MaxElapsed.D(), BaseDelay: pol.BaseDelay.D(), MaxDelay: pol.MaxDelay.D()}
 	first := c.now()
@@ -49,7 +60,7 @@ func (c *collector) plan(h *held, o provider.Outcome) provider.Decision {
 
 // end acts on a line's decided end and acknowledges its LANE message;
 // it reports whether both happened.
-func (c *collector) end(ctx context.Context, o *open, h *held, l *line, r resultOf) bool {
+func (c *finisher) end(ctx context.Context, o *open, h *held, l *line, r resultOf) bool {
 	by := markPrefix + o.rec.ID
 	c.ms.LaneLines.WithLabelValues(c.provider, c.model, lineOutcome(r)).Inc()
 	var err error
@@ -90,7 +101,7 @@ func lineOutcome(r resultOf) string {
 	return r.Result.String()
 }
 
-func (c *collector) attempt(h *held, o provider.Outcome, op *open) job.Attempt {
+func (c *finisher) attempt(h *held, o provider.Outcome, op *open) job.Attempt {
 	return job.Attempt{N: len(h.j.Attempts) + 1, Provider: c.provider, Model: c.model, StartedAt: op.rec.Created,
 		DurationMS: c.now().Sub(op.rec.Created).Milliseconds(), Status: o.HTTPStatus, Outcome: "batch_" + o.Class.String(), Error: o.JobError()}
 }
@@ -98,9 +109,9 @@ func (c *collector) attempt(h *held, o provider.Outcome, op *open) job.Attempt {
 // back sends a job to the normal lane, marked NoLane: its batch's mark
 // withdrawn first (so the executor does not take it for a lost call),
 // then QUEUE with a message id that dedupes a repeat.
-func (c *collector) back(ctx context.Context, h *held, by string) error {
+func (c *finisher) back(ctx context.Context, h *held, by string) error {
 	if by != "" {
-		c.withdraw(ctx, h.opKey, by)
+		c.sub.withdraw(ctx, h.opKey, by)
 	}
 	h.j.NoLane = true
 	if err := c.m.Requeue(ctx, h.j, mesh.LaneSync, fmt.Sprint(h.seq)); err != nil {
@@ -112,29 +123,29 @@ func (c *collector) back(ctx context.Context, h *held, by string) error {
 
 // toSync sends a job this process holds and has not put in a running batch
 // to the normal lane and lets its LANE message go.
-func (c *collector) toSync(ctx context.Context, h *held, by, why string) {
+func (c *finisher) toSync(ctx context.Context, h *held, by, why string) {
 	c.log.Info("lane: job sent to the normal lane", "job_id", h.j.ID, "tenant", h.j.Tenant, "why", why)
 	if err := c.back(ctx, h, by); err != nil {
 		_ = h.msg.NakWithDelay(c.tick)
 	} else {
 		_ = h.msg.DoubleAck(ctx)
 	}
-	delete(c.held, h.j.Key())
+	delete(c.jobs.held, h.j.Key())
 }
 
 // unknown ends a job that may be in a batch this lane cannot follow.
-func (c *collector) unknown(ctx context.Context, h *held, why string) {
+func (c *finisher) unknown(ctx context.Context, h *held, why string) {
 	c.log.Warn("lane: job's batch unknown; it ends outcome_unknown", "job_id", h.j.ID, "tenant", h.j.Tenant, "why", why)
 	if c.terminal(ctx, h, job.StatusFailed, dlq.ReasonOutcomeUnknown, &job.Error{Code: dlq.ReasonOutcomeUnknown,
 		Message: "outcome unknown (" + why + "): Sluice does not submit it again"}, "") == nil {
 		_ = h.msg.DoubleAck(ctx)
 	}
-	delete(c.held, h.j.Key())
+	delete(c.jobs.held, h.j.Key())
 }
 
 // terminal ends a job a batch line failed: its dead letter first, then
 // its result.
-func (c *collector) terminal(ctx context.Context, h *held, status job.Status, reason string, e *job.Error, batchID string) error {
+func (c *finisher) terminal(ctx context.Context, h *held, status job.Status, reason string, e *job.Error, batchID string) error {
 	if err := dlq.Publish(ctx, c.m.JS, &dlq.Entry{Job: *h.j, Reason: reason, LastError: e, DeadAt: c.now().UTC()}); err != nil {
 		return err
 	}
@@ -146,7 +157,7 @@ func (c *collector) terminal(ctx context.Context, h *held, status job.Status, re
 // publish ends a lane job through the mesh's one finish: its deployment,
 // and for a line of a batch the lane and the batch id, so the result is
 // priced at the model's batch factor (config.PriceResult).
-func (c *collector) publish(ctx context.Context, h *held, o mesh.Outcome, batchID string) error {
+func (c *finisher) publish(ctx context.Context, h *held, o mesh.Outcome, batchID string) error {
 	o.Provider, o.Model = c.provider, c.model
 	if batchID != "" {
 		o.Lane, o.BatchID = job.LaneBatch, batchID

@@ -14,12 +14,25 @@ import (
 // resultOf is one line's end as the provider reported it.
 type resultOf = provider.BatchResult
 
+// follower owns an open batch's course once its record is written: a
+// create whose outcome is unknown resolved, the batch polled, rescued
+// (cancelled) before its earliest deadline, and its lines mapped back
+// once it ended.
+type follower struct {
+	*env
+	jobs   *gatherer
+	sub    *submitter
+	recs   *records
+	budget *laneBudget
+	fin    *finisher
+}
+
 // follow polls each open batch every poll: a batch still submitting is
 // resolved, one that ended has its results mapped back, and one not done
 // rescue before its earliest deadline is cancelled first.
-func (c *collector) follow(ctx context.Context) {
+func (c *follower) follow(ctx context.Context) {
 	now := c.now()
-	for _, o := range c.batches {
+	for _, o := range c.recs.batches {
 		switch {
 		case o.rec.State == stateSubmitting || o.rec.State == stateCalling:
 			c.resolveSubmitting(ctx, o)
@@ -36,7 +49,7 @@ func (c *collector) follow(ctx context.Context) {
 // rescue is asked to cancel once; the polls that follow wait, without
 // blocking the lane, until the cancellation has finished (what
 // provider.CancelAndWait does), and only the ended batch is mapped back.
-func (c *collector) poll(ctx context.Context, o *open, now time.Time) {
+func (c *follower) poll(ctx context.Context, o *open, now time.Time) {
 	b, err := c.client.Status(ctx, o.rec.BatchID)
 	if err != nil {
 		c.log.Warn("lane: batch status unreadable", "provider", c.provider, "model", c.model, "batch", o.rec.BatchID, "err", err)
@@ -56,17 +69,17 @@ func (c *collector) poll(ctx context.Context, o *open, now time.Time) {
 	switch b.State {
 	case provider.BatchFailed:
 		if errors.Is(b.Err, provider.ErrEnqueuedTokenLimit) {
-			c.refused(ctx, o)
+			c.sub.refused(ctx, o)
 			return
 		}
 		c.log.Warn("lane: batch failed; its jobs go to the normal lane", "provider", c.provider, "model", c.model, "batch", b.ID, "err", b.Err)
 		c.ms.LaneBatches.WithLabelValues(c.provider, c.model, "failed").Inc()
-		c.unwind(ctx, o, false)
+		c.sub.unwind(ctx, o, false)
 	case provider.BatchEnded:
 		c.ms.LaneBatches.WithLabelValues(c.provider, c.model, "ended").Inc()
-		_ = c.release(ctx, o.rec.ID)
+		_ = c.budget.release(ctx, o.rec.ID)
 		o.rec.State = stateEnded
-		if err := c.put(ctx, o); err != nil {
+		if err := c.recs.put(ctx, o); err != nil {
 			c.log.Warn("lane: batch record not updated", "batch", b.ID, "err", err)
 		}
 		c.mapBack(ctx, o)
@@ -76,7 +89,7 @@ func (c *collector) poll(ctx context.Context, o *open, now time.Time) {
 // mapBack reads an ended batch's results (once) and ends each line whose
 // job this process holds: every line's end decided and recorded first (one
 // write), then acted on; the batch's record goes once every line is done.
-func (c *collector) mapBack(ctx context.Context, o *open) {
+func (c *follower) mapBack(ctx context.Context, o *open) {
 	if o.results == nil {
 		rs, err := c.client.Results(ctx, o.rec.BatchID)
 		if err != nil {
@@ -99,40 +112,40 @@ func (c *collector) mapBack(ctx context.Context, o *open) {
 		if n++; n%50 == 0 && !c.lease.held(ctx) {
 			return // the lane is another's now: it carries on from the record
 		}
-		h, ok := c.held[keyOf(l)]
+		h, ok := c.jobs.held[keyOf(l)]
 		switch {
 		case !ok && l.Res != "" && c.acked(ctx, l.Seq):
 			l.Done, changed = true, true // acted on and acknowledged before a restart
-		case ok && l.Res != "" && c.end(ctx, o, h, l, o.results[id]):
+		case ok && l.Res != "" && c.fin.end(ctx, o, h, l, o.results[id]):
 			l.Done, changed = true, true
-			delete(c.held, keyOf(l))
+			delete(c.jobs.held, keyOf(l))
 		default:
 			left++ // its message comes back by redelivery, or acting failed
 		}
 	}
 	if left == 0 {
-		if err := c.drop(ctx, o); err != nil {
+		if err := c.recs.drop(ctx, o); err != nil {
 			c.log.Warn("lane: batch record not deleted", "batch", o.rec.BatchID, "err", err)
 		}
 	} else if changed {
-		_ = c.put(ctx, o)
+		_ = c.recs.put(ctx, o)
 	}
 }
 
 // decideAll decides the end of every line whose job is held and records
 // them in one write; false when the write failed (nothing is acted on).
-func (c *collector) decideAll(ctx context.Context, o *open) bool {
+func (c *follower) decideAll(ctx context.Context, o *open) bool {
 	var decided []*line
 	for id, l := range o.rec.Lines {
-		if h, ok := c.held[keyOf(l)]; ok && !l.Done && l.Res == "" {
-			l.Res = c.decide(h, o.results[id])
+		if h, ok := c.jobs.held[keyOf(l)]; ok && !l.Done && l.Res == "" {
+			l.Res = c.fin.decide(h, o.results[id])
 			decided = append(decided, l)
 		}
 	}
 	if len(decided) == 0 {
 		return true
 	}
-	if err := c.put(ctx, o); err != nil {
+	if err := c.recs.put(ctx, o); err != nil {
 		c.log.Warn("lane: batch record not updated", "batch", o.rec.BatchID, "err", err)
 		for _, l := range decided {
 			l.Res = ""
@@ -143,7 +156,7 @@ func (c *collector) decideAll(ctx context.Context, o *open) bool {
 }
 
 // acked reports whether the LANE message at seq is gone (acknowledged).
-func (c *collector) acked(ctx context.Context, seq uint64) bool {
+func (c *follower) acked(ctx context.Context, seq uint64) bool {
 	st, err := c.m.JS.Stream(ctx, streams.Lane)
 	if err != nil {
 		return false
@@ -160,9 +173,9 @@ func (c *collector) acked(ctx context.Context, seq uint64) bool {
 // its jobs are collected again. With Anthropic, whose batches carry no
 // metadata, the jobs end outcome_unknown, as a synchronous call's whose
 // outcome is unknown do.
-func (c *collector) resolveSubmitting(ctx context.Context, o *open) {
+func (c *follower) resolveSubmitting(ctx context.Context, o *open) {
 	if o.rec.State == stateSubmitting {
-		c.unwind(ctx, o, true)
+		c.sub.unwind(ctx, o, true)
 		return
 	}
 	if f, ok := c.client.(provider.BatchFinder); ok {
@@ -172,10 +185,10 @@ func (c *collector) resolveSubmitting(ctx context.Context, o *open) {
 			return
 		}
 		if found {
-			c.started(ctx, o, b)
+			c.sub.started(ctx, o, b)
 			return
 		}
-		c.unwind(ctx, o, true)
+		c.sub.unwind(ctx, o, true)
 		return
 	}
 	c.ms.LaneBatches.WithLabelValues(c.provider, c.model, "unknown").Inc()
@@ -185,9 +198,9 @@ func (c *collector) resolveSubmitting(ctx context.Context, o *open) {
 			l.Res = resUnknown
 		}
 	}
-	if err := c.put(ctx, o); err != nil {
+	if err := c.recs.put(ctx, o); err != nil {
 		return
 	}
-	_ = c.release(ctx, o.rec.ID)
+	_ = c.budget.release(ctx, o.rec.ID)
 	c.mapBack(ctx, o)
 }

@@ -8,6 +8,24 @@
 // done rescue before its earliest deadline is cancelled, the cancellation
 // awaited, and only then is what it did not finish sent to the normal
 // lane. docs/CONFIG.md, "The batch lane"; docs/OPERATIONS.md.
+//
+// [Service] runs one collector per deployment; a collector (collector.go)
+// owns whether this process works the lane (its lease, lease.go) and the
+// order of each turn, and wires small types over a shared env, each the
+// one owner of a decision:
+//
+//   - gatherer (collector.go): the LANE messages held here, each sorted
+//     as it arrives, kept alive, and the jobs not yet in a batch;
+//   - submitter (submit.go): when a batch goes and which jobs it takes,
+//     its record and sent marks before the create call, the create's
+//     answer, and taking back a batch that never ran;
+//   - follower (follow.go): an open batch's course: a lost create
+//     resolved, polls, rescue, and its lines mapped back;
+//   - finisher (finish.go): a line's end, decided as a synchronous call's
+//     would be and acted on through mesh.Finish or mesh.Requeue;
+//   - records (record.go): the batch records and the open batches;
+//   - laneBudget (record.go): the lane's share of the provider's batch
+//     limit.
 package lane
 
 import (

@@ -61,8 +61,18 @@ type open struct {
 	cancelled bool
 }
 
+// records owns the lane's batch records in the budgets bucket and the
+// open batches this process knows of: read when it takes the lane,
+// written before a batch is submitted and deleted once every line is
+// done.
+type records struct {
+	*env
+	budget  *laneBudget
+	batches map[string]*open // by local id
+}
+
 // put writes o's record by compare-and-set (create when rev is 0).
-func (c *collector) put(ctx context.Context, o *open) error {
+func (c *records) put(ctx context.Context, o *open) error {
 	data, err := json.Marshal(o.rec)
 	if err != nil {
 		return err
@@ -81,7 +91,7 @@ func (c *collector) put(ctx context.Context, o *open) error {
 }
 
 // drop deletes o's record.
-func (c *collector) drop(ctx context.Context, o *open) error {
+func (c *records) drop(ctx context.Context, o *open) error {
 	err := c.kv.Delete(ctx, c.keyBase+"batch."+o.rec.ID, jetstream.LastRevision(o.rev))
 	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return err
@@ -91,7 +101,7 @@ func (c *collector) drop(ctx context.Context, o *open) error {
 }
 
 // load reads every batch record of the lane.
-func (c *collector) load(ctx context.Context) error {
+func (c *records) load(ctx context.Context) error {
 	lister, err := c.kv.ListKeysFiltered(ctx, c.keyBase+"batch.>")
 	if err != nil {
 		return err
@@ -116,7 +126,7 @@ func (c *collector) load(ctx context.Context) error {
 	}
 	// A reservation whose batch has no record (its holder lost between
 	// the two writes) holds nothing.
-	return c.updateBudget(ctx, func(b *budget) bool {
+	return c.budget.updateBudget(ctx, func(b *budget) bool {
 		stale := false
 		for id := range b.Held {
 			if _, ok := c.batches[id]; !ok {
@@ -144,9 +154,16 @@ func (b budget) total() int64 {
 	return n
 }
 
+// laneBudget owns the lane's budget record: what each open batch holds of
+// the provider's batch limit, reserved before a batch is submitted and
+// released once it has ended or never ran.
+type laneBudget struct {
+	*env
+}
+
 // reserve adds id's amount when it fits under limit (0: none) and
 // reports whether it did; an id already held counts as reserved.
-func (c *collector) reserve(ctx context.Context, id string, amount, limit int64) (bool, error) {
+func (c *laneBudget) reserve(ctx context.Context, id string, amount, limit int64) (bool, error) {
 	ok := false
 	err := c.updateBudget(ctx, func(b *budget) bool {
 		if _, held := b.Held[id]; held {
@@ -163,7 +180,7 @@ func (c *collector) reserve(ctx context.Context, id string, amount, limit int64)
 }
 
 // release removes id's amount.
-func (c *collector) release(ctx context.Context, id string) error {
+func (c *laneBudget) release(ctx context.Context, id string) error {
 	return c.updateBudget(ctx, func(b *budget) bool {
 		if _, held := b.Held[id]; !held {
 			return false
@@ -174,7 +191,7 @@ func (c *collector) release(ctx context.Context, id string) error {
 }
 
 // room is what the budget has left under limit (limit 0: unbounded).
-func (c *collector) room(ctx context.Context, limit int64) (int64, error) {
+func (c *laneBudget) room(ctx context.Context, limit int64) (int64, error) {
 	if limit <= 0 {
 		return 1 << 62, nil
 	}
@@ -183,7 +200,7 @@ func (c *collector) room(ctx context.Context, limit int64) (int64, error) {
 	return left, err
 }
 
-func (c *collector) updateBudget(ctx context.Context, fn func(*budget) bool) error {
+func (c *laneBudget) updateBudget(ctx context.Context, fn func(*budget) bool) error {
 	key := c.keyBase + "budget"
 	for range 50 {
 		var b budget

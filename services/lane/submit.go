@@ -13,38 +13,58 @@ import (
 	"github.com/sluice-dev/sluice/pkg/job"
 )
 
+// submitter owns sending the collected jobs as a batch: when one is due
+// and which jobs it takes (a deadline too near, the budget's room, the
+// provider's limit), its record and its jobs' sent marks written before
+// the create call, the create's answer, and taking back a batch that
+// never ran.
+type submitter struct {
+	*env
+	jobs   *gatherer
+	recs   *records
+	budget *laneBudget
+	fin    *finisher
+	fol    *follower
+
+	waitTil time.Time // the budget had no room: wait until then
+	// most is the lines the next batch may hold: halved by each refusal
+	// for the provider's limit, back to max_lines by a batch it takes.
+	most         int
+	refusedAlone int // refusals in a row of a batch of one job
+}
+
 // divertDue sends to the normal lane the pending jobs that could no longer
 // finish in a batch before their rescue point (they waited for room).
-func (c *collector) divertDue(ctx context.Context) {
+func (c *submitter) divertDue(ctx context.Context) {
 	now := c.now()
-	kept := c.pending[:0]
-	for _, key := range c.pending {
-		h := c.held[key]
+	kept := c.jobs.pending[:0]
+	for _, key := range c.jobs.pending {
+		h := c.jobs.held[key]
 		if h.j.Deadline != nil && !now.Before(h.j.Deadline.Add(-c.lane.Rescue.D()-c.lane.Collect.D())) {
-			c.toSync(ctx, h, "", "too near its deadline for a batch")
+			c.fin.toSync(ctx, h, "", "too near its deadline for a batch")
 			continue
 		}
 		kept = append(kept, key)
 	}
-	c.pending = kept
+	c.jobs.pending = kept
 }
 
 // submitDue sends the pending jobs as one batch once they were collected
 // for collect (or fill max_lines), within the room the budget has.
-func (c *collector) submitDue(ctx context.Context) {
+func (c *submitter) submitDue(ctx context.Context) {
 	now := c.now()
-	if len(c.pending) == 0 || now.Before(c.waitTil) || (now.Sub(c.since) < c.lane.Collect.D() && len(c.pending) < c.lane.MaxLines) {
+	if len(c.jobs.pending) == 0 || now.Before(c.waitTil) || (now.Sub(c.jobs.since) < c.lane.Collect.D() && len(c.jobs.pending) < c.lane.MaxLines) {
 		return
 	}
-	room, err := c.room(ctx, c.limit)
+	room, err := c.budget.room(ctx, c.limit)
 	if err != nil {
 		c.log.Warn("lane: budget unreadable", "provider", c.provider, "model", c.model, "err", err)
 		return
 	}
 	var take []*held
 	var amount int64
-	for _, key := range c.pending {
-		h := c.held[key]
+	for _, key := range c.jobs.pending {
+		h := c.jobs.held[key]
 		cost := c.costOf(h)
 		if len(take) == c.most || amount+cost > room {
 			break
@@ -52,9 +72,9 @@ func (c *collector) submitDue(ctx context.Context) {
 		take, amount = append(take, h), amount+cost
 	}
 	if len(take) == 0 {
-		if h := c.held[c.pending[0]]; c.limit > 0 && c.costOf(h) > c.limit {
-			c.pending = c.pending[1:]
-			c.toSync(ctx, h, "", "larger alone than the lane's batch budget")
+		if h := c.jobs.held[c.jobs.pending[0]]; c.limit > 0 && c.costOf(h) > c.limit {
+			c.jobs.pending = c.jobs.pending[1:]
+			c.fin.toSync(ctx, h, "", "larger alone than the lane's batch budget")
 			return
 		}
 		c.wait("the batch budget has no room")
@@ -67,25 +87,25 @@ func (c *collector) submitDue(ctx context.Context) {
 			rec.Earliest = d
 		}
 	}
-	if ok, err := c.reserve(ctx, rec.ID, amount, c.limit); err != nil || !ok {
+	if ok, err := c.budget.reserve(ctx, rec.ID, amount, c.limit); err != nil || !ok {
 		c.wait("the batch budget has no room")
 		return
 	}
 	o := &open{rec: rec}
-	if err := c.put(ctx, o); err != nil {
-		_ = c.release(ctx, rec.ID)
+	if err := c.recs.put(ctx, o); err != nil {
+		_ = c.budget.release(ctx, rec.ID)
 		c.log.Warn("lane: batch record not written; not submitted", "provider", c.provider, "model", c.model, "err", err)
 		return
 	}
-	c.batches[rec.ID] = o
-	c.pending = c.pending[len(take):]
-	c.since = now
+	c.recs.batches[rec.ID] = o
+	c.jobs.pending = c.jobs.pending[len(take):]
+	c.jobs.since = now
 	c.submit(ctx, o, take)
 }
 
 // costOf is what a job holds of the budget: its prompt estimate (OpenAI's
 // enqueued tokens) or one request (Anthropic's queue).
-func (c *collector) costOf(h *held) int64 {
+func (c *submitter) costOf(h *held) int64 {
 	if c.unit == "requests" {
 		return 1
 	}
@@ -95,23 +115,23 @@ func (c *collector) costOf(h *held) int64 {
 	return 1
 }
 
-func (c *collector) wait(why string) {
+func (c *submitter) wait(why string) {
 	c.waitTil = c.now().Add(c.lane.Poll.D())
 	c.ms.LaneWaits.WithLabelValues(c.provider, c.model).Inc()
-	c.log.Debug("lane: jobs wait", "provider", c.provider, "model", c.model, "why", why, "pending", len(c.pending))
+	c.log.Debug("lane: jobs wait", "provider", c.provider, "model", c.model, "why", why, "pending", len(c.jobs.pending))
 }
 
 // submit marks each job's operation record as in this batch, then submits
 // the batch with its local id as its key, and records the provider's id.
-func (c *collector) submit(ctx context.Context, o *open, take []*held) {
+func (c *submitter) submit(ctx context.Context, o *open, take []*held) {
 	req := provider.BatchRequest{Model: c.upstream, Key: o.rec.ID}
 	name, _ := json.Marshal(c.upstream)
 	now := c.now()
 	for id, l := range o.rec.Lines {
-		h := c.held[keyOf(l)]
+		h := c.jobs.held[keyOf(l)]
 		if !c.mark(ctx, o, h, now) {
 			delete(o.rec.Lines, id)
-			c.toSync(ctx, h, "", "its operation record could not be marked")
+			c.fin.toSync(ctx, h, "", "its operation record could not be marked")
 			continue
 		}
 		req.Lines = append(req.Lines, provider.BatchLine{CustomID: id, Body: job.WithMember(h.j.Request, "model", name)})
@@ -121,7 +141,7 @@ func (c *collector) submit(ctx context.Context, o *open, take []*held) {
 		return
 	}
 	o.rec.State = stateCalling
-	if err := c.put(ctx, o); err != nil { // the lines that were marked, and the call
+	if err := c.recs.put(ctx, o); err != nil { // the lines that were marked, and the call
 		c.log.Warn("lane: batch record not updated; not submitted", "provider", c.provider, "model", c.model, "err", err)
 		o.rec.State = stateSubmitting
 		return // resolved by follow: unwound, its jobs collected again
@@ -135,9 +155,9 @@ func (c *collector) submit(ctx context.Context, o *open, take []*held) {
 }
 
 // started records the provider's batch id.
-func (c *collector) started(ctx context.Context, o *open, b provider.Batch) {
+func (c *submitter) started(ctx context.Context, o *open, b provider.Batch) {
 	o.rec.BatchID, o.rec.State = b.ID, stateRunning
-	if err := c.put(ctx, o); err != nil {
+	if err := c.recs.put(ctx, o); err != nil {
 		c.log.Warn("lane: provider batch id not recorded", "provider", c.provider, "model", c.model, "batch", b.ID, "err", err)
 	}
 	o.lastPoll = c.now()
@@ -149,7 +169,7 @@ func (c *collector) started(ctx context.Context, o *open, b provider.Batch) {
 // mark writes the job's operation record in_flight with a sent mark
 // naming the batch: a redelivery, a restart or another process then knows
 // the job may be in this batch and never submits it again.
-func (c *collector) mark(ctx context.Context, o *open, h *held, now time.Time) bool {
+func (c *submitter) mark(ctx context.Context, o *open, h *held, now time.Time) bool {
 	if h == nil {
 		return false
 	}
@@ -176,7 +196,7 @@ func (c *collector) mark(ctx context.Context, o *open, h *held, now time.Time) b
 }
 
 // submitFailed handles a Submit that did not answer with a batch.
-func (c *collector) submitFailed(ctx context.Context, o *open, err error) {
+func (c *submitter) submitFailed(ctx context.Context, o *open, err error) {
 	var te *provider.TransportError
 	var he *provider.BatchHTTPError
 	switch {
@@ -186,7 +206,7 @@ func (c *collector) submitFailed(ctx context.Context, o *open, err error) {
 		// The create may have reached the provider: found by its key, or
 		// resolved as unknown (resolveUnknown).
 		c.log.Warn("lane: batch submission's outcome unknown", "provider", c.provider, "model", c.model, "local_id", o.rec.ID, "err", err)
-		c.resolveSubmitting(ctx, o)
+		c.fol.resolveSubmitting(ctx, o)
 	default:
 		c.log.Warn("lane: batch refused; its jobs go to the normal lane", "provider", c.provider, "model", c.model, "err", err)
 		c.ms.LaneBatches.WithLabelValues(c.provider, c.model, "failed").Inc()
@@ -197,7 +217,7 @@ func (c *collector) submitFailed(ctx context.Context, o *open, err error) {
 // refused takes back a batch the provider's batch limit refused: its jobs
 // wait, and the next batch is half its size; a batch of one job refused
 // maxRefusedAlone times in a row goes to the normal lane.
-func (c *collector) refused(ctx context.Context, o *open) {
+func (c *submitter) refused(ctx context.Context, o *open) {
 	c.ms.LaneBatches.WithLabelValues(c.provider, c.model, "refused").Inc()
 	c.most = max(1, len(o.rec.Lines)/2)
 	if len(o.rec.Lines) == 1 {
@@ -217,34 +237,34 @@ func (c *collector) refused(ctx context.Context, o *open) {
 // unwind takes back a batch that never ran: its jobs' marks withdrawn and
 // its budget released, then the jobs collected again (wait) or sent to the
 // normal lane, and its record deleted.
-func (c *collector) unwind(ctx context.Context, o *open, wait bool) {
+func (c *submitter) unwind(ctx context.Context, o *open, wait bool) {
 	by := markPrefix + o.rec.ID
 	var again []string
 	for _, l := range o.rec.Lines {
 		key := keyOf(l)
 		if wait {
 			c.withdraw(ctx, l.Op, by)
-			if _, ok := c.held[key]; ok {
+			if _, ok := c.jobs.held[key]; ok {
 				again = append(again, key)
 			}
 			continue
 		}
-		if h, ok := c.held[key]; ok {
-			c.toSync(ctx, h, by, "its batch was refused")
+		if h, ok := c.jobs.held[key]; ok {
+			c.fin.toSync(ctx, h, by, "its batch was refused")
 		}
 	}
-	_ = c.release(ctx, o.rec.ID)
-	if err := c.drop(ctx, o); err != nil {
+	_ = c.budget.release(ctx, o.rec.ID)
+	if err := c.recs.drop(ctx, o); err != nil {
 		c.log.Warn("lane: batch record not deleted", "local_id", o.rec.ID, "err", err)
 	}
 	if len(again) > 0 {
-		c.pending = append(again, c.pending...)
-		c.since = c.now()
+		c.jobs.pending = append(again, c.jobs.pending...)
+		c.jobs.since = c.now()
 	}
 }
 
 // withdraw clears a batch's sent mark from an operation record.
-func (c *collector) withdraw(ctx context.Context, opKey, by string) {
+func (c *submitter) withdraw(ctx context.Context, opKey, by string) {
 	_, _ = c.m.UpdateOp(ctx, opKey, func(r *mesh.OpRecord) bool {
 		if r.Sent == nil || r.Sent.By != by {
 			return false
