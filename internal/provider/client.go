@@ -62,6 +62,12 @@ type Call struct {
 // have left after its Call.SendBy.
 var ErrSendLate = errors.New("the request would leave after its send deadline")
 
+// ErrConnLost is wrapped by a PhaseConnect error when a connection was in
+// hand (dialed, or taken from the pool) and closed before a byte of the
+// request was written: the request never left, and the endpoint was
+// reachable (a pooled connection the server had just closed, say).
+var ErrConnLost = errors.New("the connection closed before the request was written")
+
 // sendByKey carries Call.SendBy to open.
 type sendByKey struct{}
 
@@ -205,7 +211,12 @@ func (c *countingConn) Write(p []byte) (int, error) {
 		return 0, ErrSendLate
 	}
 	c.writes.Add(1)
-	return c.Conn.Write(p)
+	n, err := c.Conn.Write(p)
+	if n == 0 && errors.Is(err, net.ErrClosed) {
+		// Closed on our side before the write: nothing reached the wire.
+		c.writes.Add(-1)
+	}
+	return n, err
 }
 
 // tracker follows one round trip through httptrace to decide its Phase.
@@ -240,6 +251,25 @@ func (t *tracker) trace() *httptrace.ClientTrace {
 		},
 		WroteHeaders: func() { t.mu.Lock(); t.wroteHdrs = true; t.mu.Unlock() },
 	}
+}
+
+// failure decides the phase and the error of a failed RoundTrip. A write
+// refused for SendBy closes the connection, and http.Transport may report
+// the read error of that close rather than the refusal: the refusal is
+// what happened. A PhaseConnect failure after a connection was in hand
+// wraps ErrConnLost, so it is not taken for an unreachable endpoint.
+func (t *tracker) failure(err error) (Phase, error) {
+	phase := t.failedPhase()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case errors.Is(err, ErrSendLate):
+	case t.conn != nil && t.conn.late.Load():
+		return PhaseConnect, ErrSendLate
+	case phase == PhaseConnect && t.gotConn:
+		return phase, fmt.Errorf("%w: %w", ErrConnLost, err)
+	}
+	return phase, err
 }
 
 // failedPhase decides the phase of a failed RoundTrip. http.Transport waits
@@ -365,7 +395,8 @@ func openMethod(ctx context.Context, rt http.RoundTripper, method, target string
 
 	resp, err := rt.RoundTrip(req)
 	if err != nil {
-		return nil, transportErr(ctx, tr.failedPhase(), err)
+		phase, err := tr.failure(err)
+		return nil, transportErr(ctx, phase, err)
 	}
 	return resp, nil
 }
