@@ -189,7 +189,8 @@ type builtinTransport struct{ http.Transport }
 // write that fails half way still counts as "may have left". The count errs
 // only toward caution: over TLS, a close_notify written while the failed
 // connection is torn down also counts, turning a PhaseConnect into a
-// PhaseAwaitHeaders, never the reverse.
+// PhaseAwaitHeaders, never the reverse (tracker.failure corrects the case
+// net/http names: the server had closed the idle connection).
 type countingConn struct {
 	net.Conn
 	writes atomic.Int64
@@ -266,11 +267,21 @@ func (t *tracker) failure(err error) (Phase, error) {
 	case errors.Is(err, ErrSendLate):
 	case t.conn != nil && t.conn.late.Load():
 		return PhaseConnect, ErrSendLate
+	case t.gotConn && err.Error() == serverClosedIdle:
+		// Over TLS the close_notify of the teardown was counted, but the
+		// request itself cannot have been written.
+		return PhaseConnect, fmt.Errorf("%w: %w", ErrConnLost, err)
 	case phase == PhaseConnect && t.gotConn:
 		return phase, fmt.Errorf("%w: %w", ErrConnLost, err)
 	}
 	return phase, err
 }
+
+// serverClosedIdle is the text of http.Transport's (unexported) error for
+// a request handed a kept-alive connection the server had closed: its read
+// loop saw the close, and closed the connection, before the request was
+// registered on it, so no byte of the request can have been written.
+const serverClosedIdle = "http: server closed idle connection"
 
 // failedPhase decides the phase of a failed RoundTrip. http.Transport waits
 // for its write loop to finish before returning an error, so the counters are

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/http/httptrace"
 	"sync"
 	"sync/atomic"
@@ -66,13 +67,33 @@ func (c *closeSignal) Close() error {
 // a connect failure that takes the deployment down.
 func TestPooledConnClosedBeforeWrite(t *testing.T) {
 	t.Parallel()
+	for _, tls := range []bool{false, true} {
+		t.Run(map[bool]string{false: "http", true: "https"}[tls], func(t *testing.T) {
+			t.Parallel()
+			testPooledConnClosed(t, tls)
+		})
+	}
+}
+
+// testPooledConnClosed: over TLS the transport's teardown writes a
+// close_notify, which must not make the request look sent.
+func testPooledConnClosed(t *testing.T, tls bool) {
 	var got atomic.Int32
-	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		got.Add(1)
 		_, _ = io.WriteString(w, okCompletion)
-	})
+	}))
+	if tls {
+		srv.StartTLS()
+	} else {
+		srv.Start()
+	}
+	t.Cleanup(srv.Close)
 	c := newOpenAI(t, srv.URL, time.Second)
+	if tls {
+		c.rt.(*builtinTransport).TLSClientConfig = srv.Client().Transport.(*http.Transport).TLSClientConfig
+	}
 	closed := make(chan chan struct{}, 2)
 	d := &net.Dialer{}
 	c.rt.(*builtinTransport).DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
