@@ -179,7 +179,10 @@ type Outcome struct {
 	// Code is the provider's error code or type ("rate_limit_exceeded",
 	// "insufficient_quota", "overloaded_error"...), "http_<status>" when the
 	// body names none, or for transport errors one of "connect_timeout",
-	// "connect_refused", "connect_failed", "header_timeout",
+	// "connect_refused", "connect_failed" (these three: the endpoint cannot
+	// be reached, Unreachable), "connection_closed" (a connection in hand
+	// closed before the request's first byte: ErrConnLost), "send_late"
+	// (ErrSendLate), "header_timeout",
 	// "connection_reset", "stream_cut", "body_too_large", "invalid_request",
 	// "canceled", "deadline_exceeded".
 	Code string
@@ -210,6 +213,18 @@ type Outcome struct {
 	// WorkDone: the response was cut mid-body; the provider almost surely did
 	// (and billed) the work.
 	WorkDone bool
+}
+
+// Unreachable reports an outcome that says the endpoint cannot be reached
+// (refused, connect timeout, DNS, TLS, another dial failure), not one
+// request's bad luck: a connection that closed before the request was
+// written, a send refused as late or the caller's context are not.
+func (o Outcome) Unreachable() bool {
+	switch o.Code {
+	case "connect_timeout", "connect_refused", "connect_failed":
+		return o.Class == ConnectFailed
+	}
+	return false
 }
 
 // JobError converts the outcome to a result error; nil for Success.
@@ -309,6 +324,10 @@ func transportCode(phase Phase, err error) string {
 		return "invalid_request"
 	case PhaseConnect:
 		switch {
+		case errors.Is(err, ErrSendLate):
+			return "send_late"
+		case errors.Is(err, ErrConnLost):
+			return "connection_closed"
 		case isTimeout(err):
 			return "connect_timeout"
 		case isRefused(err):

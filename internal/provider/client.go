@@ -62,6 +62,12 @@ type Call struct {
 // have left after its Call.SendBy.
 var ErrSendLate = errors.New("the request would leave after its send deadline")
 
+// ErrConnLost is wrapped by a PhaseConnect error when a connection was in
+// hand (dialed, or taken from the pool) and closed before a byte of the
+// request was written: the request never left, and the endpoint was
+// reachable (a pooled connection the server had just closed, say).
+var ErrConnLost = errors.New("the connection closed before the request was written")
+
 // sendByKey carries Call.SendBy to open.
 type sendByKey struct{}
 
@@ -183,7 +189,8 @@ type builtinTransport struct{ http.Transport }
 // write that fails half way still counts as "may have left". The count errs
 // only toward caution: over TLS, a close_notify written while the failed
 // connection is torn down also counts, turning a PhaseConnect into a
-// PhaseAwaitHeaders, never the reverse.
+// PhaseAwaitHeaders, never the reverse (tracker.failure corrects the case
+// net/http names: the server had closed the idle connection).
 type countingConn struct {
 	net.Conn
 	writes atomic.Int64
@@ -205,7 +212,12 @@ func (c *countingConn) Write(p []byte) (int, error) {
 		return 0, ErrSendLate
 	}
 	c.writes.Add(1)
-	return c.Conn.Write(p)
+	n, err := c.Conn.Write(p)
+	if n == 0 && errors.Is(err, net.ErrClosed) {
+		// Closed on our side before the write: nothing reached the wire.
+		c.writes.Add(-1)
+	}
+	return n, err
 }
 
 // tracker follows one round trip through httptrace to decide its Phase.
@@ -241,6 +253,35 @@ func (t *tracker) trace() *httptrace.ClientTrace {
 		WroteHeaders: func() { t.mu.Lock(); t.wroteHdrs = true; t.mu.Unlock() },
 	}
 }
+
+// failure decides the phase and the error of a failed RoundTrip. A write
+// refused for SendBy closes the connection, and http.Transport may report
+// the read error of that close rather than the refusal: the refusal is
+// what happened. A PhaseConnect failure after a connection was in hand
+// wraps ErrConnLost, so it is not taken for an unreachable endpoint.
+func (t *tracker) failure(err error) (Phase, error) {
+	phase := t.failedPhase()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case errors.Is(err, ErrSendLate):
+	case t.conn != nil && t.conn.late.Load():
+		return PhaseConnect, ErrSendLate
+	case t.gotConn && err.Error() == serverClosedIdle:
+		// Over TLS the close_notify of the teardown was counted, but the
+		// request itself cannot have been written.
+		return PhaseConnect, fmt.Errorf("%w: %w", ErrConnLost, err)
+	case phase == PhaseConnect && t.gotConn:
+		return phase, fmt.Errorf("%w: %w", ErrConnLost, err)
+	}
+	return phase, err
+}
+
+// serverClosedIdle is the text of http.Transport's (unexported) error for
+// a request handed a kept-alive connection the server had closed: its read
+// loop saw the close, and closed the connection, before the request was
+// registered on it, so no byte of the request can have been written.
+const serverClosedIdle = "http: server closed idle connection"
 
 // failedPhase decides the phase of a failed RoundTrip. http.Transport waits
 // for its write loop to finish before returning an error, so the counters are
@@ -365,7 +406,8 @@ func openMethod(ctx context.Context, rt http.RoundTripper, method, target string
 
 	resp, err := rt.RoundTrip(req)
 	if err != nil {
-		return nil, transportErr(ctx, tr.failedPhase(), err)
+		phase, err := tr.failure(err)
+		return nil, transportErr(ctx, phase, err)
 	}
 	return resp, nil
 }

@@ -62,7 +62,7 @@ func downReason(out provider.Outcome) string {
 		return fmt.Sprintf("auth_%d", out.HTTPStatus)
 	case out.Class == provider.OperatorAction:
 		return "quota"
-	case out.Class == provider.ConnectFailed && out.Code != "canceled" && out.Code != "deadline_exceeded":
+	case out.Unreachable():
 		// Refused, timed out, a name that does not resolve, a TLS
 		// handshake that fails: the endpoint, not the request.
 		return "unreachable"

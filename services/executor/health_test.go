@@ -2,6 +2,8 @@ package executor
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -178,5 +180,26 @@ func TestOperatorSideFailuresNameTheDeployment(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A pooled connection that closed before a byte of the request was
+// written says nothing about the endpoint (it answered a moment ago): the
+// deployment stays up and the job is retried, its call never having left.
+func TestConnectionClosedIsNotUnreachable(t *testing.T) {
+	t.Parallel()
+	f := setup(t, func() (*provider.Response, error) {
+		return nil, &provider.TransportError{Phase: provider.PhaseConnect, Err: fmt.Errorf("%w: %w", provider.ErrConnLost, io.EOF)}
+	})
+	reg := f.withHealth()
+	j := f.job(t, "t")
+	if err := f.s.execute(context.Background(), &dispatched{}, j); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := reg.Get("p", "m"); rec.State == health.Down {
+		t.Fatalf("deployment %+v, want not down", rec)
+	}
+	if q := f.queued(t); q.ID != j.ID || q.NotBefore == nil || len(q.Attempts) != 1 {
+		t.Fatalf("queued %s with not_before %v, attempts %+v; want the job retried", q.ID, q.NotBefore, q.Attempts)
 	}
 }
