@@ -246,13 +246,16 @@ tenants:
 	fmt.Fprintf(stdout, "  busiest 60 s   %s tokens (limit %s), %d requests (limit %d)\n", bench.Comma(int64(ms.MaxTokensIn60s)), bench.Comma(int64(*tpm)), ms.MaxRequestsIn60s, *rpm)
 	fmt.Fprintf(stdout, "  busiest 1 s    %s tokens (cap %s), %d requests (cap %d)\n", bench.Comma(int64(ms.MaxTokensIn1s)), bench.Comma(int64(ms.BurstTokens)), ms.MaxRequestsIn1s, ms.BurstRequests)
 	lines := map[string]int{}
+	var lineTokens int64
 	for _, l := range simSrv.BatchLines() {
 		lines[l.Result]++
+		lineTokens += int64(l.InputTokens + l.OutputTokens)
 	}
 	fmt.Fprintf(stdout, "  batch lane     %d jobs answered by %d batch lines, at half price: %.4f USD (%.4f at the sync price)\n",
 		laneJobs, lines["succeeded"], laneCost, 2*laneCost)
 	fmt.Fprintf(stdout, "  paid twice     %d operations\n", st.DuplicateCompletions)
-	fmt.Fprintf(stdout, "  tokens used    %s (prompt + completion, as the provider reported) in %.0fs\n", bench.Comma(ms.SuccessTokens), elapsed.Seconds())
+	fmt.Fprintf(stdout, "  tokens used    %s (prompt + completion, as the provider reported; %s of them in batch lines) in %.0fs\n",
+		bench.Comma(ms.SuccessTokens+lineTokens), bench.Comma(lineTokens), elapsed.Seconds())
 	if ms.MaxTokensIn60s > *tpm || ms.MaxRequestsIn60s > *rpm || ms.RateLimited > 0 {
 		return errors.New("the provider's limits were exceeded")
 	}
