@@ -21,6 +21,7 @@ import (
 const benchUsage = `Usage: sluice bench [flags]
        sluice bench overhead [flags]
        sluice bench anthropic-cache [flags]
+       sluice bench batch [flags]
 
 sluice bench runs the same workload against the same simulated provider limits
 with four strategies at once (retry-only, rpm-limiter, token-shaping, sluice),
@@ -48,6 +49,15 @@ reads free), ITPM-bound, once with the provider counting prompts 12%% above
 Sluice's estimate and once 15%% below (--count); target each time: ≥0.95 of
 ITPM as the provider counts it, ≤0.5%% 429s, ≥3x the requests per minute
 full-prompt reservation allows.
+
+sluice bench batch (also --scenario batch) runs interactive jobs arriving over a
+minute and as many batch-priority jobs of the same shape (half the work by
+tokens) with a 10-minute deadline, on one priced model bound by its RPM/TPM,
+three times against fresh simulators: the batch lane enabled, disabled (all
+sync), and the interactive jobs alone; target: the batch work's bill (sync at
+list price, batch lines at the batch factor) ≤0.55x its all-sync bill, every
+deadline met, interactive p95 queue wait ≤ the interactive-only run's +10%%
+or +50 ms. About 4 minutes.
 
 sluice bench --scenario deployments,tiers runs one model served by three
 deployments, each its own simulator (120, 120 and 60 RPM in tiers 0, 1, 1),
@@ -118,6 +128,13 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	if len(args) > 0 && args[0] == "anthropic-cache" {
 		return runBenchAnthropic(ctx, args[1:], stdout, stderr) // bench_anthropic.go
+	}
+	if len(args) > 0 && args[0] == "batch" {
+		return runBenchBatch(ctx, args[1:], stdout, stderr) // bench_batch.go
+	}
+	if len(args) == 1 && (args[0] == "--scenario=batch" || args[0] == "-scenario=batch") ||
+		len(args) == 2 && (args[0] == "--scenario" || args[0] == "-scenario") && args[1] == "batch" {
+		return runBenchBatch(ctx, nil, stdout, stderr)
 	}
 	if len(args) == 1 && (args[0] == "--scenario=anthropic-cache" || args[0] == "-scenario=anthropic-cache") ||
 		len(args) == 2 && (args[0] == "--scenario" || args[0] == "-scenario") && args[1] == "anthropic-cache" {

@@ -85,6 +85,8 @@ func TestBenchScenarioFlags(t *testing.T) {
 		{"--workload", "none", "--scenario", "none"},
 		{"--scenario", "known,deployments"}, // the deployment scenarios run apart
 		{"--scenario=tiers", "--offer-for", "-1s"},
+		{"batch", "--interactive", "0"},
+		{"batch", "--batch-deadline", "1m"}, // nearer than the lane's min_deadline
 	} {
 		var stdout, stderr bytes.Buffer
 		if err := runBench(t.Context(), args, func(string) string { return "" }, &stdout, &stderr); err == nil {
@@ -97,6 +99,9 @@ func TestBenchScenarioFlags(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "--scenario deployments,tiers") {
 		t.Errorf("-h does not name the deployment scenarios:\n%s", stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "sluice bench batch") {
+		t.Errorf("-h does not describe the batch scenario:\n%s", stderr.String())
 	}
 	for _, sc := range bench.Scenarios {
 		if !strings.Contains(stderr.String(), sc.Name) || !strings.Contains(stderr.String(), sc.Target.String()) {

@@ -49,7 +49,7 @@ func runDemo(ctx context.Context, args []string, getenv func(string) string, std
 
 	// The provider: a simulator with limits that bind.
 	simSrv, err := sim.New(sim.Config{Models: []sim.ModelLimits{{Name: demoModel, RPM: *rpm, TPM: *tpm}},
-		TTFT: 150 * time.Millisecond, PerToken: time.Millisecond})
+		TTFT: 150 * time.Millisecond, PerToken: time.Millisecond, Batch: sim.BatchConfig{Duration: demoBatchDuration}})
 	if err != nil {
 		return err
 	}
@@ -74,7 +74,12 @@ providers:
   - name: sim
     base_url: %s/v1
     models:
-      - {name: %s, rpm: %d, tpm: %d, max_concurrency: 64}
+      - name: %s
+        rpm: %d
+        tpm: %d
+        max_concurrency: 64
+        price: {input_per_mtok: 0.15, output_per_mtok: 0.6}
+        batch: {enabled: true, collect: 2s, poll: 1s}
 tenants:
   - {name: acme}
   - {name: globex}
@@ -120,6 +125,8 @@ tenants:
 		mu       sync.Mutex
 		statuses = map[job.Status]int{}
 		codes    = map[string]int{}
+		laneJobs int
+		laneCost float64
 		refusals = map[string]int{}
 		done     atomic.Int64
 	)
@@ -133,6 +140,12 @@ tenants:
 		if r.Error != nil {
 			codes[r.Error.Code]++
 		}
+		if r.Lane == job.LaneBatch {
+			laneJobs++
+			if r.Cost != nil {
+				laneCost += *r.Cost
+			}
+		}
 		mu.Unlock()
 		done.Add(1)
 	})
@@ -145,7 +158,7 @@ tenants:
 	fmt.Fprintf(stdout, "Sluice demo: %d jobs from 3 tenants (%d tokens reserved in all, %.1fx the minute's limit)\n",
 		len(jobs), totalCost(jobs), *load)
 	fmt.Fprintf(stdout, "provider simulator: %s limited to %d RPM / %d TPM, answering 429 beyond that\n", demoModel, *rpm, *tpm)
-	fmt.Fprintf(stdout, "acme calls POST /v1/chat/completions (OpenAI API, %d calls at a time), globex publishes to NATS, initech uses POST /v1/jobs\n\n", demoSyncCallers)
+	fmt.Fprintf(stdout, "acme calls POST /v1/chat/completions (OpenAI API, %d calls at a time), globex publishes batch-priority jobs to NATS (sent through the batch lane to the simulator's Batch API, %s a batch), initech uses POST /v1/jobs\n\n", demoSyncCallers, demoBatchDuration)
 
 	start := time.Now()
 	base := "http://" + info.HTTPAddr
@@ -232,8 +245,17 @@ tenants:
 	fmt.Fprintf(stdout, "  provider saw   %d requests: %d answered 200, %d answered 429\n", ms.Admitted+ms.RateLimited, ms.Requests[200], ms.Requests[429])
 	fmt.Fprintf(stdout, "  busiest 60 s   %s tokens (limit %s), %d requests (limit %d)\n", bench.Comma(int64(ms.MaxTokensIn60s)), bench.Comma(int64(*tpm)), ms.MaxRequestsIn60s, *rpm)
 	fmt.Fprintf(stdout, "  busiest 1 s    %s tokens (cap %s), %d requests (cap %d)\n", bench.Comma(int64(ms.MaxTokensIn1s)), bench.Comma(int64(ms.BurstTokens)), ms.MaxRequestsIn1s, ms.BurstRequests)
+	lines := map[string]int{}
+	var lineTokens int64
+	for _, l := range simSrv.BatchLines() {
+		lines[l.Result]++
+		lineTokens += int64(l.InputTokens + l.OutputTokens)
+	}
+	fmt.Fprintf(stdout, "  batch lane     %d jobs answered by %d batch lines, at half price: %.4f USD (%.4f at the sync price)\n",
+		laneJobs, lines["succeeded"], laneCost, 2*laneCost)
 	fmt.Fprintf(stdout, "  paid twice     %d operations\n", st.DuplicateCompletions)
-	fmt.Fprintf(stdout, "  tokens used    %s (prompt + completion, as the provider reported) in %.0fs\n", bench.Comma(ms.SuccessTokens), elapsed.Seconds())
+	fmt.Fprintf(stdout, "  tokens used    %s (prompt + completion, as the provider reported; %s of them in batch lines) in %.0fs\n",
+		bench.Comma(ms.SuccessTokens+lineTokens), bench.Comma(lineTokens), elapsed.Seconds())
 	if ms.MaxTokensIn60s > *tpm || ms.MaxRequestsIn60s > *rpm || ms.RateLimited > 0 {
 		return errors.New("the provider's limits were exceeded")
 	}
@@ -246,6 +268,9 @@ tenants:
 	fmt.Fprintln(stdout, "\nEvery job got exactly one result; the provider never saw more than its limits.")
 	return nil
 }
+
+// demoBatchDuration is how long the simulator takes over one batch.
+const demoBatchDuration = 10 * time.Second
 
 // demoSyncCallers is how many of acme's calls wait for their answers at
 // once.

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -38,5 +39,10 @@ func TestDemoFinishes(t *testing.T) {
 		if !strings.Contains(s, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, s)
 		}
+	}
+	// globex's batch-priority jobs went through the batch lane, each
+	// answered by one line of the simulator's Batch API.
+	if m := regexp.MustCompile(`batch lane +(\d+) jobs answered by (\d+) batch lines`).FindStringSubmatch(s); m == nil || m[1] == "0" || m[1] != m[2] {
+		t.Errorf("demo output: want globex's jobs through the batch lane, one line each:\n%s", s)
 	}
 }
