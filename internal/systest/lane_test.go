@@ -464,3 +464,24 @@ func TestBatchLaneCancelBeforeSubmit(t *testing.T) {
 		t.Errorf("sluice_lane_jobs_total{outcome=sync} = %g, want 0: the cancelled job is dropped, not sent to the normal lane", got)
 	}
 }
+
+// The lane takes no spend hold: a tenant with a spend budget keeps its
+// batch-priority jobs in the normal lane, where the budget holds.
+func TestBatchLaneSpendBudgetedTenant(t *testing.T) {
+	t.Parallel()
+	s, url := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 10000000}}, APIKeys: []string{"sim-secret"},
+		Batch: sim.BatchConfig{Duration: 200 * time.Millisecond}})
+	cfg := strings.Replace(laneConfig(url, 600, "collect: 200ms, min_deadline: 1m, rescue: 30s, poll: 100ms"),
+		"{name: acme, api_key_env: ACME_KEY}", "{name: acme, api_key_env: ACME_KEY, spend: {per_day: 100}}", 1)
+	n := StartLogged(t, cfg, Env)
+	_, cl := n.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	results := runJobs(t, ctx, cl, 5, job.Batch, time.Hour)
+	if t.Failed() {
+		return
+	}
+	if batch, sync := billed(t, s, results); batch != 0 || sync != 5 {
+		t.Errorf("%d results from batch lines, %d synchronous; want every job of a spend-budgeted tenant in the normal lane", batch, sync)
+	}
+}
