@@ -34,9 +34,10 @@ func Subject(provider, model string) string {
 // batch-priority job not marked NoLane, for chat completions, not
 // streamed, with no deadline or one at least the lane's min_deadline away,
 // on its pinned deployment or the first of its model's group with the lane
-// enabled.
+// enabled. A job of a tenant with a spend budget never is: the lane takes
+// no spend hold, so its cost would be outside the budget.
 func Eligible(c *config.Config, j *task.Task, now time.Time) (provider string, lane config.BatchLane, ok bool) {
-	if j.Priority != job.Batch || j.NoLane || (j.Endpoint != "" && j.Endpoint != job.EndpointChat) || streamed(j.Request) {
+	if j.Priority != job.Batch || j.NoLane || (j.Endpoint != "" && j.Endpoint != job.EndpointChat) || streamed(j.Request) || spendBudgeted(c, j.Tenant) {
 		return "", lane, false
 	}
 	for _, d := range c.Group(j.Model) {
@@ -53,6 +54,13 @@ func Eligible(c *config.Config, j *task.Task, now time.Time) (provider string, l
 		return d.Provider.Name, l, true
 	}
 	return "", lane, false
+}
+
+// spendBudgeted reports whether tenant has a spend budget (tenants[].spend
+// with a cap).
+func spendBudgeted(c *config.Config, tenant string) bool {
+	t, ok := c.Tenant(tenant)
+	return ok && t.Spend != nil && (t.Spend.PerDay > 0 || t.Spend.PerMonth > 0)
 }
 
 func streamed(body []byte) bool {

@@ -18,7 +18,10 @@ func TestEligible(t *testing.T) {
     models: [{name: m, tier: 0}, {name: plain}]
   - name: b
     base_url: "http://127.0.0.1:2/v1"
-    models: [{name: m, tier: 1, batch: {enabled: true, min_deadline: 1h, rescue: 10m}}]
+    models: [{name: m, tier: 1, price: {input_per_mtok: 1, output_per_mtok: 4}, batch: {enabled: true, min_deadline: 1h, rescue: 10m}}]
+tenants:
+  - {name: free}
+  - {name: capped, spend: {per_day: 5}}
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -40,6 +43,9 @@ func TestEligible(t *testing.T) {
 		{"embeddings", task.Task{Job: job.Job{Priority: job.Batch, Endpoint: job.EndpointEmbeddings, Request: chat}, Model: "m"}, ""},
 		{"pinned elsewhere", task.Task{Job: job.Job{Priority: job.Batch, Provider: "a", Request: chat}, Model: "m", Pinned: true}, ""},
 		{"model without lane", task.Task{Job: job.Job{Priority: job.Batch, Request: chat}, Model: "plain"}, ""},
+		{"tenant without spend budget", task.Task{Job: job.Job{Tenant: "free", Priority: job.Batch, Request: chat}, Model: "m"}, "b"},
+		// The lane takes no spend hold: the budget would not see its cost.
+		{"tenant with spend budget", task.Task{Job: job.Job{Tenant: "capped", Priority: job.Batch, Request: chat}, Model: "m"}, ""},
 	} {
 		p, _, ok := lane.Eligible(c, &tc.j, now)
 		if p != tc.want || ok != (tc.want != "") {

@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-dev/sluice/pkg/sim"
 	"github.com/sluice-dev/sluice/services/executor"
 	"github.com/sluice-dev/sluice/services/lane"
+	"github.com/sluice-dev/sluice/streams"
 )
 
 // laneConfig is a Sluice configuration for one simulated OpenAI model with
@@ -382,5 +383,105 @@ tenants:
 	}
 	if got := MetricSum(t, n.MetricsURL(), "sluice_lane_batches_total", `state="refused"`); got == 0 {
 		t.Error("no batch was refused for the queue, want the first (30 requests, the queue holds 8)")
+	}
+}
+
+// A job its caller cancels while the lane holds it, before its batch is
+// sent, is never submitted: the batch that goes has no line for it, its
+// result is cancelled, and every other job succeeds from the batch.
+func TestBatchLaneCancelBeforeSubmit(t *testing.T) {
+	t.Parallel()
+	s, url := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 10000000}}, APIKeys: []string{"sim-secret"},
+		Batch: sim.BatchConfig{Duration: 500 * time.Millisecond}})
+	n := StartLogged(t, laneConfig(url, 600, "collect: 5s, min_deadline: 1m, rescue: 30s, poll: 100ms"), Env)
+	nc, cl := n.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	const jobs = 10
+	ids := make([]string, 0, jobs)
+	for i := range jobs {
+		id, err := cl.Submit(ctx, &job.Job{Tenant: "acme", Priority: job.Batch, Request: ChatBody("gpt-4o-mini", 20+i, 16)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	natstest.Eventually(t, 10*time.Second, func() error { // the lane holds every job, none in a batch yet
+		cons, err := js.Consumer(ctx, streams.Lane, "lane-sim-gpt-4o-mini")
+		if err != nil {
+			return err
+		}
+		info, err := cons.Info(ctx)
+		if err == nil && (info.NumAckPending != jobs || len(s.BatchLines()) != 0) {
+			err = fmt.Errorf("the lane holds %d jobs", info.NumAckPending)
+		}
+		return err
+	})
+	victim := ids[jobs/2]
+	acme := client.NewJobs(n.HTTP, Env["ACME_KEY"])
+	natstest.Eventually(t, 10*time.Second, func() error {
+		got, accepted, err := acme.Cancel(ctx, victim)
+		if err != nil {
+			return err // not recorded yet
+		}
+		if accepted || got.Status != job.StatusCancelled {
+			t.Fatalf("cancel of a job the lane holds: %+v (accepted %v), want cancelled", got, accepted)
+		}
+		return nil
+	})
+	var results []*job.Result
+	for _, id := range ids {
+		var r *job.Result
+		natstest.Eventually(t, 30*time.Second, func() error {
+			var err error
+			if r, err = cl.Lookup(ctx, "acme", id); err == nil && r == nil {
+				err = fmt.Errorf("job %s has no result yet", id)
+			}
+			return err
+		})
+		if id == victim {
+			if r.Status != job.StatusCancelled {
+				t.Errorf("the cancelled job ended %s (lane %q), want cancelled", r.Status, r.Lane)
+			}
+			continue
+		}
+		results = append(results, r)
+	}
+	if batch, _ := billed(t, s, results); batch != jobs-1 {
+		t.Errorf("%d of %d jobs not cancelled came from the batch, want all", batch, jobs-1)
+	}
+	if lines := len(s.BatchLines()); lines != jobs-1 {
+		t.Errorf("the provider ran %d batch lines, want %d: none for the cancelled job", lines, jobs-1)
+	}
+	if got := MetricSum(t, n.MetricsURL(), "sluice_lane_jobs_total", `outcome="batch"`); got != jobs-1 {
+		t.Errorf("sluice_lane_jobs_total{outcome=batch} = %g, want %d", got, jobs-1)
+	}
+	if got := MetricSum(t, n.MetricsURL(), "sluice_lane_jobs_total", `outcome="sync"`); got != 0 {
+		t.Errorf("sluice_lane_jobs_total{outcome=sync} = %g, want 0: the cancelled job is dropped, not sent to the normal lane", got)
+	}
+}
+
+// The lane takes no spend hold: a tenant with a spend budget keeps its
+// batch-priority jobs in the normal lane, where the budget holds.
+func TestBatchLaneSpendBudgetedTenant(t *testing.T) {
+	t.Parallel()
+	s, url := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 10000000}}, APIKeys: []string{"sim-secret"},
+		Batch: sim.BatchConfig{Duration: 200 * time.Millisecond}})
+	cfg := strings.Replace(laneConfig(url, 600, "collect: 200ms, min_deadline: 1m, rescue: 30s, poll: 100ms"),
+		"{name: acme, api_key_env: ACME_KEY}", "{name: acme, api_key_env: ACME_KEY, spend: {per_day: 100}}", 1)
+	n := StartLogged(t, cfg, Env)
+	_, cl := n.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	results := runJobs(t, ctx, cl, 5, job.Batch, time.Hour)
+	if t.Failed() {
+		return
+	}
+	if batch, sync := billed(t, s, results); batch != 0 || sync != 5 {
+		t.Errorf("%d results from batch lines, %d synchronous; want every job of a spend-budgeted tenant in the normal lane", batch, sync)
 	}
 }

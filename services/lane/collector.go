@@ -223,6 +223,10 @@ func (c *gatherer) take(ctx context.Context, msg jetstream.Msg, index map[string
 	case op != nil && op.JobID == j.ID && (op.State == mesh.OpCompleted || op.State == mesh.OpFailed):
 		_ = msg.Ack() // ended already
 		return
+	case op != nil && op.JobID == j.ID && op.Cancelled && op.Sent == nil:
+		c.held[key] = h
+		c.fin.cancelled(ctx, h) // its caller cancelled it: never submitted
+		return
 	case op != nil && op.Sent != nil && strings.HasPrefix(op.Sent.By, markPrefix):
 		// Marked by a batch this lane has no record of: it may have
 		// been submitted. Never submitted again: its outcome is unknown.

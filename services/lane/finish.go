@@ -133,6 +133,22 @@ func (c *finisher) toSync(ctx context.Context, h *held, by, why string) {
 	delete(c.jobs.held, h.j.Key())
 }
 
+// cancelled ends a job its caller cancelled before it went in a batch
+// (its operation record marked cancelled): never submitted, its cancelled
+// result (published by the cancel already; mesh.Finish keeps one) and its
+// LANE message let go. It counts as no lane's job.
+func (c *finisher) cancelled(ctx context.Context, h *held) {
+	c.log.Info("lane: job cancelled by its caller; not submitted", "job_id", h.j.ID, "tenant", h.j.Tenant)
+	err := c.publish(ctx, h, mesh.Outcome{Status: job.StatusCancelled, Error: &job.Error{Code: job.CodeCancelled,
+		Message: "cancelled by the caller before the provider was called"}}, "")
+	if err != nil {
+		_ = h.msg.NakWithDelay(c.tick)
+	} else {
+		_ = h.msg.DoubleAck(ctx)
+	}
+	delete(c.jobs.held, h.j.Key())
+}
+
 // unknown ends a job that may be in a batch this lane cannot follow.
 func (c *finisher) unknown(ctx context.Context, h *held, why string) {
 	c.log.Warn("lane: job's batch unknown; it ends outcome_unknown", "job_id", h.j.ID, "tenant", h.j.Tenant, "why", why)

@@ -129,9 +129,13 @@ func (c *submitter) submit(ctx context.Context, o *open, take []*held) {
 	now := c.now()
 	for id, l := range o.rec.Lines {
 		h := c.jobs.held[keyOf(l)]
-		if !c.mark(ctx, o, h, now) {
+		if err := c.mark(ctx, o, h, now); err != nil {
 			delete(o.rec.Lines, id)
-			c.fin.toSync(ctx, h, "", "its operation record could not be marked")
+			if errors.Is(err, errCancelled) {
+				c.fin.cancelled(ctx, h)
+			} else if h != nil {
+				c.fin.toSync(ctx, h, "", "its operation record could not be marked")
+			}
 			continue
 		}
 		req.Lines = append(req.Lines, provider.BatchLine{CustomID: id, Body: job.WithMember(h.j.Request, "model", name)})
@@ -168,14 +172,17 @@ func (c *submitter) started(ctx context.Context, o *open, b provider.Batch) {
 
 // mark writes the job's operation record in_flight with a sent mark
 // naming the batch: a redelivery, a restart or another process then knows
-// the job may be in this batch and never submits it again.
-func (c *submitter) mark(ctx context.Context, o *open, h *held, now time.Time) bool {
+// the job may be in this batch and never submits it again. A record its
+// caller's cancel marked first is errCancelled: the job is not submitted.
+func (c *submitter) mark(ctx context.Context, o *open, h *held, now time.Time) error {
 	if h == nil {
-		return false
+		return errNotHeld
 	}
 	by := markPrefix + o.rec.ID
+	cancelled := false
 	_, err := c.m.UpdateOp(ctx, h.opKey, func(r *mesh.OpRecord) bool {
-		if r.Sent != nil && r.Sent.By == by {
+		cancelled = r.Cancelled && r.JobID == h.j.ID
+		if cancelled || (r.Sent != nil && r.Sent.By == by) {
 			return false
 		}
 		if r.Sent != nil || r.State == mesh.OpCompleted || r.State == mesh.OpFailed {
@@ -185,15 +192,30 @@ func (c *submitter) mark(ctx context.Context, o *open, h *held, now time.Time) b
 		r.Sent, r.UpdatedAt = &mesh.SentMark{Attempt: len(h.j.Attempts) + 1, At: now.UTC(), By: by}, now.UTC()
 		return true
 	})
-	if errors.Is(err, job.ErrNotFound) {
-		return true // no operation record (an old job): the batch record holds it
-	}
-	if err != nil {
-		return false
+	switch {
+	case errors.Is(err, job.ErrNotFound):
+		return nil // no operation record (an old job): the batch record holds it
+	case err != nil:
+		return err
+	case cancelled:
+		return errCancelled
 	}
 	op, _, err := c.m.GetOp(ctx, h.opKey)
-	return err == nil && op.Sent != nil && op.Sent.By == by
+	if err != nil {
+		return err
+	}
+	if op.Sent == nil || op.Sent.By != by {
+		return errNotMarked
+	}
+	return nil
 }
+
+// Why mark did not mark a job.
+var (
+	errCancelled = errors.New("lane: the job's caller cancelled it")
+	errNotHeld   = errors.New("lane: the job is not held here")
+	errNotMarked = errors.New("lane: the job's operation record is marked otherwise")
+)
 
 // submitFailed handles a Submit that did not answer with a batch.
 func (c *submitter) submitFailed(ctx context.Context, o *open, err error) {
