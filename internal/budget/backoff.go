@@ -41,7 +41,10 @@ func (s *Store) backoff() backoff {
 	if sleep == nil {
 		sleep = sleepCtx
 	}
-	return backoff{sleep: sleep, now: s.now}
+	// Patience is the real time an operation waited on a contended key,
+	// not the schedule's clock (s.now), which a test or a replay may move
+	// by seconds between two tries.
+	return backoff{sleep: sleep, now: time.Now}
 }
 
 // ceiling is the bound of the wait after the n-th loss (n from 1).

@@ -170,3 +170,30 @@ func TestConflictBackoffHonoursContext(t *testing.T) {
 		t.Errorf("Take: %d conflicts, want 3 (none after the context ended)", conflicts)
 	}
 }
+
+// Patience is counted in real time: a schedule clock that jumps between two
+// lost compare-and-sets (another process's fake clock in a test, a replay)
+// does not make the store give up while conflicts are few.
+func TestConflictPatienceIsRealTime(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, noBurst)
+	b.at(0, 0)
+	const lose = 3
+	var mu sync.Mutex
+	interfered := 0
+	b.kv.beforeUpdate = func(key string) {
+		mu.Lock()
+		n := interfered
+		interfered++
+		mu.Unlock()
+		if n < lose {
+			b.clock.Advance(2 * budget.ConflictPatience) // the schedule's clock jumps
+			b.kv.set(key, b.kv.value(key))                 // and someone else writes in between
+		}
+	}
+	b.store.Sleep = (&waits{}).sleep
+	if _, err := b.store.Take(ctx, key, budget.Limits{}, costs(1, budget.Cost{Requests: 1})); err != nil {
+		t.Fatalf("Take after %d lost compare-and-sets while the schedule's clock jumped: %v", lose, err)
+	}
+}

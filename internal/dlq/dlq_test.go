@@ -66,6 +66,7 @@ func entry(tenant string) *dlq.Entry {
 			Requeued:    &task.Requeued{Reason: "lapsed", N: 1},
 			SpendHold:   &task.SpendHold{Amount: 5, Day: "2026-12-03"},
 			WaitReason:  "tenant_rpm",
+			NoLane:      true,
 		},
 		Reason:    dlq.ReasonRetriesExhausted,
 		LastError: &job.Error{Code: "server_is_overloaded", Message: "try again later"},
