@@ -189,7 +189,7 @@ func TestConflictPatienceIsRealTime(t *testing.T) {
 		mu.Unlock()
 		if n < lose {
 			b.clock.Advance(2 * budget.ConflictPatience) // the schedule's clock jumps
-			b.kv.set(key, b.kv.value(key))                 // and someone else writes in between
+			b.kv.set(key, b.kv.value(key))               // and someone else writes in between
 		}
 	}
 	b.store.Sleep = (&waits{}).sleep
