@@ -75,7 +75,7 @@ func TestCancelQueuedAndList(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var ids []string
-	for i := range 3 {
+	for i := range 4 {
 		id, err := s.cl.Submit(ctx, &job.Job{Tenant: "acme", Request: body("gpt-4o-mini", fmt.Sprintf("job-%d", i), false)})
 		if err != nil {
 			t.Fatal(err)
@@ -88,7 +88,9 @@ func TestCancelQueuedAndList(t *testing.T) {
 	}
 	// The model takes a call every 5 s: one of acme's jobs may leave at
 	// once, the others wait for the pace. Cancel the newest one still
-	// queued, once ingest has recorded it.
+	// queued, once ingest has recorded it. On a loaded machine ingest may
+	// record them seconds apart, so more than one may have left by then:
+	// a job whose call has left (409 job_running) or is done is skipped.
 	victim := -1
 	natstest.Eventually(t, 30*time.Second, func() error {
 		for i := len(ids) - 1; i >= 0; i-- {
@@ -97,8 +99,8 @@ func TestCancelQueuedAndList(t *testing.T) {
 			switch {
 			case errors.As(err, &apiErr) && apiErr.StatusCode == http.StatusNotFound:
 				return err
-			case errors.As(err, &apiErr) && apiErr.Code == "job_finished":
-				continue // the one that left at once
+			case errors.As(err, &apiErr) && (apiErr.Code == "job_finished" || apiErr.Code == "job_running"):
+				continue // one that left already
 			case err != nil || accepted || got.Status != job.StatusCancelled:
 				t.Fatalf("cancel a queued job: got %+v accepted %v err %v; want cancelled", got, accepted, err)
 			}
@@ -169,8 +171,8 @@ func checkList(t *testing.T, ctx context.Context, c *client.Jobs, mine []string,
 	want := slices.Clone(mine)
 	slices.Sort(want)
 	slices.Reverse(want)
-	if !slices.Equal(listed, want) || pages != 2 {
-		t.Errorf("list in pages of 2: got %v in %d pages, want %v in 2", listed, pages, want)
+	if wantPages := (len(mine) + 1) / 2; !slices.Equal(listed, want) || pages != wantPages {
+		t.Errorf("list in pages of 2: got %v in %d pages, want %v in %d", listed, pages, want, wantPages)
 	}
 	page, err := c.List(ctx, client.ListOptions{Status: job.StatusCancelled})
 	if err != nil || len(page.Data) != 1 || page.Data[0].ID != cancelled || page.Data[0].Status != job.StatusCancelled {
