@@ -7,6 +7,7 @@ package natstest
 
 import (
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -29,10 +30,15 @@ func Server(t testing.TB) *server.Server {
 	return s
 }
 
+// ConnectTimeout bounds a test's dial to its server: far above nats.go's
+// 2 s, which a CPU-starved machine (a whole suite on 2 cores) can exceed
+// on loopback.
+const ConnectTimeout = 30 * time.Second
+
 // Conn connects to s and closes the connection when the test ends.
 func Conn(t testing.TB, s *server.Server) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(s.ClientURL())
+	nc, err := nats.Connect(s.ClientURL(), nats.Timeout(ConnectTimeout))
 	if err != nil {
 		t.Fatal(err)
 	}

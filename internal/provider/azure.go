@@ -104,7 +104,7 @@ func (a *Azure) Do(ctx context.Context, c Call) (*Response, error) {
 	hdr = azureHeader(hdr)
 	r := &Response{Status: status, Header: hdr, Body: resp, RateLimit: ParseRateLimit(hdr, time.Now())}
 	if status >= 200 && status < 300 {
-		r.Usage = ParseUsage(resp)
+		r.Usage, r.Answer = ParseAnswer(resp)
 	}
 	return r, nil
 }

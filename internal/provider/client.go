@@ -87,8 +87,11 @@ type Response struct {
 	// bodies to the OpenAI chat.completion shape and error bodies to the
 	// OpenAI error shape, so callers always see OpenAI shapes; a body it
 	// cannot parse (say, a proxy's HTML error page) is passed through as-is.
-	Body      []byte
-	Usage     job.Usage
+	Body  []byte
+	Usage job.Usage
+	// Answer is the answer's id, model and finish reasons, for its trace
+	// (zero where the client did not read them: a stream, Anthropic).
+	Answer    Answer
 	RateLimit RateLimit
 }
 
@@ -497,7 +500,7 @@ func (o *OpenAI) Do(ctx context.Context, c Call) (*Response, error) {
 	}
 	r := &Response{Status: status, Header: hdr, Body: body, RateLimit: ParseRateLimit(hdr, time.Now())}
 	if status >= 200 && status < 300 {
-		r.Usage = ParseUsage(body)
+		r.Usage, r.Answer = ParseAnswer(body)
 	}
 	return r, nil
 }

@@ -180,22 +180,57 @@ func parseResetDuration(v string) (time.Duration, bool) {
 // which is also what the Anthropic client returns). A body without usage
 // gives zeros. TotalTokens is computed when the provider omits it.
 func ParseUsage(body []byte) job.Usage {
+	u, _ := ParseAnswer(body)
+	return u
+}
+
+// Answer is what a trace reads of a chat.completion besides its usage:
+// its id, model and finish reasons; never its content.
+type Answer struct {
+	ID, Model     string
+	FinishReasons []string
+}
+
+// ParseAnswer is ParseUsage with the answer's id, model and finish
+// reasons, read in the same pass over the body.
+func ParseAnswer(body []byte) (job.Usage, Answer) {
 	var v struct {
-		Usage *wire.ChatUsage `json:"usage"`
+		ID      string          `json:"id"`
+		Model   string          `json:"model"`
+		Choices []answerChoice  `json:"choices"`
+		Usage   *wire.ChatUsage `json:"usage"`
 	}
-	if json.Unmarshal(body, &v) != nil || v.Usage == nil {
-		return job.Usage{}
+	if json.Unmarshal(body, &v) != nil {
+		return job.Usage{}, Answer{}
 	}
+	a := Answer{ID: v.ID, Model: v.Model}
+	for _, c := range v.Choices {
+		if c.FinishReason != "" {
+			a.FinishReasons = append(a.FinishReasons, c.FinishReason)
+		}
+	}
+	if v.Usage == nil {
+		return job.Usage{}, a
+	}
+	return usageOf(v.Usage), a
+}
+
+type answerChoice struct {
+	FinishReason string `json:"finish_reason"`
+}
+
+// usageOf is a provider's usage as Sluice counts it.
+func usageOf(w *wire.ChatUsage) job.Usage {
 	// The provider's answer is input too: a negative or absurd count must
 	// not panic a counter or return budget that was never taken.
 	clamp := func(n int) int { return min(max(n, 0), maxUsage) }
-	u := job.Usage{PromptTokens: clamp(v.Usage.PromptTokens), CompletionTokens: clamp(v.Usage.CompletionTokens), TotalTokens: clamp(v.Usage.TotalTokens)}
-	u.CachedTokens = min(clamp(v.Usage.PromptTokensDetails.CachedTokens), u.PromptTokens)
+	u := job.Usage{PromptTokens: clamp(w.PromptTokens), CompletionTokens: clamp(w.CompletionTokens), TotalTokens: clamp(w.TotalTokens)}
+	u.CachedTokens = min(clamp(w.PromptTokensDetails.CachedTokens), u.PromptTokens)
 	// Reasoning tokens are output tokens (inside completion_tokens as
 	// OpenAI reports them).
-	u.ReasoningTokens = clamp(v.Usage.CompletionTokensDetails.ReasoningTokens)
+	u.ReasoningTokens = clamp(w.CompletionTokensDetails.ReasoningTokens)
 	u.CompletionTokens = max(u.CompletionTokens, u.ReasoningTokens)
-	u.CacheWriteTokens = min(clamp(v.Usage.CacheCreationInputTokens), u.PromptTokens-u.CachedTokens)
+	u.CacheWriteTokens = min(clamp(w.CacheCreationInputTokens), u.PromptTokens-u.CachedTokens)
 	if u.TotalTokens < u.PromptTokens+u.CompletionTokens {
 		u.TotalTokens = u.PromptTokens + u.CompletionTokens
 	}

@@ -37,7 +37,7 @@ func (o *OpenAI) doResponses(ctx context.Context, c Call) (*Response, error) {
 		if conv, err := wire.ResponseToChat(resp); err == nil {
 			r.Body = conv
 		}
-		r.Usage = ParseUsage(r.Body)
+		r.Usage, r.Answer = ParseAnswer(r.Body)
 	}
 	return r, nil
 }

@@ -121,7 +121,7 @@ func GetJob(t testing.TB, ctx context.Context, base, key, id, wait string) map[s
 // a test that failed to find out where a job stopped.
 func DumpStreams(t testing.TB, n Node) {
 	t.Helper()
-	nc, err := nats.Connect(n.NATS, n.NATSOptions...)
+	nc, err := nats.Connect(n.NATS, append([]nats.Option{nats.Timeout(natstest.ConnectTimeout)}, n.NATSOptions...)...)
 	if err != nil {
 		return
 	}
@@ -149,7 +149,7 @@ func DumpStreams(t testing.TB, n Node) {
 // than after a sleep.
 func Quiet(t testing.TB, n Node, within time.Duration) {
 	t.Helper()
-	nc, err := nats.Connect(n.NATS, n.NATSOptions...)
+	nc, err := nats.Connect(n.NATS, append([]nats.Option{nats.Timeout(natstest.ConnectTimeout)}, n.NATSOptions...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

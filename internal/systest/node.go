@@ -58,7 +58,7 @@ func (n Node) Connect(t testing.TB) (*nats.Conn, *client.Client) {
 // and makes a client on the connection; both close when the test ends.
 func Connect(t testing.TB, url string, opts ...nats.Option) (*nats.Conn, *client.Client) {
 	t.Helper()
-	nc, err := nats.Connect(url, append(opts, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))...)
+	nc, err := nats.Connect(url, append([]nats.Option{nats.Timeout(natstest.ConnectTimeout)}, append(opts, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

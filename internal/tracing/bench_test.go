@@ -59,13 +59,13 @@ func oneJob(tr *Tracing) {
 	actx, accept := tr.Start(ctx, SpanAccept)
 	if accept.IsRecording() {
 		accept.SetAttributes(JobID.String("01a23a8d-7b6c-7813-9e58-0df9d18e597f"), Tenant.String("acme"), Via.String("http"),
-			Priority.String("standard"), GenAIRequestModel.String("gpt-4o-mini"), Outcome.String("accepted"), Joined.Bool(false))
+			Priority.String("standard"), GenAIRequestModel.String("gpt-4o-mini"), Outcome.String("accepted"))
 	}
 	accept.End()
 	ToNATS(actx, h)
 	now := time.Now()
 	wait := tr.Record(tr.SpanFromNATS(h), SpanWait, now, now, WaitReason.String("queued"), WaitReasons.StringSlice([]string{"queued"}),
-		Outcome.String("placed"), Delivery.Int64(1))
+		Outcome.String("placed"))
 	d := nats.Header{}
 	SpanToNATS(tr.Record(wait, SpanPlacement, now, now, Deployment.String("sim/gpt-4o-mini"), SendAt.String(now.Format(time.RFC3339Nano))), d)
 	cctx, call := tr.Start(tr.FromNATS(ctx, d), CallName(OperationChat, "gpt-4o-mini"), trace.WithSpanKind(trace.SpanKindClient))

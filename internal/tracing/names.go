@@ -70,10 +70,10 @@ const (
 	WaitReason  = attribute.Key("sluice.wait.reason")  // the main reason (the last one seen)
 	WaitReasons = attribute.Key("sluice.wait.reasons") // every reason seen, in order
 	SendAt      = attribute.Key("sluice.send_at")      // the reservation's planned instant (RFC 3339)
-	Delivery    = attribute.Key("sluice.delivery")     // the message's delivery count
+	Delivery    = attribute.Key("sluice.delivery")     // the message's delivery count (set from the second on)
 	Status      = attribute.Key("sluice.status")       // the result's status
 	ErrorCode   = attribute.Key("sluice.error.code")
-	Joined      = attribute.Key("sluice.joined") // the submission joined an earlier job
+	Joined      = attribute.Key("sluice.joined") // the submission joined an earlier job (set only then)
 )
 
 // Wait reasons that are not admission's budget reasons (those are rpm,

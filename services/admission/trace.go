@@ -87,8 +87,12 @@ func (tr *tracer) endWait(w *waitTrace, end time.Time, outcome string) trace.Spa
 	}
 	// The job's id, tenant and model are on accept's span, in the same
 	// trace.
-	w.parent = tr.mesh.Tracing.Record(w.parent, tracing.SpanWait, w.since, end, tracing.WaitReason.String(reasons[len(reasons)-1]),
-		tracing.WaitReasons.StringSlice(reasons), tracing.Outcome.String(outcome), tracing.Delivery.Int64(int64(w.deliver)))
+	attrs := []attribute.KeyValue{tracing.WaitReason.String(reasons[len(reasons)-1]), tracing.WaitReasons.StringSlice(reasons),
+		tracing.Outcome.String(outcome)}
+	if w.deliver > 1 {
+		attrs = append(attrs, tracing.Delivery.Int64(int64(w.deliver)))
+	}
+	w.parent = tr.mesh.Tracing.Record(w.parent, tracing.SpanWait, w.since, end, attrs...)
 	return w.parent
 }
 

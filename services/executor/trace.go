@@ -1,7 +1,6 @@
 package executor
 
 import (
-	"encoding/json"
 	"errors"
 	"net/url"
 	"strconv"
@@ -48,16 +47,6 @@ func (s *caller) startCall(ctx context.Context, a *attempt) (context.Context, tr
 	return s.mesh.Tracing.Start(ctx, tracing.CallName(op, model), trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 }
 
-// answerMeta is what the call's span reads of an answer: its id, model
-// and finish reasons; never its content.
-type answerMeta struct {
-	ID      string `json:"id"`
-	Model   string `json:"model"`
-	Choices []struct {
-		FinishReason string `json:"finish_reason"`
-	} `json:"choices"`
-}
-
 // endCall ends the call's span with what came back: the answer's id,
 // model, finish reasons and usage, or the error's type (the HTTP status,
 // or how far a failed call got).
@@ -79,15 +68,12 @@ func (s *caller) endCall(span trace.Span, a *attempt) {
 		span.SetAttributes(tracing.ErrorType.String(strconv.Itoa(a.resp.Status)))
 		span.SetStatus(codes.Error, "")
 	default:
-		var m answerMeta
-		if a.end == nil && json.Unmarshal(a.resp.Body, &m) == nil {
-			reasons := make([]string, 0, len(m.Choices))
-			for _, c := range m.Choices {
-				if c.FinishReason != "" {
-					reasons = append(reasons, c.FinishReason)
-				}
+		if a.end == nil {
+			m := a.resp.Answer
+			if m.ID == "" && m.Model == "" && len(m.FinishReasons) == 0 {
+				_, m = provider.ParseAnswer(a.resp.Body) // the client did not read it (Anthropic)
 			}
-			span.SetAttributes(tracing.GenAIResponseID.String(m.ID), tracing.GenAIResponseModel.String(m.Model), tracing.GenAIFinishReasons.StringSlice(reasons))
+			span.SetAttributes(tracing.GenAIResponseID.String(m.ID), tracing.GenAIResponseModel.String(m.Model), tracing.GenAIFinishReasons.StringSlice(m.FinishReasons))
 		}
 		u := a.resp.Usage
 		span.SetAttributes(tracing.GenAIInputTokens.Int(u.PromptTokens), tracing.GenAIOutputTokens.Int(u.CompletionTokens))

@@ -38,8 +38,10 @@ func endAccept(span trace.Span, j *task.Task, held bool, acc Accepted, err error
 		outcome = "joined"
 	}
 	span.SetAttributes(tracing.JobID.String(cmp.Or(acc.JobID, j.ID)), tracing.Tenant.String(j.Tenant), tracing.Via.String(via),
-		tracing.Priority.String(string(j.Priority)), tracing.GenAIRequestModel.String(j.Model), tracing.Outcome.String(outcome),
-		tracing.Joined.Bool(acc.Joined))
+		tracing.Priority.String(string(j.Priority)), tracing.GenAIRequestModel.String(j.Model), tracing.Outcome.String(outcome))
+	if acc.Joined {
+		span.SetAttributes(tracing.Joined.Bool(true))
+	}
 	if err != nil {
 		span.SetStatus(codes.Error, outcome)
 	}
