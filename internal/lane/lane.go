@@ -56,6 +56,22 @@ func Eligible(c *config.Config, j *task.Task, now time.Time) (provider string, l
 	return "", lane, false
 }
 
+// Kept reports whether a job of tenant for model (as the job names it),
+// collected in provider's lane, may still go in a batch under c: its tenant has no spend budget
+// and the deployment's lane is on. A reload can change either while the
+// job waits to be collected.
+func Kept(c *config.Config, tenant, provider, model string) bool {
+	if spendBudgeted(c, tenant) {
+		return false
+	}
+	for _, d := range c.Group(model) {
+		if _, on := d.Model.Lane(); on && d.Provider.Name == provider {
+			return true
+		}
+	}
+	return false
+}
+
 // spendBudgeted reports whether tenant has a spend budget (tenants[].spend
 // with a cap).
 func spendBudgeted(c *config.Config, tenant string) bool {

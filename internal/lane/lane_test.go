@@ -1,6 +1,7 @@
 package lane_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -50,6 +51,40 @@ tenants:
 		p, _, ok := lane.Eligible(c, &tc.j, now)
 		if p != tc.want || ok != (tc.want != "") {
 			t.Errorf("%s: got %q (%v), want %q", tc.name, p, ok, tc.want)
+		}
+	}
+}
+
+// TestKept: a collected job stays in its lane only while its tenant has no
+// spend budget and its deployment's lane is on, as the configuration now
+// says (a reload may have changed either).
+func TestKept(t *testing.T) {
+	t.Parallel()
+	parse := func(tenantSpend, lane string) *config.Config {
+		c, err := config.Parse(fmt.Appendf(nil, `providers:
+  - name: b
+    base_url: "http://127.0.0.1:2/v1"
+    models: [{name: m, price: {input_per_mtok: 1, output_per_mtok: 4}, batch: {enabled: %s}}]
+tenants:
+  - {name: acme%s}
+`, lane, tenantSpend))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	for _, tc := range []struct {
+		name           string
+		c              *config.Config
+		provider, want string
+	}{
+		{"as collected", parse("", "true"), "b", "kept"},
+		{"tenant given a spend budget", parse(", spend: {per_day: 5}", "true"), "b", ""},
+		{"lane turned off", parse("", "false"), "b", ""},
+		{"another provider's lane", parse("", "true"), "a", ""},
+	} {
+		if got := lane.Kept(tc.c, "acme", tc.provider, "m"); got != (tc.want != "") {
+			t.Errorf("%s: Kept %v, want %v", tc.name, got, tc.want != "")
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/natstest"
 	"github.com/sluice-dev/sluice/pkg/client"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -483,5 +484,68 @@ func TestBatchLaneSpendBudgetedTenant(t *testing.T) {
 	}
 	if batch, sync := billed(t, s, results); batch != 0 || sync != 5 {
 		t.Errorf("%d results from batch lines, %d synchronous; want every job of a spend-budgeted tenant in the normal lane", batch, sync)
+	}
+}
+
+// TestBatchLaneReloadGivesSpendBudget: jobs collected in the lane whose
+// tenant a reload then gives a spend budget leave the lane for the normal
+// one (where the spend gate holds) instead of waiting for their batch.
+// Their batch is an hour off (collect: 1h): on the old code they waited
+// for it and the test runs out of time.
+func TestBatchLaneReloadGivesSpendBudget(t *testing.T) {
+	t.Parallel()
+	s, url := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 600, TPM: 10000000}}, APIKeys: []string{"sim-secret"},
+		Batch: sim.BatchConfig{Duration: 200 * time.Millisecond}})
+	before := laneConfig(url, 600, "collect: 1h, min_deadline: 1m, rescue: 30s, poll: 100ms")
+	after := strings.Replace(before, "{name: acme, api_key_env: ACME_KEY}", "{name: acme, api_key_env: ACME_KEY, spend: {per_day: 100}}", 1)
+	var mu sync.Mutex
+	yaml := before
+	load := func() (*config.Config, string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		c, err := config.Parse([]byte(yaml))
+		if err != nil {
+			return nil, "", err
+		}
+		c.Server.Metrics = "127.0.0.1:0" // as StartWith sets it
+		return c, fmt.Sprint(len(yaml)), nil
+	}
+	reloads := make(chan string)
+	var log SyncBuffer
+	n := StartWith(t, before, Setup{Env: Env, Log: &log, Level: slog.LevelInfo, Load: load, Reloads: reloads})
+	_, cl := n.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const jobs = 3
+	done := make(chan []*job.Result, 1)
+	go func() { done <- runJobs(t, ctx, cl, jobs, job.Batch, 2*time.Hour) }()
+	natstest.Eventually(t, 30*time.Second, func() error {
+		if got := MetricSum(t, n.MetricsURL(), "sluice_lane_jobs_total", `outcome="diverted"`); got < jobs {
+			return fmt.Errorf("%v of %d jobs in the lane", got, jobs)
+		}
+		return nil
+	})
+	mu.Lock()
+	yaml = after
+	mu.Unlock()
+	select {
+	case reloads <- "test":
+	case <-ctx.Done():
+		t.Fatal("the node did not take the reload request")
+	}
+	var results []*job.Result
+	select {
+	case results = <-done:
+	case <-ctx.Done():
+		t.Fatalf("the jobs stayed in the lane after their tenant was given a spend budget")
+	}
+	if t.Failed() {
+		return
+	}
+	if batch, sync := billed(t, s, results); batch != 0 || sync != jobs {
+		t.Errorf("%d results from batch lines, %d synchronous; want every job back in the normal lane", batch, sync)
+	}
+	if !strings.Contains(log.String(), "no longer for the batch lane") {
+		t.Error("no log line says why the jobs left the lane")
 	}
 }

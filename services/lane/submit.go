@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	ilane "github.com/sluice-dev/sluice/internal/lane"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/provider"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -34,14 +35,20 @@ type submitter struct {
 }
 
 // divertDue sends to the normal lane the pending jobs that could no longer
-// finish in a batch before their rescue point (they waited for room).
+// finish in a batch before their rescue point (they waited for room), and
+// those a reload took off the lane (their tenant has a spend budget now,
+// which only the normal lane's gate holds, or the lane is off).
 func (c *submitter) divertDue(ctx context.Context) {
-	now := c.now()
+	now, app := c.now(), c.app()
 	kept := c.jobs.pending[:0]
 	for _, key := range c.jobs.pending {
 		h := c.jobs.held[key]
 		if h.j.Deadline != nil && !now.Before(h.j.Deadline.Add(-c.lane.Rescue.D()-c.lane.Collect.D())) {
 			c.fin.toSync(ctx, h, "", "too near its deadline for a batch")
+			continue
+		}
+		if !ilane.Kept(app, h.j.Tenant, c.provider, h.j.Model) {
+			c.fin.toSync(ctx, h, "", "no longer for the batch lane (a spend budget, or the lane off, since a reload)")
 			continue
 		}
 		kept = append(kept, key)
