@@ -1,6 +1,8 @@
 package lane
 
 import (
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -38,5 +40,31 @@ func TestDecide(t *testing.T) {
 		if got := c.decide(h, tc.r); got != tc.want {
 			t.Errorf("%s: decided %q, want %q", tc.name, got, tc.want)
 		}
+	}
+}
+
+// A batch takes one job of each tenant in turn: a tenant that queued
+// first with many jobs does not fill the batch ahead of the others.
+func TestByTenant(t *testing.T) {
+	t.Parallel()
+	jobs := map[string]*held{}
+	var pending []string
+	add := func(tenant string, n int) {
+		for i := range n {
+			key := fmt.Sprintf("%s.%d", tenant, i)
+			jobs[key] = &held{j: &task.Task{Job: job.Job{Tenant: tenant}}}
+			pending = append(pending, key)
+		}
+	}
+	add("big", 4)
+	add("small", 1)
+	add("mid", 2)
+	got := byTenant(pending, jobs)
+	want := []string{"big.0", "small.0", "mid.0", "big.1", "mid.1", "big.2", "big.3"}
+	if !slices.Equal(got, want) {
+		t.Errorf("order %v, want %v", got, want)
+	}
+	if one := byTenant(pending[:4], jobs); !slices.Equal(one, pending[:4]) {
+		t.Errorf("one tenant's jobs: %v, want arrival order", one)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -57,7 +58,8 @@ func (c *submitter) divertDue(ctx context.Context) {
 }
 
 // submitDue sends the pending jobs as one batch once they were collected
-// for collect (or fill max_lines), within the room the budget has.
+// for collect (or fill max_lines), within the room the budget has, taken
+// tenant by tenant in turn (byTenant).
 func (c *submitter) submitDue(ctx context.Context) {
 	now := c.now()
 	if len(c.jobs.pending) == 0 || now.Before(c.waitTil) || (now.Sub(c.jobs.since) < c.lane.Collect.D() && len(c.jobs.pending) < c.lane.MaxLines) {
@@ -70,7 +72,8 @@ func (c *submitter) submitDue(ctx context.Context) {
 	}
 	var take []*held
 	var amount int64
-	for _, key := range c.jobs.pending {
+	order := byTenant(c.jobs.pending, c.jobs.held)
+	for _, key := range order {
 		h := c.jobs.held[key]
 		cost := c.costOf(h)
 		if len(take) == c.most || amount+cost > room {
@@ -79,8 +82,8 @@ func (c *submitter) submitDue(ctx context.Context) {
 		take, amount = append(take, h), amount+cost
 	}
 	if len(take) == 0 {
-		if h := c.jobs.held[c.jobs.pending[0]]; c.limit > 0 && c.costOf(h) > c.limit {
-			c.jobs.pending = c.jobs.pending[1:]
+		if h := c.jobs.held[order[0]]; c.limit > 0 && c.costOf(h) > c.limit {
+			c.jobs.pending = slices.DeleteFunc(c.jobs.pending, func(k string) bool { return k == order[0] })
 			c.fin.toSync(ctx, h, "", "larger alone than the lane's batch budget")
 			return
 		}
@@ -105,9 +108,41 @@ func (c *submitter) submitDue(ctx context.Context) {
 		return
 	}
 	c.recs.batches[rec.ID] = o
-	c.jobs.pending = c.jobs.pending[len(take):]
+	taken := make(map[string]bool, len(take))
+	for _, h := range take {
+		taken[h.j.Key()] = true
+	}
+	c.jobs.pending = slices.DeleteFunc(c.jobs.pending, func(k string) bool { return taken[k] })
 	c.jobs.since = now
 	c.submit(ctx, o, take)
+}
+
+// byTenant is the pending jobs in the order a batch takes them: one of
+// each tenant's in turn, each tenant's in arrival order, the tenants in
+// the order of their oldest job. One tenant's backlog does not fill the
+// batch (or the lane's budget) ahead of the others' jobs.
+func byTenant(pending []string, held map[string]*held) []string {
+	var tenants []string
+	queues := map[string][]string{}
+	for _, key := range pending {
+		t := held[key].j.Tenant
+		if _, ok := queues[t]; !ok {
+			tenants = append(tenants, t)
+		}
+		queues[t] = append(queues[t], key)
+	}
+	if len(tenants) < 2 {
+		return pending
+	}
+	out := make([]string, 0, len(pending))
+	for len(out) < len(pending) {
+		for _, t := range tenants {
+			if q := queues[t]; len(q) > 0 {
+				out, queues[t] = append(out, q[0]), q[1:]
+			}
+		}
+	}
+	return out
 }
 
 // costOf is what a job holds of the budget: its prompt estimate (OpenAI's
