@@ -126,6 +126,11 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	if len(args) > 0 && args[0] == "overhead" {
 		return runBenchOverhead(ctx, args[1:], stdout, stderr)
 	}
+	if len(args) == 1 && args[0] == "trace-sink" {
+		// The OTLP/HTTP receiver `bench overhead --trace` starts in a
+		// process of its own; it ends when its standard input does.
+		return bench.ServeSpanSink(os.Stdin, stdout)
+	}
 	if len(args) > 0 && args[0] == "anthropic-cache" {
 		return runBenchAnthropic(ctx, args[1:], stdout, stderr) // bench_anthropic.go
 	}
@@ -338,7 +343,7 @@ func runBenchOverhead(ctx context.Context, args []string, stdout, stderr io.Writ
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run (runtime/pprof) to this file")
 	jsonPath := fs.String("json", "", "write the figures here as JSON")
-	trace := fs.Bool("trace", false, "run the node with tracing on: every trace sampled, exported over OTLP/HTTP to a receiver the benchmark starts on loopback")
+	trace := fs.Bool("trace", false, "run the node with tracing on: every trace sampled, exported over OTLP/HTTP to a receiver the benchmark starts on loopback in a process of its own (sluice bench trace-sink), as a collector would run")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}
@@ -377,9 +382,17 @@ func runBenchOverhead(ctx context.Context, args []string, stdout, stderr io.Writ
 	if !*floor {
 		floorJobs = -1
 	}
+	var sink []string
+	if *trace {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("--trace: %w", err)
+		}
+		sink = []string{exe, "bench", "trace-sink"}
+	}
 	began := time.Now()
 	rep, err := bench.Overhead(ctx, bench.OverheadOptions{Jobs: *jobs, Concurrency: *conc, Serial: *serial, Warmup: *warmup,
-		Closed: *closed, Secure: *secure, JetStreamOps: jetStreamOps, Timeout: *timeout, Cluster: *cluster, FloorJobs: floorJobs, Trace: *trace}, nil)
+		Closed: *closed, Secure: *secure, JetStreamOps: jetStreamOps, Timeout: *timeout, Cluster: *cluster, FloorJobs: floorJobs, Trace: *trace, SinkCommand: sink}, nil)
 	if perr := stopProfile(); perr != nil && err == nil {
 		err = fmt.Errorf("--cpuprofile: %w", perr)
 	}

@@ -40,8 +40,12 @@ type OverheadOptions struct {
 	// with every service; not with Secure.
 	Cluster int
 	// Trace runs the node with tracing on: every trace sampled, exported
-	// over OTLP/HTTP to a receiver on loopback in this process.
-	Trace bool
+	// over OTLP/HTTP to a receiver on loopback: SinkCommand (a command
+	// that runs ServeSpanSink, as `sluice bench trace-sink` does) in a
+	// process of its own, so that the receiver's CPU is not counted as
+	// Sluice's; nil: in this process.
+	Trace       bool
+	SinkCommand []string
 }
 
 func (o OverheadOptions) withDefaults() OverheadOptions {
@@ -116,6 +120,7 @@ type OverheadReport struct {
 	// whole run (serial, warm-up and loaded), once the node flushed.
 	Traced      bool    `json:"traced"`
 	SpansPerJob float64 `json:"spans_per_job,omitempty"`
+	SinkProcess bool    `json:"sink_process,omitempty"` // the receiver ran in a process of its own
 	// Serial is the one-job-at-a-time test's added latency (unloaded),
 	// SerialEndToEnd its submission-to-result latency.
 	Serial         Quantiles `json:"serial_added"`
@@ -207,14 +212,13 @@ func Overhead(ctx context.Context, opt OverheadOptions, progress func()) (*Overh
 	defer stopSim()
 	spec := nodeSpec{providerURL: url + "/v1", maxConcurrency: max(opt.Concurrency, 64) * 4,
 		retry: DefaultRetry, maxElapsed: time.Minute, log: opt.Log, nats: map[bool]natsMode{false: natsOpen, true: natsSecure}[opt.Secure], cluster: opt.Cluster}
-	sink := &spanSink{}
+	sink, err := startSink(opt, rep)
+	if err != nil {
+		return nil, err
+	}
+	defer sink.stop()
 	if opt.Trace {
-		sinkURL, stopSink, err := serve(sink)
-		if err != nil {
-			return nil, err
-		}
-		defer stopSink()
-		spec.env, rep.Traced = traceEnv(sinkURL), true
+		spec.env = traceEnv(sink.url)
 	}
 	n, err := startNode(ctx, spec)
 	if err != nil {
@@ -239,7 +243,7 @@ func Overhead(ctx context.Context, opt OverheadOptions, progress func()) (*Overh
 		if err := n.stop(); err != nil {
 			return rep, err
 		}
-		spans, err := sink.spans()
+		spans, err := sink.count()
 		if err != nil {
 			return rep, err
 		}
@@ -470,7 +474,8 @@ func WriteOverhead(out io.Writer, r *OverheadReport) {
 		fmt.Fprintf(out, "cpu: %.3f ms of process CPU (user + system) per job in the loaded test\n", r.CPUPerJobMS)
 	}
 	if r.Traced {
-		fmt.Fprintf(out, "tracing: on (always_on, OTLP/HTTP to a receiver in process); %.2f spans received per job\n", r.SpansPerJob)
+		where := map[bool]string{false: "in process", true: "in a process of its own"}[r.SinkProcess]
+		fmt.Fprintf(out, "tracing: on (always_on, OTLP/HTTP to a receiver %s); %.2f spans received per job\n", where, r.SpansPerJob)
 	}
 	if r.CeilingJobsPerS > 0 {
 		js, b, a := r.JetStream, r.JetStreamBefore, r.JetStreamAfter
