@@ -38,7 +38,14 @@ func StreamParams(prompt string, maxTokens int64) openai.ChatCompletionNewParams
 // unless it holds a result.
 func JobResult(t testing.TB, n Node, id string) *job.Result {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, n.HTTP+"/v1/jobs/"+id+"?wait=20s", nil)
+	return JobResultWithin(t, n, id, "20s")
+}
+
+// JobResultWithin is JobResult waiting up to wait (a duration, at most
+// the server's bound on ?wait).
+func JobResultWithin(t testing.TB, n Node, id, wait string) *job.Result {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, n.HTTP+"/v1/jobs/"+id+"?wait="+wait, nil)
 	req.Header.Set("Authorization", "Bearer "+Env["ACME_KEY"])
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
