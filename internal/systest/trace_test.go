@@ -10,6 +10,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -245,7 +246,7 @@ func checkTrace(t *testing.T, rc *otlpReceiver, traceID, callerSpan, secret stri
 	if r := attr(wait, "sluice.wait.reason"); r.GetStringValue() == "" {
 		t.Errorf("wait span without a reason: %v", wait.GetAttributes())
 	}
-	call := named(spans, "chat gpt-4o-mini")[0]
+	call := answered(t, spans)
 	if call.GetKind() != tracepb.Span_SPAN_KIND_CLIENT {
 		t.Errorf("call span kind %v, want client", call.GetKind())
 	}
@@ -268,20 +269,38 @@ func checkTrace(t *testing.T, rc *otlpReceiver, traceID, callerSpan, secret stri
 	}
 }
 
+// answered is the trace's call span that the provider answered (no
+// error.type). A loaded machine may add an attempt before it: a paced
+// call refused as late by its executor never leaves (error.type connect)
+// and is placed again.
+func answered(t *testing.T, spans []*tracepb.Span) *tracepb.Span {
+	t.Helper()
+	for _, s := range named(spans, "chat gpt-4o-mini") {
+		if attr(s, "error.type").GetStringValue() == "" {
+			return s
+		}
+	}
+	t.Fatalf("no call span without an error among %d spans", len(spans))
+	return nil
+}
+
 // checkRetried checks that a retried job's trace shows both calls: the
 // first failed with the provider's 500.
 func checkRetried(t *testing.T, rc *otlpReceiver, traceID string) {
 	t.Helper()
 	spans := waitSpans(t, rc, traceID, map[string]int{"chat gpt-4o-mini": 2, "sluice.result": 1})
-	attempts := map[int64]string{}
+	// An attempt's number may show twice: a call refused as late by its
+	// executor (a loaded machine) never left and spent no attempt.
+	attempts := map[int64][]string{}
 	for _, s := range named(spans, "chat gpt-4o-mini") {
-		attempts[attr(s, "sluice.attempt").GetIntValue()] = attr(s, "error.type").GetStringValue()
+		n := attr(s, "sluice.attempt").GetIntValue()
+		attempts[n] = append(attempts[n], attr(s, "error.type").GetStringValue())
 	}
-	if e, ok := attempts[1]; !ok || e != "500" {
-		t.Errorf("attempt 1: error.type %q (seen %v), want 500", e, ok)
+	if !slices.Contains(attempts[1], "500") {
+		t.Errorf("attempt 1: error types %q, want the provider's 500", attempts[1])
 	}
-	if e, ok := attempts[2]; !ok || e != "" {
-		t.Errorf("attempt 2: error.type %q (seen %v), want a success", e, ok)
+	if !slices.Contains(attempts[2], "") {
+		t.Errorf("attempt 2: error types %q, want a success", attempts[2])
 	}
 }
 
@@ -289,7 +308,7 @@ func checkRetried(t *testing.T, rc *otlpReceiver, traceID string) {
 // traceparent.
 func checkProviderParent(t *testing.T, rc *otlpReceiver, traceID string, parents func() []string) {
 	t.Helper()
-	call := named(rc.trace(traceID), "chat gpt-4o-mini")[0]
+	call := answered(t, rc.trace(traceID))
 	want := "00-" + traceID + "-" + hex.EncodeToString(call.GetSpanId()) + "-01"
 	for _, p := range parents() {
 		if p == want {
