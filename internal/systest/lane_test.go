@@ -119,7 +119,7 @@ func TestBatchLaneTakesBatchWork(t *testing.T) {
 		Batch: sim.BatchConfig{Duration: time.Second}})
 	n := StartLogged(t, laneConfig(url, 600, "collect: 500ms, min_deadline: 1m, rescue: 30s, poll: 100ms"), Env)
 	_, cl := n.Connect(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second) // 320 jobs; a few seconds on a quiet machine
 	defer cancel()
 	var lane, inter []*job.Result
 	var wg sync.WaitGroup
@@ -165,12 +165,15 @@ func TestBatchLaneTakesBatchWork(t *testing.T) {
 func TestBatchLaneRescue(t *testing.T) {
 	t.Parallel()
 	s, url := StartSim(t, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: 6000, TPM: 10000000}}, APIKeys: []string{"sim-secret"},
-		Batch: sim.BatchConfig{Duration: 20 * time.Second}})
-	n := StartLogged(t, laneConfig(url, 6000, "collect: 300ms, min_deadline: 6s, rescue: 5s, poll: 100ms"), Env)
+		Batch: sim.BatchConfig{Duration: 60 * time.Second}})
+	// Deadlines 20 s away: rescued 8 s before, a fifth of the batch done;
+	// margins a loaded machine keeps.
+	n := StartLogged(t, laneConfig(url, 6000, "collect: 1s, min_deadline: 12s, rescue: 8s, poll: 100ms"), Env)
 	_, cl := n.Connect(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	results := runJobs(t, ctx, cl, 30, job.Batch, 9*time.Second)
+	const deadline = 20 * time.Second
+	results := runJobs(t, ctx, cl, 30, job.Batch, deadline)
 	if t.Failed() {
 		return
 	}
@@ -188,12 +191,13 @@ func TestBatchLaneRescue(t *testing.T) {
 		t.Errorf("%d lines cancelled, %d jobs run synchronously: want the cancelled ones, and only them", cancelled, sync)
 	}
 	for _, r := range results {
-		if r.CompletedAt.After(r.SubmittedAt.Add(9 * time.Second)) {
+		if r.CompletedAt.After(r.SubmittedAt.Add(deadline)) {
 			t.Errorf("job %s completed %s after its submission, past its deadline", r.JobID, r.CompletedAt.Sub(r.SubmittedAt))
 		}
 	}
-	if got := MetricSum(t, n.MetricsURL(), "sluice_lane_batches_total", `state="rescued"`); got != 1 {
-		t.Errorf("sluice_lane_batches_total{state=rescued} = %g, want 1", got)
+	// One batch, or more where the jobs came in over more than collect.
+	if got := MetricSum(t, n.MetricsURL(), "sluice_lane_batches_total", `state="rescued"`); got < 1 {
+		t.Errorf("sluice_lane_batches_total{state=rescued} = %g, want at least 1", got)
 	}
 }
 
