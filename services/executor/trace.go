@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/url"
 	"strconv"
+	"sync"
 
 	"context"
 
@@ -40,8 +41,8 @@ func (s *caller) startCall(ctx context.Context, a *attempt) (context.Context, tr
 	}
 	if p, _, ok := s.app().Deployment(j.Provider, j.Model); ok {
 		attrs = append(attrs, tracing.GenAIProvider.String(tracing.ProviderName(p.Kind)))
-		if u, err := url.Parse(p.BaseURL); err == nil && u.Hostname() != "" {
-			attrs = append(attrs, tracing.ServerAddress.String(u.Hostname()))
+		if h := hostOf(p.BaseURL); h != "" {
+			attrs = append(attrs, tracing.ServerAddress.String(h))
 		}
 	}
 	return s.mesh.Tracing.Start(ctx, tracing.CallName(op, model), trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
@@ -68,17 +69,36 @@ func (s *caller) endCall(span trace.Span, a *attempt) {
 		span.SetAttributes(tracing.ErrorType.String(strconv.Itoa(a.resp.Status)))
 		span.SetStatus(codes.Error, "")
 	default:
+		// One SetAttributes: each call grows the span's attributes anew.
+		u := a.resp.Usage
+		attrs := make([]attribute.KeyValue, 0, 7)
+		attrs = append(attrs, tracing.GenAIInputTokens.Int(u.PromptTokens), tracing.GenAIOutputTokens.Int(u.CompletionTokens))
+		if u.CachedTokens > 0 || u.CacheWriteTokens > 0 {
+			attrs = append(attrs, tracing.GenAICacheReadTokens.Int(u.CachedTokens), tracing.GenAICacheWrite.Int(u.CacheWriteTokens))
+		}
 		if a.end == nil {
 			m := a.resp.Answer
 			if m.ID == "" && m.Model == "" && len(m.FinishReasons) == 0 {
 				_, m = provider.ParseAnswer(a.resp.Body) // the client did not read it (Anthropic)
 			}
-			span.SetAttributes(tracing.GenAIResponseID.String(m.ID), tracing.GenAIResponseModel.String(m.Model), tracing.GenAIFinishReasons.StringSlice(m.FinishReasons))
+			attrs = append(attrs, tracing.GenAIResponseID.String(m.ID), tracing.GenAIResponseModel.String(m.Model), tracing.GenAIFinishReasons.StringSlice(m.FinishReasons))
 		}
-		u := a.resp.Usage
-		span.SetAttributes(tracing.GenAIInputTokens.Int(u.PromptTokens), tracing.GenAIOutputTokens.Int(u.CompletionTokens))
-		if u.CachedTokens > 0 || u.CacheWriteTokens > 0 {
-			span.SetAttributes(tracing.GenAICacheReadTokens.Int(u.CachedTokens), tracing.GenAICacheWrite.Int(u.CacheWriteTokens))
-		}
+		span.SetAttributes(attrs...)
 	}
+}
+
+// hosts caches each configured base URL's host name (server.address): a
+// few per configuration, parsed once instead of on every call.
+var hosts sync.Map // base URL -> host name
+
+func hostOf(baseURL string) string {
+	if h, ok := hosts.Load(baseURL); ok {
+		return h.(string)
+	}
+	h := ""
+	if u, err := url.Parse(baseURL); err == nil {
+		h = u.Hostname()
+	}
+	hosts.Store(baseURL, h)
+	return h
 }
