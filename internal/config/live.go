@@ -31,6 +31,15 @@ func NewLive(c *Config) *Live {
 // Load returns the configuration in effect.
 func (l *Live) Load() *Config { return l.p.Load() }
 
+// Or is the configuration in effect, or fallback when l is nil (a
+// service built without a live configuration: tests).
+func (l *Live) Or(fallback *Config) *Config {
+	if l == nil {
+		return fallback
+	}
+	return l.p.Load()
+}
+
 // Store puts c in effect and wakes those waiting on Next.
 func (l *Live) Store(c *Config) {
 	l.p.Store(c)
@@ -40,8 +49,11 @@ func (l *Live) Store(c *Config) {
 	l.mu.Unlock()
 }
 
-// Next is closed by the next Store.
+// Next is closed by the next Store (never, when l is nil).
 func (l *Live) Next() <-chan struct{} {
+	if l == nil {
+		return nil
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.next

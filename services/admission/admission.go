@@ -203,20 +203,10 @@ func newService(e *env) *Service {
 
 // app is the configuration in effect (cfg.App for an env built
 // without New, in tests).
-func (e *env) app() *config.Config {
-	if e.live == nil {
-		return e.cfg.App
-	}
-	return e.live.Load()
-}
+func (e *env) app() *config.Config { return e.live.Or(e.cfg.App) }
 
 // nextReload is closed by the next reload (never, without New).
-func (e *env) nextReload() <-chan struct{} {
-	if e.live == nil {
-		return nil
-	}
-	return e.live.Next()
-}
+func (e *env) nextReload() <-chan struct{} { return e.live.Next() }
 
 // UnitQuantum is the per-second cap of a unit limited to limit per minute:
 // limit x burst_fraction, rounded up (0: unlimited).

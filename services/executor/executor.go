@@ -108,20 +108,10 @@ type env struct {
 
 // app is the configuration in effect (cfg.App for a Service built
 // without New, in tests).
-func (s *env) app() *config.Config {
-	if s.live == nil {
-		return s.cfg.App
-	}
-	return s.live.Load()
-}
+func (s *env) app() *config.Config { return s.live.Or(s.cfg.App) }
 
 // nextReload is closed by the next reload (never, without New).
-func (s *env) nextReload() <-chan struct{} {
-	if s.live == nil {
-		return nil
-	}
-	return s.live.Next()
-}
+func (s *env) nextReload() <-chan struct{} { return s.live.Next() }
 
 // Service is the executor service: it consumes DISPATCH, verifies each
 // job and runs its attempt through the parts it wires (see the package

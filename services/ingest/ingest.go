@@ -186,12 +186,7 @@ type intake struct {
 
 // app is the configuration in effect (cfg.App for a Service built
 // without New, in tests).
-func (s *deps) app() *config.Config {
-	if s.live == nil {
-		return s.cfg.App
-	}
-	return s.live.Load()
-}
+func (s *deps) app() *config.Config { return s.live.Or(s.cfg.App) }
 
 // keyAllows refuses a model the caller's API key may not call (its
 // api_keys entry lists others), as OpenAI answers a model the key cannot

@@ -95,12 +95,7 @@ func Enabled(c *config.Config) bool {
 	return false
 }
 
-func (s *Service) app() *config.Config {
-	if s.cfg.Live != nil {
-		return s.cfg.Live.Load()
-	}
-	return s.cfg.App
-}
+func (s *Service) app() *config.Config { return s.cfg.Live.Or(s.cfg.App) }
 
 // Run runs the collectors until ctx ends. It hands nothing over: a
 // stopped process's leases lapse and its LANE messages are redelivered

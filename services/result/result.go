@@ -82,12 +82,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 
 // app is the configuration in effect (cfg.App for a Service built
 // without New, in tests).
-func (s *Service) app() *config.Config {
-	if s.live == nil {
-		return s.cfg.App
-	}
-	return s.live.Load()
-}
+func (s *Service) app() *config.Config { return s.live.Or(s.cfg.App) }
 
 // Run consumes RESULTS until ctx ends.
 func (s *Service) Run(ctx context.Context) error {
