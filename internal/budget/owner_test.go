@@ -154,11 +154,11 @@ func TestOwnerServes(t *testing.T) {
 	}
 }
 
-// TestOwnerNeverOverAdmits is a property over the schedule: three
-// processes place and give back at random on one model near its limits,
-// one the owner, one asking it, one writing the KV itself. The calls sent
-// at their instants (those not given back) must pass a provider that
-// enforces the minute and the second.
+// TestOwnerNeverOverAdmits is a property over the schedule: four
+// processes place and give back at random on one model near its limits:
+// two owners at once (a handover), one asking them, one writing the KV
+// itself. The calls sent at their instants (those not given back) must
+// pass a provider that enforces the minute and the second.
 func TestOwnerNeverOverAdmits(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Server(t)
@@ -166,7 +166,14 @@ func TestOwnerNeverOverAdmits(t *testing.T) {
 	lim := budget.Limits{RPM: 600, TPM: 30_000} // 10 requests, 500 tokens a second
 	owner := newProc(t, srv, time.Minute, time.Second)
 	becomeOwnerOf(t, owner, key, lim)
-	procs := []*proc{owner, newProc(t, srv, time.Minute, time.Second), newProc(t, srv, 0, 0)}
+	second := newProc(t, srv, time.Minute, time.Second)
+	natstest.Eventually(t, 5*time.Second, func() error {
+		if !second.owners.Own(key) {
+			return errors.New("the second owner does not serve")
+		}
+		return nil
+	})
+	procs := []*proc{owner, second, newProc(t, srv, time.Minute, time.Second), newProc(t, srv, 0, 0)}
 	var mu sync.Mutex
 	sent := map[time.Time][]budget.Cost{}
 	var wg sync.WaitGroup
@@ -195,8 +202,8 @@ func TestOwnerNeverOverAdmits(t *testing.T) {
 	if refused := strictProvider(sends, lim.RPM, lim.TPM); refused > 0 {
 		t.Fatalf("the provider refuses %d of %d calls", refused, len(sends))
 	}
-	if procs[1].n(budget.PathForwarded) == 0 || owner.n(budget.PathServed) == 0 {
-		t.Fatalf("forwarded %d, served %d: want both paths used", procs[1].n(budget.PathForwarded), owner.n(budget.PathServed))
+	if procs[2].n(budget.PathForwarded) == 0 || owner.n(budget.PathServed) == 0 || second.n(budget.PathServed) == 0 {
+		t.Fatalf("forwarded %d, served %d and %d: want every path used", procs[2].n(budget.PathForwarded), owner.n(budget.PathServed), second.n(budget.PathServed))
 	}
 }
 

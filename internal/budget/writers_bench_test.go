@@ -24,8 +24,9 @@ import (
 // not use in one write, as the executors' coalescing does when calls end
 // together. owner: each reserves and gives back per call as per-call
 // does, through the schedule's owner (the first writer; owner.go), which
-// applies what all ask in one compare-and-set. It reports reservations/s
-// and lost compare-and-sets per reservation (docs/BENCHMARKS.md).
+// applies what all ask in one compare-and-set. It reports reservations/s,
+// and lost and successful compare-and-sets per reservation
+// (docs/BENCHMARKS.md).
 func BenchmarkWriters(b *testing.B) {
 	for _, mode := range []string{"per-call", "batched", "owner"} {
 		for _, n := range []int{1, 2, 4, 8} {
@@ -38,7 +39,7 @@ func benchWriters(b *testing.B, writers int, mode string) {
 	ctx := context.Background()
 	srv := natstest.Server(b)
 	stores := make([]*budget.Store, writers)
-	var conflicts atomic.Int64
+	var conflicts, writes atomic.Int64
 	key := budget.ModelKey("openai", "bench")
 	// Limits far above what the writers reach: the store, not the limit,
 	// bounds the rate.
@@ -52,6 +53,7 @@ func benchWriters(b *testing.B, writers int, mode string) {
 		p := newProc(b, srv, ttl, time.Second)
 		stores[i] = p.st
 		stores[i].Conflicts = func() { conflicts.Add(1) }
+		stores[i].Writes = func() { writes.Add(1) }
 		if i == 0 && mode == "owner" {
 			// The first writer owns the schedule before the clock starts.
 			natstest.Eventually(b, 10*time.Second, func() error {
@@ -65,6 +67,7 @@ func benchWriters(b *testing.B, writers int, mode string) {
 			})
 		}
 	}
+	writes.Store(0)
 	var left atomic.Int64
 	left.Store(int64(b.N))
 	var wg sync.WaitGroup
@@ -91,6 +94,7 @@ func benchWriters(b *testing.B, writers int, mode string) {
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "reservations/s")
 	b.ReportMetric(float64(conflicts.Load())/float64(b.N), "conflicts/reservation")
+	b.ReportMetric(float64(writes.Load())/float64(b.N), "writes/reservation")
 	b.ReportMetric(0, "ns/op")
 }
 
