@@ -302,12 +302,6 @@ func TestOwnerKilledTakesOver(t *testing.T) {
 	if used.Requests != taken {
 		t.Fatalf("the schedule holds %d requests, want the %d placed", used.Requests, taken)
 	}
-	// An owner that stops gives its record up: a is gone, and b's, once
-	// stopped, is deleted.
-	b.stop()
-	if _, err := b.kv.Get(context.Background(), keys.ScheduleOwner(key)); !errors.Is(err, jetstream.ErrKeyNotFound) {
-		t.Fatalf("b stopped: its record: %v, want deleted", err)
-	}
 }
 
 // TestOwnerSilentFallback: an owner that never answers (hung) costs an
@@ -352,5 +346,38 @@ func TestOwnerSilentFallback(t *testing.T) {
 	}
 	if used.Requests != 1 || used.Tokens != 107 {
 		t.Fatalf("the schedule holds %d requests, %d tokens; want 1, 107 (the give-back left spent)", used.Requests, used.Tokens)
+	}
+}
+
+// TestOwnerStopsHandsOver: an owner that stops deletes its record, and
+// the asker creates it and owns the schedule at its next election. No
+// placement is lost.
+func TestOwnerStopsHandsOver(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Server(t)
+	key := budget.ModelKey("openai", "handed")
+	a := newProc(t, srv, time.Minute, time.Second)
+	taken := becomeOwner(t, a, key)
+	b := newProc(t, srv, 300*time.Millisecond, time.Second)
+	takeOne(t, b, key)
+	taken++
+	a.stop()
+	if _, err := a.kv.Get(context.Background(), keys.ScheduleOwner(key)); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("a stopped: its record: %v, want deleted", err)
+	}
+	natstest.Eventually(t, 10*time.Second, func() error {
+		takeOne(t, b, key)
+		taken++
+		if b.n(budget.PathServed) == 0 {
+			return errors.New("b does not own the schedule yet")
+		}
+		return nil
+	})
+	used, err := b.st.Used(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if used.Requests != taken {
+		t.Fatalf("the schedule holds %d requests, want the %d placed", used.Requests, taken)
 	}
 }
