@@ -41,6 +41,12 @@
 // times a second per key, not per job. [LeadEstimator] learns how far ahead
 // of now a paced plan starts, from the transits executors report.
 //
+// # One owner per schedule
+//
+// With [Owners] set, a paced store's writes ([Op]) go to the process that
+// owns the schedule, which applies many in one compare-and-set (owner.go);
+// the KV stays the truth, and without an owner a store writes it itself.
+//
 // # The ledger
 //
 // Reserve, settle and give back have one owner, this package (ledger.go):
