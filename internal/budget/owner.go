@@ -108,6 +108,9 @@ type keyState struct {
 // asking over nc and electing in kv. While Run runs, this process is a
 // candidate for every schedule it writes, and serves those it wins.
 func NewOwners(st *Store, nc *nats.Conn, kv OwnerKV, log *slog.Logger) *Owners {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	rec, _ := json.Marshal(map[string]string{"holder": nuid.Next()})
 	o := &Owners{st: st, nc: nc, kv: kv, record: rec, Wait: DefaultOwnerWait, TTL: DefaultOwnerTTL,
 		Log: log, keys: map[string]*keyState{}, kick: make(chan struct{}, 1)}
