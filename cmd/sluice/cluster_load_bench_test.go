@@ -15,15 +15,21 @@ import (
 // cluster (R3, every service on every node) with a provider allowing 200
 // calls a second, and checks what the node-loss test checks (every job
 // ends once, none paid twice, the limits hold). It reports the provider's
-// completions per second from the first submission to the last completion.
-// Run it beside a CPU hog to see the budget store under starvation
-// (docs/BENCHMARKS.md):
+// completions per second from the first submission to the last completion,
+// with every process writing the model's schedule (direct) and with one
+// owner per schedule (owner: admission.schedule_owner). Run it beside a
+// CPU hog to see the budget store under starvation (docs/BENCHMARKS.md):
 //
 //	SLUICE_TEST_LOGS=/tmp/logs go test -run '^$' -bench ClusterLoad -benchtime 1x -timeout 20m ./cmd/sluice/
 func BenchmarkClusterLoad(b *testing.B) {
+	b.Run("direct", func(b *testing.B) { benchClusterLoad(b, "") })
+	b.Run("owner", func(b *testing.B) { benchClusterLoad(b, "admission:\n  schedule_owner: {enabled: true}\n") })
+}
+
+func benchClusterLoad(b *testing.B, yamlExtra string) {
 	const jobs, perSecond, rpm = 1000, 150, 12_000
 	for range b.N {
-		c, load, _ := clusterSetup(b, rpm, nil, nil)
+		c, load, _ := clusterSetupYAML(b, rpm, nil, nil, yamlExtra)
 		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 		// Eight submitters, so a submission's round trip does not bound
 		// the offered rate.
@@ -55,7 +61,9 @@ func BenchmarkClusterLoad(b *testing.B) {
 // the budget store and the send instants fared.
 func budgetCounters(c *cluster) string {
 	names := []string{"sluice_budget_writes_total", "sluice_budget_conflicts_total", "sluice_budget_errors_total",
-		"sluice_reservations_expired_total", "sluice_requeues_total"}
+		"sluice_reservations_expired_total", "sluice_requeues_total",
+		`sluice_budget_owner_writes_total{path="served"`, `sluice_budget_owner_writes_total{path="forwarded"`,
+		`sluice_budget_owner_writes_total{path="fallback"`, `sluice_budget_owner_writes_total{path="dropped"`}
 	sums := map[string]float64{}
 	for _, n := range c.nodes {
 		resp, err := http.Get(n.proc.MetricsURL() + "/metrics")
@@ -66,7 +74,7 @@ func budgetCounters(c *cluster) string {
 		resp.Body.Close()
 		for line := range strings.Lines(string(body)) {
 			for _, name := range names {
-				if strings.HasPrefix(line, name+" ") || strings.HasPrefix(line, name+"{") {
+				if strings.HasPrefix(line, name+" ") || strings.HasPrefix(line, name+"{") || strings.Contains(name, "{") && strings.HasPrefix(line, name) {
 					f := strings.Fields(line)
 					if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
 						sums[name] += v
@@ -77,7 +85,11 @@ func budgetCounters(c *cluster) string {
 	}
 	var out []string
 	for _, name := range names {
-		out = append(out, fmt.Sprintf("%s %.0f", strings.TrimPrefix(name, "sluice_"), sums[name]))
+		short := strings.TrimPrefix(name, "sluice_")
+		if _, path, ok := strings.Cut(name, `{path="`); ok {
+			short = "owner_" + strings.TrimSuffix(path, `"`)
+		}
+		out = append(out, fmt.Sprintf("%s %.0f", short, sums[name]))
 	}
 	return strings.Join(out, ", ")
 }

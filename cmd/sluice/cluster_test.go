@@ -391,6 +391,12 @@ func (l *clusterLoad) verify(ctx context.Context) {
 // With lab, the nodes run in its namespaces and the simulator listens on
 // the test's address there.
 func clusterSetup(t testing.TB, rpm int, lab *netLab, routeAddr func(from, to int, direct string) string, extra ...string) (*cluster, *clusterLoad, jetstream.JetStream) {
+	return clusterSetupYAML(t, rpm, lab, routeAddr, "", extra...)
+}
+
+// clusterSetupYAML is clusterSetup with yamlExtra appended to the
+// configuration.
+func clusterSetupYAML(t testing.TB, rpm int, lab *netLab, routeAddr func(from, to int, direct string) string, yamlExtra string, extra ...string) (*cluster, *clusterLoad, jetstream.JetStream) {
 	const model = "gpt-4o-mini"
 	seen := &systest.Judged{}
 	// The provider ignores Idempotency-Key, as OpenAI and Anthropic
@@ -407,7 +413,7 @@ func clusterSetup(t testing.TB, rpm int, lab *netLab, routeAddr func(from, to in
 	}
 	// A short call timeout bounds how long a call lost with a node keeps
 	// its job waiting before it ends outcome_unknown.
-	yaml := strings.Replace(systest.SimConfig(simURL, model, rpm, 100_000_000, ""), "    api_key_env: SIM_KEY\n", "    api_key_env: SIM_KEY\n    timeout: 5s\n", 1)
+	yaml := strings.Replace(systest.SimConfig(simURL, model, rpm, 100_000_000, yamlExtra), "    api_key_env: SIM_KEY\n", "    api_key_env: SIM_KEY\n    timeout: 5s\n", 1)
 	parsed, err := config.Parse([]byte(yaml))
 	if err != nil {
 		t.Fatal(err)

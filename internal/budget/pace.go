@@ -74,14 +74,14 @@ func (p Params) shortUS() int64 { return (p.Short + p.Tolerance).Microseconds() 
 
 // place plans costs on a paced schedule, each at the earliest instant that
 // satisfies pacing, the short window and the minute, within the horizon, in
-// every dimension the limits bound.
-func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time, now time.Time) Grant {
+// every dimension the limits bound, lead from now at the earliest.
+func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time, now time.Time, lead time.Duration) Grant {
 	mins, caps := lim.caps(s.p.BurstFraction)
 	nowUS := now.UnixMicro()
 	// Rounded to the nearest millisecond, not up with the instant below: the
 	// lead is learned to be just long enough, and a placement with room
 	// starts at the earliest instant, which then needs no rounding.
-	earliest := (nowUS + s.lead(now).Microseconds() + 500) / 1000 * 1000
+	earliest := (nowUS + lead.Microseconds() + 500) / 1000 * 1000
 	h := s.p.Horizon
 	if lim.Horizon > 0 {
 		h = min(h, lim.Horizon)
@@ -392,10 +392,7 @@ func (s *Store) returnAt(ctx context.Context, key string, at time.Time, c Cost, 
 	if !c.Positive() {
 		return nil
 	}
-	cv := c.vec()
-	return s.modify(ctx, key, "return", func(w *Window, cur int64) bool {
-		return s.giveBack(w, cur, at, cv, rewind)
-	})
+	return s.ReturnAll(ctx, key, []Return{{At: at, Cost: c}}, rewind)
 }
 
 // giveBack takes cv off w at instant at (ReturnAt; rewind: ReturnLapsed)

@@ -41,6 +41,12 @@
 // times a second per key, not per job. [LeadEstimator] learns how far ahead
 // of now a paced plan starts, from the transits executors report.
 //
+// # One owner per schedule
+//
+// With [Owners] set, a paced store's writes ([Op]) go to the process that
+// owns the schedule, which applies many in one compare-and-set (owner.go);
+// the KV stays the truth, and without an owner a store writes it itself.
+//
 // # The ledger
 //
 // Reserve, settle and give back have one owner, this package (ledger.go):
@@ -379,6 +385,9 @@ type Store struct {
 	// Lead, when set, is how far ahead of now a paced store plans at the
 	// earliest (learned: lead.go); nil plans Params.Lead ahead.
 	Lead func(now time.Time) time.Duration
+	// Owners, when set, sends the writes of a paced store's schedules to
+	// their owners (owner.go); nil: this process writes the KV itself.
+	Owners *Owners
 
 	known knownWindows // known.go
 }
@@ -412,63 +421,22 @@ func (s *Store) Take(ctx context.Context, key string, lim Limits, costs []Cost) 
 // notBefore[i] (when given and not zero): room for demand expected later
 // in a slice, say.
 func (s *Store) TakeAt(ctx context.Context, key string, lim Limits, costs []Cost, notBefore []time.Time) (Grant, error) {
-	b := s.backoff()
-	for {
-		w, rev, known := s.known.take(key)
-		if !known {
-			wrote := rev
-			var err error
-			if w, rev, err = s.load(ctx, key); err != nil {
-				return Grant{}, err
-			}
-			if wrote != 0 {
-				s.known.count(key, rev == wrote)
-			}
+	o := &Op{Kind: OpTake, Lim: lim, Costs: costs, NotBefore: notBefore}
+	if s.p.paced() {
+		o.Lead = s.lead(s.now())
+		if done, err := s.routed(ctx, key, o); done {
+			return granted(o, err)
 		}
-		now := s.now()
-		cur := s.sliceOf(now)
-		w.prune(cur - s.p.Span() + 1)
-		var g Grant
-		if s.p.paced() {
-			s.prunePlanned(&w, now)
-			g = s.place(&w, lim, costs, notBefore, now)
-		} else {
-			g = s.plan(&w, lim, costs, cur)
-		}
-		g.Planned = now
-		if g.N == 0 && known {
-			// A copy may be stale with less room than the window has (a
-			// return since): a refusal stands only on a fresh read.
-			continue
-		}
-		if g.N == 0 {
-			return g, nil
-		}
-		rev, err := s.store(ctx, key, w, rev)
-		if err != nil {
-			if errors.Is(err, errConflict) {
-				if known {
-					// The copy was stale (known.go): read the window, as
-					// without one; no contention to report.
-					s.known.count(key, false)
-					continue
-				}
-				if s.Conflicts != nil {
-					s.Conflicts()
-				}
-				if err := b.wait(ctx, "take", key); err != nil {
-					return Grant{}, err
-				}
-				continue
-			}
-			return Grant{}, err
-		}
-		if known {
-			s.known.count(key, true)
-		}
-		s.known.keep(key, w, rev)
-		return g, nil
 	}
+	return granted(o, s.applyAll(ctx, key, []*Op{o}))
+}
+
+// granted is a take's result: nothing granted when the write failed.
+func granted(o *Op, err error) (Grant, error) {
+	if err != nil {
+		return Grant{}, err
+	}
+	return o.Grant, nil
 }
 
 // Settle charges extra tokens to the slice a reservation was made in (the
@@ -477,9 +445,7 @@ func (s *Store) Settle(ctx context.Context, key string, slice int64, extra Cost)
 	if !extra.Positive() {
 		return nil
 	}
-	return s.modify(ctx, key, "settle", func(w *Window, cur int64) bool {
-		return s.charge(w, cur, slice, extra)
-	})
+	return s.SettleAll(ctx, key, []Settlement{{Slice: slice, Extra: extra}})
 }
 
 // charge adds extra's positive entries to slice and reports whether w

@@ -2,17 +2,15 @@ package budget_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/natstest"
-	"github.com/sluice-dev/sluice/streams"
 )
 
 // BenchmarkWriters measures reservations per second on one model's paced
@@ -24,60 +22,61 @@ import (
 // admission process does (budget.Lease: the job and room for 32 more in
 // one compare-and-set, spent locally) and gives back what its 33 calls did
 // not use in one write, as the executors' coalescing does when calls end
-// together. It reports reservations/s and lost compare-and-sets per
-// reservation (docs/BENCHMARKS.md).
+// together. owner: each reserves and gives back per call as per-call
+// does, through the schedule's owner (the first writer; owner.go), which
+// applies what all ask in one compare-and-set. It reports reservations/s,
+// and lost and successful compare-and-sets per reservation
+// (docs/BENCHMARKS.md).
 func BenchmarkWriters(b *testing.B) {
-	for _, batched := range []bool{false, true} {
+	for _, mode := range []string{"per-call", "batched", "owner"} {
 		for _, n := range []int{1, 2, 4, 8} {
-			name := fmt.Sprintf("per-call/writers=%d", n)
-			if batched {
-				name = fmt.Sprintf("batched/writers=%d", n)
-			}
-			b.Run(name, func(b *testing.B) { benchWriters(b, n, batched) })
+			b.Run(fmt.Sprintf("%s/writers=%d", mode, n), func(b *testing.B) { benchWriters(b, n, mode) })
 		}
 	}
 }
 
-func benchWriters(b *testing.B, writers int, batched bool) {
+func benchWriters(b *testing.B, writers int, mode string) {
 	ctx := context.Background()
 	srv := natstest.Server(b)
-	cfgs, err := streams.Buckets()
-	if err != nil {
-		b.Fatal(err)
-	}
 	stores := make([]*budget.Store, writers)
-	var conflicts atomic.Int64
-	for i := range stores {
-		js, err := jetstream.New(natstest.Conn(b, srv))
-		if err != nil {
-			b.Fatal(err)
-		}
-		var kv jetstream.KeyValue
-		for _, c := range cfgs {
-			if c.Bucket == streams.BucketBudgets {
-				kv, err = js.CreateOrUpdateKeyValue(ctx, c)
-			}
-		}
-		if err != nil || kv == nil {
-			b.Fatalf("budgets bucket: %v", err)
-		}
-		stores[i] = budget.NewStore(kv, pacedParams, nil)
-		stores[i].Conflicts = func() { conflicts.Add(1) }
-	}
+	var conflicts, writes atomic.Int64
+	key := budget.ModelKey("openai", "bench")
 	// Limits far above what the writers reach: the store, not the limit,
 	// bounds the rate.
 	lim := budget.Limits{RPM: 6_000_000, TPM: 600_000_000}
 	cost := []budget.Cost{{Requests: 1, Tokens: 100}}
+	for i := range stores {
+		ttl := time.Duration(0)
+		if mode == "owner" {
+			ttl = time.Minute
+		}
+		p := newProc(b, srv, ttl, time.Second)
+		stores[i] = p.st
+		stores[i].Conflicts = func() { conflicts.Add(1) }
+		stores[i].Writes = func() { writes.Add(1) }
+		if i == 0 && mode == "owner" {
+			// The first writer owns the schedule before the clock starts.
+			natstest.Eventually(b, 10*time.Second, func() error {
+				if err := perCall(ctx, p.st, key, lim, cost[0]); err != nil {
+					return err
+				}
+				if p.n(budget.PathServed) == 0 {
+					return errors.New("not the owner yet")
+				}
+				return nil
+			})
+		}
+	}
+	writes.Store(0)
 	var left atomic.Int64
 	left.Store(int64(b.N))
 	var wg sync.WaitGroup
 	var failed atomic.Value
 	b.ResetTimer()
-	key := budget.ModelKey("openai", "bench")
 	for _, st := range stores {
 		wg.Go(func() {
 			write := perCall
-			if batched {
+			if mode == "batched" {
 				write = leased(budget.NewLease(st, key))
 			}
 			for left.Add(-1) >= 0 {
@@ -95,6 +94,7 @@ func benchWriters(b *testing.B, writers int, batched bool) {
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "reservations/s")
 	b.ReportMetric(float64(conflicts.Load())/float64(b.N), "conflicts/reservation")
+	b.ReportMetric(float64(writes.Load())/float64(b.N), "writes/reservation")
 	b.ReportMetric(0, "ns/op")
 }
 

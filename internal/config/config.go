@@ -280,6 +280,9 @@ type Admission struct {
 	// CacheAffinity keeps a conversation on one deployment of its model
 	// (deployments.go).
 	CacheAffinity CacheAffinity `yaml:"cache_affinity"`
+	// ScheduleOwner has one process own each model's schedule and write
+	// it for the others (internal/budget owner.go). Off by default.
+	ScheduleOwner ScheduleOwner `yaml:"schedule_owner"`
 	// Headroom is the share of a model's window (the minute and the burst
 	// second; in the second at least one recent such job) that backlogged
 	// work leaves free while jobs that should not wait are about (seen in
@@ -287,6 +290,16 @@ type Admission struct {
 	// while other tenants' backlogs wait. Those find room at once. Absent:
 	// DefaultHeadroom; 0 turns it off. Read it with HeadroomShare.
 	Headroom *float64 `yaml:"headroom"`
+}
+
+// ScheduleOwner turns on one owner per model's schedule: admission and
+// executor processes send their reservations, settlements and give-backs
+// to it instead of each writing the KV record.
+type ScheduleOwner struct {
+	Enabled bool `yaml:"enabled"`
+	// Wait bounds how long a process waits for the owner's answer before
+	// it writes the KV itself.
+	Wait Duration `yaml:"wait"`
 }
 
 // Queues bound the two streams jobs wait in. A full stream refuses new jobs
@@ -623,6 +636,9 @@ func (c *Config) admissionDefaults() {
 	if c.Admission.PlanHorizon == 0 {
 		c.Admission.PlanHorizon = Duration(2 * time.Second)
 	}
+	if c.Admission.ScheduleOwner.Wait == 0 {
+		c.Admission.ScheduleOwner.Wait = Duration(100 * time.Millisecond)
+	}
 	if c.Admission.MaxRateLimited == 0 {
 		c.Admission.MaxRateLimited = 100
 	}
@@ -847,6 +863,9 @@ func (c *Config) checkAdmission(fail failFunc) {
 	}
 	if a := c.Admission; a.SendLead < 0 || a.SendTolerance <= 0 || a.SendTolerance > Duration(time.Second) || a.PlanHorizon < a.SendLead || a.PlanHorizon > Duration(time.Minute) {
 		fail("admission.send_tolerance", "want send_lead >= 0, 0 < send_tolerance <= 1s and send_lead <= plan_horizon <= 1m; got lead %s, tolerance %s, horizon %s", a.SendLead.D(), a.SendTolerance.D(), a.PlanHorizon.D())
+	}
+	if w := c.Admission.ScheduleOwner.Wait; w < Duration(time.Millisecond) || w > Duration(5*time.Second) {
+		fail("admission.schedule_owner.wait", "must be between 1ms and 5s, got %s", w.D())
 	}
 	if c.Admission.MaxRateLimited < 1 {
 		fail("admission.max_rate_limited", "must be positive, got %d", c.Admission.MaxRateLimited)

@@ -76,6 +76,7 @@ func TestParseReadmeExample(t *testing.T) {
 		{"admission.send_lead", c.Admission.SendLead.D(), 20 * time.Millisecond},
 		{"admission.send_tolerance", c.Admission.SendTolerance.D(), 15 * time.Millisecond},
 		{"admission.plan_horizon", c.Admission.PlanHorizon.D(), 2 * time.Second},
+		{"admission.schedule_owner", c.Admission.ScheduleOwner, config.ScheduleOwner{Wait: config.Duration(100 * time.Millisecond)}},
 		{"admission.max_rate_limited", c.Admission.MaxRateLimited, 100},
 		{"admission.batch", c.Admission.Batch, 256},
 		{"admission.tenant_window", c.Admission.TenantWindow, 10_000},
@@ -470,6 +471,11 @@ func TestParseErrors(t *testing.T) {
 			name: "admission.burst_fraction above 1",
 			yaml: "admission:\n  burst_fraction: 1.5\n",
 			want: []string{"admission.burst_fraction: ", "must be in (0, 1], got 1.5"},
+		},
+		{
+			name: "admission.schedule_owner.wait too long",
+			yaml: "admission:\n  schedule_owner: {enabled: true, wait: 10s}\n",
+			want: []string{"admission.schedule_owner.wait: ", "must be between 1ms and 5s, got 10s"},
 		},
 		{
 			name: "admission.burst_fraction negative",

@@ -59,6 +59,10 @@ func RetryPointer(tenant, digest string) string { return tenant + ".retry." + di
 // Rate is the key of a provider/model's shared rate windows.
 func Rate(provider, modelToken string) string { return "rate." + provider + "." + modelToken }
 
+// ScheduleOwner is the key of the record naming the process that owns
+// the schedule at rateKey (a Rate key; internal/budget owner.go).
+func ScheduleOwner(rateKey string) string { return "owner." + rateKey }
+
 // Conc is the key of a provider/model's concurrency lease.
 func Conc(provider, modelToken string) string { return "conc." + provider + "." + modelToken }
 

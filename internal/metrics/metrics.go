@@ -30,6 +30,7 @@ type Set struct {
 	BudgetWrites        prometheus.Counter
 	BudgetConflict      prometheus.Counter
 	BudgetErrors        prometheus.Counter
+	BudgetOwner         *prometheus.CounterVec   // path
 	RepliesDropped      *prometheus.CounterVec   // service
 	ReservationsExpired *prometheus.CounterVec   // provider, model
 	Requeues            *prometheus.CounterVec   // provider, model, reason
@@ -91,6 +92,7 @@ func New(reg prometheus.Registerer) *Set {
 		BudgetWrites:        prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_budget_writes_total", Help: "Successful writes to the budgets bucket."}),
 		BudgetConflict:      prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_budget_conflicts_total", Help: "Compare-and-set conflicts on the budgets bucket."}),
 		BudgetErrors:        prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_budget_errors_total", Help: "Failures to reach the budgets bucket (no dispatch happens without budget)."}),
+		BudgetOwner:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_budget_owner_writes_total", Help: "Writes of a model's schedule with admission.schedule_owner on, by path: served (applied as its owner), forwarded (applied by the owner in another process), fallback (written to the KV here), dropped (a give-back the owner did not confirm in time, left spent)."}, []string{"path"}),
 		Requeues:            prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_requeues_total", Help: "Jobs an executor sent back to admission without a provider call, by reason (unverified, lapsed, tenant_slot, breaker_open, deployment_down, drained, fallback)."}, []string{"provider", "model", "reason"}),
 		RequeueLimited:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_requeue_limited_total", Help: "Jobs dead-lettered (requeue_limit) because they went back to admission more times in a row for one reason than its bound allows."}, []string{"provider", "model", "reason"}),
 		ReservationsExpired: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_reservations_expired_total", Help: "Jobs whose reservation lapsed before an executor could start them; re-admitted."}, []string{"provider", "model"}),
@@ -134,7 +136,7 @@ func New(reg prometheus.Registerer) *Set {
 	s.newBuild(reg)
 	reg.MustRegister(s.JobsAccepted, s.JobsRejected, s.Results, s.Requests, s.TokensReserved, s.TokensUsed,
 		s.Retries, s.RateLimitHits, s.Fallbacks, s.DupSuppressed, s.QueueDepth, s.QueueWait, s.AdmissionWaits,
-		s.BudgetWrites, s.BudgetConflict, s.BudgetErrors, s.ReservationsExpired, s.Requeues, s.RequeueLimited, s.TenantRequests, s.TenantTokens,
+		s.BudgetWrites, s.BudgetConflict, s.BudgetErrors, s.BudgetOwner, s.ReservationsExpired, s.Requeues, s.RequeueLimited, s.TenantRequests, s.TenantTokens,
 		s.InFlight, s.ProviderLatency, s.ConcLeased, s.ModelLimit, s.DeadLetters, s.EstimateRatio, s.Corrections, s.Pauses, s.Shed, s.Held,
 		s.LimitEffective, s.LimitCuts, s.RateLimitRequeues, s.SendLateness, s.RateLimitKinds,
 		s.TimeToFirstToken, s.StreamInterrupted, s.StreamDuration, s.OutcomeUnknown, s.HeldOldest, s.PromptCache)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/keys"
 	"github.com/sluice-dev/sluice/internal/lane"
 	"github.com/sluice-dev/sluice/internal/mesh"
@@ -221,6 +222,7 @@ func rolePerms(role string) perms {
 			sub:       []string{whySubjects, mesh.TransitSubject, mesh.CancelledSubjectPrefix + "*.*"},
 			responses: true, // answers "why does this job wait"
 		})
+		p.add(scheduleOwner)
 	case Executor:
 		p.add(consumer(streams.Dispatch, "*", true))
 		p.add(consumer(streams.Lane, "*", true)) // the batch lane's collectors (services/lane)
@@ -239,6 +241,7 @@ func rolePerms(role string) perms {
 			sub:       []string{job.CancelPrefix + ">", executorWhySubjects},
 			responses: true, // answers "why does this job wait" and a cancel's request
 		})
+		p.add(scheduleOwner)
 	case Result:
 		p.add(consumer(streams.Results, "result", false))
 		p.add(kvWrite(streams.BucketResults))
@@ -261,6 +264,10 @@ func rolePerms(role string) perms {
 // 250 ms, a "why" 200 ms). Each answer is also checked against the
 // reply subjects a service may answer on (mesh.ReplyAllowed).
 const responseExpiry = 10 * time.Second
+
+// scheduleOwner asks, and serves as, the owner of a model's schedule
+// (internal/budget owner.go): admission and executors.
+var scheduleOwner = perms{pub: []string{budget.OwnerSubjectPrefix + ">"}, sub: []string{budget.OwnerSubjectPrefix + ">"}, responses: true}
 
 // Fleet-wide signal subjects (internal/mesh).
 const (

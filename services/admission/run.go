@@ -47,6 +47,9 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	defer stopBG() // before the wait, even when the scheduler fails
 	wg.Go(func() { s.placer.affinity.run(bg) })
 	wg.Go(func() { s.placer.watchDeployments(bg) })
+	if o := s.store.Owners; o != nil {
+		wg.Go(func() { _ = o.Run(bg) })
+	}
 	s.schedule(ctx, in, sig)
 	return nil
 }

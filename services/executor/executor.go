@@ -152,6 +152,10 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	a := cfg.App.Admission
 	st := budget.NewStore(m.Budgets, a.Params(), now)
 	st.Writes, st.Conflicts = ms.BudgetWrites.Inc, ms.BudgetConflict.Inc
+	if so := a.ScheduleOwner; so.Enabled {
+		o := budget.NewOwners(st, m.JS.Conn(), m.Budgets, log)
+		o.Wait, o.Count = so.Wait.D(), func(p string, n int) { ms.BudgetOwner.WithLabelValues(p).Add(float64(n)) }
+	}
 	e := &env{live: cfg.Live, cfg: cfg, mesh: m, store: st, log: log.With("service", "executor"), m: ms, now: now,
 		holder: holderName(), guard: cfg.Guard}
 	s := &Service{env: e}

@@ -67,6 +67,9 @@ func (s *Service) Run(ctx context.Context) error {
 		})
 	})
 	wg.Go(func() { s.transits.reportTransits(ctx) })
+	if o := s.store.Owners; o != nil {
+		wg.Go(func() { _ = o.Run(leaseCtx) })
+	}
 	<-ctx.Done()
 	stop()
 	calls.close()
