@@ -254,7 +254,7 @@ func (m *Mesh) getRecord(ctx context.Context, key string) (*Record, uint64, erro
 // enqueue publishes a job to QUEUE. msgID dedupes a repeat within the
 // stream's duplicate window (a crash between publish and ack).
 func (m *Mesh) enqueue(ctx context.Context, j *task.Task, msgID string) error {
-	data, err := json.Marshal(j)
+	data, err := task.Encode(j)
 	if err != nil {
 		return err
 	}

@@ -118,6 +118,12 @@ func CheckProducerRequest(field string, body []byte) error {
 	if !json.Valid(body) {
 		return nil // the body's parser says why
 	}
+	return checkProducerMembers(field, body)
+}
+
+// checkProducerMembers is CheckProducerRequest of a body known to be valid
+// JSON.
+func checkProducerMembers(field string, body []byte) error {
 	s := memberScan{b: body}
 	s.space()
 	if s.i >= len(s.b) || s.b[s.i] != '{' {
