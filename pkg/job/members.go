@@ -44,8 +44,12 @@ func CheckMembers(field string, data []byte, into any) error {
 	if !json.Valid(data) {
 		return nil
 	}
-	s := memberScan{b: data}
+	s := scans.Get().(*memberScan)
+	s.b, s.i = data, 0
 	err := s.value(false, guide(reflect.TypeOf(into)))
+	clear(s.path[:cap(s.path)]) // no reference to data stays in the pool
+	s.b, s.path, s.fold, s.seen = nil, s.path[:0], s.fold[:0], s.seen[:0]
+	scans.Put(s)
 	var de *dupError
 	switch {
 	case errors.As(err, &de):
@@ -231,6 +235,9 @@ func fieldsOf(t reflect.Type) *fields {
 func (e *dupError) Error() string { return "duplicate member " + strconv.Quote(e.first) }
 
 var errScan = errors.New("malformed JSON")
+
+// scans keeps memberScans' buffers from one check to the next.
+var scans = sync.Pool{New: func() any { return new(memberScan) }}
 
 // memberScan walks a valid JSON text, keeping the path to where it is
 // (for the error) as a stack: a member's name, or an array index. Names
