@@ -559,7 +559,7 @@ func userHash(tenant string, request json.RawMessage) string {
 			UserID string `json:"user_id"`
 		} `json:"metadata"`
 	}
-	if len(request) == 0 || json.Unmarshal(request, &b) != nil {
+	if len(request) == 0 || json.Unmarshal(task.Members(request, "user", "metadata"), &b) != nil {
 		return ""
 	}
 	u := cmp.Or(b.User, b.Metadata.UserID)

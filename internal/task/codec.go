@@ -3,6 +3,7 @@ package task
 import (
 	"bytes"
 	"encoding/json"
+	"strconv"
 )
 
 // A request body is most of a task's bytes, and encoding/json scans a
@@ -113,6 +114,63 @@ func requestValue(data []byte) (from, to int, ok bool) {
 			return 0, 0, false
 		}
 	}
+}
+
+// Members is what to decode in place of a request body to read its
+// top-level members names into a struct: from minSplit bytes, an object of
+// just those members (for each name, the last member encoding/json would
+// match to it, as it would), found by skimming the body; otherwise, or when
+// the body is no object or a member's name has an escape, the body itself.
+// The body's syntax is left to its seal, as in Decode.
+func Members(body []byte, names ...string) []byte { return members(body, minSplit, names...) }
+
+func members(body []byte, min int, names ...string) []byte {
+	if len(body) < min {
+		return body
+	}
+	s := skimmer{b: body}
+	s.space()
+	if !s.take('{') {
+		return body
+	}
+	vals := make([][]byte, len(names))
+	for {
+		s.space()
+		if s.take('}') {
+			break
+		}
+		name, plain := s.str()
+		s.space()
+		if !plain || !s.take(':') {
+			return body
+		}
+		s.space()
+		start := s.i
+		if !s.value() || s.i == start {
+			return body
+		}
+		for k, n := range names {
+			if bytes.EqualFold(name, []byte(n)) {
+				vals[k] = body[start:s.i]
+			}
+		}
+		s.space()
+		if !s.take(',') && (s.i >= len(s.b) || s.b[s.i] != '}') {
+			return body
+		}
+	}
+	out := []byte{'{'}
+	for k, v := range vals {
+		if v == nil {
+			continue
+		}
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(strconv.AppendQuote(out, names[k]), ':')
+		out = append(out, v...)
+	}
+	return append(out, '}')
 }
 
 // skimmer finds where JSON values end without checking them.

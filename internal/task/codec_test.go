@@ -80,3 +80,78 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// picked is what the executor and the request log read of a body.
+type picked struct {
+	Stream        bool `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	User     string `json:"user"`
+	Metadata struct {
+		UserID string `json:"user_id"`
+	} `json:"metadata"`
+}
+
+// sameMembers fails t unless the members read from data are what
+// json.Unmarshal reads of data.
+func sameMembers(t *testing.T, data []byte) {
+	t.Helper()
+	var got, want picked
+	gotErr := json.Unmarshal(members(data, 0, "stream", "stream_options", "user", "metadata"), &got)
+	wantErr := json.Unmarshal(data, &want)
+	if (gotErr != nil) != (wantErr != nil) || wantErr == nil && !reflect.DeepEqual(got, want) {
+		t.Fatalf("%q: members read %+v (%v), Unmarshal %+v (%v)", data, got, gotErr, want, wantErr)
+	}
+}
+
+var memberSeeds = []string{
+	`{"model":"m","stream":true,"stream_options":{"include_usage":true},"user":"u","metadata":{"user_id":"x"},"messages":[{"role":"user","content":"\"user\":\"v\""}]}`,
+	`{"stream":true,"STREAM":false,"User":"a","user":"b"}`,
+	`{"stream":"yes"}`, `{"user":1,"stream":true}`, `{"metadata":{"user_id":2}}`, `{"stream":null,"user":null}`,
+	`{"\u0073tream":true}`, `{"ſtream":true}`, `[]`, `null`, `"x"`, `{}`, ` { "stream" : true } `,
+}
+
+// Members reads what json.Unmarshal reads, on valid JSON.
+func TestMembersAreUnmarshal(t *testing.T) {
+	t.Parallel()
+	for _, s := range memberSeeds {
+		sameMembers(t, []byte(s))
+	}
+	big := []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("word ", 200) + `"}],"stream":true,"user":"u"}`)
+	if got := Members(big, "stream"); string(got) != `{"stream":true}` {
+		t.Errorf("Members of a large body: %s, want {\"stream\":true}", got)
+	}
+	if small := []byte(`{"stream":true,"user":"u"}`); string(Members(small, "stream")) != string(small) {
+		t.Errorf("Members of a small body: not the body itself")
+	}
+}
+
+func FuzzMembers(f *testing.F) {
+	for _, s := range memberSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if json.Valid(data) {
+			sameMembers(t, data)
+		}
+	})
+}
+
+// BenchmarkMembers reads a 16 KB body's stream flags, as the executor
+// does, from the body and from its Members.
+func BenchmarkMembers(b *testing.B) {
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("word ", 16<<10/5) + `"}],"stream":true,"user":"u"}`)
+	b.Run("unmarshal", func(b *testing.B) {
+		for b.Loop() {
+			var p picked
+			_ = json.Unmarshal(body, &p)
+		}
+	})
+	b.Run("members", func(b *testing.B) {
+		for b.Loop() {
+			var p picked
+			_ = json.Unmarshal(Members(body, "stream", "stream_options"), &p)
+		}
+	})
+}
