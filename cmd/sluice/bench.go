@@ -344,10 +344,11 @@ func runBenchOverhead(ctx context.Context, args []string, stdout, stderr io.Writ
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run (runtime/pprof) to this file")
 	jsonPath := fs.String("json", "", "write the figures here as JSON")
 	trace := fs.Bool("trace", false, "run the node with tracing on: every trace sampled, exported over OTLP/HTTP to a receiver the benchmark starts on loopback in a process of its own (sluice bench trace-sink), as a collector would run")
+	prompt := fs.Int("prompt-bytes", 0, "pad each job's message to about this many bytes (a large prompt); the floor is then not run. 0: a 110-byte body")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}
-	if *jobs < 1 || *conc < 1 || *serial < 0 || *warmup < 0 || *jsOps < 0 || *timeout <= 0 {
+	if *jobs < 1 || *conc < 1 || *serial < 0 || *warmup < 0 || *jsOps < 0 || *timeout <= 0 || *prompt < 0 {
 		return errors.New("want --jobs >= 1, --concurrency >= 1, --serial >= 0, --warmup >= 0, --jetstream-ops >= 0 and --timeout > 0")
 	}
 	jetStreamOps := *jsOps
@@ -392,7 +393,8 @@ func runBenchOverhead(ctx context.Context, args []string, stdout, stderr io.Writ
 	}
 	began := time.Now()
 	rep, err := bench.Overhead(ctx, bench.OverheadOptions{Jobs: *jobs, Concurrency: *conc, Serial: *serial, Warmup: *warmup,
-		Closed: *closed, Secure: *secure, JetStreamOps: jetStreamOps, Timeout: *timeout, Cluster: *cluster, FloorJobs: floorJobs, Trace: *trace, SinkCommand: sink}, nil)
+		Closed: *closed, Secure: *secure, JetStreamOps: jetStreamOps, Timeout: *timeout, Cluster: *cluster, FloorJobs: floorJobs, Trace: *trace, SinkCommand: sink,
+		PromptBytes: *prompt}, nil)
 	if perr := stopProfile(); perr != nil && err == nil {
 		err = fmt.Errorf("--cpuprofile: %w", perr)
 	}

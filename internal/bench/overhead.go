@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -46,6 +47,10 @@ type OverheadOptions struct {
 	// Sluice's; nil: in this process.
 	Trace       bool
 	SinkCommand []string
+	// PromptBytes > 0 pads each job's message to about this many bytes
+	// (what a large prompt costs the mesh); the floor, whose payloads are
+	// the default body's sizes, is then not run.
+	PromptBytes int
 }
 
 func (o OverheadOptions) withDefaults() OverheadOptions {
@@ -72,6 +77,9 @@ func (o OverheadOptions) withDefaults() OverheadOptions {
 	}
 	if o.FloorJobs == 0 {
 		o.FloorJobs = o.Jobs
+	}
+	if o.PromptBytes > 0 {
+		o.FloorJobs = -1
 	}
 	if o.Cluster > 1 || o.Secure {
 		o.FloorJobs = -1
@@ -182,6 +190,15 @@ func (a *arrivals) get(id string) (time.Time, bool) {
 // measurement is the mesh, not the tokenizer.
 var overheadBody = []byte(`{"model":"` + Model + `","max_tokens":16,"messages":[{"role":"user","content":"Say hello to the benchmark."}]}`)
 
+// promptBody is overheadBody with its message padded to about n bytes of
+// words (OverheadOptions.PromptBytes); n <= 0: overheadBody.
+func promptBody(n int) []byte {
+	if n <= 0 {
+		return overheadBody
+	}
+	return []byte(`{"model":"` + Model + `","max_tokens":16,"messages":[{"role":"user","content":"` + strings.Repeat("Say hello. ", n/11) + `"}]}`)
+}
+
 // Overhead measures what the mesh adds between accepting a job and the
 // provider receiving it, on one in-process node against a zero-latency
 // simulator with no limits, and how many jobs per second it completes.
@@ -225,7 +242,7 @@ func Overhead(ctx context.Context, opt OverheadOptions, progress func()) (*Overh
 		return nil, err
 	}
 	defer func() { _ = n.stop() }()
-	sub := &submitter{n: n, arr: arr, results: map[string]chan arrival{}, progress: progress}
+	sub := &submitter{n: n, arr: arr, results: map[string]chan arrival{}, progress: progress, body: promptBody(opt.PromptBytes)}
 	subscription, err := n.cl.Subscribe(tenant, sub.arrived)
 	if err != nil {
 		return nil, err
@@ -274,6 +291,7 @@ type submitter struct {
 	n        *meshNode
 	arr      *arrivals
 	progress func()
+	body     []byte // each job's request
 
 	mu      sync.Mutex
 	results map[string]chan arrival
@@ -305,7 +323,7 @@ func (s *submitter) submit(ctx context.Context) (string, time.Time, chan arrival
 	s.results[id] = ch
 	s.mu.Unlock()
 	sent := time.Now()
-	err := s.n.submit(ctx, &job.Job{ID: id, Tenant: tenant, Priority: job.Interactive, Request: overheadBody})
+	err := s.n.submit(ctx, &job.Job{ID: id, Tenant: tenant, Priority: job.Interactive, Request: s.body})
 	return id, sent, ch, err
 }
 

@@ -2,7 +2,6 @@ package mesh
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -185,11 +184,12 @@ type PoisonError struct {
 func (e *PoisonError) Error() string   { return e.Code + ": " + fmt.Sprint(e.Err) }
 func (e *PoisonError) Unwrap() []error { return []error{ErrPoison, e.Err} }
 
-// DecodeTask decodes the job a QUEUE or DISPATCH message carries; a message
-// that does not decode, or names no job, is poison (CodeUndecodable).
+// DecodeTask decodes the job a QUEUE or DISPATCH message carries
+// (task.Decode: a large body's syntax is left to its seal); a message that
+// does not decode, or names no job, is poison (CodeUndecodable).
 func DecodeTask(msg jetstream.Msg) (*task.Task, error) {
 	var j task.Task
-	if err := json.Unmarshal(msg.Data(), &j); err != nil || j.ID == "" {
+	if err := task.Decode(msg.Data(), &j); err != nil || j.ID == "" {
 		if err == nil {
 			err = errors.New("no job id")
 		}

@@ -84,6 +84,19 @@ type Record struct {
 	OpKey string `json:"op_key,omitempty"`
 }
 
+// TerminalRecord is the JSON of a job's terminal record for r, whose JSON
+// (as a RESULTS message carries it, decoded into r) is raw: the result is
+// written as it came, not encoded again. Every reader decodes a record
+// (getRecord), with the decoder r came from, so it reads r.
+func TerminalRecord(r *job.Result, raw []byte) []byte {
+	head, _ := json.Marshal(&Record{JobID: r.JobID, Tenant: r.Tenant, Status: r.Status, SubmittedAt: r.SubmittedAt})
+	data := make([]byte, 0, len(head)+len(raw)+len(`,"result":}`))
+	data = append(data, head[:len(head)-1]...)
+	data = append(data, `,"result":`...)
+	data = append(data, raw...)
+	return append(data, '}')
+}
+
 // ResultHints let the result service update a job's records by
 // compare-and-set without reading them first (see task.Revs). They ride on
 // the result message as headers; the result service checks them (a stale
@@ -241,7 +254,7 @@ func (m *Mesh) getRecord(ctx context.Context, key string) (*Record, uint64, erro
 // enqueue publishes a job to QUEUE. msgID dedupes a repeat within the
 // stream's duplicate window (a crash between publish and ack).
 func (m *Mesh) enqueue(ctx context.Context, j *task.Task, msgID string) error {
-	data, err := json.Marshal(j)
+	data, err := task.Encode(j)
 	if err != nil {
 		return err
 	}
@@ -546,7 +559,7 @@ func userHash(tenant string, request json.RawMessage) string {
 			UserID string `json:"user_id"`
 		} `json:"metadata"`
 	}
-	if len(request) == 0 || json.Unmarshal(request, &b) != nil {
+	if len(request) == 0 || json.Unmarshal(task.Members(request, "user", "metadata"), &b) != nil {
 		return ""
 	}
 	u := cmp.Or(b.User, b.Metadata.UserID)

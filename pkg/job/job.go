@@ -488,7 +488,8 @@ func Parse(data []byte, lim Limits) (*Job, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, invalid("", "malformed job JSON: data after the envelope")
 	}
-	if err := CheckProducerRequest("request", j.Request); err != nil {
+	// The envelope decoded: its request is valid JSON.
+	if err := checkProducerMembers("request", j.Request); err != nil {
 		return &j, err
 	}
 	return &j, nil

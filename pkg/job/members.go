@@ -1,6 +1,7 @@
 package job
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -43,8 +44,12 @@ func CheckMembers(field string, data []byte, into any) error {
 	if !json.Valid(data) {
 		return nil
 	}
-	s := memberScan{b: data}
+	s := scans.Get().(*memberScan)
+	s.b, s.i = data, 0
 	err := s.value(false, guide(reflect.TypeOf(into)))
+	clear(s.path[:cap(s.path)]) // no reference to data stays in the pool
+	s.b, s.path, s.fold, s.seen = nil, s.path[:0], s.fold[:0], s.seen[:0]
+	scans.Put(s)
 	var de *dupError
 	switch {
 	case errors.As(err, &de):
@@ -67,19 +72,31 @@ func CheckMembers(field string, data []byte, into any) error {
 // FoldName is a member name as encoding/json folds it to match a struct
 // field: two names with the same FoldName reach the same field.
 func FoldName(name string) string {
-	var b strings.Builder
-	b.Grow(len(name))
-	for _, r := range name {
-		if r < utf8.RuneSelf {
-			if 'a' <= r && r <= 'z' {
-				r -= 'a' - 'A'
-			}
-			b.WriteRune(r)
-			continue
+	return string(appendFold(make([]byte, 0, len(name)), []byte(name)))
+}
+
+// appendFold appends name folded (FoldName) to dst.
+func appendFold(dst, name []byte) []byte {
+	for len(name) > 0 {
+		r, n := rune(name[0]), 1
+		if r >= utf8.RuneSelf {
+			r, n = utf8.DecodeRune(name)
+			r = foldRune(r)
+		} else if 'a' <= r && r <= 'z' {
+			r -= 'a' - 'A'
 		}
-		b.WriteRune(foldRune(r))
+		dst = utf8.AppendRune(dst, r)
+		name = name[n:]
 	}
-	return b.String()
+	return dst
+}
+
+// hasFoldPrefix reports whether name folded (FoldName) begins with
+// prefix, which is folded already.
+func hasFoldPrefix(name []byte, prefix string) bool {
+	var buf [32]byte
+	folded := appendFold(buf[:0], name[:min(len(name), 4*len(prefix))])
+	return bytes.HasPrefix(folded, []byte(prefix))
 }
 
 // foldRune is the smallest rune of r's fold set (encoding/json's rule).
@@ -102,17 +119,50 @@ const ReservedPrefix = "sluice_"
 // member only Sluice sets (ReservedPrefix, compared as encoding/json
 // compares names). field names the body in the error.
 func CheckProducerRequest(field string, body []byte) error {
-	var members map[string]json.RawMessage
-	if json.Unmarshal(body, &members) != nil {
+	if !json.Valid(body) {
+		return nil // the body's parser says why
+	}
+	return checkProducerMembers(field, body)
+}
+
+// checkProducerMembers is CheckProducerRequest of a body known to be valid
+// JSON.
+func checkProducerMembers(field string, body []byte) error {
+	s := memberScan{b: body}
+	s.space()
+	if s.i >= len(s.b) || s.b[s.i] != '{' {
 		return nil // not an object: the body's parser says why
 	}
+	s.i++
+	s.space()
+	if s.i < len(s.b) && s.b[s.i] == '}' {
+		return nil
+	}
 	prefix := FoldName(ReservedPrefix)
-	for name := range members {
-		if strings.HasPrefix(FoldName(name), prefix) {
-			return invalid(joinField(field, clip.String(name, 64)), "is set by Sluice only (members named %s* are Sluice's own); a request may not carry it", ReservedPrefix)
+	for {
+		s.space()
+		name, err := s.str(true)
+		if err != nil {
+			return invalid(field, "malformed JSON")
+		}
+		if hasFoldPrefix(name, prefix) {
+			return invalid(joinField(field, clip.String(string(name), 64)), "is set by Sluice only (members named %s* are Sluice's own); a request may not carry it", ReservedPrefix)
+		}
+		s.space()
+		if s.i >= len(s.b) || s.b[s.i] != ':' {
+			return invalid(field, "malformed JSON")
+		}
+		s.i++
+		if err := s.skip(); err != nil {
+			return invalid(field, "malformed JSON")
+		}
+		if end, err := s.sep('}'); end || err != nil {
+			if err != nil {
+				return invalid(field, "malformed JSON")
+			}
+			return nil
 		}
 	}
-	return nil
 }
 
 // dupError: the object at path at names first and again alike, or (first
@@ -120,7 +170,8 @@ func CheckProducerRequest(field string, body []byte) error {
 type dupError struct{ first, again, field, at string }
 
 // fields are a struct type's members as encoding/json names them: by
-// exact name (with the field's type), and by folded name.
+// exact name (with the type the scan follows into it: guide), and by
+// folded name.
 type fields struct {
 	exact map[string]reflect.Type
 	fold  map[string]string
@@ -170,7 +221,7 @@ func fieldsOf(t reflect.Type) *fields {
 				name = n
 			}
 		}
-		f.exact[name] = sf.Type
+		f.exact[name] = guide(sf.Type)
 		f.fold[FoldName(name)] = name
 	}
 	for _, name := range alsoRead[t] {
@@ -185,18 +236,38 @@ func (e *dupError) Error() string { return "duplicate member " + strconv.Quote(e
 
 var errScan = errors.New("malformed JSON")
 
+// scans keeps memberScans' buffers from one check to the next.
+var scans = sync.Pool{New: func() any { return new(memberScan) }}
+
 // memberScan walks a valid JSON text, keeping the path to where it is
-// (for the error) as a stack: a member's name, or an array index.
+// (for the error) as a stack: a member's name, or an array index. Names
+// are read as byte slices (of b where written plainly) and compared
+// folded in the scratch buffer fold, so that a body's usual members cost
+// no allocation: seen holds the names of the objects being read, each
+// object's above the last of its parent's.
 type memberScan struct {
 	b    []byte
 	i    int
 	path []pathSeg
+	fold []byte
+	seen []seenName
 }
 
 type pathSeg struct {
-	name  string
+	name  []byte
 	index int // -1 for a member
 }
+
+// seenName is a member of an object being read: its name as decoded and
+// as compared (folded, or as decoded within a JSON Schema), fold[from:to].
+type seenName struct {
+	name     []byte
+	from, to int
+}
+
+// linearNames is how many members of one object are compared one by one
+// before a map takes over (so a body of many members stays linear).
+const linearNames = 32
 
 // where is the path to the object being read, as "messages[0].content".
 func (s *memberScan) where() string {
@@ -206,9 +277,9 @@ func (s *memberScan) where() string {
 		case p.index >= 0:
 			fmt.Fprintf(&b, "[%d]", p.index)
 		case k > 0:
-			b.WriteString("." + clip.String(p.name, 64))
+			b.WriteString("." + clip.String(string(p.name), 64))
 		default:
-			b.WriteString(clip.String(p.name, 64))
+			b.WriteString(clip.String(string(p.name), 64))
 		}
 	}
 	return b.String()
@@ -287,8 +358,13 @@ func (s *memberScan) object(free bool, t reflect.Type) error {
 	}
 	s.i++
 	s.path = append(s.path, pathSeg{index: -1})
-	defer func() { s.path = s.path[:len(s.path)-1] }()
-	var seen map[string]string // a name as compared -> as written
+	base, foldBase := len(s.seen), len(s.fold)
+	defer func() {
+		s.path = s.path[:len(s.path)-1]
+		clear(s.seen[base:]) // drop the references to decoded names
+		s.seen, s.fold = s.seen[:base], s.fold[:foldBase]
+	}()
+	var many map[string]int // past linearNames: a compared name -> its index in seen
 	s.space()
 	if s.i < len(s.b) && s.b[s.i] == '}' {
 		s.i++
@@ -300,24 +376,31 @@ func (s *memberScan) object(free bool, t reflect.Type) error {
 		if err != nil {
 			return err
 		}
-		key := name
-		if !free {
-			key = FoldName(name)
+		from := len(s.fold)
+		if free {
+			s.fold = append(s.fold, name...)
+		} else {
+			s.fold = appendFold(s.fold, name)
 		}
-		if first, dup := seen[key]; dup {
-			return &dupError{first: first, again: name, at: s.where()}
+		key := s.fold[from:]
+		if first := s.findSeen(base, key, many); first >= 0 {
+			return &dupError{first: string(s.seen[first].name), again: string(name), at: s.where()}
 		}
-		if seen == nil {
-			seen = make(map[string]string, 8)
-		}
-		seen[key] = name
+		s.seen = append(s.seen, seenName{name: name, from: from, to: len(s.fold)})
+		many = s.indexSeen(base, many)
 		next := elem
 		if fs != nil {
-			ft, ok := fs.exact[name]
-			if exact, folds := fs.fold[FoldName(name)]; !ok && folds {
-				return &dupError{again: name, field: exact, at: s.where()}
+			ft, ok := fs.exact[string(name)]
+			if !ok {
+				folded := key
+				if free {
+					folded = appendFold(s.fold[len(s.fold):], name)
+				}
+				if exact, folds := fs.fold[string(folded)]; folds {
+					return &dupError{again: string(name), field: exact, at: s.where()}
+				}
 			}
-			next = guide(ft)
+			next = ft
 		}
 		s.path[len(s.path)-1].name = name
 		s.space()
@@ -325,7 +408,7 @@ func (s *memberScan) object(free bool, t reflect.Type) error {
 			return errScan
 		}
 		s.i++
-		if err := s.value(free || freeForm[name], next); err != nil {
+		if err := s.value(free || freeForm[string(name)], next); err != nil {
 			return err
 		}
 		if end, err := s.sep('}'); end || err != nil {
@@ -334,11 +417,83 @@ func (s *memberScan) object(free bool, t reflect.Type) error {
 	}
 }
 
+// findSeen is the index in seen of the member of the object read from
+// base that compares as key, or -1.
+func (s *memberScan) findSeen(base int, key []byte, many map[string]int) int {
+	if many != nil {
+		if k, ok := many[string(key)]; ok {
+			return k
+		}
+		return -1
+	}
+	for k := base; k < len(s.seen); k++ {
+		if bytes.Equal(s.fold[s.seen[k].from:s.seen[k].to], key) {
+			return k
+		}
+	}
+	return -1
+}
+
+// indexSeen keeps the map of an object's names once it has more than
+// linearNames of them.
+func (s *memberScan) indexSeen(base int, many map[string]int) map[string]int {
+	n := len(s.seen) - base
+	switch {
+	case many != nil:
+		last := s.seen[len(s.seen)-1]
+		many[string(s.fold[last.from:last.to])] = len(s.seen) - 1
+	case n > linearNames:
+		many = make(map[string]int, 2*n)
+		for k := base; k < len(s.seen); k++ {
+			many[string(s.fold[s.seen[k].from:s.seen[k].to])] = k
+		}
+	}
+	return many
+}
+
+// skip reads one value without looking into it.
+func (s *memberScan) skip() error {
+	s.space()
+	depth := 0
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case '"':
+			if _, err := s.str(false); err != nil {
+				return err
+			}
+			if depth == 0 {
+				return nil
+			}
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 { // the close of the enclosing value: a scalar ended
+				return nil
+			}
+			if depth--; depth == 0 {
+				s.i++
+				return nil
+			}
+		case ',':
+			if depth == 0 {
+				return nil
+			}
+		}
+		s.i++
+	}
+	if depth > 0 {
+		return errScan
+	}
+	return nil
+}
+
 // str reads a string and, when decode, returns it as encoding/json
-// decodes it (escapes resolved, invalid UTF-8 as U+FFFD).
-func (s *memberScan) str(decode bool) (string, error) {
+// decodes it (escapes resolved, invalid UTF-8 as U+FFFD): a slice of the
+// text when written plainly.
+func (s *memberScan) str(decode bool) ([]byte, error) {
 	if s.i >= len(s.b) || s.b[s.i] != '"' {
-		return "", errScan
+		return nil, errScan
 	}
 	start, plain := s.i, true
 	s.i++
@@ -352,20 +507,20 @@ func (s *memberScan) str(decode bool) (string, error) {
 			s.i++
 			raw := s.b[start:s.i]
 			if !decode {
-				return "", nil
+				return nil, nil
 			}
 			if plain && utf8.Valid(raw) {
-				return string(raw[1 : len(raw)-1]), nil
+				return raw[1 : len(raw)-1 : len(raw)-1], nil
 			}
 			var out string
 			if json.Unmarshal(raw, &out) != nil {
-				return "", errScan
+				return nil, errScan
 			}
-			return out, nil
+			return []byte(out), nil
 		}
 		s.i++
 	}
-	return "", errScan
+	return nil, errScan
 }
 
 // sep reads what follows a member or an element: a comma (more follow) or

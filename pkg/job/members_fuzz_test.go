@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -118,6 +119,30 @@ func FuzzCheckMembers(f *testing.F) {
 		}
 		if a, b := reading(t, data), reading(t, again); !reflect.DeepEqual(a, b) {
 			t.Fatalf("%q accepted with two readings:\n as sent: %v\n as a map: %v", data, a, b)
+		}
+	})
+}
+
+// FuzzCheckProducerRequest holds the check for members only Sluice sets
+// to its first reading: the body decoded into a map, each name folded.
+func FuzzCheckProducerRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"a","sluice_responses":{}}`, `{"model":"a","SLUICE_x":1}`, `{"model":"a","ſluice_x":1}`,
+		`{"a":[1,{"sluice_x":2}],"b":"sluice_"}`, `{"\u0073luice_x":1}`, `{"sluice":1,"x":{"y":[]}}`, `[{"sluice_x":1}]`,
+		`null`, `{}`, `{"a":1 , "b" : [ "}" , "]" ] , "SLUICE_z" : null }`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var members map[string]json.RawMessage
+		want := false
+		if json.Unmarshal(data, &members) == nil {
+			for name := range members {
+				want = want || strings.HasPrefix(FoldName(name), FoldName(ReservedPrefix))
+			}
+		}
+		if err := CheckProducerRequest("request", data); (err != nil) != want {
+			t.Fatalf("%q: CheckProducerRequest %v, want refused %v", data, err, want)
 		}
 	})
 }

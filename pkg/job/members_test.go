@@ -1,6 +1,7 @@
 package job
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -27,6 +28,11 @@ func TestCheckMembers(t *testing.T) {
 		{body: `not json`},
 		{body: `[1,2,{"a":1},{"a":2}]`},
 		{body: ` { "a" : 1 , "b" : [ ] , "c" : { } , "A" : 2 } `, field: "request", msg: `"a" (also as "A")`},
+		// Past linearNames members an object's names are compared by map.
+		{body: manyMembers(40, `"M40":1`), field: "request", msg: `duplicate member "m40" (also as "M40")`},
+		{body: manyMembers(40, `"M3":0`), field: "request", msg: `duplicate member "m3" (also as "M3")`},
+		{body: manyMembers(40, `"m41":{"x":1,"y":{"X":2}},"m42":[{"a":1,"A":1}]`), field: "request.m42[0]", msg: `"a" (also as "A")`},
+		{body: manyMembers(40, `"m41":0`)},
 	} {
 		err := CheckMembers("request", []byte(c.body), nil)
 		if c.msg == "" {
@@ -110,4 +116,38 @@ func BenchmarkCheckMembers(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkParseSmall parses a small job envelope as ingest does for each
+// job from INTAKE (the body of `sluice bench overhead`).
+func BenchmarkParseSmall(b *testing.B) {
+	data := []byte(`{"id":"0190f6c4-8b1e-7c3a-9d2e-4f5a6b7c8d9e","tenant":"acme","priority":"interactive","request":` +
+		`{"model":"gpt-4o-mini","max_tokens":16,"messages":[{"role":"user","content":"Say hello to the benchmark."}]}}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Parse(data, Limits{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkParseRequestSmall parses the small chat body ingest estimates.
+func BenchmarkParseRequestSmall(b *testing.B) {
+	body := []byte(`{"model":"gpt-4o-mini","max_tokens":16,"messages":[{"role":"user","content":"Say hello to the benchmark."}]}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ParseRequest(body, Limits{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// manyMembers is an object of n members "m1".."mn" and then more.
+func manyMembers(n int, more string) string {
+	var b strings.Builder
+	b.WriteString("{")
+	for i := 1; i <= n; i++ {
+		fmt.Fprintf(&b, `"m%d":%d,`, i, i)
+	}
+	return b.String() + more + "}"
 }

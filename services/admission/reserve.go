@@ -2,7 +2,6 @@ package admission
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/keys"
+	"github.com/sluice-dev/sluice/internal/task"
 	"github.com/sluice-dev/sluice/internal/tracing"
 	"github.com/sluice-dev/sluice/pkg/job"
 )
@@ -238,7 +238,7 @@ func (s *Service) publish(q *queueState, ms *modelState, c *Candidate, at, from,
 	if len(j.Attempts) == 0 {
 		s.m.QueueWait.WithLabelValues(string(j.Priority), s.app().TaskLabel(j.Task)).Observe(now.Sub(j.SubmittedAt).Seconds())
 	}
-	data, _ := json.Marshal(j)
+	data, _ := task.Encode(j)
 	msg := nats.NewMsg(job.DispatchSubject(j.Provider, j.Model))
 	msg.Data = data
 	// One dispatch per QUEUE message: a redelivery of the same message (a

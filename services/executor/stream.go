@@ -48,7 +48,7 @@ type streamFlags struct {
 // caller asked for the usage chunk.
 func streamed(j *task.Task) (stream, usage bool) {
 	var f streamFlags
-	if json.Unmarshal(j.Request, &f) != nil {
+	if json.Unmarshal(task.Members(j.Request, "stream", "stream_options"), &f) != nil {
 		return false, false
 	}
 	return f.Stream, f.Stream && f.StreamOptions != nil && f.StreamOptions.IncludeUsage

@@ -105,7 +105,7 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) (err error) {
 	first := false
 	defer func() { endResult(span, &r, first, err) }()
 	hints := mesh.Hints(msg.Headers())
-	first, err = s.record(ctx, &r, hints.RecordRev)
+	first, err = s.record(ctx, &r, msg.Data(), hints.RecordRev)
 	if err != nil {
 		return err
 	}
@@ -133,10 +133,11 @@ func (s *Service) tenantLabel(name string) string {
 // call wrote it. hint is the revision at which ingest created the record
 // (0: none): a record still at it is the queued record ingest wrote, with
 // no result, so the terminal record is written over it by compare-and-set
-// without reading it; otherwise the record is read first.
-func (s *Service) record(ctx context.Context, r *job.Result, hint uint64) (bool, error) {
+// without reading it; otherwise the record is read first. raw is r's
+// JSON as the result message carried it.
+func (s *Service) record(ctx context.Context, r *job.Result, raw []byte, hint uint64) (bool, error) {
 	if hint > 0 {
-		data, _ := json.Marshal(&mesh.Record{JobID: r.JobID, Tenant: r.Tenant, Status: r.Status, SubmittedAt: r.SubmittedAt, Result: r})
+		data := mesh.TerminalRecord(r, raw)
 		if _, err := s.mesh.Results.Update(ctx, keys.Record(r.Tenant, r.JobID), data, hint); err == nil {
 			return true, nil
 		}
