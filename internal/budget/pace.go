@@ -117,9 +117,12 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 			}
 		}
 		reason := ""
+		// credit is how far the short window alone moved the call past
+		// its pace (below).
+		var credit int64
 		if paced {
 			if a := s.shortFit(w, at, v, mins, caps); a > at {
-				at, reason = a, "burst"
+				at, reason, credit = a, "burst", a-at
 			}
 			a, why := s.minuteFit(w, at, v, minute)
 			if a < 0 {
@@ -127,7 +130,7 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 				break
 			}
 			if a > at {
-				at, reason = a, why
+				at, reason, credit = a, why, 0
 			}
 		}
 		if at > horizon {
@@ -154,9 +157,18 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 		sv := w.Slices[k]
 		sv.add(v)
 		w.Slices[k] = sv
+		// The pace runs on from the instant it allowed, not from the later
+		// one the short window imposed: a job paced shorter than the
+		// second it had to wait leaves that time to the next, paced
+		// longer, instead of losing it (jobs near the per-second cap
+		// filled 97 % of the minute, not 99 %). At most one short window
+		// of it: the short window still holds every plan, and a bucket
+		// of a second's refill (what a cap of limit/60 stands for) holds
+		// a schedule whose every second holds at most the cap.
+		base := exact - min(credit, s.p.Short.Microseconds())
 		for d := range per {
 			if per[d] > 0 {
-				w.TAT[d] = max(w.TAT[d], exact) + int64(math.Ceil(per[d]*float64(v[d])))
+				w.TAT[d] = max(w.TAT[d], base) + int64(math.Ceil(per[d]*float64(v[d])))
 			}
 		}
 		w.Last = exact
