@@ -273,13 +273,10 @@ func (l *Ledger) Settle(ctx context.Context, r Rule, j *task.Task, u job.Usage) 
 	if at.IsZero() || back.Tokens+back.Output < MinReturn {
 		return
 	}
-	if r.Split {
-		// The provider's bucket was charged the usage: pace what it was
-		// charged (at the configured limits, never above the effective).
-		l.rewind(ctx, key, at, back, r.Refill)
-		return
-	}
-	l.giveBack(ctx, key, at, back, false)
+	// The provider was charged the usage (its prompt count at arrival):
+	// pace what it was charged (at the configured limits, never above the
+	// effective), or each call's margin over its count is time lost.
+	l.rewind(ctx, key, at, back, r.Refill)
 }
 
 // GiveBack returns what j's paced reservation held and the provider will

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/task"
@@ -230,5 +231,38 @@ func TestHeldReadsOldReservations(t *testing.T) {
 		if old.ID != "7000000123-0" {
 			t.Errorf("ID %q, want the slice before the dash (executors before Slice read it)", old.ID)
 		}
+	}
+}
+
+// TestSettlingPacesWhatWasCharged: a call the provider counted less than
+// its reservation gives the difference back to the pace too, on one token
+// limit as on limits apart, so the next call is paced after what the
+// provider was charged. At 60,000 TPM (a token a millisecond) a 1,500-token
+// reservation settled to 1,100 lets the next 1,500-token call leave 1.1 s
+// after it, not 1.5 s (its short window alone needs 1.025 s).
+func TestSettlingPacesWhatWasCharged(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rule := budget.Rule{Refill: budget.Limits{RPM: 600, TPM: 60_000}}
+	est := job.Estimate{PromptTokens: 1000, MaxTokens: 500}
+	b := setup(t, pacedParams)
+	l := budget.NewLedger(b.store, slog.New(slog.DiscardHandler))
+	key := budget.ModelKey("p", "m")
+	h := rule.Claim(&est)
+	g, err := b.store.Take(ctx, key, rule.Refill, []budget.Cost{rule.Cost(h)})
+	if err != nil || g.N != 1 {
+		t.Fatalf("place: %+v %v", g, err)
+	}
+	h.Slice = b.store.SliceOf(g.SendAt[0])
+	r := rule.Reserve(h)
+	r.SendAt = g.SendAt[0]
+	j := &task.Task{Job: job.Job{ID: job.NewID(), Provider: "p"}, Model: "m", Estimate: &est, Reservation: r}
+	l.Settle(ctx, rule, j, job.Usage{PromptTokens: 600, CompletionTokens: 20})
+	next, err := b.store.Take(ctx, key, rule.Refill, []budget.Cost{rule.Cost(h)})
+	if err != nil || next.N != 1 {
+		t.Fatalf("next: %+v %v", next, err)
+	}
+	if d := next.SendAt[0].Sub(g.SendAt[0]); d > 1100*time.Millisecond+time.Millisecond {
+		t.Errorf("next call %v after the settled one, want 1.1 s (paced at the 1,100 tokens charged)", d)
 	}
 }
