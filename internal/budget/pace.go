@@ -72,6 +72,25 @@ func (s *Store) lead(now time.Time) time.Duration {
 // shortUS is the short window plus the tolerance, in microseconds.
 func (p Params) shortUS() int64 { return (p.Short + p.Tolerance).Microseconds() }
 
+// minuteUS is the minute plus the tolerance, in microseconds.
+func (p Params) minuteUS() int64 {
+	w := p.Window
+	if w == 0 {
+		w = time.Minute
+	}
+	return (w + p.Tolerance).Microseconds()
+}
+
+// minuteFrom is the first slice the minute of a placement at instant at
+// (unix microseconds) holds: the one with (at - minute - tolerance) in it.
+// Every placement a call sent up to the tolerance late could share the
+// provider's minute with lies in it or after; a fixed span of slices from
+// the instant's own would hold up to a slice more than that (0.4 % of the
+// minute left unused where the pace binds it).
+func (s *Store) minuteFrom(at int64) int64 {
+	return s.sliceOf(time.UnixMicro(at - s.p.minuteUS()))
+}
+
 // place plans costs on a paced schedule, each at the earliest instant that
 // satisfies pacing, the short window and the minute, within the horizon, in
 // every dimension the limits bound.
@@ -240,8 +259,7 @@ func (s *Store) roomy(w *Window, at int64, v, mins, caps Vec, ahead int64) bool 
 			short.add(p.V)
 		}
 	}
-	extra := (ahead + s.p.Slice.Microseconds() - 1) / s.p.Slice.Microseconds()
-	minute := w.sum(s.sliceOf(time.UnixMicro(at)) - s.p.Span() + 1 - extra)
+	minute := w.sum(s.minuteFrom(early))
 	for d := range mins {
 		if mins[d] <= 0 {
 			continue
@@ -312,8 +330,7 @@ func (s *Store) minuteFit(w *Window, at int64, v, mins Vec) (int64, string) {
 			return -1, reasonOf(d)
 		}
 	}
-	k := s.sliceOf(time.UnixMicro(at))
-	from := k - s.p.Span() + 1
+	from := s.minuteFrom(at)
 	used := w.sum(from)
 	var need Vec
 	why := ""
@@ -342,8 +359,9 @@ func (s *Store) minuteFit(w *Window, at int64, v, mins Vec) (int64, string) {
 			}
 		}
 		if done {
-			// Slice j leaves the window once the instant's slice is j+Span.
-			return max(at, s.sliceStart(j+s.p.Span()).UnixMicro()), why
+			// Slice j leaves the minute once the minute and the
+			// tolerance before the instant are past its end.
+			return max(at, s.sliceStart(j+1).UnixMicro()+s.p.minuteUS()), why
 		}
 	}
 	return -1, why
