@@ -290,9 +290,11 @@ func (l *Ledger) GiveBack(ctx context.Context, r Rule, j *task.Task, why Unspent
 	key := keyOf(j)
 	switch why {
 	case Unsent:
-		if r.Split {
-			// A bucket the provider refills: what it never saw rewinds
-			// the pace, whatever was placed after.
+		if r.Refill.Limited() {
+			// What the provider never saw rewinds the pace, whatever was
+			// placed after: a lapsed instant is time the schedule gets
+			// back, not a gap (on a loaded machine a few a minute). The
+			// short window and the minute still bound every plan.
 			l.rewind(ctx, key, res.SendAt, c, r.Refill)
 			return
 		}

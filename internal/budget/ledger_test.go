@@ -266,3 +266,38 @@ func TestSettlingPacesWhatWasCharged(t *testing.T) {
 		t.Errorf("next call %v after the settled one, want 1.1 s (paced at the 1,100 tokens charged)", d)
 	}
 }
+
+// TestLapsedInstantRewindsThePace: an instant let lapse (the call never
+// left) gives its time back to the pace even when a later call was placed
+// after it. At 60,000 TPM 1,500-token calls are paced 1.5 s apart; with the
+// first given back unsent, the third follows the second by its short window
+// (1.025 s), not by the pace of both (3 s after the first).
+func TestLapsedInstantRewindsThePace(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rule := budget.Rule{Refill: budget.Limits{RPM: 600, TPM: 60_000}}
+	est := job.Estimate{PromptTokens: 1000, MaxTokens: 500}
+	b := setup(t, pacedParams)
+	l := budget.NewLedger(b.store, slog.New(slog.DiscardHandler))
+	key := budget.ModelKey("p", "m")
+	h := rule.Claim(&est)
+	g, err := b.store.Take(ctx, key, rule.Refill, []budget.Cost{rule.Cost(h), rule.Cost(h)})
+	if err != nil || g.N != 2 {
+		t.Fatalf("place: %+v %v", g, err)
+	}
+	h.Slice = b.store.SliceOf(g.SendAt[0])
+	r := rule.Reserve(h)
+	r.SendAt = g.SendAt[0]
+	l.GiveBack(ctx, rule, &task.Task{Job: job.Job{ID: job.NewID(), Provider: "p"}, Model: "m", Estimate: &est, Reservation: r}, budget.Unsent)
+	b.clock.Advance(time.Second) // the third within the horizon either way
+	next, err := b.store.Take(ctx, key, rule.Refill, []budget.Cost{rule.Cost(h)})
+	if err != nil || next.N != 1 {
+		t.Fatalf("third call not placed within the horizon (%s, retry at %v after the second; err %v): the lapsed instant's pace was kept",
+			next.Reason, next.RetryAt.Sub(g.SendAt[1]), err)
+	}
+	want := g.SendAt[1].Add(time.Second + pacedParams.Tolerance)
+	if d := next.SendAt[0].Sub(want); d > time.Millisecond {
+		t.Errorf("third call %v after the second, want %v (its short window): the lapsed instant's pace was kept",
+			next.SendAt[0].Sub(g.SendAt[1]), time.Second+pacedParams.Tolerance)
+	}
+}
