@@ -171,26 +171,7 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 		if paced && (i >= len(notBefore) || notBefore[i].IsZero()) && s.roomy(w, at, v, mins, caps, at-nowUS) {
 			from = max(nowUS, w.Last)
 		}
-		w.add(planned{At: at, V: v})
-		k := s.sliceOf(time.UnixMicro(at))
-		sv := w.Slices[k]
-		sv.add(v)
-		w.Slices[k] = sv
-		// The pace runs on from the instant it allowed, not from the later
-		// one the short window imposed: a job paced shorter than the
-		// second it had to wait leaves that time to the next, paced
-		// longer, instead of losing it (jobs near the per-second cap
-		// filled 97 % of the minute, not 99 %). At most one short window
-		// of it: the short window still holds every plan, and a bucket
-		// of a second's refill (what a cap of limit/60 stands for) holds
-		// a schedule whose every second holds at most the cap.
-		base := exact - min(credit, s.p.Short.Microseconds())
-		for d := range per {
-			if per[d] > 0 {
-				w.TAT[d] = max(w.TAT[d], base) + int64(math.Ceil(per[d]*float64(v[d])))
-			}
-		}
-		w.Last = exact
+		s.record(w, at, exact, credit, v, per)
 		sa := time.UnixMicro(at)
 		g.SendAt = append(g.SendAt, sa)
 		g.From = append(g.From, time.UnixMicro(from))
@@ -198,6 +179,30 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 		g.N++
 	}
 	return g
+}
+
+// record adds a placement of v at instant at (exact: before rounding to
+// the millisecond) to w's schedule, its minute and its pace. The pace runs
+// on from the instant it allowed, not from the later one the short window
+// imposed (credit, what it imposed): a job paced shorter than the second
+// it had to wait leaves that time to the next, paced longer, instead of
+// losing it (jobs near the per-second cap filled 97 % of the minute, not
+// 99 %). At most one short window of it: the short window still holds
+// every plan, and a bucket of a second's refill (what a cap of limit/60
+// stands for) holds a schedule whose every second holds at most the cap.
+func (s *Store) record(w *Window, at, exact, credit int64, v Vec, per [dims]float64) {
+	w.add(planned{At: at, V: v})
+	k := s.sliceOf(time.UnixMicro(at))
+	sv := w.Slices[k]
+	sv.add(v)
+	w.Slices[k] = sv
+	base := exact - min(credit, s.p.Short.Microseconds())
+	for d := range per {
+		if per[d] > 0 {
+			w.TAT[d] = max(w.TAT[d], base) + int64(math.Ceil(per[d]*float64(v[d])))
+		}
+	}
+	w.Last = exact
 }
 
 // pacePer is the microseconds per unit of each dimension at the minute's
