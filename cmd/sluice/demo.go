@@ -127,6 +127,7 @@ tenants:
 		codes    = map[string]int{}
 		laneJobs int
 		laneCost float64
+		retried  int // jobs that spent more than one attempt
 		refusals = map[string]int{}
 		done     atomic.Int64
 	)
@@ -137,6 +138,9 @@ tenants:
 		}
 		mu.Lock()
 		statuses[r.Status]++
+		if r.Attempts > 1 {
+			retried++
+		}
 		if r.Error != nil {
 			codes[r.Error.Code]++
 		}
@@ -256,8 +260,8 @@ tenants:
 	fmt.Fprintf(stdout, "  paid twice     %d operations\n", st.DuplicateCompletions)
 	fmt.Fprintf(stdout, "  tokens used    %s (prompt + completion, as the provider reported; %s of them in batch lines) in %.0fs\n",
 		bench.Comma(ms.SuccessTokens+lineTokens), bench.Comma(lineTokens), elapsed.Seconds())
-	if ms.MaxTokensIn60s > *tpm || ms.MaxRequestsIn60s > *rpm || ms.RateLimited > 0 {
-		return errors.New("the provider's limits were exceeded")
+	if err := demoVerdict(stdout, ms, *rpm, *tpm, retried); err != nil {
+		return err
 	}
 	if n := refused.Load(); n > 0 {
 		for why, k := range refusals {
@@ -265,7 +269,30 @@ tenants:
 		}
 		return fmt.Errorf("%d jobs were refused at submission", n)
 	}
+	if ms.RateLimited > 0 {
+		// A call planned within the limits that reached the provider later
+		// than send_tolerance after its instant (a starved machine) may
+		// share a second with the calls after it: the provider refuses it,
+		// and it goes back to its queue without spending an attempt.
+		fmt.Fprintf(stdout, "\nEvery job got exactly one result; the provider never accepted more than its limits (it refused %d calls that went back to their queues, no attempt spent).\n", ms.RateLimited)
+		return nil
+	}
 	fmt.Fprintln(stdout, "\nEvery job got exactly one result; the provider never saw more than its limits.")
+	return nil
+}
+
+// demoVerdict fails the demo if the provider accepted more than its limits
+// in any minute or second, or a job spent an attempt (the demo's provider
+// has no faults, and a 429 costs none).
+func demoVerdict(stdout io.Writer, ms sim.ModelStats, rpm, tpm, retried int) error {
+	if ms.MaxTokensIn60s > tpm || ms.MaxAdmittedRequestsIn60s > rpm ||
+		ms.MaxTokensIn1s > ms.BurstTokens || ms.MaxAdmittedRequestsIn1s > ms.BurstRequests {
+		return errors.New("the provider accepted more than its limits")
+	}
+	if retried > 0 {
+		fmt.Fprintf(stdout, "  retried        %d jobs\n", retried)
+		return fmt.Errorf("%d jobs spent more than one attempt", retried)
+	}
 	return nil
 }
 

@@ -25,7 +25,8 @@
 //     value per minute) back toward the ceiling; a refusal ends the probe
 //     with another cut at the level that failed;
 //   - warm-up: after a hold (Retry-After), an acceleration refusal or for a
-//     model with no record, the limits ramp from half to whole over Ramp;
+//     model with no record (unless Config.NoWarmUp), the limits ramp from
+//     half to whole over Ramp;
 //   - discovery: a limit configured as 0 on a model with adaptive: true
 //     starts at DiscoverStart and doubles every DiscoverDoubling until the
 //     provider states a limit or refuses a call.
@@ -119,6 +120,10 @@ type Config struct {
 	Adapts        bool // learn and lower (absent or true in the config)
 	Discovers     bool // a 0 limit is discovered (adaptive: true)
 	BurstFraction float64
+	// NoWarmUp: a model with no record starts at its limits, not at half
+	// (its provider documents no acceleration limit: OpenAI). An
+	// acceleration refusal or a hold still starts a warm-up.
+	NoWarmUp bool
 }
 
 // Effective are the limits in effect at an instant.
@@ -436,15 +441,19 @@ func (s *Store) Start(ctx context.Context, key string, c Config) (State, error) 
 			return false
 		}
 		ms := s.now().UnixMilli()
-		st.RampFrom = ms
+		started := false
+		if !c.NoWarmUp {
+			st.RampFrom, started = ms, true
+		}
 		if c.Discovers {
 			for d := range Dims {
 				if c.configured(d) == 0 && (d != Output || c.SplitOutput) {
 					st.Learned[d], st.LearnedAt[d], st.Discovering[d] = DiscoverStart[d], ms, true
+					started = true
 				}
 			}
 		}
-		return true
+		return started
 	})
 	return st, err
 }

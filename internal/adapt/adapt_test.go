@@ -219,3 +219,43 @@ func TestStatedAndDiscovered(t *testing.T) {
 		t.Error("a quota refusal cut the limits")
 	}
 }
+
+// TestNewModelWarmsUpOnlyWhereAsked: a model the fleet has never seen
+// starts at half its limits and ramps up when its provider asks for load to
+// grow gradually (the default Config, anthropic and azure models); with
+// NoWarmUp (openai models) it starts at its limits: the ramp cost a token
+// benchmark's fresh fleet 2.5 s of its first minute. An acceleration
+// refusal still starts a warm-up.
+func TestNewModelWarmsUpOnlyWhereAsked(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name     string
+		noWarmUp bool
+		want     float64
+	}{{"warms up", false, 0.5}, {"starts at its limits", true, 1}} {
+		c := fakeclock.New(time.Unix(1_750_000_000, 0))
+		st := adapt.NewStore(bucket(t), c.Now)
+		conf := cfg
+		conf.NoWarmUp = tc.noWarmUp
+		rec, err := st.Start(ctx, key, conf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e := adapt.Compute(conf, rec, c.Now()); e.Ramp != tc.want {
+			t.Errorf("%s: a new model's ramp %g, want %g", tc.name, e.Ramp, tc.want)
+		}
+		c.Advance(time.Minute)
+		if _, _, err := st.Cut(ctx, key, conf, adapt.Refusal{Kind: provider.LimitAcceleration, Dim: adapt.Requests, ReservedAt: c.Now(),
+			Stated: [adapt.Dims]int{-1, -1}}); err != nil {
+			t.Fatal(err)
+		}
+		rec, _, err = st.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e := adapt.Compute(conf, rec, c.Now()); e.Ramp != 0.5 {
+			t.Errorf("%s: after an acceleration refusal the ramp is %g, want 0.5", tc.name, e.Ramp)
+		}
+	}
+}

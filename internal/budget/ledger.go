@@ -273,13 +273,10 @@ func (l *Ledger) Settle(ctx context.Context, r Rule, j *task.Task, u job.Usage) 
 	if at.IsZero() || back.Tokens+back.Output < MinReturn {
 		return
 	}
-	if r.Split {
-		// The provider's bucket was charged the usage: pace what it was
-		// charged (at the configured limits, never above the effective).
-		l.rewind(ctx, key, at, back, r.Refill)
-		return
-	}
-	l.giveBack(ctx, key, at, back, false)
+	// The provider was charged the usage (its prompt count at arrival):
+	// pace what it was charged (at the configured limits, never above the
+	// effective), or each call's margin over its count is time lost.
+	l.rewind(ctx, key, at, back, r.Refill)
 }
 
 // GiveBack returns what j's paced reservation held and the provider will
@@ -293,9 +290,11 @@ func (l *Ledger) GiveBack(ctx context.Context, r Rule, j *task.Task, why Unspent
 	key := keyOf(j)
 	switch why {
 	case Unsent:
-		if r.Split {
-			// A bucket the provider refills: what it never saw rewinds
-			// the pace, whatever was placed after.
+		if r.Refill.Limited() {
+			// What the provider never saw rewinds the pace, whatever was
+			// placed after: a lapsed instant is time the schedule gets
+			// back, not a gap (on a loaded machine a few a minute). The
+			// short window and the minute still bound every plan.
 			l.rewind(ctx, key, res.SendAt, c, r.Refill)
 			return
 		}

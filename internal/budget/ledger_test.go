@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/task"
@@ -230,5 +231,73 @@ func TestHeldReadsOldReservations(t *testing.T) {
 		if old.ID != "7000000123-0" {
 			t.Errorf("ID %q, want the slice before the dash (executors before Slice read it)", old.ID)
 		}
+	}
+}
+
+// TestSettlingPacesWhatWasCharged: a call the provider counted less than
+// its reservation gives the difference back to the pace too, on one token
+// limit as on limits apart, so the next call is paced after what the
+// provider was charged. At 60,000 TPM (a token a millisecond) a 1,500-token
+// reservation settled to 1,100 lets the next 1,500-token call leave 1.1 s
+// after it, not 1.5 s (its short window alone needs 1.025 s).
+func TestSettlingPacesWhatWasCharged(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rule := budget.Rule{Refill: budget.Limits{RPM: 600, TPM: 60_000}}
+	est := job.Estimate{PromptTokens: 1000, MaxTokens: 500}
+	b := setup(t, pacedParams)
+	l := budget.NewLedger(b.store, slog.New(slog.DiscardHandler))
+	key := budget.ModelKey("p", "m")
+	h := rule.Claim(&est)
+	g, err := b.store.Take(ctx, key, rule.Refill, []budget.Cost{rule.Cost(h)})
+	if err != nil || g.N != 1 {
+		t.Fatalf("place: %+v %v", g, err)
+	}
+	h.Slice = b.store.SliceOf(g.SendAt[0])
+	r := rule.Reserve(h)
+	r.SendAt = g.SendAt[0]
+	j := &task.Task{Job: job.Job{ID: job.NewID(), Provider: "p"}, Model: "m", Estimate: &est, Reservation: r}
+	l.Settle(ctx, rule, j, job.Usage{PromptTokens: 600, CompletionTokens: 20})
+	next, err := b.store.Take(ctx, key, rule.Refill, []budget.Cost{rule.Cost(h)})
+	if err != nil || next.N != 1 {
+		t.Fatalf("next: %+v %v", next, err)
+	}
+	if d := next.SendAt[0].Sub(g.SendAt[0]); d > 1100*time.Millisecond+time.Millisecond {
+		t.Errorf("next call %v after the settled one, want 1.1 s (paced at the 1,100 tokens charged)", d)
+	}
+}
+
+// TestLapsedInstantRewindsThePace: an instant let lapse (the call never
+// left) gives its time back to the pace even when a later call was placed
+// after it. At 60,000 TPM 1,500-token calls are paced 1.5 s apart; with the
+// first given back unsent, the third follows the second by its short window
+// (1.025 s), not by the pace of both (3 s after the first).
+func TestLapsedInstantRewindsThePace(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rule := budget.Rule{Refill: budget.Limits{RPM: 600, TPM: 60_000}}
+	est := job.Estimate{PromptTokens: 1000, MaxTokens: 500}
+	b := setup(t, pacedParams)
+	l := budget.NewLedger(b.store, slog.New(slog.DiscardHandler))
+	key := budget.ModelKey("p", "m")
+	h := rule.Claim(&est)
+	g, err := b.store.Take(ctx, key, rule.Refill, []budget.Cost{rule.Cost(h), rule.Cost(h)})
+	if err != nil || g.N != 2 {
+		t.Fatalf("place: %+v %v", g, err)
+	}
+	h.Slice = b.store.SliceOf(g.SendAt[0])
+	r := rule.Reserve(h)
+	r.SendAt = g.SendAt[0]
+	l.GiveBack(ctx, rule, &task.Task{Job: job.Job{ID: job.NewID(), Provider: "p"}, Model: "m", Estimate: &est, Reservation: r}, budget.Unsent)
+	b.clock.Advance(time.Second) // the third within the horizon either way
+	next, err := b.store.Take(ctx, key, rule.Refill, []budget.Cost{rule.Cost(h)})
+	if err != nil || next.N != 1 {
+		t.Fatalf("third call not placed within the horizon (%s, retry at %v after the second; err %v): the lapsed instant's pace was kept",
+			next.Reason, next.RetryAt.Sub(g.SendAt[1]), err)
+	}
+	want := g.SendAt[1].Add(time.Second + pacedParams.Tolerance)
+	if d := next.SendAt[0].Sub(want); d > time.Millisecond {
+		t.Errorf("third call %v after the second, want %v (its short window): the lapsed instant's pace was kept",
+			next.SendAt[0].Sub(g.SendAt[1]), time.Second+pacedParams.Tolerance)
 	}
 }

@@ -72,6 +72,25 @@ func (s *Store) lead(now time.Time) time.Duration {
 // shortUS is the short window plus the tolerance, in microseconds.
 func (p Params) shortUS() int64 { return (p.Short + p.Tolerance).Microseconds() }
 
+// minuteUS is the minute plus the tolerance, in microseconds.
+func (p Params) minuteUS() int64 {
+	w := p.Window
+	if w == 0 {
+		w = time.Minute
+	}
+	return (w + p.Tolerance).Microseconds()
+}
+
+// minuteFrom is the first slice the minute of a placement at instant at
+// (unix microseconds) holds: the one with (at - minute - tolerance) in it.
+// Every placement a call sent up to the tolerance late could share the
+// provider's minute with lies in it or after; a fixed span of slices from
+// the instant's own would hold up to a slice more than that (0.4 % of the
+// minute left unused where the pace binds it).
+func (s *Store) minuteFrom(at int64) int64 {
+	return s.sliceOf(time.UnixMicro(at - s.p.minuteUS()))
+}
+
 // place plans costs on a paced schedule, each at the earliest instant that
 // satisfies pacing, the short window and the minute, within the horizon, in
 // every dimension the limits bound, lead from now at the earliest.
@@ -117,9 +136,12 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 			}
 		}
 		reason := ""
+		// credit is how far the short window alone moved the call past
+		// its pace (below).
+		var credit int64
 		if paced {
 			if a := s.shortFit(w, at, v, mins, caps); a > at {
-				at, reason = a, "burst"
+				at, reason, credit = a, "burst", a-at
 			}
 			a, why := s.minuteFit(w, at, v, minute)
 			if a < 0 {
@@ -127,7 +149,7 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 				break
 			}
 			if a > at {
-				at, reason = a, why
+				at, reason, credit = a, why, 0
 			}
 		}
 		if at > horizon {
@@ -149,17 +171,7 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 		if paced && (i >= len(notBefore) || notBefore[i].IsZero()) && s.roomy(w, at, v, mins, caps, at-nowUS) {
 			from = max(nowUS, w.Last)
 		}
-		w.add(planned{At: at, V: v})
-		k := s.sliceOf(time.UnixMicro(at))
-		sv := w.Slices[k]
-		sv.add(v)
-		w.Slices[k] = sv
-		for d := range per {
-			if per[d] > 0 {
-				w.TAT[d] = max(w.TAT[d], exact) + int64(math.Ceil(per[d]*float64(v[d])))
-			}
-		}
-		w.Last = exact
+		s.record(w, at, exact, credit, v, per)
 		sa := time.UnixMicro(at)
 		g.SendAt = append(g.SendAt, sa)
 		g.From = append(g.From, time.UnixMicro(from))
@@ -167,6 +179,30 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 		g.N++
 	}
 	return g
+}
+
+// record adds a placement of v at instant at (exact: before rounding to
+// the millisecond) to w's schedule, its minute and its pace. The pace runs
+// on from the instant it allowed, not from the later one the short window
+// imposed (credit, what it imposed): a job paced shorter than the second
+// it had to wait leaves that time to the next, paced longer, instead of
+// losing it (jobs near the per-second cap filled 97 % of the minute, not
+// 99 %). At most one short window of it: the short window still holds
+// every plan, and a bucket of a second's refill (what a cap of limit/60
+// stands for) holds a schedule whose every second holds at most the cap.
+func (s *Store) record(w *Window, at, exact, credit int64, v Vec, per [dims]float64) {
+	w.add(planned{At: at, V: v})
+	k := s.sliceOf(time.UnixMicro(at))
+	sv := w.Slices[k]
+	sv.add(v)
+	w.Slices[k] = sv
+	base := exact - min(credit, s.p.Short.Microseconds())
+	for d := range per {
+		if per[d] > 0 {
+			w.TAT[d] = max(w.TAT[d], base) + int64(math.Ceil(per[d]*float64(v[d])))
+		}
+	}
+	w.Last = exact
 }
 
 // pacePer is the microseconds per unit of each dimension at the minute's
@@ -228,8 +264,7 @@ func (s *Store) roomy(w *Window, at int64, v, mins, caps Vec, ahead int64) bool 
 			short.add(p.V)
 		}
 	}
-	extra := (ahead + s.p.Slice.Microseconds() - 1) / s.p.Slice.Microseconds()
-	minute := w.sum(s.sliceOf(time.UnixMicro(at)) - s.p.Span() + 1 - extra)
+	minute := w.sum(s.minuteFrom(early))
 	for d := range mins {
 		if mins[d] <= 0 {
 			continue
@@ -300,8 +335,7 @@ func (s *Store) minuteFit(w *Window, at int64, v, mins Vec) (int64, string) {
 			return -1, reasonOf(d)
 		}
 	}
-	k := s.sliceOf(time.UnixMicro(at))
-	from := k - s.p.Span() + 1
+	from := s.minuteFrom(at)
 	used := w.sum(from)
 	var need Vec
 	why := ""
@@ -330,8 +364,9 @@ func (s *Store) minuteFit(w *Window, at int64, v, mins Vec) (int64, string) {
 			}
 		}
 		if done {
-			// Slice j leaves the window once the instant's slice is j+Span.
-			return max(at, s.sliceStart(j+s.p.Span()).UnixMicro()), why
+			// Slice j leaves the minute once the minute and the
+			// tolerance before the instant are past its end.
+			return max(at, s.sliceStart(j+1).UnixMicro()+s.p.minuteUS()), why
 		}
 	}
 	return -1, why

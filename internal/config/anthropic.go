@@ -19,6 +19,11 @@ func SplitsOutput(kind string) bool { return kind == "anthropic" }
 // the output reported.
 func (m Model) SplitsOutput() bool { return m.splits }
 
+// WarmsUp reports whether a model the fleet has never seen starts at half
+// its limits and ramps up (its provider's kind asks for load to grow
+// gradually: anthropic, azure); an openai model starts at its limits.
+func (m Model) WarmsUp() bool { return m.warms }
+
 // Rule is how the budget ledger counts the model's calls (internal/budget):
 // its provider kind's rule, chosen here and nowhere else.
 func (m Model) Rule() budget.Rule {

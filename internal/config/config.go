@@ -409,6 +409,10 @@ type Model struct {
 	OTPM            int  `yaml:"otpm"`
 	CacheReadsCount bool `yaml:"cache_reads_count"`
 	splits          bool // its provider limits output apart (set with the defaults)
+	// warms: its provider asks for load to grow gradually (Anthropic's
+	// acceleration limits, Azure's advice), so a model the fleet has
+	// never seen ramps up (set with the defaults; WarmsUp).
+	warms bool
 	// RPD and TPD are the provider's per-day quotas on the model (requests
 	// and tokens in a trailing 24 h; 0 = none), as Gemini and some OpenAI
 	// tiers state them. A job waits in the queue while the day's quota is
@@ -697,6 +701,7 @@ func (c *Config) providersDefaults() {
 				p.Models[j].Weight = 1
 			}
 			p.Models[j].splits = SplitsOutput(p.Kind)
+			p.Models[j].warms = p.Kind == "anthropic" || p.Kind == KindAzure
 		}
 	}
 }
