@@ -4,6 +4,7 @@
 package streams
 
 import (
+	"bytes"
 	"context"
 	"embed"
 	"encoding/json"
@@ -228,6 +229,12 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opt Options) error {
 		jobs = append(jobs, func() error {
 			if err := checkPerSubject(ctx, js, c); err != nil {
 				return raced(err)
+			}
+			// An unchanged stream is not updated: every node ensures the
+			// streams as it starts, and an update beside another node's
+			// consumer creation races inside the server.
+			if st, err := js.Stream(ctx, c.Name); err == nil && sameStreamSettings(st.CachedInfo().Config, c) {
+				return nil
 			}
 			if _, err := js.CreateOrUpdateStream(ctx, c); err != nil {
 				return raced(fmt.Errorf("ensure stream %s: %w", c.Name, err))
@@ -463,4 +470,22 @@ func subjectsCollide(a, b string) bool {
 		}
 	}
 	return len(at) == len(bt)
+}
+
+// sameStreamSettings reports whether a stream's configuration already has
+// every member want sets, as want sets it (members only the server
+// fills, such as its metadata, are not compared).
+func sameStreamSettings(cur, want jetstream.StreamConfig) bool {
+	var c, w map[string]json.RawMessage
+	cj, err1 := json.Marshal(cur)
+	wj, err2 := json.Marshal(want)
+	if err1 != nil || err2 != nil || json.Unmarshal(cj, &c) != nil || json.Unmarshal(wj, &w) != nil {
+		return false
+	}
+	for k, v := range w {
+		if !bytes.Equal(c[k], v) {
+			return false
+		}
+	}
+	return true
 }

@@ -151,7 +151,9 @@ func TestProviderUnreachable(t *testing.T) {
 	if h.Get("X-Should-Retry") != "false" || h.Get("X-Sluice-Request-Id") == "" {
 		t.Errorf("x-should-retry %q, request id %q", h.Get("X-Should-Retry"), h.Get("X-Sluice-Request-Id"))
 	}
-	j := GetJob(t, ctx, n.HTTP, "acme-key", h.Get("X-Sluice-Job-Id"), "")
+	// The answer comes from the result as it is published; the job's
+	// record is written by the result service just after: wait for it.
+	j := GetJob(t, ctx, n.HTTP, "acme-key", h.Get("X-Sluice-Job-Id"), "20s")
 	res, _ := j["result"].(map[string]any)
 	if got, _ := res["attempts"].(float64); got != 1 {
 		t.Errorf("the job made %v attempts, want 1 (the deployment is down: no retry on the job's clock): %v", res["attempts"], j)
