@@ -39,8 +39,11 @@ admission:
 		t.Error(err)
 	}
 	ms := simSrv.Stats().Models["owned"]
-	if ms.Requests[200] != jobs || ms.RateLimited != 0 {
-		t.Fatalf("the provider answered %d of %d calls, refused %d for rate; want all, none", ms.Requests[200], jobs, ms.RateLimited)
+	// At most one refusal to jitter (a call a loaded machine delivered past
+	// send_tolerance), never an accepted second over the cap.
+	if ms.Requests[200] != jobs || ms.RateLimited > 1 || ms.MaxAdmittedRequestsIn1s > ms.BurstRequests {
+		t.Fatalf("the provider answered %d of %d calls (at most %d in a second, cap %d), refused %d for rate; want all, within the cap",
+			ms.Requests[200], jobs, ms.MaxAdmittedRequestsIn1s, ms.BurstRequests, ms.RateLimited)
 	}
 	served := MetricSum(t, n.MetricsURL(), "sluice_budget_owner_writes_total", `path="served"`)
 	forwarded := MetricSum(t, n.MetricsURL(), "sluice_budget_owner_writes_total", `path="forwarded"`)
