@@ -24,7 +24,7 @@ type upFlags struct {
 	natsCluster, natsRoutes, natsName, natsAdvertise            string
 	metrics, tlsCert, tlsKey                                    string
 	replicas                                                    int
-	open                                                        bool
+	open, pprof                                                 bool
 	check, probe                                                bool
 	sim                                                         string
 }
@@ -46,6 +46,7 @@ func runUp(ctx context.Context, args []string, getenv func(string) string, stdou
 	fs.StringVar(&f.metrics, "metrics", "", "serve /metrics on this address, apart from the API (SLUICE_METRICS, default "+config.DefaultMetrics+"); 'off' disables")
 	fs.StringVar(&f.tlsCert, "http-tls-cert", "", "PEM certificate for HTTPS on --http and --metrics (SLUICE_HTTP_TLS_CERT)")
 	fs.StringVar(&f.tlsKey, "http-tls-key", "", "PEM private key for --http-tls-cert (SLUICE_HTTP_TLS_KEY)")
+	fs.BoolVar(&f.pprof, "pprof", false, "also serve Go's profiler, /debug/pprof/, on the metrics listener (SLUICE_PPROF=1)")
 	fs.BoolVar(&f.open, "open", false, "development mode: serve HTTP requests without an API key (SLUICE_OPEN=1); without it, no tenant keys means no start")
 	fs.IntVar(&f.replicas, "replicas", 0, "stream and bucket replicas when joining a cluster (SLUICE_REPLICAS, default 1)")
 	fs.StringVar(&f.sim, "sim", "", "also run the provider simulator in this process on HOST:PORT, serving the models of the providers whose base_url points there (development and the image's example; not a SLUICE_ variable nor a server: key)")
@@ -157,15 +158,21 @@ func (f upFlags) resolve(set map[string]bool, check bool, getenv func(string) st
 	pick("metrics", "SLUICE_METRICS", f.metrics, &s.Metrics, config.DefaultMetrics)
 	pick("http-tls-cert", "SLUICE_HTTP_TLS_CERT", f.tlsCert, &s.HTTPTLS.Cert, "")
 	pick("http-tls-key", "SLUICE_HTTP_TLS_KEY", f.tlsKey, &s.HTTPTLS.Key, "")
-	switch {
-	case set["open"]:
-		s.Open = f.open
-	case getenv("SLUICE_OPEN") != "":
-		v, err := strconv.ParseBool(getenv("SLUICE_OPEN"))
-		if err != nil {
-			return nil, nil, "", fmt.Errorf("SLUICE_OPEN: want 1 or 0 (true or false), got %q", getenv("SLUICE_OPEN"))
+	for _, b := range []struct {
+		flag, env string
+		flagVal   bool
+		file      *bool
+	}{{"open", "SLUICE_OPEN", f.open, &s.Open}, {"pprof", "SLUICE_PPROF", f.pprof, &s.Pprof}} {
+		switch {
+		case set[b.flag]:
+			*b.file = b.flagVal
+		case getenv(b.env) != "":
+			v, err := strconv.ParseBool(getenv(b.env))
+			if err != nil {
+				return nil, nil, "", fmt.Errorf("%s: want 1 or 0 (true or false), got %q", b.env, getenv(b.env))
+			}
+			*b.file = v
 		}
-		s.Open = v
 	}
 	if t := s.HTTPTLS; t.Enabled() && (t.Cert == "" || t.Key == "") {
 		return nil, nil, "", fmt.Errorf("HTTPS needs both --http-tls-cert and --http-tls-key (server.http_tls.cert and .key)")

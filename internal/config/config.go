@@ -100,6 +100,10 @@ type Server struct {
 	// from the API (`sluice up` defaults it to DefaultMetrics); "" or
 	// "off" serves no metrics.
 	Metrics string `yaml:"metrics"`
+	// Pprof also serves Go's profiler (net/http/pprof, /debug/pprof/) on
+	// the metrics listener, for an operator studying a node's CPU or
+	// memory. Off by default.
+	Pprof bool `yaml:"pprof"`
 	// HTTPTLS serves the HTTP API (and a separate metrics listener) over
 	// TLS when both files are set.
 	HTTPTLS TLSFiles `yaml:"http_tls"`

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"slices"
 	"time"
 
@@ -116,6 +117,13 @@ func addHTTP(g *run.Group, o Options, apiHandler http.Handler, reg *prometheus.R
 	if s.Metrics != "" && s.Metrics != "off" {
 		mm := http.NewServeMux()
 		mm.Handle("GET /metrics", metrics)
+		if s.Pprof {
+			mm.HandleFunc("GET /debug/pprof/", pprof.Index)
+			mm.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+			mm.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+			mm.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+			mm.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+		}
 		if metricsAddr, err = serve("metrics", s.Metrics, mm); err != nil {
 			return "", "", fmt.Errorf("%w (server.metrics, --metrics: another address, or off)", err)
 		}

@@ -12,15 +12,21 @@ import (
 )
 
 // /metrics names every tenant and its traffic: it is served on its own
-// listener (server.metrics), never on the API listener callers reach.
+// listener (server.metrics), never on the API listener callers reach; so
+// is the profiler, and only when server.pprof asks for it.
 func TestMetricsNotOnTheAPIListener(t *testing.T) {
 	t.Parallel()
-	for _, metrics := range []string{"127.0.0.1:0", ""} {
+	for _, c := range []struct {
+		metrics string
+		pprof   bool
+	}{{"127.0.0.1:0", false}, {"127.0.0.1:0", true}, {"", false}} {
+		metrics := c.metrics
 		cfg, err := config.Parse([]byte("server: {open: true}\ntenants: [{name: acme}]\n"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		cfg.Server.Metrics = metrics
+		cfg.Server.Pprof = c.pprof
 		ctx, cancel := context.WithCancel(context.Background())
 		ready := make(chan Info, 1)
 		done := make(chan error, 1)
@@ -47,8 +53,10 @@ func TestMetricsNotOnTheAPIListener(t *testing.T) {
 			b, _ := io.ReadAll(resp.Body)
 			return resp.StatusCode, string(b)
 		}
-		if code, _ := get("http://" + info.HTTPAddr + "/metrics"); code != http.StatusNotFound {
-			t.Errorf("server.metrics %q: GET /metrics on the API listener: %d, want 404", metrics, code)
+		for _, path := range []string{"/metrics", "/debug/pprof/"} {
+			if code, _ := get("http://" + info.HTTPAddr + path); code != http.StatusNotFound {
+				t.Errorf("server.metrics %q: GET %s on the API listener: %d, want 404", metrics, path, code)
+			}
 		}
 		switch {
 		case metrics == "" && info.MetricsAddr != "":
@@ -56,6 +64,10 @@ func TestMetricsNotOnTheAPIListener(t *testing.T) {
 		case metrics != "":
 			if code, body := get("http://" + info.MetricsAddr + "/metrics"); code != http.StatusOK || !strings.Contains(body, "sluice_") {
 				t.Errorf("GET /metrics on the metrics listener: %d, want 200 with Sluice's metrics", code)
+			}
+			want := map[bool]int{true: http.StatusOK, false: http.StatusNotFound}[c.pprof]
+			if code, _ := get("http://" + info.MetricsAddr + "/debug/pprof/goroutine?debug=1"); code != want {
+				t.Errorf("server.pprof %v: GET /debug/pprof/goroutine on the metrics listener: %d, want %d", c.pprof, code, want)
 			}
 		}
 		cancel()
