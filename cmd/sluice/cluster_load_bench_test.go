@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,7 +20,8 @@ import (
 // completions per second from the first submission to the last completion,
 // with every process writing the model's schedule (direct) and with one
 // owner per schedule (owner: admission.schedule_owner). Run it beside a
-// CPU hog to see the budget store under starvation (docs/BENCHMARKS.md):
+// CPU hog to see the budget store under starvation (docs/BENCHMARKS.md);
+// with SLUICE_BENCH_PPROF=DIR SLUICE_PPROF=1 it also profiles each node:
 //
 //	SLUICE_TEST_LOGS=/tmp/logs go test -run '^$' -bench ClusterLoad -benchtime 1x -timeout 20m ./cmd/sluice/
 func BenchmarkClusterLoad(b *testing.B) {
@@ -34,6 +37,7 @@ func benchClusterLoad(b *testing.B, yamlExtra string) {
 		// Eight submitters, so a submission's round trip does not bound
 		// the offered rate.
 		const submitters = 8
+		profileNodes(ctx, b, c, 6*time.Second)
 		start := time.Now()
 		errs := make(chan error, submitters)
 		for range submitters {
@@ -57,6 +61,33 @@ func benchClusterLoad(b *testing.B, yamlExtra string) {
 	}
 }
 
+// profileNodes, with SLUICE_BENCH_PPROF=DIR in the environment (which the
+// nodes inherit, as SLUICE_PPROF), writes each node's CPU profile of the
+// next d to DIR/<benchmark>-<node>.pprof.
+func profileNodes(ctx context.Context, b *testing.B, c *cluster, d time.Duration) {
+	dir := os.Getenv("SLUICE_BENCH_PPROF")
+	if dir == "" {
+		return
+	}
+	for _, n := range c.nodes {
+		url := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", n.proc.MetricsURL(), int(d.Seconds()))
+		path := filepath.Join(dir, strings.ReplaceAll(b.Name(), "/", "_")+"-"+n.name+".pprof")
+		go func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				b.Logf("profile %s: %v", path, err)
+				return
+			}
+			defer resp.Body.Close()
+			data, _ := io.ReadAll(resp.Body)
+			if err := os.WriteFile(path, data, 0o600); err != nil {
+				b.Logf("profile %s: %v", path, err)
+			}
+		}()
+	}
+}
+
 // budgetCounters sums, over the cluster's nodes, the metrics that say how
 // the budget store and the send instants fared.
 func budgetCounters(c *cluster) string {
@@ -72,6 +103,9 @@ func budgetCounters(c *cluster) string {
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
+		if dir := os.Getenv("SLUICE_BENCH_PPROF"); dir != "" {
+			_ = os.WriteFile(filepath.Join(dir, n.name+".metrics"), body, 0o600)
+		}
 		for line := range strings.Lines(string(body)) {
 			for _, name := range names {
 				if strings.HasPrefix(line, name+" ") || strings.HasPrefix(line, name+"{") || strings.Contains(name, "{") && strings.HasPrefix(line, name) {

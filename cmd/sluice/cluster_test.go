@@ -234,6 +234,7 @@ type clusterLoad struct {
 	seen      *systest.Judged
 	plans     *systest.Plans
 	tolerance time.Duration // admission.send_tolerance
+	intake    sync.Once     // logs where INTAKE lives once, mid-offer
 }
 
 // streamCluster describes a stream's leader and replicas, for logs.
@@ -281,8 +282,8 @@ func (l *clusterLoad) offer(ctx context.Context, n int, perSecond float64) error
 			return ctx.Err()
 		}
 		if l.js != nil && i == n/2 {
-			// Where INTAKE lives now, for the log.
-			l.t.Logf("INTAKE at submit #%d: %s", i, streamCluster(ctx, l.js, streams.Intake))
+			// Where INTAKE lives now, for the log (once, of concurrent offers).
+			l.intake.Do(func() { l.t.Logf("INTAKE at submit #%d: %s", i, streamCluster(ctx, l.js, streams.Intake)) })
 		}
 		j := &job.Job{Tenant: []string{"acme", "globex", "initech"}[i%3], Request: systest.ChatBody(l.model, 10+i%40, 40)}
 		var err error

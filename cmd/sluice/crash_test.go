@@ -33,7 +33,8 @@ var (
 	buildErr  error
 )
 
-// sluiceBinary builds the sluice binary once per test run.
+// sluiceBinary builds the sluice binary once per test run (with -race
+// when SLUICE_TEST_RACE_BINARY is set).
 func sluiceBinary(t testing.TB) string {
 	t.Helper()
 	systest.SkipShort(t)
@@ -44,7 +45,13 @@ func sluiceBinary(t testing.TB) string {
 			return
 		}
 		binPath = filepath.Join(dir, "sluice")
-		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", binPath, ".")
+		args := []string{"build", "-o", binPath}
+		if os.Getenv("SLUICE_TEST_RACE_BINARY") != "" {
+			// The children under the race detector too (the cluster
+			// benchmarks' -race run; CI does not, for its time).
+			args = append(args, "-race")
+		}
+		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), append(args, ".")...)
 		cmd.Stderr = os.Stderr
 		buildErr = cmd.Run()
 	})

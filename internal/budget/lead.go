@@ -41,6 +41,8 @@ type LeadEstimator struct {
 	// are forgotten (0: none are).
 	Samples, MinSamples int
 	Window              time.Duration
+	// Untrusted is the lead before MinSamples transits are known (0: Max).
+	Untrusted time.Duration
 
 	mu   sync.Mutex
 	ring []transit
@@ -88,6 +90,9 @@ func (e *LeadEstimator) Lead(now time.Time) time.Duration {
 	}
 	e.mu.Unlock()
 	if len(ds) == 0 || len(ds) < e.MinSamples {
+		if e.Untrusted > 0 {
+			return e.Untrusted
+		}
 		return e.Max
 	}
 	slices.Sort(ds)

@@ -247,6 +247,7 @@ func (s *caller) awaitInstant(ctx context.Context, a *attempt) (done bool, err e
 		return true, s.back.backToAdmission(ctx, a, nil, "drain", backDrain)
 	}
 	s.transits.noteReady(ctx, a.msg, j)
+	s.transits.noteWoke(ctx)
 	if !waitInstant(ctx, r.Earliest()) {
 		s.marks.withdrawSent(ctx, a.opKey, a.sent)
 		return true, errors.New("shutting down before the send instant")

@@ -181,7 +181,7 @@ func (s *Service) wire(learn *adapt.Store) {
 	deps := &deployments{env: e, back: s.back}
 	fall := &fallbacks{env: e, fin: s.fin, back: s.back, deps: deps}
 	s.pools = &tenantPools{env: e, tenantPools: map[string]*budget.Pool{}}
-	s.transits = &transits{env: e}
+	s.transits = &transits{env: e, wake: newWake(e.app().Admission.SendTolerance.D())}
 	s.waits = &waits{}
 	s.out = &outcomes{env: e, fin: s.fin, back: s.back, marks: mk, str: s.str, fb: s.fb, deps: deps, fall: fall,
 		rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -119,5 +120,11 @@ func (s *requeuer) notSent(ctx context.Context, a *attempt) error {
 	}
 	s.fb.giveBackUnsent(ctx, a.msg, a.j)
 	s.m.ReservationsExpired.WithLabelValues(a.j.Provider, a.j.Model).Inc()
+	if r := a.j.Reservation; r != nil && s.log.Enabled(ctx, slog.LevelDebug) {
+		// Why: a transit longer than the lead, or a late wake-up.
+		now := s.now()
+		s.log.Debug("reservation lapsed: sent back to admission", "job_id", a.j.ID, "claimed", a.claimed,
+			"late", now.Sub(r.ValidUntil), "transit", now.Sub(r.ReservedAt), "lead", r.SendAt.Sub(r.ReservedAt), "in_executor", now.Sub(a.at))
+	}
 	return s.requeue(ctx, a.msg, a.j, a.opKey, backLapsed)
 }

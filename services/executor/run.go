@@ -216,7 +216,8 @@ func (mc *modelCalls) slotAtInstant(j *task.Task) (context.Context, func(), erro
 	waitFrom := s.now()
 	forget := s.waits.noteWait(j.Key(), "send_at", r.Earliest())
 	defer forget()
-	if !sleepUntil(mc.ctx, r.Earliest().Add(-slotAhead)) {
+	wakeAt := r.Earliest().Add(-s.transits.wakeAhead(waitFrom))
+	if !sleepUntil(mc.ctx, wakeAt) {
 		return nil, nil, redeliverAfter(time.Second)
 	}
 	waited := s.now().Sub(waitFrom)
@@ -233,7 +234,14 @@ func (mc *modelCalls) slotAtInstant(j *task.Task) (context.Context, func(), erro
 	}
 	// Without a slot by ValidUntil, execute finds the reservation lapsed
 	// and re-admits the job.
-	return withWaited(mc.callCtx, waited), release, nil
+	return withWoke(withWaited(mc.callCtx, waited), later(waitFrom, wakeAt)), release, nil
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // verifyThenRun verifies a dispatched job and runs it; its error says how

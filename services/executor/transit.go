@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/internal/budget"
 	"github.com/sluice-dev/sluice/internal/task"
 )
 
@@ -28,6 +30,50 @@ type transits struct {
 	*env
 	mu sync.Mutex
 	ds []time.Duration
+	// wake learns how long before its instant a paced call must wake to
+	// be ready by it (wakeAhead).
+	wake *budget.LeadEstimator
+}
+
+// A paced call sleeps until shortly before its instant, then takes its
+// slot, marks its operation in flight (a replicated write) and is ready:
+// on a starved machine that took 45-290 ms, and a call that woke a fixed
+// 10 ms ahead lapsed and was planned again, which starved the machine
+// further. So the executor wakes as far ahead as its own wake-to-ready
+// times call for: the median on time, the slowest 1 % late by at most a
+// third of the send tolerance, within [slotAhead, maxWakeAhead], slotAhead
+// until 16 are known. Waking early only holds the call's slot longer.
+
+// maxWakeAhead bounds how early a paced call wakes.
+const maxWakeAhead = time.Second
+
+func newWake(tolerance time.Duration) *budget.LeadEstimator {
+	e := budget.NewLeadEstimator(slotAhead, maxWakeAhead, tolerance/3)
+	e.Untrusted = slotAhead
+	return e
+}
+
+// wakeAhead is how long before its instant a paced call wakes at now.
+func (t *transits) wakeAhead(now time.Time) time.Duration {
+	if t.wake == nil {
+		return slotAhead
+	}
+	return t.wake.Lead(now)
+}
+
+type wokeKey struct{}
+
+// withWoke records in ctx when a paced call woke (or arrived, if after).
+func withWoke(ctx context.Context, at time.Time) context.Context {
+	return context.WithValue(ctx, wokeKey{}, at)
+}
+
+// noteWoke learns a paced call's wake-to-ready time, at ready.
+func (t *transits) noteWoke(ctx context.Context) {
+	if at, ok := ctx.Value(wokeKey{}).(time.Time); ok && t.wake != nil {
+		now := t.now()
+		t.wake.Observe(now, now.Sub(at))
+	}
 }
 
 func (t *transits) add(d time.Duration) {
