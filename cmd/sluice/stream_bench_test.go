@@ -16,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
 	"github.com/sluice-dev/sluice/internal/systest"
 	"github.com/sluice-dev/sluice/pkg/sim"
 )
@@ -98,7 +101,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // simulator enforces). added_* is through Sluice minus direct, per
 // quantile. "fresh" is the paced model on a node that has made no call
 // (only the direct path is warmed up): run it 20x, as a new node's first
-// calls. Run:
+// calls; "fresh-sdk" is the same through the official OpenAI SDK. Run:
 //
 //	go test -run XXX -bench 'StreamTTFT/(un)?paced' -benchtime 300x ./cmd/sluice/
 //	go test -run XXX -bench StreamTTFT/fresh -benchtime 20x -count 5 ./cmd/sluice/
@@ -107,35 +110,83 @@ func BenchmarkStreamTTFT(b *testing.B) {
 		name  string
 		rpm   int
 		fresh bool
-	}{{"unpaced", 0, false}, {"paced", 6000, false}, {"fresh", 6000, true}} {
-		b.Run(c.name, func(b *testing.B) { benchTTFT(b, c.rpm, c.fresh) })
+		sdk   bool
+	}{{"unpaced", 0, false, false}, {"paced", 6000, false, false}, {"fresh", 6000, true, false}, {"fresh-sdk", 6000, true, true}} {
+		b.Run(c.name, func(b *testing.B) { benchTTFT(b, c.rpm, c.fresh, c.sdk) })
 	}
 }
 
-func benchTTFT(b *testing.B, rpm int, fresh bool) {
+// ttftFunc measures one stream's time to first token from base (…/v1).
+type ttftFunc func(ctx context.Context, base, key string) (time.Duration, error)
+
+// rawTTFT streams streamBenchBody over plain HTTP.
+func rawTTFT(hc *http.Client) ttftFunc {
+	return func(ctx context.Context, base, key string) (time.Duration, error) {
+		return firstToken(ctx, hc, base+"/chat/completions", key, streamBenchBody)
+	}
+}
+
+// sdkTTFT streams the same request through the official OpenAI SDK (one
+// client per base URL, as an application keeps one), no retries.
+func sdkTTFT(hc *http.Client) ttftFunc {
+	var mu sync.Mutex
+	clients := map[string]openai.Client{}
+	return func(ctx context.Context, base, key string) (time.Duration, error) {
+		mu.Lock()
+		c, ok := clients[base]
+		if !ok {
+			c = openai.NewClient(option.WithBaseURL(base), option.WithAPIKey(key), option.WithHTTPClient(hc), option.WithMaxRetries(0))
+			clients[base] = c
+		}
+		mu.Unlock()
+		start := time.Now()
+		st := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "gpt-4o-mini", MaxTokens: openai.Int(16),
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Say hello to the benchmark.")}})
+		defer st.Close()
+		var ttft time.Duration
+		for st.Next() {
+			if ch := st.Current(); ttft == 0 && len(ch.Choices) > 0 && ch.Choices[0].Delta.Content != "" {
+				ttft = time.Since(start)
+			}
+		}
+		if err := st.Err(); err != nil {
+			return 0, err
+		}
+		if ttft == 0 {
+			return 0, fmt.Errorf("no content")
+		}
+		return ttft, nil
+	}
+}
+
+func benchTTFT(b *testing.B, rpm int, fresh, sdk bool) {
 	_, simURL := systest.StartSim(b, sim.Config{Models: []sim.ModelLimits{{Name: "gpt-4o-mini", RPM: rpm}}, TTFT: 20 * time.Millisecond, PerToken: time.Millisecond, APIKeys: []string{"sim-secret"}})
 	n := systest.Start(b, modelConfig(simURL, rpm, 64), systest.Env)
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+	first := rawTTFT(hc)
+	if sdk {
+		first = sdkTTFT(hc)
+	}
 	ctx := context.Background()
 	for range 20 { // warm up both paths
-		if _, err := firstToken(ctx, hc, simURL+"/v1/chat/completions", "sim-secret", streamBenchBody); err != nil {
+		if _, err := first(ctx, simURL+"/v1", "sim-secret"); err != nil {
 			b.Fatal(err)
 		}
 		if fresh {
 			continue
 		}
-		if _, err := firstToken(ctx, hc, n.HTTP+"/v1/chat/completions", "acme-key", streamBenchBody); err != nil {
+		if _, err := first(ctx, n.HTTP+"/v1", "acme-key"); err != nil {
 			b.Fatal(err)
 		}
 	}
 	var direct, via []time.Duration
 	b.ResetTimer()
 	for b.Loop() {
-		d, err := firstToken(ctx, hc, simURL+"/v1/chat/completions", "sim-secret", streamBenchBody)
+		d, err := first(ctx, simURL+"/v1", "sim-secret")
 		if err != nil {
 			b.Fatal(err)
 		}
-		v, err := firstToken(ctx, hc, n.HTTP+"/v1/chat/completions", "acme-key", streamBenchBody)
+		v, err := first(ctx, n.HTTP+"/v1", "acme-key")
 		if err != nil {
 			b.Fatal(err)
 		}
