@@ -19,14 +19,14 @@ import (
 // ends once, none paid twice, the limits hold). It reports the provider's
 // completions per second from the first submission to the last completion,
 // with every process writing the model's schedule (direct) and with one
-// owner per schedule (owner: admission.schedule_owner). Run it beside a
+// owner per schedule (owner: admission.schedule_owner, the default). Run it beside a
 // CPU hog to see the budget store under starvation (docs/BENCHMARKS.md);
 // with SLUICE_BENCH_PPROF=DIR SLUICE_PPROF=1 it also profiles each node:
 //
 //	SLUICE_TEST_LOGS=/tmp/logs go test -run '^$' -bench ClusterLoad -benchtime 1x -timeout 20m ./cmd/sluice/
 func BenchmarkClusterLoad(b *testing.B) {
-	b.Run("direct", func(b *testing.B) { benchClusterLoad(b, "") })
-	b.Run("owner", func(b *testing.B) { benchClusterLoad(b, "admission:\n  schedule_owner: {enabled: true}\n") })
+	b.Run("direct", func(b *testing.B) { benchClusterLoad(b, "admission:\n  schedule_owner: {enabled: false}\n") })
+	b.Run("owner", func(b *testing.B) { benchClusterLoad(b, "") })
 }
 
 func benchClusterLoad(b *testing.B, yamlExtra string) {

@@ -285,7 +285,7 @@ type Admission struct {
 	// (deployments.go).
 	CacheAffinity CacheAffinity `yaml:"cache_affinity"`
 	// ScheduleOwner has one process own each model's schedule and write
-	// it for the others (internal/budget owner.go). Off by default.
+	// it for the others (internal/budget owner.go). On by default.
 	ScheduleOwner ScheduleOwner `yaml:"schedule_owner"`
 	// Headroom is the share of a model's window (the minute and the burst
 	// second; in the second at least one recent such job) that backlogged
@@ -300,11 +300,15 @@ type Admission struct {
 // executor processes send their reservations, settlements and give-backs
 // to it instead of each writing the KV record.
 type ScheduleOwner struct {
-	Enabled bool `yaml:"enabled"`
+	// Enabled: absent, on (read it with On).
+	Enabled *bool `yaml:"enabled"`
 	// Wait bounds how long a process waits for the owner's answer before
 	// it writes the KV itself.
 	Wait Duration `yaml:"wait"`
 }
+
+// On reports whether schedules have owners: unless enabled is false.
+func (s ScheduleOwner) On() bool { return s.Enabled == nil || *s.Enabled }
 
 // Queues bound the two streams jobs wait in. A full stream refuses new jobs
 // (producers get "queue full" with a suggested wait); it never drops old

@@ -886,3 +886,17 @@ providers:
 		t.Errorf("a model without units: got %v", got)
 	}
 }
+
+// A model's schedule has an owner unless the config turns it off.
+func TestScheduleOwnerOnByDefault(t *testing.T) {
+	for yaml, want := range map[string]bool{"": true, "admission:\n  schedule_owner: {enabled: true}\n": true,
+		"admission:\n  schedule_owner: {enabled: false}\n": false} {
+		c, err := config.Parse([]byte(yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.Admission.ScheduleOwner.On(); got != want {
+			t.Errorf("%q: schedule owner on %v, want %v", yaml, got, want)
+		}
+	}
+}

@@ -164,7 +164,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	st := budget.NewStore(m.Budgets, a.Params(), now)
 	st.Writes = ms.BudgetWrites.Inc
 	st.Conflicts = ms.BudgetConflict.Inc
-	if so := a.ScheduleOwner; so.Enabled {
+	if so := a.ScheduleOwner; so.On() {
 		o := budget.NewOwners(st, m.JS.Conn(), m.Budgets, log)
 		o.Wait, o.Count = so.Wait.D(), func(p string, n int) { ms.BudgetOwner.WithLabelValues(p).Add(float64(n)) }
 	}

@@ -152,7 +152,7 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 	a := cfg.App.Admission
 	st := budget.NewStore(m.Budgets, a.Params(), now)
 	st.Writes, st.Conflicts = ms.BudgetWrites.Inc, ms.BudgetConflict.Inc
-	if so := a.ScheduleOwner; so.Enabled {
+	if so := a.ScheduleOwner; so.On() {
 		o := budget.NewOwners(st, m.JS.Conn(), m.Budgets, log)
 		o.Wait, o.Count = so.Wait.D(), func(p string, n int) { ms.BudgetOwner.WithLabelValues(p).Add(float64(n)) }
 	}
