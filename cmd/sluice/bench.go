@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -342,6 +343,7 @@ func runBenchOverhead(ctx context.Context, args []string, stdout, stderr io.Writ
 	cluster := fs.Int("cluster", 1, "run a JetStream cluster of this many in-process nodes on loopback (R=this many; each node every service); 1: one node")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run (runtime/pprof) to this file")
+	memProfile := fs.String("memprofile", "", "write an allocation profile of the run (runtime/pprof, a sample per 16 KiB allocated) to this file")
 	jsonPath := fs.String("json", "", "write the figures here as JSON")
 	trace := fs.Bool("trace", false, "run the node with tracing on: every trace sampled, exported over OTLP/HTTP to a receiver the benchmark starts on loopback in a process of its own (sluice bench trace-sink), as a collector would run")
 	prompt := fs.Int("prompt-bytes", 0, "pad each job's message to about this many bytes (a large prompt); the floor is then not run. 0: a 110-byte body")
@@ -379,6 +381,9 @@ func runBenchOverhead(ctx context.Context, args []string, stdout, stderr io.Writ
 			return f.Close()
 		}
 	}
+	if *memProfile != "" {
+		runtime.MemProfileRate = 16 << 10 // a sample per 16 KiB allocated (the default: 512 KiB)
+	}
 	floorJobs := 0 // the loaded test's
 	if !*floor {
 		floorJobs = -1
@@ -407,6 +412,12 @@ func runBenchOverhead(ctx context.Context, args []string, stdout, stderr io.Writ
 	}
 	if *cpuProfile != "" {
 		fmt.Fprintf(stdout, "CPU profile written to %s (go tool pprof -top %s)\n", *cpuProfile, *cpuProfile)
+	}
+	if *memProfile != "" {
+		if err := benchWriteFile(*memProfile, func(w io.Writer) error { return pprof.Lookup("allocs").WriteTo(w, 0) }); err != nil {
+			return fmt.Errorf("--memprofile: %w", err)
+		}
+		fmt.Fprintf(stdout, "allocation profile written to %s (go tool pprof -sample_index=alloc_space -top %s)\n", *memProfile, *memProfile)
 	}
 	if *jsonPath != "" {
 		if err := benchWriteJSON(*jsonPath, rep); err != nil {

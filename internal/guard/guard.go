@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"hash"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -142,6 +143,7 @@ type Guard struct {
 	lim      job.Limits
 	key      []byte
 	maxValid time.Duration
+	macs     *sync.Pool // of *macState under key
 }
 
 // New returns a guard for cfg with the fleet key.
@@ -154,58 +156,79 @@ func NewLive(live *config.Live, key []byte) *Guard {
 	cfg := live.Load()
 	a := cfg.Admission
 	return &Guard{live: live, lim: job.Limits{MaxBodyBytes: cfg.Limits.MaxBodyBytes, MaxTokens: cfg.Limits.MaxTokens}, key: key,
-		maxValid: max(MaxValidity, 2*(a.DispatchGrace.D()+a.PlanHorizon.D()+a.SendTolerance.D()))}
+		maxValid: max(MaxValidity, 2*(a.DispatchGrace.D()+a.PlanHorizon.D()+a.SendTolerance.D())),
+		macs:     &sync.Pool{New: func() any { return &macState{h: hmac.New(sha256.New, key)} }}}
 }
 
 // Limits are the request limits the guard enforces.
 func (g *Guard) Limits() job.Limits { return g.lim }
 
-func (g *Guard) mac() hash.Hash { return hmac.New(sha256.New, g.key) }
-
-func writeStr(h hash.Hash, s string) {
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(s)))
-	h.Write(n[:])
-	h.Write([]byte(s))
+// macState is an HMAC under the fleet key and the message it will take,
+// reused (Guard.macs): a job's seal and signature are computed about five
+// times on its way, and a new HMAC and a conversion of every string were
+// most of their cost (issue 39). The message is what it always was: each
+// string length-prefixed and each number fixed-width, big-endian, in order
+// (TestMACEncoding).
+type macState struct {
+	h   hash.Hash
+	msg []byte
+	sum [sha256.Size]byte
 }
 
-func writeInt(h hash.Hash, v int64) {
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(v))
-	h.Write(n[:])
+func (g *Guard) mac() *macState {
+	m := g.macs.Get().(*macState)
+	m.h.Reset()
+	m.msg = m.msg[:0]
+	return m
 }
 
-// writeUnits writes unit amounts in name order; nothing when there are
-// none, so seals and signatures of jobs without units are what they were
-// before units existed.
-func writeUnits(h hash.Hash, units map[string]int) {
+// done returns the MAC of m's message, base64 (raw URL alphabet), and
+// gives m back.
+func (g *Guard) done(m *macState) string {
+	m.h.Write(m.msg)
+	out := base64.RawURLEncoding.EncodeToString(m.h.Sum(m.sum[:0]))
+	g.macs.Put(m)
+	return out
+}
+
+func (m *macState) str(s string) {
+	m.int(int64(len(s)))
+	m.msg = append(m.msg, s...)
+}
+
+func (m *macState) int(v int64) { m.msg = binary.BigEndian.AppendUint64(m.msg, uint64(v)) }
+
+// units writes unit amounts in name order; nothing when there are none,
+// so seals and signatures of jobs without units are what they were before
+// units existed.
+func (m *macState) units(units map[string]int) {
 	if len(units) == 0 {
 		return
 	}
-	writeStr(h, "units")
-	writeInt(h, int64(len(units)))
+	m.str("units")
+	m.int(int64(len(units)))
 	for _, name := range job.UnitNames(units) {
-		writeStr(h, name)
-		writeInt(h, int64(units[name]))
+		m.str(name)
+		m.int(int64(units[name]))
 	}
 }
 
 func (g *Guard) seal(j *task.Task) string {
-	h := g.mac()
-	writeStr(h, "seal/1")
-	writeStr(h, j.ID)
-	writeStr(h, j.Tenant)
-	writeStr(h, j.Provider)
-	writeStr(h, j.Model)
-	writeStr(h, j.Endpoint)
+	m := g.mac()
+	m.str("seal/1")
+	m.str(j.ID)
+	m.str(j.Tenant)
+	m.str(j.Provider)
+	m.str(j.Model)
+	m.str(j.Endpoint)
 	if e := j.Estimate; e != nil {
-		writeInt(h, int64(e.PromptTokens))
-		writeInt(h, int64(e.MaxTokens))
-		writeUnits(h, e.Units)
+		m.int(int64(e.PromptTokens))
+		m.int(int64(e.MaxTokens))
+		m.units(e.Units)
 	}
 	body := sha256.Sum256(j.Request)
-	h.Write(body[:])
-	return base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+	m.msg = append(m.msg, body[:]...)
+	return g.done(m)
 }
 
 // Seal signs the job's estimate (call it after setting the estimate,
@@ -219,26 +242,26 @@ func (g *Guard) Sealed(j *task.Task) bool {
 
 func (g *Guard) sign(j *task.Task) string {
 	r := j.Reservation
-	h := g.mac()
-	writeStr(h, "reservation/1")
-	writeStr(h, j.Seal)
-	writeStr(h, r.ID)
-	writeInt(h, int64(r.Requests))
-	writeInt(h, int64(r.Tokens))
-	writeUnits(h, r.Units)
+	m := g.mac()
+	m.str("reservation/1")
+	m.str(j.Seal)
+	m.str(r.ID)
+	m.int(int64(r.Requests))
+	m.int(int64(r.Tokens))
+	m.units(r.Units)
 	if r.Output != 0 || r.Cached != 0 {
-		writeStr(h, "split")
-		writeInt(h, int64(r.Output))
-		writeInt(h, int64(r.Cached))
+		m.str("split")
+		m.int(int64(r.Output))
+		m.int(int64(r.Cached))
 	}
-	writeInt(h, r.ReservedAt.UnixNano())
-	writeInt(h, r.ValidUntil.UnixNano())
-	writeInt(h, r.SendAt.UnixNano())
+	m.int(r.ReservedAt.UnixNano())
+	m.int(r.ValidUntil.UnixNano())
+	m.int(r.SendAt.UnixNano())
 	if !r.SendFrom.IsZero() {
-		writeStr(h, "from")
-		writeInt(h, r.SendFrom.UnixNano())
+		m.str("from")
+		m.int(r.SendFrom.UnixNano())
 	}
-	return base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+	return g.done(m)
 }
 
 // Sign signs the job's reservation (admission, after reserving).

@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	jsonv1 "github.com/go-json-experiment/json/v1"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -155,13 +156,13 @@ func Hints(h nats.Header) ResultHints {
 	if v := h.Get(OpRevHeader); v != "" {
 		rev, err := strconv.ParseUint(v, 10, 64)
 		var op OpRecord
-		if err == nil && rev > 0 && json.Unmarshal([]byte(h.Get(OpRecordHeader)), &op) == nil {
+		if err == nil && rev > 0 && jsonv1.Unmarshal([]byte(h.Get(OpRecordHeader)), &op) == nil {
 			out.Op, out.OpRev = &op, rev
 		}
 	}
 	if v := h.Get(FactsHeader); v != "" {
 		var f JobFacts
-		if json.Unmarshal([]byte(v), &f) == nil {
+		if jsonv1.Unmarshal([]byte(v), &f) == nil {
 			out.Facts = &f
 		}
 	}
@@ -245,7 +246,7 @@ func (m *Mesh) getRecord(ctx context.Context, key string) (*Record, uint64, erro
 		return nil, 0, err
 	}
 	var r Record
-	if err := json.Unmarshal(e.Value(), &r); err != nil {
+	if err := jsonv1.Unmarshal(e.Value(), &r); err != nil {
 		return nil, 0, fmt.Errorf("record %s: %w", key, err)
 	}
 	return &r, e.Revision(), nil
@@ -413,7 +414,7 @@ func (m *Mesh) GetOp(ctx context.Context, bucketKey string) (*OpRecord, uint64, 
 		return nil, 0, err
 	}
 	var r OpRecord
-	if err := json.Unmarshal(e.Value(), &r); err != nil {
+	if err := jsonv1.Unmarshal(e.Value(), &r); err != nil {
 		return nil, 0, fmt.Errorf("op record %s: %w", bucketKey, err)
 	}
 	return &r, e.Revision(), nil
@@ -523,7 +524,7 @@ func (m *Mesh) StoredResult(ctx context.Context, tenant, jobID string) (*job.Res
 		return nil, err
 	}
 	var r job.Result
-	if err := json.Unmarshal(msg.Data, &r); err != nil {
+	if err := jsonv1.Unmarshal(msg.Data, &r); err != nil {
 		return nil, fmt.Errorf("result %s: %w", jobID, err)
 	}
 	return &r, nil
@@ -559,7 +560,7 @@ func userHash(tenant string, request json.RawMessage) string {
 			UserID string `json:"user_id"`
 		} `json:"metadata"`
 	}
-	if len(request) == 0 || json.Unmarshal(task.Members(request, "user", "metadata"), &b) != nil {
+	if len(request) == 0 || jsonv1.Unmarshal(task.Members(request, "user", "metadata"), &b) != nil {
 		return ""
 	}
 	u := cmp.Or(b.User, b.Metadata.UserID)

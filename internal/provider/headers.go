@@ -1,12 +1,13 @@
 package provider
 
 import (
-	"encoding/json"
 	"math"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
+
+	jsonv1 "github.com/go-json-experiment/json/v1"
 
 	"github.com/sluice-dev/sluice/internal/wire"
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -200,7 +201,7 @@ func ParseAnswer(body []byte) (job.Usage, Answer) {
 		Choices []answerChoice  `json:"choices"`
 		Usage   *wire.ChatUsage `json:"usage"`
 	}
-	if json.Unmarshal(body, &v) != nil {
+	if jsonv1.Unmarshal(body, &v) != nil {
 		return job.Usage{}, Answer{}
 	}
 	a := Answer{ID: v.ID, Model: v.Model}

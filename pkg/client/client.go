@@ -40,6 +40,7 @@ import (
 	"sync"
 	"time"
 
+	jsonv1 "github.com/go-json-experiment/json/v1"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -268,7 +269,7 @@ func waitResult(ctx context.Context, id string, ch <-chan *nats.Msg) (*job.Resul
 	select {
 	case m := <-ch:
 		var r job.Result
-		if err := json.Unmarshal(m.Data, &r); err != nil {
+		if err := jsonv1.Unmarshal(m.Data, &r); err != nil {
 			return nil, fmt.Errorf("sluice: result %s: %w", id, err)
 		}
 		return &r, nil
@@ -373,7 +374,7 @@ func (c *Client) Subscribe(tenant string, fn func(*job.Result)) (*nats.Subscript
 	}
 	return c.nc.Subscribe(job.ResultPrefix+tenant+".>", func(m *nats.Msg) {
 		var r job.Result
-		if err := json.Unmarshal(m.Data, &r); err == nil {
+		if err := jsonv1.Unmarshal(m.Data, &r); err == nil {
 			fn(&r)
 		}
 	})

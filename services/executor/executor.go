@@ -43,6 +43,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -291,26 +292,37 @@ const TenantSlotWait = 250 * time.Millisecond
 const ReconcileDelay = 5 * time.Second
 
 // keepAlive tells JetStream the job is still being worked on while a call
-// runs, so a long call is not redelivered to another executor.
+// runs, so a long call is not redelivered to another executor: every
+// keepAliveEvery until stop or the end of ctx. A timer, not a goroutine
+// with a ticker: nearly every call ends before the first tick, and a
+// goroutine per job was a cost of its own (issue 39).
 func keepAlive(ctx context.Context, msg jetstream.Msg) (stop func()) {
-	done := make(chan struct{})
-	var once sync.Once
-	go func() {
-		t := time.NewTicker(10 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				_ = msg.InProgress()
-			}
+	var mu sync.Mutex
+	stopped := false
+	var t *time.Timer
+	mu.Lock()
+	defer mu.Unlock()
+	t = time.AfterFunc(keepAliveEvery, func() {
+		if ctx.Err() != nil {
+			return
 		}
-	}()
-	return func() { once.Do(func() { close(done) }) }
+		_ = msg.InProgress()
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			t.Reset(keepAliveEvery)
+		}
+	})
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		t.Stop()
+	}
 }
+
+// keepAliveEvery is how often keepAlive tells JetStream.
+const keepAliveEvery = 10 * time.Second
 
 // dispatchSeq is the DISPATCH stream sequence of msg: the same on a
 // redelivery, so what the executor publishes for it is deduplicated.
@@ -319,7 +331,7 @@ func dispatchSeq(msg jetstream.Msg) string {
 	if err != nil {
 		return job.NewID()
 	}
-	return fmt.Sprint(md.Sequence.Stream)
+	return strconv.FormatUint(md.Sequence.Stream, 10)
 }
 
 // holderName identifies this process in concurrency leases.

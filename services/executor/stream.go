@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	jsonv1 "github.com/go-json-experiment/json/v1"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -48,7 +49,7 @@ type streamFlags struct {
 // caller asked for the usage chunk.
 func streamed(j *task.Task) (stream, usage bool) {
 	var f streamFlags
-	if json.Unmarshal(task.Members(j.Request, "stream", "stream_options"), &f) != nil {
+	if jsonv1.Unmarshal(task.Members(j.Request, "stream", "stream_options"), &f) != nil {
 		return false, false
 	}
 	return f.Stream, f.Stream && f.StreamOptions != nil && f.StreamOptions.IncludeUsage

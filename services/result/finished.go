@@ -28,7 +28,9 @@ func (s *Service) finished(ctx context.Context, r *job.Result, f *mesh.JobFacts)
 			s.m.Cost.WithLabelValues(tenant, p.Name, m.Name).Add(*r.Cost)
 		}
 	}
-	s.log.Info("job finished", requestLog(r, f)...)
+	if s.log.Enabled(ctx, slog.LevelInfo) { // the line's attributes are not made for nothing
+		s.log.Info("job finished", requestLog(r, f)...)
+	}
 }
 
 // spentOf is what a job holding h is charged when it ends with r: the

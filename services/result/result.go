@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"time"
 
+	jsonv1 "github.com/go-json-experiment/json/v1"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -97,7 +98,7 @@ func (s *Service) Run(ctx context.Context) error {
 
 func (s *Service) handle(ctx context.Context, msg jetstream.Msg) (err error) {
 	var r job.Result
-	if err := json.Unmarshal(msg.Data(), &r); err != nil || r.JobID == "" {
+	if err := jsonv1.Unmarshal(msg.Data(), &r); err != nil || r.JobID == "" {
 		s.log.Error("result: undecodable result skipped", "subject", msg.Subject(), "err", err)
 		return nil
 	}
