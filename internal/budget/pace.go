@@ -126,13 +126,16 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 		if !paced {
 			at = earliest
 		}
+		paceReason := "" // the minute limit whose pace set the instant
 		for d := range per {
 			if per[d] > 0 {
 				tat := w.TAT[d]
 				if d == outDim {
 					tat -= lim.OutputTolerance.Microseconds()
 				}
-				at = max(at, tat)
+				if tat > at {
+					at, paceReason = tat, reasonOf(d)
+				}
 			}
 		}
 		reason := ""
@@ -153,8 +156,12 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 			}
 		}
 		if at > horizon {
-			if reason == "" {
-				reason = "burst" // paced beyond the horizon
+			switch {
+			case reason != "":
+			case paceReason != "":
+				reason = paceReason // paced beyond the horizon by a minute limit
+			default:
+				reason = "burst"
 			}
 			g.Reason = reason
 			g.RetryAt = time.UnixMicro(at - (horizon - nowUS))

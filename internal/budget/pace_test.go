@@ -2,6 +2,7 @@ package budget_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"sort"
 	"testing"
@@ -368,5 +369,35 @@ func TestRoomLeavesAtOnce(t *testing.T) {
 	last := g.N - 1
 	if g.From[last].Before(g.SendAt[last]) {
 		t.Errorf("call %d of a busy schedule may leave %v before its instant; want at its instant", last, g.SendAt[last].Sub(g.From[last]))
+	}
+}
+
+// A call its minute limit's pace puts beyond the horizon waits for that
+// limit, and says so: on a model allowed 2 requests a minute the second
+// waits 30 s for "rpm", not for the per-second cap ("burst"), which is
+// what `sluice queue` and GET /v1/jobs/{id} show.
+func TestPacedBeyondHorizonNamesTheLimit(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pacedParams)
+	ctx := context.Background()
+	for _, c := range []struct {
+		lim  budget.Limits
+		cost budget.Cost
+		want string
+	}{
+		{budget.Limits{RPM: 2, TPM: 1_000_000}, budget.Cost{Requests: 1, Tokens: 10}, "rpm"},
+		{budget.Limits{RPM: 10_000, TPM: 1_000}, budget.Cost{Requests: 1, Tokens: 400}, "tpm"},
+	} {
+		k := fmt.Sprintf("%s-%d-%d", key, c.lim.RPM, c.lim.TPM)
+		if g, err := b.store.Take(ctx, k, c.lim, []budget.Cost{c.cost}); err != nil || g.N != 1 {
+			t.Fatalf("%+v: first call: %+v %v", c.lim, g, err)
+		}
+		g, err := b.store.Take(ctx, k, c.lim, []budget.Cost{c.cost})
+		if err != nil || g.N != 0 {
+			t.Fatalf("%+v: second call: %+v %v, want it refused", c.lim, g, err)
+		}
+		if g.Reason != c.want {
+			t.Errorf("%+v: second call refused for %q, want %q", c.lim, g.Reason, c.want)
+		}
 	}
 }

@@ -103,7 +103,7 @@ func (s *Service) reserveOn(ctx context.Context, q *queueState, ms *modelState, 
 		s.m.AdmissionWaits.WithLabelValues(ms.provider, ms.model, g.Reason).Inc()
 		c.wait.note(g.Reason)
 		wake := latest(g.RetryAt, s.now())
-		if ms.rule.Split && g.Reason == "burst" {
+		if ms.rule.Split && (g.Reason == "burst" || g.Reason == "otpm") {
 			// Calls that end give their unused output back and move the
 			// pace back (budget.ReturnRewind) at any moment: look again
 			// within a slice rather than at the instant the schedule
