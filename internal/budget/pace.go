@@ -50,7 +50,8 @@ import (
 // checked. Hence the provider never sees more than the limits in any window
 // it enforces, however many executors send. The cost is Tolerance/Short of
 // the per-second cap (1.5 % with the default 15 ms) when that cap binds, and
-// (Tolerance+Slice)/Window of the minute.
+// Tolerance/Window of the minute (a slice of the minute leaves it when its
+// last placement does: Window.Ends).
 
 // planned is one placement on a paced schedule: the cost in every
 // dimension that may be sent at instant At (unix microseconds).
@@ -89,6 +90,28 @@ func (p Params) minuteUS() int64 {
 // minute left unused where the pace binds it).
 func (s *Store) minuteFrom(at int64) int64 {
 	return s.sliceOf(time.UnixMicro(at - s.p.minuteUS()))
+}
+
+// sliceEnd is the instant (unix microseconds) slice k of w leaves the
+// minute from: its latest placement where w knows it, or its end.
+func (s *Store) sliceEnd(w *Window, k int64) int64 {
+	if e, ok := w.Ends[k]; ok {
+		return s.sliceStart(k).UnixMicro() + e*1000
+	}
+	return s.sliceStart(k + 1).UnixMicro()
+}
+
+// minuteFirst is the first slice the minute of a placement at instant at
+// holds: minuteFrom's, or the one after when all that slice placed is
+// already out of it (a slice's end decided when its last placement could
+// leave: up to a slice of the minute, 0.4 %, left unused where the minute
+// binds).
+func (s *Store) minuteFirst(w *Window, at int64) int64 {
+	k := s.minuteFrom(at)
+	if s.sliceEnd(w, k) <= at-s.p.minuteUS() {
+		return k + 1
+	}
+	return k
 }
 
 // place plans costs on a paced schedule, each at the earliest instant that
@@ -152,7 +175,7 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 				break
 			}
 			if a > at {
-				at, reason, credit = a, why, 0
+				at, reason, credit = a, why, credit+a-at
 			}
 		}
 		if at > horizon {
@@ -191,16 +214,27 @@ func (s *Store) place(w *Window, lim Limits, costs []Cost, notBefore []time.Time
 // record adds a placement of v at instant at (exact: before rounding to
 // the millisecond) to w's schedule, its minute and its pace. The pace runs
 // on from the instant it allowed, not from the later one the short window
-// imposed (credit, what it imposed): a job paced shorter than the second
-// it had to wait leaves that time to the next, paced longer, instead of
-// losing it (jobs near the per-second cap filled 97 % of the minute, not
-// 99 %). At most one short window of it: the short window still holds
-// every plan, and a bucket of a second's refill (what a cap of limit/60
-// stands for) holds a schedule whose every second holds at most the cap.
+// or the minute imposed (credit, what they imposed): a job paced shorter
+// than the second it had to wait leaves that time to the next, paced
+// longer, instead of losing it (jobs near the per-second cap filled 97 %
+// of the minute, not 99 %); and a job that waited for the minute to free
+// room does not make the next wait its whole pace again (TestMinuteFill:
+// 97.7 % of the minute, 97.4 % without). At most one short window of
+// it: the windows still hold every plan, and a bucket of a second's
+// refill (what a cap of limit/60 stands for) holds a schedule whose every
+// second holds at most the cap, one of a minute's one whose every minute
+// holds at most the limit.
 func (s *Store) record(w *Window, at, exact, credit int64, v Vec, per [dims]float64) {
 	w.add(planned{At: at, V: v})
 	k := s.sliceOf(time.UnixMicro(at))
-	sv := w.Slices[k]
+	sv, had := w.Slices[k]
+	end := (at - s.sliceStart(k).UnixMicro() + 999) / 1000
+	if e, ok := w.Ends[k]; ok || !had {
+		if w.Ends == nil {
+			w.Ends = map[int64]int64{}
+		}
+		w.Ends[k] = max(e, end)
+	}
 	sv.add(v)
 	w.Slices[k] = sv
 	base := exact - min(credit, s.p.Short.Microseconds())
@@ -271,7 +305,7 @@ func (s *Store) roomy(w *Window, at int64, v, mins, caps Vec, ahead int64) bool 
 			short.add(p.V)
 		}
 	}
-	minute := w.sum(s.minuteFrom(early))
+	minute := w.sum(s.minuteFirst(w, early))
 	for d := range mins {
 		if mins[d] <= 0 {
 			continue
@@ -342,7 +376,7 @@ func (s *Store) minuteFit(w *Window, at int64, v, mins Vec) (int64, string) {
 			return -1, reasonOf(d)
 		}
 	}
-	from := s.minuteFrom(at)
+	from := s.minuteFirst(w, at)
 	used := w.sum(from)
 	var need Vec
 	why := ""
@@ -373,7 +407,7 @@ func (s *Store) minuteFit(w *Window, at int64, v, mins Vec) (int64, string) {
 		if done {
 			// Slice j leaves the minute once the minute and the
 			// tolerance before the instant are past its end.
-			return max(at, s.sliceStart(j+1).UnixMicro()+s.p.minuteUS()), why
+			return max(at, s.sliceEnd(w, j)+s.p.minuteUS()), why
 		}
 	}
 	return -1, why

@@ -337,6 +337,12 @@ type Window struct {
 	P    []planned
 	TAT  Vec
 	Last int64
+	// Ends (paced stores) is, per slice charged only by placements, the
+	// whole milliseconds from the slice's start to its latest placement:
+	// the slice leaves the minute when that instant does, not when the
+	// slice ends. A slice without one (charged at an unknown instant, or
+	// by a version before Ends) counts whole.
+	Ends map[int64]int64
 }
 
 // Grant is the result of Take.
@@ -459,6 +465,7 @@ func (s *Store) charge(w *Window, cur, slice int64, extra Cost) bool {
 		v[d] += max(x, 0)
 	}
 	w.Slices[slice] = v
+	delete(w.Ends, slice) // charged at an instant the window does not know
 	return true
 }
 
@@ -614,6 +621,11 @@ func (w *Window) prune(from int64) {
 			delete(w.Slices, k)
 		}
 	}
+	for k := range w.Ends {
+		if k < from {
+			delete(w.Ends, k)
+		}
+	}
 }
 
 func (w *Window) sum(from int64) (sum Vec) {
@@ -658,10 +670,11 @@ func (s *Store) load(ctx context.Context, key string) (Window, uint64, error) {
 // shorter loses its tail: windows stored with fewer dimensions read as
 // windows whose other dimensions are zero.
 type windowJSON struct {
-	S    map[string]Vec `json:"s"`
-	P    []plannedJSON  `json:"p,omitempty"`
-	TAT  Vec            `json:"tat"`
-	Last int64          `json:"last,omitempty"`
+	S    map[string]Vec   `json:"s"`
+	P    []plannedJSON    `json:"p,omitempty"`
+	TAT  Vec              `json:"tat"`
+	Last int64            `json:"last,omitempty"`
+	E    map[string]int64 `json:"e,omitempty"`
 }
 
 type plannedJSON struct {
@@ -693,6 +706,16 @@ func (w *Window) UnmarshalJSON(data []byte) error {
 		copy(w.P[i].V[2:], p.U)
 	}
 	w.TAT, w.Last = raw.TAT, raw.Last
+	if len(raw.E) > 0 {
+		w.Ends = make(map[int64]int64, len(raw.E))
+	}
+	for k, v := range raw.E {
+		n, err := strconv.ParseInt(k, 10, 64)
+		if err != nil {
+			return fmt.Errorf("corrupt slice end %q", k)
+		}
+		w.Ends[n] = v
+	}
 	return nil
 }
 
@@ -740,6 +763,21 @@ func (w Window) MarshalJSON() ([]byte, error) {
 	if w.Last != 0 {
 		b = append(b, `,"last":`...)
 		b = strconv.AppendInt(b, w.Last, 10)
+	}
+	if len(w.Ends) > 0 {
+		b = append(b, `,"e":{`...)
+		first := true
+		for k, v := range w.Ends {
+			if !first {
+				b = append(b, ',')
+			}
+			first = false
+			b = append(b, '"')
+			b = strconv.AppendInt(b, k, 10)
+			b = append(b, `":`...)
+			b = strconv.AppendInt(b, v, 10)
+		}
+		b = append(b, '}')
 	}
 	return append(b, '}'), nil
 }
