@@ -27,6 +27,22 @@ import (
 func BenchmarkClusterLoad(b *testing.B) {
 	b.Run("direct", func(b *testing.B) { benchClusterLoad(b, "admission:\n  schedule_owner: {enabled: false}\n") })
 	b.Run("owner", func(b *testing.B) { benchClusterLoad(b, "") })
+	b.Run("idle", benchClusterIdle)
+}
+
+// benchClusterIdle reports what the same cluster's nodes spend with nothing
+// offered: the CPU a job's figure above carries at a low rate.
+func benchClusterIdle(b *testing.B) {
+	for range b.N {
+		c, _, _ := clusterSetupYAML(b, 12_000, nil, nil, "")
+		const settle, d = 5 * time.Second, 20 * time.Second
+		time.Sleep(settle)
+		cpu0 := nodesCPU(c)
+		time.Sleep(d)
+		cores := (nodesCPU(c) - cpu0) / d.Seconds()
+		b.Logf("idle: the three nodes used %.3f cores", cores)
+		b.ReportMetric(cores, "idle-cores")
+	}
 }
 
 func benchClusterLoad(b *testing.B, yamlExtra string) {
@@ -38,6 +54,7 @@ func benchClusterLoad(b *testing.B, yamlExtra string) {
 		// the offered rate.
 		const submitters = 8
 		profileNodes(ctx, b, c, 6*time.Second)
+		cpu0 := nodesCPU(c)
 		start := time.Now()
 		errs := make(chan error, submitters)
 		for range submitters {
@@ -52,7 +69,9 @@ func benchClusterLoad(b *testing.B, yamlExtra string) {
 		offered := time.Since(start)
 		waitCompleted(ctx, b, load.sim, jobs)
 		took := time.Since(start)
-		b.Logf("offered in %v, completed in %v", offered.Round(10*time.Millisecond), took.Round(10*time.Millisecond))
+		cpu := nodesCPU(c) - cpu0
+		b.Logf("offered in %v, completed in %v; the nodes used %.1f s of CPU (%.2f ms a job, %.2f cores)",
+			offered.Round(10*time.Millisecond), took.Round(10*time.Millisecond), cpu, 1000*cpu/jobs, cpu/took.Seconds())
 		load.verify(ctx)
 		cancel()
 		b.Logf("budget store and lapses, summed over the nodes: %s", budgetCounters(c))
@@ -86,6 +105,26 @@ func profileNodes(ctx context.Context, b *testing.B, c *cluster, d time.Duration
 			}
 		}()
 	}
+}
+
+// nodesCPU sums the nodes' process CPU time (user + system) in seconds.
+func nodesCPU(c *cluster) float64 {
+	var sum float64
+	for _, n := range c.nodes {
+		resp, err := http.Get(n.proc.MetricsURL() + "/metrics")
+		if err != nil {
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for line := range strings.Lines(string(body)) {
+			if v, ok := strings.CutPrefix(line, "process_cpu_seconds_total "); ok {
+				f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+				sum += f
+			}
+		}
+	}
+	return sum
 }
 
 // budgetCounters sums, over the cluster's nodes, the metrics that say how
