@@ -66,34 +66,36 @@ var chatRanges = []numRange{
 }
 
 // CheckChat refuses a chat completions body the provider would refuse as
-// malformed. allowed says whether a field name unknown to the schema is let
-// through (the model's allow_fields: a provider's own extension); it may be
-// nil. Errors are *job.ValidationError naming the field as request.<path>
-// and never quote content beyond a clipped name.
-func CheckChat(body []byte, allowed func(name string) bool) error {
+// malformed, and returns the body's top-level members (as json.Unmarshal
+// reads the body into a map) for its caller to read without decoding the
+// body again. allowed says whether a field name unknown to the schema is
+// let through (the model's allow_fields: a provider's own extension); it
+// may be nil. Errors are *job.ValidationError naming the field as
+// request.<path> and never quote content beyond a clipped name.
+func CheckChat(body []byte, allowed func(name string) bool) (map[string]json.RawMessage, error) {
 	if allowed == nil {
 		allowed = func(string) bool { return false }
 	}
 	var top map[string]json.RawMessage
 	if json.Unmarshal(body, &top) != nil {
-		return invalid("request", "must be a JSON object")
+		return nil, invalid("request", "must be a JSON object")
 	}
 	if err := unknownField("", top, chatFields, allowed, "a chat completions field"); err != nil {
-		return err
+		return nil, err
 	}
 	if err := checkRanges(top, chatRanges, ""); err != nil {
-		return err
+		return nil, err
 	}
 	var msgs []json.RawMessage
 	if json.Unmarshal(top["messages"], &msgs) != nil {
-		return nil // the token estimate refuses it, with its own words
+		return top, nil // the token estimate refuses it, with its own words
 	}
 	for i, raw := range msgs {
 		if err := checkChatMessage(fmt.Sprintf("messages[%d]", i), raw, allowed); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return nil
+	return top, nil
 }
 
 func checkChatMessage(at string, raw json.RawMessage, allowed func(string) bool) error {

@@ -1,7 +1,9 @@
 package wire_test
 
 import (
+	"encoding/json"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -41,7 +43,7 @@ func TestCheckChat(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			err := wire.CheckChat([]byte(tc.body), nil)
+			_, err := wire.CheckChat([]byte(tc.body), nil)
 			if tc.field == "" {
 				if err != nil {
 					t.Fatalf("got %v, want it to pass", err)
@@ -62,10 +64,10 @@ func TestCheckChat(t *testing.T) {
 func TestCheckChatAllowFields(t *testing.T) {
 	t.Parallel()
 	allow := func(name string) bool { return name == "top_k" || name == "reasoning" }
-	if err := wire.CheckChat([]byte(`{"model":"m","top_k":40,"messages":[{"role":"assistant","content":"a","reasoning":"r"}]}`), allow); err != nil {
+	if _, err := wire.CheckChat([]byte(`{"model":"m","top_k":40,"messages":[{"role":"assistant","content":"a","reasoning":"r"}]}`), allow); err != nil {
 		t.Fatalf("allowed fields: %v, want them to pass", err)
 	}
-	if err := wire.CheckChat([]byte(`{"model":"m","top_k":40,"min_p":0.1,"messages":[{"role":"user","content":"hi"}]}`), allow); err == nil || !strings.Contains(err.Error(), "min_p") {
+	if _, err := wire.CheckChat([]byte(`{"model":"m","top_k":40,"min_p":0.1,"messages":[{"role":"user","content":"hi"}]}`), allow); err == nil || !strings.Contains(err.Error(), "min_p") {
 		t.Fatalf("a field not allowed: %v, want min_p refused", err)
 	}
 }
@@ -90,18 +92,44 @@ func TestMessagesSchema(t *testing.T) {
 	}
 }
 
+// checkChatMembers fails t unless CheckChat, passing body, returns its
+// members as json.Unmarshal reads them into a map (ingest shapes the body
+// from them).
+func checkChatMembers(t *testing.T, body []byte) {
+	t.Helper()
+	got, err := wire.CheckChat(body, nil)
+	if err != nil {
+		var ve *job.ValidationError
+		if !errors.As(err, &ve) || ve.Code != job.CodeInvalidRequest {
+			t.Fatalf("CheckChat(%q) = %v, want a validation error", body, err)
+		}
+		return
+	}
+	var want map[string]json.RawMessage
+	if err := json.Unmarshal(body, &want); err != nil {
+		t.Fatalf("CheckChat(%q) passed a body json.Unmarshal refuses: %v", body, err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("CheckChat(%q) members:\n got  %q\n want %q", body, got, want)
+	}
+}
+
+var checkChatSeeds = []string{`{"model":"m","messages":[{"role":"user","content":"hi"}]}`, `{"temperature":7}`, `{"messages":[{"role":"tool"}]}`, `[]`, `{"n":1e400}`,
+	`{"model":"m","max_tokens":null,"messages":[{"role":"user","content":"hi"}],"model":"n"}`, `null`, `{"model":"m","messages":"x"}`,
+	`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}], "temperature" : 0.5 }`}
+
+func TestCheckChatMembers(t *testing.T) {
+	t.Parallel()
+	for _, b := range checkChatSeeds {
+		checkChatMembers(t, []byte(b))
+	}
+}
+
 // FuzzCheckChat: any body is passed or refused with a validation error,
-// never a panic.
+// never a panic; a body passed comes with its members.
 func FuzzCheckChat(f *testing.F) {
-	for _, b := range []string{`{"model":"m","messages":[{"role":"user","content":"hi"}]}`, `{"temperature":7}`, `{"messages":[{"role":"tool"}]}`, `[]`, `{"n":1e400}`} {
+	for _, b := range checkChatSeeds {
 		f.Add([]byte(b))
 	}
-	f.Fuzz(func(t *testing.T, body []byte) {
-		if err := wire.CheckChat(body, nil); err != nil {
-			var ve *job.ValidationError
-			if !errors.As(err, &ve) || ve.Code != job.CodeInvalidRequest {
-				t.Fatalf("CheckChat(%q) = %v, want a validation error", body, err)
-			}
-		}
-	})
+	f.Fuzz(checkChatMembers)
 }
