@@ -92,12 +92,16 @@ func TestMessagesSchema(t *testing.T) {
 	}
 }
 
-// checkChatMembers fails t unless CheckChat, passing body, returns its
-// members as json.Unmarshal reads them into a map (ingest shapes the body
-// from them).
+// checkChatMembers fails t unless CheckChat answers body as it does
+// decoding with encoding/json and, passing body, returns its members as
+// json.Unmarshal reads them into a map (ingest shapes the body from them).
 func checkChatMembers(t *testing.T, body []byte) {
 	t.Helper()
 	got, err := wire.CheckChat(body, nil)
+	stdGot, stdErr := wire.CheckChatStd(body, nil)
+	if !reflect.DeepEqual(err, stdErr) || !reflect.DeepEqual(got, stdGot) {
+		t.Fatalf("CheckChat(%q):\n got  %q, %v\n with encoding/json %q, %v", body, got, err, stdGot, stdErr)
+	}
 	if err != nil {
 		var ve *job.ValidationError
 		if !errors.As(err, &ve) || ve.Code != job.CodeInvalidRequest {
@@ -116,7 +120,9 @@ func checkChatMembers(t *testing.T, body []byte) {
 
 var checkChatSeeds = []string{`{"model":"m","messages":[{"role":"user","content":"hi"}]}`, `{"temperature":7}`, `{"messages":[{"role":"tool"}]}`, `[]`, `{"n":1e400}`,
 	`{"model":"m","max_tokens":null,"messages":[{"role":"user","content":"hi"}],"model":"n"}`, `null`, `{"model":"m","messages":"x"}`,
-	`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}], "temperature" : 0.5 }`}
+	`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}], "temperature" : 0.5 }`,
+	`{"model":"m","messages":[{"role":"tool","content":"x","tool_call_id":1}]}`, `{"model":"m","messages":[{"role":"us\u0065r","content":"x"},{"role":"\ud800"}]}`,
+	`{"model":"m","n":1.0,"top_p":"1","messages":[{"role":"assistant","tool_calls":[]}]}`, "{\"model\":\"\xff\",\"messages\":[{\"role\":\"user\",\"content\":\"a\",\"role\":\"system\"}]}"}
 
 func TestCheckChatMembers(t *testing.T) {
 	t.Parallel()
@@ -132,4 +138,17 @@ func FuzzCheckChat(f *testing.F) {
 		f.Add([]byte(b))
 	}
 	f.Fuzz(checkChatMembers)
+}
+
+// BenchmarkCheckChat: the overhead benchmark's body, decoded by
+// go-json-experiment's v1 API (CheckChat) and by encoding/json.
+func BenchmarkCheckChat(b *testing.B) {
+	body := []byte(`{"model":"gpt-4o-mini","max_tokens":16,"messages":[{"role":"user","content":"Say hello to the benchmark."}]}`)
+	for name, check := range map[string]func([]byte, func(string) bool) (map[string]json.RawMessage, error){"v1": wire.CheckChat, "std": wire.CheckChatStd} {
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				_, _ = check(body, nil)
+			}
+		})
+	}
 }
