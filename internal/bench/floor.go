@@ -346,7 +346,7 @@ func (p *floorPipeline) execute(ctx context.Context, m jetstream.Msg) {
 		opRev, err = p.ops.Update(ctx, floorTenant+"."+id, p.data(floorFlight), rev(h, floorOpRev))
 	}
 	if err == nil && p.providerURL != "" {
-		err = p.call(ctx)
+		err = p.call(ctx, id)
 	}
 	if err != nil {
 		p.fail(fmt.Errorf("executor: %w", err))
@@ -386,14 +386,21 @@ func (p *floorPipeline) settle(ctx context.Context, m jetstream.Msg) {
 }
 
 // call sends the overhead benchmark's request to the provider, as the
-// executor does (without its client's classification and metering).
-func (p *floorPipeline) call(ctx context.Context) error {
+// executor does (without its client's classification and metering), with
+// the headers the executor sends (provider.Call): the simulator does the
+// same work for both, an Idempotency-Key running the call through its
+// ledger.
+func (p *floorPipeline) call(ctx context.Context, id string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.providerURL+"/chat/completions", bytes.NewReader(overheadBody))
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	req.Header.Set("User-Agent", "sluice")
 	req.Header.Set("Authorization", "Bearer floor")
+	req.Header.Set("Idempotency-Key", "floor-"+id)
+	req.Header.Set("X-Sluice-Job-Id", id)
 	resp, err := p.http.Do(req)
 	if err != nil {
 		return err

@@ -90,6 +90,21 @@ type entry struct {
 	fetched time.Time
 	flushed time.Time
 	pending []float64
+	// corr is rec's Correction once asked for (corrOK): admission asks
+	// for it at every job, and it sorts the window.
+	corr   float64
+	corrOK bool
+}
+
+// set replaces the entry's record.
+func (e *entry) set(rec Record) { e.rec, e.corrOK = rec, false }
+
+// correction is e.rec.Correction(), computed once per record.
+func (e *entry) correction() float64 {
+	if !e.corrOK {
+		e.corr, e.corrOK = e.rec.Correction(), true
+	}
+	return e.corr
 }
 
 // Table is one process's view of the fleet's records.
@@ -180,7 +195,7 @@ func (t *Table) flush(ctx context.Context, k string) {
 	e.pending = nil
 	e.flushed = t.now()
 	if t.kv == nil {
-		e.rec = merge(e.rec, pending, t.now())
+		e.set(merge(e.rec, pending, t.now()))
 		t.mu.Unlock()
 		return
 	}
@@ -211,7 +226,8 @@ func (t *Table) flush(ctx context.Context, k string) {
 		}
 		if err == nil {
 			t.mu.Lock()
-			e.rec, e.rev, e.fetched = rec, rev, t.now()
+			e.set(rec)
+			e.rev, e.fetched = rev, t.now()
 			t.mu.Unlock()
 			return
 		}
@@ -221,9 +237,9 @@ func (t *Table) flush(ctx context.Context, k string) {
 	}
 }
 
-// record returns k's record, read again from the bucket when older than
-// CacheFor.
-func (t *Table) record(ctx context.Context, k string) Record {
+// record returns k's record and its Correction, read again from the
+// bucket when older than CacheFor.
+func (t *Table) record(ctx context.Context, k string) (Record, float64) {
 	now := t.now()
 	t.mu.Lock()
 	e := t.entry(k)
@@ -231,30 +247,32 @@ func (t *Table) record(ctx context.Context, k string) Record {
 	if stale {
 		e.fetched = now
 	}
-	rec := e.rec
+	rec, corr := e.rec, e.correction()
 	t.mu.Unlock()
 	if !stale {
-		return rec
+		return rec, corr
 	}
 	got, err := t.kv.Get(ctx, k)
 	if err != nil {
-		return rec
+		return rec, corr
 	}
 	var fresh Record
 	if json.Unmarshal(got.Value(), &fresh) != nil {
-		return rec
+		return rec, corr
 	}
 	t.mu.Lock()
 	if got.Revision() >= e.rev {
-		e.rec, e.rev = fresh, got.Revision()
+		e.set(fresh)
+		e.rev = got.Revision()
 	}
-	rec = e.rec
+	rec, corr = e.rec, e.correction()
 	t.mu.Unlock()
-	return rec
+	return rec, corr
 }
 
 func (t *Table) correction(ctx context.Context, k string) float64 {
-	return t.record(ctx, k).Correction()
+	_, corr := t.record(ctx, k)
+	return corr
 }
 
 // Factor is the multiplier admission applies to a job's prompt estimate:
@@ -262,18 +280,18 @@ func (t *Table) correction(ctx context.Context, k string) float64 {
 // that the larger of the class's and the model's (Prior for a model with
 // no answer yet).
 func (t *Table) Factor(ctx context.Context, provider, modelToken, class string) float64 {
-	model := t.record(ctx, key(provider, modelToken, ""))
+	_, model := t.record(ctx, key(provider, modelToken, ""))
 	if class == "" {
-		return model.Correction()
+		return model
 	}
-	c := t.record(ctx, key(provider, modelToken, class))
+	c, corr := t.record(ctx, key(provider, modelToken, class))
 	switch {
 	case c.Samples >= ClassSamples:
-		return c.Correction()
+		return corr
 	case c.Samples > 0:
-		return max(c.Correction(), model.Correction())
+		return max(corr, model)
 	}
-	return model.Correction()
+	return model
 }
 
 // State is a key's learned state, for display.
@@ -286,8 +304,8 @@ type State struct {
 // Lookup returns provider/model's state and its classes' (by class name),
 // read from the bucket.
 func (t *Table) Lookup(ctx context.Context, provider, modelToken string) (State, map[string]State) {
-	rec := t.record(ctx, key(provider, modelToken, ""))
-	model := State{Correction: rec.Correction(), Samples: rec.Samples, At: rec.At}
+	rec, corr := t.record(ctx, key(provider, modelToken, ""))
+	model := State{Correction: corr, Samples: rec.Samples, At: rec.At}
 	classes := map[string]State{}
 	if t.kv == nil {
 		return model, classes
@@ -298,8 +316,8 @@ func (t *Table) Lookup(ctx context.Context, provider, modelToken string) (State,
 		return model, classes
 	}
 	for k := range lister.Keys() {
-		r := t.record(ctx, k)
-		classes[k[len(prefix):]] = State{Correction: r.Correction(), Samples: r.Samples, At: r.At}
+		r, corr := t.record(ctx, k)
+		classes[k[len(prefix):]] = State{Correction: corr, Samples: r.Samples, At: r.At}
 	}
 	return model, classes
 }

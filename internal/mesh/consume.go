@@ -26,9 +26,9 @@ type Consumer struct {
 	// bounds the bytes of one pull (at least the largest message, or the
 	// loop stalls).
 	Batch, BatchBytes int
-	// Parallel is how many handlers run at once, each on its own
-	// goroutine; 0 runs the handler on the consume goroutine itself (it
-	// must then hand work off and return).
+	// Parallel is how many handlers run at once, each on a goroutine of
+	// the loop's Workers; 0 runs the handler on the consume goroutine
+	// itself (it must then hand work off and return).
 	Parallel int
 	// Middleware wraps the handler, the first outermost; Recover always
 	// wraps them all.
@@ -73,14 +73,15 @@ func (m *Mesh) Consume(ctx context.Context, c Consumer, log *slog.Logger, handle
 	l := &Loop{m: m, c: c, log: log, h: h}
 	if c.Parallel > 0 {
 		l.sem = make(chan struct{}, c.Parallel)
+		workers := NewWorkers(ctx)
 		l.h = func(msg jetstream.Msg) {
 			l.sem <- struct{}{}
 			l.wg.Add(1)
-			go func() {
+			workers.Go(func() {
 				defer l.wg.Done()
 				defer func() { <-l.sem }()
 				h(msg)
-			}()
+			})
 		}
 	}
 	cc, err := l.start(ctx)

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 
+	jsonv1 "github.com/go-json-experiment/json/v1"
+
 	"github.com/sluice-dev/sluice/pkg/clip"
 
 	"github.com/sluice-dev/sluice/pkg/job"
@@ -66,43 +68,54 @@ var chatRanges = []numRange{
 }
 
 // CheckChat refuses a chat completions body the provider would refuse as
-// malformed. allowed says whether a field name unknown to the schema is let
-// through (the model's allow_fields: a provider's own extension); it may be
-// nil. Errors are *job.ValidationError naming the field as request.<path>
-// and never quote content beyond a clipped name.
-func CheckChat(body []byte, allowed func(name string) bool) error {
+// malformed, and returns the body's top-level members (as json.Unmarshal
+// reads the body into a map) for its caller to read without decoding the
+// body again. allowed says whether a field name unknown to the schema is
+// let through (the model's allow_fields: a provider's own extension); it
+// may be nil. Errors are *job.ValidationError naming the field as
+// request.<path> and never quote content beyond a clipped name.
+//
+// Every job's body is checked here, so it is decoded by the v1 API of
+// go-json-experiment/json: encoding/json's semantics (FuzzCheckChat holds
+// CheckChat to the same answers decoded by encoding/json), each value
+// scanned once rather than validated then decoded.
+func CheckChat(body []byte, allowed func(name string) bool) (map[string]json.RawMessage, error) {
+	return checkChat(body, allowed, jsonv1.Unmarshal)
+}
+
+func checkChat(body []byte, allowed func(name string) bool, unmarshal func([]byte, any) error) (map[string]json.RawMessage, error) {
 	if allowed == nil {
 		allowed = func(string) bool { return false }
 	}
 	var top map[string]json.RawMessage
-	if json.Unmarshal(body, &top) != nil {
-		return invalid("request", "must be a JSON object")
+	if unmarshal(body, &top) != nil {
+		return nil, invalid("request", "must be a JSON object")
 	}
 	if err := unknownField("", top, chatFields, allowed, "a chat completions field"); err != nil {
-		return err
+		return nil, err
 	}
-	if err := checkRanges(top, chatRanges, ""); err != nil {
-		return err
+	if err := checkRanges(top, chatRanges, "", unmarshal); err != nil {
+		return nil, err
 	}
 	var msgs []json.RawMessage
-	if json.Unmarshal(top["messages"], &msgs) != nil {
-		return nil // the token estimate refuses it, with its own words
+	if unmarshal(top["messages"], &msgs) != nil {
+		return top, nil // the token estimate refuses it, with its own words
 	}
 	for i, raw := range msgs {
-		if err := checkChatMessage(fmt.Sprintf("messages[%d]", i), raw, allowed); err != nil {
-			return err
+		if err := checkChatMessage(fmt.Sprintf("messages[%d]", i), raw, allowed, unmarshal); err != nil {
+			return nil, err
 		}
 	}
-	return nil
+	return top, nil
 }
 
-func checkChatMessage(at string, raw json.RawMessage, allowed func(string) bool) error {
+func checkChatMessage(at string, raw json.RawMessage, allowed func(string) bool, unmarshal func([]byte, any) error) error {
 	var m map[string]json.RawMessage
-	if json.Unmarshal(raw, &m) != nil {
+	if unmarshal(raw, &m) != nil {
 		return invalid("request."+at, "must be an object")
 	}
 	var role string
-	if json.Unmarshal(m["role"], &role) != nil || role == "" {
+	if unmarshal(m["role"], &role) != nil || role == "" {
 		return invalid("request."+at+".role", "is required: one of "+strings.Join(chatRoleNames, ", "))
 	}
 	spec, ok := chatRoles[role]
@@ -120,7 +133,7 @@ func checkChatMessage(at string, raw json.RawMessage, allowed func(string) bool)
 	}
 	if spec.toolCallID {
 		var id string
-		if json.Unmarshal(m["tool_call_id"], &id) != nil || id == "" {
+		if unmarshal(m["tool_call_id"], &id) != nil || id == "" {
 			return invalid("request."+at+".tool_call_id", "is required in a tool message: it names the tool call the message answers")
 		}
 	}
@@ -149,14 +162,14 @@ func unknownField(prefix string, obj map[string]json.RawMessage, known []string,
 }
 
 // checkRanges refuses a number out of its range (null counts as absent).
-func checkRanges(obj map[string]json.RawMessage, ranges []numRange, prefix string) error {
+func checkRanges(obj map[string]json.RawMessage, ranges []numRange, prefix string, unmarshal func([]byte, any) error) error {
 	for _, r := range ranges {
 		raw := present(obj[r.field])
 		if raw == nil {
 			continue
 		}
 		var v float64
-		if json.Unmarshal(raw, &v) != nil {
+		if unmarshal(raw, &v) != nil {
 			return invalid("request."+prefix+r.field, "must be a number")
 		}
 		if r.integer && v != float64(int64(v)) {

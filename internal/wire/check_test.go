@@ -1,7 +1,9 @@
 package wire_test
 
 import (
+	"encoding/json"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -41,7 +43,7 @@ func TestCheckChat(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			err := wire.CheckChat([]byte(tc.body), nil)
+			_, err := wire.CheckChat([]byte(tc.body), nil)
 			if tc.field == "" {
 				if err != nil {
 					t.Fatalf("got %v, want it to pass", err)
@@ -62,10 +64,10 @@ func TestCheckChat(t *testing.T) {
 func TestCheckChatAllowFields(t *testing.T) {
 	t.Parallel()
 	allow := func(name string) bool { return name == "top_k" || name == "reasoning" }
-	if err := wire.CheckChat([]byte(`{"model":"m","top_k":40,"messages":[{"role":"assistant","content":"a","reasoning":"r"}]}`), allow); err != nil {
+	if _, err := wire.CheckChat([]byte(`{"model":"m","top_k":40,"messages":[{"role":"assistant","content":"a","reasoning":"r"}]}`), allow); err != nil {
 		t.Fatalf("allowed fields: %v, want them to pass", err)
 	}
-	if err := wire.CheckChat([]byte(`{"model":"m","top_k":40,"min_p":0.1,"messages":[{"role":"user","content":"hi"}]}`), allow); err == nil || !strings.Contains(err.Error(), "min_p") {
+	if _, err := wire.CheckChat([]byte(`{"model":"m","top_k":40,"min_p":0.1,"messages":[{"role":"user","content":"hi"}]}`), allow); err == nil || !strings.Contains(err.Error(), "min_p") {
 		t.Fatalf("a field not allowed: %v, want min_p refused", err)
 	}
 }
@@ -90,18 +92,63 @@ func TestMessagesSchema(t *testing.T) {
 	}
 }
 
+// checkChatMembers fails t unless CheckChat answers body as it does
+// decoding with encoding/json and, passing body, returns its members as
+// json.Unmarshal reads them into a map (ingest shapes the body from them).
+func checkChatMembers(t *testing.T, body []byte) {
+	t.Helper()
+	got, err := wire.CheckChat(body, nil)
+	stdGot, stdErr := wire.CheckChatStd(body, nil)
+	if !reflect.DeepEqual(err, stdErr) || !reflect.DeepEqual(got, stdGot) {
+		t.Fatalf("CheckChat(%q):\n got  %q, %v\n with encoding/json %q, %v", body, got, err, stdGot, stdErr)
+	}
+	if err != nil {
+		var ve *job.ValidationError
+		if !errors.As(err, &ve) || ve.Code != job.CodeInvalidRequest {
+			t.Fatalf("CheckChat(%q) = %v, want a validation error", body, err)
+		}
+		return
+	}
+	var want map[string]json.RawMessage
+	if err := json.Unmarshal(body, &want); err != nil {
+		t.Fatalf("CheckChat(%q) passed a body json.Unmarshal refuses: %v", body, err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("CheckChat(%q) members:\n got  %q\n want %q", body, got, want)
+	}
+}
+
+var checkChatSeeds = []string{`{"model":"m","messages":[{"role":"user","content":"hi"}]}`, `{"temperature":7}`, `{"messages":[{"role":"tool"}]}`, `[]`, `{"n":1e400}`,
+	`{"model":"m","max_tokens":null,"messages":[{"role":"user","content":"hi"}],"model":"n"}`, `null`, `{"model":"m","messages":"x"}`,
+	`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}], "temperature" : 0.5 }`,
+	`{"model":"m","messages":[{"role":"tool","content":"x","tool_call_id":1}]}`, `{"model":"m","messages":[{"role":"us\u0065r","content":"x"},{"role":"\ud800"}]}`,
+	`{"model":"m","n":1.0,"top_p":"1","messages":[{"role":"assistant","tool_calls":[]}]}`, "{\"model\":\"\xff\",\"messages\":[{\"role\":\"user\",\"content\":\"a\",\"role\":\"system\"}]}"}
+
+func TestCheckChatMembers(t *testing.T) {
+	t.Parallel()
+	for _, b := range checkChatSeeds {
+		checkChatMembers(t, []byte(b))
+	}
+}
+
 // FuzzCheckChat: any body is passed or refused with a validation error,
-// never a panic.
+// never a panic; a body passed comes with its members.
 func FuzzCheckChat(f *testing.F) {
-	for _, b := range []string{`{"model":"m","messages":[{"role":"user","content":"hi"}]}`, `{"temperature":7}`, `{"messages":[{"role":"tool"}]}`, `[]`, `{"n":1e400}`} {
+	for _, b := range checkChatSeeds {
 		f.Add([]byte(b))
 	}
-	f.Fuzz(func(t *testing.T, body []byte) {
-		if err := wire.CheckChat(body, nil); err != nil {
-			var ve *job.ValidationError
-			if !errors.As(err, &ve) || ve.Code != job.CodeInvalidRequest {
-				t.Fatalf("CheckChat(%q) = %v, want a validation error", body, err)
+	f.Fuzz(checkChatMembers)
+}
+
+// BenchmarkCheckChat: the overhead benchmark's body, decoded by
+// go-json-experiment's v1 API (CheckChat) and by encoding/json.
+func BenchmarkCheckChat(b *testing.B) {
+	body := []byte(`{"model":"gpt-4o-mini","max_tokens":16,"messages":[{"role":"user","content":"Say hello to the benchmark."}]}`)
+	for name, check := range map[string]func([]byte, func(string) bool) (map[string]json.RawMessage, error){"v1": wire.CheckChat, "std": wire.CheckChatStd} {
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				_, _ = check(body, nil)
 			}
-		}
-	})
+		})
+	}
 }

@@ -129,7 +129,7 @@ var messagesRanges = []numRange{{field: "temperature", min: 0, max: 1}, {field: 
 // body decodeMessages read: a sampling value out of range, a message
 // member other than role and content (system is top-level there).
 func checkMessages(top map[string]json.RawMessage) error {
-	if err := checkRanges(top, messagesRanges, ""); err != nil {
+	if err := checkRanges(top, messagesRanges, "", json.Unmarshal); err != nil {
 		var ve *job.ValidationError
 		errors.As(err, &ve)
 		return errors.New(strings.TrimPrefix(ve.Error(), "request."))

@@ -14,7 +14,10 @@ import (
 	"strings"
 	"time"
 
+	jsonv2 "github.com/go-json-experiment/json"
+	jsonv1 "github.com/go-json-experiment/json/v1"
 	"github.com/google/uuid"
+
 	"github.com/sluice-dev/sluice/pkg/clip"
 )
 
@@ -365,14 +368,14 @@ func (m ChatMessage) Text() string {
 		return ""
 	}
 	var s string
-	if err := json.Unmarshal(m.Content, &s); err == nil {
+	if decodeFast(m.Content, &s) {
 		return s
 	}
 	var parts []struct {
 		Type string `json:"type"`
 		Text string `json:"text"`
 	}
-	if err := json.Unmarshal(m.Content, &parts); err == nil {
+	if decodeFast(m.Content, &parts) {
 		var b strings.Builder
 		for _, p := range parts {
 			b.WriteString(p.Text)
@@ -462,37 +465,60 @@ func Parse(data []byte, lim Limits) (*Job, error) {
 		_ = json.Unmarshal(data, &named)
 		return &Job{ID: named.ID}, err
 	}
-	var in struct {
-		Job
-		dropped
+	var in envelope
+	if !decodeFast(data, &in, jsonv2.RejectUnknownMembers(true)) {
+		in = envelope{}
+		if err := decodeEnvelope(data, &in); err != nil {
+			return nil, err
+		}
 	}
+	j := in.Job
+	// The envelope decoded: its request is valid JSON.
+	if err := checkProducerMembers("request", j.Request); err != nil {
+		return &j, err
+	}
+	return &j, nil
+}
+
+// envelope is what Parse decodes: the job and what it drops.
+type envelope struct {
+	Job
+	dropped
+}
+
+// decodeEnvelope decodes a job envelope as encoding/json does, unknown
+// fields and data after it refused, in the words of Parse's refusals.
+func decodeEnvelope(data []byte, in *envelope) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
-	err := dec.Decode(&in)
-	j := in.Job
-	if err != nil {
+	if err := dec.Decode(in); err != nil {
 		if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
 			name, _ := strconv.Unquote(f)
-			return nil, invalid(clip.String(name, 64), "is not a field of the job envelope (its fields: %s)", strings.Join(EnvelopeFields, ", "))
+			return invalid(clip.String(name, 64), "is not a field of the job envelope (its fields: %s)", strings.Join(EnvelopeFields, ", "))
 		}
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
 			// The path goes through the embedded envelope: "Job.tenant".
 			te.Field = strings.TrimPrefix(strings.TrimPrefix(te.Field, "Job."), "dropped.")
 		}
-		return nil, DecodeError("", "job JSON", err)
+		return DecodeError("", "job JSON", err)
 	}
 	if dec.More() {
-		return nil, invalid("", "malformed job JSON: data after the envelope")
+		return invalid("", "malformed job JSON: data after the envelope")
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return nil, invalid("", "malformed job JSON: data after the envelope")
+		return invalid("", "malformed job JSON: data after the envelope")
 	}
-	// The envelope decoded: its request is valid JSON.
-	if err := checkProducerMembers("request", j.Request); err != nil {
-		return &j, err
-	}
-	return &j, nil
+	return nil
+}
+
+// decodeFast decodes data into v as json.Unmarshal does (opts added to
+// its options), by the v1 API of go-json-experiment/json: the same values
+// in about half the time, the text scanned once (FuzzDecodeFast). It
+// reports whether it decoded; when it did not, the caller decodes again
+// with encoding/json, whose errors its refusals are worded from.
+func decodeFast(data []byte, v any, opts ...jsonv2.Options) bool {
+	return jsonv2.Unmarshal(data, v, append([]jsonv2.Options{jsonv1.DefaultOptionsV1()}, opts...)...) == nil
 }
 
 // SluiceMembers are the members Sluice adds to a job as it moves through
@@ -593,8 +619,11 @@ func ParseRequest(body []byte, lim Limits) (*ChatRequest, error) {
 		return nil, err
 	}
 	var r ChatRequest
-	if err := json.Unmarshal(body, &r); err != nil {
-		return nil, DecodeError("request", "chat-completions body", err)
+	if !decodeFast(body, &r) {
+		r = ChatRequest{}
+		if err := json.Unmarshal(body, &r); err != nil {
+			return nil, DecodeError("request", "chat-completions body", err)
+		}
 	}
 	if r.Model == "" {
 		return nil, invalid("request.model", "is required")

@@ -40,16 +40,21 @@ var freeForm = map[string]bool{"parameters": true, "schema": true, "input_schema
 // a provider matching names exactly would not read it so.
 // field names the text in the error ("request", or "" for an envelope).
 // A text that is not valid JSON passes: the decoder after it says why.
+//
+// The scan runs first and the text is validated only when the scan finds
+// something to refuse (every body is checked, at ingest and by the
+// token estimate: most pass, and then one walk of the text does): the
+// answer is the one validating first gives.
 func CheckMembers(field string, data []byte, into any) error {
-	if !json.Valid(data) {
-		return nil
-	}
 	s := scans.Get().(*memberScan)
 	s.b, s.i = data, 0
 	err := s.value(false, guide(reflect.TypeOf(into)))
 	clear(s.path[:cap(s.path)]) // no reference to data stays in the pool
 	s.b, s.path, s.fold, s.seen = nil, s.path[:0], s.fold[:0], s.seen[:0]
 	scans.Put(s)
+	if err != nil && !json.Valid(data) {
+		return nil
+	}
 	var de *dupError
 	switch {
 	case errors.As(err, &de):
@@ -239,7 +244,8 @@ var errScan = errors.New("malformed JSON")
 // scans keeps memberScans' buffers from one check to the next.
 var scans = sync.Pool{New: func() any { return new(memberScan) }}
 
-// memberScan walks a valid JSON text, keeping the path to where it is
+// memberScan walks a JSON text (any text: on one that is not JSON it
+// stops with an error, or none, wherever it finds itself), keeping the path to where it is
 // (for the error) as a stack: a member's name, or an array index. Names
 // are read as byte slices (of b where written plainly) and compared
 // folded in the scratch buffer fold, so that a body's usual members cost

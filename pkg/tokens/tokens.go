@@ -52,6 +52,37 @@ func codec(enc tokenizer.Encoding) tokenizer.Codec {
 	return c
 }
 
+// roles are the chat roles whose token counts are kept once counted:
+// every message names one, and the tokenizer allocates at each count.
+var roles = map[string]bool{"system": true, "developer": true, "user": true, "assistant": true, "tool": true, "function": true}
+
+// roleCounts holds the count of each role under each encoding.
+var roleCounts sync.Map // roleKey -> int
+
+type roleKey struct {
+	enc  tokenizer.Encoding
+	role string
+}
+
+// roleTokens counts a message's role under enc (c): a known role once per
+// encoding, any other each time.
+func roleTokens(enc tokenizer.Encoding, c tokenizer.Codec, role string) int {
+	if role == "" {
+		return 0
+	}
+	if n, ok := roleCounts.Load(roleKey{enc, role}); ok {
+		return n.(int)
+	}
+	n, err := c.Count(role)
+	if err != nil {
+		n = len(role)/4 + 1
+	}
+	if roles[role] && err == nil {
+		roleCounts.Store(roleKey{enc, role}, n)
+	}
+	return n
+}
+
 // Encoding returns the BPE encoding used for model and whether it is the
 // model's own (exact) or a proxy.
 func Encoding(model string) (tokenizer.Encoding, bool) {
@@ -92,7 +123,11 @@ func Prompt(req *job.ChatRequest) int {
 		if m.Name != "" {
 			n += perName
 		}
-		for _, part := range []string{m.Role, m.Text(), m.Name} {
+		n += roleTokens(enc, c, m.Role)
+		for _, part := range []string{m.Text(), m.Name} {
+			if part == "" {
+				continue // no token
+			}
 			k, err := c.Count(part)
 			if err != nil {
 				k = len(part)/4 + 1

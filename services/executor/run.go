@@ -116,7 +116,7 @@ func (s *Service) consumeModel(ctx, leaseCtx context.Context, wg *sync.WaitGroup
 	// Slots are taken just before the call and given back when it ends.
 	pool := budget.NewPool(s.mesh.Budgets, budget.ConcKey(provider, job.ModelToken(m.Name)), s.holder, m.MaxConcurrency, 10*time.Second, s.now)
 	labels := []string{provider, m.Name}
-	mc := &modelCalls{s: s, ctx: ctx, pool: pool, labels: labels, calls: calls,
+	mc := &modelCalls{s: s, ctx: ctx, pool: pool, labels: labels, calls: calls, workers: mesh.NewWorkers(ctx),
 		// Calls outlive ctx by a grace period so a shutdown does not cut
 		// responses the provider is already billing for.
 		callCtx: context.WithoutCancel(ctx)}
@@ -145,6 +145,7 @@ type modelCalls struct {
 	pool    *budget.Pool
 	labels  []string
 	calls   *callGroup
+	workers *mesh.Workers // the calls run on (nil: a goroutine each)
 }
 
 // take handles one dispatched message: a paced call is checked at once
@@ -157,8 +158,8 @@ func (mc *modelCalls) take(_ context.Context, msg jetstream.Msg) error {
 	return mesh.ErrKept
 }
 
-// start hands msg's job off to a goroutine of its own, which settles the
-// message when it is done; an error says it was not handed off.
+// start hands msg's job off to a worker, which settles the message when
+// it is done; an error says it was not handed off.
 func (mc *modelCalls) start(msg jetstream.Msg) (*task.Task, error) {
 	s := mc.s
 	// Decoded once, here: the envelope carries the request, and a large
@@ -179,10 +180,10 @@ func (mc *modelCalls) start(msg jetstream.Msg) (*task.Task, error) {
 		if !mc.calls.start() {
 			return j, redeliverAfter(time.Second)
 		}
-		go func() {
+		mc.workers.Go(func() {
 			defer mc.calls.done()
 			s.acknowledge(msg, j, s.verifyThenRun(mc.callCtx, msg, j, func() (context.Context, func(), error) { return mc.slotAtInstant(j) }))
-		}()
+		})
 		return j, nil
 	}
 	// Wait here for a slot: the consumer buffers at most max_concurrency
@@ -199,11 +200,11 @@ func (mc *modelCalls) start(msg jetstream.Msg) (*task.Task, error) {
 		mc.pool.Release()
 		return j, redeliverAfter(time.Second)
 	}
-	go func() {
+	mc.workers.Go(func() {
 		defer mc.calls.done()
 		defer mc.pool.Release()
 		s.acknowledge(msg, j, s.verifyThenRun(mc.callCtx, msg, j, nil))
-	}()
+	})
 	return j, nil
 }
 

@@ -25,13 +25,13 @@ func shapeBody(j *task.Task, p *config.Provider, m *config.Model, defMax int) er
 	if j.Endpoint == job.EndpointEmbeddings {
 		return nil
 	}
+	var fields map[string]json.RawMessage
 	if j.Endpoint != job.EndpointResponses { // whose request wire.ParseRequest checked
-		if err := wire.CheckChat(j.Request, func(name string) bool { return slices.Contains(m.AllowFields, name) }); err != nil {
+		var err error
+		if fields, err = wire.CheckChat(j.Request, func(name string) bool { return slices.Contains(m.AllowFields, name) }); err != nil {
 			return err
 		}
-	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(j.Request, &fields); err != nil {
+	} else if err := json.Unmarshal(j.Request, &fields); err != nil {
 		return &job.ValidationError{Code: job.CodeInvalidRequest, Field: "request", Message: "must be a JSON object"}
 	}
 	if err := deniedField(fields, m); err != nil {
