@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"testing"
 	"testing/synctest"
+	"time"
 )
 
 // goroutineID is the running goroutine's number, from its stack's header
@@ -35,13 +36,24 @@ func TestWorkersReuseAnIdleWorker(t *testing.T) {
 		}
 		// A worker busy when work comes leaves it to a new one.
 		release := make(chan struct{})
-		w.Go(func() { <-release })
+		w.Go(func() { ids <- goroutineID(); <-release })
+		busy := <-ids
 		synctest.Wait()
 		w.Go(func() { ids <- goroutineID() })
-		if third := <-ids; third == first {
+		third := <-ids
+		if third == first {
 			t.Errorf("third function ran on the busy worker %s", first)
 		}
 		close(release)
+		// Workers idle for workerIdle end: the next function starts a
+		// new one.
+		synctest.Wait()
+		time.Sleep(workerIdle + time.Second)
+		synctest.Wait()
+		w.Go(func() { ids <- goroutineID() })
+		if fourth := <-ids; fourth == first || fourth == busy || fourth == third {
+			t.Errorf("after %v idle, a function ran on an old worker (%s; old: %s, %s, %s); want a new one", workerIdle, fourth, first, busy, third)
+		}
 		cancel()
 	})
 }
