@@ -83,6 +83,16 @@ func roleTokens(enc tokenizer.Encoding, c tokenizer.Codec, role string) int {
 	return n
 }
 
+// Warm loads the encodings models are counted with, so that the first
+// request for each does not wait for its tokenizer to load (tens of
+// milliseconds).
+func Warm(models ...string) {
+	for _, m := range models {
+		enc, _ := Encoding(m)
+		_, _ = codec(enc).Count("warm")
+	}
+}
+
 // Encoding returns the BPE encoding used for model and whether it is the
 // model's own (exact) or a proxy.
 func Encoding(model string) (tokenizer.Encoding, bool) {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"maps"
 	"sync"
 	"time"
 
@@ -60,15 +61,19 @@ type affinityTable struct {
 	jobs          *prometheus.CounterVec // model, outcome
 
 	mu    sync.Mutex
-	views map[string]affView              // record key -> view
-	dirty map[string]map[string]affEntry  // record key -> entries to write
-	wrote map[string]map[string]time.Time // record key -> hash -> last noted for writing
-	kick  chan struct{}
+	views map[string]affView             // record key -> view
+	dirty map[string]map[string]affEntry // record key -> entries to write
+	// writing are the entries flush is writing (record key -> entries):
+	// until the write lands, a read of the record does not show them.
+	writing map[string]map[string]affEntry
+	wrote   map[string]map[string]time.Time // record key -> hash -> last noted for writing
+	kick    chan struct{}
 }
 
 func newAffinityTable(kv budget.KV, now func() time.Time, ttl, maxDelay time.Duration, jobs *prometheus.CounterVec) *affinityTable {
 	return &affinityTable{kv: kv, now: now, ttl: ttl, maxDelay: maxDelay, jobs: jobs,
-		views: map[string]affView{}, dirty: map[string]map[string]affEntry{}, wrote: map[string]map[string]time.Time{}, kick: make(chan struct{}, 1)}
+		views: map[string]affView{}, dirty: map[string]map[string]affEntry{}, writing: map[string]map[string]affEntry{},
+		wrote: map[string]map[string]time.Time{}, kick: make(chan struct{}, 1)}
 }
 
 func affinityHash(key string) string {
@@ -161,8 +166,10 @@ func (a *affinityTable) lookup(ctx context.Context, rec, hash string, now time.T
 			}
 		}
 		a.mu.Lock()
-		for h, e := range a.dirty[rec] {
-			set[h] = e // not written yet: this process's word is the newest
+		for _, pending := range []map[string]affEntry{a.writing[rec], a.dirty[rec]} {
+			for h, e := range pending {
+				set[h] = e // not written yet: this process's word is the newest
+			}
 		}
 		v = affView{set: set, read: now}
 		a.views[rec] = v
@@ -196,18 +203,18 @@ func (a *affinityTable) flush(ctx context.Context) {
 	a.mu.Lock()
 	dirty := a.dirty
 	a.dirty = map[string]map[string]affEntry{}
+	maps.Copy(a.writing, dirty)
 	a.mu.Unlock()
 	for rec, entries := range dirty {
 		wctx, cancel := context.WithTimeout(ctx, time.Second)
 		err := a.write(wctx, rec, entries)
 		cancel()
-		if err != nil && ctx.Err() == nil {
-			a.mu.Lock()
-			if a.dirty[rec] == nil {
-				a.dirty[rec] = entries // next time
-			}
-			a.mu.Unlock()
+		a.mu.Lock()
+		delete(a.writing, rec)
+		if err != nil && ctx.Err() == nil && a.dirty[rec] == nil {
+			a.dirty[rec] = entries // next time
 		}
+		a.mu.Unlock()
 	}
 }
 

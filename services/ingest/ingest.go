@@ -123,6 +123,15 @@ func New(cfg Config, m *mesh.Mesh, log *slog.Logger, ms *metrics.Set) (*Service,
 		}
 		cfg.Guard = guard.NewLive(cfg.Live, key)
 	}
+	// Each model's tokenizer loads with the node (before it serves), not
+	// on the way of its first job.
+	var models []string
+	for _, p := range cfg.App.Providers {
+		for _, m := range p.Models {
+			models = append(models, m.Name)
+		}
+	}
+	tokens.Warm(models...)
 	if cfg.Waiters == nil {
 		n := cfg.App.Limits.MaxWaitersPerTenant
 		if n < 1 {
