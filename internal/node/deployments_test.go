@@ -193,10 +193,20 @@ func TestDeploymentsShareAndPin(t *testing.T) {
 			t.Fatalf("result of %s: model %q, want the name the caller used, %q", r.Provider, r.Model, model)
 		}
 	}
+	// No provider accepted more than its per-second cap; one refusal (a
+	// call delivered late into a full second) is jitter, as in
+	// TestDeploymentsTierSpill: a clean-clone CI run drew one on west.
+	var refusals int64
 	for d, s := range n.sims {
-		if r := refused(s, model) + refused(s, upstream); r != 0 {
-			t.Errorf("%s: %d calls refused for rate; want none", d, r)
+		refusals += refused(s, model) + refused(s, upstream)
+		for _, name := range []string{model, upstream} {
+			if ms, ok := s.Stats().Models[name]; ok && ms.MaxAdmittedRequestsIn1s > ms.BurstRequests {
+				t.Errorf("%s accepted %d calls in one second, over its cap of %d", d, ms.MaxAdmittedRequestsIn1s, ms.BurstRequests)
+			}
 		}
+	}
+	if refusals > 1 {
+		t.Errorf("%d calls refused for rate; want at most one (jitter)", refusals)
 	}
 
 	// Pinned: every one on west, the slowest.
