@@ -241,3 +241,38 @@ func awaitRecord(t *testing.T, ctx context.Context, m *mesh.Mesh, id string) *me
 	})
 	return rec
 }
+
+// A result stored in RESULTS is the job's answer before the result service
+// has recorded it: the caller that was handed the result (RESULTS stores
+// it, then republishes it) reads the same from GET /v1/jobs/{id}, not
+// "queued" or "running" (TestBatchLaneTakesBatchWork met that when the
+// result service had 300 lane results ahead of the one it asked for).
+func TestGetReadsAStoredResult(t *testing.T) {
+	t.Parallel()
+	m := meshtest.New(t, streams.Options{})
+	cfg, err := config.Parse([]byte("tenants: [{name: acme}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := New(Config{App: cfg}, m, slog.New(slog.DiscardHandler), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The service is not run: nothing records the result.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	id := job.NewID()
+	if _, err := m.Results.Create(ctx, keys.Record("acme", id), []byte(`{"job_id":"`+id+`","tenant":"acme","status":"queued"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Finish(ctx, &task.Task{Job: job.Job{ID: id, Tenant: "acme"}}, mesh.Outcome{Status: job.StatusSucceeded}, mesh.Exit{}); err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	svc.Routes(mux, api.Auth{Tenants: []string{"acme"}, Open: true})
+	rec := httptest.NewRecorder()
+	mux.ServeHTTP(rec, httptest.NewRequestWithContext(ctx, http.MethodGet, "/v1/jobs/"+id, nil))
+	if body := rec.Body.String(); rec.Code != http.StatusOK || !strings.Contains(body, `"status":"succeeded"`) || !strings.Contains(body, `"result"`) {
+		t.Errorf("GET of a job whose result is stored but not yet recorded: %d %s; want 200, succeeded, with its result", rec.Code, body)
+	}
+}
