@@ -92,8 +92,7 @@ type Info struct {
 	// sets one ("": /metrics is not served).
 	MetricsAddr string
 	Registry    *prometheus.Registry
-	conn        *nats.Conn            // the node's own connection (tests)
-	svc         map[string]*nats.Conn // each service's connection (tests)
+	conn        *nats.Conn // the services' connection (tests)
 }
 
 // ParseServices checks a comma-separated service list.
@@ -161,9 +160,6 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	st.mesh.Tracing = tr
-	for _, m := range st.svc {
-		m.Tracing = tr
-	}
 	reg, ms := newMetrics(o.Config)
 	mux := http.NewServeMux()
 	services, readiness, err := newServices(o, live, st, c.hints, reg, ms, auth, mux)
@@ -178,7 +174,7 @@ func Run(ctx context.Context, o Options) error {
 		readiness = append(readiness, (&catchUp{js: c.js, server: ns.Name()}).Ready)
 	}
 	mux.Handle("GET /healthz", healthz(c.nc))
-	mux.Handle("GET /readyz", readyz(c.nc, append(readiness, c.svcConnected)))
+	mux.Handle("GET /readyz", readyz(c.nc, readiness))
 	mux.Handle("/", api.NotFound(mux))
 	return serve(ctx, o, c, natsURL, services, tr.Handler(mux), reg, log)
 }
@@ -253,52 +249,9 @@ type link struct {
 	// hints is ingest's connection for wait-hint requests (nil without
 	// ingest): tenants publish those, up to a job's size each, so a flood
 	// of them fills this connection, never the services' own.
-	hints *nats.Conn
-	// svc are the services' own connections, one per service the node
-	// runs, as each would have in a process of its own: on one shared
-	// connection, every service's deliveries and acknowledgements queue
-	// behind the others' in one reader on each side, which tripled the
-	// time a job takes from one stage to the next (docs/BENCHMARKS.md).
-	// The node's own work (health, reloads, readiness) keeps nc.
-	svc    []svcConn
+	hints  *nats.Conn
 	ident  natsauth.Identity
 	opOpts []nats.Option // connect as the operator (ensuring streams, Info)
-}
-
-// svcConn is one service's connection.
-type svcConn struct {
-	name   string
-	nc     *nats.Conn
-	js     jetstream.JetStream
-	closed chan struct{} // closed when the client closes nc for good
-}
-
-// dial connects to url with opts as name, reconnecting without end; closed
-// is closed when the client closes the connection for good.
-func dial(url, name string, opts []nats.Option, log *slog.Logger, closed chan struct{}) (*nats.Conn, error) {
-	opts = append(slices.Clip(opts), nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond), nats.RetryOnFailedConnect(true),
-		nats.ErrorHandler(natsErrorLogger(log)))
-	if closed != nil {
-		opts = append(opts, nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
-	}
-	return nats.Connect(url, opts...)
-}
-
-// dialServices makes a connection for each of services (see link.svc).
-func (c *link) dialServices(url string, services []string, opts []nats.Option, log *slog.Logger) error {
-	for _, name := range services {
-		sc := svcConn{name: name, closed: make(chan struct{})}
-		var err error
-		if sc.nc, err = dial(url, "sluice "+name, opts, log, sc.closed); err != nil {
-			return err
-		}
-		sc.js, err = jetstream.New(sc.nc, jetstream.WithPublishAsyncTimeout(mesh.PublishAckWait))
-		c.svc = append(c.svc, sc) // closed by c.close, whatever happens next
-		if err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // connect makes the services' connection, with the identity of the
@@ -328,29 +281,29 @@ func connect(o Options, ns *server.Server, natsURL string, log *slog.Logger) (*l
 	if err != nil {
 		return nil, err
 	}
-	url := natsURL
+	dial := natsURL
 	if inProcess {
 		// The pipe is never TLS: a tls:// scheme would make the client ask
 		// for it.
-		url = "nats://" + strings.TrimPrefix(strings.TrimPrefix(natsURL, "tls://"), "nats://")
+		dial = "nats://" + strings.TrimPrefix(strings.TrimPrefix(natsURL, "tls://"), "nats://")
 	}
 	c := &link{closed: make(chan struct{}), ident: ident, opOpts: opOpts}
-	c.nc, err = dial(url, "sluice "+strings.Join(o.Services, ","), authOpts, log, c.closed)
+	c.nc, err = nats.Connect(dial, append(authOpts, nats.Name("sluice "+strings.Join(o.Services, ",")),
+		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond), nats.RetryOnFailedConnect(true),
+		nats.ErrorHandler(natsErrorLogger(log)), nats.ClosedHandler(func(*nats.Conn) { close(c.closed) }))...)
 	if err != nil {
 		return nil, fmt.Errorf("connect nats %s: %w", natsauth.RedactURL(natsURL), err)
 	}
 	if c.js, err = jetstream.New(c.nc, jetstream.WithPublishAsyncTimeout(mesh.PublishAckWait)); err != nil {
-		c.close()
+		c.nc.Close()
 		return nil, err
 	}
-	if err := c.dialServices(url, o.Services, authOpts, log); err != nil {
-		c.close()
-		return nil, fmt.Errorf("connect nats %s: %w", natsauth.RedactURL(natsURL), err)
-	}
 	if slices.Contains(o.Services, "ingest") {
-		c.hints, err = dial(url, "sluice ingest wait hints", authOpts, log, nil)
+		c.hints, err = nats.Connect(dial, append(authOpts, nats.Name("sluice ingest wait hints"),
+			nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond), nats.RetryOnFailedConnect(true),
+			nats.ErrorHandler(natsErrorLogger(log)))...)
 		if err != nil {
-			c.close()
+			c.nc.Close()
 			return nil, fmt.Errorf("connect nats %s for wait hints: %w", natsauth.RedactURL(natsURL), err)
 		}
 	}
@@ -362,44 +315,12 @@ func (c *link) close() {
 	if c.hints != nil {
 		c.hints.Close()
 	}
-	for _, sc := range c.svc {
-		sc.nc.Close()
-	}
 	c.nc.Close()
-}
-
-// of is the mesh service name uses: its own, else the node's.
-func (st *stores) of(name string) *mesh.Mesh {
-	if m := st.svc[name]; m != nil {
-		return m
-	}
-	return st.mesh
-}
-
-// svcConns are the services' connections by service name.
-func (c *link) svcConns() map[string]*nats.Conn {
-	m := map[string]*nats.Conn{}
-	for _, sc := range c.svc {
-		m[sc.name] = sc.nc
-	}
-	return m
-}
-
-// svcConnected says which service's connection is not connected, if any.
-func (c *link) svcConnected() error {
-	for _, sc := range c.svc {
-		if !sc.nc.IsConnected() {
-			return fmt.Errorf("nats: %s's connection not connected", sc.name)
-		}
-	}
-	return nil
 }
 
 // stores are what the services share in JetStream.
 type stores struct {
-	mesh *mesh.Mesh // over the node's connection
-	// svc is each service's mesh, over its own connection (link.svc).
-	svc   map[string]*mesh.Mesh
+	mesh  *mesh.Mesh
 	guard *guard.Guard // nil: only the result service runs, which may not even read the fleet key
 	// cache is the response cache's bucket: ingest reads it, the executor
 	// stores in it (nil when neither runs).
@@ -430,23 +351,12 @@ func setUp(ctx context.Context, o Options, live *config.Live, natsURL string, c 
 	if err := ensureStreams(ctx, o, natsURL, c.js, c.ident, c.opOpts, log); err != nil {
 		return nil, err
 	}
-	st := &stores{svc: map[string]*mesh.Mesh{}}
+	st := &stores{}
 	if err := streams.Retry(ctx, func(ctx context.Context) (err error) {
 		st.mesh, err = mesh.Open(ctx, c.js)
 		return err
 	}); err != nil {
 		return nil, err
-	}
-	for _, sc := range c.svc {
-		if err := waitConnected(ctx, sc.nc); err != nil {
-			return nil, fmt.Errorf("connect nats %s as %s for %s: %w (last error: %v)", natsauth.RedactURL(natsURL), c.ident, sc.name, err, sc.nc.LastError())
-		}
-		if err := streams.Retry(ctx, func(ctx context.Context) (err error) {
-			st.svc[sc.name], err = mesh.Open(ctx, sc.js)
-			return err
-		}); err != nil {
-			return nil, err
-		}
 	}
 	if slices.ContainsFunc(o.Services, func(s string) bool { return s != "result" }) {
 		var key []byte
@@ -517,20 +427,19 @@ func newServices(o Options, live *config.Live, st *stores, hints *nats.Conn, reg
 	st.health = hr
 	var more []runner // after o.Services' (serve names them)
 	for _, name := range o.Services {
-		sm := st.of(name)
 		switch name {
 		case "ingest":
-			s, err := ingest.New(ingest.Config{App: o.Config, Live: live, Guard: gd, Waiters: waiters, Cache: answers, Hints: hints}, sm, o.Log, ms)
+			s, err := ingest.New(ingest.Config{App: o.Config, Live: live, Guard: gd, Waiters: waiters, Cache: answers, Hints: hints}, m, o.Log, ms)
 			if err != nil {
 				return nil, nil, err
 			}
 			s.Routes(mux, auth)
 			services = append(services, s)
-			b := batches.New(batches.Config{App: o.Config, Live: live}, sm, s, o.Log) // callers' batches, on ingest's accept
+			b := batches.New(batches.Config{App: o.Config, Live: live}, m, s, o.Log) // callers' batches, on ingest's accept
 			b.Routes(mux, auth)
 			more = append(more, b)
 		case "admission":
-			s, err := admission.New(admission.Config{App: o.Config, Live: live, Guard: gd, Calib: cal, Health: hr}, sm, o.Log, ms)
+			s, err := admission.New(admission.Config{App: o.Config, Live: live, Guard: gd, Calib: cal, Health: hr}, m, o.Log, ms)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -541,20 +450,20 @@ func newServices(o Options, live *config.Live, st *stores, hints *nats.Conn, reg
 			if o.Executor != nil {
 				o.Executor(&cfg)
 			}
-			s, err := executor.New(cfg, sm, o.Log, ms)
+			s, err := executor.New(cfg, m, o.Log, ms)
 			if err != nil {
 				return nil, nil, err
 			}
 			services = append(services, s)
 			if lane.Enabled(o.Config) { // the batch lane runs with the executors
-				l, err := lane.New(lane.Config{App: o.Config, Live: live, Getenv: o.Getenv, Transport: cfg.Transport, Clients: cfg.Clients}, sm, o.Log, ms)
+				l, err := lane.New(lane.Config{App: o.Config, Live: live, Getenv: o.Getenv, Transport: cfg.Transport, Clients: cfg.Clients}, m, o.Log, ms)
 				if err != nil {
 					return nil, nil, err
 				}
 				services = append(services, namedRun{"lane", l.Run})
 			}
 		case "result":
-			s, err := result.New(result.Config{App: o.Config, Live: live, Waiters: waiters}, sm, o.Log, ms)
+			s, err := result.New(result.Config{App: o.Config, Live: live, Waiters: waiters}, m, o.Log, ms)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -651,9 +560,6 @@ func serve(ctx context.Context, o Options, c *link, natsURL string, services []r
 	connCtx, stopConn := context.WithCancel(ctx)
 	defer stopConn()
 	g.Add(func() error { return connClosed(connCtx, c.nc, c.closed) }, func(error) { stopConn() })
-	for _, sc := range c.svc {
-		g.Add(func() error { return connClosed(connCtx, sc.nc, sc.closed) }, func(error) { stopConn() })
-	}
 	svcCtx, stopServices := context.WithCancel(context.Background())
 	defer stopServices()
 	for i, s := range services {
@@ -678,7 +584,7 @@ func serve(ctx context.Context, o Options, c *link, natsURL string, services []r
 		return err
 	}
 	if o.OnReady != nil {
-		o.OnReady(Info{NATSURL: natsURL, NATSOptions: c.opOpts, HTTPAddr: httpAddr, MetricsAddr: metricsAddr, Registry: reg, conn: c.nc, svc: c.svcConns()})
+		o.OnReady(Info{NATSURL: natsURL, NATSOptions: c.opOpts, HTTPAddr: httpAddr, MetricsAddr: metricsAddr, Registry: reg, conn: c.nc})
 	}
 	log.Info("sluice up", "services", strings.Join(o.Services, ","), "nats", natsauth.RedactURL(natsURL), "nats_identity", c.ident.String())
 	if err := g.Run(); !errors.Is(err, ctx.Err()) {
