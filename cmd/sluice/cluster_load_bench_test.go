@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-dev/sluice/internal/systest"
 )
 
 // BenchmarkClusterLoad offers 1,000 jobs at 150 a second to the three-node
@@ -37,9 +39,9 @@ func benchClusterIdle(b *testing.B) {
 		c, _, _ := clusterSetupYAML(b, 12_000, nil, nil, "")
 		const settle, d = 5 * time.Second, 20 * time.Second
 		time.Sleep(settle)
-		cpu0 := nodesCPU(c)
+		cpu0 := nodesCPU(b, c)
 		time.Sleep(d)
-		cores := (nodesCPU(c) - cpu0) / d.Seconds()
+		cores := (nodesCPU(b, c) - cpu0) / d.Seconds()
 		b.Logf("idle: the three nodes used %.3f cores", cores)
 		b.ReportMetric(cores, "idle-cores")
 	}
@@ -54,7 +56,7 @@ func benchClusterLoad(b *testing.B, yamlExtra string) {
 		// the offered rate.
 		const submitters = 8
 		profileNodes(ctx, b, c, 6*time.Second)
-		cpu0 := nodesCPU(c)
+		cpu0 := nodesCPU(b, c)
 		start := time.Now()
 		errs := make(chan error, submitters)
 		for range submitters {
@@ -69,7 +71,7 @@ func benchClusterLoad(b *testing.B, yamlExtra string) {
 		offered := time.Since(start)
 		waitCompleted(ctx, b, load.sim, jobs)
 		took := time.Since(start)
-		cpu := nodesCPU(c) - cpu0
+		cpu := nodesCPU(b, c) - cpu0
 		b.Logf("offered in %v, completed in %v; the nodes used %.1f s of CPU (%.2f ms a job, %.2f cores)",
 			offered.Round(10*time.Millisecond), took.Round(10*time.Millisecond), cpu, 1000*cpu/jobs, cpu/took.Seconds())
 		load.verify(ctx)
@@ -108,21 +110,10 @@ func profileNodes(ctx context.Context, b *testing.B, c *cluster, d time.Duration
 }
 
 // nodesCPU sums the nodes' process CPU time (user + system) in seconds.
-func nodesCPU(c *cluster) float64 {
+func nodesCPU(b *testing.B, c *cluster) float64 {
 	var sum float64
 	for _, n := range c.nodes {
-		resp, err := http.Get(n.proc.MetricsURL() + "/metrics")
-		if err != nil {
-			continue
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		for line := range strings.Lines(string(body)) {
-			if v, ok := strings.CutPrefix(line, "process_cpu_seconds_total "); ok {
-				f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
-				sum += f
-			}
-		}
+		sum += systest.MetricSum(b, n.proc.MetricsURL(), "process_cpu_seconds_total")
 	}
 	return sum
 }

@@ -73,14 +73,21 @@ func roleTokens(enc tokenizer.Encoding, c tokenizer.Codec, role string) int {
 	if n, ok := roleCounts.Load(roleKey{enc, role}); ok {
 		return n.(int)
 	}
-	n, err := c.Count(role)
-	if err != nil {
-		n = len(role)/4 + 1
-	}
-	if roles[role] && err == nil {
+	n, counted := tokensOf(c, role)
+	if roles[role] && counted {
 		roleCounts.Store(roleKey{enc, role}, n)
 	}
 	return n
+}
+
+// tokensOf counts text under c or, where c refuses it, estimates a token
+// per four bytes (counted false).
+func tokensOf(c tokenizer.Codec, text string) (n int, counted bool) {
+	n, err := c.Count(text)
+	if err != nil {
+		return len(text)/4 + 1, false
+	}
+	return n, true
 }
 
 // Warm loads the encodings models are counted with, so that the first
@@ -116,10 +123,7 @@ func Encoding(model string) (tokenizer.Encoding, bool) {
 // fallback factor applied).
 func Count(model, text string) int {
 	enc, _ := Encoding(model)
-	n, err := codec(enc).Count(text)
-	if err != nil {
-		return len(text)/4 + 1
-	}
+	n, _ := tokensOf(codec(enc), text)
 	return n
 }
 
@@ -138,10 +142,7 @@ func Prompt(req *job.ChatRequest) int {
 			if part == "" {
 				continue // no token
 			}
-			k, err := c.Count(part)
-			if err != nil {
-				k = len(part)/4 + 1
-			}
+			k, _ := tokensOf(c, part)
 			n += k
 		}
 	}
@@ -164,10 +165,7 @@ func Embeddings(req *job.EmbeddingsRequest) int {
 	c := codec(enc)
 	n := 0
 	for _, t := range req.Texts {
-		k, err := c.Count(t)
-		if err != nil {
-			k = len(t)/4 + 1
-		}
+		k, _ := tokensOf(c, t)
 		n += k
 	}
 	if !exact {
