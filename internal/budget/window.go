@@ -71,7 +71,6 @@ package budget
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -79,6 +78,7 @@ import (
 	"strconv"
 	"time"
 
+	jsonv1 "github.com/go-json-experiment/json/v1"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/keys"
@@ -658,7 +658,7 @@ func (s *Store) load(ctx context.Context, key string) (Window, uint64, error) {
 		return w, 0, fmt.Errorf("%w: get %s: %v", ErrUnavailable, key, err)
 	}
 	if len(e.Value()) > 0 {
-		if err := json.Unmarshal(e.Value(), &w); err != nil {
+		if err := w.UnmarshalJSON(e.Value()); err != nil {
 			return w, 0, fmt.Errorf("budget %s: corrupt window: %w", key, err)
 		}
 	}
@@ -684,12 +684,19 @@ type plannedJSON struct {
 	U  []int64 `json:"u,omitempty"`
 }
 
-// UnmarshalJSON reads a stored window.
+// UnmarshalJSON reads a stored window. It decodes with go-json-experiment's
+// v1 API (encoding/json's semantics, TestWindowDecodesAsStd): a window is read
+// at every owner's batch and every compare-and-set retry.
 func (w *Window) UnmarshalJSON(data []byte) error {
 	var raw windowJSON
-	if err := json.Unmarshal(data, &raw); err != nil {
+	if err := jsonv1.Unmarshal(data, &raw); err != nil {
 		return err
 	}
+	return w.fromJSON(raw)
+}
+
+// fromJSON sets w from its decoded stored form.
+func (w *Window) fromJSON(raw windowJSON) error {
 	if w.Slices == nil {
 		w.Slices = make(map[int64]Vec, len(raw.S))
 	}
