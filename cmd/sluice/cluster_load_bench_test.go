@@ -38,9 +38,9 @@ func benchClusterIdle(b *testing.B) {
 	for range b.N {
 		c, _, _ := clusterSetupYAML(b, 12_000, nil, nil, "")
 		const settle, d = 5 * time.Second, 20 * time.Second
-		time.Sleep(settle)
+		time.Sleep(settle) // a benchmark's window: the nodes settle after start before CPU is read
 		cpu0 := nodesCPU(b, c)
-		time.Sleep(d)
+		time.Sleep(d) // the measured window: CPU over d is the figure
 		cores := (nodesCPU(b, c) - cpu0) / d.Seconds()
 		b.Logf("idle: the three nodes used %.3f cores", cores)
 		b.ReportMetric(cores, "idle-cores")

@@ -730,19 +730,8 @@ func (w *Window) fromJSON(raw windowJSON) error {
 // compare-and-set, and trailing zeros are left out of every vector.
 func (w Window) MarshalJSON() ([]byte, error) {
 	b := make([]byte, 0, 64+len(w.Slices)*32+len(w.P)*40)
-	b = append(b, `{"s":{`...)
-	first := true
-	for k, v := range w.Slices {
-		if !first {
-			b = append(b, ',')
-		}
-		first = false
-		b = append(b, '"')
-		b = strconv.AppendInt(b, k, 10)
-		b = append(b, `":`...)
-		b = appendVec(b, v[:], 2)
-	}
-	b = append(b, '}')
+	b = append(b, `{"s":`...)
+	b = appendObject(b, w.Slices, func(b []byte, v Vec) []byte { return appendVec(b, v[:], 2) })
 	if len(w.P) > 0 {
 		b = append(b, `,"p":[`...)
 		for i, p := range w.P {
@@ -772,21 +761,28 @@ func (w Window) MarshalJSON() ([]byte, error) {
 		b = strconv.AppendInt(b, w.Last, 10)
 	}
 	if len(w.Ends) > 0 {
-		b = append(b, `,"e":{`...)
-		first := true
-		for k, v := range w.Ends {
-			if !first {
-				b = append(b, ',')
-			}
-			first = false
-			b = append(b, '"')
-			b = strconv.AppendInt(b, k, 10)
-			b = append(b, `":`...)
-			b = strconv.AppendInt(b, v, 10)
-		}
-		b = append(b, '}')
+		b = append(b, `,"e":`...)
+		b = appendObject(b, w.Ends, func(b []byte, v int64) []byte { return strconv.AppendInt(b, v, 10) })
 	}
 	return append(b, '}'), nil
+}
+
+// appendObject appends m as a JSON object, in map order, its keys in
+// decimal and each value as val appends it.
+func appendObject[V any](b []byte, m map[int64]V, val func([]byte, V) []byte) []byte {
+	b = append(b, '{')
+	first := true
+	for k, v := range m {
+		if !first {
+			b = append(b, ',')
+		}
+		first = false
+		b = append(b, '"')
+		b = strconv.AppendInt(b, k, 10)
+		b = append(b, `":`...)
+		b = val(b, v)
+	}
+	return append(b, '}')
 }
 
 // any2 reports whether some unit (a dimension after requests and tokens)

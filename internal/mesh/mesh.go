@@ -420,6 +420,34 @@ func (m *Mesh) GetOp(ctx context.Context, bucketKey string) (*OpRecord, uint64, 
 	return &r, e.Revision(), nil
 }
 
+// AwaitOp waits until the operation record bucketKey exists (true) or ctx
+// ends (false). It is for a reader that found a job's record without its
+// operation record: accept writes the two at once but to two streams
+// (CreateRecords), so the job's record can be read first.
+func (m *Mesh) AwaitOp(ctx context.Context, bucketKey string) bool {
+	if !validOpKey(bucketKey) {
+		return false
+	}
+	w, err := m.Idempotency.Watch(ctx, bucketKey)
+	if err != nil {
+		return false
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case e, ok := <-w.Updates():
+			if !ok {
+				return false
+			}
+			if e != nil && e.Operation() == jetstream.KeyValuePut {
+				return true
+			}
+		}
+	}
+}
+
 // UpdateOp applies fn to the record by compare-and-set, retrying on
 // conflict. fn returns false to leave the record unchanged.
 func (m *Mesh) UpdateOp(ctx context.Context, bucketKey string, fn func(r *OpRecord) bool) (*OpRecord, error) {

@@ -48,7 +48,7 @@ func TestWorkersReuseAnIdleWorker(t *testing.T) {
 		// Workers idle for workerIdle end: the next function starts a
 		// new one.
 		synctest.Wait()
-		time.Sleep(workerIdle + time.Second)
+		time.Sleep(workerIdle + time.Second) // synctest's virtual time: the idle period is the logic
 		synctest.Wait()
 		w.Go(func() { ids <- goroutineID() })
 		if fourth := <-ids; fourth == first || fourth == busy || fourth == third {

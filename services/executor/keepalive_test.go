@@ -31,12 +31,12 @@ func TestKeepAlive(t *testing.T) {
 		stopEnded := keepAlive(endCtx, ended)
 		defer stopEnded()
 
-		time.Sleep(keepAliveEvery / 2)
+		time.Sleep(keepAliveEvery / 2) // synctest's virtual time: the period is the logic
 		synctest.Wait()
 		if n := stopped.n.Load(); n != 0 {
 			t.Fatalf("got %d notices before the first period, want 0", n)
 		}
-		time.Sleep(2*keepAliveEvery + keepAliveEvery/4)
+		time.Sleep(2*keepAliveEvery + keepAliveEvery/4) // synctest's virtual time, as above
 		synctest.Wait()
 		if n := stopped.n.Load(); n != 2 {
 			t.Fatalf("got %d notices in 2.25 periods, want 2", n)
@@ -44,7 +44,7 @@ func TestKeepAlive(t *testing.T) {
 		stop()
 		end()
 		before := ended.n.Load()
-		time.Sleep(3 * keepAliveEvery)
+		time.Sleep(3 * keepAliveEvery) // synctest's virtual time, as above
 		synctest.Wait()
 		if n := stopped.n.Load(); n != 2 {
 			t.Errorf("got %d notices after stop, want none more than 2", n)

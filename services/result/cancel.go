@@ -64,7 +64,14 @@ func (s *Service) cancel(w http.ResponseWriter, r *http.Request, auth api.Auth) 
 		return
 	}
 	out, op, err := s.markCancelled(ctx, rec)
-	if err != nil {
+	switch {
+	case errors.Is(err, job.ErrNotFound):
+		notFound(w) // its accept was refused and withdrew the record
+		return
+	case errors.Is(err, errNotRecorded):
+		api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "the job is still being accepted; try again")
+		return
+	case err != nil:
 		api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not cancel the job")
 		return
 	}
@@ -107,6 +114,8 @@ func finished(w http.ResponseWriter, st job.Status) {
 // is done, as the cancel endpoint does (callers' batches, services/batches,
 // cancel their jobs with it). It reports whether the job ends cancelled; a
 // job whose call has left, or that shares its operation, runs to its end.
+// An error (the job's operation not recorded yet, say) decides nothing:
+// try again.
 func CancelQueued(ctx context.Context, m *mesh.Mesh, rec *mesh.Record) (bool, error) {
 	out, op, err := (&Service{mesh: m}).markCancelled(ctx, rec)
 	if err != nil || out != cancelWon {
@@ -132,9 +141,44 @@ func publishCancelled(ctx context.Context, m *mesh.Mesh, rec *mesh.Record, op *m
 	return nil
 }
 
+// errNotRecorded: the job's record is there but not yet its operation
+// record, which its accept writes with it (a cancel cannot mark what is
+// not written yet, and must not answer that the job is done).
+var errNotRecorded = errors.New("the job's operation is not recorded yet")
+
 // markCancelled marks the job's operation cancelled unless its call has
 // left or it is done; it returns the record as it found it (nil: none).
+// Accept writes the job's record and its operation record at once, to two
+// streams, so a cancel can find the first without the second: it waits
+// for the operation record (up to CancelWait) rather than take the job
+// for done. errNotRecorded when it does not come and the job has not
+// ended; job.ErrNotFound when the job's record went meanwhile.
 func (s *Service) markCancelled(ctx context.Context, rec *mesh.Record) (cancelOutcome, *mesh.OpRecord, error) {
+	out, seen, err := s.markOp(ctx, rec)
+	if !errors.Is(err, job.ErrNotFound) {
+		return out, seen, err
+	}
+	wctx, stop := context.WithTimeout(ctx, CancelWait)
+	recorded := s.mesh.AwaitOp(wctx, opKeyOf(rec))
+	stop()
+	if recorded {
+		if out, seen, err = s.markOp(ctx, rec); !errors.Is(err, job.ErrNotFound) {
+			return out, seen, err
+		}
+	}
+	now, _, err := s.mesh.Lookup(ctx, rec.Tenant, rec.JobID)
+	switch {
+	case err != nil:
+		return 0, nil, err
+	case now.Result != nil:
+		return cancelDone, nil, nil // ended, and its operation record expired
+	}
+	return 0, nil, errNotRecorded
+}
+
+// markOp is markCancelled on the operation record as it is now;
+// job.ErrNotFound when there is none.
+func (s *Service) markOp(ctx context.Context, rec *mesh.Record) (cancelOutcome, *mesh.OpRecord, error) {
 	out := cancelWon
 	var seen *mesh.OpRecord
 	_, err := s.mesh.UpdateOp(ctx, opKeyOf(rec), func(o *mesh.OpRecord) bool {
@@ -154,10 +198,10 @@ func (s *Service) markCancelled(ctx context.Context, rec *mesh.Record) (cancelOu
 		}
 		return false
 	})
-	if errors.Is(err, job.ErrNotFound) {
-		return cancelDone, nil, nil // expired with its result; the record says
+	if err != nil {
+		return 0, nil, err
 	}
-	return out, seen, err
+	return out, seen, nil
 }
 
 // cancelledJob is the job a cancel ends, as its record and its operation

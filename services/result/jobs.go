@@ -91,6 +91,7 @@ func (s *Service) listJobs(ctx context.Context, tenant string, status job.Status
 		if err != nil {
 			return nil, err
 		}
+		s.withStored(ctx, rec)
 		it := s.item(ctx, rec)
 		if status != "" && it.Status != status {
 			continue
@@ -103,6 +104,19 @@ func (s *Service) listJobs(ctx context.Context, tenant string, status job.Status
 		page.LastID = id
 	}
 	return page, nil
+}
+
+// withStored gives a record without a result the result RESULTS stores
+// for its job, if any: RESULTS stores a result before the caller is handed
+// it and before this service records it, so a caller holding its result
+// reads the same from GET /v1/jobs/{id} and from the list.
+func (s *Service) withStored(ctx context.Context, rec *mesh.Record) {
+	if rec.Result != nil {
+		return
+	}
+	if res, err := s.mesh.StoredResult(ctx, rec.Tenant, rec.JobID); err == nil {
+		rec.Result, rec.Status = res, res.Status
+	}
 }
 
 // item is a record as listed: a queued job whose call has left is running.

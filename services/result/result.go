@@ -284,14 +284,7 @@ func (s *Service) get(w http.ResponseWriter, r *http.Request, auth api.Auth) {
 		api.Error(w, http.StatusServiceUnavailable, "sluice_error", "unavailable", "could not read the job")
 		return
 	}
-	if rec.Result == nil {
-		// RESULTS stores a result before the caller is handed it and
-		// before this service records it: a caller holding its result
-		// reads the same here.
-		if res, err := s.mesh.StoredResult(r.Context(), tenant, id); err == nil {
-			rec.Result, rec.Status = res, res.Status
-		}
-	}
+	s.withStored(r.Context(), rec)
 	if rec.Result == nil && wait > 0 {
 		api.ExtendDeadlines(w, wait+30*time.Second)
 		ctx, cancel := context.WithTimeout(r.Context(), wait)

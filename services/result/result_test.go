@@ -275,4 +275,12 @@ func TestGetReadsAStoredResult(t *testing.T) {
 	if body := rec.Body.String(); rec.Code != http.StatusOK || !strings.Contains(body, `"status":"succeeded"`) || !strings.Contains(body, `"result"`) {
 		t.Errorf("GET of a job whose result is stored but not yet recorded: %d %s; want 200, succeeded, with its result", rec.Code, body)
 	}
+	// The list says the same (it said "queued" until the result service
+	// recorded the result: TestCancelQueuedAndList's list by status, rarely,
+	// on a loaded machine).
+	rec = httptest.NewRecorder()
+	mux.ServeHTTP(rec, httptest.NewRequestWithContext(ctx, http.MethodGet, "/v1/jobs?status=succeeded", nil))
+	if body := rec.Body.String(); rec.Code != http.StatusOK || !strings.Contains(body, `"id":"`+id+`"`) {
+		t.Errorf("GET /v1/jobs?status=succeeded with the job's result stored but not yet recorded: %d %s; want 200 listing %s", rec.Code, body, id)
+	}
 }
