@@ -240,6 +240,13 @@ func (t *Table) flush(ctx context.Context, k string) {
 // record returns k's record and its Correction, read again from the
 // bucket when older than CacheFor.
 func (t *Table) record(ctx context.Context, k string) (Record, float64) {
+	return t.recordWithin(ctx, 0, k)
+}
+
+// recordWithin is record with the bucket's read bounded by wait as well
+// (0: by ctx alone): the bound's timer is made only when the bucket is
+// read, at most once per key per CacheFor, not at every call.
+func (t *Table) recordWithin(ctx context.Context, wait time.Duration, k string) (Record, float64) {
 	now := t.now()
 	t.mu.Lock()
 	e := t.entry(k)
@@ -251,6 +258,11 @@ func (t *Table) record(ctx context.Context, k string) (Record, float64) {
 	t.mu.Unlock()
 	if !stale {
 		return rec, corr
+	}
+	if wait > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, wait)
+		defer cancel()
 	}
 	got, err := t.kv.Get(ctx, k)
 	if err != nil {
@@ -278,13 +290,14 @@ func (t *Table) correction(ctx context.Context, k string) float64 {
 // Factor is the multiplier admission applies to a job's prompt estimate:
 // its class's correction once the class has ClassSamples samples, before
 // that the larger of the class's and the model's (Prior for a model with
-// no answer yet).
-func (t *Table) Factor(ctx context.Context, provider, modelToken, class string) float64 {
-	_, model := t.record(ctx, key(provider, modelToken, ""))
+// no answer yet). wait bounds a read of the bucket beside ctx (0: ctx
+// alone).
+func (t *Table) Factor(ctx context.Context, wait time.Duration, provider, modelToken, class string) float64 {
+	_, model := t.recordWithin(ctx, wait, key(provider, modelToken, ""))
 	if class == "" {
 		return model
 	}
-	c, corr := t.record(ctx, key(provider, modelToken, class))
+	c, corr := t.recordWithin(ctx, wait, key(provider, modelToken, class))
 	switch {
 	case c.Samples >= ClassSamples:
 		return corr

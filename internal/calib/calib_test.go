@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -33,11 +34,11 @@ func TestCorrectionConvergesBothWays(t *testing.T) {
 		{"exact", 1},
 	} {
 		tb := New(nil, nil)
-		if got := tb.Factor(ctx, "openai", "gpt-4o-mini", "m_latin"); got != Prior {
+		if got := tb.Factor(ctx, 0, "openai", "gpt-4o-mini", "m_latin"); got != Prior {
 			t.Errorf("%s: before any answer the factor is %.3f, want the prior %.2f", tc.name, got, Prior)
 		}
 		answers(ctx, tb, "m_latin", tc.ratio, 5, rand.New(rand.NewPCG(1, 2)))
-		got := tb.Factor(ctx, "openai", "gpt-4o-mini", "m_latin")
+		got := tb.Factor(ctx, 0, "openai", "gpt-4o-mini", "m_latin")
 		// A high quantile: never below the bulk of the answers, and
 		// within the spread of the provider's own variation above them.
 		if got < tc.ratio*0.98 || got > tc.ratio*1.03 {
@@ -53,11 +54,11 @@ func TestCorrectionFollowsAChange(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	answers(ctx, tb, "", 1.4, 40, rng)
 	answers(ctx, tb, "", 0.9, Window, rng)
-	if got := tb.Factor(ctx, "openai", "gpt-4o-mini", ""); got > 0.93 {
+	if got := tb.Factor(ctx, 0, "openai", "gpt-4o-mini", ""); got > 0.93 {
 		t.Errorf("a window after the provider's count fell to 0.9 the factor is %.3f, want it down to about 0.9", got)
 	}
 	tb.Observe(ctx, "openai", "gpt-4o-mini", "", 100, 100_000)
-	if got := tb.Factor(ctx, "openai", "gpt-4o-mini", ""); got > MaxRatio {
+	if got := tb.Factor(ctx, 0, "openai", "gpt-4o-mini", ""); got > MaxRatio {
 		t.Errorf("an absurd answer gives a factor of %.3f, want at most %.1f", got, MaxRatio)
 	}
 }
@@ -68,15 +69,15 @@ func TestClassFallsBackToModel(t *testing.T) {
 	tb := New(nil, nil)
 	rng := rand.New(rand.NewPCG(5, 6))
 	answers(ctx, tb, "m_latin", 1.1, 10, rng)
-	if got := tb.Factor(ctx, "openai", "gpt-4o-mini", "m_other"); got < 1.07 || got > 1.14 {
+	if got := tb.Factor(ctx, 0, "openai", "gpt-4o-mini", "m_other"); got < 1.07 || got > 1.14 {
 		t.Errorf("an unseen class takes the model's factor: got %.3f, want about 1.1", got)
 	}
 	answers(ctx, tb, "m_other", 0.6, 1, rng)
-	if got := tb.Factor(ctx, "openai", "gpt-4o-mini", "m_other"); got < 1.07 {
+	if got := tb.Factor(ctx, 0, "openai", "gpt-4o-mini", "m_other"); got < 1.07 {
 		t.Errorf("after one answer below the model's, a class keeps the larger: got %.3f", got)
 	}
 	answers(ctx, tb, "m_other", 0.6, ClassSamples, rng)
-	if got := tb.Factor(ctx, "openai", "gpt-4o-mini", "m_other"); got > 0.63 {
+	if got := tb.Factor(ctx, 0, "openai", "gpt-4o-mini", "m_other"); got > 0.63 {
 		t.Errorf("after %d answers a class has its own factor: got %.3f, want about 0.6", ClassSamples+1, got)
 	}
 }
@@ -99,7 +100,7 @@ func TestCorrectionSharedThroughKV(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	answers(ctx, exec1, "m_latin", 1.15, 3, rng)
 	answers(ctx, exec2, "m_latin", 1.15, 2, rng)
-	got := adm.Factor(ctx, "openai", "gpt-4o-mini", "m_latin")
+	got := adm.Factor(ctx, 0, "openai", "gpt-4o-mini", "m_latin")
 	if got < 1.15*0.98 || got > 1.15*1.03 {
 		t.Errorf("admission reads a factor of %.3f from two executors' answers, want about 1.15", got)
 	}
@@ -108,7 +109,29 @@ func TestCorrectionSharedThroughKV(t *testing.T) {
 		t.Errorf("the fleet's record holds %d samples (class m_latin %d), want 5 each", st.Samples, classes["m_latin"].Samples)
 	}
 	restarted := New(kv, nil)
-	if got := restarted.Factor(ctx, "openai", "gpt-4o-mini", "m_latin"); got < 1.12 {
+	if got := restarted.Factor(ctx, 0, "openai", "gpt-4o-mini", "m_latin"); got < 1.12 {
 		t.Errorf("a restarted process starts from a factor of %.3f, want the learned one (about 1.15)", got)
 	}
+}
+
+// BenchmarkFactor is admission's read of the correction at every
+// placement, from the cache: with a timer made for each call (as
+// admission did) and with the bound left to Factor.
+func BenchmarkFactor(b *testing.B) {
+	tb := New(nil, nil)
+	answers(context.Background(), tb, "m_latin", 1.1, 50, rand.New(rand.NewPCG(1, 2)))
+	b.Run("timeout-per-call", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
+			_ = tb.Factor(ctx, 0, "openai", "gpt-4o-mini", "m_latin")
+			cancel()
+		}
+	})
+	b.Run("wait", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = tb.Factor(context.Background(), 250*time.Millisecond, "openai", "gpt-4o-mini", "m_latin")
+		}
+	})
 }

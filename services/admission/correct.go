@@ -36,9 +36,7 @@ func (co *coster) correction(provider string, j *task.Task) float64 {
 	if !tokens.ValidClass(class) {
 		class = "" // whoever wrote it, it names no key
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), correctionWait)
-	defer cancel()
-	return co.cfg.Calib.Factor(ctx, provider, job.ModelToken(j.Model), class)
+	return co.cfg.Calib.Factor(context.Background(), correctionWait, provider, job.ModelToken(j.Model), class)
 }
 
 // place sets c's parts and cost as placed now: its estimate's claim with
