@@ -21,8 +21,6 @@ import (
 	"strings"
 	"time"
 
-	jsonv1 "github.com/go-json-experiment/json/v1"
-
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/mesh"
 	"github.com/sluice-dev/sluice/internal/task"
@@ -169,9 +167,7 @@ func Decide(r Request) (*Plan, error) {
 		return nil, nil // chat answers only
 	}
 	var b body
-	// jsonv1: encoding/json's values in about half its time
-	// (FuzzBodyAsStd).
-	if jsonv1.Unmarshal(r.Body, &b) != nil {
+	if json.Unmarshal(r.Body, &b) != nil {
 		return nil, nil // accept refuses it, with the reason
 	}
 	prov, model, ok := r.App.ModelRef(b.Model)

@@ -1,14 +1,10 @@
 package cache
 
 import (
-	"encoding/json"
 	"net/http"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
-
-	jsonv1 "github.com/go-json-experiment/json/v1"
 
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/task"
@@ -220,24 +216,4 @@ func TestMayWrite(t *testing.T) {
 	if mayWrite(app, "acme", &task.CacheTarget{Key: "t.acme.m1.abc", TTL: 48 * time.Hour}) {
 		t.Error("a TTL over cache.max_ttl was written")
 	}
-}
-
-// FuzzBodyAsStd holds Decide's decoding of a body (jsonv1) to
-// encoding/json's: the same values, or both an error.
-func FuzzBodyAsStd(f *testing.F) {
-	for _, s := range []string{`{"model":"gpt-4o-mini","temperature":0,"seed":1,"tools":[],"stream":true,"stream_options":{"include_usage":true}}`,
-		`{"MODEL":"m","Temperature":0.5,"functions":null,"messages":[{"role":"user","content":"hi"}]}`, `{"model":1}`, `[]`, `{"model":"a","model":"b"}`,
-		`{"stream":"yes"}`, "{\"model\":\"bad\xff\"}", `{"stream_options":null}`, `{"seed":{"a" : [1, 2]}}`} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		var got, want body
-		gotErr, wantErr := jsonv1.Unmarshal(data, &got), json.Unmarshal(data, &want)
-		if (gotErr != nil) != (wantErr != nil) {
-			t.Fatalf("%q: jsonv1 %v, encoding/json %v", data, gotErr, wantErr)
-		}
-		if wantErr == nil && !reflect.DeepEqual(got, want) {
-			t.Fatalf("%q:\n jsonv1        %+v\n encoding/json %+v", data, got, want)
-		}
-	})
 }
