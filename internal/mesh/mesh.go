@@ -45,6 +45,7 @@ type Mesh struct {
 	Tracing   *tracing.Tracing
 	resultsMu sync.Mutex
 	results   jetstream.Stream // bound lazily by StoredResult, under resultsMu
+	chunks    jetstream.Stream // bound lazily by StreamEnded, under resultsMu
 }
 
 // PublishAckWait is how long an asynchronous publish waits for its stream's
@@ -527,6 +528,34 @@ func (m *Mesh) Wait(ctx context.Context, tenant, jobID string) (*job.Result, err
 // errCodeStoreFailed is JetStream's "stream store failed" (10077): a
 // DiscardNew stream refusing a message for lack of room.
 const errCodeStoreFailed jetstream.ErrorCode = 10077
+
+// StreamEnded reports whether a streamed job's end marker is in STREAMS.
+// The executor publishes it just before the job's result, so a caller
+// whose stream has ended can ask again before the result is stored.
+func (m *Mesh) StreamEnded(ctx context.Context, tenant, jobID string) bool {
+	if !jobRef(tenant, jobID) {
+		return false
+	}
+	m.resultsMu.Lock()
+	st := m.chunks
+	if st == nil {
+		var err error
+		if st, err = m.JS.Stream(ctx, streams.StreamChunks); err != nil {
+			m.resultsMu.Unlock()
+			return false
+		}
+		m.chunks = st
+	}
+	m.resultsMu.Unlock()
+	msg, err := st.GetLastMsgForSubject(ctx, job.StreamSubject(tenant, jobID))
+	if err != nil {
+		return false
+	}
+	var end struct {
+		End job.Status `json:"end"`
+	}
+	return jsonv1.Unmarshal(msg.Data, &end) == nil && end.End != ""
+}
 
 // StoredResult reads a job's result straight from the RESULTS stream.
 func (m *Mesh) StoredResult(ctx context.Context, tenant, jobID string) (*job.Result, error) {

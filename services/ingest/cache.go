@@ -233,7 +233,11 @@ func (s *responseCache) freshOp(ctx context.Context, tenant, key string) {
 			return
 		}
 		if !ended {
-			if _, err := s.mesh.StoredResult(ctx, tenant, rec.JobID); err != nil {
+			// Ended: its result is stored, or its stream's end marker
+			// (published just before the result: a caller whose stream
+			// was cut may ask again at once, and must not be handed the
+			// cut by joining).
+			if _, err := s.mesh.StoredResult(ctx, tenant, rec.JobID); err != nil && !s.mesh.StreamEnded(ctx, tenant, rec.JobID) {
 				return // in flight: join it
 			}
 			ended = true
