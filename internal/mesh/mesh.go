@@ -44,8 +44,8 @@ type Mesh struct {
 	// headers, and a result the trace id.
 	Tracing   *tracing.Tracing
 	resultsMu sync.Mutex
-	results   jetstream.Stream // bound lazily by StoredResult, under resultsMu
-	chunks    jetstream.Stream // bound lazily by StreamEnded, under resultsMu
+	results   jetstream.Stream // bound lazily (bound) by StoredResult
+	chunks    jetstream.Stream // bound lazily (bound) by StreamEnded
 }
 
 // PublishAckWait is how long an asynchronous publish waits for its stream's
@@ -529,6 +529,20 @@ func (m *Mesh) Wait(ctx context.Context, tenant, jobID string) (*job.Result, err
 // DiscardNew stream refusing a message for lack of room.
 const errCodeStoreFailed jetstream.ErrorCode = 10077
 
+// bound returns the stream name, bound once into *st (under resultsMu).
+func (m *Mesh) bound(ctx context.Context, st *jetstream.Stream, name string) (jetstream.Stream, error) {
+	m.resultsMu.Lock()
+	defer m.resultsMu.Unlock()
+	if *st == nil {
+		s, err := m.JS.Stream(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		*st = s
+	}
+	return *st, nil
+}
+
 // StreamEnded reports whether a streamed job's end marker is in STREAMS.
 // The executor publishes it just before the job's result, so a caller
 // whose stream has ended can ask again before the result is stored.
@@ -536,17 +550,10 @@ func (m *Mesh) StreamEnded(ctx context.Context, tenant, jobID string) bool {
 	if !jobRef(tenant, jobID) {
 		return false
 	}
-	m.resultsMu.Lock()
-	st := m.chunks
-	if st == nil {
-		var err error
-		if st, err = m.JS.Stream(ctx, streams.StreamChunks); err != nil {
-			m.resultsMu.Unlock()
-			return false
-		}
-		m.chunks = st
+	st, err := m.bound(ctx, &m.chunks, streams.StreamChunks)
+	if err != nil {
+		return false
 	}
-	m.resultsMu.Unlock()
 	msg, err := st.GetLastMsgForSubject(ctx, job.StreamSubject(tenant, jobID))
 	if err != nil {
 		return false
@@ -562,17 +569,10 @@ func (m *Mesh) StoredResult(ctx context.Context, tenant, jobID string) (*job.Res
 	if !jobRef(tenant, jobID) {
 		return nil, job.ErrNotFound
 	}
-	m.resultsMu.Lock()
-	st := m.results
-	if st == nil {
-		var err error
-		if st, err = m.JS.Stream(ctx, streams.Results); err != nil {
-			m.resultsMu.Unlock()
-			return nil, err
-		}
-		m.results = st
+	st, err := m.bound(ctx, &m.results, streams.Results)
+	if err != nil {
+		return nil, err
 	}
-	m.resultsMu.Unlock()
 	msg, err := st.GetLastMsgForSubject(ctx, job.StoreSubject(tenant, jobID))
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
