@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/streams"
@@ -36,7 +37,8 @@ type Consumer struct {
 }
 
 // Loop is a running consume loop. A loop the client ended by itself (the
-// server answered that the consumer is gone, or refused a pull) is started
+// server answered that the consumer is gone, or refused a pull) or whose
+// pull no server answered (the consumer without a leader) is started
 // again, consumer included, until Stop or Drain: a process that stopped
 // pulling would leave the messages it had been delivered unacknowledged
 // and, with no pull waiting, never redelivered.
@@ -55,8 +57,9 @@ type Loop struct {
 	Restarts atomic.Int64
 }
 
-// restartWait bounds the wait between attempts to start an ended loop.
-const restartWait = 5 * time.Second
+// restartFirst and restartWait bound the wait before starting again a
+// loop that ended soon after it started.
+const restartFirst, restartWait = 100 * time.Millisecond, 5 * time.Second
 
 // Consume ensures the consumer and starts delivering its messages to
 // handler, wrapped in c's middleware and Recover; what it returns is told
@@ -103,12 +106,17 @@ func (l *Loop) start(ctx context.Context) (jetstream.ConsumeContext, error) {
 	if c.BatchBytes > 0 {
 		pull = jetstream.PullMaxMessagesWithBytesLimit(c.Batch, c.BatchBytes)
 	}
-	cc, err := cons.Consume(l.h, pull, streams.PullExpiry(), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+	cc, err := cons.Consume(l.h, pull, streams.PullExpiry(), jetstream.ConsumeErrHandler(func(cc jetstream.ConsumeContext, err error) {
 		switch {
 		case errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrBadRequest):
-			l.mu.Lock()
-			l.err = err
-			l.mu.Unlock()
+			l.ended(err)
+		case errors.Is(err, nats.ErrNoResponders):
+			// No server answered the pull: the consumer has no leader yet
+			// (a cluster forming, a leader lost). The client would pull
+			// again only after two missed heartbeats (5 s), idle all that
+			// while; start the loop again instead (watch, with backoff).
+			l.ended(err)
+			cc.Drain()
 		case !errors.Is(err, jetstream.ErrNoHeartbeat):
 			l.log.Debug(c.What+" consume", "err", err)
 		}
@@ -119,8 +127,19 @@ func (l *Loop) start(ctx context.Context) (jetstream.ConsumeContext, error) {
 	return cc, nil
 }
 
-// watch starts the loop again whenever it ends while it should run.
+// ended records why the loop's consume context is ending by itself.
+func (l *Loop) ended(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.err = err
+}
+
+// watch starts the loop again whenever it ends while it should run: at
+// once if it had run for restartWait, else after a wait that doubles from
+// 100 ms up to restartWait, so a consumer that stays unreachable is not
+// asked again and again.
 func (l *Loop) watch(ctx context.Context, cc jetstream.ConsumeContext) {
+	wait, began := restartFirst, time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -133,20 +152,29 @@ func (l *Loop) watch(ctx context.Context, cc jetstream.ConsumeContext) {
 		if done || l.m.JS.Conn().IsClosed() {
 			return
 		}
-		l.log.Warn(l.c.What+" consume loop ended; starting it again", "consumer", l.c.Name, "err", why)
-		wait := 100 * time.Millisecond
+		level := slog.LevelWarn
+		if errors.Is(why, nats.ErrNoResponders) {
+			level = slog.LevelDebug // routine while a cluster elects leaders
+		}
+		l.log.Log(ctx, level, l.c.What+" consume loop ended; starting it again", "consumer", l.c.Name, "err", why)
+		if time.Since(began) >= restartWait {
+			wait = restartFirst
+		}
 		for {
+			if time.Since(began) < restartWait {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(wait):
+				}
+				wait = min(2*wait, restartWait)
+			}
+			began = time.Now()
 			var err error
 			if cc, err = l.start(ctx); err == nil {
 				break
 			}
 			l.log.Debug(l.c.What+" consume restart", "err", err)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(wait):
-			}
-			wait = min(2*wait, restartWait)
 		}
 		l.mu.Lock()
 		if l.done { // stopped while it restarted

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/mesh"
@@ -128,5 +130,66 @@ func TestConsumeLoopRestarts(t *testing.T) {
 	receive(2)
 	if _, err := js.Consumer(ctx, streams.Intake, c.Name); err != nil {
 		t.Errorf("the consumer was not made again: %v", err)
+	}
+}
+
+// A pull that no server answers ("503 No Responders": the consumer has no
+// leader yet, as while a cluster forms) ends the loop, which starts again
+// and delivers once the consumer answers, instead of the client waiting
+// two missed heartbeats (5 s) before it pulls again. Here the loop's
+// JetStream API goes through a relay that answers everything but pulls
+// until the loop has restarted once.
+func TestConsumeLoopRestartsWhenNoServerAnswers(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m := meshtest.New(t, streams.Options{})
+	nc := m.JS.Conn()
+	const prefix = "RELAYED.API"
+	relay := func(msg *nats.Msg) {
+		out := nats.NewMsg("$JS.API" + strings.TrimPrefix(msg.Subject, prefix))
+		out.Reply, out.Header, out.Data = msg.Reply, msg.Header, msg.Data
+		if err := nc.PublishMsg(out); err != nil {
+			t.Error(err)
+		}
+	}
+	for _, subj := range []string{prefix + ".*", prefix + ".STREAM.>", prefix + ".CONSUMER.CREATE.>", prefix + ".CONSUMER.DURABLE.>", prefix + ".CONSUMER.INFO.>"} {
+		if _, err := nc.Subscribe(subj, relay); err != nil {
+			t.Fatal(err)
+		}
+	}
+	relayed, err := jetstream.NewWithAPIPrefix(nc, prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.JS.Publish(ctx, job.IntakeSubject("acme"), []byte{7}); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan byte, 8)
+	c := mesh.Consumer{Stream: streams.Intake, Template: "ingest", Name: "ingest-unanswered", What: "intake", Batch: 4}
+	loop, err := (&mesh.Mesh{JS: relayed}).Consume(ctx, c, slog.New(slog.DiscardHandler), func(_ context.Context, msg jetstream.Msg) error {
+		got <- msg.Data()[0]
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer loop.Stop()
+	natstest.Eventually(t, 20*time.Second, func() error {
+		if loop.Restarts.Load() == 0 {
+			return errors.New("the loop whose pull no server answered has not started again")
+		}
+		return nil
+	})
+	if _, err := nc.Subscribe(prefix+".CONSUMER.MSG.NEXT.>", relay); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case b := <-got:
+		if b != 7 {
+			t.Errorf("delivered %d, want 7", b)
+		}
+	case <-ctx.Done():
+		t.Fatalf("never delivered once pulls were answered (loop restarts %d)", loop.Restarts.Load())
 	}
 }
