@@ -124,7 +124,8 @@ func budgetCounters(c *cluster) string {
 	names := []string{"sluice_budget_writes_total", "sluice_budget_conflicts_total", "sluice_budget_errors_total",
 		"sluice_reservations_expired_total", "sluice_requeues_total",
 		`sluice_budget_owner_writes_total{path="served"`, `sluice_budget_owner_writes_total{path="forwarded"`,
-		`sluice_budget_owner_writes_total{path="fallback"`, `sluice_budget_owner_writes_total{path="dropped"`}
+		`sluice_budget_owner_writes_total{path="fallback"`, `sluice_budget_owner_writes_total{path="dropped"`,
+		"sluice_consume_restarts_total"}
 	sums := map[string]float64{}
 	for _, n := range c.nodes {
 		resp, err := http.Get(n.proc.MetricsURL() + "/metrics")

@@ -34,6 +34,32 @@ type Consumer struct {
 	// Middleware wraps the handler, the first outermost; Recover always
 	// wraps them all.
 	Middleware []Middleware
+	// Restarted, when set, is called each time the loop is started again
+	// after it ended by itself, with why (a RestartReason).
+	Restarted func(why string)
+}
+
+// Why a consume loop ended by itself and was started again (Restarted;
+// the sluice_consume_restarts_total metric's reason).
+const (
+	RestartNoResponders    = "no_responders"    // a pull no server answered: the consumer without a leader
+	RestartConsumerDeleted = "consumer_deleted" // the server said the consumer is gone
+	RestartBadRequest      = "bad_request"      // the server refused a pull
+	RestartOther           = "other"            // ended with no error the loop recorded
+)
+
+// RestartReason names why err ended a consume loop.
+func RestartReason(err error) string {
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		return RestartNoResponders
+	case errors.Is(err, jetstream.ErrConsumerDeleted):
+		return RestartConsumerDeleted
+	case errors.Is(err, jetstream.ErrBadRequest):
+		return RestartBadRequest
+	default:
+		return RestartOther
+	}
 }
 
 // Loop is a running consume loop. A loop the client ended by itself (the
@@ -185,6 +211,9 @@ func (l *Loop) watch(ctx context.Context, cc jetstream.ConsumeContext) {
 		l.cc, l.err = cc, nil
 		l.mu.Unlock()
 		l.Restarts.Add(1)
+		if l.c.Restarted != nil {
+			l.c.Restarted(RestartReason(why))
+		}
 	}
 }
 

@@ -85,7 +85,9 @@ func TestConsumeLoopRestarts(t *testing.T) {
 	m := meshtest.New(t, streams.Options{})
 	js := m.JS
 	got := make(chan byte, 8)
-	c := mesh.Consumer{Stream: streams.Intake, Template: "ingest", Name: "ingest-restart", What: "intake", Batch: 4}
+	whys := make(chan string, 8)
+	c := mesh.Consumer{Stream: streams.Intake, Template: "ingest", Name: "ingest-restart", What: "intake", Batch: 4,
+		Restarted: func(why string) { whys <- why }}
 	loop, err := m.Consume(ctx, c, slog.New(slog.DiscardHandler), func(_ context.Context, msg jetstream.Msg) error {
 		got <- msg.Data()[0]
 		return nil
@@ -131,6 +133,9 @@ func TestConsumeLoopRestarts(t *testing.T) {
 	if _, err := js.Consumer(ctx, streams.Intake, c.Name); err != nil {
 		t.Errorf("the consumer was not made again: %v", err)
 	}
+	if why := <-whys; why != mesh.RestartConsumerDeleted {
+		t.Errorf("Restarted(%q), want %q", why, mesh.RestartConsumerDeleted)
+	}
 }
 
 // A pull that no server answers ("503 No Responders": the consumer has no
@@ -166,7 +171,9 @@ func TestConsumeLoopRestartsWhenNoServerAnswers(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := make(chan byte, 8)
-	c := mesh.Consumer{Stream: streams.Intake, Template: "ingest", Name: "ingest-unanswered", What: "intake", Batch: 4}
+	whys := make(chan string, 64)
+	c := mesh.Consumer{Stream: streams.Intake, Template: "ingest", Name: "ingest-unanswered", What: "intake", Batch: 4,
+		Restarted: func(why string) { whys <- why }}
 	loop, err := (&mesh.Mesh{JS: relayed}).Consume(ctx, c, slog.New(slog.DiscardHandler), func(_ context.Context, msg jetstream.Msg) error {
 		got <- msg.Data()[0]
 		return nil
@@ -191,5 +198,8 @@ func TestConsumeLoopRestartsWhenNoServerAnswers(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatalf("never delivered once pulls were answered (loop restarts %d)", loop.Restarts.Load())
+	}
+	if why := <-whys; why != mesh.RestartNoResponders {
+		t.Errorf("Restarted(%q), want %q", why, mesh.RestartNoResponders)
 	}
 }

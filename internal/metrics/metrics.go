@@ -32,6 +32,7 @@ type Set struct {
 	BudgetErrors        prometheus.Counter
 	BudgetOwner         *prometheus.CounterVec   // path
 	RepliesDropped      *prometheus.CounterVec   // service
+	ConsumeRestarts     *prometheus.CounterVec   // stream, reason
 	ReservationsExpired *prometheus.CounterVec   // provider, model
 	Requeues            *prometheus.CounterVec   // provider, model, reason
 	RequeueLimited      *prometheus.CounterVec   // provider, model, reason
@@ -131,6 +132,8 @@ func New(reg prometheus.Registerer) *Set {
 	reg.MustRegister(s.Cost)
 	s.RepliesDropped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_nats_replies_dropped_total", Help: "NATS requests a service did not answer because their reply subject was not one it may answer on (a reply aimed at another subject)."}, []string{"service"})
 	reg.MustRegister(s.RepliesDropped)
+	s.ConsumeRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_consume_restarts_total", Help: "Consume loops started again after they ended by themselves, by stream and reason (no_responders: a pull no server answered, the consumer without a leader; consumer_deleted; bad_request: a pull refused; other)."}, []string{"stream", "reason"})
+	reg.MustRegister(s.ConsumeRestarts)
 	s.newDeployments(reg)
 	s.newLane(reg)
 	s.newBuild(reg)
@@ -208,4 +211,13 @@ func (s *Set) Preset(c *config.Config) {
 			s.TenantTokens.WithLabelValues(t.Name, k)
 		}
 	}
+}
+
+// ConsumeRestarted counts a consume loop on stream started again, by why
+// (mesh.Consumer.Restarted); nil on a nil Set.
+func (s *Set) ConsumeRestarted(stream string) func(why string) {
+	if s == nil {
+		return nil
+	}
+	return func(why string) { s.ConsumeRestarts.WithLabelValues(stream, why).Inc() }
 }

@@ -181,7 +181,8 @@ func (s *Service) tenantConsumer(tenant string) mesh.Consumer {
 	share := a.MaxHeldBytes / max(len(s.app().Tenants), 1)
 	return mesh.Consumer{Stream: streams.Queue, Template: "admission", What: "queue",
 		Name: keys.AdmissionConsumer(tenant), Filter: job.QueuePrefix + "*." + tenant, MaxAckPending: a.TenantWindow,
-		Batch: min(a.Batch, a.TenantWindow), BatchBytes: max(share, 2*s.app().Limits.JobMsgBytes())}
+		Batch: min(a.Batch, a.TenantWindow), BatchBytes: max(share, 2*s.app().Limits.JobMsgBytes()),
+		Restarted: s.m.ConsumeRestarted(streams.Queue)}
 }
 
 // deliver hands a message to the scheduler, which settles it.

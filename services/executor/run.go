@@ -124,7 +124,8 @@ func (s *Service) consumeModel(ctx, leaseCtx context.Context, wg *sync.WaitGroup
 	// The handler runs on the consume goroutine and hands each call off
 	// (take): it blocks there only while it waits for a slot.
 	l, err := s.mesh.Consume(ctx, mesh.Consumer{Stream: streams.Dispatch, Template: "executor", Name: name,
-		Filter: job.DispatchSubject(provider, m.Name), What: name, Batch: max(2, m.MaxConcurrency), Middleware: []mesh.Middleware{s.poison().Middleware}}, s.log, mc.take)
+		Filter: job.DispatchSubject(provider, m.Name), What: name, Batch: max(2, m.MaxConcurrency), Middleware: []mesh.Middleware{s.poison().Middleware},
+		Restarted: s.m.ConsumeRestarted(streams.Dispatch)}, s.log, mc.take)
 	if err != nil {
 		return nil, err
 	}

@@ -520,7 +520,8 @@ func (s *Service) Run(ctx context.Context) error {
 	// trips whatever the cores. Up to IntakeParallel run at once: jobs are
 	// independent (accept is idempotent per job id), so only the order in
 	// which concurrently delivered jobs reach QUEUE may differ from INTAKE's.
-	loop, err := s.mesh.Consume(ctx, mesh.Consumer{Stream: streams.Intake, Template: "ingest", What: "intake", Batch: 512, Parallel: IntakeParallel}, s.log,
+	loop, err := s.mesh.Consume(ctx, mesh.Consumer{Stream: streams.Intake, Template: "ingest", What: "intake", Batch: 512, Parallel: IntakeParallel,
+		Restarted: s.m.ConsumeRestarted(streams.Intake)}, s.log,
 		s.intake.handle)
 	if err != nil {
 		return err

@@ -87,7 +87,8 @@ func (s *Service) app() *config.Config { return s.live.Or(s.cfg.App) }
 
 // Run consumes RESULTS until ctx ends.
 func (s *Service) Run(ctx context.Context) error {
-	loop, err := s.mesh.Consume(ctx, mesh.Consumer{Stream: streams.Results, Template: "result", What: "results", Batch: 256, Parallel: 32}, s.log, s.handle)
+	loop, err := s.mesh.Consume(ctx, mesh.Consumer{Stream: streams.Results, Template: "result", What: "results", Batch: 256, Parallel: 32,
+		Restarted: s.m.ConsumeRestarted(streams.Results)}, s.log, s.handle)
 	if err != nil {
 		return err
 	}
