@@ -76,6 +76,7 @@ type Loop struct {
 	wg   sync.WaitGroup
 	sem  chan struct{}
 	mu   sync.Mutex
+	cons jetstream.Consumer // the consumer ensured by the last start
 	cc   jetstream.ConsumeContext
 	err  error // the error that ended cc, if it ended by itself
 	done bool  // Stop or Drain was called
@@ -84,8 +85,11 @@ type Loop struct {
 }
 
 // restartFirst and restartWait bound the wait before starting again a
-// loop that ended soon after it started.
-const restartFirst, restartWait = 100 * time.Millisecond, 5 * time.Second
+// loop that ended soon after it started; restartNoLeader bounds it when
+// the loop ended because no server answered its pull, where asking again
+// is one pull request and the leader's election, the event waited for,
+// ends within seconds.
+const restartFirst, restartWait, restartNoLeader = 100 * time.Millisecond, 5 * time.Second, time.Second
 
 // Consume ensures the consumer and starts delivering its messages to
 // handler, wrapped in c's middleware and Recover; what it returns is told
@@ -122,12 +126,23 @@ func (m *Mesh) Consume(ctx context.Context, c Consumer, log *slog.Logger, handle
 	return l, nil
 }
 
+// start ensures the consumer (made again if it was deleted) and pulls
+// from it.
 func (l *Loop) start(ctx context.Context) (jetstream.ConsumeContext, error) {
 	c := l.c
 	cons, err := streams.EnsureDurable(ctx, l.m.JS, streams.Durable{Stream: c.Stream, Template: c.Template, Name: c.Name, Filter: c.Filter, MaxAckPending: c.MaxAckPending})
 	if err != nil {
 		return nil, err
 	}
+	l.mu.Lock()
+	l.cons = cons
+	l.mu.Unlock()
+	return l.pull(cons)
+}
+
+// pull starts delivering cons's messages to the loop's handler.
+func (l *Loop) pull(cons jetstream.Consumer) (jetstream.ConsumeContext, error) {
+	c := l.c
 	var pull jetstream.PullConsumeOpt = jetstream.PullMaxMessages(c.Batch)
 	if c.BatchBytes > 0 {
 		pull = jetstream.PullMaxMessagesWithBytesLimit(c.Batch, c.BatchBytes)
@@ -140,7 +155,7 @@ func (l *Loop) start(ctx context.Context) (jetstream.ConsumeContext, error) {
 			// No server answered the pull: the consumer has no leader yet
 			// (a cluster forming, a leader lost). The client would pull
 			// again only after two missed heartbeats (5 s), idle all that
-			// while; start the loop again instead (watch, with backoff).
+			// while; pull again instead (watch, with backoff).
 			l.ended(err)
 			cc.Drain()
 		case !errors.Is(err, jetstream.ErrNoHeartbeat):
@@ -163,7 +178,10 @@ func (l *Loop) ended(err error) {
 // watch starts the loop again whenever it ends while it should run: at
 // once if it had run for restartWait, else after a wait that doubles from
 // 100 ms up to restartWait, so a consumer that stays unreachable is not
-// asked again and again.
+// asked again and again. A loop whose pull no server answered pulls again
+// from the same consumer, waiting at most restartNoLeader: the consumer
+// exists and is electing a leader, and ensuring it through the JetStream
+// API, which needs that leader too, could only be slower.
 func (l *Loop) watch(ctx context.Context, cc jetstream.ConsumeContext) {
 	wait, began := restartFirst, time.Now()
 	for {
@@ -173,14 +191,15 @@ func (l *Loop) watch(ctx context.Context, cc jetstream.ConsumeContext) {
 		case <-cc.Closed():
 		}
 		l.mu.Lock()
-		done, why := l.done, l.err
+		done, why, cons := l.done, l.err, l.cons
 		l.mu.Unlock()
 		if done || l.m.JS.Conn().IsClosed() {
 			return
 		}
-		level := slog.LevelWarn
-		if errors.Is(why, nats.ErrNoResponders) {
-			level = slog.LevelDebug // routine while a cluster elects leaders
+		reason := RestartReason(why)
+		level, longest := slog.LevelWarn, restartWait
+		if reason == RestartNoResponders {
+			level, longest = slog.LevelDebug, restartNoLeader // routine while a cluster elects leaders
 		}
 		l.log.Log(ctx, level, l.c.What+" consume loop ended; starting it again", "consumer", l.c.Name, "err", why)
 		if time.Since(began) >= restartWait {
@@ -191,16 +210,22 @@ func (l *Loop) watch(ctx context.Context, cc jetstream.ConsumeContext) {
 				select {
 				case <-ctx.Done():
 					return
-				case <-time.After(wait):
+				case <-time.After(min(wait, longest)):
 				}
 				wait = min(2*wait, restartWait)
 			}
 			began = time.Now()
 			var err error
-			if cc, err = l.start(ctx); err == nil {
+			if reason == RestartNoResponders && cons != nil {
+				cc, err = l.pull(cons)
+			} else {
+				cc, err = l.start(ctx)
+			}
+			if err == nil {
 				break
 			}
 			l.log.Debug(l.c.What+" consume restart", "err", err)
+			reason = RestartOther // ensure it next time
 		}
 		l.mu.Lock()
 		if l.done { // stopped while it restarted

@@ -158,10 +158,17 @@ func TestConsumeLoopRestartsWhenNoServerAnswers(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	for _, subj := range []string{prefix + ".*", prefix + ".STREAM.>", prefix + ".CONSUMER.CREATE.>", prefix + ".CONSUMER.DURABLE.>", prefix + ".CONSUMER.INFO.>"} {
+	for _, subj := range []string{prefix + ".*", prefix + ".STREAM.>", prefix + ".CONSUMER.DURABLE.>", prefix + ".CONSUMER.INFO.>"} {
 		if _, err := nc.Subscribe(subj, relay); err != nil {
 			t.Fatal(err)
 		}
+	}
+	var creates atomic.Int64
+	if _, err := nc.Subscribe(prefix+".CONSUMER.CREATE.>", func(msg *nats.Msg) {
+		creates.Add(1)
+		relay(msg)
+	}); err != nil {
+		t.Fatal(err)
 	}
 	relayed, err := jetstream.NewWithAPIPrefix(nc, prefix)
 	if err != nil {
@@ -201,5 +208,10 @@ func TestConsumeLoopRestartsWhenNoServerAnswers(t *testing.T) {
 	}
 	if why := <-whys; why != mesh.RestartNoResponders {
 		t.Errorf("Restarted(%q), want %q", why, mesh.RestartNoResponders)
+	}
+	// The consumer exists, only its pulls went unanswered: the loop pulled
+	// again from it rather than asking the JetStream API to make it again.
+	if n := creates.Load(); n != 1 {
+		t.Errorf("the consumer was created %d times, want once", n)
 	}
 }
