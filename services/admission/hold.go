@@ -242,37 +242,83 @@ func (s *Service) dispatchAll(ctx context.Context) {
 	if len(pending) == 0 {
 		return
 	}
-	// An acknowledgement that never comes (a stream leader lost with the
-	// message, a route cut without a close) must not stop the scheduler:
-	// after the wait, what is unconfirmed goes back to QUEUE, and DISPATCH's
-	// duplicate window drops the second copy if the first was stored.
+	s.confirm(ctx, pending)
+}
+
+// dispatchResend is how often a dispatch DISPATCH has not acknowledged is
+// sent again while the batch waits (ackWait): a publish that reached a
+// stream with no leader is dropped, never answered, and the copy sent
+// after the election is taken at once.
+const dispatchResend = time.Second
+
+// confirm waits for DISPATCH to acknowledge each of pending and acks its
+// QUEUE message. An acknowledgement that never comes (a stream leader lost
+// with the message, a route cut without a close) must not stop the
+// scheduler: what is unconfirmed is sent again every dispatchResend, with
+// the same message id, so DISPATCH keeps one copy; after the ack wait it
+// goes back to QUEUE, and DISPATCH's duplicate window drops the second
+// copy if the first was stored.
+func (s *Service) confirm(ctx context.Context, pending []*pub) {
 	wait := time.NewTimer(s.ackWait)
 	defer wait.Stop()
-	late := false
+	resend := time.NewTicker(dispatchResend)
+	defer resend.Stop()
 	for _, p := range pending {
-		if !late {
+		for !p.answered {
 			select {
 			case <-p.fut.Ok():
+				p.answered = true
 				_ = p.msg.Ack()
-				continue
 			case err := <-p.fut.Err():
+				p.answered = true
 				s.dispatchFailed(p, err)
-				continue
+			case <-resend.C:
+				for _, q := range pending {
+					s.sendAgain(q)
+				}
 			case <-wait.C:
-				late = true
+				for _, q := range pending {
+					if !s.heard(q) {
+						s.dispatchFailed(q, jetstream.ErrAsyncPublishTimeout)
+					}
+				}
+				return
 			case <-ctx.Done():
 				return
 			}
 		}
-		select {
-		case <-p.fut.Ok():
-			_ = p.msg.Ack()
-		case err := <-p.fut.Err():
-			s.dispatchFailed(p, err)
-		default:
-			s.dispatchFailed(p, jetstream.ErrAsyncPublishTimeout)
-		}
 	}
+}
+
+// heard acts on p's acknowledgement if one came, and reports whether p is
+// answered.
+func (s *Service) heard(p *pub) bool {
+	if p.answered {
+		return true
+	}
+	select {
+	case <-p.fut.Ok():
+		_ = p.msg.Ack()
+	case err := <-p.fut.Err():
+		s.dispatchFailed(p, err)
+	default:
+		return false
+	}
+	p.answered = true
+	return true
+}
+
+// sendAgain publishes p's dispatch again if it is not answered yet.
+func (s *Service) sendAgain(p *pub) {
+	if s.heard(p) {
+		return
+	}
+	fut, err := s.mesh.JS.PublishMsgAsync(p.fut.Msg())
+	if err != nil {
+		s.log.Debug("dispatch sent again: publish failed", "job_id", p.id, "err", err)
+		return
+	}
+	p.fut = fut
 }
 
 // dispatchFailed sends a job whose dispatch was not confirmed back to wait:

@@ -18,9 +18,10 @@ import (
 
 // pub is a dispatch published and not confirmed yet.
 type pub struct {
-	id  string
-	msg jetstream.Msg
-	fut jetstream.PubAckFuture
+	id       string
+	msg      jetstream.Msg
+	fut      jetstream.PubAckFuture // the last publish of the dispatch
+	answered bool                   // acknowledged, or failed and put back
 }
 
 // outcome is what reserveOn did with a job.

@@ -156,6 +156,46 @@ func TestUnconfirmedDispatch(t *testing.T) {
 	waitDispatched(ctx, t, js, "the job never reached DISPATCH once it was back")
 }
 
+// TestUnconfirmedDispatchSentAgain: a dispatch DISPATCH dropped (a stream
+// with no leader answers nothing) is sent again, with its message id,
+// while admission waits for the acknowledgement, so the stream takes it as
+// soon as it is back, not an ack wait later.
+func TestUnconfirmedDispatchSentAgain(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, js, cfg := queueServer(ctx, t, "{name: t}")
+	if err := js.DeleteStream(ctx, streams.Dispatch); err != nil {
+		t.Fatal(err)
+	}
+	swallowed := make(chan struct{}, 16)
+	if _, err := nc.Subscribe("sluice.dispatch.>", func(*nats.Msg) {
+		select {
+		case swallowed <- struct{}{}:
+		default:
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	m := meshtest.Open(t, js)
+	// An ack wait longer than the test: only a copy sent while waiting can
+	// reach DISPATCH in time.
+	defer runAdmission(ctx, t, admission.Config{App: cfg, AckWait: time.Minute}, m)()
+	if _, err := js.Publish(ctx, job.QueueSubject(job.Standard, "t"), queued(1)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-swallowed:
+	case <-ctx.Done():
+		t.Fatal("admission never dispatched the job")
+	}
+	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	// One copy (waitDispatched counts them), whatever the number sent.
+	waitDispatched(ctx, t, js, "the job never reached DISPATCH: its dispatch was not sent again while unconfirmed")
+}
+
 // TestLetsGoWithoutBudgetStore: an admission process whose budget store
 // fails (here its handle names a bucket that is gone; in life, its node
 // cut off or its connection broken) must not hold jobs for as long as it
