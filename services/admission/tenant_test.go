@@ -114,31 +114,7 @@ func TestUnconfirmedDispatch(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	nc, js, cfg := queueServer(ctx, t, "{name: t}")
-	if err := js.DeleteStream(ctx, streams.Dispatch); err != nil {
-		t.Fatal(err)
-	}
-	swallowed := make(chan struct{}, 16)
-	sink, err := nc.Subscribe("sluice.dispatch.>", func(*nats.Msg) {
-		select {
-		case swallowed <- struct{}{}:
-		default:
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := meshtest.Open(t, js)
-	defer runAdmission(ctx, t, admission.Config{App: cfg, AckWait: 300 * time.Millisecond}, m)()
-	if _, err := js.Publish(ctx, job.QueueSubject(job.Standard, "t"), queued(1)); err != nil {
-		t.Fatal(err)
-	}
-	// The dispatch went out and was never confirmed.
-	select {
-	case <-swallowed:
-	case <-ctx.Done():
-		t.Fatal("admission never dispatched the job")
-	}
+	js, swallowed, sink := dispatchSwallowed(ctx, t, 300*time.Millisecond)
 	// Admission gave up on the acknowledgement and put the job back: it is
 	// dispatched again (and swallowed again).
 	select {
@@ -164,23 +140,36 @@ func TestUnconfirmedDispatchSentAgain(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	// An ack wait longer than the test: only a copy sent while waiting can
+	// reach DISPATCH in time.
+	js, _, _ := dispatchSwallowed(ctx, t, time.Minute)
+	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	// One copy (waitDispatched counts them), whatever the number sent.
+	waitDispatched(ctx, t, js, "the job never reached DISPATCH: its dispatch was not sent again while unconfirmed")
+}
+
+// dispatchSwallowed runs admission (with ackWait) where DISPATCH is gone
+// and a subscriber swallows its subject, queues one job and returns once
+// its dispatch was swallowed; swallowed tells of each later one.
+func dispatchSwallowed(ctx context.Context, t *testing.T, ackWait time.Duration) (js jetstream.JetStream, swallowed chan struct{}, sink *nats.Subscription) {
+	t.Helper()
 	nc, js, cfg := queueServer(ctx, t, "{name: t}")
 	if err := js.DeleteStream(ctx, streams.Dispatch); err != nil {
 		t.Fatal(err)
 	}
-	swallowed := make(chan struct{}, 16)
-	if _, err := nc.Subscribe("sluice.dispatch.>", func(*nats.Msg) {
+	swallowed = make(chan struct{}, 16)
+	sink, err := nc.Subscribe("sluice.dispatch.>", func(*nats.Msg) {
 		select {
 		case swallowed <- struct{}{}:
 		default:
 		}
-	}); err != nil {
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
-	m := meshtest.Open(t, js)
-	// An ack wait longer than the test: only a copy sent while waiting can
-	// reach DISPATCH in time.
-	defer runAdmission(ctx, t, admission.Config{App: cfg, AckWait: time.Minute}, m)()
+	t.Cleanup(runAdmission(ctx, t, admission.Config{App: cfg, AckWait: ackWait}, meshtest.Open(t, js)))
 	if _, err := js.Publish(ctx, job.QueueSubject(job.Standard, "t"), queued(1)); err != nil {
 		t.Fatal(err)
 	}
@@ -189,11 +178,7 @@ func TestUnconfirmedDispatchSentAgain(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("admission never dispatched the job")
 	}
-	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	// One copy (waitDispatched counts them), whatever the number sent.
-	waitDispatched(ctx, t, js, "the job never reached DISPATCH: its dispatch was not sent again while unconfirmed")
+	return js, swallowed, sink
 }
 
 // TestLetsGoWithoutBudgetStore: an admission process whose budget store
