@@ -42,7 +42,11 @@ type Mesh struct {
 	// Tracing is the node's tracer (nil: off). Requeue and the result
 	// publishers carry the trace context of their ctx in the message's
 	// headers, and a result the trace id.
-	Tracing   *tracing.Tracing
+	Tracing *tracing.Tracing
+	// AckWait and ResendEvery, when set, replace PublishAckWait and
+	// ResendEvery for CreateRecords (tests).
+	AckWait, ResendEvery time.Duration
+
 	resultsMu sync.Mutex
 	results   jetstream.Stream // bound lazily (bound) by StoredResult
 	chunks    jetstream.Stream // bound lazily (bound) by StreamEnded
@@ -55,6 +59,14 @@ type Mesh struct {
 // without a bound would stop its service for good. Connections that publish
 // asynchronously set it with jetstream.WithPublishAsyncTimeout.
 const PublishAckWait = 5 * time.Second
+
+// ResendEvery is how often a publish that must not stop at the first loss
+// (a job's records, a dispatch) is sent again while its acknowledgement is
+// awaited: a publish that reached a stream with no leader is dropped, never
+// answered, and the copy sent after the election is taken at once. Each
+// copy carries what keeps a second one out (a message id, an expected
+// sequence).
+const ResendEvery = time.Second
 
 // Open binds the buckets (they must exist: streams.Ensure made them).
 func Open(ctx context.Context, js jetstream.JetStream) (*Mesh, error) {
@@ -282,17 +294,20 @@ type Created struct {
 // record (in idempotency) at once: both as asynchronous publishes that
 // expect no earlier message on their key, awaited together, which is what
 // jetstream.KeyValue.Create sends, without a goroutine or a second round
-// trip's wait. A record the fast path does not create (its key holds a
-// record or a delete marker, an acknowledgement lost or late) is created
-// again with Create, which tells a key that exists from one deleted.
+// trip's wait. One not acknowledged is sent again every ResendEvery until
+// the ack wait (a publish that reached a bucket with no leader is dropped,
+// never answered; the expected sequence keeps a second copy out). A record
+// the fast path does not create (its key holds a record or a delete
+// marker, an acknowledgement lost or late) is created again with Create,
+// which tells a key that exists from one deleted.
 func (m *Mesh) CreateRecords(ctx context.Context, tenant, jobID string, rec []byte, opKey string, op []byte) (job, operation Created) {
 	type one struct {
-		kv    jetstream.KeyValue
-		key   string
-		data  []byte
-		fut   jetstream.PubAckFuture
-		out   Created
-		retry bool
+		kv          jetstream.KeyValue
+		key         string
+		data        []byte
+		fut         jetstream.PubAckFuture
+		out         Created
+		done, retry bool
 	}
 	if tenant == "" || !jobRef(tenant, jobID) || !validOpKey(opKey) {
 		err := fmt.Errorf("records of job %q under %q: not a job id or operation key", clip.String(jobID, 64), clip.String(opKey, 64))
@@ -302,24 +317,50 @@ func (m *Mesh) CreateRecords(ctx context.Context, tenant, jobID string, rec []by
 	for _, o := range both {
 		msg := &nats.Msg{Subject: "$KV." + o.kv.Bucket() + "." + o.key, Data: o.data, Header: nats.Header{}}
 		fut, err := m.JS.PublishMsgAsync(msg, jetstream.WithExpectLastSequencePerSubject(0))
-		o.fut, o.retry = fut, err != nil
+		o.fut, o.retry, o.done = fut, err != nil, err != nil
 	}
-	wait := time.NewTimer(PublishAckWait)
+	// answered acts on o's answer if one came, without waiting.
+	answered := func(o *one) bool {
+		if !o.done {
+			select {
+			case ack := <-o.fut.Ok():
+				o.out.Rev, o.done = ack.Sequence, true
+			case <-o.fut.Err():
+				o.retry, o.done = true, true
+			default:
+			}
+		}
+		return o.done
+	}
+	ackWait := cmp.Or(m.AckWait, PublishAckWait)
+	resend := cmp.Or(m.ResendEvery, ResendEvery)
+	deadline := time.Now().Add(ackWait)
+	wait := time.NewTimer(min(resend, ackWait))
 	defer wait.Stop()
 	for _, o := range both {
-		if o.retry {
-			continue
-		}
-		select {
-		case ack := <-o.fut.Ok():
-			o.out.Rev = ack.Sequence
-		case <-o.fut.Err():
-			o.retry = true
-		case <-wait.C:
-			o.retry = true
-			wait.Reset(0) // the other is late too
-		case <-ctx.Done():
-			o.out.Err = ctx.Err()
+		for !o.done {
+			select {
+			case ack := <-o.fut.Ok():
+				o.out.Rev, o.done = ack.Sequence, true
+			case <-o.fut.Err():
+				o.retry, o.done = true, true
+			case <-ctx.Done():
+				o.out.Err, o.done = ctx.Err(), true
+			case <-wait.C:
+				left := time.Until(deadline)
+				for _, q := range both {
+					switch {
+					case answered(q):
+					case left <= 0:
+						q.retry, q.done = true, true
+					default:
+						if fut, err := m.JS.PublishMsgAsync(q.fut.Msg()); err == nil {
+							q.fut = fut
+						}
+					}
+				}
+				wait.Reset(min(resend, max(left, 0)))
+			}
 		}
 	}
 	for _, o := range both {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/keys"
@@ -62,5 +63,70 @@ func TestCreateRecords(t *testing.T) {
 	}
 	if e, _ := m.Idempotency.Get(ctx, opKey); e == nil || string(e.Value()) != `{"o":3}` {
 		t.Fatalf("operation record after re-create: %v", e)
+	}
+}
+
+// A record whose publish reached a bucket that answers nothing (a leader
+// lost; here the bucket is gone and a subscriber swallows its subject) is
+// sent again while CreateRecords waits, so the bucket takes it once it is
+// back, not an ack wait later (here a minute, past the test's deadline).
+func TestCreateRecordsSentAgain(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m := meshtest.New(t, streams.Options{})
+	m.AckWait, m.ResendEvery = time.Minute, 100*time.Millisecond
+	if err := m.JS.DeleteKeyValue(ctx, streams.BucketResults); err != nil {
+		t.Fatal(err)
+	}
+	swallowed := make(chan struct{}, 64)
+	if _, err := m.JS.Conn().Subscribe("$KV."+streams.BucketResults+".>", func(*nats.Msg) {
+		select {
+		case swallowed <- struct{}{}:
+		default:
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	id := job.NewID()
+	opKey, _ := mesh.OpKey("acme", "", id)
+	type both struct{ rec, op mesh.Created }
+	got := make(chan both, 1)
+	go func() {
+		rec, op := m.CreateRecords(ctx, "acme", id, []byte(`{"r":1}`), opKey, []byte(`{"o":1}`))
+		got <- both{rec, op}
+	}()
+	select {
+	case <-swallowed:
+	case <-ctx.Done():
+		t.Fatal("the job record was never published")
+	}
+	if err := streams.Ensure(ctx, m.JS, streams.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	var r both
+	select {
+	case r = <-got:
+	case <-ctx.Done():
+		t.Fatal("CreateRecords still waits: the record was not sent again once the bucket was back")
+	}
+	if r.rec.Err != nil || r.rec.Rev == 0 || r.op.Err != nil || r.op.Rev == 0 {
+		t.Fatalf("%+v; want both records created", r)
+	}
+	results, err := m.JS.KeyValue(ctx, streams.BucketResults)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One copy, at the revision reported, whatever the number sent.
+	e, err := results.Get(ctx, keys.Record("acme", id))
+	if err != nil || e.Revision() != r.rec.Rev || string(e.Value()) != `{"r":1}` {
+		t.Fatalf("job record: %v, %v; want {\"r\":1} at %d", e, err, r.rec.Rev)
+	}
+	st, err := m.JS.Stream(ctx, "KV_"+streams.BucketResults)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := st.CachedInfo().State.Msgs; n != 1 {
+		t.Fatalf("the results bucket holds %d messages, want 1", n)
 	}
 }

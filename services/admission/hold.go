@@ -245,23 +245,17 @@ func (s *Service) dispatchAll(ctx context.Context) {
 	s.confirm(ctx, pending)
 }
 
-// dispatchResend is how often a dispatch DISPATCH has not acknowledged is
-// sent again while the batch waits (ackWait): a publish that reached a
-// stream with no leader is dropped, never answered, and the copy sent
-// after the election is taken at once.
-const dispatchResend = time.Second
-
 // confirm waits for DISPATCH to acknowledge each of pending and acks its
 // QUEUE message. An acknowledgement that never comes (a stream leader lost
 // with the message, a route cut without a close) must not stop the
-// scheduler: what is unconfirmed is sent again every dispatchResend, with
+// scheduler: what is unconfirmed is sent again every mesh.ResendEvery, with
 // the same message id, so DISPATCH keeps one copy; after the ack wait it
 // goes back to QUEUE, and DISPATCH's duplicate window drops the second
 // copy if the first was stored.
 func (s *Service) confirm(ctx context.Context, pending []*pub) {
 	wait := time.NewTimer(s.ackWait)
 	defer wait.Stop()
-	resend := time.NewTicker(dispatchResend)
+	resend := time.NewTicker(mesh.ResendEvery)
 	defer resend.Stop()
 	for _, p := range pending {
 		for !p.answered {
