@@ -44,7 +44,7 @@ type Mesh struct {
 	// headers, and a result the trace id.
 	Tracing *tracing.Tracing
 	// AckWait and ResendEvery, when set, replace PublishAckWait and
-	// ResendEvery for CreateRecords (tests).
+	// ResendEvery for CreateRecords and the wait of a send to QUEUE (tests).
 	AckWait, ResendEvery time.Duration
 
 	resultsMu sync.Mutex
@@ -225,6 +225,15 @@ func IsStreamFull(err error) bool {
 		strings.Contains(s, "maximum messages per subject exceeded") || strings.Contains(s, "insufficient resources")
 }
 
+// NotTaken reports a publish no stream took because none could yet: no
+// leader to answer (no responders, a 503 "temporarily unavailable"), as
+// while a stream elects one; not a stream that is full or a message too
+// large. Sent again with its message id or expected sequence, it is
+// stored once, as soon as the stream has a leader.
+func NotTaken(err error) bool {
+	return streams.IsTransient(err) && !IsStreamFull(err) && !IsTooLarge(err)
+}
+
 // Lookup returns a tenant's job's record. A record kept under the bare job
 // id (keys.LegacyRecord, written before ids were scoped by tenant) is
 // returned when it is the tenant's, at revision 0: it is read, never
@@ -266,7 +275,10 @@ func (m *Mesh) getRecord(ctx context.Context, key string) (*Record, uint64, erro
 }
 
 // enqueue publishes a job to QUEUE. msgID dedupes a repeat within the
-// stream's duplicate window (a crash between publish and ack).
+// stream's duplicate window (a crash between publish and ack), so a
+// publish QUEUE refuses while it has no leader (no responders, a 503) is
+// sent again, for up to the ack wait, rather than failing the caller's
+// message after nats.go's half second of retries.
 func (m *Mesh) enqueue(ctx context.Context, j *task.Task, msgID string) error {
 	data, err := task.Encode(j)
 	if err != nil {
@@ -276,7 +288,12 @@ func (m *Mesh) enqueue(ctx context.Context, j *task.Task, msgID string) error {
 	msg.Data = data
 	msg.Header.Set(jetstream.MsgIDHeader, msgID)
 	tracing.ToNATS(ctx, msg.Header)
-	if _, err := m.JS.PublishMsg(ctx, msg); err != nil {
+	wctx, cancel := context.WithTimeout(ctx, cmp.Or(m.AckWait, PublishAckWait))
+	defer cancel()
+	if err := streams.RetryIf(wctx, func(ctx context.Context) error {
+		_, err := m.JS.PublishMsg(ctx, msg)
+		return err
+	}, NotTaken); err != nil {
 		return fmt.Errorf("enqueue %s: %w", j.ID, err)
 	}
 	return nil
@@ -319,22 +336,30 @@ func (m *Mesh) CreateRecords(ctx context.Context, tenant, jobID string, rec []by
 		fut, err := m.JS.PublishMsgAsync(msg, jetstream.WithExpectLastSequencePerSubject(0))
 		o.fut, o.retry, o.done = fut, err != nil, err != nil
 	}
+	ackWait := cmp.Or(m.AckWait, PublishAckWait)
+	resend := cmp.Or(m.ResendEvery, ResendEvery)
+	deadline := time.Now().Add(ackWait)
+	// failed acts on o's refusal: one no stream took (no leader yet, an
+	// election) is sent again at the next resend while the wait lasts;
+	// any other, and what the wait leaves, Create decides.
+	failed := func(o *one, err error) {
+		if !NotTaken(err) || !time.Now().Before(deadline) {
+			o.retry, o.done = true, true
+		}
+	}
 	// answered acts on o's answer if one came, without waiting.
 	answered := func(o *one) bool {
 		if !o.done {
 			select {
 			case ack := <-o.fut.Ok():
 				o.out.Rev, o.done = ack.Sequence, true
-			case <-o.fut.Err():
-				o.retry, o.done = true, true
+			case err := <-o.fut.Err():
+				failed(o, err)
 			default:
 			}
 		}
 		return o.done
 	}
-	ackWait := cmp.Or(m.AckWait, PublishAckWait)
-	resend := cmp.Or(m.ResendEvery, ResendEvery)
-	deadline := time.Now().Add(ackWait)
 	wait := time.NewTimer(min(resend, ackWait))
 	defer wait.Stop()
 	for _, o := range both {
@@ -342,8 +367,8 @@ func (m *Mesh) CreateRecords(ctx context.Context, tenant, jobID string, rec []by
 			select {
 			case ack := <-o.fut.Ok():
 				o.out.Rev, o.done = ack.Sequence, true
-			case <-o.fut.Err():
-				o.retry, o.done = true, true
+			case err := <-o.fut.Err():
+				failed(o, err)
 			case <-ctx.Done():
 				o.out.Err, o.done = ctx.Err(), true
 			case <-wait.C:

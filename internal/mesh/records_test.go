@@ -72,20 +72,45 @@ func TestCreateRecords(t *testing.T) {
 // back, not an ack wait later (here a minute, past the test's deadline).
 func TestCreateRecordsSentAgain(t *testing.T) {
 	t.Parallel()
+	recordsThroughGap(t, false, 1, 100*time.Millisecond)
+}
+
+// A record a bucket without a leader refuses at once (no responders, the
+// 503 a server answers when no stream takes the subject; nats.go's own two
+// retries refused too) is sent again while the wait lasts, not given up
+// after half a second.
+func TestCreateRecordsSentAgainAfterNoLeader(t *testing.T) {
+	t.Parallel()
+	// One publish and nats.go's two retries are three refusals, within
+	// half a second, shorter than the resend interval; four more are
+	// CreateRecords' own.
+	recordsThroughGap(t, true, 7, mesh.ResendEvery)
+}
+
+// recordsThroughGap runs CreateRecords where the results bucket is gone
+// and a subscriber takes its subjects (answering, with noLeader, a 503 as
+// a server does for a subject no stream takes), brings the bucket back
+// after sends copies reached the subscriber, and checks both records are
+// created, the job record once. CreateRecords sends again every resend.
+func recordsThroughGap(t *testing.T, noLeader bool, sends int, resend time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	m := meshtest.New(t, streams.Options{})
-	m.AckWait, m.ResendEvery = time.Minute, 100*time.Millisecond
+	m.AckWait, m.ResendEvery = time.Minute, resend
 	if err := m.JS.DeleteKeyValue(ctx, streams.BucketResults); err != nil {
 		t.Fatal(err)
 	}
-	swallowed := make(chan struct{}, 64)
-	if _, err := m.JS.Conn().Subscribe("$KV."+streams.BucketResults+".>", func(*nats.Msg) {
+	reached := make(chan struct{}, 64)
+	sink, err := m.JS.Conn().Subscribe("$KV."+streams.BucketResults+".>", func(msg *nats.Msg) {
+		if noLeader {
+			_ = msg.RespondMsg(&nats.Msg{Header: nats.Header{"Status": []string{"503"}}})
+		}
 		select {
-		case swallowed <- struct{}{}:
+		case reached <- struct{}{}:
 		default:
 		}
-	}); err != nil {
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	id := job.NewID()
@@ -96,10 +121,17 @@ func TestCreateRecordsSentAgain(t *testing.T) {
 		rec, op := m.CreateRecords(ctx, "acme", id, []byte(`{"r":1}`), opKey, []byte(`{"o":1}`))
 		got <- both{rec, op}
 	}()
-	select {
-	case <-swallowed:
-	case <-ctx.Done():
-		t.Fatal("the job record was never published")
+	for i := range sends {
+		select {
+		case <-reached:
+		case r := <-got:
+			t.Fatalf("CreateRecords gave up after %d sends: %+v %+v", i, r.rec, r.op)
+		case <-ctx.Done():
+			t.Fatalf("the job record was published %d times, want %d", i, sends)
+		}
+	}
+	if err := sink.Unsubscribe(); err != nil {
+		t.Fatal(err)
 	}
 	if err := streams.Ensure(ctx, m.JS, streams.Options{}); err != nil {
 		t.Fatal(err)

@@ -264,8 +264,7 @@ func (s *Service) confirm(ctx context.Context, pending []*pub) {
 				p.answered = true
 				_ = p.msg.Ack()
 			case err := <-p.fut.Err():
-				p.answered = true
-				s.dispatchFailed(p, err)
+				s.refused(p, err)
 			case <-resend.C:
 				for _, q := range pending {
 					s.sendAgain(q)
@@ -294,12 +293,27 @@ func (s *Service) heard(p *pub) bool {
 	case <-p.fut.Ok():
 		_ = p.msg.Ack()
 	case err := <-p.fut.Err():
-		s.dispatchFailed(p, err)
+		s.refused(p, err)
+		return p.answered
 	default:
 		return false
 	}
 	p.answered = true
 	return true
+}
+
+// refused acts on a refusal of p's last send. One no stream took (DISPATCH
+// without a leader: no responders, a 503) leaves p unanswered, sent again
+// at the next resend until the ack wait, so the job keeps its reservation
+// and its QUEUE message through an election rather than going back to a
+// QUEUE that may be electing too; any other sends the job back now.
+func (s *Service) refused(p *pub, err error) {
+	if mesh.NotTaken(err) {
+		s.log.Debug("dispatch not taken; sent again while the ack wait lasts", "job_id", p.id, "err", err)
+		return
+	}
+	p.answered = true
+	s.dispatchFailed(p, err)
 }
 
 // sendAgain publishes p's dispatch again if it is not answered yet.

@@ -114,7 +114,7 @@ func TestUnconfirmedDispatch(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	js, swallowed, sink := dispatchSwallowed(ctx, t, 300*time.Millisecond)
+	js, swallowed, sink := dispatchSwallowed(ctx, t, 300*time.Millisecond, false)
 	// Admission gave up on the acknowledgement and put the job back: it is
 	// dispatched again (and swallowed again).
 	select {
@@ -142,7 +142,7 @@ func TestUnconfirmedDispatchSentAgain(t *testing.T) {
 	defer cancel()
 	// An ack wait longer than the test: only a copy sent while waiting can
 	// reach DISPATCH in time.
-	js, _, _ := dispatchSwallowed(ctx, t, time.Minute)
+	js, _, _ := dispatchSwallowed(ctx, t, time.Minute, false)
 	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
 		t.Fatal(err)
 	}
@@ -150,17 +150,62 @@ func TestUnconfirmedDispatchSentAgain(t *testing.T) {
 	waitDispatched(ctx, t, js, "the job never reached DISPATCH: its dispatch was not sent again while unconfirmed")
 }
 
+// TestDispatchKeptThroughElection: DISPATCH without a leader refuses each
+// publish at once (no responders: the 503 a server answers when no stream
+// takes the subject). Admission keeps the job, its reservation and its
+// QUEUE message and sends the dispatch again while its ack wait lasts,
+// rather than putting the job back on a QUEUE that may be electing too
+// (a lost NAK is QUEUE's 30 s ack wait) and reserving it again.
+func TestDispatchKeptThroughElection(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	js, refused, sink := dispatchSwallowed(ctx, t, time.Minute, true)
+	// One send and nats.go's own two retries make three refusals; wait
+	// for admission's own sends after them.
+	for range 6 {
+		select {
+		case <-refused:
+		case <-ctx.Done():
+			t.Fatal("admission stopped sending the dispatch DISPATCH refused")
+		}
+	}
+	if err := sink.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	waitDispatched(ctx, t, js, "the job never reached DISPATCH once it had a leader")
+	cons, err := js.Consumer(ctx, streams.Queue, keys.AdmissionConsumer("t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumRedelivered != 0 || info.Delivered.Consumer != 1 {
+		t.Fatalf("QUEUE delivered the job %d times (%d redelivered); want once: admission put it back instead of keeping it", info.Delivered.Consumer, info.NumRedelivered)
+	}
+}
+
 // dispatchSwallowed runs admission (with ackWait) where DISPATCH is gone
-// and a subscriber swallows its subject, queues one job and returns once
-// its dispatch was swallowed; swallowed tells of each later one.
-func dispatchSwallowed(ctx context.Context, t *testing.T, ackWait time.Duration) (js jetstream.JetStream, swallowed chan struct{}, sink *nats.Subscription) {
+// and a subscriber takes its subject, queues one job and returns once its
+// dispatch reached the subscriber; swallowed tells of each later one. The
+// subscriber answers nothing, or, with noLeader, what a server answers a
+// publish no stream takes (503, no responders).
+func dispatchSwallowed(ctx context.Context, t *testing.T, ackWait time.Duration, noLeader bool) (js jetstream.JetStream, swallowed chan struct{}, sink *nats.Subscription) {
 	t.Helper()
 	nc, js, cfg := queueServer(ctx, t, "{name: t}")
 	if err := js.DeleteStream(ctx, streams.Dispatch); err != nil {
 		t.Fatal(err)
 	}
 	swallowed = make(chan struct{}, 16)
-	sink, err := nc.Subscribe("sluice.dispatch.>", func(*nats.Msg) {
+	sink, err := nc.Subscribe("sluice.dispatch.>", func(m *nats.Msg) {
+		if noLeader {
+			_ = m.RespondMsg(&nats.Msg{Header: nats.Header{"Status": []string{"503"}}})
+		}
 		select {
 		case swallowed <- struct{}{}:
 		default:
