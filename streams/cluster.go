@@ -199,22 +199,12 @@ const AttemptTimeout = 5 * time.Second
 // RetryNotify is Retry, calling notify (when not nil) with each
 // transient error before waiting.
 func RetryNotify(ctx context.Context, fn func(context.Context) error, notify func(error)) error {
-	return retry(ctx, fn, IsTransient, notify)
-}
-
-// RetryIf is Retry for the errors retryable reports (a narrower set than
-// IsTransient's, for a caller that must not wait out some of them).
-func RetryIf(ctx context.Context, fn func(context.Context) error, retryable func(error) bool) error {
-	return retry(ctx, fn, retryable, nil)
-}
-
-func retry(ctx context.Context, fn func(context.Context) error, retryable func(error) bool, notify func(error)) error {
 	wait := 100 * time.Millisecond
 	for {
 		actx, cancel := context.WithTimeout(ctx, AttemptTimeout)
 		err := fn(actx)
 		cancel()
-		if err == nil || !retryable(err) {
+		if err == nil || !IsTransient(err) {
 			return err
 		}
 		if notify != nil {

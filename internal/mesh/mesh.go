@@ -44,7 +44,7 @@ type Mesh struct {
 	// headers, and a result the trace id.
 	Tracing *tracing.Tracing
 	// AckWait and ResendEvery, when set, replace PublishAckWait and
-	// ResendEvery for CreateRecords and the wait of a send to QUEUE (tests).
+	// ResendEvery for CreateRecords (tests).
 	AckWait, ResendEvery time.Duration
 
 	resultsMu sync.Mutex
@@ -275,10 +275,9 @@ func (m *Mesh) getRecord(ctx context.Context, key string) (*Record, uint64, erro
 }
 
 // enqueue publishes a job to QUEUE. msgID dedupes a repeat within the
-// stream's duplicate window (a crash between publish and ack), so a
-// publish QUEUE refuses while it has no leader (no responders, a 503) is
-// sent again, for up to the ack wait, rather than failing the caller's
-// message after nats.go's half second of retries.
+// stream's duplicate window (a crash between publish and ack). A refusal
+// fails at once (after nats.go's own retries): the caller's message is
+// redelivered, which frees its worker while QUEUE elects.
 func (m *Mesh) enqueue(ctx context.Context, j *task.Task, msgID string) error {
 	data, err := task.Encode(j)
 	if err != nil {
@@ -288,12 +287,7 @@ func (m *Mesh) enqueue(ctx context.Context, j *task.Task, msgID string) error {
 	msg.Data = data
 	msg.Header.Set(jetstream.MsgIDHeader, msgID)
 	tracing.ToNATS(ctx, msg.Header)
-	wctx, cancel := context.WithTimeout(ctx, cmp.Or(m.AckWait, PublishAckWait))
-	defer cancel()
-	if err := streams.RetryIf(wctx, func(ctx context.Context) error {
-		_, err := m.JS.PublishMsg(ctx, msg)
-		return err
-	}, NotTaken); err != nil {
+	if _, err := m.JS.PublishMsg(ctx, msg); err != nil {
 		return fmt.Errorf("enqueue %s: %w", j.ID, err)
 	}
 	return nil

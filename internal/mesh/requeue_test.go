@@ -3,11 +3,9 @@ package mesh_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/keys"
@@ -95,71 +93,5 @@ func TestRequeue(t *testing.T) {
 	}
 	if id := msg.Header.Get(jetstream.MsgIDHeader); id != keys.MsgID(keys.MsgRetry, "acme", j.ID, "2") {
 		t.Errorf("message id %q, want the retry's", id)
-	}
-}
-
-// A QUEUE without a leader refuses a send at once (no responders: the 503
-// a server answers when no stream takes the subject). Requeue sends it
-// again, past nats.go's own two retries, and the stream stores it once it
-// has a leader; a QUEUE that is full still refuses at once, for the
-// caller's backpressure.
-func TestRequeueThroughElection(t *testing.T) {
-	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	m := meshtest.New(t, streams.Options{})
-	if err := m.JS.DeleteStream(ctx, streams.Queue); err != nil {
-		t.Fatal(err)
-	}
-	refused := make(chan struct{}, 64)
-	sink, err := m.JS.Conn().Subscribe("sluice.queue.>", func(msg *nats.Msg) {
-		_ = msg.RespondMsg(&nats.Msg{Header: nats.Header{"Status": []string{"503"}}})
-		refused <- struct{}{}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	j := &task.Task{Job: job.Job{ID: job.NewID(), Tenant: "acme", Priority: job.Batch}, Model: "m"}
-	done := make(chan error, 1)
-	go func() { done <- m.Requeue(ctx, j, mesh.Retried, "1") }()
-	// One publish and nats.go's two retries are three refusals.
-	for i := range 5 {
-		select {
-		case <-refused:
-		case err := <-done:
-			t.Fatalf("Requeue gave up after %d sends: %v", i, err)
-		case <-ctx.Done():
-			t.Fatalf("sent %d times, want 5", i)
-		}
-	}
-	if err := sink.Unsubscribe(); err != nil {
-		t.Fatal(err)
-	}
-	if err := streams.Ensure(ctx, m.JS, streams.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		t.Fatalf("Requeue once QUEUE was back: %v", err)
-	}
-	st, err := m.JS.Stream(ctx, streams.Queue)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.State.Msgs != 1 {
-		t.Fatalf("QUEUE holds %d messages, want the job once", info.State.Msgs)
-	}
-	// Full: refused with the stream's answer, not retried until the wait.
-	cfg := info.Config
-	cfg.MaxMsgs = 1
-	if _, err := m.JS.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	err = m.Requeue(ctx, j, mesh.Retried, "2")
-	if !mesh.IsStreamFull(err) || errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Requeue to a full QUEUE: %v; want the stream's refusal at once", err)
 	}
 }
