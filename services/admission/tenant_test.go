@@ -116,20 +116,32 @@ func TestUnconfirmedDispatch(t *testing.T) {
 	defer cancel()
 	js, swallowed, sink := dispatchSwallowed(ctx, t, 300*time.Millisecond, false)
 	// Admission gave up on the acknowledgement and put the job back: it is
-	// dispatched again (and swallowed again).
-	select {
-	case <-swallowed:
-	case <-ctx.Done():
-		t.Fatal("admission never dispatched the job again: it waits for an acknowledgement that will not come")
+	// dispatched again (and swallowed again). Then DISPATCH is back: the
+	// job lands there.
+	dispatchBack(ctx, t, js, swallowed, sink, 1,
+		"admission never dispatched the job again: it waits for an acknowledgement that will not come",
+		"the job never reached DISPATCH once it was back")
+}
+
+// dispatchBack waits for sends more dispatches to reach the sink (else
+// fails with stopped), then brings DISPATCH back and waits for the job to
+// land there once (else fails with notLanded).
+func dispatchBack(ctx context.Context, t *testing.T, js jetstream.JetStream, reached chan struct{}, sink *nats.Subscription, sends int, stopped, notLanded string) {
+	t.Helper()
+	for range sends {
+		select {
+		case <-reached:
+		case <-ctx.Done():
+			t.Fatal(stopped)
+		}
 	}
-	// DISPATCH is back: the job lands there.
 	if err := sink.Unsubscribe(); err != nil {
 		t.Fatal(err)
 	}
 	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	waitDispatched(ctx, t, js, "the job never reached DISPATCH once it was back")
+	waitDispatched(ctx, t, js, notLanded)
 }
 
 // TestUnconfirmedDispatchSentAgain: a dispatch DISPATCH dropped (a stream
@@ -163,20 +175,8 @@ func TestDispatchKeptThroughElection(t *testing.T) {
 	js, refused, sink := dispatchSwallowed(ctx, t, time.Minute, true)
 	// One send and nats.go's own two retries make three refusals; wait
 	// for admission's own sends after them.
-	for range 6 {
-		select {
-		case <-refused:
-		case <-ctx.Done():
-			t.Fatal("admission stopped sending the dispatch DISPATCH refused")
-		}
-	}
-	if err := sink.Unsubscribe(); err != nil {
-		t.Fatal(err)
-	}
-	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	waitDispatched(ctx, t, js, "the job never reached DISPATCH once it had a leader")
+	dispatchBack(ctx, t, js, refused, sink, 6, "admission stopped sending the dispatch DISPATCH refused",
+		"the job never reached DISPATCH once it had a leader")
 	cons, err := js.Consumer(ctx, streams.Queue, keys.AdmissionConsumer("t"))
 	if err != nil {
 		t.Fatal(err)
